@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Installs dependencies (with the test-only ones), builds, and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh --test
+scripts/build.sh
+cd build
+ctest --output-on-failure --parallel "$(nproc)" --timeout 900

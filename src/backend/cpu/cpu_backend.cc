@@ -1,0 +1,129 @@
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace failsafe {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(std::max(1, threads)) { openblas_set_num_threads(threads_); }
+
+  std::string name() const override { return "cpu"; }
+  int num_threads() const override { return threads_; }
+
+  void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
+                bool accumulate) override {
+    cpu::LinearNT(x, ldx, w, y, ldy, m, n, k, accumulate, threads_);
+  }
+  void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
+                bool accumulate) override {
+    cpu::LinearNN(x, ldx, w, y, ldy, m, n, k, accumulate, threads_);
+  }
+
+  void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows, int dim,
+               float eps) override {
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x + r * ldx;
+      float* yr = y + r * ldy;
+      float ms = cpu::Dot(xr, xr, dim) / static_cast<float>(dim);
+      float inv = 1.0f / std::sqrt(ms + eps);
+      for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
+    }
+  }
+
+  void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
+            const float* inv_freq) override {
+    const int half = head_dim / 2;
+    thread_local std::vector<float> cs, sn;
+    cs.resize(half);
+    sn.resize(half);
+    for (int t = 0; t < tokens; ++t) {
+      const double pos = positions[t];
+      for (int i = 0; i < half; ++i) {
+        double angle = pos * static_cast<double>(inv_freq[i]);
+        cs[i] = static_cast<float>(std::cos(angle));
+        sn[i] = static_cast<float>(std::sin(angle));
+      }
+      for (int h = 0; h < heads; ++h) {
+        float* v = x + t * ldx + h * head_dim;
+        for (int i = 0; i < half; ++i) {
+          float a = v[i], b = v[i + half];
+          v[i] = a * cs[i] - b * sn[i];
+          v[i + half] = b * cs[i] + a * sn[i];
+        }
+      }
+    }
+  }
+
+  void SiluMul(const float* gate, const float* up, int64_t ld_in, float* out, int64_t ld_out, int rows,
+               int dim) override {
+    for (int r = 0; r < rows; ++r) {
+      const float* g = gate + r * ld_in;
+      const float* u = up + r * ld_in;
+      float* o = out + r * ld_out;
+      for (int i = 0; i < dim; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }
+
+  void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights) override {
+    std::vector<float> p(experts);
+    std::vector<int> order(experts);
+    for (int t = 0; t < tokens; ++t) {
+      const float* l = logits + t * experts;
+      float mx = *std::max_element(l, l + experts);
+      float sum = 0;
+      for (int e = 0; e < experts; ++e) sum += p[e] = std::exp(l[e] - mx);
+      for (int e = 0; e < experts; ++e) {
+        p[e] /= sum;
+        order[e] = e;
+      }
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int a, int b) { return p[a] != p[b] ? p[a] > p[b] : a < b; });
+      float top = 0;
+      for (int i = 0; i < k; ++i) top += p[order[i]];
+      for (int i = 0; i < k; ++i) {
+        ids[t * k + i] = order[i];
+        weights[t * k + i] = p[order[i]] / top;
+      }
+    }
+  }
+
+  void Attention(const std::vector<AttentionArgs>& problems) override {
+    // Streaming problems (few query tokens) run in parallel; GEMM problems run
+    // one after another with a multi-threaded BLAS.
+    const int n = static_cast<int>(problems.size());
+    if (threads_ > 1) {
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
+      for (int i = 0; i < n; ++i) {
+        if (cpu::AttentionIsStreaming(problems[i])) cpu::Attention(problems[i]);
+      }
+      for (int i = 0; i < n; ++i) {
+        if (!cpu::AttentionIsStreaming(problems[i])) cpu::Attention(problems[i]);
+      }
+    } else {
+      for (int i = 0; i < n; ++i) cpu::Attention(problems[i]);
+    }
+  }
+
+  int Sample(const float* logits, int vocab, const SamplingParams& params, uint64_t counter) override {
+    return cpu::Sample(logits, vocab, params, counter);
+  }
+
+ private:
+  const int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+
+}  // namespace failsafe

@@ -1,0 +1,211 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/rng.h"
+
+namespace failsafe {
+namespace {
+
+std::vector<float> Random(size_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(r.Normal());
+  return v;
+}
+
+float MaxRelErr(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num = std::max(num, std::fabs(got[i] - want[i]));
+    den = std::max(den, std::fabs(want[i]));
+  }
+  return static_cast<float>(num / den);
+}
+
+class LinearTest : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
+
+TEST_P(LinearTest, MatchesNaive) {
+  auto [m, n, k, threads] = GetParam();
+  auto be = MakeCpuBackend(threads);
+  const int ldx = k + 3, ldy = n + 5;
+  auto x = Random(static_cast<size_t>(m) * ldx, 1);
+  auto w = Random(static_cast<size_t>(n) * k, 2);
+  auto y0 = Random(static_cast<size_t>(m) * ldy, 3);
+  for (bool acc : {false, true}) {
+    // NT: w is [n, k]
+    std::vector<float> y = y0;
+    be->LinearNT(x.data(), ldx, w.data(), y.data(), ldy, m, n, k, acc);
+    std::vector<float> got;
+    std::vector<double> want;
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double s = acc ? y0[i * ldy + j] : 0.0;
+        for (int kk = 0; kk < k; ++kk) s += double(x[i * ldx + kk]) * w[j * k + kk];
+        got.push_back(y[i * ldy + j]);
+        want.push_back(s);
+      }
+    }
+    EXPECT_LT(MaxRelErr(got, want), 1e-5) << "NT acc=" << acc;
+    // NN: w is [k, n]
+    y = y0;
+    be->LinearNN(x.data(), ldx, w.data(), y.data(), ldy, m, n, k, acc);
+    got.clear();
+    want.clear();
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double s = acc ? y0[i * ldy + j] : 0.0;
+        for (int kk = 0; kk < k; ++kk) s += double(x[i * ldx + kk]) * w[kk * n + j];
+        got.push_back(y[i * ldy + j]);
+        want.push_back(s);
+      }
+    }
+    EXPECT_LT(MaxRelErr(got, want), 1e-5) << "NN acc=" << acc;
+    // Padding columns past n are untouched.
+    for (int i = 0; i < m; ++i) {
+      for (int j = n; j < ldy; ++j) ASSERT_EQ(y[i * ldy + j], y0[i * ldy + j]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 17), ::testing::Values(1, 7, 64, 301),
+                                            ::testing::Values(1, 16, 37, 300), ::testing::Values(1, 2)));
+
+// Reference attention for one head group over positions [0, end).
+std::vector<double> NaiveAttention(const std::vector<float>& q, int ldq, const std::vector<float>& k,
+                                   const std::vector<float>& v, int start, int tokens, int g, int hd, int window) {
+  std::vector<double> out(static_cast<size_t>(tokens) * g * hd);
+  for (int t = 0; t < tokens; ++t) {
+    int pos = start + t;
+    int lo = window > 0 ? std::max(0, pos - window + 1) : 0;
+    for (int j = 0; j < g; ++j) {
+      std::vector<double> s;
+      double mx = -1e300;
+      for (int p = lo; p <= pos; ++p) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += double(q[t * ldq + j * hd + i]) * k[p * hd + i];
+        d /= std::sqrt(double(hd));
+        s.push_back(d);
+        mx = std::max(mx, d);
+      }
+      double sum = 0;
+      for (auto& e : s) sum += e = std::exp(e - mx);
+      for (int p = lo; p <= pos; ++p) {
+        for (int i = 0; i < hd; ++i) out[(t * g + j) * hd + i] += s[p - lo] / sum * v[p * hd + i];
+      }
+    }
+  }
+  return out;
+}
+
+class AttentionTest : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
+
+TEST_P(AttentionTest, MatchesNaive) {
+  auto [start, tokens, window, threads] = GetParam();
+  const int g = 4, hd = 32, bs = 16;
+  const int end = start + tokens;
+  auto k = Random(static_cast<size_t>(end) * hd, 4);
+  auto v = Random(static_cast<size_t>(end) * hd, 5);
+  const int ldq = g * hd + 8;
+  auto q = Random(static_cast<size_t>(tokens) * ldq, 6);
+  // Scatter K and V into pages in reverse order, to check the page table is used.
+  const int blocks = (end + bs - 1) / bs;
+  std::vector<std::vector<float>> store(blocks, std::vector<float>(2 * bs * hd, 0.0f));
+  std::vector<const float*> pages(blocks);
+  for (int b = 0; b < blocks; ++b) pages[b] = store[blocks - 1 - b].data();
+  for (int p = 0; p < end; ++p) {
+    float* page = const_cast<float*>(pages[p / bs]);
+    std::copy_n(&k[p * hd], hd, page + (p % bs) * hd);
+    std::copy_n(&v[p * hd], hd, page + (bs + p % bs) * hd);
+  }
+  std::vector<float> out(static_cast<size_t>(tokens) * g * hd, -1.0f);
+  AttentionArgs a;
+  a.q = q.data();
+  a.ldq = ldq;
+  a.out = out.data();
+  a.ldo = g * hd;
+  a.num_tokens = tokens;
+  a.start_pos = start;
+  a.group_size = g;
+  a.head_dim = hd;
+  a.pages = pages.data();
+  a.block_size = bs;
+  a.sliding_window = window;
+  a.scale = 1.0f / std::sqrt(float(hd));
+  auto be = MakeCpuBackend(threads);
+  be->Attention({a});
+  auto want = NaiveAttention(q, ldq, k, v, start, tokens, g, hd, window);
+  EXPECT_LT(MaxRelErr(out, want), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Combine(::testing::Values(0, 5, 40), ::testing::Values(1, 3, 8, 70, 150),
+                                            ::testing::Values(0, 24), ::testing::Values(1, 2)));
+
+TEST(Rope, RotatesPairsAndPreservesNorm) {
+  ModelConfig c;
+  c.head_dim = 8;
+  c.rope_theta = 10000;
+  auto freq = RopeInvFreq(c);
+  ASSERT_EQ(freq.size(), 4u);
+  EXPECT_FLOAT_EQ(freq[0], 1.0f);
+  EXPECT_NEAR(freq[1], std::pow(10000.0, -0.25), 1e-7);
+  auto be = MakeCpuBackend(1);
+  std::vector<float> x = {1, 0, 0, 0, 0, 0, 0, 0};
+  int32_t pos = 3;
+  be->Rope(x.data(), 8, &pos, 1, 1, 8, freq.data());
+  EXPECT_NEAR(x[0], std::cos(3.0), 1e-6);
+  EXPECT_NEAR(x[4], std::sin(3.0), 1e-6);
+}
+
+TEST(Rope, Llama3ScalingLeavesHighFrequenciesAndDividesLowOnes) {
+  ModelConfig c;
+  c.head_dim = 128;
+  c.rope_theta = 500000;
+  c.rope_scaling = {true, 8.0, 1.0, 4.0, 8192};
+  auto scaled = RopeInvFreq(c);
+  c.rope_scaling.enabled = false;
+  auto plain = RopeInvFreq(c);
+  EXPECT_FLOAT_EQ(scaled[0], plain[0]);           // wavelength 2*pi < 2048: unchanged
+  EXPECT_FLOAT_EQ(scaled[63], plain[63] / 8.0f);  // wavelength > 8192: divided by the factor
+}
+
+TEST(Sampling, GreedyTopKTopPAndSeeds) {
+  auto be = MakeCpuBackend(1);
+  std::vector<float> logits = {0.1f, 3.0f, 2.9f, -1.0f, 3.0f};
+  EXPECT_EQ(be->Sample(logits.data(), 5, {}, 0), 1);  // lowest id wins the tie
+  SamplingParams p{1.0f, 2, 1.0f, 42};
+  std::set<int> seen;
+  for (uint64_t c = 0; c < 200; ++c) seen.insert(be->Sample(logits.data(), 5, p, c));
+  EXPECT_EQ(seen, (std::set<int>{1, 4}));
+  SamplingParams nucleus{1.0f, 0, 0.5f, 42};
+  seen.clear();
+  for (uint64_t c = 0; c < 200; ++c) seen.insert(be->Sample(logits.data(), 5, nucleus, c));
+  EXPECT_EQ(seen, (std::set<int>{1, 4}));
+  SamplingParams hot{5.0f, 0, 1.0f, 7};
+  seen.clear();
+  for (uint64_t c = 0; c < 500; ++c) seen.insert(be->Sample(logits.data(), 5, hot, c));
+  EXPECT_EQ(seen.size(), 5u);
+  for (uint64_t c = 0; c < 50; ++c) {
+    EXPECT_EQ(be->Sample(logits.data(), 5, hot, c), be->Sample(logits.data(), 5, hot, c));
+  }
+}
+
+TEST(MoeGate, TopKRenormalised) {
+  auto be = MakeCpuBackend(1);
+  std::vector<float> logits = {0.0f, 2.0f, 1.0f, -1.0f};
+  int32_t ids[2];
+  float w[2];
+  be->MoeGate(logits.data(), 1, 4, 2, ids, w);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 2);
+  EXPECT_NEAR(w[0], std::exp(2.0) / (std::exp(2.0) + std::exp(1.0)), 1e-6);
+  EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);
+}
+
+}  // namespace
+}  // namespace failsafe

@@ -1,0 +1,61 @@
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "common/rng.h"
+
+namespace failsafe::cpu {
+
+int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter) {
+  if (vocab <= 0) return -1;
+  if (p.temperature <= 0.0f || p.top_k == 1) {
+    int best = 0;
+    for (int i = 1; i < vocab; ++i) {
+      if (logits[i] > logits[best]) best = i;  // lowest id wins ties
+    }
+    return best;
+  }
+  // Candidates sorted by logit, descending; ties by id.
+  thread_local std::vector<int> idx;
+  idx.resize(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto cmp = [&](int a, int b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+  int keep = vocab;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    keep = p.top_k;
+    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), cmp);
+  } else {
+    std::sort(idx.begin(), idx.end(), cmp);
+  }
+  thread_local std::vector<double> prob;
+  prob.resize(keep);
+  const double inv_t = 1.0 / p.temperature;
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (int i = 0; i < keep; ++i) {
+    prob[i] = std::exp((logits[idx[i]] - mx) * inv_t);
+    sum += prob[i];
+  }
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    int n = 0;
+    while (n < keep) {
+      cum += prob[n] / sum;
+      ++n;
+      if (cum >= p.top_p) break;
+    }
+    keep = n;
+    sum = 0;
+    for (int i = 0; i < keep; ++i) sum += prob[i];
+  }
+  double u = ToUnitDouble(HashCombine(p.seed, counter)) * sum;
+  for (int i = 0; i < keep; ++i) {
+    u -= prob[i];
+    if (u < 0) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+}  // namespace failsafe::cpu

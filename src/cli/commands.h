@@ -1,0 +1,19 @@
+// Subcommands of the `failsafe` program. Each Register* adds its options to
+// the app and returns the function to run when it is chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace failsafe {
+
+using CommandFn = std::function<int()>;
+
+CommandFn RegisterMakeModel(CLI::App& app);
+CommandFn RegisterGenerate(CLI::App& app);
+CommandFn RegisterLogits(CLI::App& app);
+
+// Prints "error: <message>" to stderr and returns exit code 1.
+int Fail(const std::string& message);
+
+}  // namespace failsafe

@@ -1,0 +1,59 @@
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/model_cache.h"
+#include "engine/executor.h"
+#include "model/tokenizer.h"
+
+namespace failsafe {
+
+CommandFn RegisterGenerate(CLI::App& app) {
+  struct Opts {
+    std::string model, cache_dir, prompt = "The engine keeps serving when";
+    int max_tokens = 32, threads = 1, top_k = 0;
+    float temperature = 0.0f, top_p = 1.0f;
+    uint64_t seed = 0;
+    bool json = false, ignore_eos = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--model", o->model, "model directory (default: the synthetic small-llama, made on first use)");
+  app.add_option("--cache-dir", o->cache_dir, "where the default model is kept (default: ~/.cache/failsafe)");
+  app.add_option("--prompt", o->prompt, "prompt text")->capture_default_str();
+  app.add_option("--max-tokens", o->max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", o->temperature, "0 for greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top-k", o->top_k, "0 for off")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", o->top_p, "1 for off")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+  app.add_option("--threads", o->threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at the end-of-sequence token");
+  app.add_flag("--json", o->json, "print {prompt_ids, output_ids, text} as JSON");
+  return [o] {
+    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
+    if (!dir.ok()) return Fail(dir.status().ToString());
+    auto tok = Tokenizer::Load(*dir + "/tokenizer.json");
+    if (!tok.ok()) return Fail(tok.status().ToString());
+    LocalExecutorOptions eo;
+    eo.threads = o->threads;
+    auto exec = LocalExecutor::Create(*dir, eo);
+    if (!exec.ok()) return Fail(exec.status().ToString());
+    std::vector<int> prompt = (*tok)->Encode(o->prompt, /*add_special=*/true);
+    GenerateOptions g;
+    g.max_tokens = o->max_tokens;
+    g.sampling = {o->temperature, o->top_k, o->top_p, o->seed};
+    g.stop_token = o->ignore_eos ? -1 : (*exec)->config().eos_token_id;
+    auto sampler = MakeCpuBackend(1);
+    auto r = GenerateOne(**exec, *sampler, prompt, g);
+    if (!r.ok()) return Fail(r.status().ToString());
+    std::string text = (*tok)->Decode(r->output_ids, /*skip_special=*/true);
+    if (o->json) {
+      nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", r->output_ids}, {"text", text}};
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else {
+      std::printf("%s%s\n", o->prompt.c_str(), text.c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace failsafe

@@ -1,0 +1,46 @@
+// failsafe: a resilient LLM serving engine.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+
+#include "cli/commands.h"
+#include "common/log.h"
+
+namespace failsafe {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace failsafe
+
+int main(int argc, char** argv) {
+  using namespace failsafe;
+  CLI::App app{"FailSafe: LLM serving that keeps going when devices fail"};
+  app.require_subcommand(1);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "debug, info, warn, error or off")->capture_default_str();
+
+  std::map<CLI::App*, CommandFn> commands;
+  auto add = [&](const char* name, const char* help, CommandFn (*reg)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    commands[sub] = reg(*sub);
+  };
+  add("make-model", "write a synthetic model (config.json, model.safetensors, tokenizer.json)", RegisterMakeModel);
+  add("generate", "generate text for one prompt", RegisterGenerate);
+  add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)", RegisterLogits);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  LogLevel level;
+  if (!ParseLogLevel(log_level, &level)) return Fail("--log-level: unknown level '" + log_level + "'");
+  SetLogLevel(level);
+  for (auto& [sub, fn] : commands) {
+    if (sub->parsed()) return fn();
+  }
+  return 1;
+}

@@ -1,0 +1,40 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "model/synthetic.h"
+
+namespace failsafe {
+
+CommandFn RegisterMakeModel(CLI::App& app) {
+  struct Opts {
+    std::string preset;
+    std::string out;
+    uint64_t seed = 0;
+    std::string dtype = "f32";
+    int shards = 1;
+  };
+  auto o = std::make_shared<Opts>();
+  std::string presets;
+  for (auto& n : SyntheticPresetNames()) presets += (presets.empty() ? "" : ", ") + n;
+  app.add_option("--preset", o->preset, "one of: " + presets)->required();
+  app.add_option("--out", o->out, "output directory")->required();
+  app.add_option("--seed", o->seed, "random seed")->capture_default_str();
+  app.add_option("--dtype", o->dtype, "f32, f16 or bf16")->capture_default_str();
+  app.add_option("--shards", o->shards, "number of safetensors files (with an index when > 1)")->capture_default_str();
+  return [o] {
+    SyntheticModelOptions opts;
+    opts.preset = o->preset;
+    opts.seed = o->seed;
+    opts.num_shards = o->shards;
+    if (o->dtype == "f32") opts.dtype = DType::kF32;
+    else if (o->dtype == "f16") opts.dtype = DType::kF16;
+    else if (o->dtype == "bf16") opts.dtype = DType::kBF16;
+    else return Fail("--dtype: unknown dtype '" + o->dtype + "' (known: f32, f16, bf16)");
+    Status st = WriteSyntheticModel(o->out, opts);
+    if (!st.ok()) return Fail(st.ToString());
+    std::printf("wrote %s model to %s\n", o->preset.c_str(), o->out.c_str());
+    return 0;
+  };
+}
+
+}  // namespace failsafe

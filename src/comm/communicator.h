@@ -1,0 +1,47 @@
+// Collectives among the active devices of a plan.
+//
+// Contract: every member calls the same collectives in the same order with the
+// same sizes. A collective returns kAborted if the group was aborted (a peer
+// died) and kDeadlineExceeded if it did not complete within the timeout; in
+// both cases the group is unusable afterwards and must be rebuilt. A dead peer
+// never makes a survivor hang: the failure monitor calls Abort (from any
+// process or thread), and every pending and later call fails fast.
+//
+// Thread-safety: collectives are called from one thread per member; Abort may
+// be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace failsafe {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: data[i] = sum over members of data[i]. The sum is taken in rank
+  // order on every member, so all members get bit-identical results.
+  virtual Status AllReduceSum(float* data, size_t count) = 0;
+  // recv[r * bytes, (r + 1) * bytes) = member r's send buffer.
+  virtual Status AllGather(const void* send, size_t bytes, void* recv) = 0;
+  virtual Status Barrier() = 0;
+  virtual void Abort() = 0;
+};
+
+// A group of one: collectives are no-ops.
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  Status AllReduceSum(float*, size_t) override { return Status::Ok(); }
+  Status AllGather(const void* send, size_t bytes, void* recv) override;
+  Status Barrier() override { return Status::Ok(); }
+  void Abort() override {}
+};
+
+}  // namespace failsafe

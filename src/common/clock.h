@@ -1,0 +1,50 @@
+// Time sources. Engine code that needs time takes a Clock so that tests and the
+// simulator can substitute a fake; pure modules (core, placement) take no clock.
+#pragma once
+
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace failsafe {
+
+inline int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+// CPU time consumed by the calling thread: compute time that does not count
+// time spent waiting for a core on an oversubscribed machine.
+inline int64_t ThreadCpuNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual int64_t NowNanos() const = 0;
+  double NowSeconds() const { return static_cast<double>(NowNanos()) * 1e-9; }
+};
+
+class RealClock final : public Clock {
+ public:
+  int64_t NowNanos() const override { return MonotonicNanos(); }
+};
+
+// A clock that moves only when told to. Thread-safe.
+class FakeClock final : public Clock {
+ public:
+  explicit FakeClock(int64_t start_nanos = 0) : now_(start_nanos) {}
+  int64_t NowNanos() const override { return now_.load(); }
+  void Advance(int64_t nanos) { now_.fetch_add(nanos); }
+  void Set(int64_t nanos) { now_.store(nanos); }
+
+ private:
+  std::atomic<int64_t> now_;
+};
+
+}  // namespace failsafe

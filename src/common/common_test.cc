@@ -1,0 +1,68 @@
+#include <gtest/gtest.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "common/units.h"
+
+namespace failsafe {
+namespace {
+
+TEST(Units, ParsesSizes) {
+  EXPECT_EQ(*ParseBytes("4096"), 4096);
+  EXPECT_EQ(*ParseBytes("2GiB"), 2LL << 30);
+  EXPECT_EQ(*ParseBytes("1.5KiB"), 1536);
+  EXPECT_EQ(*ParseBytes("3MB"), 3000000);
+  EXPECT_FALSE(ParseBytes("lots").ok());
+  EXPECT_FALSE(ParseBytes("-1GiB").ok());
+  EXPECT_FALSE(ParseBytes("5 parsecs").ok());
+}
+
+TEST(Units, ParsesDurations) {
+  EXPECT_DOUBLE_EQ(*ParseDuration("250ms"), 0.25);
+  EXPECT_DOUBLE_EQ(*ParseDuration("2.5s"), 2.5);
+  EXPECT_FALSE(ParseDuration("soon").ok());
+}
+
+TEST(Rng, SameSeedSameStream) {
+  Rng a(42), b(42), c(43);
+  for (int i = 0; i < 100; ++i) {
+    uint64_t x = a.Next();
+    EXPECT_EQ(x, b.Next());
+    EXPECT_NE(x, c.Next());
+  }
+}
+
+TEST(Rng, NormalHasUnitVariance) {
+  Rng r(7);
+  double sum = 0, sq = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    double x = r.Normal();
+    sum += x;
+    sq += x * x;
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.01);
+  EXPECT_NEAR(sq / n, 1.0, 0.02);
+}
+
+Result<int> Half(int x) {
+  if (x % 2) return InvalidArgument("{} is odd", x);
+  return x / 2;
+}
+
+Status UseHalf(int x, int* out) {
+  FS_ASSIGN_OR_RETURN(*out, Half(x));
+  return Status::Ok();
+}
+
+TEST(Status, PropagatesErrors) {
+  int out = 0;
+  EXPECT_TRUE(UseHalf(4, &out).ok());
+  EXPECT_EQ(out, 2);
+  Status s = UseHalf(3, &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "3 is odd");
+}
+
+}  // namespace
+}  // namespace failsafe

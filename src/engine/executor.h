@@ -1,0 +1,87 @@
+// Executors run forward steps on the devices of a plan. The in-process
+// executor runs one device in the calling process; the worker-group executor
+// (worker_group.h) runs one process per device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/status.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "placement/plan.h"
+#include "worker/device_model.h"
+#include "worker/step.h"
+
+namespace failsafe {
+
+// What one step cost, per device and in total.
+struct StepTiming {
+  int64_t wall_ns = 0;
+  // Emulated time: sum over sync segments of the slowest device's compute
+  // time in that segment (wall time with one core per device).
+  int64_t emulated_ns = 0;
+  std::vector<int> devices;                  // device ids, parallel to the vectors below
+  std::vector<int64_t> device_compute_ns;    // compute time per device (sum of its segments)
+  std::vector<double> device_attention_flops;
+  std::vector<double> device_ffn_flops;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual const Plan& plan() const = 0;
+  // Runs one step on every active device. logits: [batch.num_logits_rows, vocab].
+  virtual Status Step(const StepBatch& batch, float* logits, StepTiming* timing) = 0;
+  // Releases a sequence's KV on every device.
+  virtual Status FreeSeq(int64_t seq_id) = 0;
+};
+
+struct LocalExecutorOptions {
+  int threads = 1;
+  int block_size = 16;
+  int64_t kv_pages = 0;  // 0: enough for 64K tokens
+};
+
+// One device, in this process.
+class LocalExecutor final : public Executor {
+ public:
+  static Result<std::unique_ptr<LocalExecutor>> Create(const std::string& model_dir,
+                                                       const LocalExecutorOptions& options);
+  const ModelConfig& config() const override { return config_; }
+  const Plan& plan() const override { return device_->plan(); }
+  Status Step(const StepBatch& batch, float* logits, StepTiming* timing) override;
+  Status FreeSeq(int64_t seq_id) override;
+
+ private:
+  LocalExecutor() = default;
+  ModelConfig config_;
+  std::unique_ptr<WeightStore> host_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DeviceModel> device_;
+};
+
+// Single-sequence generation over an executor: prefill in chunks of at most
+// `prefill_chunk` tokens, then decode. Used by `failsafe generate` with one
+// sequence and by the numerical tests.
+struct GenerateOptions {
+  int max_tokens = 16;
+  int prefill_chunk = 512;
+  SamplingParams sampling;
+  int stop_token = -1;          // -1: none
+  bool record_logits = false;   // keep the logits of every sampled position
+  int64_t seq_id = 1;
+};
+struct GenerateResult {
+  std::vector<int> output_ids;
+  std::vector<std::vector<float>> logits;  // per sampled position, if recorded
+  std::vector<int> logits_positions;       // position whose next token the logits predict
+};
+Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::vector<int>& prompt,
+                                   const GenerateOptions& options);
+
+}  // namespace failsafe

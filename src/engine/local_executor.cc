@@ -1,0 +1,97 @@
+#include <algorithm>
+
+#include "comm/communicator.h"
+#include "common/clock.h"
+#include "engine/executor.h"
+
+namespace failsafe {
+
+Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& model_dir,
+                                                             const LocalExecutorOptions& options) {
+  auto e = std::unique_ptr<LocalExecutor>(new LocalExecutor());
+  FS_ASSIGN_OR_RETURN(e->config_, ModelConfig::Load(model_dir));
+  FS_ASSIGN_OR_RETURN(e->host_, WeightStore::Open(model_dir, e->config_));
+  FS_ASSIGN_OR_RETURN(Plan plan, MakePlan(e->config_, Policy::kNonUniform, 1, {0}));
+  e->backend_ = MakeCpuBackend(options.threads);
+  DeviceOptions d;
+  d.block_size = options.block_size;
+  const int64_t slots = static_cast<int64_t>(e->config_.num_layers) * e->config_.num_kv_heads;
+  d.kv_pages = options.kv_pages > 0 ? options.kv_pages : slots * (65536 / options.block_size);
+  e->device_ = std::make_unique<DeviceModel>(e->config_, 0, e->backend_.get(), d);
+  FS_RETURN_IF_ERROR(e->device_->LoadShare(plan, *e->host_));
+  return e;
+}
+
+Status LocalExecutor::Step(const StepBatch& batch, float* logits, StepTiming* timing) {
+  LocalCommunicator comm;
+  ForwardStats stats;
+  int64_t t0 = MonotonicNanos();
+  Status st = device_->Forward(batch, comm, logits, &stats);
+  if (timing) {
+    *timing = StepTiming();
+    timing->wall_ns = MonotonicNanos() - t0;
+    int64_t compute = 0;
+    for (int64_t ns : stats.segment_wall_ns) compute += ns;
+    timing->emulated_ns = compute;
+    timing->devices = {0};
+    timing->device_compute_ns = {compute};
+    timing->device_attention_flops = {stats.attention_flops};
+    timing->device_ffn_flops = {stats.ffn_flops};
+  }
+  return st;
+}
+
+Status LocalExecutor::FreeSeq(int64_t seq_id) {
+  device_->FreeSeq(seq_id);
+  return Status::Ok();
+}
+
+Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::vector<int>& prompt,
+                                   const GenerateOptions& o) {
+  const ModelConfig& c = exec.config();
+  if (prompt.empty()) return InvalidArgument("the prompt is empty");
+  if (static_cast<int64_t>(prompt.size()) + o.max_tokens > c.max_position_embeddings) {
+    return OutOfRange("prompt ({} tokens) plus max tokens ({}) exceed the model's context of {}", prompt.size(),
+                      o.max_tokens, c.max_position_embeddings);
+  }
+  GenerateResult r;
+  std::vector<float> logits(c.vocab_size);
+  std::vector<int> seq = prompt;
+  int done = 0;  // tokens whose KV is written
+  Status st;
+  while (static_cast<int>(r.output_ids.size()) < o.max_tokens) {
+    const int remaining = static_cast<int>(seq.size()) - done;
+    const int n = std::min(remaining, std::max(1, o.prefill_chunk));
+    StepBatch b;
+    StepSeq s;
+    s.seq_id = o.seq_id;
+    s.start_pos = done;
+    s.num_tokens = n;
+    s.dp_rank = exec.plan().active.front();
+    s.token_offset = 0;
+    const bool last = done + n == static_cast<int>(seq.size());
+    const bool want_logits = last || o.record_logits;
+    s.logits_row = want_logits ? 0 : -1;
+    b.seqs.push_back(s);
+    b.tokens.assign(seq.begin() + done, seq.begin() + done + n);
+    b.num_logits_rows = want_logits ? 1 : 0;
+    st = exec.Step(b, logits.data(), nullptr);
+    if (!st.ok()) break;
+    done += n;
+    if (o.record_logits) {
+      r.logits.push_back(logits);
+      r.logits_positions.push_back(done - 1);
+    }
+    if (!last) continue;
+    int tok = sampler.Sample(logits.data(), c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
+    r.output_ids.push_back(tok);
+    seq.push_back(tok);
+    if (tok == o.stop_token) break;
+  }
+  Status freed = exec.FreeSeq(o.seq_id);
+  FS_RETURN_IF_ERROR(st);
+  FS_RETURN_IF_ERROR(freed);
+  return r;
+}
+
+}  // namespace failsafe

@@ -1,0 +1,220 @@
+#include "model/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "model/file_util.h"
+
+namespace failsafe {
+
+using nlohmann::json;
+
+const char* ArchitectureName(Architecture arch) {
+  switch (arch) {
+    case Architecture::kLlama: return "LlamaForCausalLM";
+    case Architecture::kMistral: return "MistralForCausalLM";
+    case Architecture::kMixtral: return "MixtralForCausalLM";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::NumParameters() const {
+  int64_t h = hidden_size;
+  int64_t attn = h * q_dim() + 2 * h * kv_dim() + int64_t(q_dim()) * h;
+  int64_t ffn = 3 * h * intermediate_size;
+  if (is_moe()) ffn = ffn * num_experts + h * num_experts;
+  int64_t per_layer = attn + ffn + 2 * h;
+  int64_t embed = int64_t(vocab_size) * h;
+  return per_layer * num_layers + embed * (tie_word_embeddings ? 1 : 2) + h;
+}
+
+namespace {
+
+// Field readers that name the file and field in every error.
+class Reader {
+ public:
+  Reader(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  Status Int(const char* field, int* out, bool required, int64_t min_value = 1) {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) {
+      if (required) return InvalidArgument("{}: field '{}' is missing", source_, field);
+      return Status::Ok();
+    }
+    if (!it->is_number_integer()) {
+      return InvalidArgument("{}: field '{}' must be an integer", source_, field);
+    }
+    int64_t v = it->get<int64_t>();
+    if (v < min_value || v > (1LL << 30)) {
+      return InvalidArgument("{}: field '{}' = {} is out of range", source_, field, v);
+    }
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  }
+
+  Status Double(const char* field, double* out, bool required) {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) {
+      if (required) return InvalidArgument("{}: field '{}' is missing", source_, field);
+      return Status::Ok();
+    }
+    if (!it->is_number()) return InvalidArgument("{}: field '{}' must be a number", source_, field);
+    *out = it->get<double>();
+    if (!(*out > 0)) return InvalidArgument("{}: field '{}' must be positive", source_, field);
+    return Status::Ok();
+  }
+
+  Status Bool(const char* field, bool* out) {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) return Status::Ok();
+    if (!it->is_boolean()) return InvalidArgument("{}: field '{}' must be true or false", source_, field);
+    *out = it->get<bool>();
+    return Status::Ok();
+  }
+
+  // bos/eos may be an int or a list of ints (Llama-3.1 lists several eos ids).
+  Status TokenId(const char* field, int* out) {
+    auto it = j_.find(field);
+    if (it == j_.end() || it->is_null()) return Status::Ok();
+    const json* v = &*it;
+    if (v->is_array()) {
+      if (v->empty()) return Status::Ok();
+      v = &(*v)[0];
+    }
+    if (!v->is_number_integer()) return InvalidArgument("{}: field '{}' must be a token id", source_, field);
+    *out = v->get<int>();
+    return Status::Ok();
+  }
+
+ private:
+  const json& j_;
+  const std::string& source_;
+};
+
+}  // namespace
+
+Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("{}: not valid JSON", source);
+  if (!j.is_object()) return InvalidArgument("{}: expected a JSON object", source);
+
+  ModelConfig c;
+  auto arch_it = j.find("architectures");
+  if (arch_it == j.end() || !arch_it->is_array() || arch_it->empty() || !(*arch_it)[0].is_string()) {
+    return InvalidArgument("{}: field 'architectures' is missing or not a list of names", source);
+  }
+  std::string arch = (*arch_it)[0].get<std::string>();
+  if (arch == "LlamaForCausalLM") c.architecture = Architecture::kLlama;
+  else if (arch == "MistralForCausalLM") c.architecture = Architecture::kMistral;
+  else if (arch == "MixtralForCausalLM") c.architecture = Architecture::kMixtral;
+  else {
+    return InvalidArgument(
+        "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
+        "MistralForCausalLM, MixtralForCausalLM)", source, arch);
+  }
+
+  Reader r(j, source);
+  FS_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
+  FS_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_layers, true));
+  FS_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads, true));
+  c.num_kv_heads = c.num_heads;
+  FS_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, false));
+  FS_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size, true));
+  FS_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, true));
+  c.max_position_embeddings = 2048;
+  FS_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings, false));
+  FS_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, false));
+  FS_RETURN_IF_ERROR(r.Double("rope_theta", &c.rope_theta, false));
+  FS_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
+  FS_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c.bos_token_id));
+  FS_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c.eos_token_id));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return InvalidArgument("{}: field 'num_key_value_heads' = {} does not divide num_attention_heads = {}",
+                           source, c.num_kv_heads, c.num_heads);
+  }
+  c.head_dim = c.hidden_size / c.num_heads;
+  FS_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false));
+  if (c.head_dim % 2 != 0) return InvalidArgument("{}: field 'head_dim' must be even", source);
+  if (c.architecture != Architecture::kLlama) {
+    FS_RETURN_IF_ERROR(r.Int("sliding_window", &c.sliding_window, false));
+  }
+  if (c.architecture == Architecture::kMixtral) {
+    FS_RETURN_IF_ERROR(r.Int("num_local_experts", &c.num_experts, true));
+    FS_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.experts_per_token, true));
+    if (c.experts_per_token > c.num_experts) {
+      return InvalidArgument("{}: field 'num_experts_per_tok' exceeds num_local_experts", source);
+    }
+  }
+  if (c.bos_token_id >= c.vocab_size || c.eos_token_id >= c.vocab_size) {
+    return InvalidArgument("{}: bos/eos token id is not below vocab_size", source);
+  }
+
+  auto rs = j.find("rope_scaling");
+  if (rs != j.end() && !rs->is_null()) {
+    if (!rs->is_object()) return InvalidArgument("{}: field 'rope_scaling' must be an object", source);
+    std::string type;
+    if (rs->contains("rope_type") && (*rs)["rope_type"].is_string()) type = (*rs)["rope_type"];
+    else if (rs->contains("type") && (*rs)["type"].is_string()) type = (*rs)["type"];
+    if (type == "llama3") {
+      Reader sr(*rs, source);
+      c.rope_scaling.enabled = true;
+      FS_RETURN_IF_ERROR(sr.Double("factor", &c.rope_scaling.factor, true));
+      FS_RETURN_IF_ERROR(sr.Double("low_freq_factor", &c.rope_scaling.low_freq_factor, true));
+      FS_RETURN_IF_ERROR(sr.Double("high_freq_factor", &c.rope_scaling.high_freq_factor, true));
+      int orig = 0;
+      FS_RETURN_IF_ERROR(sr.Int("original_max_position_embeddings", &orig, true));
+      c.rope_scaling.original_max_position_embeddings = orig;
+      if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor) {
+        return InvalidArgument("{}: rope_scaling: high_freq_factor must exceed low_freq_factor", source);
+      }
+    } else if (type != "default" && !type.empty()) {
+      return InvalidArgument("{}: field 'rope_scaling': unsupported rope_type '{}' (supported: llama3)",
+                             source, type);
+    }
+  }
+  return c;
+}
+
+Result<ModelConfig> ModelConfig::Load(const std::string& model_dir) {
+  std::string path = model_dir + "/config.json";
+  FS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return Parse(text, path);
+}
+
+std::string ModelConfig::ToJson() const {
+  json j;
+  j["architectures"] = {ArchitectureName(architecture)};
+  j["model_type"] = architecture == Architecture::kMixtral ? "mixtral"
+                    : architecture == Architecture::kMistral ? "mistral" : "llama";
+  j["hidden_size"] = hidden_size;
+  j["num_hidden_layers"] = num_layers;
+  j["num_attention_heads"] = num_heads;
+  j["num_key_value_heads"] = num_kv_heads;
+  j["head_dim"] = head_dim;
+  j["intermediate_size"] = intermediate_size;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = "float32";
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
+  if (rope_scaling.enabled) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rope_scaling.factor},
+                         {"low_freq_factor", rope_scaling.low_freq_factor},
+                         {"high_freq_factor", rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  }
+  if (is_moe()) {
+    j["num_local_experts"] = num_experts;
+    j["num_experts_per_tok"] = experts_per_token;
+  }
+  if (architecture != Architecture::kLlama) {
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace failsafe

@@ -1,0 +1,61 @@
+// Model configuration parsed from a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace failsafe {
+
+enum class Architecture { kLlama, kMistral, kMixtral };
+const char* ArchitectureName(Architecture arch);
+
+// Llama-3 style frequency-dependent RoPE scaling ("rope_type": "llama3").
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// Validated once at load; never mutated afterwards.
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;         // query heads
+  int num_kv_heads = 0;      // KV heads = head groups (GQA)
+  int head_dim = 0;
+  int intermediate_size = 0; // dense FFN, or each expert's FFN
+  int vocab_size = 0;
+  int max_position_embeddings = 0;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  int num_experts = 0;       // 0: dense FFN
+  int experts_per_token = 0;
+  int sliding_window = 0;    // 0: full attention
+  int bos_token_id = -1;
+  int eos_token_id = -1;
+
+  bool is_moe() const { return num_experts > 0; }
+  int group_size() const { return num_heads / num_kv_heads; }  // query heads per KV head
+  int q_dim() const { return num_heads * head_dim; }
+  int kv_dim() const { return num_kv_heads * head_dim; }
+
+  // Parameter and byte counts of the whole model in fp32.
+  int64_t NumParameters() const;
+  // Bytes of K and V for one token over all layers in fp32.
+  int64_t KvBytesPerToken() const { return 2LL * num_layers * kv_dim() * 4; }
+
+  // Parses config.json text; `source` names the file in error messages.
+  static Result<ModelConfig> Parse(const std::string& json_text, const std::string& source);
+  static Result<ModelConfig> Load(const std::string& model_dir);
+  // Serialises back to Hugging Face config.json form.
+  std::string ToJson() const;
+};
+
+}  // namespace failsafe

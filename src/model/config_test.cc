@@ -1,0 +1,70 @@
+#include <gtest/gtest.h>
+
+#include "model/config.h"
+#include "model/synthetic.h"
+
+namespace failsafe {
+namespace {
+
+const char kLlama31[] = R"({
+  "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
+  "num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8,
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "tie_word_embeddings": false, "vocab_size": 128256, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009]})";
+
+TEST(Config, ParsesLlama31) {
+  auto c = ModelConfig::Parse(kLlama31, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, Architecture::kLlama);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->group_size(), 8);
+  EXPECT_TRUE(c->rope_scaling.enabled);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c->eos_token_id, 128001);
+  EXPECT_NEAR(c->NumParameters() / 1e9, 70.55, 0.05);
+}
+
+TEST(Config, ParsesMixtral) {
+  const char* text = R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 6144,
+    "intermediate_size": 16384, "num_attention_heads": 48, "num_hidden_layers": 56,
+    "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "vocab_size": 32768, "rope_theta": 1000000.0, "sliding_window": null, "rms_norm_eps": 1e-05})";
+  auto c = ModelConfig::Parse(text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->is_moe());
+  EXPECT_EQ(c->experts_per_token, 2);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_NEAR(c->NumParameters() / 1e9, 140.6, 0.2);
+}
+
+TEST(Config, RoundTripsThroughJson) {
+  for (auto& name : SyntheticPresetNames()) {
+    auto c = SyntheticPresetConfig(name);
+    ASSERT_TRUE(c.ok());
+    auto back = ModelConfig::Parse(c->ToJson(), "x");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->ToJson(), c->ToJson());
+  }
+}
+
+TEST(Config, RejectsBadInputWithFieldNames) {
+  auto err = [](const char* text) { return ModelConfig::Parse(text, "m/config.json").status().message(); };
+  EXPECT_EQ(err("{not json"), "m/config.json: not valid JSON");
+  EXPECT_NE(err(R"({"architectures": ["GPT2LMHeadModel"]})").find("unsupported architecture 'GPT2LMHeadModel'"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})").find("'num_hidden_layers' is missing"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "big", "num_hidden_layers": 2})")
+                .find("'hidden_size' must be an integer"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 6, "num_key_value_heads": 4, "intermediate_size": 8, "vocab_size": 9})")
+                .find("does not divide"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace failsafe

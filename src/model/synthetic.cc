@@ -1,0 +1,378 @@
+#include "model/synthetic.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/rng.h"
+#include "model/file_util.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
+
+namespace failsafe {
+
+using nlohmann::json;
+
+std::vector<std::string> SyntheticPresetNames() {
+  return {"tiny-llama", "tiny-mixtral", "small-llama", "1b-llama"};
+}
+
+Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
+  ModelConfig c;
+  c.num_kv_heads = 8;  // like Llama-3.1-70B and Mixtral-8x22B: 3, 5, 6, 7 devices are irregular
+  c.rms_norm_eps = 1e-5;
+  if (preset == "tiny-llama") {
+    c.architecture = Architecture::kLlama;
+    c.hidden_size = 256;
+    c.num_layers = 4;
+    c.num_heads = 16;
+    c.head_dim = 16;
+    c.intermediate_size = 512;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 500000.0;
+    c.rope_scaling = {true, 8.0, 1.0, 4.0, 256};
+  } else if (preset == "tiny-mixtral") {
+    c.architecture = Architecture::kMixtral;
+    c.hidden_size = 256;
+    c.num_layers = 4;
+    c.num_heads = 16;
+    c.head_dim = 16;
+    c.intermediate_size = 256;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 1000000.0;
+    c.num_experts = 8;
+    c.experts_per_token = 2;
+    c.tie_word_embeddings = true;
+    c.sliding_window = 96;
+  } else if (preset == "small-llama") {
+    c.architecture = Architecture::kLlama;
+    c.hidden_size = 1024;
+    c.num_layers = 12;
+    c.num_heads = 16;
+    c.head_dim = 64;
+    c.intermediate_size = 2816;
+    c.vocab_size = 16384;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 500000.0;
+  } else if (preset == "1b-llama") {
+    c.architecture = Architecture::kLlama;
+    c.hidden_size = 2048;
+    c.num_layers = 16;
+    c.num_heads = 32;
+    c.head_dim = 64;
+    c.intermediate_size = 5632;
+    c.vocab_size = 32000;
+    c.max_position_embeddings = 4096;
+    c.rope_theta = 10000.0;
+  } else {
+    std::string names;
+    for (auto& n : SyntheticPresetNames()) names += (names.empty() ? "" : ", ") + n;
+    return InvalidArgument("unknown preset '{}' (known: {})", preset, names);
+  }
+  return c;
+}
+
+namespace {
+
+// Original text used to train the synthetic tokenizer's first merges.
+const char kCorpus[] =
+    "The engine keeps serving when a device fails. Every request that was running keeps its place, "
+    "and the tokens it has produced are never lost. When one of the eight accelerators drops out, the "
+    "others take over its share of the attention heads and of the feed forward layers, and the work is "
+    "spread so that no device waits for another. The cache of keys and values is copied to host memory "
+    "in the background, so after a failure it can be restored instead of computed again. Weights are "
+    "loaded only where they are missing, and each device fetches a different piece, so nothing crosses "
+    "the bus twice. When the device comes back, it is taken in again and the speed returns.\n"
+    "A scheduler decides which requests run in each step. It mixes the first chunks of new prompts with "
+    "the next token of every running sequence, within a budget of tokens. It counts the memory of every "
+    "device, because a device that holds more heads also holds more of the cache. It routes each new "
+    "request to the device with the least pending work, and it packs several prompts into one batch when "
+    "that makes the slowest device finish sooner.\n"
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 16 32 64 128 256 512 1024 2048 4096 8192. Punctuation, quotes "
+    "(\"like this\"), brackets [a, b] {c: d}, and symbols + - * / = < > % & | ! ? ; : # @ $ ^ ~ `.\n"
+    "Questions and answers: what is a plan? It says which head groups and which shards each device "
+    "holds. What is a rank? It is the device that owns the extra heads of a request. How fast is it? "
+    "Measure it, and compare the figures side by side in one run.\n";
+
+const char kLlama3Pattern[] =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+const char* kSpecials[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                           "<|end_header_id|>", "<|eot_id|>"};
+
+std::string ByteLevel(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) AppendUtf8(ByteToCodePoint(c), &out);
+  return out;
+}
+
+// Splits the corpus into words the way the Llama-3 pattern roughly does:
+// a leading space or punctuation attaches to the following letters.
+std::vector<std::string> CorpusWords() {
+  std::vector<std::string> words;
+  std::string cur;
+  auto flush = [&] {
+    if (!cur.empty()) words.push_back(cur);
+    cur.clear();
+  };
+  for (const char* p = kCorpus; *p; ++p) {
+    char c = *p;
+    bool alpha = std::isalpha(static_cast<unsigned char>(c));
+    if (alpha) {
+      if (!cur.empty() && !std::isalpha(static_cast<unsigned char>(cur.back())) && cur != " ") flush();
+      cur.push_back(c);
+    } else {
+      flush();
+      cur.push_back(c);
+      if (c != ' ') flush();
+    }
+  }
+  flush();
+  return words;
+}
+
+}  // namespace
+
+SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed) {
+  const int num_special = static_cast<int>(std::size(kSpecials));
+  const int target_merges = vocab_size - 256 - num_special;
+  std::vector<std::string> id_to_tok;
+  std::map<std::string, int> vocab;
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    AppendUtf8(ByteToCodePoint(static_cast<unsigned char>(b)), &s);
+    vocab[s] = b;
+    id_to_tok.push_back(s);
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+
+  // 1) Classic BPE training on the corpus words.
+  std::map<std::vector<std::string>, int> word_counts;
+  for (auto& w : CorpusWords()) {
+    std::vector<std::string> syms;
+    for (unsigned char c : w) syms.push_back(ByteLevel(std::string(1, static_cast<char>(c))));
+    word_counts[syms]++;
+  }
+  while (static_cast<int>(merges.size()) < target_merges) {
+    std::map<std::pair<std::string, std::string>, int> pairs;
+    for (auto& [syms, n] : word_counts) {
+      for (size_t i = 0; i + 1 < syms.size(); ++i) pairs[{syms[i], syms[i + 1]}] += n;
+    }
+    const std::pair<std::string, std::string>* best = nullptr;
+    int best_n = 1;  // stop when no pair occurs twice
+    for (auto& [p, n] : pairs) {
+      if (n > best_n && !vocab.count(p.first + p.second)) {
+        best_n = n;
+        best = &p;
+      }
+    }
+    if (!best) break;
+    auto merge = *best;
+    std::string joined = merge.first + merge.second;
+    vocab[joined] = static_cast<int>(id_to_tok.size());
+    id_to_tok.push_back(joined);
+    merges.push_back(merge);
+    std::map<std::vector<std::string>, int> next;
+    for (auto& [syms, n] : word_counts) {
+      std::vector<std::string> out;
+      for (size_t i = 0; i < syms.size(); ++i) {
+        if (i + 1 < syms.size() && syms[i] == merge.first && syms[i + 1] == merge.second) {
+          out.push_back(joined);
+          ++i;
+        } else {
+          out.push_back(syms[i]);
+        }
+      }
+      next[out] += n;
+    }
+    word_counts.swap(next);
+  }
+
+  // 2) Pad with seeded merges of letter tokens, so that large vocabularies are
+  // full of plausible word pieces.
+  std::vector<std::string> letterish;  // tokens of letters, optionally with a leading space
+  const std::string space = ByteLevel(" ");
+  auto is_letters = [&](const std::string& t, bool allow_space) {
+    std::string_view v = t;
+    if (allow_space && v.substr(0, space.size()) == space) v.remove_prefix(space.size());
+    if (v.empty()) return false;
+    return std::all_of(v.begin(), v.end(), [](char c) { return c >= 'a' && c <= 'z'; });
+  };
+  for (auto& t : id_to_tok) {
+    if (is_letters(t, true)) letterish.push_back(t);
+  }
+  Rng rng(HashCombine(seed, 0x70c));
+  int attempts = 0;
+  while (static_cast<int>(merges.size()) < target_merges && attempts < 50 * target_merges) {
+    ++attempts;
+    const std::string& a = letterish[rng.Below(letterish.size())];
+    const std::string& b = letterish[rng.Below(letterish.size())];
+    if (!is_letters(b, false) || a.size() + b.size() > 24) continue;
+    std::string joined = a + b;
+    if (vocab.count(joined)) continue;
+    vocab[joined] = static_cast<int>(id_to_tok.size());
+    id_to_tok.push_back(joined);
+    merges.emplace_back(a, b);
+    letterish.push_back(joined);
+  }
+  // Whatever is still missing becomes reserved special tokens (tiny corpora only).
+  SyntheticTokenizer out;
+  json added = json::array();
+  int next_id = static_cast<int>(id_to_tok.size());
+  int reserved = 0;
+  while (next_id < vocab_size - num_special) {
+    std::string name = "<|reserved_special_token_" + std::to_string(reserved++) + "|>";
+    added.push_back({{"id", next_id++}, {"content", name}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
+  for (int i = 0; i < num_special; ++i) {
+    int id = next_id++;
+    added.push_back({{"id", id}, {"content", kSpecials[i]}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    if (std::string(kSpecials[i]) == "<|begin_of_text|>") out.bos_id = id;
+    if (std::string(kSpecials[i]) == "<|eot_id|>") out.eos_id = id;
+  }
+  json vocab_json = json::object();
+  for (size_t i = 0; i < id_to_tok.size(); ++i) vocab_json[id_to_tok[i]] = i;
+  json merges_json = json::array();
+  for (auto& [a, b] : merges) merges_json.push_back(json::array({a, b}));
+  json j = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"pair", json::array()},
+        {"special_tokens",
+         {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {out.bos_id}}, {"tokens", {"<|begin_of_text|>"}}}}}}}},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", true},
+        {"vocab", vocab_json},
+        {"merges", merges_json}}}};
+  out.json = j.dump(1) + "\n";
+  return out;
+}
+
+namespace {
+
+struct FillContext {
+  const ModelConfig* config;
+  std::vector<SafetensorsWriter::Entry> entries;
+  uint64_t seed;
+};
+
+// Per-tensor scale, chosen so that: the residual stream has unit-scale
+// entries; attention scores have a spread of about 1.5 (attention mixes
+// context); each layer moves the residual by a fraction of its size; and the
+// logits have a standard deviation of about 4 (clear greedy margins).
+double InitStd(const ModelConfig& c, const std::string& name) {
+  const double h = c.hidden_size;
+  auto ends = [&](const char* suffix) {
+    std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (name == tensor_names::Embedding()) return 1.0;
+  if (name == "lm_head.weight") return 4.0 / std::sqrt(h);
+  if (ends("q_proj.weight") || ends("k_proj.weight")) return std::sqrt(std::sqrt(1.5) / h);
+  if (ends("v_proj.weight")) return 1.0 / std::sqrt(h);
+  if (ends("o_proj.weight")) return 0.8 / std::sqrt(static_cast<double>(c.q_dim()));
+  if (ends("gate_proj.weight") || ends("up_proj.weight") || ends("w1.weight") || ends("w3.weight")) {
+    return 1.0 / std::sqrt(h);
+  }
+  if (ends("down_proj.weight") || ends("w2.weight")) return 0.8 / std::sqrt(static_cast<double>(c.intermediate_size));
+  if (ends("gate.weight")) return 1.5 / std::sqrt(h);  // MoE router
+  return 0.0;  // norms: handled separately
+}
+
+void Fill(void* ctx_ptr, size_t index, float* dst) {
+  auto* ctx = static_cast<FillContext*>(ctx_ptr);
+  const auto& e = ctx->entries[index];
+  int64_t n = 1;
+  for (auto d : e.shape) n *= d;
+  uint64_t h = 1469598103934665603ULL;
+  for (char c : e.name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  Rng rng(HashCombine(ctx->seed, h));
+  bool is_norm = e.shape.size() == 1;
+  if (is_norm) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(1.0 + 0.1 * rng.Normal());
+    return;
+  }
+  // With tied embeddings the embedding doubles as the LM head: use the LM
+  // head's scale and rescale the residual stream through the norms instead.
+  double sd = InitStd(*ctx->config, e.name);
+  if (ctx->config->tie_word_embeddings && e.name == tensor_names::Embedding()) {
+    sd = 4.0 / std::sqrt(static_cast<double>(ctx->config->hidden_size));
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(sd * rng.Normal());
+}
+
+}  // namespace
+
+Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& options) {
+  FS_ASSIGN_OR_RETURN(ModelConfig config, SyntheticPresetConfig(options.preset));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Internal("{}: cannot create directory: {}", dir, ec.message());
+  if (options.num_shards < 1) return InvalidArgument("num_shards must be at least 1");
+
+  SyntheticTokenizer tok = BuildSyntheticTokenizer(config.vocab_size, options.seed);
+  config.bos_token_id = tok.bos_id;
+  config.eos_token_id = tok.eos_id;
+  FS_RETURN_IF_ERROR(WriteStringToFile(dir + "/tokenizer.json", tok.json));
+
+  FillContext ctx;
+  ctx.config = &config;
+  ctx.seed = options.seed;
+  for (auto& t : ExpectedTensors(config)) ctx.entries.push_back({t.name, t.shape, options.dtype});
+
+  // Remove stale shards/index of an earlier model in the same directory.
+  std::filesystem::remove(dir + "/model.safetensors.index.json", ec);
+  std::filesystem::remove(dir + "/model.safetensors", ec);
+  if (options.num_shards == 1) {
+    FS_RETURN_IF_ERROR(SafetensorsWriter::Write(dir + "/model.safetensors", ctx.entries, Fill, &ctx));
+  } else {
+    const size_t per = (ctx.entries.size() + options.num_shards - 1) / options.num_shards;
+    json weight_map = json::object();
+    for (int s = 0; s < options.num_shards; ++s) {
+      std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, options.num_shards);
+      FillContext part = ctx;
+      part.entries.clear();
+      for (size_t i = s * per; i < std::min(ctx.entries.size(), (s + 1) * per); ++i) {
+        part.entries.push_back(ctx.entries[i]);
+        weight_map[ctx.entries[i].name] = file;
+      }
+      FS_RETURN_IF_ERROR(SafetensorsWriter::Write(dir + "/" + file, part.entries, Fill, &part));
+    }
+    json index = {{"metadata", {{"total_size", config.NumParameters() * DTypeSize(options.dtype)}}},
+                  {"weight_map", weight_map}};
+    FS_RETURN_IF_ERROR(WriteStringToFile(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  // config.json last: its presence marks a complete model.
+  return WriteStringToFile(dir + "/config.json", config.ToJson());
+}
+
+}  // namespace failsafe

@@ -1,0 +1,41 @@
+// Synthetic models: seeded random weights in real Hugging Face layout
+// (config.json, model.safetensors, tokenizer.json), scaled so that logits have
+// a clear spread and attention really mixes context.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace failsafe {
+
+// Known presets: tiny-llama, tiny-mixtral, small-llama, 1b-llama.
+std::vector<std::string> SyntheticPresetNames();
+Result<ModelConfig> SyntheticPresetConfig(const std::string& preset);
+
+struct SyntheticModelOptions {
+  std::string preset = "tiny-llama";
+  uint64_t seed = 0;
+  DType dtype = DType::kF32;
+  // Split model.safetensors into this many files with an index (1: one file).
+  int num_shards = 1;
+};
+
+// Writes the model into `dir` (created if missing).
+Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& options);
+
+// Builds a byte-level BPE tokenizer.json with exactly `vocab_size` tokens,
+// trained on a built-in text and padded with seeded merges. Also reports the
+// ids of its special tokens.
+struct SyntheticTokenizer {
+  std::string json;
+  int bos_id = -1;
+  int eos_id = -1;  // <|eot_id|>
+};
+SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed);
+
+}  // namespace failsafe

@@ -1,0 +1,148 @@
+#include "model/weights.h"
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/check.h"
+#include "model/file_util.h"
+
+namespace failsafe {
+
+namespace tensor_names {
+std::string Embedding() { return "model.embed_tokens.weight"; }
+std::string FinalNorm() { return "model.norm.weight"; }
+std::string LmHead(const ModelConfig& c) { return c.tie_word_embeddings ? Embedding() : "lm_head.weight"; }
+static std::string L(int layer) { return "model.layers." + std::to_string(layer) + "."; }
+std::string AttnNorm(int layer) { return L(layer) + "input_layernorm.weight"; }
+std::string FfnNorm(int layer) { return L(layer) + "post_attention_layernorm.weight"; }
+std::string Q(int layer) { return L(layer) + "self_attn.q_proj.weight"; }
+std::string K(int layer) { return L(layer) + "self_attn.k_proj.weight"; }
+std::string V(int layer) { return L(layer) + "self_attn.v_proj.weight"; }
+std::string O(int layer) { return L(layer) + "self_attn.o_proj.weight"; }
+static std::string Expert(int layer, int e) {
+  return L(layer) + "block_sparse_moe.experts." + std::to_string(e) + ".";
+}
+std::string Gate(int layer, int e) { return e < 0 ? L(layer) + "mlp.gate_proj.weight" : Expert(layer, e) + "w1.weight"; }
+std::string Up(int layer, int e) { return e < 0 ? L(layer) + "mlp.up_proj.weight" : Expert(layer, e) + "w3.weight"; }
+std::string Down(int layer, int e) { return e < 0 ? L(layer) + "mlp.down_proj.weight" : Expert(layer, e) + "w2.weight"; }
+std::string Router(int layer) { return L(layer) + "block_sparse_moe.gate.weight"; }
+}  // namespace tensor_names
+
+std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
+  namespace tn = tensor_names;
+  const int64_t h = c.hidden_size, v = c.vocab_size, inter = c.intermediate_size;
+  std::vector<ExpectedTensor> out;
+  out.push_back({tn::Embedding(), {v, h}});
+  for (int l = 0; l < c.num_layers; ++l) {
+    out.push_back({tn::AttnNorm(l), {h}});
+    out.push_back({tn::Q(l), {c.q_dim(), h}});
+    out.push_back({tn::K(l), {c.kv_dim(), h}});
+    out.push_back({tn::V(l), {c.kv_dim(), h}});
+    out.push_back({tn::O(l), {h, c.q_dim()}});
+    out.push_back({tn::FfnNorm(l), {h}});
+    if (c.is_moe()) {
+      out.push_back({tn::Router(l), {c.num_experts, h}});
+      for (int e = 0; e < c.num_experts; ++e) {
+        out.push_back({tn::Gate(l, e), {inter, h}});
+        out.push_back({tn::Down(l, e), {h, inter}});
+        out.push_back({tn::Up(l, e), {inter, h}});
+      }
+    } else {
+      out.push_back({tn::Gate(l, -1), {inter, h}});
+      out.push_back({tn::Up(l, -1), {inter, h}});
+      out.push_back({tn::Down(l, -1), {h, inter}});
+    }
+  }
+  out.push_back({tn::FinalNorm(), {h}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {v, h}});
+  return out;
+}
+
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_dir,
+                                                      const ModelConfig& config) {
+  auto store = std::unique_ptr<WeightStore>(new WeightStore());
+  store->model_dir_ = model_dir;
+  std::vector<std::string> files;
+  const std::string index_path = model_dir + "/model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;  // tensor -> file named by the index
+  if (FileExists(index_path)) {
+    FS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path));
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      return InvalidArgument("{}: field 'weight_map' is missing or not an object", index_path);
+    }
+    std::set<std::string> unique;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) return InvalidArgument("{}: field 'weight_map.{}' is not a file name", index_path, name);
+      std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos) {
+        return InvalidArgument("{}: field 'weight_map.{}' names a file outside the model directory", index_path, name);
+      }
+      weight_map[name] = f;
+      unique.insert(f);
+    }
+    files.assign(unique.begin(), unique.end());
+  } else {
+    files.push_back("model.safetensors");
+  }
+  for (auto& f : files) {
+    FS_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(model_dir + "/" + f));
+    store->files_.push_back(std::move(file));
+  }
+  for (auto& file : store->files_) {
+    for (auto& t : file->tensors()) store->tensors_[t.name] = file->Ref(&t);
+  }
+  for (auto& e : ExpectedTensors(config)) {
+    auto it = store->tensors_.find(e.name);
+    if (it == store->tensors_.end()) {
+      std::string where = weight_map.count(e.name) ? model_dir + "/" + weight_map[e.name]
+                                                    : (files.size() == 1 ? model_dir + "/" + files[0] : index_path);
+      return InvalidArgument("{}: tensor '{}' is missing", where, e.name);
+    }
+    if (it->second.info->shape != e.shape) {
+      return InvalidArgument("{}: tensor '{}': field 'shape' is {}, config.json implies {}", *it->second.file,
+                             e.name, ShapeString(it->second.info->shape), ShapeString(e.shape));
+    }
+    if (!weight_map.empty()) {
+      auto wm = weight_map.find(e.name);
+      if (wm != weight_map.end() && *it->second.file != model_dir + "/" + wm->second) {
+        return InvalidArgument("{}: tensor '{}' is in {}, not in {} as the index says", index_path, e.name,
+                               *it->second.file, wm->second);
+      }
+    }
+  }
+  return store;
+}
+
+TensorRef WeightStore::Get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  FS_CHECK_MSG(it != tensors_.end(), "unknown tensor {}", name);
+  return it->second;
+}
+
+int64_t WeightStore::FileBytes() const {
+  int64_t total = 0;
+  for (auto& f : files_) {
+    for (auto& t : f->tensors()) total += static_cast<int64_t>(t.end - t.begin);
+  }
+  return total;
+}
+
+}  // namespace failsafe

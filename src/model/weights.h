@@ -1,0 +1,59 @@
+// The host copy of a model's weights: memory-mapped safetensors files (one, or
+// sharded with model.safetensors.index.json), checked against the config.
+//
+// Thread-safety: immutable after Open; any thread may read.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace failsafe {
+
+// Hugging Face tensor names for Llama / Mistral / Mixtral.
+namespace tensor_names {
+std::string Embedding();
+std::string FinalNorm();
+std::string LmHead(const ModelConfig& c);  // the embedding when tied
+std::string AttnNorm(int layer);
+std::string FfnNorm(int layer);
+std::string Q(int layer);
+std::string K(int layer);
+std::string V(int layer);
+std::string O(int layer);
+// Dense FFN (expert < 0) or a Mixtral expert.
+std::string Gate(int layer, int expert);  // [intermediate, hidden]
+std::string Up(int layer, int expert);    // [intermediate, hidden]
+std::string Down(int layer, int expert);  // [hidden, intermediate]
+std::string Router(int layer);            // Mixtral: [experts, hidden]
+}  // namespace tensor_names
+
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// Every tensor the model needs, in file order.
+std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c);
+
+class WeightStore {
+ public:
+  // Opens and validates: every expected tensor present with the right shape.
+  static Result<std::unique_ptr<WeightStore>> Open(const std::string& model_dir, const ModelConfig& config);
+
+  // The tensor, which Open has validated. Aborts on an unknown name (a bug).
+  TensorRef Get(const std::string& name) const;
+  // Total bytes of all files.
+  int64_t FileBytes() const;
+  const std::string& model_dir() const { return model_dir_; }
+
+ private:
+  std::string model_dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, TensorRef> tensors_;
+};
+
+}  // namespace failsafe

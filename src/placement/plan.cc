@@ -1,0 +1,235 @@
+#include "placement/plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace failsafe {
+
+const char* PolicyName(Policy p) {
+  switch (p) {
+    case Policy::kStandard: return "standard";
+    case Policy::kNonUniform: return "nonuniform";
+    case Policy::kCyclic: return "cyclic";
+    case Policy::kHybrid: return "hybrid";
+  }
+  return "?";
+}
+
+Result<Policy> ParsePolicy(const std::string& name) {
+  if (name == "standard") return Policy::kStandard;
+  if (name == "nonuniform") return Policy::kNonUniform;
+  if (name == "cyclic") return Policy::kCyclic;
+  if (name == "hybrid") return Policy::kHybrid;
+  return InvalidArgument("unknown placement policy '{}' (known: standard, nonuniform, cyclic, hybrid)", name);
+}
+
+PlanShape PlanShape::ForModel(const ModelConfig& c) {
+  PlanShape s;
+  s.num_layers = c.num_layers;
+  s.num_kv_heads = c.num_kv_heads;
+  s.expert_slots = c.is_moe() ? c.num_experts : 1;
+  // The largest divisor of the intermediate size that is at most 128: fine
+  // enough that 7 devices are within a few percent of even.
+  s.shards_per_expert = 1;
+  for (int d = std::min(128, c.intermediate_size); d >= 1; --d) {
+    if (c.intermediate_size % d == 0) {
+      s.shards_per_expert = d;
+      break;
+    }
+  }
+  s.shard_width = c.intermediate_size / s.shards_per_expert;
+  s.vocab_size = c.vocab_size;
+  s.vocab_chunks = std::min(64, c.vocab_size);
+  s.vocab_chunk_size = (c.vocab_size + s.vocab_chunks - 1) / s.vocab_chunks;
+  s.vocab_chunks = (c.vocab_size + s.vocab_chunk_size - 1) / s.vocab_chunk_size;
+  return s;
+}
+
+int PlanShape::ChunkEnd(int chunk) const { return std::min(vocab_size, (chunk + 1) * vocab_chunk_size); }
+
+bool Plan::IsActive(int device) const { return RankOf(device) >= 0; }
+
+int Plan::RankOf(int device) const {
+  auto it = std::lower_bound(active.begin(), active.end(), device);
+  return it != active.end() && *it == device ? static_cast<int>(it - active.begin()) : -1;
+}
+
+bool Plan::HoldsTpHead(int device, int layer, int head) const {
+  const auto& h = layers[layer].tp_heads[device];
+  return std::binary_search(h.begin(), h.end(), head);
+}
+
+bool Plan::IsDpHead(int layer, int head) const {
+  const auto& h = layers[layer].dp_heads;
+  return std::binary_search(h.begin(), h.end(), head);
+}
+
+int Plan::num_dp_heads_total() const {
+  int n = 0;
+  for (auto& l : layers) n += static_cast<int>(l.dp_heads.size());
+  return n;
+}
+
+int Plan::num_tp_heads_total(int device) const {
+  int n = 0;
+  for (auto& l : layers) n += static_cast<int>(l.tp_heads[device].size());
+  return n;
+}
+
+bool Plan::operator==(const Plan& o) const {
+  if (policy != o.policy || num_devices != o.num_devices || alive != o.alive || active != o.active ||
+      vocab_chunks != o.vocab_chunks || layers.size() != o.layers.size()) {
+    return false;
+  }
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].tp_heads != o.layers[l].tp_heads || layers[l].dp_heads != o.layers[l].dp_heads ||
+        layers[l].ffn_shards != o.layers[l].ffn_shards) {
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// Splits items [0, count) contiguously over `devices` in the given order; the
+// first `count % n` devices in that order get one more.
+void SplitContiguous(int first_item, int count, const std::vector<int>& order, std::vector<std::vector<int>>* out) {
+  const int n = static_cast<int>(order.size());
+  const int base = count / n, extra = count % n;
+  int item = first_item;
+  for (int i = 0; i < n; ++i) {
+    int c = base + (i < extra ? 1 : 0);
+    for (int k = 0; k < c; ++k) (*out)[order[i]].push_back(item++);
+  }
+}
+
+std::vector<int> Rotated(const std::vector<int>& v, int by) {
+  std::vector<int> out(v.size());
+  const int n = static_cast<int>(v.size());
+  for (int i = 0; i < n; ++i) out[i] = v[(i + by) % n];
+  return out;
+}
+
+}  // namespace
+
+Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices, const std::vector<int>& alive_in) {
+  if (num_devices < 1) return InvalidArgument("the number of devices must be at least 1 (got {})", num_devices);
+  std::vector<int> alive = alive_in;
+  std::sort(alive.begin(), alive.end());
+  if (alive.empty()) return InvalidArgument("no device is alive");
+  if (std::adjacent_find(alive.begin(), alive.end()) != alive.end()) {
+    return InvalidArgument("device {} is listed twice", *std::adjacent_find(alive.begin(), alive.end()));
+  }
+  for (int d : alive) {
+    if (d < 0 || d >= num_devices) return OutOfRange("device id {} is out of range [0, {})", d, num_devices);
+  }
+  const int heads = config.num_kv_heads;
+  Plan p;
+  p.policy = policy;
+  p.num_devices = num_devices;
+  p.alive = alive;
+  p.shape = PlanShape::ForModel(config);
+  const int n_alive = static_cast<int>(alive.size());
+  if (n_alive > heads) {
+    return InvalidArgument("{} devices exceed the model's {} KV head groups: policy '{}' cannot give every device "
+                           "a head group", n_alive, heads, PolicyName(policy));
+  }
+  if (policy == Policy::kStandard) {
+    int tp = 1;
+    while (tp * 2 <= n_alive && heads % (tp * 2) == 0 && config.num_heads % (tp * 2) == 0) tp *= 2;
+    p.active.assign(alive.begin(), alive.begin() + tp);
+  } else {
+    p.active = alive;
+  }
+  const int n = static_cast<int>(p.active.size());
+  p.layers.resize(config.num_layers);
+  for (int l = 0; l < config.num_layers; ++l) {
+    LayerPlan& lp = p.layers[l];
+    lp.tp_heads.assign(num_devices, {});
+    lp.ffn_shards.assign(num_devices, {});
+    switch (policy) {
+      case Policy::kStandard:
+      case Policy::kNonUniform:
+        SplitContiguous(0, heads, p.active, &lp.tp_heads);
+        break;
+      case Policy::kCyclic:
+        SplitContiguous(0, heads, Rotated(p.active, l % n), &lp.tp_heads);
+        break;
+      case Policy::kHybrid: {
+        const int per = heads / n;
+        SplitContiguous(0, per * n, p.active, &lp.tp_heads);
+        for (int h = per * n; h < heads; ++h) lp.dp_heads.push_back(h);
+        break;
+      }
+    }
+    // FFN: every expert is split over all active devices; with cyclic and
+    // hybrid the devices that get an extra shard rotate by layer and expert.
+    const bool rotate = policy == Policy::kCyclic || policy == Policy::kHybrid;
+    for (int e = 0; e < p.shape.expert_slots; ++e) {
+      auto order = rotate ? Rotated(p.active, (l + e) % n) : p.active;
+      SplitContiguous(e * p.shape.shards_per_expert, p.shape.shards_per_expert, order, &lp.ffn_shards);
+    }
+    for (auto& v : lp.tp_heads) std::sort(v.begin(), v.end());
+    for (auto& v : lp.ffn_shards) std::sort(v.begin(), v.end());
+  }
+  p.vocab_chunks.assign(num_devices, {});
+  SplitContiguous(0, p.shape.vocab_chunks, p.active, &p.vocab_chunks);
+  FS_RETURN_IF_ERROR(ValidatePlan(p));
+  return p;
+}
+
+Status ValidatePlan(const Plan& p) {
+  const int nd = p.num_devices;
+  if (p.active.empty()) return Internal("plan has no active device");
+  for (int d : p.active) {
+    if (!std::binary_search(p.alive.begin(), p.alive.end(), d)) return Internal("active device {} is not alive", d);
+  }
+  if (static_cast<int>(p.layers.size()) != p.shape.num_layers) return Internal("plan has the wrong layer count");
+  for (int l = 0; l < p.shape.num_layers; ++l) {
+    const LayerPlan& lp = p.layers[l];
+    if (static_cast<int>(lp.tp_heads.size()) != nd || static_cast<int>(lp.ffn_shards.size()) != nd) {
+      return Internal("layer {}: per-device lists have the wrong size", l);
+    }
+    std::vector<int> head_count(p.shape.num_kv_heads, 0);
+    for (int h : lp.dp_heads) {
+      if (h < 0 || h >= p.shape.num_kv_heads) return Internal("layer {}: DP head {} out of range", l, h);
+      head_count[h]++;
+    }
+    std::vector<int> shard_count(p.shape.num_shards(), 0);
+    for (int d = 0; d < nd; ++d) {
+      bool active = p.IsActive(d);
+      if (!active && (!lp.tp_heads[d].empty() || !lp.ffn_shards[d].empty())) {
+        return Internal("layer {}: inactive device {} holds a share", l, d);
+      }
+      for (int h : lp.tp_heads[d]) {
+        if (h < 0 || h >= p.shape.num_kv_heads) return Internal("layer {}: head {} out of range", l, h);
+        head_count[h]++;
+      }
+      for (int s : lp.ffn_shards[d]) {
+        if (s < 0 || s >= p.shape.num_shards()) return Internal("layer {}: shard {} out of range", l, s);
+        shard_count[s]++;
+      }
+    }
+    for (int h = 0; h < p.shape.num_kv_heads; ++h) {
+      if (head_count[h] != 1) return Internal("layer {}: head group {} is placed {} times", l, h, head_count[h]);
+    }
+    for (int s = 0; s < p.shape.num_shards(); ++s) {
+      if (shard_count[s] != 1) return Internal("layer {}: FFN shard {} is placed {} times", l, s, shard_count[s]);
+    }
+  }
+  std::vector<int> chunk_count(p.shape.vocab_chunks, 0);
+  for (int d = 0; d < nd; ++d) {
+    if (!p.IsActive(d) && !p.vocab_chunks[d].empty()) return Internal("inactive device {} holds vocab chunks", d);
+    for (int c : p.vocab_chunks[d]) {
+      if (c < 0 || c >= p.shape.vocab_chunks) return Internal("vocab chunk {} out of range", c);
+      chunk_count[c]++;
+    }
+  }
+  for (int c = 0; c < p.shape.vocab_chunks; ++c) {
+    if (chunk_count[c] != 1) return Internal("vocab chunk {} is placed {} times", c, chunk_count[c]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace failsafe

@@ -1,0 +1,351 @@
+// The forward pass over a device's share of the model.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/clock.h"
+#include "worker/device_model.h"
+
+namespace failsafe {
+
+namespace {
+
+template <typename T>
+T* Sized(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+Status DeviceModel::ReserveKv(const StepBatch& b) {
+  for (const StepSeq& s : b.seqs) {
+    const int end = s.start_pos + s.num_tokens;
+    for (int l = 0; l < config_.num_layers; ++l) {
+      for (int h : plan_.layers[l].tp_heads[device_]) FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
+      if (s.dp_rank == device_) {
+        for (int h : plan_.layers[l].dp_heads) FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logits, ForwardStats* stats) {
+  const int T = b.num_tokens();
+  const int H = config_.hidden_size;
+  // Validation is identical on every device, so all fail together before any
+  // collective.
+  for (int32_t t : b.tokens) {
+    if (t < 0 || t >= config_.vocab_size) return InvalidArgument("token id {} is outside the vocabulary", t);
+  }
+  for (const StepSeq& s : b.seqs) {
+    if (s.num_tokens <= 0 || s.token_offset < 0 || s.token_offset + s.num_tokens > T || s.start_pos < 0 ||
+        s.logits_row >= b.num_logits_rows) {
+      return InvalidArgument("malformed step for sequence {}", s.seq_id);
+    }
+  }
+  FS_RETURN_IF_ERROR(ReserveKv(b));
+
+  int32_t* pos = Sized(positions_, T);
+  for (const StepSeq& s : b.seqs) {
+    for (int i = 0; i < s.num_tokens; ++i) pos[s.token_offset + i] = s.start_pos + i;
+  }
+
+  ForwardStats local;
+  if (!stats) stats = &local;
+  *stats = ForwardStats();
+  int64_t seg_cpu = ThreadCpuNanos(), seg_wall = MonotonicNanos();
+  auto end_segment = [&] {
+    int64_t c = ThreadCpuNanos(), w = MonotonicNanos();
+    stats->segment_cpu_ns.push_back(c - seg_cpu);
+    stats->segment_wall_ns.push_back(w - seg_wall);
+    seg_cpu = c;
+    seg_wall = w;
+  };
+  auto all_reduce = [&](float* data, size_t n) -> Status {
+    end_segment();
+    Status st = comm.AllReduceSum(data, n);
+    int64_t w = MonotonicNanos();
+    stats->collective_wall_ns += w - seg_wall;
+    seg_cpu = ThreadCpuNanos();
+    seg_wall = w;
+    return st;
+  };
+
+  float* x = Sized(x_, static_cast<size_t>(T) * H);
+  Embed(b);
+  FS_RETURN_IF_ERROR(all_reduce(x, static_cast<size_t>(T) * H));
+  for (int l = 0; l < config_.num_layers; ++l) {
+    AttentionPartial(l, b, stats);
+    FS_RETURN_IF_ERROR(all_reduce(partial_.data(), static_cast<size_t>(T) * H));
+    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += partial_[i];
+    FfnPartial(l, T, stats);
+    FS_RETURN_IF_ERROR(all_reduce(partial_.data(), static_cast<size_t>(T) * H));
+    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += partial_[i];
+  }
+  LmHead(b, logits, stats);
+  end_segment();
+  return Status::Ok();
+}
+
+void DeviceModel::Embed(const StepBatch& b) {
+  const int H = config_.hidden_size;
+  const int cs = plan_.shape.vocab_chunk_size;
+  float* x = x_.data();
+  std::memset(x, 0, sizeof(float) * static_cast<size_t>(b.num_tokens()) * H);
+  for (int t = 0; t < b.num_tokens(); ++t) {
+    const int tok = b.tokens[t];
+    if (const float* rows = embed_.Find(tok / cs)) {
+      std::memcpy(x + static_cast<int64_t>(t) * H, rows + static_cast<int64_t>(tok % cs) * H, sizeof(float) * H);
+    }
+  }
+}
+
+void DeviceModel::RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b, const HeadRows& hr, float* qkv,
+                           float* attn, ForwardStats* stats) {
+  const int hd = config_.head_dim, g = config_.group_size(), H = config_.hidden_size;
+  const int bs = kv_.block_size();
+  const int head_cols = (g + 2) * hd;
+  const int n_heads = qkv_w.num_items();
+  const int64_t ld_qkv = static_cast<int64_t>(n_heads) * head_cols;
+  const int64_t ld_attn = static_cast<int64_t>(n_heads) * g * hd;
+  // 1) q, k, v: one GEMM per segment of consecutive head groups.
+  int k0 = 0;
+  for (const auto& seg : qkv_w.segments()) {
+    backend_->LinearNT(hr.in, H, seg.data, qkv + static_cast<int64_t>(k0) * head_cols, ld_qkv, hr.rows,
+                       seg.count * head_cols, H, false);
+    k0 += seg.count;
+  }
+  stats->attention_flops += 2.0 * hr.rows * H * ld_qkv;
+  // 2) RoPE on the G query heads and the key head of each group (adjacent).
+  for (int k = 0; k < n_heads; ++k) {
+    backend_->Rope(qkv + static_cast<int64_t>(k) * head_cols, ld_qkv, hr.positions, hr.rows, g + 1, hd,
+                   inv_freq_.data());
+  }
+  // 3) K and V into the cache; 4) attention problems.
+  problems_.clear();
+  const std::vector<int> heads = qkv_w.items();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (auto [si, row0] : hr.seqs) {
+    const StepSeq& s = b.seqs[si];
+    for (int k = 0; k < n_heads; ++k) {
+      const int slot = kv_.Slot(layer, heads[k]);
+      for (int i = 0; i < s.num_tokens; ++i) {
+        const int p = s.start_pos + i;
+        float* page = kv_.Page(s.seq_id, slot, p / bs);
+        const float* src = qkv + static_cast<int64_t>(row0 + i) * ld_qkv + static_cast<int64_t>(k) * head_cols;
+        std::memcpy(page + (p % bs) * hd, src + g * hd, sizeof(float) * hd);
+        std::memcpy(page + (bs + p % bs) * hd, src + (g + 1) * hd, sizeof(float) * hd);
+      }
+      AttentionArgs a;
+      a.q = qkv + static_cast<int64_t>(row0) * ld_qkv + static_cast<int64_t>(k) * head_cols;
+      a.ldq = ld_qkv;
+      a.out = attn + static_cast<int64_t>(row0) * ld_attn + static_cast<int64_t>(k) * g * hd;
+      a.ldo = ld_attn;
+      a.num_tokens = s.num_tokens;
+      a.start_pos = s.start_pos;
+      a.group_size = g;
+      a.head_dim = hd;
+      a.pages = kv_.Pages(s.seq_id, slot);
+      a.block_size = bs;
+      a.sliding_window = config_.sliding_window;
+      a.scale = scale;
+      problems_.push_back(a);
+      // Attention core: scores and weighted values, 2 * 2 * G * hd per (query, key).
+      for (int i = 0; i < s.num_tokens; ++i) {
+        const int p = s.start_pos + i;
+        const int ctx = config_.sliding_window > 0 ? std::min(p + 1, config_.sliding_window) : p + 1;
+        stats->attention_flops += 4.0 * g * hd * ctx;
+      }
+    }
+  }
+  backend_->Attention(problems_);
+}
+
+void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* stats) {
+  const LayerWeights& lw = layers_[layer];
+  const int T = b.num_tokens(), H = config_.hidden_size;
+  const int hd = config_.head_dim, g = config_.group_size();
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  float* h = Sized(h_, static_cast<size_t>(T) * H);
+  float* partial = Sized(partial_, static_cast<size_t>(T) * H);
+  backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
+
+  // TP head groups: every token.
+  const int n_tp = lw.tp_qkv.num_items();
+  if (n_tp > 0) {
+    HeadRows hr;
+    hr.in = h;
+    hr.rows = T;
+    hr.positions = positions_.data();
+    for (size_t i = 0; i < b.seqs.size(); ++i) hr.seqs.emplace_back(static_cast<int>(i), b.seqs[i].token_offset);
+    float* qkv = Sized(qkv_, static_cast<size_t>(T) * n_tp * (g + 2) * hd);
+    float* attn = Sized(attn_, static_cast<size_t>(T) * n_tp * g * hd);
+    RunHeads(lw.tp_qkv, layer, b, hr, qkv, attn, stats);
+    const int64_t ld_attn = static_cast<int64_t>(n_tp) * g * hd;
+    int k0 = 0;
+    for (const auto& seg : lw.tp_o.segments()) {
+      backend_->LinearNN(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, partial, H, T, H,
+                         seg.count * g * hd, k0 > 0);
+      k0 += seg.count;
+    }
+    stats->attention_flops += 2.0 * T * ld_attn * H;
+  } else {
+    std::memset(partial, 0, sizeof(float) * static_cast<size_t>(T) * H);
+  }
+
+  // DP head groups: only tokens of sequences whose DP rank is this device.
+  const int n_dp = lw.dp_qkv.num_items();
+  if (n_dp == 0) return;
+  HeadRows hr;
+  int rows = 0;
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    if (b.seqs[i].dp_rank != device_) continue;
+    hr.seqs.emplace_back(static_cast<int>(i), rows);
+    rows += b.seqs[i].num_tokens;
+  }
+  if (rows == 0) return;
+  float* in = Sized(dp_in_, static_cast<size_t>(rows) * H);
+  int32_t* dpos = Sized(dp_positions_, rows);
+  for (auto [si, row0] : hr.seqs) {
+    const StepSeq& s = b.seqs[si];
+    std::memcpy(in + static_cast<int64_t>(row0) * H, h + static_cast<int64_t>(s.token_offset) * H,
+                sizeof(float) * static_cast<size_t>(s.num_tokens) * H);
+    std::memcpy(dpos + row0, positions_.data() + s.token_offset, sizeof(int32_t) * s.num_tokens);
+  }
+  hr.in = in;
+  hr.rows = rows;
+  hr.positions = dpos;
+  float* qkv = Sized(dp_qkv_, static_cast<size_t>(rows) * n_dp * (g + 2) * hd);
+  float* attn = Sized(dp_attn_, static_cast<size_t>(rows) * n_dp * g * hd);
+  RunHeads(lw.dp_qkv, layer, b, hr, qkv, attn, stats);
+  float* out = Sized(dp_out_, static_cast<size_t>(rows) * H);
+  const int64_t ld_attn = static_cast<int64_t>(n_dp) * g * hd;
+  int k0 = 0;
+  for (const auto& seg : lw.dp_o.segments()) {
+    backend_->LinearNN(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, out, H, rows, H,
+                       seg.count * g * hd, k0 > 0);
+    k0 += seg.count;
+  }
+  stats->attention_flops += 2.0 * rows * ld_attn * H;
+  for (auto [si, row0] : hr.seqs) {
+    const StepSeq& s = b.seqs[si];
+    for (int i = 0; i < s.num_tokens; ++i) {
+      float* dst = partial + static_cast<int64_t>(s.token_offset + i) * H;
+      const float* src = out + static_cast<int64_t>(row0 + i) * H;
+      for (int j = 0; j < H; ++j) dst[j] += src[j];
+    }
+  }
+}
+
+void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows, const float* row_scale,
+                            float* out, ForwardStats* stats) {
+  const int H = config_.hidden_size;
+  const int w = plan_.shape.shard_width;
+  bool first = true;
+  const auto& down_segs = lw.ffn_down.segments();
+  const auto& gu_segs = lw.ffn_gate_up.segments();
+  FS_CHECK(down_segs.size() == gu_segs.size());
+  for (size_t si = 0; si < gu_segs.size(); ++si) {
+    const auto& seg = gu_segs[si];
+    FS_CHECK(down_segs[si].first == seg.first && down_segs[si].count == seg.count);
+    if (expert >= 0 && plan_.shape.ShardExpert(seg.first) != expert) continue;
+    const int cols = seg.count * 2 * w;
+    float* gu = Sized(gu_, static_cast<size_t>(rows) * cols);
+    float* act = Sized(act_, static_cast<size_t>(rows) * seg.count * w);
+    backend_->LinearNT(in, H, seg.data, gu, cols, rows, cols, H, false);
+    for (int j = 0; j < seg.count; ++j) {
+      backend_->SiluMul(gu + j * 2 * w, gu + j * 2 * w + w, cols, act + j * w, seg.count * w, rows, w);
+    }
+    if (row_scale) {
+      for (int r = 0; r < rows; ++r) {
+        float* a = act + static_cast<int64_t>(r) * seg.count * w;
+        for (int j = 0; j < seg.count * w; ++j) a[j] *= row_scale[r];
+      }
+    }
+    backend_->LinearNN(act, seg.count * w, down_segs[si].data, out, H, rows, H, seg.count * w, !first);
+    first = false;
+    stats->ffn_flops += 2.0 * rows * H * 3.0 * seg.count * w;
+  }
+  if (first) std::memset(out, 0, sizeof(float) * static_cast<size_t>(rows) * H);
+}
+
+void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
+  const LayerWeights& lw = layers_[layer];
+  const int T = num_tokens, H = config_.hidden_size;
+  float* h = h_.data();
+  float* partial = partial_.data();
+  backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H, static_cast<float>(config_.rms_norm_eps));
+  if (!config_.is_moe()) {
+    FfnOnRows(lw, -1, h, T, nullptr, partial, stats);
+    return;
+  }
+  // Mixtral: every device routes every token (same inputs, same result), then
+  // computes its shards of each chosen expert on that expert's tokens.
+  const int E = config_.num_experts, k = config_.experts_per_token;
+  float* logits = Sized(router_logits_, static_cast<size_t>(T) * E);
+  backend_->LinearNT(h, H, lw.router.data(), logits, E, T, E, H, false);
+  stats->ffn_flops += 2.0 * T * H * E;
+  int32_t* ids = Sized(gate_ids_, static_cast<size_t>(T) * k);
+  float* weights = Sized(gate_w_, static_cast<size_t>(T) * k);
+  backend_->MoeGate(logits, T, E, k, ids, weights);
+  std::memset(partial, 0, sizeof(float) * static_cast<size_t>(T) * H);
+  std::vector<bool> held(E, false);
+  for (const auto& seg : lw.ffn_gate_up.segments()) held[plan_.shape.ShardExpert(seg.first)] = true;
+  for (int e = 0; e < E; ++e) {
+    if (!held[e]) continue;
+    expert_rows_.clear();
+    for (int t = 0; t < T; ++t) {
+      for (int j = 0; j < k; ++j) {
+        if (ids[t * k + j] == e) expert_rows_.push_back(t * k + j);
+      }
+    }
+    const int rows = static_cast<int>(expert_rows_.size());
+    if (rows == 0) continue;
+    float* in = Sized(expert_in_, static_cast<size_t>(rows) * H);
+    float* scale = Sized(row_scale_, rows);
+    for (int r = 0; r < rows; ++r) {
+      const int t = expert_rows_[r] / k;
+      std::memcpy(in + static_cast<int64_t>(r) * H, h + static_cast<int64_t>(t) * H, sizeof(float) * H);
+      scale[r] = weights[expert_rows_[r]];
+    }
+    float* out = Sized(expert_out_, static_cast<size_t>(rows) * H);
+    FfnOnRows(lw, e, in, rows, scale, out, stats);
+    for (int r = 0; r < rows; ++r) {
+      float* dst = partial + static_cast<int64_t>(expert_rows_[r] / k) * H;
+      const float* src = out + static_cast<int64_t>(r) * H;
+      for (int j = 0; j < H; ++j) dst[j] += src[j];
+    }
+  }
+}
+
+void DeviceModel::LmHead(const StepBatch& b, float* logits, ForwardStats* stats) {
+  const int H = config_.hidden_size, V = config_.vocab_size;
+  const int R = b.num_logits_rows;
+  if (R == 0 || lm_head_.num_items() == 0) return;
+  float* h = Sized(h_, static_cast<size_t>(R) * H);
+  for (const StepSeq& s : b.seqs) {
+    if (s.logits_row < 0) continue;
+    const int t = s.token_offset + s.num_tokens - 1;
+    backend_->RmsNorm(x_.data() + static_cast<int64_t>(t) * H, H, final_norm_.data(),
+                      h + static_cast<int64_t>(s.logits_row) * H, H, 1, H, static_cast<float>(config_.rms_norm_eps));
+  }
+  const PlanShape& shape = plan_.shape;
+  const int cs = shape.vocab_chunk_size;
+  for (const auto& seg : lm_head_.segments()) {
+    const int cols = seg.count * cs;
+    float* out = Sized(lm_out_, static_cast<size_t>(R) * cols);
+    backend_->LinearNT(h, H, seg.data, out, cols, R, cols, H, false);
+    const int begin = shape.ChunkBegin(seg.first);
+    const int end = shape.ChunkEnd(seg.first + seg.count - 1);
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(logits + static_cast<int64_t>(r) * V + begin, out + static_cast<int64_t>(r) * cols,
+                  sizeof(float) * (end - begin));
+    }
+    stats->other_flops += 2.0 * R * H * cols;
+  }
+}
+
+}  // namespace failsafe

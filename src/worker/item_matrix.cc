@@ -1,0 +1,78 @@
+#include "worker/item_matrix.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "common/check.h"
+
+namespace failsafe {
+
+AlignedFloats::AlignedFloats(size_t n) : size(n) {
+  size_t bytes = (std::max<size_t>(n, 1) * sizeof(float) + 63) / 64 * 64;
+  data = static_cast<float*>(std::aligned_alloc(64, bytes));
+  if (!data) throw std::bad_alloc();
+}
+
+AlignedFloats::~AlignedFloats() { std::free(data); }
+
+int ItemMatrix::num_items() const {
+  int n = 0;
+  for (auto& s : segments_) n += s.count;
+  return n;
+}
+
+std::vector<int> ItemMatrix::items() const {
+  std::vector<int> out;
+  for (auto& s : segments_) {
+    for (int i = 0; i < s.count; ++i) out.push_back(s.first + i);
+  }
+  return out;
+}
+
+const float* ItemMatrix::Find(int item) const {
+  for (auto& s : segments_) {
+    if (item >= s.first && item < s.first + s.count) return s.data + (item - s.first) * item_floats();
+  }
+  return nullptr;
+}
+
+void ItemMatrix::Insert(const Segment& seg) {
+  for (int i = 0; i < seg.count; ++i) FS_CHECK_MSG(!Has(seg.first + i), "item {} already held", seg.first + i);
+  auto it = std::lower_bound(segments_.begin(), segments_.end(), seg.first,
+                             [](const Segment& s, int first) { return s.first < first; });
+  segments_.insert(it, seg);
+}
+
+void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)>& fill) {
+  if (count <= 0) return;
+  Segment seg;
+  seg.storage = std::make_shared<AlignedFloats>(static_cast<size_t>(count * item_floats()));
+  seg.data = seg.storage->data;
+  seg.first = first;
+  seg.count = count;
+  for (int i = 0; i < count; ++i) fill(first + i, seg.data + i * item_floats());
+  Insert(seg);
+}
+
+void ItemMatrix::AddShared(const Segment& segment) {
+  if (segment.count > 0) Insert(segment);
+}
+
+ItemMatrix::Segment ItemMatrix::Remove(int item) {
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    Segment s = segments_[k];
+    if (item < s.first || item >= s.first + s.count) continue;
+    Segment taken{s.storage, s.data + (item - s.first) * item_floats(), item, 1};
+    Segment left{s.storage, s.data, s.first, item - s.first};
+    Segment right{s.storage, taken.data + item_floats(), item + 1, s.first + s.count - item - 1};
+    segments_.erase(segments_.begin() + static_cast<long>(k));
+    if (left.count > 0) Insert(left);
+    if (right.count > 0) Insert(right);
+    return taken;
+  }
+  FS_CHECK_MSG(false, "item {} is not held", item);
+  return {};
+}
+
+}  // namespace failsafe

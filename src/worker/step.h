@@ -1,0 +1,38 @@
+// One forward step as every device of the group sees it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace failsafe {
+
+struct StepSeq {
+  int64_t seq_id = 0;
+  int32_t start_pos = 0;     // tokens of this sequence already in the KV cache
+  int32_t num_tokens = 0;    // tokens computed in this step: positions [start_pos, start_pos + num_tokens)
+  int32_t dp_rank = 0;       // device that computes this sequence's DP heads
+  int32_t token_offset = 0;  // index of its first token in StepBatch::tokens
+  int32_t logits_row = -1;   // row of the logits output for its last token, or -1
+};
+
+struct StepBatch {
+  std::vector<StepSeq> seqs;
+  std::vector<int32_t> tokens;  // [total tokens]
+  int32_t num_logits_rows = 0;
+
+  int num_tokens() const { return static_cast<int>(tokens.size()); }
+};
+
+// Measured on one device during one step.
+struct ForwardStats {
+  // Compute time of each sync segment (the work between two collectives):
+  // embedding, then attention and FFN of every layer, then the LM head.
+  std::vector<int64_t> segment_cpu_ns;   // CPU time of the compute thread
+  std::vector<int64_t> segment_wall_ns;  // wall time
+  int64_t collective_wall_ns = 0;        // time inside collectives
+  double attention_flops = 0;            // projections + attention core
+  double ffn_flops = 0;
+  double other_flops = 0;                // LM head
+};
+
+}  // namespace failsafe

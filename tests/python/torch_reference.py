@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Independent numerical reference for FailSafe's forward pass.
+
+Builds synthetic models with `failsafe make-model`, reads the same
+safetensors files with its own parser, runs a plain PyTorch (float64)
+Llama / Mixtral forward pass over the whole sequence, and compares the logits
+that `failsafe logits` prints for a chunked prefill and greedy decode steps.
+
+Error measure, per compared position: max |failsafe - reference| divided by
+max |reference| over the vocabulary. It must be at most 1e-4.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+TOLERANCE = 1e-4
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = data[base + b:base + e]
+        shape = info["shape"]
+        if info["dtype"] == "F32":
+            arr = np.frombuffer(raw, dtype="<f4").astype(np.float64)
+        elif info["dtype"] == "F16":
+            arr = np.frombuffer(raw, dtype="<f2").astype(np.float64)
+        elif info["dtype"] == "BF16":
+            u16 = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            arr = u16.view(np.float32).astype(np.float64)
+        else:
+            raise ValueError(f"{path}: {name}: dtype {info['dtype']}")
+        out[name] = torch.from_numpy(arr.reshape(shape).copy())
+    return out
+
+
+def load_model(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    weights = {}
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    for fn in files:
+        weights.update(read_safetensors(os.path.join(model_dir, fn)))
+    return cfg, weights
+
+
+def inv_freq(cfg):
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    theta = cfg.get("rope_theta", 10000.0)
+    freqs = [1.0 / theta ** (2 * i / hd) for i in range(hd // 2)]
+    rs = cfg.get("rope_scaling")
+    if rs and rs.get("rope_type", rs.get("type")) == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        out = []
+        for fr in freqs:
+            wavelen = 2 * math.pi / fr
+            if wavelen < old / hi:
+                out.append(fr)
+            elif wavelen > old / lo:
+                out.append(fr / factor)
+            else:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                out.append((1 - smooth) * fr / factor + smooth * fr)
+        freqs = out
+    return torch.tensor(freqs, dtype=torch.float64)
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, pos, freqs):
+    # x: [T, heads, hd], rotate-half convention
+    ang = pos[:, None].double() * freqs[None, :]  # [T, hd/2]
+    cos, sin = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def forward(cfg, W, ids):
+    H = cfg["hidden_size"]
+    nh = cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads", nh)
+    hd = cfg.get("head_dim") or H // nh
+    eps = cfg.get("rms_norm_eps", 1e-5)
+    window = cfg.get("sliding_window") or 0
+    T = len(ids)
+    pos = torch.arange(T)
+    freqs = inv_freq(cfg)
+    x = W["model.embed_tokens.weight"][torch.tensor(ids)]
+    qi = torch.arange(T)[:, None]
+    ki = torch.arange(T)[None, :]
+    allowed = ki <= qi
+    if window:
+        allowed = allowed & (ki > qi - window)
+    mask = torch.where(allowed, 0.0, float("-inf")).double()
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(T, nh, hd)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(T, nkv, hd)
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(T, nkv, hd)
+        q, k = rope(q, pos, freqs), rope(k, pos, freqs)
+        g = nh // nkv
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask
+        attn = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(T, nh * hd)
+        x = x + attn @ W[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        if "num_local_experts" in cfg:
+            E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+            probs = torch.softmax(h @ W[p + "block_sparse_moe.gate.weight"].T, dim=-1)
+            topw, topi = torch.topk(probs, K, dim=-1)
+            topw = topw / topw.sum(-1, keepdim=True)
+            out = torch.zeros_like(x)
+            for e in range(E):
+                ep = p + f"block_sparse_moe.experts.{e}."
+                y = (torch.nn.functional.silu(h @ W[ep + "w1.weight"].T) * (h @ W[ep + "w3.weight"].T)) @ W[ep + "w2.weight"].T
+                weight = (topw * (topi == e)).sum(-1, keepdim=True)
+                out = out + y * weight
+            x = x + out
+        else:
+            y = torch.nn.functional.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
+            x = x + y @ W[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else W["lm_head.weight"]
+    return x @ head.T
+
+
+def check(failsafe, model_dir, prompt, chunk, threads, label):
+    cmd = [failsafe, "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
+           "--decode", "16", "--prefill-chunk", str(chunk), "--threads", str(threads)]
+    res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    cfg, W = load_model(model_dir)
+    full = prompt + res["output_ids"][:-1]
+    ref = forward(cfg, W, full)
+    worst = 0.0
+    mismatched = 0
+    for step, (p, got) in enumerate(zip(res["positions"], res["logits"])):
+        got = torch.tensor(got, dtype=torch.float64)
+        want = ref[p]
+        err = (got - want).abs().max().item() / want.abs().max().item()
+        worst = max(worst, err)
+        if p >= len(prompt) - 1:
+            # Greedy choice must match the reference unless it is a near tie.
+            top2 = torch.topk(want, 2).values
+            chosen = res["output_ids"][p - (len(prompt) - 1)]
+            if chosen != int(want.argmax()) and (top2[0] - top2[1]).item() > 1e-3:
+                mismatched += 1
+    n = len(res["positions"])
+    ok = worst <= TOLERANCE and mismatched == 0
+    print(f"{'ok  ' if ok else 'FAIL'} {label}: {n} positions, max relative error {worst:.2e}, "
+          f"greedy mismatches {mismatched}")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--failsafe", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset, dtype, shards in [("tiny-llama", "f32", 1), ("tiny-mixtral", "f32", 1),
+                                      ("tiny-llama", "bf16", 2), ("tiny-mixtral", "f16", 3)]:
+            d = os.path.join(tmp, f"{preset}-{dtype}")
+            subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d, "--seed", "7",
+                            "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)
+            rng = random.Random(preset)
+            prompt = [rng.randrange(0, 500) for _ in range(120)]
+            ok &= check(args.failsafe, d, prompt, 50, 1, f"{preset} {dtype} prefill 50+50+20, 1 thread")
+            if dtype == "f32":
+                ok &= check(args.failsafe, d, prompt[:37], 5, 2, f"{preset} {dtype} prefill in chunks of 5, 2 threads")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

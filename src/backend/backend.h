@@ -24,8 +24,8 @@ struct AttentionArgs {
   float* out = nullptr;
   int64_t ldo = 0;
   int num_tokens = 0;
-  int start_pos = 0;     // position of the first query token; it attends to [0, start_pos + t]
-  int group_size = 1;    // query heads sharing this KV head
+  int start_pos = 0;   // position of the first query token; it attends to [0, start_pos + t]
+  int group_size = 1;  // query heads sharing this KV head
   int head_dim = 0;
   // Paged KV of this (sequence, layer, KV head): page i holds positions
   // [i * block_size, (i + 1) * block_size) as K [block_size, head_dim] followed by
@@ -50,30 +50,32 @@ class Backend {
   virtual int num_threads() const = 0;
 
   // y[m, n] (+)= x[m, k] * w[n, k]^T   (w in Hugging Face Linear layout)
-  virtual void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
-                        int k, bool accumulate) = 0;
+  virtual void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m,
+                        int n, int k, bool accumulate) = 0;
   // y[m, n] (+)= x[m, k] * w[k, n]     (transposed-stored projections)
-  virtual void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
-                        int k, bool accumulate) = 0;
+  virtual void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m,
+                        int n, int k, bool accumulate) = 0;
   // y[r] = x[r] / rms(x[r]) * weight, rows of `dim`.
-  virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
-                       int dim, float eps) = 0;
+  virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy,
+                       int rows, int dim, float eps) = 0;
   // Rotates `heads` heads of each token in place (rotate-half convention).
   // x: head h of token t at x + t * ldx + h * head_dim. inv_freq: [head_dim / 2].
-  virtual void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
-                    const float* inv_freq) = 0;
+  virtual void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads,
+                    int head_dim, const float* inv_freq) = 0;
   // out[r, i] = silu(gate[r, i]) * up[r, i]
-  virtual void SiluMul(const float* gate, const float* up, int64_t ld_in, float* out, int64_t ld_out,
-                       int rows, int dim) = 0;
+  virtual void SiluMul(const float* gate, const float* up, int64_t ld_in, float* out,
+                       int64_t ld_out, int rows, int dim) = 0;
   // Mixtral routing: softmax over experts, top-k, renormalised.
   // logits [tokens, experts] -> ids/weights [tokens, k].
-  virtual void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights) = 0;
+  virtual void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
+                       float* weights) = 0;
   // Runs independent attention problems (sequences x head groups); the
   // backend may run them in parallel.
   virtual void Attention(const std::vector<AttentionArgs>& problems) = 0;
   // Picks a token from logits [vocab]. `counter` makes each draw of a seeded
   // request distinct and reproducible (use the token's position).
-  virtual int Sample(const float* logits, int vocab, const SamplingParams& params, uint64_t counter) = 0;
+  virtual int Sample(const float* logits, int vocab, const SamplingParams& params,
+                     uint64_t counter) = 0;
 };
 
 // The CPU backend: OpenBLAS for large GEMMs, hand-written kernels for the

@@ -18,7 +18,8 @@ std::vector<float> RopeInvFreq(const ModelConfig& c) {
       if (wavelen > low_wavelen) {
         freq = freq / s.factor;
       } else if (wavelen >= high_wavelen) {
-        double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        double smooth =
+            (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
         freq = (1.0 - smooth) * freq / s.factor + smooth * freq;
       }
     }

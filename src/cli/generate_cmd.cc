@@ -17,15 +17,27 @@ CommandFn RegisterGenerate(CLI::App& app) {
     bool json = false, ignore_eos = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--model", o->model, "model directory (default: the synthetic small-llama, made on first use)");
-  app.add_option("--cache-dir", o->cache_dir, "where the default model is kept (default: ~/.cache/failsafe)");
+  app.add_option("--model", o->model,
+                 "model directory (default: the synthetic small-llama, made on first use)");
+  app.add_option("--cache-dir", o->cache_dir,
+                 "where the default model is kept (default: ~/.cache/failsafe)");
   app.add_option("--prompt", o->prompt, "prompt text")->capture_default_str();
-  app.add_option("--max-tokens", o->max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--temperature", o->temperature, "0 for greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  app.add_option("--top-k", o->top_k, "0 for off")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--top-p", o->top_p, "1 for off")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--max-tokens", o->max_tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", o->temperature, "0 for greedy")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top-k", o->top_k, "0 for off")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", o->top_p, "1 for off")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", o->seed, "sampling seed")->capture_default_str();
-  app.add_option("--threads", o->threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--threads", o->threads, "compute threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at the end-of-sequence token");
   app.add_flag("--json", o->json, "print {prompt_ids, output_ids, text} as JSON");
   return [o] {

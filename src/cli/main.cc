@@ -19,17 +19,21 @@ int main(int argc, char** argv) {
   using namespace failsafe;
   CLI::App app{"FailSafe: LLM serving that keeps going when devices fail"};
   app.require_subcommand(1);
+  app.fallthrough();
   std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "debug, info, warn, error or off")->capture_default_str();
+  app.add_option("--log-level", log_level, "debug, info, warn, error or off")
+      ->capture_default_str();
 
   std::map<CLI::App*, CommandFn> commands;
   auto add = [&](const char* name, const char* help, CommandFn (*reg)(CLI::App&)) {
     CLI::App* sub = app.add_subcommand(name, help);
     commands[sub] = reg(*sub);
   };
-  add("make-model", "write a synthetic model (config.json, model.safetensors, tokenizer.json)", RegisterMakeModel);
+  add("make-model", "write a synthetic model (config.json, model.safetensors, tokenizer.json)",
+      RegisterMakeModel);
   add("generate", "generate text for one prompt", RegisterGenerate);
-  add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)", RegisterLogits);
+  add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
+      RegisterLogits);
 
   try {
     app.parse(argc, argv);
@@ -37,7 +41,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   LogLevel level;
-  if (!ParseLogLevel(log_level, &level)) return Fail("--log-level: unknown level '" + log_level + "'");
+  if (!ParseLogLevel(log_level, &level))
+    return Fail("--log-level: unknown level '" + log_level + "'");
   SetLogLevel(level);
   for (auto& [sub, fn] : commands) {
     if (sub->parsed()) return fn();

@@ -20,16 +20,21 @@ CommandFn RegisterMakeModel(CLI::App& app) {
   app.add_option("--out", o->out, "output directory")->required();
   app.add_option("--seed", o->seed, "random seed")->capture_default_str();
   app.add_option("--dtype", o->dtype, "f32, f16 or bf16")->capture_default_str();
-  app.add_option("--shards", o->shards, "number of safetensors files (with an index when > 1)")->capture_default_str();
+  app.add_option("--shards", o->shards, "number of safetensors files (with an index when > 1)")
+      ->capture_default_str();
   return [o] {
     SyntheticModelOptions opts;
     opts.preset = o->preset;
     opts.seed = o->seed;
     opts.num_shards = o->shards;
-    if (o->dtype == "f32") opts.dtype = DType::kF32;
-    else if (o->dtype == "f16") opts.dtype = DType::kF16;
-    else if (o->dtype == "bf16") opts.dtype = DType::kBF16;
-    else return Fail("--dtype: unknown dtype '" + o->dtype + "' (known: f32, f16, bf16)");
+    if (o->dtype == "f32")
+      opts.dtype = DType::kF32;
+    else if (o->dtype == "f16")
+      opts.dtype = DType::kF16;
+    else if (o->dtype == "bf16")
+      opts.dtype = DType::kBF16;
+    else
+      return Fail("--dtype: unknown dtype '" + o->dtype + "' (known: f32, f16, bf16)");
     Status st = WriteSyntheticModel(o->out, opts);
     if (!st.ok()) return Fail(st.ToString());
     std::printf("wrote %s model to %s\n", o->preset.c_str(), o->out.c_str());

@@ -14,8 +14,10 @@ namespace fs = std::filesystem;
 
 std::string DefaultCacheDir(const std::string& flag_value) {
   if (!flag_value.empty()) return flag_value;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/failsafe";
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/failsafe";
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return std::string(xdg) + "/failsafe";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/failsafe";
   return "/tmp/failsafe-cache";
 }
 
@@ -42,7 +44,8 @@ Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, u
   return Status::Ok();
 }
 
-Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir, const std::string& preset) {
+Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir,
+                                 const std::string& preset) {
   if (!model_dir.empty()) return model_dir;
   std::string dir = DefaultCacheDir(cache_dir) + "/models/" + preset + "-seed0";
   FS_RETURN_IF_ERROR(EnsureSyntheticModel(dir, preset, 0));

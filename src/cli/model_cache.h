@@ -15,7 +15,8 @@ std::string DefaultCacheDir(const std::string& flag_value);
 // Returns `model_dir` if non-empty; otherwise the path of the synthetic model
 // `preset` (seed 0) in the cache, creating it if missing. Safe to call from
 // several processes at once.
-Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir, const std::string& preset);
+Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir,
+                                 const std::string& preset);
 
 // Creates a synthetic model at `dir` atomically (build in a temporary
 // directory, then rename), unless it already exists.

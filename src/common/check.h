@@ -7,19 +7,19 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define FS_CHECK(cond)                                                                   \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
+#define FS_CHECK(cond)                                                                    \
+  do {                                                                                    \
+    if (!(cond)) [[unlikely]] {                                                           \
       std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                      \
-    }                                                                                    \
+      std::abort();                                                                       \
+    }                                                                                     \
   } while (0)
 
-#define FS_CHECK_MSG(cond, ...)                                                  \
-  do {                                                                           \
-    if (!(cond)) [[unlikely]] {                                                  \
-      std::fprintf(stderr, "%s:%d: invariant violated: %s: %s\n", __FILE__, __LINE__, \
-                   #cond, fmt::format(__VA_ARGS__).c_str());                     \
-      std::abort();                                                              \
-    }                                                                            \
+#define FS_CHECK_MSG(cond, ...)                                                              \
+  do {                                                                                       \
+    if (!(cond)) [[unlikely]] {                                                              \
+      std::fprintf(stderr, "%s:%d: invariant violated: %s: %s\n", __FILE__, __LINE__, #cond, \
+                   fmt::format(__VA_ARGS__).c_str());                                        \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)

@@ -18,12 +18,18 @@ void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
 
 bool ParseLogLevel(std::string_view text, LogLevel* level) {
-  if (text == "debug") *level = LogLevel::kDebug;
-  else if (text == "info") *level = LogLevel::kInfo;
-  else if (text == "warn") *level = LogLevel::kWarn;
-  else if (text == "error") *level = LogLevel::kError;
-  else if (text == "off") *level = LogLevel::kOff;
-  else return false;
+  if (text == "debug")
+    *level = LogLevel::kDebug;
+  else if (text == "info")
+    *level = LogLevel::kInfo;
+  else if (text == "warn")
+    *level = LogLevel::kWarn;
+  else if (text == "error")
+    *level = LogLevel::kError;
+  else if (text == "off")
+    *level = LogLevel::kOff;
+  else
+    return false;
   return true;
 }
 
@@ -41,8 +47,8 @@ void LogLine(LogLevel level, std::string_view message) {
     std::lock_guard<std::mutex> lock(g_tag_mu);
     tag = g_tag.empty() ? "failsafe" : g_tag;
   }
-  std::string line = fmt::format("[{} {:.3f} {}] {}\n", kNames[static_cast<int>(level)],
-                                 secs, tag, message);
+  std::string line =
+      fmt::format("[{} {:.3f} {}] {}\n", kNames[static_cast<int>(level)], secs, tag, message);
   // One write(2) per line keeps lines from different processes whole.
   ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());
   (void)unused;

@@ -4,16 +4,26 @@ namespace failsafe {
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kOutOfRange: return "out of range";
-    case StatusCode::kResourceExhausted: return "resource exhausted";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kAborted: return "aborted";
-    case StatusCode::kDeadlineExceeded: return "deadline exceeded";
-    case StatusCode::kFailedPrecondition: return "failed precondition";
-    case StatusCode::kInternal: return "internal error";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kOutOfRange:
+      return "out of range";
+    case StatusCode::kResourceExhausted:
+      return "resource exhausted";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kAborted:
+      return "aborted";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline exceeded";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
+    case StatusCode::kInternal:
+      return "internal error";
   }
   return "unknown";
 }

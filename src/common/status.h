@@ -16,15 +16,15 @@ namespace failsafe {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // bad input from a user or a file
-  kNotFound,          // a file, tensor or key is missing
-  kOutOfRange,        // a value beyond a limit (context length, device id)
-  kResourceExhausted, // no free KV pages, queue full, budget exceeded
-  kUnavailable,       // a peer died or too few devices remain
-  kAborted,           // an operation was cancelled (collective abort)
-  kDeadlineExceeded,  // a timeout expired
+  kInvalidArgument,    // bad input from a user or a file
+  kNotFound,           // a file, tensor or key is missing
+  kOutOfRange,         // a value beyond a limit (context length, device id)
+  kResourceExhausted,  // no free KV pages, queue full, budget exceeded
+  kUnavailable,        // a peer died or too few devices remain
+  kAborted,            // an operation was cancelled (collective abort)
+  kDeadlineExceeded,   // a timeout expired
   kFailedPrecondition,
-  kInternal,          // a bug or an OS error
+  kInternal,  // a bug or an OS error
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -89,7 +89,7 @@ Status Internal(fmt::format_string<Args...> f, Args&&... args) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     assert(!std::get<Status>(v_).ok() && "Result built from an OK status");
   }
@@ -117,10 +117,10 @@ class [[nodiscard]] Result {
 #define FS_CONCAT(a, b) FS_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if it is not OK.
-#define FS_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    ::failsafe::Status fs_status_ = (expr);       \
-    if (!fs_status_.ok()) return fs_status_;      \
+#define FS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::failsafe::Status fs_status_ = (expr);  \
+    if (!fs_status_.ok()) return fs_status_; \
   } while (0)
 
 // FS_ASSIGN_OR_RETURN(auto x, Compute()): assigns the value or returns the error.

@@ -14,7 +14,8 @@ bool SplitNumber(std::string_view text, double* value, std::string* unit) {
   *value = std::strtod(s.c_str(), &end);
   if (end == s.c_str() || !std::isfinite(*value)) return false;
   *unit = std::string(end);
-  while (!unit->empty() && std::isspace(static_cast<unsigned char>(unit->front()))) unit->erase(0, 1);
+  while (!unit->empty() && std::isspace(static_cast<unsigned char>(unit->front())))
+    unit->erase(0, 1);
   return true;
 }
 
@@ -27,16 +28,26 @@ Result<int64_t> ParseBytes(std::string_view text) {
     return InvalidArgument("'{}' is not a size (examples: 4096, 512MiB, 2GiB)", text);
   }
   double mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB" || unit == "K") mult = 1024.0;
-  else if (unit == "MiB" || unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "GiB" || unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB" || unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  else return InvalidArgument("'{}': unknown size unit '{}'", text, unit);
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "KiB" || unit == "K")
+    mult = 1024.0;
+  else if (unit == "MiB" || unit == "M")
+    mult = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB" || unit == "T")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
+  else if (unit == "TB")
+    mult = 1e12;
+  else
+    return InvalidArgument("'{}': unknown size unit '{}'", text, unit);
   double bytes = v * mult;
   if (bytes > 9.0e18) return InvalidArgument("'{}' is too large", text);
   return static_cast<int64_t>(std::llround(bytes));

@@ -24,8 +24,8 @@ struct StepTiming {
   // Emulated time: sum over sync segments of the slowest device's compute
   // time in that segment (wall time with one core per device).
   int64_t emulated_ns = 0;
-  std::vector<int> devices;                  // device ids, parallel to the vectors below
-  std::vector<int64_t> device_compute_ns;    // compute time per device (sum of its segments)
+  std::vector<int> devices;                // device ids, parallel to the vectors below
+  std::vector<int64_t> device_compute_ns;  // compute time per device (sum of its segments)
   std::vector<double> device_attention_flops;
   std::vector<double> device_ffn_flops;
 };
@@ -72,8 +72,8 @@ struct GenerateOptions {
   int max_tokens = 16;
   int prefill_chunk = 512;
   SamplingParams sampling;
-  int stop_token = -1;          // -1: none
-  bool record_logits = false;   // keep the logits of every sampled position
+  int stop_token = -1;         // -1: none
+  bool record_logits = false;  // keep the logits of every sampled position
   int64_t seq_id = 1;
 };
 struct GenerateResult {

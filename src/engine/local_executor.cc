@@ -51,8 +51,8 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
   const ModelConfig& c = exec.config();
   if (prompt.empty()) return InvalidArgument("the prompt is empty");
   if (static_cast<int64_t>(prompt.size()) + o.max_tokens > c.max_position_embeddings) {
-    return OutOfRange("prompt ({} tokens) plus max tokens ({}) exceed the model's context of {}", prompt.size(),
-                      o.max_tokens, c.max_position_embeddings);
+    return OutOfRange("prompt ({} tokens) plus max tokens ({}) exceed the model's context of {}",
+                      prompt.size(), o.max_tokens, c.max_position_embeddings);
   }
   GenerateResult r;
   std::vector<float> logits(c.vocab_size);
@@ -83,7 +83,8 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
       r.logits_positions.push_back(done - 1);
     }
     if (!last) continue;
-    int tok = sampler.Sample(logits.data(), c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
+    int tok =
+        sampler.Sample(logits.data(), c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
     r.output_ids.push_back(tok);
     seq.push_back(tok);
     if (tok == o.stop_token) break;

@@ -10,9 +10,12 @@ using nlohmann::json;
 
 const char* ArchitectureName(Architecture arch) {
   switch (arch) {
-    case Architecture::kLlama: return "LlamaForCausalLM";
-    case Architecture::kMistral: return "MistralForCausalLM";
-    case Architecture::kMixtral: return "MixtralForCausalLM";
+    case Architecture::kLlama:
+      return "LlamaForCausalLM";
+    case Architecture::kMistral:
+      return "MistralForCausalLM";
+    case Architecture::kMixtral:
+      return "MixtralForCausalLM";
   }
   return "?";
 }
@@ -66,7 +69,8 @@ class Reader {
   Status Bool(const char* field, bool* out) {
     auto it = j_.find(field);
     if (it == j_.end() || it->is_null()) return Status::Ok();
-    if (!it->is_boolean()) return InvalidArgument("{}: field '{}' must be true or false", source_, field);
+    if (!it->is_boolean())
+      return InvalidArgument("{}: field '{}' must be true or false", source_, field);
     *out = it->get<bool>();
     return Status::Ok();
   }
@@ -80,7 +84,8 @@ class Reader {
       if (v->empty()) return Status::Ok();
       v = &(*v)[0];
     }
-    if (!v->is_number_integer()) return InvalidArgument("{}: field '{}' must be a token id", source_, field);
+    if (!v->is_number_integer())
+      return InvalidArgument("{}: field '{}' must be a token id", source_, field);
     *out = v->get<int>();
     return Status::Ok();
   }
@@ -99,17 +104,22 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
 
   ModelConfig c;
   auto arch_it = j.find("architectures");
-  if (arch_it == j.end() || !arch_it->is_array() || arch_it->empty() || !(*arch_it)[0].is_string()) {
+  if (arch_it == j.end() || !arch_it->is_array() || arch_it->empty() ||
+      !(*arch_it)[0].is_string()) {
     return InvalidArgument("{}: field 'architectures' is missing or not a list of names", source);
   }
   std::string arch = (*arch_it)[0].get<std::string>();
-  if (arch == "LlamaForCausalLM") c.architecture = Architecture::kLlama;
-  else if (arch == "MistralForCausalLM") c.architecture = Architecture::kMistral;
-  else if (arch == "MixtralForCausalLM") c.architecture = Architecture::kMixtral;
+  if (arch == "LlamaForCausalLM")
+    c.architecture = Architecture::kLlama;
+  else if (arch == "MistralForCausalLM")
+    c.architecture = Architecture::kMistral;
+  else if (arch == "MixtralForCausalLM")
+    c.architecture = Architecture::kMixtral;
   else {
     return InvalidArgument(
         "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
-        "MistralForCausalLM, MixtralForCausalLM)", source, arch);
+        "MistralForCausalLM, MixtralForCausalLM)",
+        source, arch);
   }
 
   Reader r(j, source);
@@ -128,8 +138,9 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
   FS_RETURN_IF_ERROR(r.TokenId("bos_token_id", &c.bos_token_id));
   FS_RETURN_IF_ERROR(r.TokenId("eos_token_id", &c.eos_token_id));
   if (c.num_heads % c.num_kv_heads != 0) {
-    return InvalidArgument("{}: field 'num_key_value_heads' = {} does not divide num_attention_heads = {}",
-                           source, c.num_kv_heads, c.num_heads);
+    return InvalidArgument(
+        "{}: field 'num_key_value_heads' = {} does not divide num_attention_heads = {}", source,
+        c.num_kv_heads, c.num_heads);
   }
   c.head_dim = c.hidden_size / c.num_heads;
   FS_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false));
@@ -150,10 +161,13 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
 
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
-    if (!rs->is_object()) return InvalidArgument("{}: field 'rope_scaling' must be an object", source);
+    if (!rs->is_object())
+      return InvalidArgument("{}: field 'rope_scaling' must be an object", source);
     std::string type;
-    if (rs->contains("rope_type") && (*rs)["rope_type"].is_string()) type = (*rs)["rope_type"];
-    else if (rs->contains("type") && (*rs)["type"].is_string()) type = (*rs)["type"];
+    if (rs->contains("rope_type") && (*rs)["rope_type"].is_string())
+      type = (*rs)["rope_type"];
+    else if (rs->contains("type") && (*rs)["type"].is_string())
+      type = (*rs)["type"];
     if (type == "llama3") {
       Reader sr(*rs, source);
       c.rope_scaling.enabled = true;
@@ -164,11 +178,12 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
       FS_RETURN_IF_ERROR(sr.Int("original_max_position_embeddings", &orig, true));
       c.rope_scaling.original_max_position_embeddings = orig;
       if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor) {
-        return InvalidArgument("{}: rope_scaling: high_freq_factor must exceed low_freq_factor", source);
+        return InvalidArgument("{}: rope_scaling: high_freq_factor must exceed low_freq_factor",
+                               source);
       }
     } else if (type != "default" && !type.empty()) {
-      return InvalidArgument("{}: field 'rope_scaling': unsupported rope_type '{}' (supported: llama3)",
-                             source, type);
+      return InvalidArgument(
+          "{}: field 'rope_scaling': unsupported rope_type '{}' (supported: llama3)", source, type);
     }
   }
   return c;
@@ -183,8 +198,9 @@ Result<ModelConfig> ModelConfig::Load(const std::string& model_dir) {
 std::string ModelConfig::ToJson() const {
   json j;
   j["architectures"] = {ArchitectureName(architecture)};
-  j["model_type"] = architecture == Architecture::kMixtral ? "mixtral"
-                    : architecture == Architecture::kMistral ? "mistral" : "llama";
+  j["model_type"] = architecture == Architecture::kMixtral   ? "mixtral"
+                    : architecture == Architecture::kMistral ? "mistral"
+                                                             : "llama";
   j["hidden_size"] = hidden_size;
   j["num_hidden_layers"] = num_layers;
   j["num_attention_heads"] = num_heads;
@@ -201,11 +217,12 @@ std::string ModelConfig::ToJson() const {
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
   if (rope_scaling.enabled) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", rope_scaling.factor},
-                         {"low_freq_factor", rope_scaling.low_freq_factor},
-                         {"high_freq_factor", rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", rope_scaling.factor},
+        {"low_freq_factor", rope_scaling.low_freq_factor},
+        {"high_freq_factor", rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   }
   if (is_moe()) {
     j["num_local_experts"] = num_experts;

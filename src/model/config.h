@@ -25,19 +25,19 @@ struct ModelConfig {
   Architecture architecture = Architecture::kLlama;
   int hidden_size = 0;
   int num_layers = 0;
-  int num_heads = 0;         // query heads
-  int num_kv_heads = 0;      // KV heads = head groups (GQA)
+  int num_heads = 0;     // query heads
+  int num_kv_heads = 0;  // KV heads = head groups (GQA)
   int head_dim = 0;
-  int intermediate_size = 0; // dense FFN, or each expert's FFN
+  int intermediate_size = 0;  // dense FFN, or each expert's FFN
   int vocab_size = 0;
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  int num_experts = 0;       // 0: dense FFN
+  int num_experts = 0;  // 0: dense FFN
   int experts_per_token = 0;
-  int sliding_window = 0;    // 0: full attention
+  int sliding_window = 0;  // 0: full attention
   int bos_token_id = -1;
   int eos_token_id = -1;
 

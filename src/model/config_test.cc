@@ -51,19 +51,25 @@ TEST(Config, RoundTripsThroughJson) {
 }
 
 TEST(Config, RejectsBadInputWithFieldNames) {
-  auto err = [](const char* text) { return ModelConfig::Parse(text, "m/config.json").status().message(); };
+  auto err = [](const char* text) {
+    return ModelConfig::Parse(text, "m/config.json").status().message();
+  };
   EXPECT_EQ(err("{not json"), "m/config.json: not valid JSON");
-  EXPECT_NE(err(R"({"architectures": ["GPT2LMHeadModel"]})").find("unsupported architecture 'GPT2LMHeadModel'"),
+  EXPECT_NE(err(R"({"architectures": ["GPT2LMHeadModel"]})")
+                .find("unsupported architecture 'GPT2LMHeadModel'"),
             std::string::npos);
-  EXPECT_NE(err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})").find("'num_hidden_layers' is missing"),
+  EXPECT_NE(err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})")
+                .find("'num_hidden_layers' is missing"),
             std::string::npos);
-  EXPECT_NE(err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "big", "num_hidden_layers": 2})")
-                .find("'hidden_size' must be an integer"),
-            std::string::npos);
-  EXPECT_NE(err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+  EXPECT_NE(
+      err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "big", "num_hidden_layers": 2})")
+          .find("'hidden_size' must be an integer"),
+      std::string::npos);
+  EXPECT_NE(
+      err(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
       "num_attention_heads": 6, "num_key_value_heads": 4, "intermediate_size": 8, "vocab_size": 9})")
-                .find("does not divide"),
-            std::string::npos);
+          .find("does not divide"),
+      std::string::npos);
 }
 
 }  // namespace

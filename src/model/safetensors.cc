@@ -14,9 +14,12 @@ using nlohmann::json;
 
 const char* DTypeName(DType d) {
   switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -34,10 +37,14 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 bool ParseDType(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "F16") *out = DType::kF16;
-  else if (s == "BF16") *out = DType::kBF16;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else
+    return false;
   return true;
 }
 
@@ -45,12 +52,14 @@ bool ParseDType(const std::string& s, DType* out) {
 
 Result<std::vector<TensorInfo>> ParseSafetensorsHeader(const unsigned char* data, size_t size,
                                                        const std::string& source) {
-  if (size < 8) return InvalidArgument("{}: truncated file ({} bytes, no header length)", source, size);
+  if (size < 8)
+    return InvalidArgument("{}: truncated file ({} bytes, no header length)", source, size);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
   if (n > kMaxHeaderBytes) return InvalidArgument("{}: header length {} is implausible", source, n);
   if (8 + n > size) {
-    return InvalidArgument("{}: truncated file: header needs {} bytes, file has {}", source, 8 + n, size);
+    return InvalidArgument("{}: truncated file: header needs {} bytes, file has {}", source, 8 + n,
+                           size);
   }
   const uint64_t data_size = size - 8 - n;
   json j = json::parse(data + 8, data + 8 + n, nullptr, /*allow_exceptions=*/false);
@@ -61,7 +70,8 @@ Result<std::vector<TensorInfo>> ParseSafetensorsHeader(const unsigned char* data
   out.reserve(j.size());
   for (auto& [name, v] : j.items()) {
     if (name == "__metadata__") continue;
-    if (!v.is_object()) return InvalidArgument("{}: tensor '{}': entry is not an object", source, name);
+    if (!v.is_object())
+      return InvalidArgument("{}: tensor '{}': entry is not an object", source, name);
     TensorInfo t;
     t.name = name;
     auto dt = v.find("dtype");
@@ -69,17 +79,20 @@ Result<std::vector<TensorInfo>> ParseSafetensorsHeader(const unsigned char* data
       return InvalidArgument("{}: tensor '{}': field 'dtype' is missing", source, name);
     }
     if (!ParseDType(dt->get<std::string>(), &t.dtype)) {
-      return InvalidArgument("{}: tensor '{}': field 'dtype': unsupported dtype '{}' (supported: F32, F16, BF16)",
-                             source, name, dt->get<std::string>());
+      return InvalidArgument(
+          "{}: tensor '{}': field 'dtype': unsupported dtype '{}' (supported: F32, F16, BF16)",
+          source, name, dt->get<std::string>());
     }
     auto sh = v.find("shape");
     if (sh == v.end() || !sh->is_array() || sh->size() > 8) {
-      return InvalidArgument("{}: tensor '{}': field 'shape' is missing or malformed", source, name);
+      return InvalidArgument("{}: tensor '{}': field 'shape' is missing or malformed", source,
+                             name);
     }
     uint64_t numel = 1;
     for (auto& d : *sh) {
       if (!d.is_number_unsigned()) {
-        return InvalidArgument("{}: tensor '{}': field 'shape' has a non-integer dimension", source, name);
+        return InvalidArgument("{}: tensor '{}': field 'shape' has a non-integer dimension", source,
+                               name);
       }
       uint64_t dim = d.get<uint64_t>();
       if (dim > (1ull << 40) || (dim != 0 && numel > (1ull << 50) / dim)) {
@@ -91,17 +104,20 @@ Result<std::vector<TensorInfo>> ParseSafetensorsHeader(const unsigned char* data
     auto off = v.find("data_offsets");
     if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
         !(*off)[1].is_number_unsigned()) {
-      return InvalidArgument("{}: tensor '{}': field 'data_offsets' is missing or malformed", source, name);
+      return InvalidArgument("{}: tensor '{}': field 'data_offsets' is missing or malformed",
+                             source, name);
     }
     t.begin = (*off)[0].get<uint64_t>();
     t.end = (*off)[1].get<uint64_t>();
     if (t.begin > t.end || t.end > data_size) {
-      return InvalidArgument("{}: tensor '{}': field 'data_offsets' [{}, {}) lies outside the {}-byte data section",
-                             source, name, t.begin, t.end, data_size);
+      return InvalidArgument(
+          "{}: tensor '{}': field 'data_offsets' [{}, {}) lies outside the {}-byte data section",
+          source, name, t.begin, t.end, data_size);
     }
     if (t.end - t.begin != numel * DTypeSize(t.dtype)) {
-      return InvalidArgument("{}: tensor '{}': field 'data_offsets' spans {} bytes but shape and dtype need {}",
-                             source, name, t.end - t.begin, numel * DTypeSize(t.dtype));
+      return InvalidArgument(
+          "{}: tensor '{}': field 'data_offsets' spans {} bytes but shape and dtype need {}",
+          source, name, t.end - t.begin, numel * DTypeSize(t.dtype));
     }
     out.push_back(std::move(t));
   }
@@ -192,7 +208,9 @@ Status SafetensorsWriter::Write(const std::string& path, const std::vector<Entry
     uint64_t numel = 1;
     for (auto d : e.shape) numel *= static_cast<uint64_t>(d);
     uint64_t bytes = numel * DTypeSize(e.dtype);
-    header[e.name] = {{"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[e.name] = {{"dtype", DTypeName(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}};
@@ -220,7 +238,8 @@ Status SafetensorsWriter::Write(const std::string& path, const std::vector<Entry
       for (uint64_t k = 0; k < numel; ++k) {
         half[k] = entries[i].dtype == DType::kF16 ? FloatToHalf(buf[k]) : FloatToBFloat16(buf[k]);
       }
-      out.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(numel * 2));
+      out.write(reinterpret_cast<const char*>(half.data()),
+                static_cast<std::streamsize>(numel * 2));
     }
   }
   out.close();
@@ -263,7 +282,8 @@ uint16_t FloatToHalf(float f) {
   uint32_t sign = (x >> 16) & 0x8000u;
   int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
   uint32_t mant = x & 0x7fffff;
-  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+  if (((x >> 23) & 0xff) == 0xff)
+    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
   if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
   if (exp <= 0) {
     if (exp < -10) return static_cast<uint16_t>(sign);

@@ -22,14 +22,16 @@ std::string MakeFile(const std::string& header, size_t data_bytes) {
 }
 
 Status Parse(const std::string& file) {
-  return ParseSafetensorsHeader(reinterpret_cast<const unsigned char*>(file.data()), file.size(), "f.safetensors")
+  return ParseSafetensorsHeader(reinterpret_cast<const unsigned char*>(file.data()), file.size(),
+                                "f.safetensors")
       .status();
 }
 
 TEST(Safetensors, ParsesValidHeader) {
   auto f = MakeFile(R"({"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
                         "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 32]},
-                        "__metadata__": {"format": "pt"}})", 32);
+                        "__metadata__": {"format": "pt"}})",
+                    32);
   auto r = ParseSafetensorsHeader(reinterpret_cast<const unsigned char*>(f.data()), f.size(), "f");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->size(), 2u);
@@ -40,16 +42,27 @@ TEST(Safetensors, RejectsLies) {
   std::string lying_len = MakeFile("{}", 0);
   lying_len[0] = 100;
   EXPECT_NE(Parse(lying_len).message().find("truncated"), std::string::npos);
-  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})", 8)).message().find("outside"),
+  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}})", 8))
+                .message()
+                .find("outside"),
             std::string::npos);
-  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8)).message().find("need"),
+  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8))
+                .message()
+                .find("need"),
             std::string::npos);
-  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", 8)).message().find("unsupported dtype"),
+  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", 8))
+                .message()
+                .find("unsupported dtype"),
             std::string::npos);
   EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                             "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12)).message().find("overlaps"),
+                             "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                           12))
+                .message()
+                .find("overlaps"),
             std::string::npos);
-  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8)).message().find("shape"),
+  EXPECT_NE(Parse(MakeFile(R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8))
+                .message()
+                .find("shape"),
             std::string::npos);
   EXPECT_NE(Parse(MakeFile(R"([1,2])", 0)).message().find("not a JSON object"), std::string::npos);
 }
@@ -67,7 +80,8 @@ TEST(Safetensors, HalfConversionsRoundTrip) {
 class SyntheticModelTest : public ::testing::Test {
  protected:
   std::string Dir(const std::string& name) {
-    auto d = std::filesystem::temp_directory_path() / ("fs_model_test_" + std::to_string(::getpid()) + "_" + name);
+    auto d = std::filesystem::temp_directory_path() /
+             ("fs_model_test_" + std::to_string(::getpid()) + "_" + name);
     dirs_.push_back(d);
     return d.string();
   }
@@ -129,7 +143,8 @@ TEST_F(SyntheticModelTest, WrongShapeIsNamed) {
   bigger.intermediate_size *= 2;
   auto w = WeightStore::Open(dir, bigger);
   ASSERT_FALSE(w.ok());
-  EXPECT_NE(w.status().message().find("model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight': field 'shape'"),
+  EXPECT_NE(w.status().message().find(
+                "model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight': field 'shape'"),
             std::string::npos)
       << w.status().message();
 }

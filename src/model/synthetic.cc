@@ -84,21 +84,32 @@ namespace {
 // Original text used to train the synthetic tokenizer's first merges.
 const char kCorpus[] =
     "The engine keeps serving when a device fails. Every request that was running keeps its place, "
-    "and the tokens it has produced are never lost. When one of the eight accelerators drops out, the "
-    "others take over its share of the attention heads and of the feed forward layers, and the work is "
-    "spread so that no device waits for another. The cache of keys and values is copied to host memory "
-    "in the background, so after a failure it can be restored instead of computed again. Weights are "
-    "loaded only where they are missing, and each device fetches a different piece, so nothing crosses "
+    "and the tokens it has produced are never lost. When one of the eight accelerators drops out, "
+    "the "
+    "others take over its share of the attention heads and of the feed forward layers, and the "
+    "work is "
+    "spread so that no device waits for another. The cache of keys and values is copied to host "
+    "memory "
+    "in the background, so after a failure it can be restored instead of computed again. Weights "
+    "are "
+    "loaded only where they are missing, and each device fetches a different piece, so nothing "
+    "crosses "
     "the bus twice. When the device comes back, it is taken in again and the speed returns.\n"
-    "A scheduler decides which requests run in each step. It mixes the first chunks of new prompts with "
-    "the next token of every running sequence, within a budget of tokens. It counts the memory of every "
-    "device, because a device that holds more heads also holds more of the cache. It routes each new "
-    "request to the device with the least pending work, and it packs several prompts into one batch when "
+    "A scheduler decides which requests run in each step. It mixes the first chunks of new prompts "
+    "with "
+    "the next token of every running sequence, within a budget of tokens. It counts the memory of "
+    "every "
+    "device, because a device that holds more heads also holds more of the cache. It routes each "
+    "new "
+    "request to the device with the least pending work, and it packs several prompts into one "
+    "batch when "
     "that makes the slowest device finish sooner.\n"
     "Numbers: 0 1 2 3 4 5 6 7 8 9 10 16 32 64 128 256 512 1024 2048 4096 8192. Punctuation, quotes "
-    "(\"like this\"), brackets [a, b] {c: d}, and symbols + - * / = < > % & | ! ? ; : # @ $ ^ ~ `.\n"
+    "(\"like this\"), brackets [a, b] {c: d}, and symbols + - * / = < > % & | ! ? ; : # @ $ ^ ~ "
+    "`.\n"
     "Questions and answers: what is a plan? It says which head groups and which shards each device "
-    "holds. What is a rank? It is the device that owns the extra heads of a request. How fast is it? "
+    "holds. What is a rank? It is the device that owns the extra heads of a request. How fast is "
+    "it? "
     "Measure it, and compare the figures side by side in one run.\n";
 
 const char kLlama3Pattern[] =
@@ -126,7 +137,8 @@ std::vector<std::string> CorpusWords() {
     char c = *p;
     bool alpha = std::isalpha(static_cast<unsigned char>(c));
     if (alpha) {
-      if (!cur.empty() && !std::isalpha(static_cast<unsigned char>(cur.back())) && cur != " ") flush();
+      if (!cur.empty() && !std::isalpha(static_cast<unsigned char>(cur.back())) && cur != " ")
+        flush();
       cur.push_back(c);
     } else {
       flush();
@@ -229,13 +241,23 @@ SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed) {
   int reserved = 0;
   while (next_id < vocab_size - num_special) {
     std::string name = "<|reserved_special_token_" + std::to_string(reserved++) + "|>";
-    added.push_back({{"id", next_id++}, {"content", name}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", next_id++},
+                     {"content", name},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   }
   for (int i = 0; i < num_special; ++i) {
     int id = next_id++;
-    added.push_back({{"id", id}, {"content", kSpecials[i]}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", id},
+                     {"content", kSpecials[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
     if (std::string(kSpecials[i]) == "<|begin_of_text|>") out.bos_id = id;
     if (std::string(kSpecials[i]) == "<|eot_id|>") out.eos_id = id;
   }
@@ -243,36 +265,49 @@ SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed) {
   for (size_t i = 0; i < id_to_tok.size(); ++i) vocab_json[id_to_tok[i]] = i;
   json merges_json = json::array();
   for (auto& [a, b] : merges) merges_json.push_back(json::array({a, b}));
-  json j = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers",
-         {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
-      {"post_processor",
-       {{"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
-                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-        {"pair", json::array()},
-        {"special_tokens",
-         {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {out.bos_id}}, {"tokens", {"<|begin_of_text|>"}}}}}}}},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", true},
-        {"vocab", vocab_json},
-        {"merges", merges_json}}}};
+  json j = {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", added},
+            {"normalizer", nullptr},
+            {"pre_tokenizer",
+             {{"type", "Sequence"},
+              {"pretokenizers",
+               {{{"type", "Split"},
+                 {"pattern", {{"Regex", kLlama3Pattern}}},
+                 {"behavior", "Isolated"},
+                 {"invert", false}},
+                {{"type", "ByteLevel"},
+                 {"add_prefix_space", false},
+                 {"trim_offsets", true},
+                 {"use_regex", false}}}}}},
+            {"post_processor",
+             {{"type", "TemplateProcessing"},
+              {"single",
+               {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+              {"pair", json::array()},
+              {"special_tokens",
+               {{"<|begin_of_text|>",
+                 {{"id", "<|begin_of_text|>"},
+                  {"ids", {out.bos_id}},
+                  {"tokens", {"<|begin_of_text|>"}}}}}}}},
+            {"decoder",
+             {{"type", "ByteLevel"},
+              {"add_prefix_space", true},
+              {"trim_offsets", true},
+              {"use_regex", true}}},
+            {"model",
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", true},
+              {"vocab", vocab_json},
+              {"merges", merges_json}}}};
   out.json = j.dump(1) + "\n";
   return out;
 }
@@ -300,12 +335,14 @@ double InitStd(const ModelConfig& c, const std::string& name) {
   if (ends("q_proj.weight") || ends("k_proj.weight")) return std::sqrt(std::sqrt(1.5) / h);
   if (ends("v_proj.weight")) return 1.0 / std::sqrt(h);
   if (ends("o_proj.weight")) return 0.8 / std::sqrt(static_cast<double>(c.q_dim()));
-  if (ends("gate_proj.weight") || ends("up_proj.weight") || ends("w1.weight") || ends("w3.weight")) {
+  if (ends("gate_proj.weight") || ends("up_proj.weight") || ends("w1.weight") ||
+      ends("w3.weight")) {
     return 1.0 / std::sqrt(h);
   }
-  if (ends("down_proj.weight") || ends("w2.weight")) return 0.8 / std::sqrt(static_cast<double>(c.intermediate_size));
+  if (ends("down_proj.weight") || ends("w2.weight"))
+    return 0.8 / std::sqrt(static_cast<double>(c.intermediate_size));
   if (ends("gate.weight")) return 1.5 / std::sqrt(h);  // MoE router
-  return 0.0;  // norms: handled separately
+  return 0.0;                                          // norms: handled separately
 }
 
 void Fill(void* ctx_ptr, size_t index, float* dst) {
@@ -353,12 +390,14 @@ Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& 
   std::filesystem::remove(dir + "/model.safetensors.index.json", ec);
   std::filesystem::remove(dir + "/model.safetensors", ec);
   if (options.num_shards == 1) {
-    FS_RETURN_IF_ERROR(SafetensorsWriter::Write(dir + "/model.safetensors", ctx.entries, Fill, &ctx));
+    FS_RETURN_IF_ERROR(
+        SafetensorsWriter::Write(dir + "/model.safetensors", ctx.entries, Fill, &ctx));
   } else {
     const size_t per = (ctx.entries.size() + options.num_shards - 1) / options.num_shards;
     json weight_map = json::object();
     for (int s = 0; s < options.num_shards; ++s) {
-      std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, options.num_shards);
+      std::string file =
+          fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, options.num_shards);
       FillContext part = ctx;
       part.entries.clear();
       for (size_t i = s * per; i < std::min(ctx.entries.size(), (s + 1) * per); ++i) {
@@ -369,7 +408,8 @@ Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& 
     }
     json index = {{"metadata", {{"total_size", config.NumParameters() * DTypeSize(options.dtype)}}},
                   {"weight_map", weight_map}};
-    FS_RETURN_IF_ERROR(WriteStringToFile(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+    FS_RETURN_IF_ERROR(
+        WriteStringToFile(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
   }
   // config.json last: its presence marks a complete model.
   return WriteStringToFile(dir + "/config.json", config.ToJson());

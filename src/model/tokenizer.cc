@@ -4,8 +4,8 @@
 #include <pcre2.h>
 
 #include <algorithm>
-#include <queue>
 #include <nlohmann/json.hpp>
+#include <queue>
 
 #include "model/file_util.h"
 
@@ -25,7 +25,8 @@ struct ByteMap {
     std::fill(std::begin(from_cp), std::end(from_cp), -1);
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       to_cp[b] = printable ? b : 256 + n++;
       from_cp[to_cp[b]] = b;
     }
@@ -83,16 +84,18 @@ void AppendUtf8(int cp, std::string* out) {
 // A compiled PCRE2 pattern (UTF, Unicode properties, invalid UTF tolerated).
 class Tokenizer::Regex {
  public:
-  static Result<std::unique_ptr<Regex>> Compile(const std::string& pattern, const std::string& source) {
+  static Result<std::unique_ptr<Regex>> Compile(const std::string& pattern,
+                                                const std::string& source) {
     int err = 0;
     PCRE2_SIZE off = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                     PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, nullptr);
+    pcre2_code* code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, nullptr);
     if (!code) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      return InvalidArgument("{}: field 'pre_tokenizer': regex does not compile at offset {}: {}", source, off,
-                             reinterpret_cast<char*>(msg));
+      return InvalidArgument("{}: field 'pre_tokenizer': regex does not compile at offset {}: {}",
+                             source, off, reinterpret_cast<char*>(msg));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
     auto r = std::unique_ptr<Regex>(new Regex());
@@ -107,7 +110,8 @@ class Tokenizer::Regex {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     size_t pos = 0, gap_start = 0;
     while (pos <= text.size()) {
-      int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, 0, md, nullptr);
+      int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, 0,
+                           md, nullptr);
       if (rc < 0) break;
       PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       size_t b = ov[0], e = ov[1];
@@ -137,25 +141,30 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   return Parse(text, path);
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const std::string& source) {
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text,
+                                                    const std::string& source) {
   json j = json::parse(text.begin(), text.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument("{}: not a JSON object", source);
   auto t = std::unique_ptr<Tokenizer>(new Tokenizer());
 
   // model
   auto model = j.find("model");
-  if (model == j.end() || !model->is_object()) return InvalidArgument("{}: field 'model' is missing", source);
+  if (model == j.end() || !model->is_object())
+    return InvalidArgument("{}: field 'model' is missing", source);
   if (!model->contains("type") || (*model)["type"] != "BPE") {
     return InvalidArgument("{}: field 'model.type' must be \"BPE\"", source);
   }
-  if (model->contains("byte_fallback") && (*model)["byte_fallback"].is_boolean() && (*model)["byte_fallback"]) {
-    return InvalidArgument("{}: field 'model.byte_fallback': SentencePiece-style BPE is not supported", source);
+  if (model->contains("byte_fallback") && (*model)["byte_fallback"].is_boolean() &&
+      (*model)["byte_fallback"]) {
+    return InvalidArgument(
+        "{}: field 'model.byte_fallback': SentencePiece-style BPE is not supported", source);
   }
   if (model->contains("ignore_merges") && (*model)["ignore_merges"].is_boolean()) {
     t->ignore_merges_ = (*model)["ignore_merges"];
   }
   auto vocab = model->find("vocab");
-  if (vocab == model->end() || !vocab->is_object()) return InvalidArgument("{}: field 'model.vocab' is missing", source);
+  if (vocab == model->end() || !vocab->is_object())
+    return InvalidArgument("{}: field 'model.vocab' is missing", source);
   int max_id = -1;
   for (auto& [tok, id] : vocab->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24)) {
@@ -165,11 +174,15 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
   }
   auto added = j.find("added_tokens");
   if (added != j.end() && !added->is_null()) {
-    if (!added->is_array()) return InvalidArgument("{}: field 'added_tokens' must be a list", source);
+    if (!added->is_array())
+      return InvalidArgument("{}: field 'added_tokens' must be a list", source);
     for (auto& a : *added) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
-          !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > (1 << 24)) {
-        return InvalidArgument("{}: field 'added_tokens': each entry needs an integer 'id' and a string 'content'", source);
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
+          !a.contains("content") || !a["content"].is_string() || a["id"].get<int64_t>() < 0 ||
+          a["id"].get<int64_t>() > (1 << 24)) {
+        return InvalidArgument(
+            "{}: field 'added_tokens': each entry needs an integer 'id' and a string 'content'",
+            source);
       }
       if (a["content"].get<std::string>().empty()) {
         return InvalidArgument("{}: field 'added_tokens': empty content", source);
@@ -179,30 +192,38 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
   }
   t->id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   t->added_by_id_.assign(static_cast<size_t>(max_id + 1), -1);
+  std::vector<bool> used(static_cast<size_t>(max_id + 1), false);
   for (auto& [tok, id] : vocab->items()) {
-    t->vocab_[tok] = id.get<int>();
-    t->id_to_token_[id.get<int>()] = tok;
+    const int i = id.get<int>();
+    if (used[i])
+      return InvalidArgument("{}: field 'model.vocab': id {} is used by two tokens", source, i);
+    used[i] = true;
+    t->vocab_[tok] = i;
+    t->id_to_token_[i] = tok;
   }
   for (int b = 0; b < 256; ++b) {
     std::string s;
     AppendUtf8(ByteToCodePoint(static_cast<unsigned char>(b)), &s);
     auto it = t->vocab_.find(s);
     if (it == t->vocab_.end()) {
-      return InvalidArgument("{}: field 'model.vocab': byte-level symbol for byte 0x{:02x} is missing", source, b);
+      return InvalidArgument(
+          "{}: field 'model.vocab': byte-level symbol for byte 0x{:02x} is missing", source, b);
     }
     t->byte_ids_[b] = it->second;
   }
 
   // merges: ["a b", ...] or [["a", "b"], ...]
   auto merges = model->find("merges");
-  if (merges == model->end() || !merges->is_array()) return InvalidArgument("{}: field 'model.merges' is missing", source);
+  if (merges == model->end() || !merges->is_array())
+    return InvalidArgument("{}: field 'model.merges' is missing", source);
   int rank = 0;
   for (auto& m : *merges) {
     std::string a, b;
     if (m.is_string()) {
       std::string s = m.get<std::string>();
       size_t sp = s.find(' ', 1);
-      if (sp == std::string::npos) return InvalidArgument("{}: field 'model.merges[{}]': '{}' is not 'a b'", source, rank, s);
+      if (sp == std::string::npos)
+        return InvalidArgument("{}: field 'model.merges[{}]': '{}' is not 'a b'", source, rank, s);
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
@@ -213,7 +234,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
     }
     auto ia = t->vocab_.find(a), ib = t->vocab_.find(b), im = t->vocab_.find(a + b);
     if (ia == t->vocab_.end() || ib == t->vocab_.end() || im == t->vocab_.end()) {
-      return InvalidArgument("{}: field 'model.merges[{}]': '{} {}' uses a token not in the vocabulary", source, rank, a, b);
+      return InvalidArgument(
+          "{}: field 'model.merges[{}]': '{} {}' uses a token not in the vocabulary", source, rank,
+          a, b);
     }
     uint64_t key = static_cast<uint64_t>(ia->second) << 32 | static_cast<uint32_t>(ib->second);
     t->merges_.emplace(key, MergeInfo{rank, im->second});
@@ -224,18 +247,32 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
     for (auto& a : *added) {
       AddedToken at{a["id"].get<int>(), a["content"].get<std::string>(),
                     a.contains("special") && a["special"].is_boolean() && a["special"].get<bool>()};
+      // An added token may repeat a vocabulary token (same id, same text), nothing else.
+      if (t->added_by_id_[at.id] >= 0 || (used[at.id] && t->id_to_token_[at.id] != at.content)) {
+        return InvalidArgument("{}: field 'added_tokens': id {} is already used", source, at.id);
+      }
+      auto existing = t->vocab_.find(at.content);
+      if (existing != t->vocab_.end() && existing->second != at.id) {
+        return InvalidArgument("{}: field 'added_tokens': '{}' already has id {}", source,
+                               at.content, existing->second);
+      }
+      t->added_by_id_[at.id] = 0;  // marks the id; set to the real index below
       t->id_to_token_[at.id] = at.content;
       t->vocab_[at.content] = at.id;
       t->added_.push_back(at);
     }
     std::stable_sort(t->added_.begin(), t->added_.end(),
-                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-    for (size_t i = 0; i < t->added_.size(); ++i) t->added_by_id_[t->added_[i].id] = static_cast<int>(i);
+                     [](const AddedToken& x, const AddedToken& y) {
+                       return x.content.size() > y.content.size();
+                     });
+    for (size_t i = 0; i < t->added_.size(); ++i)
+      t->added_by_id_[t->added_[i].id] = static_cast<int>(i);
   }
 
   // normalizer: none supported
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    return InvalidArgument("{}: field 'normalizer': normalizers are not supported for byte-level BPE", source);
+    return InvalidArgument(
+        "{}: field 'normalizer': normalizers are not supported for byte-level BPE", source);
   }
 
   // pre_tokenizer
@@ -248,10 +285,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
     std::string type = p["type"];
     if (type == "ByteLevel") {
       have_byte_level = true;
-      if (p.contains("add_prefix_space") && p["add_prefix_space"].is_boolean()) t->add_prefix_space_ = p["add_prefix_space"];
-      bool use_regex = !p.contains("use_regex") || !p["use_regex"].is_boolean() || p["use_regex"].get<bool>();
+      if (p.contains("add_prefix_space") && p["add_prefix_space"].is_boolean())
+        t->add_prefix_space_ = p["add_prefix_space"];
+      bool use_regex =
+          !p.contains("use_regex") || !p["use_regex"].is_boolean() || p["use_regex"].get<bool>();
       if (use_regex) {
-        if (!pattern.empty()) return InvalidArgument("{}: field '{}': two split patterns", source, field);
+        if (!pattern.empty())
+          return InvalidArgument("{}: field '{}': two split patterns", source, field);
         pattern = kGpt2Pattern;
       }
     } else if (type == "Split") {
@@ -260,20 +300,25 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
         return InvalidArgument("{}: field '{}.pattern.Regex' is missing", source, field);
       }
       if (p.contains("behavior") && p["behavior"] != "Isolated") {
-        return InvalidArgument("{}: field '{}.behavior': only \"Isolated\" is supported", source, field);
+        return InvalidArgument("{}: field '{}.behavior': only \"Isolated\" is supported", source,
+                               field);
       }
       if (p.contains("invert") && p["invert"].is_boolean() && p["invert"].get<bool>()) {
-        return InvalidArgument("{}: field '{}.invert': inverted splits are not supported", source, field);
+        return InvalidArgument("{}: field '{}.invert': inverted splits are not supported", source,
+                               field);
       }
-      if (!pattern.empty()) return InvalidArgument("{}: field '{}': two split patterns", source, field);
+      if (!pattern.empty())
+        return InvalidArgument("{}: field '{}': two split patterns", source, field);
       pattern = p["pattern"]["Regex"];
     } else {
-      return InvalidArgument("{}: field '{}': unsupported pre-tokenizer type '{}'", source, field, type);
+      return InvalidArgument("{}: field '{}': unsupported pre-tokenizer type '{}'", source, field,
+                             type);
     }
     return Status::Ok();
   };
   auto pre = j.find("pre_tokenizer");
-  if (pre == j.end() || pre->is_null()) return InvalidArgument("{}: field 'pre_tokenizer' is missing", source);
+  if (pre == j.end() || pre->is_null())
+    return InvalidArgument("{}: field 'pre_tokenizer' is missing", source);
   if (pre->is_object() && pre->contains("type") && (*pre)["type"] == "Sequence") {
     if (!pre->contains("pretokenizers") || !(*pre)["pretokenizers"].is_array()) {
       return InvalidArgument("{}: field 'pre_tokenizer.pretokenizers' is missing", source);
@@ -285,15 +330,19 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
   } else {
     FS_RETURN_IF_ERROR(handle_pre(*pre, "pre_tokenizer"));
   }
-  if (!have_byte_level) return InvalidArgument("{}: field 'pre_tokenizer': a ByteLevel pre-tokenizer is required", source);
-  if (pattern.empty()) return InvalidArgument("{}: field 'pre_tokenizer': no split pattern", source);
+  if (!have_byte_level)
+    return InvalidArgument("{}: field 'pre_tokenizer': a ByteLevel pre-tokenizer is required",
+                           source);
+  if (pattern.empty())
+    return InvalidArgument("{}: field 'pre_tokenizer': no split pattern", source);
   FS_ASSIGN_OR_RETURN(t->split_, Regex::Compile(pattern, source));
 
   // decoder
   if (j.contains("decoder") && !j["decoder"].is_null()) {
     auto& d = j["decoder"];
     if (!d.is_object() || !d.contains("type") || d["type"] != "ByteLevel") {
-      return InvalidArgument("{}: field 'decoder': only the ByteLevel decoder is supported", source);
+      return InvalidArgument("{}: field 'decoder': only the ByteLevel decoder is supported",
+                             source);
     }
   }
 
@@ -302,7 +351,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
   if (post != j.end() && post->is_object()) {
     const json* tp = nullptr;
     if ((*post)["type"] == "TemplateProcessing") tp = &*post;
-    if ((*post)["type"] == "Sequence" && post->contains("processors") && (*post)["processors"].is_array()) {
+    if ((*post)["type"] == "Sequence" && post->contains("processors") &&
+        (*post)["processors"].is_array()) {
       for (auto& p : (*post)["processors"]) {
         if (p.is_object() && p["type"] == "TemplateProcessing") tp = &p;
       }
@@ -315,7 +365,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text, const
         } else if (piece.contains("SpecialToken") && piece["SpecialToken"].contains("id") &&
                    piece["SpecialToken"]["id"].is_string()) {
           int id = t->TokenId(piece["SpecialToken"]["id"].get<std::string>());
-          if (id < 0) return InvalidArgument("{}: field 'post_processor': unknown special token", source);
+          if (id < 0)
+            return InvalidArgument("{}: field 'post_processor': unknown special token", source);
           (after ? t->suffix_ids_ : t->prefix_ids_).push_back(id);
         }
       }
@@ -389,7 +440,8 @@ void Tokenizer::EncodeWord(std::string_view word, std::vector<int>* out) const {
   };
   std::vector<Sym> sym(word.size());
   for (size_t i = 0; i < word.size(); ++i) {
-    sym[i] = {byte_ids_[static_cast<unsigned char>(word[i])], static_cast<int>(i) - 1, static_cast<int>(i) + 1};
+    sym[i] = {byte_ids_[static_cast<unsigned char>(word[i])], static_cast<int>(i) - 1,
+              static_cast<int>(i) + 1};
   }
   if (!sym.empty()) sym.back().next = -1;
   struct Cand {
@@ -400,8 +452,10 @@ void Tokenizer::EncodeWord(std::string_view word, std::vector<int>* out) const {
   auto consider = [&](int left) {
     if (left < 0 || sym[left].next < 0) return;
     int right = sym[left].next;
-    auto it = merges_.find(static_cast<uint64_t>(sym[left].id) << 32 | static_cast<uint32_t>(sym[right].id));
-    if (it != merges_.end()) heap.push({it->second.rank, left, sym[left].id, sym[right].id, it->second.merged});
+    auto it = merges_.find(static_cast<uint64_t>(sym[left].id) << 32 |
+                           static_cast<uint32_t>(sym[right].id));
+    if (it != merges_.end())
+      heap.push({it->second.rank, left, sym[left].id, sym[right].id, it->second.merged});
   };
   for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) consider(i);
   while (!heap.empty()) {

@@ -25,7 +25,8 @@ class Tokenizer {
   ~Tokenizer();
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& path);
   // `source` names the file in error messages.
-  static Result<std::unique_ptr<Tokenizer>> Parse(std::string_view json_text, const std::string& source);
+  static Result<std::unique_ptr<Tokenizer>> Parse(std::string_view json_text,
+                                                  const std::string& source);
 
   // add_special: apply the post-processor's template (e.g. a leading BOS).
   std::vector<int> Encode(std::string_view text, bool add_special = false) const;
@@ -56,17 +57,17 @@ class Tokenizer {
   void EncodeChunk(std::string_view text, std::vector<int>* out) const;
   void EncodeWord(std::string_view word, std::vector<int>* out) const;
 
-  std::unordered_map<std::string, int> vocab_;   // byte-level token string -> id
-  std::vector<std::string> id_to_token_;         // id -> byte-level string ("" if unused)
+  std::unordered_map<std::string, int> vocab_;      // byte-level token string -> id
+  std::vector<std::string> id_to_token_;            // id -> byte-level string ("" if unused)
   std::unordered_map<uint64_t, MergeInfo> merges_;  // (left id << 32 | right id) -> merge
-  std::vector<AddedToken> added_;                // longest content first
-  std::vector<int> added_by_id_;                 // id -> index in added_, or -1
-  std::unique_ptr<Regex> split_;                 // pre-tokenizer regex
+  std::vector<AddedToken> added_;                   // longest content first
+  std::vector<int> added_by_id_;                    // id -> index in added_, or -1
+  std::unique_ptr<Regex> split_;                    // pre-tokenizer regex
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
   int bos_id_ = -1;
-  std::vector<int> prefix_ids_, suffix_ids_;     // from the post-processor template
-  int byte_ids_[256];                            // byte -> id of its single-char token
+  std::vector<int> prefix_ids_, suffix_ids_;  // from the post-processor template
+  int byte_ids_[256];                         // byte -> id of its single-char token
 };
 
 // Byte-level BPE's reversible byte <-> printable code point map (GPT-2).

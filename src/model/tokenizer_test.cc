@@ -88,6 +88,12 @@ TEST(Tokenizer, RejectsMalformedFiles) {
   auto pos = bad_regex.find("(?i:");
   bad_regex.replace(pos, 4, "((((");
   EXPECT_NE(msg(bad_regex).find("regex does not compile"), std::string::npos);
+  // Two tokens with one id would break the round trip (found by fuzzing).
+  std::string dup = good;
+  auto a = dup.find("\"!\": 33,");
+  ASSERT_NE(a, std::string::npos);
+  dup.replace(a, 8, "\"!\": 34,");
+  EXPECT_NE(msg(dup).find("used by two tokens"), std::string::npos) << msg(dup);
 }
 
 }  // namespace

@@ -13,7 +13,9 @@ namespace failsafe {
 namespace tensor_names {
 std::string Embedding() { return "model.embed_tokens.weight"; }
 std::string FinalNorm() { return "model.norm.weight"; }
-std::string LmHead(const ModelConfig& c) { return c.tie_word_embeddings ? Embedding() : "lm_head.weight"; }
+std::string LmHead(const ModelConfig& c) {
+  return c.tie_word_embeddings ? Embedding() : "lm_head.weight";
+}
 static std::string L(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 std::string AttnNorm(int layer) { return L(layer) + "input_layernorm.weight"; }
 std::string FfnNorm(int layer) { return L(layer) + "post_attention_layernorm.weight"; }
@@ -24,9 +26,15 @@ std::string O(int layer) { return L(layer) + "self_attn.o_proj.weight"; }
 static std::string Expert(int layer, int e) {
   return L(layer) + "block_sparse_moe.experts." + std::to_string(e) + ".";
 }
-std::string Gate(int layer, int e) { return e < 0 ? L(layer) + "mlp.gate_proj.weight" : Expert(layer, e) + "w1.weight"; }
-std::string Up(int layer, int e) { return e < 0 ? L(layer) + "mlp.up_proj.weight" : Expert(layer, e) + "w3.weight"; }
-std::string Down(int layer, int e) { return e < 0 ? L(layer) + "mlp.down_proj.weight" : Expert(layer, e) + "w2.weight"; }
+std::string Gate(int layer, int e) {
+  return e < 0 ? L(layer) + "mlp.gate_proj.weight" : Expert(layer, e) + "w1.weight";
+}
+std::string Up(int layer, int e) {
+  return e < 0 ? L(layer) + "mlp.up_proj.weight" : Expert(layer, e) + "w3.weight";
+}
+std::string Down(int layer, int e) {
+  return e < 0 ? L(layer) + "mlp.down_proj.weight" : Expert(layer, e) + "w2.weight";
+}
 std::string Router(int layer) { return L(layer) + "block_sparse_moe.gate.weight"; }
 }  // namespace tensor_names
 
@@ -76,7 +84,7 @@ bool FileExists(const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_dir,
-                                                      const ModelConfig& config) {
+                                                       const ModelConfig& config) {
   auto store = std::unique_ptr<WeightStore>(new WeightStore());
   store->model_dir_ = model_dir;
   std::vector<std::string> files;
@@ -85,15 +93,18 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
   if (FileExists(index_path)) {
     FS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path));
     auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+        !j["weight_map"].is_object()) {
       return InvalidArgument("{}: field 'weight_map' is missing or not an object", index_path);
     }
     std::set<std::string> unique;
     for (auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) return InvalidArgument("{}: field 'weight_map.{}' is not a file name", index_path, name);
+      if (!file.is_string())
+        return InvalidArgument("{}: field 'weight_map.{}' is not a file name", index_path, name);
       std::string f = file.get<std::string>();
       if (f.find('/') != std::string::npos) {
-        return InvalidArgument("{}: field 'weight_map.{}' names a file outside the model directory", index_path, name);
+        return InvalidArgument("{}: field 'weight_map.{}' names a file outside the model directory",
+                               index_path, name);
       }
       weight_map[name] = f;
       unique.insert(f);
@@ -112,19 +123,21 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
   for (auto& e : ExpectedTensors(config)) {
     auto it = store->tensors_.find(e.name);
     if (it == store->tensors_.end()) {
-      std::string where = weight_map.count(e.name) ? model_dir + "/" + weight_map[e.name]
-                                                    : (files.size() == 1 ? model_dir + "/" + files[0] : index_path);
+      std::string where = weight_map.count(e.name)
+                              ? model_dir + "/" + weight_map[e.name]
+                              : (files.size() == 1 ? model_dir + "/" + files[0] : index_path);
       return InvalidArgument("{}: tensor '{}' is missing", where, e.name);
     }
     if (it->second.info->shape != e.shape) {
-      return InvalidArgument("{}: tensor '{}': field 'shape' is {}, config.json implies {}", *it->second.file,
-                             e.name, ShapeString(it->second.info->shape), ShapeString(e.shape));
+      return InvalidArgument("{}: tensor '{}': field 'shape' is {}, config.json implies {}",
+                             *it->second.file, e.name, ShapeString(it->second.info->shape),
+                             ShapeString(e.shape));
     }
     if (!weight_map.empty()) {
       auto wm = weight_map.find(e.name);
       if (wm != weight_map.end() && *it->second.file != model_dir + "/" + wm->second) {
-        return InvalidArgument("{}: tensor '{}' is in {}, not in {} as the index says", index_path, e.name,
-                               *it->second.file, wm->second);
+        return InvalidArgument("{}: tensor '{}' is in {}, not in {} as the index says", index_path,
+                               e.name, *it->second.file, wm->second);
       }
     }
   }

@@ -42,7 +42,8 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c);
 class WeightStore {
  public:
   // Opens and validates: every expected tensor present with the right shape.
-  static Result<std::unique_ptr<WeightStore>> Open(const std::string& model_dir, const ModelConfig& config);
+  static Result<std::unique_ptr<WeightStore>> Open(const std::string& model_dir,
+                                                   const ModelConfig& config);
 
   // The tensor, which Open has validated. Aborts on an unknown name (a bug).
   TensorRef Get(const std::string& name) const;

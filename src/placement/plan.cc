@@ -7,10 +7,14 @@ namespace failsafe {
 
 const char* PolicyName(Policy p) {
   switch (p) {
-    case Policy::kStandard: return "standard";
-    case Policy::kNonUniform: return "nonuniform";
-    case Policy::kCyclic: return "cyclic";
-    case Policy::kHybrid: return "hybrid";
+    case Policy::kStandard:
+      return "standard";
+    case Policy::kNonUniform:
+      return "nonuniform";
+    case Policy::kCyclic:
+      return "cyclic";
+    case Policy::kHybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -20,7 +24,8 @@ Result<Policy> ParsePolicy(const std::string& name) {
   if (name == "nonuniform") return Policy::kNonUniform;
   if (name == "cyclic") return Policy::kCyclic;
   if (name == "hybrid") return Policy::kHybrid;
-  return InvalidArgument("unknown placement policy '{}' (known: standard, nonuniform, cyclic, hybrid)", name);
+  return InvalidArgument(
+      "unknown placement policy '{}' (known: standard, nonuniform, cyclic, hybrid)", name);
 }
 
 PlanShape PlanShape::ForModel(const ModelConfig& c) {
@@ -45,7 +50,9 @@ PlanShape PlanShape::ForModel(const ModelConfig& c) {
   return s;
 }
 
-int PlanShape::ChunkEnd(int chunk) const { return std::min(vocab_size, (chunk + 1) * vocab_chunk_size); }
+int PlanShape::ChunkEnd(int chunk) const {
+  return std::min(vocab_size, (chunk + 1) * vocab_chunk_size);
+}
 
 bool Plan::IsActive(int device) const { return RankOf(device) >= 0; }
 
@@ -77,8 +84,8 @@ int Plan::num_tp_heads_total(int device) const {
 }
 
 bool Plan::operator==(const Plan& o) const {
-  if (policy != o.policy || num_devices != o.num_devices || alive != o.alive || active != o.active ||
-      vocab_chunks != o.vocab_chunks || layers.size() != o.layers.size()) {
+  if (policy != o.policy || num_devices != o.num_devices || alive != o.alive ||
+      active != o.active || vocab_chunks != o.vocab_chunks || layers.size() != o.layers.size()) {
     return false;
   }
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -94,7 +101,8 @@ namespace {
 
 // Splits items [0, count) contiguously over `devices` in the given order; the
 // first `count % n` devices in that order get one more.
-void SplitContiguous(int first_item, int count, const std::vector<int>& order, std::vector<std::vector<int>>* out) {
+void SplitContiguous(int first_item, int count, const std::vector<int>& order,
+                     std::vector<std::vector<int>>* out) {
   const int n = static_cast<int>(order.size());
   const int base = count / n, extra = count % n;
   int item = first_item;
@@ -113,16 +121,20 @@ std::vector<int> Rotated(const std::vector<int>& v, int by) {
 
 }  // namespace
 
-Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices, const std::vector<int>& alive_in) {
-  if (num_devices < 1) return InvalidArgument("the number of devices must be at least 1 (got {})", num_devices);
+Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
+                      const std::vector<int>& alive_in) {
+  if (num_devices < 1)
+    return InvalidArgument("the number of devices must be at least 1 (got {})", num_devices);
   std::vector<int> alive = alive_in;
   std::sort(alive.begin(), alive.end());
   if (alive.empty()) return InvalidArgument("no device is alive");
   if (std::adjacent_find(alive.begin(), alive.end()) != alive.end()) {
-    return InvalidArgument("device {} is listed twice", *std::adjacent_find(alive.begin(), alive.end()));
+    return InvalidArgument("device {} is listed twice",
+                           *std::adjacent_find(alive.begin(), alive.end()));
   }
   for (int d : alive) {
-    if (d < 0 || d >= num_devices) return OutOfRange("device id {} is out of range [0, {})", d, num_devices);
+    if (d < 0 || d >= num_devices)
+      return OutOfRange("device id {} is out of range [0, {})", d, num_devices);
   }
   const int heads = config.num_kv_heads;
   Plan p;
@@ -132,8 +144,10 @@ Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
   p.shape = PlanShape::ForModel(config);
   const int n_alive = static_cast<int>(alive.size());
   if (n_alive > heads) {
-    return InvalidArgument("{} devices exceed the model's {} KV head groups: policy '{}' cannot give every device "
-                           "a head group", n_alive, heads, PolicyName(policy));
+    return InvalidArgument(
+        "{} devices exceed the model's {} KV head groups: policy '{}' cannot give every device "
+        "a head group",
+        n_alive, heads, PolicyName(policy));
   }
   if (policy == Policy::kStandard) {
     int tp = 1;
@@ -168,7 +182,8 @@ Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
     const bool rotate = policy == Policy::kCyclic || policy == Policy::kHybrid;
     for (int e = 0; e < p.shape.expert_slots; ++e) {
       auto order = rotate ? Rotated(p.active, (l + e) % n) : p.active;
-      SplitContiguous(e * p.shape.shards_per_expert, p.shape.shards_per_expert, order, &lp.ffn_shards);
+      SplitContiguous(e * p.shape.shards_per_expert, p.shape.shards_per_expert, order,
+                      &lp.ffn_shards);
     }
     for (auto& v : lp.tp_heads) std::sort(v.begin(), v.end());
     for (auto& v : lp.ffn_shards) std::sort(v.begin(), v.end());
@@ -183,17 +198,21 @@ Status ValidatePlan(const Plan& p) {
   const int nd = p.num_devices;
   if (p.active.empty()) return Internal("plan has no active device");
   for (int d : p.active) {
-    if (!std::binary_search(p.alive.begin(), p.alive.end(), d)) return Internal("active device {} is not alive", d);
+    if (!std::binary_search(p.alive.begin(), p.alive.end(), d))
+      return Internal("active device {} is not alive", d);
   }
-  if (static_cast<int>(p.layers.size()) != p.shape.num_layers) return Internal("plan has the wrong layer count");
+  if (static_cast<int>(p.layers.size()) != p.shape.num_layers)
+    return Internal("plan has the wrong layer count");
   for (int l = 0; l < p.shape.num_layers; ++l) {
     const LayerPlan& lp = p.layers[l];
-    if (static_cast<int>(lp.tp_heads.size()) != nd || static_cast<int>(lp.ffn_shards.size()) != nd) {
+    if (static_cast<int>(lp.tp_heads.size()) != nd ||
+        static_cast<int>(lp.ffn_shards.size()) != nd) {
       return Internal("layer {}: per-device lists have the wrong size", l);
     }
     std::vector<int> head_count(p.shape.num_kv_heads, 0);
     for (int h : lp.dp_heads) {
-      if (h < 0 || h >= p.shape.num_kv_heads) return Internal("layer {}: DP head {} out of range", l, h);
+      if (h < 0 || h >= p.shape.num_kv_heads)
+        return Internal("layer {}: DP head {} out of range", l, h);
       head_count[h]++;
     }
     std::vector<int> shard_count(p.shape.num_shards(), 0);
@@ -203,31 +222,37 @@ Status ValidatePlan(const Plan& p) {
         return Internal("layer {}: inactive device {} holds a share", l, d);
       }
       for (int h : lp.tp_heads[d]) {
-        if (h < 0 || h >= p.shape.num_kv_heads) return Internal("layer {}: head {} out of range", l, h);
+        if (h < 0 || h >= p.shape.num_kv_heads)
+          return Internal("layer {}: head {} out of range", l, h);
         head_count[h]++;
       }
       for (int s : lp.ffn_shards[d]) {
-        if (s < 0 || s >= p.shape.num_shards()) return Internal("layer {}: shard {} out of range", l, s);
+        if (s < 0 || s >= p.shape.num_shards())
+          return Internal("layer {}: shard {} out of range", l, s);
         shard_count[s]++;
       }
     }
     for (int h = 0; h < p.shape.num_kv_heads; ++h) {
-      if (head_count[h] != 1) return Internal("layer {}: head group {} is placed {} times", l, h, head_count[h]);
+      if (head_count[h] != 1)
+        return Internal("layer {}: head group {} is placed {} times", l, h, head_count[h]);
     }
     for (int s = 0; s < p.shape.num_shards(); ++s) {
-      if (shard_count[s] != 1) return Internal("layer {}: FFN shard {} is placed {} times", l, s, shard_count[s]);
+      if (shard_count[s] != 1)
+        return Internal("layer {}: FFN shard {} is placed {} times", l, s, shard_count[s]);
     }
   }
   std::vector<int> chunk_count(p.shape.vocab_chunks, 0);
   for (int d = 0; d < nd; ++d) {
-    if (!p.IsActive(d) && !p.vocab_chunks[d].empty()) return Internal("inactive device {} holds vocab chunks", d);
+    if (!p.IsActive(d) && !p.vocab_chunks[d].empty())
+      return Internal("inactive device {} holds vocab chunks", d);
     for (int c : p.vocab_chunks[d]) {
       if (c < 0 || c >= p.shape.vocab_chunks) return Internal("vocab chunk {} out of range", c);
       chunk_count[c]++;
     }
   }
   for (int c = 0; c < p.shape.vocab_chunks; ++c) {
-    if (chunk_count[c] != 1) return Internal("vocab chunk {} is placed {} times", c, chunk_count[c]);
+    if (chunk_count[c] != 1)
+      return Internal("vocab chunk {} is placed {} times", c, chunk_count[c]);
   }
   return Status::Ok();
 }

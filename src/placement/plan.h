@@ -25,12 +25,12 @@ Result<Policy> ParsePolicy(const std::string& name);
 // The units a model is cut into. Fixed for a model; independent of devices.
 struct PlanShape {
   int num_layers = 0;
-  int num_kv_heads = 0;           // head groups per layer
-  int expert_slots = 1;           // experts (1 for a dense FFN)
-  int shards_per_expert = 0;      // FFN shards per expert (or per dense FFN)
-  int shard_width = 0;            // intermediate columns per FFN shard
+  int num_kv_heads = 0;       // head groups per layer
+  int expert_slots = 1;       // experts (1 for a dense FFN)
+  int shards_per_expert = 0;  // FFN shards per expert (or per dense FFN)
+  int shard_width = 0;        // intermediate columns per FFN shard
   int vocab_chunks = 0;
-  int vocab_chunk_size = 0;       // rows per chunk; the last chunk may be short
+  int vocab_chunk_size = 0;  // rows per chunk; the last chunk may be short
   int vocab_size = 0;
 
   static PlanShape ForModel(const ModelConfig& c);
@@ -42,16 +42,17 @@ struct PlanShape {
 };
 
 struct LayerPlan {
-  std::vector<std::vector<int>> tp_heads;    // [device] -> KV heads held as TP heads, ascending
-  std::vector<int> dp_heads;                 // KV heads computed as DP heads, ascending
-  std::vector<std::vector<int>> ffn_shards;  // [device] -> FFN shards (expert * shards_per_expert + s)
+  std::vector<std::vector<int>> tp_heads;  // [device] -> KV heads held as TP heads, ascending
+  std::vector<int> dp_heads;               // KV heads computed as DP heads, ascending
+  std::vector<std::vector<int>>
+      ffn_shards;  // [device] -> FFN shards (expert * shards_per_expert + s)
 };
 
 struct Plan {
   Policy policy = Policy::kHybrid;
-  int num_devices = 0;           // N: device ids are 0..N-1
-  std::vector<int> alive;        // devices that are up, ascending
-  std::vector<int> active;       // devices that hold a share (subset of alive), ascending
+  int num_devices = 0;      // N: device ids are 0..N-1
+  std::vector<int> alive;   // devices that are up, ascending
+  std::vector<int> active;  // devices that hold a share (subset of alive), ascending
   PlanShape shape;
   std::vector<LayerPlan> layers;
   std::vector<std::vector<int>> vocab_chunks;  // [device] -> chunks, ascending
@@ -68,7 +69,8 @@ struct Plan {
 };
 
 // A fresh plan for the alive devices (ids in [0, num_devices)).
-Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices, const std::vector<int>& alive);
+Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
+                      const std::vector<int>& alive);
 
 // Checks the invariants: every head group is TP on exactly one active device
 // or DP; every FFN shard and vocab chunk on exactly one active device.

@@ -23,26 +23,30 @@ Status DeviceModel::ReserveKv(const StepBatch& b) {
   for (const StepSeq& s : b.seqs) {
     const int end = s.start_pos + s.num_tokens;
     for (int l = 0; l < config_.num_layers; ++l) {
-      for (int h : plan_.layers[l].tp_heads[device_]) FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
+      for (int h : plan_.layers[l].tp_heads[device_])
+        FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
       if (s.dp_rank == device_) {
-        for (int h : plan_.layers[l].dp_heads) FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
+        for (int h : plan_.layers[l].dp_heads)
+          FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
       }
     }
   }
   return Status::Ok();
 }
 
-Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logits, ForwardStats* stats) {
+Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logits,
+                            ForwardStats* stats) {
   const int T = b.num_tokens();
   const int H = config_.hidden_size;
   // Validation is identical on every device, so all fail together before any
   // collective.
   for (int32_t t : b.tokens) {
-    if (t < 0 || t >= config_.vocab_size) return InvalidArgument("token id {} is outside the vocabulary", t);
+    if (t < 0 || t >= config_.vocab_size)
+      return InvalidArgument("token id {} is outside the vocabulary", t);
   }
   for (const StepSeq& s : b.seqs) {
-    if (s.num_tokens <= 0 || s.token_offset < 0 || s.token_offset + s.num_tokens > T || s.start_pos < 0 ||
-        s.logits_row >= b.num_logits_rows) {
+    if (s.num_tokens <= 0 || s.token_offset < 0 || s.token_offset + s.num_tokens > T ||
+        s.start_pos < 0 || s.logits_row >= b.num_logits_rows) {
       return InvalidArgument("malformed step for sequence {}", s.seq_id);
     }
   }
@@ -98,13 +102,14 @@ void DeviceModel::Embed(const StepBatch& b) {
   for (int t = 0; t < b.num_tokens(); ++t) {
     const int tok = b.tokens[t];
     if (const float* rows = embed_.Find(tok / cs)) {
-      std::memcpy(x + static_cast<int64_t>(t) * H, rows + static_cast<int64_t>(tok % cs) * H, sizeof(float) * H);
+      std::memcpy(x + static_cast<int64_t>(t) * H, rows + static_cast<int64_t>(tok % cs) * H,
+                  sizeof(float) * H);
     }
   }
 }
 
-void DeviceModel::RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b, const HeadRows& hr, float* qkv,
-                           float* attn, ForwardStats* stats) {
+void DeviceModel::RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b,
+                           const HeadRows& hr, float* qkv, float* attn, ForwardStats* stats) {
   const int hd = config_.head_dim, g = config_.group_size(), H = config_.hidden_size;
   const int bs = kv_.block_size();
   const int head_cols = (g + 2) * hd;
@@ -114,15 +119,15 @@ void DeviceModel::RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& 
   // 1) q, k, v: one GEMM per segment of consecutive head groups.
   int k0 = 0;
   for (const auto& seg : qkv_w.segments()) {
-    backend_->LinearNT(hr.in, H, seg.data, qkv + static_cast<int64_t>(k0) * head_cols, ld_qkv, hr.rows,
-                       seg.count * head_cols, H, false);
+    backend_->LinearNT(hr.in, H, seg.data, qkv + static_cast<int64_t>(k0) * head_cols, ld_qkv,
+                       hr.rows, seg.count * head_cols, H, false);
     k0 += seg.count;
   }
   stats->attention_flops += 2.0 * hr.rows * H * ld_qkv;
   // 2) RoPE on the G query heads and the key head of each group (adjacent).
   for (int k = 0; k < n_heads; ++k) {
-    backend_->Rope(qkv + static_cast<int64_t>(k) * head_cols, ld_qkv, hr.positions, hr.rows, g + 1, hd,
-                   inv_freq_.data());
+    backend_->Rope(qkv + static_cast<int64_t>(k) * head_cols, ld_qkv, hr.positions, hr.rows, g + 1,
+                   hd, inv_freq_.data());
   }
   // 3) K and V into the cache; 4) attention problems.
   problems_.clear();
@@ -135,7 +140,8 @@ void DeviceModel::RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& 
       for (int i = 0; i < s.num_tokens; ++i) {
         const int p = s.start_pos + i;
         float* page = kv_.Page(s.seq_id, slot, p / bs);
-        const float* src = qkv + static_cast<int64_t>(row0 + i) * ld_qkv + static_cast<int64_t>(k) * head_cols;
+        const float* src =
+            qkv + static_cast<int64_t>(row0 + i) * ld_qkv + static_cast<int64_t>(k) * head_cols;
         std::memcpy(page + (p % bs) * hd, src + g * hd, sizeof(float) * hd);
         std::memcpy(page + (bs + p % bs) * hd, src + (g + 1) * hd, sizeof(float) * hd);
       }
@@ -156,7 +162,8 @@ void DeviceModel::RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& 
       // Attention core: scores and weighted values, 2 * 2 * G * hd per (query, key).
       for (int i = 0; i < s.num_tokens; ++i) {
         const int p = s.start_pos + i;
-        const int ctx = config_.sliding_window > 0 ? std::min(p + 1, config_.sliding_window) : p + 1;
+        const int ctx =
+            config_.sliding_window > 0 ? std::min(p + 1, config_.sliding_window) : p + 1;
         stats->attention_flops += 4.0 * g * hd * ctx;
       }
     }
@@ -180,15 +187,16 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
     hr.in = h;
     hr.rows = T;
     hr.positions = positions_.data();
-    for (size_t i = 0; i < b.seqs.size(); ++i) hr.seqs.emplace_back(static_cast<int>(i), b.seqs[i].token_offset);
+    for (size_t i = 0; i < b.seqs.size(); ++i)
+      hr.seqs.emplace_back(static_cast<int>(i), b.seqs[i].token_offset);
     float* qkv = Sized(qkv_, static_cast<size_t>(T) * n_tp * (g + 2) * hd);
     float* attn = Sized(attn_, static_cast<size_t>(T) * n_tp * g * hd);
     RunHeads(lw.tp_qkv, layer, b, hr, qkv, attn, stats);
     const int64_t ld_attn = static_cast<int64_t>(n_tp) * g * hd;
     int k0 = 0;
     for (const auto& seg : lw.tp_o.segments()) {
-      backend_->LinearNN(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, partial, H, T, H,
-                         seg.count * g * hd, k0 > 0);
+      backend_->LinearNN(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, partial, H, T,
+                         H, seg.count * g * hd, k0 > 0);
       k0 += seg.count;
     }
     stats->attention_flops += 2.0 * T * ld_attn * H;
@@ -240,8 +248,8 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   }
 }
 
-void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows, const float* row_scale,
-                            float* out, ForwardStats* stats) {
+void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
+                            const float* row_scale, float* out, ForwardStats* stats) {
   const int H = config_.hidden_size;
   const int w = plan_.shape.shard_width;
   bool first = true;
@@ -257,7 +265,8 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
     float* act = Sized(act_, static_cast<size_t>(rows) * seg.count * w);
     backend_->LinearNT(in, H, seg.data, gu, cols, rows, cols, H, false);
     for (int j = 0; j < seg.count; ++j) {
-      backend_->SiluMul(gu + j * 2 * w, gu + j * 2 * w + w, cols, act + j * w, seg.count * w, rows, w);
+      backend_->SiluMul(gu + j * 2 * w, gu + j * 2 * w + w, cols, act + j * w, seg.count * w, rows,
+                        w);
     }
     if (row_scale) {
       for (int r = 0; r < rows; ++r) {
@@ -265,7 +274,8 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
         for (int j = 0; j < seg.count * w; ++j) a[j] *= row_scale[r];
       }
     }
-    backend_->LinearNN(act, seg.count * w, down_segs[si].data, out, H, rows, H, seg.count * w, !first);
+    backend_->LinearNN(act, seg.count * w, down_segs[si].data, out, H, rows, H, seg.count * w,
+                       !first);
     first = false;
     stats->ffn_flops += 2.0 * rows * H * 3.0 * seg.count * w;
   }
@@ -277,7 +287,8 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   const int T = num_tokens, H = config_.hidden_size;
   float* h = h_.data();
   float* partial = partial_.data();
-  backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H, static_cast<float>(config_.rms_norm_eps));
+  backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H,
+                    static_cast<float>(config_.rms_norm_eps));
   if (!config_.is_moe()) {
     FfnOnRows(lw, -1, h, T, nullptr, partial, stats);
     return;
@@ -308,7 +319,8 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
     float* scale = Sized(row_scale_, rows);
     for (int r = 0; r < rows; ++r) {
       const int t = expert_rows_[r] / k;
-      std::memcpy(in + static_cast<int64_t>(r) * H, h + static_cast<int64_t>(t) * H, sizeof(float) * H);
+      std::memcpy(in + static_cast<int64_t>(r) * H, h + static_cast<int64_t>(t) * H,
+                  sizeof(float) * H);
       scale[r] = weights[expert_rows_[r]];
     }
     float* out = Sized(expert_out_, static_cast<size_t>(rows) * H);
@@ -330,7 +342,8 @@ void DeviceModel::LmHead(const StepBatch& b, float* logits, ForwardStats* stats)
     if (s.logits_row < 0) continue;
     const int t = s.token_offset + s.num_tokens - 1;
     backend_->RmsNorm(x_.data() + static_cast<int64_t>(t) * H, H, final_norm_.data(),
-                      h + static_cast<int64_t>(s.logits_row) * H, H, 1, H, static_cast<float>(config_.rms_norm_eps));
+                      h + static_cast<int64_t>(s.logits_row) * H, H, 1, H,
+                      static_cast<float>(config_.rms_norm_eps));
   }
   const PlanShape& shape = plan_.shape;
   const int cs = shape.vocab_chunk_size;
@@ -341,8 +354,8 @@ void DeviceModel::LmHead(const StepBatch& b, float* logits, ForwardStats* stats)
     const int begin = shape.ChunkBegin(seg.first);
     const int end = shape.ChunkEnd(seg.first + seg.count - 1);
     for (int r = 0; r < R; ++r) {
-      std::memcpy(logits + static_cast<int64_t>(r) * V + begin, out + static_cast<int64_t>(r) * cols,
-                  sizeof(float) * (end - begin));
+      std::memcpy(logits + static_cast<int64_t>(r) * V + begin,
+                  out + static_cast<int64_t>(r) * cols, sizeof(float) * (end - begin));
     }
     stats->other_flops += 2.0 * R * H * cols;
   }

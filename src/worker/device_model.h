@@ -27,13 +27,14 @@
 namespace failsafe {
 
 struct DeviceOptions {
-  int block_size = 16;    // tokens per KV page
-  int64_t kv_pages = 0;   // KV pool size in pages
+  int block_size = 16;   // tokens per KV page
+  int64_t kv_pages = 0;  // KV pool size in pages
 };
 
 class DeviceModel {
  public:
-  DeviceModel(const ModelConfig& config, int device_id, Backend* backend, const DeviceOptions& options);
+  DeviceModel(const ModelConfig& config, int device_id, Backend* backend,
+              const DeviceOptions& options);
 
   int device_id() const { return device_; }
   const ModelConfig& config() const { return config_; }
@@ -56,19 +57,19 @@ class DeviceModel {
  private:
   struct LayerWeights {
     std::vector<float> attn_norm, ffn_norm;
-    ItemMatrix tp_qkv, tp_o;      // TP head groups: [q(G heads) k v] rows and o^T rows per group
-    ItemMatrix dp_qkv, dp_o;      // DP head groups, same layout
-    ItemMatrix ffn_gate_up;       // per shard: gate rows then up rows [2 * width, hidden]
-    ItemMatrix ffn_down;          // per shard: down^T rows [width, hidden]
-    std::vector<float> router;    // MoE: [experts, hidden]
+    ItemMatrix tp_qkv, tp_o;    // TP head groups: [q(G heads) k v] rows and o^T rows per group
+    ItemMatrix dp_qkv, dp_o;    // DP head groups, same layout
+    ItemMatrix ffn_gate_up;     // per shard: gate rows then up rows [2 * width, hidden]
+    ItemMatrix ffn_down;        // per shard: down^T rows [width, hidden]
+    std::vector<float> router;  // MoE: [experts, hidden]
   };
 
   // Rows of one attention computation: all tokens (TP heads) or the tokens of
   // the sequences whose DP rank this device is (DP heads).
   struct HeadRows {
-    const float* in = nullptr;          // [rows, hidden], normalised
+    const float* in = nullptr;  // [rows, hidden], normalised
     int rows = 0;
-    const int32_t* positions = nullptr; // [rows]
+    const int32_t* positions = nullptr;     // [rows]
     std::vector<std::pair<int, int>> seqs;  // (index in the batch, first row)
   };
 
@@ -78,11 +79,11 @@ class DeviceModel {
   void FfnPartial(int layer, int num_tokens, ForwardStats* stats);
   void LmHead(const StepBatch& b, float* logits, ForwardStats* stats);
   // qkv [rows, heads * (G + 2) * head_dim] and attn [rows, heads * G * head_dim].
-  void RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b, const HeadRows& hr, float* qkv, float* attn,
-                ForwardStats* stats);
+  void RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b, const HeadRows& hr,
+                float* qkv, float* attn, ForwardStats* stats);
   // out[rows, hidden] = FFN of `in` over the held shards of one expert (-1: dense).
-  void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows, const float* row_scale, float* out,
-                 ForwardStats* stats);
+  void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
+                 const float* row_scale, float* out, ForwardStats* stats);
   Status ReserveKv(const StepBatch& b);
 
   const ModelConfig config_;
@@ -92,13 +93,15 @@ class DeviceModel {
   const std::vector<float> inv_freq_;
   Plan plan_;
   std::vector<LayerWeights> layers_;
-  ItemMatrix embed_, lm_head_;  // per vocabulary chunk [chunk_size, hidden]; lm_head_ shares embed_ when tied
+  ItemMatrix embed_,
+      lm_head_;  // per vocabulary chunk [chunk_size, hidden]; lm_head_ shares embed_ when tied
   std::vector<float> final_norm_;
   KvCache kv_;
 
   // Step scratch, [tokens, ...] unless noted.
   std::vector<float> x_, h_, qkv_, attn_, partial_, dp_in_, dp_qkv_, dp_attn_, dp_out_;
-  std::vector<float> gu_, act_, expert_in_, expert_out_, router_logits_, gate_w_, row_scale_, lm_out_;
+  std::vector<float> gu_, act_, expert_in_, expert_out_, router_logits_, gate_w_, row_scale_,
+      lm_out_;
   std::vector<int32_t> positions_, gate_ids_, dp_positions_;
   std::vector<int> expert_rows_;
   std::vector<AttentionArgs> problems_;

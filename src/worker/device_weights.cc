@@ -9,16 +9,19 @@ namespace failsafe {
 
 namespace tn = tensor_names;
 
-DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* backend, const DeviceOptions& options)
+DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* backend,
+                         const DeviceOptions& options)
     : config_(config),
       device_(device_id),
       backend_(backend),
       options_(options),
       inv_freq_(RopeInvFreq(config)),
-      kv_(config.num_layers, config.num_kv_heads, options.block_size, config.head_dim, options.kv_pages) {}
+      kv_(config.num_layers, config.num_kv_heads, options.block_size, config.head_dim,
+          options.kv_pages) {}
 
 int64_t DeviceModel::weight_bytes() const {
-  int64_t b = embed_.bytes() + (config_.tie_word_embeddings ? 0 : lm_head_.bytes()) + final_norm_.size() * 4;
+  int64_t b = embed_.bytes() + (config_.tie_word_embeddings ? 0 : lm_head_.bytes()) +
+              final_norm_.size() * 4;
   for (auto& l : layers_) {
     b += (l.attn_norm.size() + l.ffn_norm.size() + l.router.size()) * 4;
     b += l.tp_qkv.bytes() + l.tp_o.bytes() + l.dp_qkv.bytes() + l.dp_o.bytes();
@@ -60,13 +63,17 @@ Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
     host.Get(tn::AttnNorm(l)).ReadRows(0, 1, lw.attn_norm.data());
     host.Get(tn::FfnNorm(l)).ReadRows(0, 1, lw.ffn_norm.data());
     if (!plan.IsActive(device_)) continue;
-    TensorRef q = host.Get(tn::Q(l)), k = host.Get(tn::K(l)), v = host.Get(tn::V(l)), o = host.Get(tn::O(l));
+    TensorRef q = host.Get(tn::Q(l)), k = host.Get(tn::K(l)), v = host.Get(tn::V(l)),
+              o = host.Get(tn::O(l));
     auto fill_qkv = [&](int head, float* dst) {
       q.ReadRows(static_cast<int64_t>(head) * g * hd, g * hd, dst);
       k.ReadRows(static_cast<int64_t>(head) * hd, hd, dst + static_cast<int64_t>(g) * hd * hidden);
-      v.ReadRows(static_cast<int64_t>(head) * hd, hd, dst + static_cast<int64_t>(g + 1) * hd * hidden);
+      v.ReadRows(static_cast<int64_t>(head) * hd, hd,
+                 dst + static_cast<int64_t>(g + 1) * hd * hidden);
     };
-    auto fill_o = [&](int head, float* dst) { o.ReadColsTransposed(static_cast<int64_t>(head) * g * hd, g * hd, dst); };
+    auto fill_o = [&](int head, float* dst) {
+      o.ReadColsTransposed(static_cast<int64_t>(head) * g * hd, g * hd, dst);
+    };
     lw.tp_qkv = ItemMatrix((g + 2) * hd, hidden);
     lw.tp_o = ItemMatrix(g * hd, hidden);
     lw.dp_qkv = ItemMatrix((g + 2) * hd, hidden);
@@ -105,8 +112,9 @@ Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
     return [&, t](int chunk, float* dst) {
       const int begin = shape.ChunkBegin(chunk), end = shape.ChunkEnd(chunk);
       t.ReadRows(begin, end - begin, dst);
-      std::memset(dst + static_cast<int64_t>(end - begin) * hidden, 0,
-                  sizeof(float) * static_cast<size_t>(shape.vocab_chunk_size - (end - begin)) * hidden);
+      std::memset(
+          dst + static_cast<int64_t>(end - begin) * hidden, 0,
+          sizeof(float) * static_cast<size_t>(shape.vocab_chunk_size - (end - begin)) * hidden);
     };
   };
   embed_ = ItemMatrix(shape.vocab_chunk_size, hidden);

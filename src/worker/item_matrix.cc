@@ -1,5 +1,7 @@
 #include "worker/item_matrix.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <new>
@@ -8,13 +10,34 @@
 
 namespace failsafe {
 
+namespace {
+constexpr size_t kHugePage = 2u << 20;
+}
+
+// Large weight buffers are mapped with transparent huge pages: decode streams
+// every weight byte each step, and 4 KiB pages would cost TLB misses.
 AlignedFloats::AlignedFloats(size_t n) : size(n) {
   size_t bytes = (std::max<size_t>(n, 1) * sizeof(float) + 63) / 64 * 64;
+  if (bytes >= kHugePage) {
+    mapped_bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p =
+        ::mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    ::madvise(p, mapped_bytes, MADV_HUGEPAGE);
+    data = static_cast<float*>(p);
+    return;
+  }
   data = static_cast<float*>(std::aligned_alloc(64, bytes));
   if (!data) throw std::bad_alloc();
 }
 
-AlignedFloats::~AlignedFloats() { std::free(data); }
+AlignedFloats::~AlignedFloats() {
+  if (mapped_bytes) {
+    ::munmap(data, mapped_bytes);
+  } else {
+    std::free(data);
+  }
+}
 
 int ItemMatrix::num_items() const {
   int n = 0;
@@ -32,13 +55,15 @@ std::vector<int> ItemMatrix::items() const {
 
 const float* ItemMatrix::Find(int item) const {
   for (auto& s : segments_) {
-    if (item >= s.first && item < s.first + s.count) return s.data + (item - s.first) * item_floats();
+    if (item >= s.first && item < s.first + s.count)
+      return s.data + (item - s.first) * item_floats();
   }
   return nullptr;
 }
 
 void ItemMatrix::Insert(const Segment& seg) {
-  for (int i = 0; i < seg.count; ++i) FS_CHECK_MSG(!Has(seg.first + i), "item {} already held", seg.first + i);
+  for (int i = 0; i < seg.count; ++i)
+    FS_CHECK_MSG(!Has(seg.first + i), "item {} already held", seg.first + i);
   auto it = std::lower_bound(segments_.begin(), segments_.end(), seg.first,
                              [](const Segment& s, int first) { return s.first < first; });
   segments_.insert(it, seg);

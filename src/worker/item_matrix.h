@@ -21,6 +21,7 @@ struct AlignedFloats {
   AlignedFloats& operator=(const AlignedFloats&) = delete;
   float* data = nullptr;
   size_t size = 0;
+  size_t mapped_bytes = 0;  // > 0 when mmapped
 };
 
 class ItemMatrix {

@@ -16,7 +16,8 @@ KvCache::KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim,
       head_dim_(head_dim),
       max_pages_(max_pages) {
   mapped_bytes_ = static_cast<size_t>(std::max<int64_t>(max_pages_, 1) * page_bytes());
-  void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   base_ = static_cast<float*>(p);
   free_.reserve(static_cast<size_t>(max_pages_));
@@ -33,8 +34,8 @@ Status KvCache::Reserve(int64_t seq, int slot, int num_tokens) {
   const int missing = need - static_cast<int>(pages.size());
   if (missing <= 0) return Status::Ok();
   if (missing > static_cast<int64_t>(free_.size())) {
-    return ResourceExhausted("KV pool exhausted: sequence {} needs {} more pages, {} of {} free", seq, missing,
-                             free_.size(), max_pages_);
+    return ResourceExhausted("KV pool exhausted: sequence {} needs {} more pages, {} of {} free",
+                             seq, missing, free_.size(), max_pages_);
   }
   for (int i = 0; i < missing; ++i) {
     pages.push_back(PageAddress(free_.back()));
@@ -45,7 +46,8 @@ Status KvCache::Reserve(int64_t seq, int slot, int num_tokens) {
 
 const float* const* KvCache::Pages(int64_t seq, int slot) const {
   auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second.slots.empty() || it->second.slots[slot].empty()) return nullptr;
+  if (it == seqs_.end() || it->second.slots.empty() || it->second.slots[slot].empty())
+    return nullptr;
   return it->second.slots[slot].data();
 }
 

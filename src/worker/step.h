@@ -8,8 +8,9 @@ namespace failsafe {
 
 struct StepSeq {
   int64_t seq_id = 0;
-  int32_t start_pos = 0;     // tokens of this sequence already in the KV cache
-  int32_t num_tokens = 0;    // tokens computed in this step: positions [start_pos, start_pos + num_tokens)
+  int32_t start_pos = 0;  // tokens of this sequence already in the KV cache
+  int32_t num_tokens =
+      0;  // tokens computed in this step: positions [start_pos, start_pos + num_tokens)
   int32_t dp_rank = 0;       // device that computes this sequence's DP heads
   int32_t token_offset = 0;  // index of its first token in StepBatch::tokens
   int32_t logits_row = -1;   // row of the logits output for its last token, or -1
@@ -32,7 +33,7 @@ struct ForwardStats {
   int64_t collective_wall_ns = 0;        // time inside collectives
   double attention_flops = 0;            // projections + attention core
   double ffn_flops = 0;
-  double other_flops = 0;                // LM head
+  double other_flops = 0;  // LM head
 };
 
 }  // namespace failsafe

@@ -87,8 +87,9 @@ void AttentionGemm(const AttentionArgs& a) {
     s.resize(static_cast<size_t>(rows) * width);
     for (int j = 0; j < a.group_size; ++j) {
       const float* q = a.q + static_cast<int64_t>(t0) * a.ldq + j * hd;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, width, hd, a.scale, q, static_cast<int>(a.ldq),
-                  kc.data() + static_cast<size_t>(k0) * hd, hd, 0.0f, s.data(), width);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, width, hd, a.scale, q,
+                  static_cast<int>(a.ldq), kc.data() + static_cast<size_t>(k0) * hd, hd, 0.0f,
+                  s.data(), width);
       for (int r = 0; r < rows; ++r) {
         const int pos = a.start_pos + t0 + r;
         const int lo = FirstKey(a, pos) - first - k0;  // visible keys [lo, hi] in the row

@@ -15,22 +15,24 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(std::max(1, threads)) { openblas_set_num_threads(threads_); }
+  explicit CpuBackend(int threads) : threads_(std::max(1, threads)) {
+    openblas_set_num_threads(threads_);
+  }
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return threads_; }
 
-  void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
-                bool accumulate) override {
+  void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+                int k, bool accumulate) override {
     cpu::LinearNT(x, ldx, w, y, ldy, m, n, k, accumulate, threads_);
   }
-  void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
-                bool accumulate) override {
+  void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+                int k, bool accumulate) override {
     cpu::LinearNN(x, ldx, w, y, ldy, m, n, k, accumulate, threads_);
   }
 
-  void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows, int dim,
-               float eps) override {
+  void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
+               int dim, float eps) override {
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + r * ldx;
       float* yr = y + r * ldy;
@@ -64,8 +66,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void SiluMul(const float* gate, const float* up, int64_t ld_in, float* out, int64_t ld_out, int rows,
-               int dim) override {
+  void SiluMul(const float* gate, const float* up, int64_t ld_in, float* out, int64_t ld_out,
+               int rows, int dim) override {
     for (int r = 0; r < rows; ++r) {
       const float* g = gate + r * ld_in;
       const float* u = up + r * ld_in;
@@ -74,7 +76,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights) override {
+  void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
+               float* weights) override {
     std::vector<float> p(experts);
     std::vector<int> order(experts);
     for (int t = 0; t < tokens; ++t) {
@@ -114,7 +117,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  int Sample(const float* logits, int vocab, const SamplingParams& params, uint64_t counter) override {
+  int Sample(const float* logits, int vocab, const SamplingParams& params,
+             uint64_t counter) override {
     return cpu::Sample(logits, vocab, params, counter);
   }
 
@@ -124,6 +128,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(int num_threads) { return std::make_unique<CpuBackend>(num_threads); }
+std::unique_ptr<Backend> MakeCpuBackend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
 
 }  // namespace failsafe

@@ -72,12 +72,15 @@ TEST_P(LinearTest, MatchesNaive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 17), ::testing::Values(1, 7, 64, 301),
-                                            ::testing::Values(1, 16, 37, 300), ::testing::Values(1, 2)));
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 17),
+                                            ::testing::Values(1, 7, 64, 301),
+                                            ::testing::Values(1, 16, 37, 300),
+                                            ::testing::Values(1, 2)));
 
 // Reference attention for one head group over positions [0, end).
-std::vector<double> NaiveAttention(const std::vector<float>& q, int ldq, const std::vector<float>& k,
-                                   const std::vector<float>& v, int start, int tokens, int g, int hd, int window) {
+std::vector<double> NaiveAttention(const std::vector<float>& q, int ldq,
+                                   const std::vector<float>& k, const std::vector<float>& v,
+                                   int start, int tokens, int g, int hd, int window) {
   std::vector<double> out(static_cast<size_t>(tokens) * g * hd);
   for (int t = 0; t < tokens; ++t) {
     int pos = start + t;
@@ -143,7 +146,8 @@ TEST_P(AttentionTest, MatchesNaive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Combine(::testing::Values(0, 5, 40), ::testing::Values(1, 3, 8, 70, 150),
+                         ::testing::Combine(::testing::Values(0, 5, 40),
+                                            ::testing::Values(1, 3, 8, 70, 150),
                                             ::testing::Values(0, 24), ::testing::Values(1, 2)));
 
 TEST(Rope, RotatesPairsAndPreservesNorm) {

@@ -26,10 +26,10 @@ float Dot(const float* a, const float* b, int n);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int n);
 
-void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
-              bool accumulate, int threads);
-void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
-              bool accumulate, int threads);
+void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+              int k, bool accumulate, int threads);
+void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+              int k, bool accumulate, int threads);
 void Attention(const AttentionArgs& a);
 bool AttentionIsStreaming(const AttentionArgs& a);
 int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/kernels.h"
 
@@ -38,103 +39,135 @@ void Axpy(float a, const float* x, float* y, int n) {
 namespace {
 
 // y[i, j] (+)= dot(x[i], w[j]) for M rows of x, over w rows [j0, j1).
+// One weight row at a time (a single sequential stream is what the hardware
+// prefetcher serves best), with independent accumulator chains.
 template <int M>
-void StreamNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int j0, int j1, int k,
-              bool accumulate) {
-  int j = j0;
-  for (; j + 4 <= j1; j += 4) {
-    V16 acc[M][4] = {};
-    const float* w0 = w + static_cast<int64_t>(j) * k;
-    const float* w1 = w0 + k;
-    const float* w2 = w1 + k;
-    const float* w3 = w2 + k;
+void StreamNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int j0, int j1,
+              int k, bool accumulate) {
+  constexpr int kChains = 2;
+  for (int j = j0; j < j1; ++j) {
+    const float* wr = w + static_cast<int64_t>(j) * k;
+    V16 acc[M][kChains] = {};
     int kk = 0;
+    for (; kk + 16 * kChains <= k; kk += 16 * kChains) {
+      for (int c = 0; c < kChains; ++c) {
+        V16 wv = Load(wr + kk + 16 * c);
+        for (int i = 0; i < M; ++i) acc[i][c] += Load(x + i * ldx + kk + 16 * c) * wv;
+      }
+    }
     for (; kk + 16 <= k; kk += 16) {
-      V16 a = Load(w0 + kk), b = Load(w1 + kk), c = Load(w2 + kk), d = Load(w3 + kk);
-      for (int i = 0; i < M; ++i) {
-        V16 xv = Load(x + i * ldx + kk);
-        acc[i][0] += xv * a;
-        acc[i][1] += xv * b;
-        acc[i][2] += xv * c;
-        acc[i][3] += xv * d;
-      }
+      V16 wv = Load(wr + kk);
+      for (int i = 0; i < M; ++i) acc[i][0] += Load(x + i * ldx + kk) * wv;
     }
     for (int i = 0; i < M; ++i) {
-      float r[4] = {Sum(acc[i][0]), Sum(acc[i][1]), Sum(acc[i][2]), Sum(acc[i][3])};
-      for (int kt = kk; kt < k; ++kt) {
-        float xv = x[i * ldx + kt];
-        r[0] += xv * w0[kt];
-        r[1] += xv * w1[kt];
-        r[2] += xv * w2[kt];
-        r[3] += xv * w3[kt];
-      }
+      V16 total = acc[i][0];
+      for (int c = 1; c < kChains; ++c) total += acc[i][c];
+      float r = Sum(total);
+      for (int kt = kk; kt < k; ++kt) r += x[i * ldx + kt] * wr[kt];
       float* yr = y + i * ldy + j;
-      for (int q = 0; q < 4; ++q) yr[q] = accumulate ? yr[q] + r[q] : r[q];
-    }
-  }
-  for (; j < j1; ++j) {
-    for (int i = 0; i < M; ++i) {
-      float r = Dot(x + i * ldx, w + static_cast<int64_t>(j) * k, k);
-      y[i * ldy + j] = accumulate ? y[i * ldy + j] + r : r;
+      *yr = accumulate ? *yr + r : r;
     }
   }
 }
 
 template <int M>
-void StreamNTParallel(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int n, int k,
-                      bool accumulate, int threads) {
-  if (threads <= 1 || n < 64) {
+void StreamNTParallel(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int n,
+                      int k, bool accumulate, int threads) {
+  if (threads <= 1 || static_cast<int64_t>(n) * k < (1 << 16)) {
     StreamNT<M>(x, ldx, w, y, ldy, 0, n, k, accumulate);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int per = ((n + nt - 1) / nt + 3) / 4 * 4;
+    int per = (n + nt - 1) / nt;
     int j0 = std::min(n, t * per), j1 = std::min(n, j0 + per);
     if (j0 < j1) StreamNT<M>(x, ldx, w, y, ldy, j0, j1, k, accumulate);
   }
 }
 
-// y[i, c0:c1] (+)= sum_kk x[i, kk] * w[kk, c0:c1] for M rows of x.
+// y[i, :] += sum_{kk in [k0, k1)} x[i, kk] * w[kk, :] for M rows of x.
+// Whole weight rows, R at a time: the weights stream sequentially and each
+// output vector is loaded and stored once per R rows.
 template <int M>
-void StreamNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int c0, int c1, int n, int k,
-              bool accumulate) {
-  // Column tiles small enough that M output rows stay in L1.
-  constexpr int kTile = 1024;
-  for (int t0 = c0; t0 < c1; t0 += kTile) {
-    int t1 = std::min(c1, t0 + kTile);
-    int len = t1 - t0;
-    if (!accumulate) {
-      for (int i = 0; i < M; ++i) std::memset(y + i * ldy + t0, 0, sizeof(float) * len);
+void StreamNNRows(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int k0,
+                  int k1, int n) {
+  constexpr int R = M == 1 ? 8 : 4;
+  int kk = k0;
+  for (; kk + R <= k1; kk += R) {
+    const float* w0 = w + static_cast<int64_t>(kk) * n;
+    V16 a[M][R];
+    for (int i = 0; i < M; ++i) {
+      for (int q = 0; q < R; ++q) a[i][q] = Splat(x[i * ldx + kk + q]);
     }
-    for (int kk = 0; kk < k; ++kk) {
-      const float* wr = w + static_cast<int64_t>(kk) * n + t0;
-      for (int i = 0; i < M; ++i) Axpy(x[i * ldx + kk], wr, y + i * ldy + t0, len);
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+      V16 acc[M];
+      for (int i = 0; i < M; ++i) acc[i] = Load(y + i * ldy + c);
+      for (int q = 0; q < R; ++q) {
+        V16 v = Load(w0 + static_cast<int64_t>(q) * n + c);
+        for (int i = 0; i < M; ++i) acc[i] += a[i][q] * v;
+      }
+      for (int i = 0; i < M; ++i) Store(y + i * ldy + c, acc[i]);
     }
+    for (; c < n; ++c) {
+      for (int i = 0; i < M; ++i) {
+        float s = 0;
+        for (int q = 0; q < R; ++q) s += x[i * ldx + kk + q] * w0[static_cast<int64_t>(q) * n + c];
+        y[i * ldy + c] += s;
+      }
+    }
+  }
+  for (; kk < k1; ++kk) {
+    for (int i = 0; i < M; ++i)
+      Axpy(x[i * ldx + kk], w + static_cast<int64_t>(kk) * n, y + i * ldy, n);
   }
 }
 
 template <int M>
-void StreamNNParallel(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int n, int k,
-                      bool accumulate, int threads) {
-  if (threads <= 1 || n < 256) {
-    StreamNN<M>(x, ldx, w, y, ldy, 0, n, n, k, accumulate);
+void StreamNNParallel(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int n,
+                      int k, bool accumulate, int threads) {
+  if (!accumulate) {
+    for (int i = 0; i < M; ++i) std::memset(y + i * ldy, 0, sizeof(float) * n);
+  }
+  if (threads <= 1 || static_cast<int64_t>(n) * k < (1 << 16)) {
+    StreamNNRows<M>(x, ldx, w, y, ldy, 0, k, n);
     return;
   }
+  // Threads take contiguous blocks of weight rows into private sums, added
+  // into y in thread order afterwards.
+  thread_local std::vector<float> partial;
+  std::vector<float>* parts[64] = {};
+  int used = 1;
 #pragma omp parallel num_threads(threads)
   {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int per = ((n + nt - 1) / nt + 15) / 16 * 16;
-    int c0 = std::min(n, t * per), c1 = std::min(n, c0 + per);
-    if (c0 < c1) StreamNN<M>(x, ldx, w, y, ldy, c0, c1, n, k, accumulate);
+#pragma omp single
+    used = nt;
+    int per = ((k + nt - 1) / nt + 7) / 8 * 8;
+    int k0 = std::min(k, t * per), k1 = std::min(k, k0 + per);
+    if (t == 0) {
+      StreamNNRows<M>(x, ldx, w, y, ldy, k0, k1, n);
+    } else if (t < 64) {
+      partial.assign(static_cast<size_t>(M) * n, 0.0f);
+      StreamNNRows<M>(x, ldx, w, partial.data(), n, k0, k1, n);
+      parts[t] = &partial;
+    }
+  }
+  for (int t = 1; t < std::min(used, 64); ++t) {
+    if (!parts[t]) continue;
+    for (int i = 0; i < M; ++i) {
+      float* yr = y + i * ldy;
+      const float* pr = parts[t]->data() + static_cast<int64_t>(i) * n;
+      for (int c = 0; c < n; ++c) yr[c] += pr[c];
+    }
   }
 }
 
 }  // namespace
 
-void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
-              bool accumulate, int threads) {
+void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+              int k, bool accumulate, int threads) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate) {
@@ -144,18 +177,22 @@ void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy
   }
   if (m <= kMaxStreamRows) {
     switch (m) {
-      case 1: return StreamNTParallel<1>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 2: return StreamNTParallel<2>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 3: return StreamNTParallel<3>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      default: return StreamNTParallel<4>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      case 1:
+        return StreamNTParallel<1>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      case 2:
+        return StreamNTParallel<2>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      case 3:
+        return StreamNTParallel<3>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      default:
+        return StreamNTParallel<4>(x, ldx, w, y, ldy, n, k, accumulate, threads);
     }
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, static_cast<int>(ldx), w, k,
-              accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, static_cast<int>(ldx), w,
+              k, accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
 }
 
-void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n, int k,
-              bool accumulate, int threads) {
+void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+              int k, bool accumulate, int threads) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate) {
@@ -165,14 +202,18 @@ void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy
   }
   if (m <= kMaxStreamRows) {
     switch (m) {
-      case 1: return StreamNNParallel<1>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 2: return StreamNNParallel<2>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 3: return StreamNNParallel<3>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      default: return StreamNNParallel<4>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      case 1:
+        return StreamNNParallel<1>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      case 2:
+        return StreamNNParallel<2>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      case 3:
+        return StreamNNParallel<3>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+      default:
+        return StreamNNParallel<4>(x, ldx, w, y, ldy, n, k, accumulate, threads);
     }
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, x, static_cast<int>(ldx), w, n,
-              accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, x, static_cast<int>(ldx), w,
+              n, accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
 }
 
 }  // namespace failsafe::cpu

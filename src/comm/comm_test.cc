@@ -1,0 +1,217 @@
+// Communicators with real processes (fork): results, abort and timeouts.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "comm/channel.h"
+#include "comm/gloo_communicator.h"
+#include "comm/kv_store.h"
+#include "comm/shm_communicator.h"
+#include "common/clock.h"
+
+namespace failsafe {
+namespace {
+
+// Runs body(rank) in `n` child processes; returns their exit codes.
+std::vector<int> RunChildren(int n, const std::function<int(int)>& body,
+                             const std::function<void()>& parent = {}) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) ::_exit(body(r));
+    pids.push_back(pid);
+  }
+  if (parent) parent();
+  std::vector<int> codes;
+  for (pid_t p : pids) {
+    int status = 0;
+    ::waitpid(p, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+// Inputs are computed once, before forking, so that every process sums the
+// very same floats.
+const std::vector<std::vector<float>>& Inputs() {
+  static const auto* inputs = [] {
+    auto* v = new std::vector<std::vector<float>>(8, std::vector<float>(200000));
+    for (int r = 0; r < 8; ++r) {
+      for (size_t i = 0; i < 200000; ++i)
+        (*v)[r][i] = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r));
+    }
+    return v;
+  }();
+  return *inputs;
+}
+float Value(int rank, size_t i) { return Inputs()[rank][i]; }
+
+// Checks an all-reduce result against the rank-order sum, bit for bit.
+int CheckSum(const std::vector<float>& v, int n) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    float want = Value(0, i);
+    for (int r = 1; r < n; ++r) want += Value(r, i);
+    if (v[i] != want) {
+      std::fprintf(stderr, "n=%d size=%zu i=%zu got %.9g want %.9g\n", n, v.size(), i, v[i], want);
+      return 3;
+    }
+  }
+  return 0;
+}
+
+class ShmTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmTest, AllReduceAndAllGather) {
+  const int n = GetParam();
+  Inputs();
+  auto region = ShmCommunicator::CreateRegion(n, 64 << 10);
+  ASSERT_TRUE(region.ok());
+  const int fd = region->fd();
+  auto codes = RunChildren(n, [&](int rank) {
+    auto mapped = ShmRegion::Map(::dup(fd));
+    if (!mapped.ok()) return 1;
+    ShmCommunicator comm(std::move(mapped).value(), rank, 10000);
+    // Sizes that hit the direct path, the reduce-scatter path, and chunking.
+    for (size_t count : {size_t{1}, size_t{37}, size_t{4096}, size_t{50000}, size_t{100003}}) {
+      for (int iter = 0; iter < 3; ++iter) {
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = Value(rank, i);
+        if (!comm.AllReduceSum(v.data(), count).ok()) return 2;
+        if (int c = CheckSum(v, n)) return c;
+      }
+    }
+    std::vector<int> mine(1000, rank), all(1000 * n, -1);
+    if (!comm.AllGather(mine.data(), mine.size() * sizeof(int), all.data()).ok()) return 4;
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < 1000; ++i) {
+        if (all[r * 1000 + i] != r) return 5;
+      }
+    }
+    return comm.Barrier().ok() ? 0 : 6;
+  });
+  for (int c : codes) EXPECT_EQ(c, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, ShmTest, ::testing::Values(1, 2, 3, 5, 8));
+
+TEST(Shm, AbortFromCoordinatorFailsEveryWaiterFast) {
+  const int n = 4;
+  auto region = ShmCommunicator::CreateRegion(n, 4096);
+  ASSERT_TRUE(region.ok());
+  const int fd = region->fd();
+  // Rank 3 never shows up (a dead device); the coordinator aborts.
+  auto codes = RunChildren(
+      n - 1,
+      [&](int rank) {
+        auto mapped = ShmRegion::Map(::dup(fd));
+        ShmCommunicator comm(std::move(mapped).value(), rank, 60000);
+        std::vector<float> v(100, 1.0f);
+        int64_t t0 = MonotonicNanos();
+        Status st = comm.AllReduceSum(v.data(), v.size());
+        int64_t waited_ms = (MonotonicNanos() - t0) / 1000000;
+        if (st.code() != StatusCode::kAborted) return 1;
+        if (waited_ms > 5000) return 2;
+        // Later calls fail at once.
+        return comm.Barrier().code() == StatusCode::kAborted ? 0 : 3;
+      },
+      [&] {
+        ::usleep(200000);
+        ShmCommunicator::AbortRegion(*region);
+      });
+  for (int c : codes) EXPECT_EQ(c, 0);
+  EXPECT_TRUE(ShmCommunicator::IsAborted(*region));
+}
+
+TEST(Shm, TimeoutAbortsTheGroup) {
+  auto region = ShmCommunicator::CreateRegion(3, 4096);
+  ASSERT_TRUE(region.ok());
+  const int fd = region->fd();
+  auto codes = RunChildren(2, [&](int rank) {
+    auto mapped = ShmRegion::Map(::dup(fd));
+    ShmCommunicator comm(std::move(mapped).value(), rank, 300);
+    Status st = comm.Barrier();
+    return st.code() == StatusCode::kDeadlineExceeded || st.code() == StatusCode::kAborted ? 0 : 1;
+  });
+  for (int c : codes) EXPECT_EQ(c, 0);
+}
+
+TEST(Channel, PassesMessagesAndDescriptors) {
+  auto pair = Channel::Pair();
+  ASSERT_TRUE(pair.ok());
+  auto& [a, b] = *pair;
+  auto region = ShmRegion::Create("test", 4096);
+  ASSERT_TRUE(region.ok());
+  static_cast<char*>(region->data())[0] = 'x';
+  std::string big(3 << 20, 'y');
+  Message m;
+  Status received;
+  std::thread reader([&] { received = b.Receive(&m, 5000); });
+  ASSERT_TRUE(a.Send(7, big, {region->fd()}).ok());
+  reader.join();
+  ASSERT_TRUE(received.ok()) << received.ToString();
+  EXPECT_EQ(m.type, 7u);
+  EXPECT_EQ(m.payload, big);
+  ASSERT_EQ(m.fds.size(), 1u);
+  auto mapped = ShmRegion::Map(m.fds[0]);
+  ASSERT_TRUE(mapped.ok());
+  EXPECT_EQ(static_cast<char*>(mapped->data())[0], 'x');
+  EXPECT_EQ(b.Receive(&m, 50).code(), StatusCode::kDeadlineExceeded);
+  a.Close();
+  EXPECT_EQ(b.Receive(&m, 1000).code(), StatusCode::kUnavailable);
+}
+
+// Gloo members learn the store's port through a pipe: the children fork
+// before the parent starts its server thread.
+TEST(Gloo, AllReduceOverLoopbackAndDeadPeer) {
+  const int n = 3;
+  Inputs();
+  int port_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  std::unique_ptr<KvStoreServer> server;
+  auto codes = RunChildren(
+      n,
+      [&](int rank) {
+        int port = 0;
+        for (int r = 0; r <= rank; ++r) {
+          if (::read(port_pipe[0], &port, sizeof(port)) != sizeof(port)) return 10;
+        }
+        GlooGroupOptions o;
+        o.store_port = port;
+        o.prefix = "g0";
+        o.rank = rank;
+        o.size = n;
+        o.timeout_ms = 20000;
+        auto comm = GlooCommunicator::Connect(o);
+        if (!comm.ok()) return 11;
+        std::vector<float> v(20000);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = Value(rank, i);
+        if (!(*comm)->AllReduceSum(v.data(), v.size()).ok()) return 12;
+        for (size_t i = 0; i < v.size(); ++i) {
+          float want = Value(0, i) + Value(1, i) + Value(2, i);
+          if (std::fabs(v[i] - want) > 1e-5f) return 13;
+        }
+        if (rank == 2) ::_exit(0);  // a device dies
+        int64_t t0 = MonotonicNanos();
+        Status st = (*comm)->AllReduceSum(v.data(), v.size());
+        if (st.code() != StatusCode::kAborted) return 14;
+        return (MonotonicNanos() - t0) / 1000000 < 10000 ? 0 : 15;
+      },
+      [&] {
+        auto s = KvStoreServer::Start("127.0.0.1", 0);
+        ASSERT_TRUE(s.ok());
+        server = std::move(s).value();
+        int port = server->port();
+        for (int r = 0; r < n * n; ++r)
+          ASSERT_EQ(::write(port_pipe[1], &port, sizeof(port)), (ssize_t)sizeof(port));
+      });
+  for (int c : codes) EXPECT_EQ(c, 0);
+}
+
+}  // namespace
+}  // namespace failsafe

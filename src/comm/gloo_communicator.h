@@ -1,0 +1,53 @@
+// Collectives over TCP with gloo, for devices on several hosts.
+//
+// Rendezvous goes through a KvStoreServer (the coordinator's). A dead peer
+// closes its connections, so pending collectives on survivors fail at once
+// with kAborted; a hung peer is caught by the collective timeout. Abort() is
+// only a local flag: to abort a group remotely, the coordinator kills the
+// suspect worker, which turns a hang into a closed connection.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace failsafe {
+
+struct GlooGroupOptions {
+  std::string store_host = "127.0.0.1";
+  int store_port = 0;
+  std::string prefix;                  // unique per group (epoch)
+  std::string hostname = "127.0.0.1";  // this member's address for peers
+  int rank = 0;
+  int size = 1;
+  int64_t timeout_ms = 60000;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  static Result<std::unique_ptr<GlooCommunicator>> Connect(const GlooGroupOptions& options);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status AllReduceSum(float* data, size_t count) override;
+  Status AllGather(const void* send, size_t bytes, void* recv) override;
+  Status Barrier() override;
+  void Abort() override { aborted_ = true; }
+
+ private:
+  GlooCommunicator() = default;
+  std::shared_ptr<gloo::Context> context_;
+  int rank_ = 0;
+  int size_ = 1;
+  uint32_t tag_ = 0;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace failsafe

@@ -1,0 +1,202 @@
+#include "comm/shm_communicator.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/clock.h"
+
+namespace failsafe {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x4653434f4d4d3031ULL;  // "FSCOMM01"
+// All-reduces whose total traffic (payload x members) exceeds this use
+// reduce-scatter + all-gather.
+constexpr size_t kScatterThresholdBytes = 1 << 20;
+
+long FutexWait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t timeout_ns) {
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000),
+              static_cast<long>(timeout_ns % 1000000000)};
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr,
+                   0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* addr) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+typedef float V16 __attribute__((vector_size(64), aligned(4)));
+
+// out[i] = sum over members in rank order of slot[m][i], for i in [begin, end).
+void SumSlots(const char* const* slots, int members, size_t begin, size_t end, float* out) {
+  size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    V16 acc;
+    std::memcpy(&acc, reinterpret_cast<const float*>(slots[0]) + i, 64);
+    for (int m = 1; m < members; ++m) {
+      V16 v;
+      std::memcpy(&v, reinterpret_cast<const float*>(slots[m]) + i, 64);
+      acc += v;
+    }
+    std::memcpy(out + i, &acc, 64);
+  }
+  for (; i < end; ++i) {
+    float acc = reinterpret_cast<const float*>(slots[0])[i];
+    for (int m = 1; m < members; ++m) acc += reinterpret_cast<const float*>(slots[m])[i];
+    out[i] = acc;
+  }
+}
+
+}  // namespace
+
+struct ShmCommunicator::Header {
+  uint64_t magic;
+  uint32_t members;
+  uint32_t reserved;
+  uint64_t slot_bytes;
+  alignas(64) std::atomic<uint32_t> aborted;
+  alignas(64) std::atomic<uint32_t> arrived;
+  alignas(64) std::atomic<uint32_t> generation;
+};
+
+static constexpr size_t kHeaderBytes = 256;
+
+Result<ShmRegion> ShmCommunicator::CreateRegion(int members, size_t slot_bytes) {
+  if (members < 1) return InvalidArgument("a group needs at least one member");
+  slot_bytes = (slot_bytes + 63) / 64 * 64;
+  // header | 2 buffers x members slots | result area
+  const size_t bytes = kHeaderBytes + (2 * static_cast<size_t>(members) + 1) * slot_bytes;
+  FS_ASSIGN_OR_RETURN(ShmRegion r, ShmRegion::Create("failsafe-comm", bytes));
+  auto* h = new (r.data()) Header();
+  h->magic = kMagic;
+  h->members = static_cast<uint32_t>(members);
+  h->slot_bytes = slot_bytes;
+  h->aborted.store(0);
+  h->arrived.store(0);
+  h->generation.store(0);
+  return r;
+}
+
+void ShmCommunicator::AbortRegion(const ShmRegion& region) {
+  auto* h = static_cast<Header*>(region.data());
+  h->aborted.store(1, std::memory_order_release);
+  h->generation.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&h->generation);
+}
+
+bool ShmCommunicator::IsAborted(const ShmRegion& region) {
+  return static_cast<Header*>(region.data())->aborted.load(std::memory_order_acquire) != 0;
+}
+
+ShmCommunicator::ShmCommunicator(ShmRegion region, int rank, int64_t timeout_ms)
+    : region_(std::move(region)), rank_(rank), timeout_ms_(timeout_ms) {
+  static_assert(sizeof(Header) <= kHeaderBytes);
+  FS_CHECK(header()->magic == kMagic);
+  size_ = static_cast<int>(header()->members);
+  slot_bytes_ = header()->slot_bytes;
+  FS_CHECK(rank_ >= 0 && rank_ < size_);
+}
+
+char* ShmCommunicator::Slot(int buffer, int member) const {
+  return static_cast<char*>(region_.data()) + kHeaderBytes +
+         (static_cast<size_t>(buffer) * size_ + static_cast<size_t>(member)) * slot_bytes_;
+}
+
+float* ShmCommunicator::ResultArea() const {
+  return reinterpret_cast<float*>(static_cast<char*>(region_.data()) + kHeaderBytes +
+                                  2 * static_cast<size_t>(size_) * slot_bytes_);
+}
+
+Status ShmCommunicator::Barrier() {
+  Header* h = header();
+  if (h->aborted.load(std::memory_order_acquire)) return Aborted("collective group was aborted");
+  const uint32_t gen = h->generation.load(std::memory_order_acquire);
+  if (h->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
+    h->arrived.store(0, std::memory_order_relaxed);
+    h->generation.fetch_add(1, std::memory_order_acq_rel);
+    FutexWakeAll(&h->generation);
+  } else {
+    const int64_t deadline = MonotonicNanos() + timeout_ms_ * 1000000;
+    while (h->generation.load(std::memory_order_acquire) == gen) {
+      const int64_t left = deadline - MonotonicNanos();
+      if (left <= 0) {
+        AbortRegion(region_);
+        return DeadlineExceeded("collective did not complete within {} ms", timeout_ms_);
+      }
+      FutexWait(&h->generation, gen, left);
+    }
+  }
+  if (h->aborted.load(std::memory_order_acquire)) return Aborted("collective group was aborted");
+  return Status::Ok();
+}
+
+Status ShmCommunicator::AllReduceSum(float* data, size_t count) {
+  if (size_ == 1)
+    return header()->aborted.load() ? Aborted("collective group was aborted") : Status::Ok();
+  if (count * sizeof(float) * size_ > kScatterThresholdBytes &&
+      count >= static_cast<size_t>(size_) * 16) {
+    return ReduceScatterGather(data, count);
+  }
+  return ReduceDirect(data, count);
+}
+
+Status ShmCommunicator::ReduceDirect(float* data, size_t count) {
+  const size_t chunk = slot_bytes_ / sizeof(float);
+  const char* slots[64];
+  FS_CHECK(size_ <= 64);
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t n = std::min(chunk, count - off);
+    const int buf = static_cast<int>(ops_++ & 1);
+    std::memcpy(Slot(buf, rank_), data + off, n * sizeof(float));
+    FS_RETURN_IF_ERROR(Barrier());
+    for (int m = 0; m < size_; ++m) slots[m] = Slot(buf, m);
+    SumSlots(slots, size_, 0, n, data + off);
+  }
+  return Status::Ok();
+}
+
+Status ShmCommunicator::ReduceScatterGather(float* data, size_t count) {
+  const size_t chunk = slot_bytes_ / sizeof(float);
+  const char* slots[64];
+  FS_CHECK(size_ <= 64);
+  float* result = ResultArea();
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t n = std::min(chunk, count - off);
+    const int buf = static_cast<int>(ops_++ & 1);
+    std::memcpy(Slot(buf, rank_), data + off, n * sizeof(float));
+    FS_RETURN_IF_ERROR(Barrier());
+    // This member's piece, 16-float aligned.
+    const size_t per = (n / size_ + 15) / 16 * 16;
+    const size_t b = std::min(n, per * rank_), e = std::min(n, b + per);
+    for (int m = 0; m < size_; ++m) slots[m] = Slot(buf, m);
+    SumSlots(slots, size_, b, e, result);
+    FS_RETURN_IF_ERROR(Barrier());
+    std::memcpy(data + off, result, n * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+Status ShmCommunicator::AllGather(const void* send, size_t bytes, void* recv) {
+  auto* out = static_cast<char*>(recv);
+  const auto* in = static_cast<const char*>(send);
+  for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, bytes - off);
+    const int buf = static_cast<int>(ops_++ & 1);
+    if (n) std::memcpy(Slot(buf, rank_), in + off, n);
+    FS_RETURN_IF_ERROR(Barrier());
+    for (int m = 0; m < size_; ++m) {
+      if (n) std::memcpy(out + static_cast<size_t>(m) * bytes + off, Slot(buf, m), n);
+    }
+    if (bytes == 0) break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace failsafe

@@ -12,6 +12,7 @@ using CommandFn = std::function<int()>;
 CommandFn RegisterMakeModel(CLI::App& app);
 CommandFn RegisterGenerate(CLI::App& app);
 CommandFn RegisterLogits(CLI::App& app);
+CommandFn RegisterWorker(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

@@ -2,8 +2,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "cli/model_cache.h"
-#include "engine/executor.h"
 #include "model/tokenizer.h"
 
 namespace failsafe {
@@ -11,7 +11,8 @@ namespace failsafe {
 CommandFn RegisterGenerate(CLI::App& app) {
   struct Opts {
     std::string model, cache_dir, prompt = "The engine keeps serving when";
-    int max_tokens = 32, threads = 1, top_k = 0;
+    int max_tokens = 32, top_k = 0;
+    DeviceFlags dev;
     float temperature = 0.0f, top_p = 1.0f;
     uint64_t seed = 0;
     bool json = false, ignore_eos = false;
@@ -35,9 +36,7 @@ CommandFn RegisterGenerate(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", o->seed, "sampling seed")->capture_default_str();
-  app.add_option("--threads", o->threads, "compute threads")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+  AddDeviceFlags(app, &o->dev);
   app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at the end-of-sequence token");
   app.add_flag("--json", o->json, "print {prompt_ids, output_ids, text} as JSON");
   return [o] {
@@ -45,9 +44,7 @@ CommandFn RegisterGenerate(CLI::App& app) {
     if (!dir.ok()) return Fail(dir.status().ToString());
     auto tok = Tokenizer::Load(*dir + "/tokenizer.json");
     if (!tok.ok()) return Fail(tok.status().ToString());
-    LocalExecutorOptions eo;
-    eo.threads = o->threads;
-    auto exec = LocalExecutor::Create(*dir, eo);
+    auto exec = MakeExecutor(*dir, o->dev);
     if (!exec.ok()) return Fail(exec.status().ToString());
     std::vector<int> prompt = (*tok)->Encode(o->prompt, /*add_special=*/true);
     GenerateOptions g;

@@ -3,21 +3,22 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "engine/executor.h"
+#include "cli/engine_flags.h"
 
 namespace failsafe {
 
 CommandFn RegisterLogits(CLI::App& app) {
   struct Opts {
     std::string model, prompt_ids;
-    int decode = 16, prefill_chunk = 512, threads = 1;
+    int decode = 16, prefill_chunk = 512;
+    DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "model directory")->required();
   app.add_option("--prompt-ids", o->prompt_ids, "comma-separated prompt token ids")->required();
   app.add_option("--decode", o->decode, "greedy decode steps")->capture_default_str();
   app.add_option("--prefill-chunk", o->prefill_chunk, "prefill chunk size")->capture_default_str();
-  app.add_option("--threads", o->threads, "compute threads")->capture_default_str();
+  AddDeviceFlags(app, &o->dev);
   return [o] {
     std::vector<int> prompt;
     std::stringstream ss(o->prompt_ids);
@@ -28,9 +29,7 @@ CommandFn RegisterLogits(CLI::App& app) {
         return Fail("--prompt-ids: '" + item + "' is not a token id");
       }
     }
-    LocalExecutorOptions eo;
-    eo.threads = o->threads;
-    auto exec = LocalExecutor::Create(o->model, eo);
+    auto exec = MakeExecutor(o->model, o->dev);
     if (!exec.ok()) return Fail(exec.status().ToString());
     GenerateOptions g;
     g.max_tokens = o->decode + 1;

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   add("generate", "generate text for one prompt", RegisterGenerate);
   add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
       RegisterLogits);
+  add("worker", "run one device (started by the coordinator)", RegisterWorker);
 
   try {
     app.parse(argc, argv);

@@ -35,8 +35,9 @@ class Executor {
   virtual ~Executor() = default;
   virtual const ModelConfig& config() const = 0;
   virtual const Plan& plan() const = 0;
-  // Runs one step on every active device. logits: [batch.num_logits_rows, vocab].
-  virtual Status Step(const StepBatch& batch, float* logits, StepTiming* timing) = 0;
+  // Runs one step on every active device. Returns the logits
+  // [batch.num_logits_rows, vocab], valid until the next step.
+  virtual Result<const float*> Step(const StepBatch& batch, StepTiming* timing) = 0;
   // Releases a sequence's KV on every device.
   virtual Status FreeSeq(int64_t seq_id) = 0;
 };
@@ -54,11 +55,12 @@ class LocalExecutor final : public Executor {
                                                        const LocalExecutorOptions& options);
   const ModelConfig& config() const override { return config_; }
   const Plan& plan() const override { return device_->plan(); }
-  Status Step(const StepBatch& batch, float* logits, StepTiming* timing) override;
+  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
   Status FreeSeq(int64_t seq_id) override;
 
  private:
   LocalExecutor() = default;
+  std::vector<float> logits_;
   ModelConfig config_;
   std::unique_ptr<WeightStore> host_;
   std::unique_ptr<Backend> backend_;

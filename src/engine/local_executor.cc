@@ -22,11 +22,13 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   return e;
 }
 
-Status LocalExecutor::Step(const StepBatch& batch, float* logits, StepTiming* timing) {
+Result<const float*> LocalExecutor::Step(const StepBatch& batch, StepTiming* timing) {
   LocalCommunicator comm;
   ForwardStats stats;
   int64_t t0 = MonotonicNanos();
-  Status st = device_->Forward(batch, comm, logits, &stats);
+  const size_t need = static_cast<size_t>(batch.num_logits_rows) * config_.vocab_size;
+  if (logits_.size() < need) logits_.resize(need);
+  Status st = device_->Forward(batch, comm, logits_.data(), &stats);
   if (timing) {
     *timing = StepTiming();
     timing->wall_ns = MonotonicNanos() - t0;
@@ -38,7 +40,8 @@ Status LocalExecutor::Step(const StepBatch& batch, float* logits, StepTiming* ti
     timing->device_attention_flops = {stats.attention_flops};
     timing->device_ffn_flops = {stats.ffn_flops};
   }
-  return st;
+  FS_RETURN_IF_ERROR(st);
+  return static_cast<const float*>(logits_.data());
 }
 
 Status LocalExecutor::FreeSeq(int64_t seq_id) {
@@ -55,7 +58,6 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
                       prompt.size(), o.max_tokens, c.max_position_embeddings);
   }
   GenerateResult r;
-  std::vector<float> logits(c.vocab_size);
   std::vector<int> seq = prompt;
   int done = 0;  // tokens whose KV is written
   Status st;
@@ -75,16 +77,18 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
     b.seqs.push_back(s);
     b.tokens.assign(seq.begin() + done, seq.begin() + done + n);
     b.num_logits_rows = want_logits ? 1 : 0;
-    st = exec.Step(b, logits.data(), nullptr);
-    if (!st.ok()) break;
+    auto logits = exec.Step(b, nullptr);
+    if (!logits.ok()) {
+      st = logits.status();
+      break;
+    }
     done += n;
     if (o.record_logits) {
-      r.logits.push_back(logits);
+      r.logits.emplace_back(*logits, *logits + c.vocab_size);
       r.logits_positions.push_back(done - 1);
     }
     if (!last) continue;
-    int tok =
-        sampler.Sample(logits.data(), c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
+    int tok = sampler.Sample(*logits, c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
     r.output_ids.push_back(tok);
     seq.push_back(tok);
     if (tok == o.stop_token) break;

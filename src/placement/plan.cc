@@ -197,6 +197,15 @@ Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
 Status ValidatePlan(const Plan& p) {
   const int nd = p.num_devices;
   if (p.active.empty()) return Internal("plan has no active device");
+  if (static_cast<int>(p.vocab_chunks.size()) != nd)
+    return Internal("plan: vocab chunk lists have the wrong size");
+  if (!std::is_sorted(p.alive.begin(), p.alive.end()) ||
+      !std::is_sorted(p.active.begin(), p.active.end())) {
+    return Internal("plan: device lists are not sorted");
+  }
+  for (int d : p.alive) {
+    if (d < 0 || d >= nd) return Internal("plan: device {} out of range", d);
+  }
   for (int d : p.active) {
     if (!std::binary_search(p.alive.begin(), p.alive.end(), d))
       return Internal("active device {} is not alive", d);

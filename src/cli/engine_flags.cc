@@ -1,0 +1,43 @@
+#include "cli/engine_flags.h"
+
+#include "common/log.h"
+
+namespace failsafe {
+
+void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
+  app.add_option("--devices", f->devices, "number of devices (worker processes)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--placement", f->placement, "standard, nonuniform, cyclic or hybrid")
+      ->capture_default_str();
+  app.add_option("--comm", f->comm, "collectives: shm (one host) or gloo (TCP)")
+      ->capture_default_str();
+  app.add_option("--threads", f->threads, "compute threads per device")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--processes", f->processes, "run even a single device as a worker process");
+}
+
+Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, const DeviceFlags& f) {
+  FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
+  if (f.comm != "shm" && f.comm != "gloo")
+    return InvalidArgument("--comm: unknown '{}' (known: shm, gloo)", f.comm);
+  if (f.devices == 1 && !f.processes) {
+    LocalExecutorOptions o;
+    o.threads = f.threads;
+    FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
+    return std::unique_ptr<Executor>(std::move(e));
+  }
+  WorkerGroupOptions o;
+  o.model_dir = model_dir;
+  o.num_devices = f.devices;
+  o.policy = policy;
+  o.threads_per_device = f.threads;
+  o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;
+  static const char* kLevels[] = {"debug", "info", "warn", "error", "off"};
+  o.log_level = kLevels[static_cast<int>(GetLogLevel())];
+  FS_ASSIGN_OR_RETURN(auto g, WorkerGroup::Start(o));
+  return std::unique_ptr<Executor>(std::move(g));
+}
+
+}  // namespace failsafe

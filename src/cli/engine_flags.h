@@ -1,0 +1,28 @@
+// Command-line flags shared by the commands that start devices.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "engine/executor.h"
+#include "engine/worker_group.h"
+
+namespace failsafe {
+
+struct DeviceFlags {
+  int devices = 1;
+  std::string placement = "hybrid";
+  std::string comm = "shm";
+  int threads = 1;
+  bool processes = false;  // a worker process even for one device
+};
+
+void AddDeviceFlags(CLI::App& app, DeviceFlags* flags);
+
+// An in-process executor for one device (unless --processes), else one worker
+// process per device.
+Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir,
+                                               const DeviceFlags& flags);
+
+}  // namespace failsafe

@@ -1,0 +1,216 @@
+// The distributed engine against the single-device engine: for 1 to 8 device
+// processes, every placement policy, dense and MoE, the logits agree to 1e-4
+// (relative to the largest logit) and greedy choices are identical. Plus
+// failure behaviour: a killed device fails the step fast and the coordinator
+// lives on.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "backend/backend.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "engine/executor.h"
+#include "engine/worker_group.h"
+#include "model/synthetic.h"
+
+namespace failsafe {
+namespace {
+
+// The failsafe program, which CTest names in the environment.
+std::string Binary() {
+  const char* b = std::getenv("FAILSAFE_TEST_BIN");
+  if (!b) {
+    std::fprintf(stderr, "FAILSAFE_TEST_BIN must name the failsafe program (ctest sets it)\n");
+    std::abort();
+  }
+  return b;
+}
+
+const std::string& ModelDir(const std::string& preset) {
+  static std::map<std::string, std::string> dirs;
+  auto it = dirs.find(preset);
+  if (it != dirs.end()) return it->second;
+  std::string dir = (std::filesystem::temp_directory_path() /
+                     ("fs_group_test_" + std::to_string(::getpid()) + "_" + preset))
+                        .string();
+  SyntheticModelOptions o;
+  o.preset = preset;
+  o.seed = 3;
+  EXPECT_TRUE(WriteSyntheticModel(dir, o).ok());
+  return dirs[preset] = dir;
+}
+
+// Three sequences with chunked prefills and decodes, DP ranks spread over
+// the active devices. Decode tokens are the reference's greedy choices.
+struct Scenario {
+  struct Seq {
+    int64_t id;
+    std::vector<int32_t> tokens;
+    int done = 0;
+    int dp_slot;
+  };
+  std::vector<Seq> seqs;
+  explicit Scenario(int vocab) {
+    Rng rng(9);
+    int lens[] = {37, 20, 9};
+    for (int i = 0; i < 3; ++i) {
+      Seq s{i + 1, {}, 0, i};
+      for (int k = 0; k < lens[i]; ++k) s.tokens.push_back(static_cast<int32_t>(rng.Below(vocab)));
+      seqs.push_back(s);
+    }
+  }
+  // The next batch: prefill chunks of at most 20 tokens, then decodes.
+  StepBatch Next(const std::vector<int>& active) {
+    StepBatch b;
+    for (auto& s : seqs) {
+      int remaining = static_cast<int>(s.tokens.size()) - s.done;
+      int n = std::min(remaining, 20);
+      StepSeq ss;
+      ss.seq_id = s.id;
+      ss.start_pos = s.done;
+      ss.num_tokens = n;
+      ss.dp_rank = active[(s.dp_slot * 3) % active.size()];
+      ss.token_offset = b.num_tokens();
+      ss.logits_row = s.done + n == static_cast<int>(s.tokens.size()) ? b.num_logits_rows++ : -1;
+      b.seqs.push_back(ss);
+      b.tokens.insert(b.tokens.end(), s.tokens.begin() + s.done, s.tokens.begin() + s.done + n);
+    }
+    return b;
+  }
+  void Advance(const StepBatch& b, const float* ref_logits, int vocab) {
+    for (size_t i = 0; i < b.seqs.size(); ++i) {
+      seqs[i].done += b.seqs[i].num_tokens;
+      if (b.seqs[i].logits_row >= 0) {
+        const float* row = ref_logits + static_cast<int64_t>(b.seqs[i].logits_row) * vocab;
+        seqs[i].tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      }
+    }
+  }
+};
+
+double RowError(const float* got, const float* want, int n) {
+  double num = 0, den = 0;
+  for (int i = 0; i < n; ++i) {
+    num = std::max(num, static_cast<double>(std::fabs(got[i] - want[i])));
+    den = std::max(den, static_cast<double>(std::fabs(want[i])));
+  }
+  return num / den;
+}
+
+void ExpectParity(const std::string& preset, int devices, Policy policy, CommKind comm) {
+  const std::string& dir = ModelDir(preset);
+  auto local = LocalExecutor::Create(dir, {});
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  WorkerGroupOptions o;
+  o.model_dir = dir;
+  o.worker_binary = Binary();
+  o.num_devices = devices;
+  o.policy = policy;
+  o.comm = comm;
+  o.max_logits_rows = 8;
+  auto group = WorkerGroup::Start(o);
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  const int vocab = (*local)->config().vocab_size;
+  Scenario sc(vocab);
+  double worst = 0;
+  for (int step = 0; step < 10; ++step) {
+    StepBatch b = sc.Next((*group)->plan().active);
+    auto want = (*local)->Step(b, nullptr);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    std::vector<float> ref(*want, *want + static_cast<size_t>(b.num_logits_rows) * vocab);
+    StepTiming timing;
+    auto got = (*group)->Step(b, &timing);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    for (int r = 0; r < b.num_logits_rows; ++r) {
+      const float* g = *got + static_cast<int64_t>(r) * vocab;
+      const float* w = ref.data() + static_cast<int64_t>(r) * vocab;
+      worst = std::max(worst, RowError(g, w, vocab));
+      EXPECT_EQ(std::max_element(g, g + vocab) - g, std::max_element(w, w + vocab) - w)
+          << "greedy choice differs at step " << step << " row " << r;
+    }
+    EXPECT_EQ(timing.devices.size(), (*group)->plan().active.size());
+    EXPECT_GT(timing.emulated_ns, 0);
+    sc.Advance(b, ref.data(), vocab);
+  }
+  EXPECT_LE(worst, 1e-4);
+}
+
+class ParityTest : public ::testing::TestWithParam<std::tuple<std::string, int, Policy>> {};
+
+TEST_P(ParityTest, MatchesSingleDevice) {
+  auto [preset, devices, policy] = GetParam();
+  ExpectParity(preset, devices, policy, CommKind::kShm);
+}
+
+std::string Name(const ::testing::TestParamInfo<ParityTest::ParamType>& info) {
+  std::string p = std::get<0>(info.param);
+  std::replace(p.begin(), p.end(), '-', '_');
+  return p + "_" + std::to_string(std::get<1>(info.param)) + "dev_" +
+         PolicyName(std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllConfigs, ParityTest,
+                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-mixtral"),
+                                            ::testing::Range(1, 9),
+                                            ::testing::Values(Policy::kStandard,
+                                                              Policy::kNonUniform, Policy::kCyclic,
+                                                              Policy::kHybrid)),
+                         Name);
+
+TEST(GlooParity, HybridAndCyclicOverTcp) {
+  ExpectParity("tiny-llama", 3, Policy::kHybrid, CommKind::kGloo);
+  ExpectParity("tiny-mixtral", 5, Policy::kCyclic, CommKind::kGloo);
+}
+
+TEST(WorkerGroup, KilledDeviceFailsTheStepFastAndTheCoordinatorLivesOn) {
+  WorkerGroupOptions o;
+  o.model_dir = ModelDir("tiny-llama");
+  o.worker_binary = Binary();
+  o.num_devices = 4;
+  o.policy = Policy::kHybrid;
+  auto group = WorkerGroup::Start(o);
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  // A long prefill, so that the kill lands mid-step.
+  StepBatch b;
+  b.seqs.push_back({1, 0, 4000, 0, 0, 0});
+  b.tokens.assign(4000, 7);
+  b.num_logits_rows = 1;
+  std::thread killer([&] {
+    ::usleep(20000);
+    (void)(*group)->KillDevice(2);
+  });
+  int64_t t0 = MonotonicNanos();
+  auto r = (*group)->Step(b, nullptr);
+  killer.join();
+  const double secs = (MonotonicNanos() - t0) * 1e-9;
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("2"), std::string::npos);
+  EXPECT_EQ((*group)->dead_devices(), std::vector<int>{2});
+  EXPECT_LT(secs, 10.0);
+  // The survivors are alive and answer.
+  EXPECT_TRUE((*group)->FreeSeq(1).ok());
+  for (int d : {0, 1, 3}) EXPECT_EQ(::kill((*group)->device_pid(d), 0), 0);
+}
+
+TEST(WorkerGroup, BadInputFailsBeforeAnyProcessStarts) {
+  WorkerGroupOptions o;
+  o.model_dir = ModelDir("tiny-llama");
+  o.worker_binary = "/nonexistent";
+  o.num_devices = 9;
+  EXPECT_EQ(WorkerGroup::Start(o).status().code(), StatusCode::kInvalidArgument);
+  o.num_devices = 4;
+  o.alive = {0, 4};
+  EXPECT_EQ(WorkerGroup::Start(o).status().code(), StatusCode::kOutOfRange);
+  o.alive = {};
+  o.num_devices = 0;
+  EXPECT_EQ(WorkerGroup::Start(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace failsafe

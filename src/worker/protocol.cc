@@ -1,0 +1,100 @@
+#include "worker/protocol.h"
+
+namespace failsafe {
+
+void WorkerInit::Encode(WireWriter* w) const {
+  w->PutString(model_dir);
+  w->Put(device_id);
+  w->Put(threads);
+  w->Put(block_size);
+  w->Put(kv_pages);
+  w->Put(logits_rows);
+}
+
+bool WorkerInit::Decode(WireReader* r) {
+  model_dir = r->GetString();
+  device_id = r->Get<int32_t>();
+  threads = r->Get<int32_t>();
+  block_size = r->Get<int32_t>();
+  kv_pages = r->Get<int64_t>();
+  logits_rows = r->Get<int64_t>();
+  return r->ok();
+}
+
+void GroupSpec::Encode(WireWriter* w) const {
+  w->Put(kind);
+  w->Put(rank);
+  w->Put(size);
+  w->Put(timeout_ms);
+  w->PutString(store_host);
+  w->Put(store_port);
+  w->PutString(prefix);
+  w->PutString(hostname);
+}
+
+bool GroupSpec::Decode(WireReader* r) {
+  kind = r->Get<CommKind>();
+  rank = r->Get<int32_t>();
+  size = r->Get<int32_t>();
+  timeout_ms = r->Get<int64_t>();
+  store_host = r->GetString();
+  store_port = r->Get<int32_t>();
+  prefix = r->GetString();
+  hostname = r->GetString();
+  return r->ok();
+}
+
+void EncodeBatch(const StepBatch& b, WireWriter* w) {
+  w->PutVector(b.seqs);
+  w->PutVector(b.tokens);
+  w->Put(b.num_logits_rows);
+}
+
+bool DecodeBatch(WireReader* r, StepBatch* b) {
+  b->seqs = r->GetVector<StepSeq>();
+  b->tokens = r->GetVector<int32_t>();
+  b->num_logits_rows = r->Get<int32_t>();
+  return r->ok();
+}
+
+void EncodeStats(const ForwardStats& s, WireWriter* w) {
+  w->PutVector(s.segment_cpu_ns);
+  w->PutVector(s.segment_wall_ns);
+  w->Put(s.collective_wall_ns);
+  w->Put(s.attention_flops);
+  w->Put(s.ffn_flops);
+  w->Put(s.other_flops);
+}
+
+bool DecodeStats(WireReader* r, ForwardStats* s) {
+  s->segment_cpu_ns = r->GetVector<int64_t>();
+  s->segment_wall_ns = r->GetVector<int64_t>();
+  s->collective_wall_ns = r->Get<int64_t>();
+  s->attention_flops = r->Get<double>();
+  s->ffn_flops = r->Get<double>();
+  s->other_flops = r->Get<double>();
+  return r->ok();
+}
+
+std::string EncodeReply(const Status& st, const std::string& body) {
+  WireWriter w;
+  w.Put(static_cast<int32_t>(st.code()));
+  w.PutString(st.message());
+  std::string out = w.Take();
+  out += body;
+  return out;
+}
+
+Status DecodeReply(const std::string& payload, std::string* body) {
+  WireReader r(payload);
+  auto code = static_cast<StatusCode>(r.Get<int32_t>());
+  std::string msg = r.GetString();
+  if (!r.ok()) return Internal("malformed reply from worker");
+  // The body is what follows the status.
+  size_t header = sizeof(int32_t) + sizeof(uint64_t) + msg.size();
+  if (body) *body = payload.substr(header);
+  if (code == StatusCode::kOk) return Status::Ok();
+  return Status(code, msg);
+}
+
+}  // namespace failsafe

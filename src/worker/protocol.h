@@ -1,0 +1,65 @@
+// Messages between the coordinator and a worker (one device) over a Channel.
+// Every request gets exactly one reply: a status, then op-specific fields.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/wire.h"
+#include "worker/step.h"
+
+namespace failsafe {
+
+enum class WorkerOp : uint32_t {
+  kInit = 1,       // WorkerInit; fds: [logits region]
+  kLoadPlan = 2,   // plan JSON: load this device's share from the host weights
+  kJoinGroup = 3,  // GroupSpec; fds: [shm comm region] for shared memory groups
+  kStep = 4,       // StepBatch -> ForwardStats
+  kFreeSeqs = 5,   // sequence ids
+  kPing = 6,
+  kShutdown = 7,
+  kReply = 100,
+};
+
+struct WorkerInit {
+  std::string model_dir;
+  int32_t device_id = 0;
+  int32_t threads = 1;
+  int32_t block_size = 16;
+  int64_t kv_pages = 0;
+  int64_t logits_rows = 0;  // rows of the shared logits region
+
+  void Encode(WireWriter* w) const;
+  bool Decode(WireReader* r);
+};
+
+enum class CommKind : int32_t { kShm = 0, kGloo = 1 };
+
+struct GroupSpec {
+  CommKind kind = CommKind::kShm;
+  int32_t rank = 0;
+  int32_t size = 1;
+  int64_t timeout_ms = 60000;
+  // gloo only
+  std::string store_host;
+  int32_t store_port = 0;
+  std::string prefix;
+  std::string hostname;
+
+  void Encode(WireWriter* w) const;
+  bool Decode(WireReader* r);
+};
+
+void EncodeBatch(const StepBatch& b, WireWriter* w);
+bool DecodeBatch(WireReader* r, StepBatch* b);
+void EncodeStats(const ForwardStats& s, WireWriter* w);
+bool DecodeStats(WireReader* r, ForwardStats* s);
+
+// A reply: status first, then op-specific fields.
+std::string EncodeReply(const Status& st, const std::string& body = {});
+// Splits a reply into its status and body.
+Status DecodeReply(const std::string& payload, std::string* body);
+
+}  // namespace failsafe

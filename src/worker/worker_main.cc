@@ -1,0 +1,160 @@
+#include "worker/worker_main.h"
+
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <memory>
+
+#include "backend/backend.h"
+#include "comm/channel.h"
+#include "comm/gloo_communicator.h"
+#include "comm/shm_communicator.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "placement/plan_json.h"
+#include "worker/device_model.h"
+#include "worker/protocol.h"
+
+namespace failsafe {
+
+namespace {
+
+class Worker {
+ public:
+  explicit Worker(int fd) : channel_(fd) {}
+
+  int Run() {
+    while (true) {
+      Message m;
+      Status st = channel_.Receive(&m);
+      if (!st.ok()) return 0;  // the coordinator is gone
+      for (size_t i = 0; i < m.fds.size(); ++i) fds_.push_back(m.fds[i]);
+      std::string body;
+      Status result = Handle(m, &body);
+      CloseUnusedFds();
+      if (!channel_.Send(static_cast<uint32_t>(WorkerOp::kReply), EncodeReply(result, body)).ok())
+        return 0;
+      if (static_cast<WorkerOp>(m.type) == WorkerOp::kShutdown) return 0;
+    }
+  }
+
+ private:
+  Status Handle(const Message& m, std::string* body) {
+    WireReader r(m.payload);
+    switch (static_cast<WorkerOp>(m.type)) {
+      case WorkerOp::kInit: {
+        WorkerInit init;
+        if (!init.Decode(&r) || m.fds.size() != 1) return InvalidArgument("malformed init");
+        return Init(init, TakeFd(m.fds[0]));
+      }
+      case WorkerOp::kLoadPlan: {
+        if (!device_) return FailedPrecondition("not initialised");
+        FS_ASSIGN_OR_RETURN(Plan plan, PlanFromJson(m.payload));
+        const int64_t t0 = MonotonicNanos();
+        FS_RETURN_IF_ERROR(device_->LoadShare(plan, *host_));
+        WireWriter w;
+        w.Put<int64_t>(device_->weight_bytes());
+        w.Put<int64_t>(MonotonicNanos() - t0);
+        *body = w.Take();
+        return Status::Ok();
+      }
+      case WorkerOp::kJoinGroup: {
+        GroupSpec spec;
+        if (!spec.Decode(&r)) return InvalidArgument("malformed group");
+        comm_.reset();
+        if (spec.kind == CommKind::kShm) {
+          if (m.fds.size() != 1) return InvalidArgument("shared memory group without a region");
+          FS_ASSIGN_OR_RETURN(ShmRegion region, ShmRegion::Map(TakeFd(m.fds[0])));
+          comm_ = std::make_unique<ShmCommunicator>(std::move(region), spec.rank, spec.timeout_ms);
+        } else {
+          GlooGroupOptions o;
+          o.store_host = spec.store_host;
+          o.store_port = spec.store_port;
+          o.prefix = spec.prefix;
+          o.hostname = spec.hostname;
+          o.rank = spec.rank;
+          o.size = spec.size;
+          o.timeout_ms = spec.timeout_ms;
+          FS_ASSIGN_OR_RETURN(comm_, GlooCommunicator::Connect(o));
+        }
+        return Status::Ok();
+      }
+      case WorkerOp::kStep: {
+        if (!device_ || !comm_) return FailedPrecondition("no plan or group");
+        StepBatch batch;
+        if (!DecodeBatch(&r, &batch)) return InvalidArgument("malformed step");
+        if (batch.num_logits_rows > logits_rows_) {
+          return InvalidArgument("step needs {} logits rows, the region has {}",
+                                 batch.num_logits_rows, logits_rows_);
+        }
+        ForwardStats stats;
+        FS_RETURN_IF_ERROR(
+            device_->Forward(batch, *comm_, static_cast<float*>(logits_.data()), &stats));
+        WireWriter w;
+        EncodeStats(stats, &w);
+        *body = w.Take();
+        return Status::Ok();
+      }
+      case WorkerOp::kFreeSeqs: {
+        auto ids = r.GetVector<int64_t>();
+        if (!r.ok() || !device_) return InvalidArgument("malformed free");
+        for (int64_t id : ids) device_->FreeSeq(id);
+        return Status::Ok();
+      }
+      case WorkerOp::kPing:
+      case WorkerOp::kShutdown:
+        return Status::Ok();
+      default:
+        return InvalidArgument("unknown op {}", m.type);
+    }
+  }
+
+  Status Init(const WorkerInit& init, int logits_fd) {
+    SetLogTag("device " + std::to_string(init.device_id));
+    FS_ASSIGN_OR_RETURN(config_, ModelConfig::Load(init.model_dir));
+    FS_ASSIGN_OR_RETURN(host_, WeightStore::Open(init.model_dir, config_));
+    FS_ASSIGN_OR_RETURN(logits_, ShmRegion::Map(logits_fd));
+    logits_rows_ = init.logits_rows;
+    if (static_cast<size_t>(logits_rows_) * config_.vocab_size * sizeof(float) > logits_.size()) {
+      return InvalidArgument("logits region is too small");
+    }
+    backend_ = MakeCpuBackend(init.threads);
+    DeviceOptions d;
+    d.block_size = init.block_size;
+    d.kv_pages = init.kv_pages;
+    device_ = std::make_unique<DeviceModel>(config_, init.device_id, backend_.get(), d);
+    return Status::Ok();
+  }
+
+  // Received descriptors are owned here until a handler takes one.
+  int TakeFd(int fd) {
+    std::erase(fds_, fd);
+    return fd;
+  }
+  void CloseUnusedFds() {
+    for (int fd : fds_) ::close(fd);
+    fds_.clear();
+  }
+
+  Channel channel_;
+  std::vector<int> fds_;
+  ModelConfig config_;
+  std::unique_ptr<WeightStore> host_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DeviceModel> device_;
+  std::unique_ptr<Communicator> comm_;
+  ShmRegion logits_;
+  int64_t logits_rows_ = 0;
+};
+
+}  // namespace
+
+int RunWorker(int control_fd) {
+  // A device does not outlive its coordinator.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::signal(SIGPIPE, SIG_IGN);
+  Worker w(control_fd);
+  return w.Run();
+}
+
+}  // namespace failsafe

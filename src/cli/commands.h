@@ -13,6 +13,7 @@ CommandFn RegisterMakeModel(CLI::App& app);
 CommandFn RegisterGenerate(CLI::App& app);
 CommandFn RegisterLogits(CLI::App& app);
 CommandFn RegisterWorker(CLI::App& app);
+CommandFn RegisterPlan(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   add("generate", "generate text for one prompt", RegisterGenerate);
   add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
       RegisterLogits);
+  add("plan", "print the placement plan and per-device costs for a device set", RegisterPlan);
   add("worker", "run one device (started by the coordinator)", RegisterWorker);
 
   try {

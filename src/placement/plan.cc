@@ -158,6 +158,10 @@ Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
   }
   const int n = static_cast<int>(p.active.size());
   p.layers.resize(config.num_layers);
+  // With cyclic and hybrid, the devices that get an extra item take turns:
+  // the k-th extra over all layers (and experts) goes to the k-th device.
+  const bool rotate = policy == Policy::kCyclic || policy == Policy::kHybrid;
+  int next_head_extra = 0, next_shard_extra = 0;
   for (int l = 0; l < config.num_layers; ++l) {
     LayerPlan& lp = p.layers[l];
     lp.tp_heads.assign(num_devices, {});
@@ -168,7 +172,8 @@ Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
         SplitContiguous(0, heads, p.active, &lp.tp_heads);
         break;
       case Policy::kCyclic:
-        SplitContiguous(0, heads, Rotated(p.active, l % n), &lp.tp_heads);
+        SplitContiguous(0, heads, Rotated(p.active, next_head_extra % n), &lp.tp_heads);
+        next_head_extra += heads % n;
         break;
       case Policy::kHybrid: {
         const int per = heads / n;
@@ -177,13 +182,11 @@ Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
         break;
       }
     }
-    // FFN: every expert is split over all active devices; with cyclic and
-    // hybrid the devices that get an extra shard rotate by layer and expert.
-    const bool rotate = policy == Policy::kCyclic || policy == Policy::kHybrid;
+    // FFN: every expert is split over all active devices.
     for (int e = 0; e < p.shape.expert_slots; ++e) {
-      auto order = rotate ? Rotated(p.active, (l + e) % n) : p.active;
-      SplitContiguous(e * p.shape.shards_per_expert, p.shape.shards_per_expert, order,
-                      &lp.ffn_shards);
+      auto order = rotate ? Rotated(p.active, next_shard_extra % n) : p.active;
+      SplitContiguous(e * p.shape.shards_per_expert, p.shape.shards_per_expert, order, &lp.ffn_shards);
+      next_shard_extra += p.shape.shards_per_expert % n;
     }
     for (auto& v : lp.tp_heads) std::sort(v.begin(), v.end());
     for (auto& v : lp.ffn_shards) std::sort(v.begin(), v.end());

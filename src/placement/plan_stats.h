@@ -1,0 +1,35 @@
+// Per-device costs of a plan: weight bytes, KV bytes per token and attention
+// FLOPs per token, split into the TP part (every token) and the DP part (only
+// tokens of requests whose DP rank the device is).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "placement/plan.h"
+
+namespace failsafe {
+
+struct DeviceCost {
+  int device = -1;
+  int64_t weight_bytes = 0;            // fp32
+  int64_t tp_kv_bytes_per_token = 0;   // K and V of its TP heads, all layers
+  int64_t dp_kv_bytes_per_token = 0;   // K and V of the DP heads, per token it owns
+  double tp_attn_flops_per_token = 0;  // q/k/v/o projections of its TP heads
+  double dp_attn_flops_per_token = 0;  // same for the DP heads, per owned token
+  double attn_core_flops_per_context_token = 0;  // scores + values, TP heads, per (query, key) pair
+  double ffn_flops_per_token = 0;      // dense: its shards; MoE: its shards x experts per token / experts
+  int tp_heads = 0;                    // over all layers
+  int ffn_shards = 0;                  // over all layers and experts
+};
+
+std::vector<DeviceCost> PlanCosts(const Plan& plan, const ModelConfig& config);
+
+// The plan as text: a per-layer table and the per-device costs.
+std::string PlanReport(const Plan& plan, const ModelConfig& config);
+// The same as a JSON object.
+std::string PlanReportJson(const Plan& plan, const ModelConfig& config);
+
+}  // namespace failsafe

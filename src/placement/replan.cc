@@ -1,0 +1,251 @@
+#include "placement/replan.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+namespace failsafe {
+
+namespace {
+
+// Per-device counts `base + 1` for `extra` devices chosen by preference
+// (higher first), `base` for the rest. Returns [device] -> target.
+std::vector<int> Targets(const std::vector<int>& devices, int items, const std::vector<double>& preference,
+                         int num_devices) {
+  const int n = static_cast<int>(devices.size());
+  const int base = items / n, extra = items % n;
+  std::vector<int> order = devices;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return preference[a] > preference[b]; });
+  std::vector<int> t(num_devices, 0);
+  for (int i = 0; i < n; ++i) t[order[i]] = base + (i < extra ? 1 : 0);
+  return t;
+}
+
+// Keeps each device's items up to its target, hands the rest to devices below
+// target (largest deficit first, lowest id on ties). held: [device] -> items.
+void Rebalance(const std::vector<int>& devices, const std::vector<int>& target, std::vector<int> pool,
+               std::vector<std::vector<int>>* held) {
+  for (int d : devices) {
+    auto& h = (*held)[d];
+    while (static_cast<int>(h.size()) > target[d]) {
+      pool.push_back(h.back());
+      h.pop_back();
+    }
+  }
+  std::sort(pool.begin(), pool.end());
+  for (int item : pool) {
+    int best = -1;
+    for (int d : devices) {
+      int deficit = target[d] - static_cast<int>((*held)[d].size());
+      if (deficit > 0 && (best < 0 || deficit > target[best] - static_cast<int>((*held)[best].size()))) best = d;
+    }
+    if (best >= 0) (*held)[best].push_back(item);
+  }
+  for (auto& h : *held) std::sort(h.begin(), h.end());
+}
+
+}  // namespace
+
+Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vector<int>& alive_in) {
+  std::vector<int> alive = alive_in;
+  std::sort(alive.begin(), alive.end());
+  // A fresh plan validates the request and fixes the active set and policy.
+  FS_ASSIGN_OR_RETURN(Plan fresh, MakePlan(config, prev.policy, prev.num_devices, alive));
+  if (prev.policy == Policy::kStandard) {
+    // Keep previously active devices active where possible.
+    std::vector<int> keep, others;
+    for (int d : alive) (prev.IsActive(d) ? keep : others).push_back(d);
+    keep.insert(keep.end(), others.begin(), others.end());
+    keep.resize(fresh.active.size());
+    std::sort(keep.begin(), keep.end());
+    fresh.active = keep;
+  }
+  Plan p = fresh;
+  const std::vector<int>& act = p.active;
+  const int n = static_cast<int>(act.size());
+  const int nd = p.num_devices;
+  const int heads = p.shape.num_kv_heads;
+  std::vector<int> extras_so_far(nd, 0);  // cyclic: extra heads given per device so far
+  std::vector<int> shard_total(nd, 0);    // FFN shards given per device so far
+  // nonuniform: the same devices get the extra head in every layer; prefer those holding most.
+  std::vector<double> total_held(nd, 0);
+  for (int d : act) total_held[d] = prev.IsActive(d) ? prev.num_tp_heads_total(d) + 1e-3 * (nd - d) : 0;
+
+  for (int l = 0; l < p.shape.num_layers; ++l) {
+    const LayerPlan& old = prev.layers[l];
+    LayerPlan& lp = p.layers[l];
+    std::vector<std::vector<int>> held(nd);
+    std::vector<int> pool;
+    for (int d = 0; d < nd; ++d) {
+      if (p.IsActive(d)) {
+        held[d] = old.tp_heads[d];
+      } else {
+        pool.insert(pool.end(), old.tp_heads[d].begin(), old.tp_heads[d].end());
+      }
+    }
+    std::vector<int> tp_target(nd, 0);
+    lp.dp_heads.clear();
+    if (p.policy == Policy::kHybrid) {
+      const int per = heads / n, dp = heads % n;
+      // DP heads: those already DP first, then orphans, then excess TP heads.
+      std::vector<int> dp_candidates = old.dp_heads;
+      dp_candidates.insert(dp_candidates.end(), pool.begin(), pool.end());
+      std::vector<int> excess;
+      for (int d : act) {
+        for (size_t i = per; i < held[d].size(); ++i) excess.push_back(held[d][i]);
+      }
+      dp_candidates.insert(dp_candidates.end(), excess.begin(), excess.end());
+      std::set<int> dp_set(dp_candidates.begin(), dp_candidates.begin() + std::min<size_t>(dp, dp_candidates.size()));
+      lp.dp_heads.assign(dp_set.begin(), dp_set.end());
+      for (int d : act) {
+        tp_target[d] = per;
+        std::erase_if(held[d], [&](int h) { return dp_set.count(h); });
+      }
+      pool.clear();
+      for (int h : old.dp_heads) {
+        if (!dp_set.count(h)) pool.push_back(h);
+      }
+      for (int d = 0; d < nd; ++d) {
+        if (!p.IsActive(d)) {
+          for (int h : old.tp_heads[d]) {
+            if (!dp_set.count(h)) pool.push_back(h);
+          }
+        }
+      }
+    } else {
+      std::vector<double> pref(nd, 0);
+      for (int d : act) {
+        if (p.policy == Policy::kNonUniform) {
+          pref[d] = total_held[d];
+        } else {
+          // standard, cyclic: extras stay with devices that hold one here (no
+          // moves between survivors); a joining device competes as if it held
+          // one, and ties go to the device with the fewest extras so far.
+          const double holds = prev.IsActive(d) ? static_cast<double>(held[d].size()) : heads / n + 1;
+          pref[d] = holds * 1000 - extras_so_far[d] + 1e-3 * (nd - d);
+        }
+      }
+      tp_target = Targets(act, heads, pref, nd);
+      for (int d : act) extras_so_far[d] += tp_target[d] > heads / n ? 1 : 0;
+      pool.insert(pool.end(), old.dp_heads.begin(), old.dp_heads.end());
+    }
+    Rebalance(act, tp_target, pool, &held);
+    lp.tp_heads = held;
+
+    // FFN shards, expert by expert.
+    std::vector<std::vector<int>> shards(nd);
+    for (int e = 0; e < p.shape.expert_slots; ++e) {
+      const int lo = e * p.shape.shards_per_expert, hi = lo + p.shape.shards_per_expert;
+      std::vector<std::vector<int>> held_e(nd);
+      std::vector<int> orphans;
+      for (int d = 0; d < nd; ++d) {
+        for (int s : old.ffn_shards[d]) {
+          if (s < lo || s >= hi) continue;
+          (p.IsActive(d) ? held_e[d] : orphans).push_back(s);
+        }
+      }
+      // Extra shards go to devices that hold more of this expert, then to
+      // those with fewer shards in this layer, then in earlier layers.
+      std::vector<double> pref(nd, 0);
+      for (int d : act) {
+        const double holds = prev.IsActive(d) ? static_cast<double>(held_e[d].size())
+                                               : p.shape.shards_per_expert / n + 1;
+        pref[d] = holds * 1e6 - static_cast<double>(shards[d].size()) * 1e3 -
+                  static_cast<double>(shard_total[d]) + 1e-3 * (nd - d);
+      }
+      Rebalance(act, Targets(act, p.shape.shards_per_expert, pref, nd), orphans, &held_e);
+      for (int d : act) shards[d].insert(shards[d].end(), held_e[d].begin(), held_e[d].end());
+    }
+    for (auto& v : shards) std::sort(v.begin(), v.end());
+    for (int d : act) shard_total[d] += static_cast<int>(shards[d].size());
+    lp.ffn_shards = shards;
+  }
+
+  // Vocabulary chunks.
+  std::vector<std::vector<int>> chunks(nd);
+  std::vector<int> orphans;
+  for (int d = 0; d < nd; ++d) {
+    if (p.IsActive(d)) {
+      chunks[d] = prev.vocab_chunks[d];
+    } else {
+      orphans.insert(orphans.end(), prev.vocab_chunks[d].begin(), prev.vocab_chunks[d].end());
+    }
+  }
+  std::vector<double> pref(nd, 0);
+  for (int d : act) pref[d] = chunks[d].size() + 1e-3 * (nd - d);
+  Rebalance(act, Targets(act, p.shape.vocab_chunks, pref, nd), orphans, &chunks);
+  p.vocab_chunks = chunks;
+  FS_RETURN_IF_ERROR(ValidatePlan(p));
+  return p;
+}
+
+PlanDiff DiffPlans(const Plan& from, const Plan& to) {
+  const int nd = to.num_devices;
+  PlanDiff diff;
+  for (auto* v : {&diff.gained_tp_heads, &diff.gained_dp_heads, &diff.gained_shards, &diff.gained_chunks,
+                  &diff.dropped_tp_heads, &diff.dropped_dp_heads, &diff.dropped_shards, &diff.dropped_chunks}) {
+    v->assign(nd, {});
+  }
+  // Active before and after: moving items between such devices is avoidable work.
+  auto survivor = [&](int d) { return from.IsActive(d) && to.IsActive(d); };
+  auto compare = [&](int layer, const std::vector<int>& before, const std::vector<int>& after,
+                     std::vector<PlanDiff::Item>* gained, std::vector<PlanDiff::Item>* dropped) {
+    for (int x : after) {
+      if (!std::binary_search(before.begin(), before.end(), x)) gained->push_back({layer, x});
+    }
+    for (int x : before) {
+      if (!std::binary_search(after.begin(), after.end(), x)) dropped->push_back({layer, x});
+    }
+  };
+  for (int l = 0; l < to.shape.num_layers; ++l) {
+    const LayerPlan& a = from.layers[l];
+    const LayerPlan& b = to.layers[l];
+    for (int d = 0; d < nd; ++d) {
+      const bool was = from.IsActive(d), is = to.IsActive(d);
+      compare(l, was ? a.tp_heads[d] : std::vector<int>{}, is ? b.tp_heads[d] : std::vector<int>{},
+              &diff.gained_tp_heads[d], &diff.dropped_tp_heads[d]);
+      compare(l, was ? a.dp_heads : std::vector<int>{}, is ? b.dp_heads : std::vector<int>{},
+              &diff.gained_dp_heads[d], &diff.dropped_dp_heads[d]);
+      compare(l, was ? a.ffn_shards[d] : std::vector<int>{}, is ? b.ffn_shards[d] : std::vector<int>{},
+              &diff.gained_shards[d], &diff.dropped_shards[d]);
+    }
+    // An item moved between survivors if its old holder is still active and
+    // it now lives (as TP) on another device.
+    for (int h = 0; h < to.shape.num_kv_heads; ++h) {
+      int old_holder = -1, new_holder = -1;
+      for (int d = 0; d < nd; ++d) {
+        if (std::binary_search(a.tp_heads[d].begin(), a.tp_heads[d].end(), h)) old_holder = d;
+        if (std::binary_search(b.tp_heads[d].begin(), b.tp_heads[d].end(), h)) new_holder = d;
+      }
+      if (old_holder >= 0 && new_holder >= 0 && new_holder != old_holder && survivor(old_holder) &&
+          survivor(new_holder)) {
+        diff.moved_between_survivors++;
+      }
+    }
+    std::map<int, int> shard_old;
+    for (int d = 0; d < nd; ++d) {
+      for (int s : a.ffn_shards[d]) shard_old[s] = d;
+    }
+    for (int d = 0; d < nd; ++d) {
+      for (int s : b.ffn_shards[d]) {
+        int o = shard_old[s];
+        if (o != d && survivor(o) && survivor(d)) diff.moved_between_survivors++;
+      }
+    }
+  }
+  for (int d = 0; d < nd; ++d) {
+    compare(-1, from.IsActive(d) ? from.vocab_chunks[d] : std::vector<int>{},
+            to.IsActive(d) ? to.vocab_chunks[d] : std::vector<int>{}, &diff.gained_chunks[d], &diff.dropped_chunks[d]);
+    for (int c : to.vocab_chunks[d]) {
+      for (int o = 0; o < nd; ++o) {
+        if (o != d && survivor(o) && survivor(d) && std::binary_search(from.vocab_chunks[o].begin(), from.vocab_chunks[o].end(), c)) {
+          diff.moved_between_survivors++;
+        }
+      }
+    }
+  }
+  return diff;
+}
+
+}  // namespace failsafe

@@ -1,0 +1,37 @@
+// Replanning after devices fail or rejoin, moving as little as possible.
+//
+// Survivors keep every head group, FFN shard and vocabulary chunk they hold,
+// up to the new plan's per-device counts; only the items of departed devices
+// (and the excess of devices above their new count) move, each to a device
+// below its count. With the hybrid policy, head groups that must become DP
+// heads are chosen among those already DP, then those orphaned by a failure;
+// DP heads that must become TP heads go to devices that need heads.
+#pragma once
+
+#include <vector>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "placement/plan.h"
+
+namespace failsafe {
+
+Result<Plan> Replan(const Plan& previous, const ModelConfig& config, const std::vector<int>& alive);
+
+// What changes between two plans, per device.
+struct PlanDiff {
+  struct Item {
+    int layer;  // -1 for vocabulary chunks
+    int index;  // head group, FFN shard or vocabulary chunk
+  };
+  // Per device id: items it must gain.
+  std::vector<std::vector<Item>> gained_tp_heads, gained_dp_heads, gained_shards, gained_chunks;
+  // Per device id: items it drops.
+  std::vector<std::vector<Item>> dropped_tp_heads, dropped_dp_heads, dropped_shards, dropped_chunks;
+  // Items that moved from one surviving device to another (or changed role).
+  int moved_between_survivors = 0;
+};
+
+PlanDiff DiffPlans(const Plan& from, const Plan& to);
+
+}  // namespace failsafe

@@ -1,6 +1,7 @@
 #include "cli/engine_flags.h"
 
 #include "common/log.h"
+#include "common/units.h"
 
 namespace failsafe {
 
@@ -16,6 +17,9 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_flag("--processes", f->processes, "run even a single device as a worker process");
+  app.add_option(
+      "--device-memory", f->device_memory,
+      "memory of one device for weights, KV and activations (e.g. 2GiB; default: no limit)");
 }
 
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, const DeviceFlags& f) {
@@ -29,6 +33,9 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     return std::unique_ptr<Executor>(std::move(e));
   }
   WorkerGroupOptions o;
+  if (!f.device_memory.empty()) {
+    FS_ASSIGN_OR_RETURN(o.device_memory_bytes, ParseBytes(f.device_memory));
+  }
   o.model_dir = model_dir;
   o.num_devices = f.devices;
   o.policy = policy;

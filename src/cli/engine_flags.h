@@ -15,7 +15,8 @@ struct DeviceFlags {
   std::string placement = "hybrid";
   std::string comm = "shm";
   int threads = 1;
-  bool processes = false;  // a worker process even for one device
+  bool processes = false;     // a worker process even for one device
+  std::string device_memory;  // e.g. "2GiB"; empty: no limit
 };
 
 void AddDeviceFlags(CLI::App& app, DeviceFlags* flags);

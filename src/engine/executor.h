@@ -28,6 +28,9 @@ struct StepTiming {
   std::vector<int64_t> device_compute_ns;  // compute time per device (sum of its segments)
   std::vector<double> device_attention_flops;
   std::vector<double> device_ffn_flops;
+  std::vector<int64_t> device_kv_bytes;  // KV in use after the step
+  // Per sync segment: the slowest device's compute time.
+  std::vector<int64_t> segment_max_ns;
 };
 
 class Executor {

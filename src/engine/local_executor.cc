@@ -39,6 +39,8 @@ Result<const float*> LocalExecutor::Step(const StepBatch& batch, StepTiming* tim
     timing->device_compute_ns = {compute};
     timing->device_attention_flops = {stats.attention_flops};
     timing->device_ffn_flops = {stats.ffn_flops};
+    timing->device_kv_bytes = {stats.kv_bytes};
+    timing->segment_max_ns = stats.segment_wall_ns;
   }
   FS_RETURN_IF_ERROR(st);
   return static_cast<const float*>(logits_.data());

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "placement/plan_json.h"
+#include "placement/plan_stats.h"
 
 namespace failsafe {
 
@@ -23,6 +24,14 @@ namespace {
 int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 }  // namespace
+
+int64_t ActivationReserveBytes(const ModelConfig& c, int max_step_tokens) {
+  // Step scratch: about eight hidden-sized rows and the FFN activations per token.
+  return static_cast<int64_t>(max_step_tokens) * (8LL * c.hidden_size + 3LL * c.intermediate_size) *
+         4;
+}
+
+namespace {}  // namespace
 
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions& options) {
   std::signal(SIGPIPE, SIG_IGN);
@@ -34,9 +43,21 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
     for (int d = 0; d < options.num_devices; ++d) alive.push_back(d);
   }
   FS_ASSIGN_OR_RETURN(g->plan_, MakePlan(g->config_, options.policy, options.num_devices, alive));
-  // Check the weights once here, so that a bad model fails before any process starts.
+  // Check the weights and the memory budget here, so that bad input fails
+  // before any process starts.
   FS_ASSIGN_OR_RETURN(auto host, WeightStore::Open(options.model_dir, g->config_));
   host.reset();
+  const int64_t slots = static_cast<int64_t>(g->config_.num_layers) * g->config_.num_kv_heads;
+  const int64_t page_bytes = 2LL * options.block_size * g->config_.head_dim * 4;
+  std::vector<int64_t> kv_pages(options.num_devices, slots * (65536 / options.block_size));
+  if (options.kv_pages > 0) {
+    std::fill(kv_pages.begin(), kv_pages.end(), options.kv_pages);
+  } else if (options.device_memory_bytes > 0) {
+    FS_ASSIGN_OR_RETURN(
+        kv_pages, KvPagesWithinBudget(g->plan_, g->config_, options.device_memory_bytes,
+                                      ActivationReserveBytes(g->config_, options.max_step_tokens),
+                                      page_bytes));
+  }
 
   const size_t logits_bytes =
       static_cast<size_t>(options.max_logits_rows) * g->config_.vocab_size * sizeof(float);
@@ -48,15 +69,15 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   for (int d : g->plan_.alive) FS_RETURN_IF_ERROR(g->Spawn(d));
 
   // Initialise every alive device, then load the active ones' shares.
-  const int64_t slots = static_cast<int64_t>(g->config_.num_layers) * g->config_.num_kv_heads;
   WorkerInit init;
   init.model_dir = options.model_dir;
   init.threads = options.threads_per_device;
   init.block_size = options.block_size;
-  init.kv_pages = options.kv_pages > 0 ? options.kv_pages : slots * (65536 / options.block_size);
   init.logits_rows = options.max_logits_rows;
   for (int d : g->plan_.alive) {
     init.device_id = d;
+    init.kv_pages = std::max<int64_t>(kv_pages[d], 1);
+    g->devices_[d].kv_pages = kv_pages[d];
     WireWriter w;
     init.Encode(&w);
     FS_RETURN_IF_ERROR(g->devices_[d].channel.Send(static_cast<uint32_t>(WorkerOp::kInit), w.data(),
@@ -287,11 +308,13 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
       timing->device_compute_ns.push_back(total);
       timing->device_attention_flops.push_back(stats[i].attention_flops);
       timing->device_ffn_flops.push_back(stats[i].ffn_flops);
+      timing->device_kv_bytes.push_back(stats[i].kv_bytes);
     }
     for (size_t s = 0; s < segments; ++s) {
       int64_t slowest = 0;
       for (auto& st : stats) slowest = std::max(slowest, st.segment_cpu_ns[s]);
       timing->emulated_ns += slowest;
+      timing->segment_max_ns.push_back(slowest);
     }
   }
   return static_cast<const float*>(logits_.data());

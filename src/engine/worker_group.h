@@ -38,7 +38,10 @@ struct WorkerGroupOptions {
   std::vector<int> alive;  // empty: every device
   int threads_per_device = 1;
   int block_size = 16;
-  int64_t kv_pages = 0;  // per device; 0: room for 64K tokens of every slot
+  int64_t kv_pages = 0;  // per device; 0: from device_memory_bytes
+  // Memory of one device (weights + KV + activations); 0: KV for 64K tokens
+  // of every slot.
+  int64_t device_memory_bytes = 0;
   CommKind comm = CommKind::kShm;
   std::string gloo_hostname = "127.0.0.1";
   int64_t collective_timeout_ms = 120000;
@@ -47,6 +50,9 @@ struct WorkerGroupOptions {
   int max_logits_rows = 1024;
   std::string log_level = "warn";
 };
+
+// Bytes a device keeps for step activations (an estimate from the shapes).
+int64_t ActivationReserveBytes(const ModelConfig& config, int max_step_tokens);
 
 class WorkerGroup final : public Executor {
  public:
@@ -65,6 +71,8 @@ class WorkerGroup final : public Executor {
   pid_t device_pid(int device) const;
   // Weight bytes each device reported after loading its share.
   int64_t device_weight_bytes(int device) const;
+  // KV pool of a device, in pages of block_size tokens of one (layer, head).
+  int64_t device_kv_pages(int device) const { return devices_[device].kv_pages; }
 
  private:
   struct Device {
@@ -74,6 +82,7 @@ class WorkerGroup final : public Executor {
     Channel channel;
     bool alive = false;
     int64_t weight_bytes = 0;
+    int64_t kv_pages = 0;
   };
 
   WorkerGroup() = default;

@@ -210,6 +210,13 @@ TEST(WorkerGroup, BadInputFailsBeforeAnyProcessStarts) {
   o.alive = {};
   o.num_devices = 0;
   EXPECT_EQ(WorkerGroup::Start(o).status().code(), StatusCode::kInvalidArgument);
+  // Weights that do not fit the device memory: refused before spawning.
+  o.num_devices = 7;
+  o.policy = Policy::kNonUniform;
+  o.device_memory_bytes = 1 << 20;
+  auto st = WorkerGroup::Start(o).status();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("device 0 needs"), std::string::npos) << st.message();
 }
 
 }  // namespace

@@ -49,9 +49,28 @@ std::vector<DeviceCost> PlanCosts(const Plan& p, const ModelConfig& c) {
   return out;
 }
 
+Result<std::vector<int64_t>> KvPagesWithinBudget(const Plan& p, const ModelConfig& c,
+                                                 int64_t budget, int64_t reserve,
+                                                 int64_t page_bytes) {
+  std::vector<int64_t> pages(p.num_devices, 0);
+  for (const DeviceCost& dc : PlanCosts(p, c)) {
+    const int64_t left = budget - dc.weight_bytes - reserve;
+    if (left < page_bytes * c.num_layers) {
+      return ResourceExhausted(
+          "device {} needs {:.1f} MiB for its weights and {:.1f} MiB for activations under policy "
+          "'{}', which "
+          "leaves no room for KV in a device memory of {:.1f} MiB",
+          dc.device, dc.weight_bytes / 1048576.0, reserve / 1048576.0, PolicyName(p.policy),
+          budget / 1048576.0);
+    }
+    pages[dc.device] = left / page_bytes;
+  }
+  return pages;
+}
+
 std::string PlanReport(const Plan& p, const ModelConfig& c) {
-  std::string s = fmt::format("policy {}, {} devices alive of {}, active: ", PolicyName(p.policy), p.alive.size(),
-                              p.num_devices);
+  std::string s = fmt::format("policy {}, {} devices alive of {}, active: ", PolicyName(p.policy),
+                              p.alive.size(), p.num_devices);
   for (size_t i = 0; i < p.active.size(); ++i) s += (i ? "," : "") + std::to_string(p.active[i]);
   s += fmt::format("\nFFN: {} shards of width {} per {}; vocabulary: {} chunks of {} rows\n\n",
                    p.shape.shards_per_expert, p.shape.shard_width, c.is_moe() ? "expert" : "layer",
@@ -67,16 +86,18 @@ std::string PlanReport(const Plan& p, const ModelConfig& c) {
   for (int l = 0; l < c.num_layers; ++l) {
     s += fmt::format("{:5}", l);
     for (int d : p.active) {
-      s += fmt::format(" | {:>11} ({:3})", heads(p.layers[l].tp_heads[d]), p.layers[l].ffn_shards[d].size());
+      s += fmt::format(" | {:>11} ({:3})", heads(p.layers[l].tp_heads[d]),
+                       p.layers[l].ffn_shards[d].size());
     }
     s += fmt::format(" | {}\n", heads(p.layers[l].dp_heads));
   }
-  s += fmt::format("\n{:>6} {:>12} {:>10} {:>12} {:>14} {:>14} {:>14}\n", "device", "weights", "TP heads",
-                   "KV B/token", "DP KV B/own", "attn GF/token", "DP GF/own tok");
+  s += fmt::format("\n{:>6} {:>12} {:>10} {:>12} {:>14} {:>14} {:>14}\n", "device", "weights",
+                   "TP heads", "KV B/token", "DP KV B/own", "attn GF/token", "DP GF/own tok");
   for (auto& dc : PlanCosts(p, c)) {
     s += fmt::format("{:>6} {:>9.1f} MiB {:>10} {:>12} {:>14} {:>14.4f} {:>14.4f}\n", dc.device,
-                     dc.weight_bytes / 1048576.0, dc.tp_heads, dc.tp_kv_bytes_per_token, dc.dp_kv_bytes_per_token,
-                     dc.tp_attn_flops_per_token / 1e9, dc.dp_attn_flops_per_token / 1e9);
+                     dc.weight_bytes / 1048576.0, dc.tp_heads, dc.tp_kv_bytes_per_token,
+                     dc.dp_kv_bytes_per_token, dc.tp_attn_flops_per_token / 1e9,
+                     dc.dp_attn_flops_per_token / 1e9);
   }
   return s;
 }
@@ -85,16 +106,17 @@ std::string PlanReportJson(const Plan& p, const ModelConfig& c) {
   nlohmann::json j = nlohmann::json::parse(PlanToJson(p));
   nlohmann::json devs = nlohmann::json::array();
   for (auto& dc : PlanCosts(p, c)) {
-    devs.push_back({{"device", dc.device},
-                    {"weight_bytes", dc.weight_bytes},
-                    {"tp_heads", dc.tp_heads},
-                    {"ffn_shards", dc.ffn_shards},
-                    {"tp_kv_bytes_per_token", dc.tp_kv_bytes_per_token},
-                    {"dp_kv_bytes_per_owned_token", dc.dp_kv_bytes_per_token},
-                    {"tp_attention_flops_per_token", dc.tp_attn_flops_per_token},
-                    {"dp_attention_flops_per_owned_token", dc.dp_attn_flops_per_token},
-                    {"attention_core_flops_per_context_token", dc.attn_core_flops_per_context_token},
-                    {"ffn_flops_per_token", dc.ffn_flops_per_token}});
+    devs.push_back(
+        {{"device", dc.device},
+         {"weight_bytes", dc.weight_bytes},
+         {"tp_heads", dc.tp_heads},
+         {"ffn_shards", dc.ffn_shards},
+         {"tp_kv_bytes_per_token", dc.tp_kv_bytes_per_token},
+         {"dp_kv_bytes_per_owned_token", dc.dp_kv_bytes_per_token},
+         {"tp_attention_flops_per_token", dc.tp_attn_flops_per_token},
+         {"dp_attention_flops_per_owned_token", dc.dp_attn_flops_per_token},
+         {"attention_core_flops_per_context_token", dc.attn_core_flops_per_context_token},
+         {"ffn_flops_per_token", dc.ffn_flops_per_token}});
   }
   j["devices"] = devs;
   return j.dump();

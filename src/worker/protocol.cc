@@ -64,6 +64,7 @@ void EncodeStats(const ForwardStats& s, WireWriter* w) {
   w->Put(s.attention_flops);
   w->Put(s.ffn_flops);
   w->Put(s.other_flops);
+  w->Put(s.kv_bytes);
 }
 
 bool DecodeStats(WireReader* r, ForwardStats* s) {
@@ -73,6 +74,7 @@ bool DecodeStats(WireReader* r, ForwardStats* s) {
   s->attention_flops = r->Get<double>();
   s->ffn_flops = r->Get<double>();
   s->other_flops = r->Get<double>();
+  s->kv_bytes = r->Get<int64_t>();
   return r->ok();
 }
 

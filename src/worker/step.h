@@ -34,6 +34,7 @@ struct ForwardStats {
   double attention_flops = 0;            // projections + attention core
   double ffn_flops = 0;
   double other_flops = 0;  // LM head
+  int64_t kv_bytes = 0;    // KV pages in use after the step
 };
 
 }  // namespace failsafe

@@ -1,0 +1,359 @@
+#include "core/scheduler.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+
+namespace failsafe {
+
+Result<RouterPolicy> ParseRouterPolicy(const std::string& name) {
+  if (name == "round-robin") return RouterPolicy::kRoundRobin;
+  if (name == "load-aware") return RouterPolicy::kLoadAware;
+  return InvalidArgument("unknown router '{}' (known: round-robin, load-aware)", name);
+}
+
+Result<PrefillPolicy> ParsePrefillPolicy(const std::string& name) {
+  if (name == "fifo") return PrefillPolicy::kFifo;
+  if (name == "adaptive") return PrefillPolicy::kAdaptive;
+  return InvalidArgument("unknown prefill policy '{}' (known: fifo, adaptive)", name);
+}
+
+const char* RouterPolicyName(RouterPolicy p) {
+  return p == RouterPolicy::kRoundRobin ? "round-robin" : "load-aware";
+}
+const char* PrefillPolicyName(PrefillPolicy p) {
+  return p == PrefillPolicy::kFifo ? "fifo" : "adaptive";
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, const Plan& plan, const ModelConfig& model,
+                     int block_size, std::vector<int64_t> kv_capacity_pages,
+                     const DeviceSpeed& speed)
+    : config_(config),
+      model_(model),
+      plan_(plan),
+      kv_(plan, block_size, std::move(kv_capacity_pages)),
+      cost_(plan, model, speed),
+      speed_(speed),
+      dp_load_(plan.num_devices, 0) {}
+
+Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
+  if (seqs_.count(seq->id)) return InvalidArgument("request id {} is already in use", seq->id);
+  if (seq->prompt_len <= 0 || seq->len() != seq->prompt_len)
+    return InvalidArgument("the prompt is empty");
+  if (seq->max_new_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
+  if (seq->prompt_len + seq->max_new_tokens > config_.max_model_len) {
+    return OutOfRange("prompt ({} tokens) plus max_tokens ({}) exceeds the context length {}",
+                      seq->prompt_len, seq->max_new_tokens, config_.max_model_len);
+  }
+  for (int32_t t : seq->tokens) {
+    if (t < 0 || t >= model_.vocab_size)
+      return InvalidArgument("token id {} is outside the vocabulary", t);
+  }
+  // A request that could never fit, even alone, is refused now rather than
+  // waiting forever.
+  std::vector<int64_t> none(plan_.num_devices, 0);
+  bool fits_somewhere = false;
+  for (int d : plan_.active) {
+    if (kv_.Fits(d, 0, seq->prompt_len + seq->max_new_tokens, none, none)) fits_somewhere = true;
+  }
+  if (!fits_somewhere) {
+    return ResourceExhausted("a request of {} tokens does not fit in the devices' KV memory",
+                             seq->prompt_len + seq->max_new_tokens);
+  }
+  seq->state = SeqState::kWaiting;
+  waiting_.push_back(seq.get());
+  seqs_[seq->id] = std::move(seq);
+  return Status::Ok();
+}
+
+const Sequence* Scheduler::Find(int64_t id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+std::vector<const Sequence*> Scheduler::Running() const {
+  return std::vector<const Sequence*>(running_.begin(), running_.end());
+}
+
+std::vector<int64_t> Scheduler::DpLoad() const { return dp_load_; }
+
+int Scheduler::Route() {
+  const auto& act = plan_.active;
+  if (config_.router == RouterPolicy::kRoundRobin) return act[rr_next_++ % act.size()];
+  int best = act.front();
+  for (int d : act) {
+    if (dp_load_[d] < dp_load_[best]) best = d;
+  }
+  return best;
+}
+
+void Scheduler::Preempt(Sequence* s, StepPlan* plan) {
+  kv_.Release(*s);
+  s->num_computed = 0;
+  s->state = SeqState::kWaiting;
+  s->num_preemptions++;
+  std::erase(running_, s);
+  waiting_.push_front(s);
+  if (plan) plan->preempted.push_back(s->id);
+}
+
+void Scheduler::FinishSeq(Sequence* s, FinishReason why) {
+  kv_.Release(*s);
+  if (s->dp_rank >= 0) dp_load_[s->dp_rank] -= s->len();
+  std::erase(running_, s);
+  std::erase(waiting_, s);
+  s->state = SeqState::kFinished;
+  s->finish = why;
+  auto it = seqs_.find(s->id);
+  finished_.push_back(std::move(it->second));
+  seqs_.erase(it);
+}
+
+void Scheduler::Abort(int64_t id, FinishReason why) {
+  auto it = seqs_.find(id);
+  if (it != seqs_.end()) FinishSeq(it->second.get(), why);
+}
+
+void Scheduler::Finish(int64_t id, FinishReason why) { Abort(id, why); }
+
+std::vector<std::unique_ptr<Sequence>> Scheduler::TakeFinished() { return std::move(finished_); }
+
+bool Scheduler::CanAdmit(const Sequence& s, int tokens) const {
+  return static_cast<int>(running_.size()) < config_.max_num_seqs && kv_.CanGrow(s, tokens);
+}
+
+std::vector<Sequence*> Scheduler::PrefillCandidates(int limit) {
+  std::vector<Sequence*> out;
+  for (Sequence* s : running_) {
+    if (s->pending() > 1 && static_cast<int>(out.size()) < limit) out.push_back(s);
+  }
+  int room = config_.max_num_seqs - static_cast<int>(running_.size());
+  for (Sequence* s : waiting_) {
+    if (static_cast<int>(out.size()) >= limit || room <= 0) break;
+    out.push_back(s);
+    --room;
+  }
+  return out;
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  cost_.Reset();
+  int budget = config_.max_batch_tokens;
+  // 1) One decode token for every running sequence past its prefill, oldest
+  //    first; preempt the newest sequences when a block is missing.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i];
+    if (s->pending() != 1 || s->num_computed == 0) continue;
+    bool preempted_self = false;
+    while (!kv_.CanGrow(*s, s->num_computed + 1)) {
+      Sequence* victim = running_.back();
+      Preempt(victim, &plan);
+      if (victim == s) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;
+    kv_.Grow(*s, s->num_computed + 1);
+    plan.seqs.push_back({s->id, s->num_computed, 1, s->dp_rank, true});
+    cost_.AddChunk(1, s->num_computed, s->dp_rank);
+    plan.decode_tokens++;
+    --budget;
+  }
+  // 2) Prefill chunks.
+  std::vector<Sequence*> chunks;
+  std::vector<int> sizes;
+  if (budget > 0) {
+    if (config_.prefill == PrefillPolicy::kFifo) {
+      SchedulePrefillFifo(budget, &plan, &chunks, &sizes);
+    } else {
+      SchedulePrefillAdaptive(budget, &plan, &chunks, &sizes);
+    }
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Sequence* s = chunks[i];
+    if (s->state == SeqState::kWaiting) {
+      std::erase(waiting_, s);
+      s->state = SeqState::kRunning;
+      running_.push_back(s);
+    }
+    kv_.Grow(*s, s->num_computed + sizes[i]);
+    const bool sample = s->num_computed + sizes[i] == s->len();
+    plan.seqs.push_back({s->id, s->num_computed, sizes[i], s->dp_rank, sample});
+    plan.prefill_tokens += sizes[i];
+  }
+  // The estimate of the final batch.
+  cost_.Reset();
+  for (auto& ss : plan.seqs) cost_.AddChunk(ss.num_tokens, ss.start, ss.dp_rank);
+  plan.estimated_time = cost_.StepTime();
+  return plan;
+}
+
+void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
+                                    std::vector<int>* sizes) {
+  std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
+      keep(plan_.num_devices, 0);
+  for (int d : plan_.active)
+    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+  for (Sequence* s : PrefillCandidates(1 << 30)) {
+    if (budget <= 0) break;
+    const bool admitting = s->state == SeqState::kWaiting;
+    if (s->dp_rank < 0) {
+      s->dp_rank = Route();
+      dp_load_[s->dp_rank] += s->len();
+    }
+    int n = std::min(s->pending(), budget);
+    // Shrink the chunk to what the devices can hold.
+    while (n > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, s->num_computed + n, pending,
+                              admitting ? keep : none)) {
+      n = std::max(0,
+                   (kv_.BlocksFor(s->num_computed + n) - 1) * kv_.block_size() - s->num_computed);
+    }
+    if (n <= 0) {
+      if (admitting) break;  // first come, first served: do not admit past it
+      continue;
+    }
+    kv_.AddPending(s->dp_rank, s->kv_blocks, s->num_computed + n, &pending);
+    chunks->push_back(s);
+    sizes->push_back(n);
+    budget -= n;
+  }
+}
+
+void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
+                                        std::vector<int>* sizes) {
+  struct Cand {
+    Sequence* s;
+    int chunk = 0;
+    bool admitting;
+    bool blocked = false;  // out of KV
+  };
+  std::vector<Cand> cands;
+  for (Sequence* s : PrefillCandidates(config_.adaptive_candidates)) {
+    if (s->dp_rank < 0) {
+      s->dp_rank = Route();
+      dp_load_[s->dp_rank] += s->len();
+    }
+    cands.push_back({s, 0, s->state == SeqState::kWaiting});
+  }
+  if (cands.empty()) return;
+  std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
+      keep(plan_.num_devices, 0);
+  for (int d : plan_.active)
+    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+  const double decode_tokens = plan->decode_tokens;
+  std::vector<int> history;  // candidate index per greedy step
+  std::vector<int> deltas;
+  double best_score = 0;
+  size_t best_len = 0;
+  int tokens = 0;
+  while (tokens < budget) {
+    // The least-loaded DP rank that has a request with tokens left ...
+    int pick = -1;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const Cand& c = cands[i];
+      if (c.blocked || c.chunk >= c.s->pending()) continue;
+      if (pick < 0 || cost_.DeviceTime(c.s->dp_rank) < cost_.DeviceTime(cands[pick].s->dp_rank))
+        pick = static_cast<int>(i);
+    }
+    if (pick < 0) break;
+    // ... gets one more unit for its earliest request.
+    Cand& c = cands[pick];
+    const int delta = std::min({config_.adaptive_unit, c.s->pending() - c.chunk, budget - tokens});
+    const int new_end = c.s->num_computed + c.chunk + delta;
+    // Blocks already counted for this request: its own plus this step's growth so far.
+    const int held = std::max(c.s->kv_blocks, kv_.BlocksFor(c.s->num_computed + c.chunk));
+    if (!kv_.Fits(c.s->dp_rank, held, new_end, pending, c.admitting ? keep : none)) {
+      c.blocked = true;
+      // First come, first served among new admissions: nothing after a blocked one.
+      if (c.admitting) {
+        for (size_t i = pick + 1; i < cands.size(); ++i) {
+          if (cands[i].admitting && cands[i].chunk == 0) cands[i].blocked = true;
+        }
+      }
+      continue;
+    }
+    kv_.AddPending(c.s->dp_rank, held, new_end, &pending);
+    cost_.GrowChunk(c.chunk, delta, c.s->num_computed, c.s->dp_rank);
+    c.chunk += delta;
+    tokens += delta;
+    history.push_back(pick);
+    deltas.push_back(delta);
+    const double score = (decode_tokens + tokens) / cost_.StepTime();
+    if (score >= best_score) {
+      best_score = score;
+      best_len = history.size();
+    }
+  }
+  // Keep the best prefix of the greedy sequence.
+  std::vector<int> size(cands.size(), 0);
+  for (size_t k = 0; k < best_len; ++k) size[history[k]] += deltas[k];
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (size[i] > 0) {
+      chunks->push_back(cands[i].s);
+      sizes->push_back(size[i]);
+    }
+  }
+}
+
+void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled) {
+  FS_CHECK(sampled.size() == plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& ss = plan.seqs[i];
+    auto it = seqs_.find(ss.seq_id);
+    if (it == seqs_.end()) continue;  // aborted while the step ran
+    Sequence* s = it->second.get();
+    if (s->state != SeqState::kRunning || s->num_computed != ss.start)
+      continue;  // preempted meanwhile
+    s->num_computed += ss.num_tokens;
+    if (!ss.sample) continue;
+    const int32_t tok = sampled[i];
+    s->tokens.push_back(tok);
+    dp_load_[s->dp_rank]++;
+    if (std::find(s->stop_token_ids.begin(), s->stop_token_ids.end(), tok) !=
+        s->stop_token_ids.end()) {
+      FinishSeq(s, FinishReason::kStop);
+    } else if (s->output_len() >= s->max_new_tokens || s->len() >= config_.max_model_len) {
+      FinishSeq(s, FinishReason::kLength);
+    }
+  }
+}
+
+std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_t> capacity,
+                                            std::vector<int64_t>* rerouted) {
+  plan_ = plan;
+  cost_ = StepCost(plan, model_, speed_);
+  dp_load_.assign(plan.num_devices, 0);
+  std::vector<Sequence*> all(running_.begin(), running_.end());
+  all.insert(all.end(), waiting_.begin(), waiting_.end());
+  for (Sequence* s : all) {
+    if (s->dp_rank >= 0 && plan.IsActive(s->dp_rank)) dp_load_[s->dp_rank] += s->len();
+  }
+  for (Sequence* s : all) {
+    if (s->dp_rank >= 0 && !plan.IsActive(s->dp_rank)) {
+      s->dp_rank = Route();
+      dp_load_[s->dp_rank] += s->len();
+      if (rerouted) rerouted->push_back(s->id);
+    }
+  }
+  std::vector<const Sequence*> live;
+  for (Sequence* s : running_) live.push_back(s);
+  kv_.Reconfigure(plan, std::move(capacity), live);
+  std::vector<int64_t> preempted;
+  while (kv_.OverCapacity() && !running_.empty()) {
+    Sequence* victim = running_.back();
+    preempted.push_back(victim->id);
+    Preempt(victim, nullptr);
+  }
+  return preempted;
+}
+
+void Scheduler::RollBack(int64_t id, int num_computed) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  Sequence* s = it->second.get();
+  s->num_computed = std::min(s->num_computed, std::max(0, num_computed));
+}
+
+}  // namespace failsafe

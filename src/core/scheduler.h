@@ -1,0 +1,142 @@
+// The scheduler: continuous batching over the devices of a plan.
+//
+// Pure logic, shared by the real engine and the simulator: no threads, no
+// I/O, no clock reads (callers pass times in). Each step it emits a StepPlan
+// (which sequences compute how many tokens, each with its DP rank) and later
+// consumes the sampled tokens.
+//
+// A step mixes one decode token of every running sequence with prefill chunks,
+// within a token budget. KV is accounted per device (see KvAccounting);
+// sequences are admitted only if every device has room (check, then commit),
+// and when a decode cannot get a block the newest running sequence is
+// preempted (its KV freed, to be recomputed later).
+//
+// Routing: a sequence gets its DP rank when first scheduled: round-robin, or
+// load-aware (the device with the least pending DP work, in tokens).
+//
+// Prefill: `fifo` gives each waiting request one chunk, in arrival order,
+// while the budget lasts. `adaptive` (docs/SCHEDULER.md) hands out tokens one
+// unit at a time to a request on the DP rank that is least loaded so far,
+// with a cost that grows with the chunk's length and context, and keeps the
+// prefix of that sequence with the best estimated tokens per second.
+//
+// Thread-safety: none; one thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "core/kv_accounting.h"
+#include "core/sequence.h"
+#include "core/step_cost.h"
+
+namespace failsafe {
+
+enum class RouterPolicy { kRoundRobin, kLoadAware };
+enum class PrefillPolicy { kFifo, kAdaptive };
+Result<RouterPolicy> ParseRouterPolicy(const std::string& name);
+Result<PrefillPolicy> ParsePrefillPolicy(const std::string& name);
+const char* RouterPolicyName(RouterPolicy p);
+const char* PrefillPolicyName(PrefillPolicy p);
+
+struct SchedulerConfig {
+  int max_batch_tokens = 2048;  // tokens computed per step (prefill + decode)
+  int max_num_seqs = 256;       // running sequences (also logits rows per step)
+  int max_model_len = 4096;
+  RouterPolicy router = RouterPolicy::kLoadAware;
+  PrefillPolicy prefill = PrefillPolicy::kAdaptive;
+  int adaptive_unit = 16;         // tokens per greedy step of the adaptive policy
+  int adaptive_candidates = 64;   // waiting/prefilling requests the adaptive policy looks at
+  double admit_watermark = 0.01;  // fraction of each device's pages kept free when admitting
+};
+
+struct ScheduledSeq {
+  int64_t seq_id = 0;
+  int start = 0;  // = num_computed
+  int num_tokens = 0;
+  int dp_rank = 0;
+  bool sample = false;  // the last token's logits are sampled
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;
+  std::vector<int64_t> preempted;  // release their KV on the devices before the step
+  int prefill_tokens = 0;
+  int decode_tokens = 0;
+  double estimated_time = 0;  // seconds, from StepCost
+  bool empty() const { return seqs.empty(); }
+  int num_tokens() const { return prefill_tokens + decode_tokens; }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, const Plan& plan, const ModelConfig& model,
+            int block_size, std::vector<int64_t> kv_capacity_pages, const DeviceSpeed& speed = {});
+
+  // Validates and queues a request. The sequence must have a new id.
+  Status Add(std::unique_ptr<Sequence> seq);
+  // Finishes a request early (client gone); its KV is released.
+  void Abort(int64_t id, FinishReason why = FinishReason::kAborted);
+
+  StepPlan Schedule();
+  // Applies a step's results: sampled[i] is the token of plan.seqs[i] if it
+  // sampled (ignored otherwise). Finishes sequences that hit a limit.
+  void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
+  // Marks a sequence finished by the caller (a stop string).
+  void Finish(int64_t id, FinishReason why);
+
+  // Sequences finished since the last call (their KV must be freed on the
+  // devices); ownership passes to the caller.
+  std::vector<std::unique_ptr<Sequence>> TakeFinished();
+
+  // After a failure or rejoin: new plan and capacities. Sequences keep their
+  // computed KV (the engine restores it onto the new devices); DP ranks on
+  // devices that left are re-routed by the caller through `rerouted`.
+  // Returns sequences preempted to fit the new capacities.
+  std::vector<int64_t> Reconfigure(const Plan& plan, std::vector<int64_t> kv_capacity_pages,
+                                   std::vector<int64_t>* rerouted);
+  // Rolls a running sequence back to `num_computed` tokens of KV (its KV past
+  // that was lost and will be recomputed).
+  void RollBack(int64_t id, int num_computed);
+
+  const Sequence* Find(int64_t id) const;
+  std::vector<const Sequence*> Running() const;
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  const KvAccounting& kv() const { return kv_; }
+  const SchedulerConfig& config() const { return config_; }
+  // Pending DP work per device, in tokens (what load-aware routing balances).
+  std::vector<int64_t> DpLoad() const;
+
+ private:
+  int Route();
+  void Preempt(Sequence* s, StepPlan* plan);
+  void FinishSeq(Sequence* s, FinishReason why);
+  void SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
+                           std::vector<int>* sizes);
+  void SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
+                               std::vector<int>* sizes);
+  std::vector<Sequence*> PrefillCandidates(int limit);
+  bool CanAdmit(const Sequence& s, int tokens) const;
+
+  const SchedulerConfig config_;
+  ModelConfig model_;
+  Plan plan_;
+  KvAccounting kv_;
+  StepCost cost_;
+  DeviceSpeed speed_;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  std::deque<Sequence*> waiting_;   // arrival order (preempted ones in front)
+  std::vector<Sequence*> running_;  // admission order
+  std::vector<std::unique_ptr<Sequence>> finished_;
+  std::vector<int64_t> dp_load_;  // [device] -> pending DP tokens of routed sequences
+  int rr_next_ = 0;
+};
+
+}  // namespace failsafe

@@ -1,0 +1,238 @@
+#include "core/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "common/rng.h"
+#include "model/synthetic.h"
+
+namespace failsafe {
+namespace {
+
+ModelConfig Model() { return *SyntheticPresetConfig("1b-llama"); }
+
+std::vector<int> Range(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+std::unique_ptr<Sequence> Req(int64_t id, int prompt, int out, double arrival = 0) {
+  auto s = std::make_unique<Sequence>();
+  s->id = id;
+  s->tokens.assign(prompt, 5);
+  s->prompt_len = prompt;
+  s->max_new_tokens = out;
+  s->arrival = arrival;
+  return s;
+}
+
+struct DriveResult {
+  int steps = 0;
+  int max_running = 0;
+  int preemptions = 0;
+  std::map<int64_t, int> outputs;
+};
+
+// Drives a scheduler to completion, sampling token 7 everywhere.
+DriveResult Drive(Scheduler& s, int max_steps = 100000) {
+  DriveResult r;
+  while (!s.idle() && r.steps < max_steps) {
+    StepPlan p = s.Schedule();
+    EXPECT_LE(p.num_tokens(), s.config().max_batch_tokens);
+    r.preemptions += static_cast<int>(p.preempted.size());
+    r.max_running = std::max(r.max_running, s.num_running());
+    // Every device within capacity after scheduling.
+    for (int d : s.kv().devices()) EXPECT_LE(s.kv().used(d), s.kv().capacity(d));
+    s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
+    for (auto& f : s.TakeFinished()) r.outputs[f->id] = f->output_len();
+    ++r.steps;
+  }
+  return r;
+}
+
+TEST(Scheduler, CompletesEveryRequestExactlyOnce) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  for (PrefillPolicy pp : {PrefillPolicy::kFifo, PrefillPolicy::kAdaptive}) {
+    SchedulerConfig cfg;
+    cfg.prefill = pp;
+    cfg.max_batch_tokens = 512;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+    Rng rng(1);
+    std::map<int64_t, int> want;
+    for (int i = 0; i < 40; ++i) {
+      const int prompt = 1 + static_cast<int>(rng.Below(900));
+      want[i] = 1 + static_cast<int>(rng.Below(40));
+      ASSERT_TRUE(s.Add(Req(i, prompt, want[i])).ok());
+    }
+    DriveResult r = Drive(s);
+    EXPECT_TRUE(s.idle());
+    EXPECT_EQ(r.outputs, want);
+  }
+}
+
+TEST(Scheduler, PreemptsWhenKvRunsOutAndStillFinishes) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));
+  SchedulerConfig cfg;
+  // Room for about 8 blocks of every slot per device.
+  const int64_t pages = 8LL * plan.num_tp_heads_total(0);
+  Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, pages));
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(s.Add(Req(i, 30, 60)).ok());
+  DriveResult r = Drive(s);
+  EXPECT_EQ(r.outputs.size(), 6u);
+  EXPECT_GT(r.preemptions, 0);
+  for (auto& [id, n] : r.outputs) EXPECT_EQ(n, 60);
+}
+
+// Equal memory per device: nonuniform fills device 0 (two heads per layer)
+// first; cyclic spreads the extra head and holds more sequences.
+TEST(Scheduler, CyclicHoldsMoreSequencesThanNonuniform) {
+  auto c = Model();
+  std::map<Policy, int> concurrency;
+  for (Policy p : {Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid}) {
+    auto plan = *MakePlan(c, p, 8, Range(7));
+    SchedulerConfig cfg;
+    cfg.max_num_seqs = 1000;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 20000));
+    for (int i = 0; i < 400; ++i) ASSERT_TRUE(s.Add(Req(i, 200, 20)).ok());
+    concurrency[p] = Drive(s).max_running;
+  }
+  EXPECT_GT(concurrency[Policy::kCyclic], concurrency[Policy::kNonUniform] * 3 / 2);
+  EXPECT_GT(concurrency[Policy::kHybrid], concurrency[Policy::kNonUniform] * 3 / 2);
+}
+
+TEST(Scheduler, DpBlocksOnlyOnTheDpRank) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  Scheduler s({}, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+  ASSERT_TRUE(s.Add(Req(1, 64, 4)).ok());
+  StepPlan p = s.Schedule();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  const int rank = p.seqs[0].dp_rank;
+  const int64_t blocks = 4;
+  for (int d : plan.active) {
+    int64_t want =
+        blocks * (plan.num_tp_heads_total(d) + (d == rank ? plan.num_dp_heads_total() : 0));
+    EXPECT_EQ(s.kv().used(d), want) << d;
+  }
+}
+
+TEST(Scheduler, LoadAwareRoutingBalancesTokensRoundRobinCycles) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  for (RouterPolicy rp : {RouterPolicy::kRoundRobin, RouterPolicy::kLoadAware}) {
+    SchedulerConfig cfg;
+    cfg.router = rp;
+    cfg.prefill = PrefillPolicy::kFifo;
+    cfg.max_batch_tokens = 1 << 20;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 24));
+    // Every seventh request is long: round-robin over seven devices piles them
+    // all onto one device.
+    for (int i = 0; i < 98; ++i) ASSERT_TRUE(s.Add(Req(i, i % 7 == 0 ? 4000 : 100, 10)).ok());
+    s.Schedule();
+    auto load = s.DpLoad();
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int d : plan.active) {
+      lo = std::min(lo, load[d]);
+      hi = std::max(hi, load[d]);
+    }
+    if (rp == RouterPolicy::kLoadAware) {
+      EXPECT_LT(static_cast<double>(hi) / lo, 1.3);
+    } else {
+      EXPECT_GT(static_cast<double>(hi) / lo, 2.0);
+    }
+  }
+}
+
+// Long prompts queued behind each other: FIFO gives the first one the whole
+// budget, so one DP rank does all the DP work; adaptive spreads the tokens
+// over ranks and gets more tokens per estimated second.
+TEST(Scheduler, AdaptivePrefillSpreadsTokensOverDpRanks) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  std::map<PrefillPolicy, StepPlan> plans;
+  for (PrefillPolicy pp : {PrefillPolicy::kFifo, PrefillPolicy::kAdaptive}) {
+    SchedulerConfig cfg;
+    cfg.prefill = pp;
+    cfg.max_batch_tokens = 2048;
+    cfg.max_model_len = 16384;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 24));
+    for (int i = 0; i < 14; ++i) ASSERT_TRUE(s.Add(Req(i, 8000, 10)).ok());
+    plans[pp] = s.Schedule();
+  }
+  const StepPlan& fifo = plans[PrefillPolicy::kFifo];
+  const StepPlan& adaptive = plans[PrefillPolicy::kAdaptive];
+  EXPECT_EQ(fifo.seqs.size(), 1u);
+  std::set<int> ranks;
+  for (auto& ss : adaptive.seqs) ranks.insert(ss.dp_rank);
+  EXPECT_EQ(ranks.size(), 7u);
+  EXPECT_GT(adaptive.num_tokens() / adaptive.estimated_time,
+            1.05 * fifo.num_tokens() / fifo.estimated_time);
+}
+
+TEST(Scheduler, SameInputsSamePlans) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(6));
+  auto run = [&] {
+    Scheduler s({}, plan, c, 16, std::vector<int64_t>(8, 50000));
+    Rng rng(4);
+    for (int i = 0; i < 30; ++i) (void)s.Add(Req(i, 1 + static_cast<int>(rng.Below(3000)), 5));
+    std::vector<std::tuple<int64_t, int, int, int>> trace;
+    while (!s.idle()) {
+      StepPlan p = s.Schedule();
+      for (auto& ss : p.seqs) trace.emplace_back(ss.seq_id, ss.start, ss.num_tokens, ss.dp_rank);
+      s.Update(p, std::vector<int32_t>(p.seqs.size(), 3));
+      s.TakeFinished();
+    }
+    return trace;
+  };
+  EXPECT_EQ(run(), run());
+}
+
+TEST(Scheduler, RefusesBadRequests) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(8));
+  SchedulerConfig cfg;
+  cfg.max_model_len = 4096;
+  Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 64));
+  EXPECT_EQ(s.Add(Req(1, 0, 5)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Add(Req(1, 5, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Add(Req(1, 4000, 100)).code(), StatusCode::kOutOfRange);
+  auto bad = Req(1, 3, 3);
+  bad->tokens[1] = c.vocab_size;
+  EXPECT_EQ(s.Add(std::move(bad)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Add(Req(1, 2000, 100)).code(),
+            StatusCode::kResourceExhausted);  // never fits 64 pages
+  ASSERT_TRUE(s.Add(Req(1, 16, 1)).ok());
+  EXPECT_EQ(s.Add(Req(1, 16, 1)).code(), StatusCode::kInvalidArgument);  // duplicate id
+}
+
+TEST(Scheduler, ReconfigureReroutesAndPreempts) {
+  auto c = Model();
+  auto plan8 = *MakePlan(c, Policy::kHybrid, 8, Range(8));
+  Scheduler s({}, plan8, c, 16, std::vector<int64_t>(8, 1 << 20));
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(s.Add(Req(i, 100, 50)).ok());
+  for (int k = 0; k < 3; ++k) {
+    StepPlan p = s.Schedule();
+    s.Update(p, std::vector<int32_t>(p.seqs.size(), 1));
+  }
+  auto plan7 = *MakePlan(c, Policy::kHybrid, 8, {0, 1, 2, 4, 5, 6, 7});
+  std::vector<int64_t> rerouted;
+  auto preempted = s.Reconfigure(plan7, std::vector<int64_t>(8, 1 << 20), &rerouted);
+  EXPECT_TRUE(preempted.empty());
+  EXPECT_FALSE(rerouted.empty());
+  for (const Sequence* q : s.Running()) EXPECT_NE(q->dp_rank, 3);
+  // Much less memory: some sequences must go.
+  preempted = s.Reconfigure(plan7, std::vector<int64_t>(8, 2000), &rerouted);
+  EXPECT_FALSE(preempted.empty());
+  EXPECT_FALSE(s.kv().OverCapacity());
+  DriveResult r = Drive(s);
+  EXPECT_EQ(r.outputs.size(), 16u);
+}
+
+}  // namespace
+}  // namespace failsafe

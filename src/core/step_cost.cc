@@ -1,0 +1,65 @@
+#include "core/step_cost.h"
+
+#include <algorithm>
+
+namespace failsafe {
+
+StepCost::StepCost(const Plan& plan, const ModelConfig& c, const DeviceSpeed& speed)
+    : devices_(plan.active) {
+  const double g = c.group_size(), hd = c.head_dim, h = c.hidden_size;
+  pair_time_ = 4.0 * g * hd / speed.flops_per_s;
+  kv_time_ = 8.0 * hd / speed.bytes_per_s;
+  proj_time_ = 2.0 * h * (2 * g + 2) * hd / speed.flops_per_s;
+  tp_head_layers_.assign(plan.num_devices, 0);
+  ffn_time_per_token_.assign(plan.num_devices, 0);
+  fixed_.assign(plan.num_devices, 0);
+  time_.assign(plan.num_devices, 0);
+  dp_head_layers_ = plan.num_dp_heads_total();
+  const double moe_share =
+      c.is_moe() ? static_cast<double>(c.experts_per_token) / c.num_experts : 1.0;
+  for (int d : plan.active) {
+    tp_head_layers_[d] = plan.num_tp_heads_total(d);
+    double shards = 0;
+    for (auto& l : plan.layers) shards += l.ffn_shards[d].size();
+    ffn_time_per_token_[d] =
+        2.0 * 3 * plan.shape.shard_width * h * shards * moe_share / speed.flops_per_s;
+    // Weights read once per step: attention heads (TP and DP) and FFN shards.
+    const double head_bytes = ((g + 2) * hd * h + g * hd * h) * 4;
+    const double shard_bytes = 3.0 * plan.shape.shard_width * h * 4;
+    fixed_[d] = ((tp_head_layers_[d] + dp_head_layers_) * head_bytes + shards * shard_bytes) /
+                speed.bytes_per_s;
+  }
+  Reset();
+}
+
+void StepCost::Reset() {
+  for (int d : devices_) time_[d] = fixed_[d];
+}
+
+void StepCost::AddChunk(int n, int l, int dp_rank) { GrowChunk(0, n, l, dp_rank); }
+
+void StepCost::GrowChunk(int n, int delta, int l, int dp_rank) {
+  if (delta <= 0) return;
+  // Growing a chunk adds attention pairs and projections; the context is read
+  // once per chunk, so a new chunk (n == 0) also pays its read.
+  for (int d : devices_) {
+    double extra =
+        tp_head_layers_[d] * ((AttentionPairs(n + delta, l) - AttentionPairs(n, l)) * pair_time_ +
+                              delta * proj_time_ + (n == 0 ? l : 0) * kv_time_ + delta * kv_time_);
+    extra += delta * ffn_time_per_token_[d];
+    if (d == dp_rank && dp_head_layers_ > 0) {
+      extra +=
+          dp_head_layers_ * ((AttentionPairs(n + delta, l) - AttentionPairs(n, l)) * pair_time_ +
+                             delta * proj_time_ + (n == 0 ? l : 0) * kv_time_ + delta * kv_time_);
+    }
+    time_[d] += extra;
+  }
+}
+
+double StepCost::StepTime() const {
+  double t = 0;
+  for (int d : devices_) t = std::max(t, time_[d]);
+  return t;
+}
+
+}  // namespace failsafe

@@ -14,6 +14,8 @@ CommandFn RegisterGenerate(CLI::App& app);
 CommandFn RegisterLogits(CLI::App& app);
 CommandFn RegisterWorker(CLI::App& app);
 CommandFn RegisterPlan(CLI::App& app);
+CommandFn RegisterRun(CLI::App& app);
+CommandFn RegisterAblation(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

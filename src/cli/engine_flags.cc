@@ -37,6 +37,8 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     FS_ASSIGN_OR_RETURN(o.device_memory_bytes, ParseBytes(f.device_memory));
   }
   o.model_dir = model_dir;
+  o.max_step_tokens = f.max_step_tokens;
+  o.max_logits_rows = f.max_seqs;
   o.num_devices = f.devices;
   o.policy = policy;
   o.threads_per_device = f.threads;

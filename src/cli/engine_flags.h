@@ -17,6 +17,9 @@ struct DeviceFlags {
   int threads = 1;
   bool processes = false;     // a worker process even for one device
   std::string device_memory;  // e.g. "2GiB"; empty: no limit
+  // Set by commands from their scheduler settings:
+  int max_step_tokens = 2048;  // tokens per step (sizes activations and collective slots)
+  int max_seqs = 256;          // sequences sampled per step (logits rows)
 };
 
 void AddDeviceFlags(CLI::App& app, DeviceFlags* flags);

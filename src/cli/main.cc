@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
       RegisterLogits);
   add("plan", "print the placement plan and per-device costs for a device set", RegisterPlan);
+  add("run", "run a workload to completion offline and print a summary", RegisterRun);
+  add("ablation",
+      "the paper's ablation (TP4 -> nonuniform -> cyclic -> FailSafe, and TP8) on this engine",
+      RegisterAblation);
   add("worker", "run one device (started by the coordinator)", RegisterWorker);
 
   try {

@@ -67,6 +67,13 @@ void KvAccounting::AddPending(int dp_rank, int blocks, int tokens,
   for (int d : devices_) (*pending)[d] += add * PagesPerBlock(d, dp_rank);
 }
 
+bool KvAccounting::FitsAlone(int dp_rank, int tokens) const {
+  for (int d : devices_) {
+    if (BlocksFor(tokens) * PagesPerBlock(d, dp_rank) > capacity_[d]) return false;
+  }
+  return true;
+}
+
 void KvAccounting::Grow(Sequence& s, int tokens) {
   const int add = BlocksFor(tokens) - s.kv_blocks;
   if (add <= 0) return;

@@ -36,6 +36,8 @@ class KvAccounting {
   bool Fits(int dp_rank, int blocks, int tokens, const std::vector<int64_t>& pending,
             const std::vector<int64_t>& keep_free) const;
   void AddPending(int dp_rank, int blocks, int tokens, std::vector<int64_t>* pending) const;
+  // Would `tokens` tokens fit on empty devices (the sequence alone)?
+  bool FitsAlone(int dp_rank, int tokens) const;
   void Grow(Sequence& s, int tokens);
   void Release(Sequence& s);
 

@@ -51,12 +51,10 @@ Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   }
   // A request that could never fit, even alone, is refused now rather than
   // waiting forever.
-  std::vector<int64_t> none(plan_.num_devices, 0);
-  bool fits_somewhere = false;
-  for (int d : plan_.active) {
-    if (kv_.Fits(d, 0, seq->prompt_len + seq->max_new_tokens, none, none)) fits_somewhere = true;
-  }
-  if (!fits_somewhere) {
+  // Any DP rank the router may pick must do.
+  bool fits = true;
+  for (int d : plan_.active) fits &= kv_.FitsAlone(d, seq->prompt_len + seq->max_new_tokens);
+  if (!fits) {
     return ResourceExhausted("a request of {} tokens does not fit in the devices' KV memory",
                              seq->prompt_len + seq->max_new_tokens);
   }
@@ -88,6 +86,7 @@ int Scheduler::Route() {
 }
 
 void Scheduler::Preempt(Sequence* s, StepPlan* plan) {
+  preempted_last_ = s->id;
   kv_.Release(*s);
   s->num_computed = 0;
   s->state = SeqState::kWaiting;
@@ -137,6 +136,21 @@ std::vector<Sequence*> Scheduler::PrefillCandidates(int limit) {
 }
 
 StepPlan Scheduler::Schedule() {
+  StepPlan plan = ScheduleOnce();
+  // Running sequences that all wait for memory (prefills that cannot grow):
+  // make room by preempting the newest until one can move. The oldest alone
+  // always fits (Add checked it).
+  while (plan.empty() && !running_.empty()) {
+    std::vector<int64_t> preempted = std::move(plan.preempted);
+    Preempt(running_.back(), nullptr);
+    preempted.push_back(preempted_last_);
+    plan = ScheduleOnce();
+    plan.preempted.insert(plan.preempted.begin(), preempted.begin(), preempted.end());
+  }
+  return plan;
+}
+
+StepPlan Scheduler::ScheduleOnce() {
   StepPlan plan;
   cost_.Reset();
   int budget = config_.max_batch_tokens;

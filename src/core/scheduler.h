@@ -115,6 +115,7 @@ class Scheduler {
   std::vector<int64_t> DpLoad() const;
 
  private:
+  StepPlan ScheduleOnce();
   int Route();
   void Preempt(Sequence* s, StepPlan* plan);
   void FinishSeq(Sequence* s, FinishReason why);
@@ -137,6 +138,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> finished_;
   std::vector<int64_t> dp_load_;  // [device] -> pending DP tokens of routed sequences
   int rr_next_ = 0;
+  int64_t preempted_last_ = -1;
 };
 
 }  // namespace failsafe

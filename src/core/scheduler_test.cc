@@ -174,6 +174,26 @@ TEST(Scheduler, AdaptivePrefillSpreadsTokensOverDpRanks) {
             1.05 * fifo.num_tokens() / fifo.estimated_time);
 }
 
+// Long prompts admitted chunk by chunk can fill memory while all are still in
+// prefill; the scheduler must preempt to make progress, not stall.
+TEST(Scheduler, NoDeadlockWhenEveryRunningSequenceIsInPrefill) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  for (PrefillPolicy pp : {PrefillPolicy::kFifo, PrefillPolicy::kAdaptive}) {
+    SchedulerConfig cfg;
+    cfg.prefill = pp;
+    cfg.max_batch_tokens = 64;
+    cfg.admit_watermark = 0;
+    // Room for 10 blocks of every TP and DP slot.
+    Scheduler s(
+        cfg, plan, c, 16,
+        std::vector<int64_t>(8, 10 * (plan.num_tp_heads_total(0) + plan.num_dp_heads_total())));
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(s.Add(Req(i, 150, 2)).ok());
+    DriveResult r = Drive(s, 10000);
+    EXPECT_EQ(r.outputs.size(), 4u) << PrefillPolicyName(pp);
+  }
+}
+
 TEST(Scheduler, SameInputsSamePlans) {
   auto c = Model();
   auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(6));

@@ -41,8 +41,12 @@ class Executor {
   // Runs one step on every active device. Returns the logits
   // [batch.num_logits_rows, vocab], valid until the next step.
   virtual Result<const float*> Step(const StepBatch& batch, StepTiming* timing) = 0;
-  // Releases a sequence's KV on every device.
-  virtual Status FreeSeq(int64_t seq_id) = 0;
+  // Releases sequences' KV on every device.
+  virtual Status FreeSeqs(const std::vector<int64_t>& seq_ids) = 0;
+  Status FreeSeq(int64_t seq_id) { return FreeSeqs({seq_id}); }
+  // KV pool per device id, in pages of block_size tokens of one (layer, head).
+  virtual std::vector<int64_t> kv_capacity_pages() const = 0;
+  virtual int block_size() const = 0;
 };
 
 struct LocalExecutorOptions {
@@ -59,7 +63,9 @@ class LocalExecutor final : public Executor {
   const ModelConfig& config() const override { return config_; }
   const Plan& plan() const override { return device_->plan(); }
   Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
-  Status FreeSeq(int64_t seq_id) override;
+  Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
+  std::vector<int64_t> kv_capacity_pages() const override { return {device_->kv().max_pages()}; }
+  int block_size() const override { return device_->kv().block_size(); }
 
  private:
   LocalExecutor() = default;

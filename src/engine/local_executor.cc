@@ -46,8 +46,8 @@ Result<const float*> LocalExecutor::Step(const StepBatch& batch, StepTiming* tim
   return static_cast<const float*>(logits_.data());
 }
 
-Status LocalExecutor::FreeSeq(int64_t seq_id) {
-  device_->FreeSeq(seq_id);
+Status LocalExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {
+  for (int64_t id : seq_ids) device_->FreeSeq(id);
   return Status::Ok();
 }
 

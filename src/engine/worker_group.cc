@@ -320,9 +320,16 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
   return static_cast<const float*>(logits_.data());
 }
 
-Status WorkerGroup::FreeSeq(int64_t seq_id) {
+std::vector<int64_t> WorkerGroup::kv_capacity_pages() const {
+  std::vector<int64_t> out(devices_.size(), 0);
+  for (size_t d = 0; d < devices_.size(); ++d) out[d] = devices_[d].kv_pages;
+  return out;
+}
+
+Status WorkerGroup::FreeSeqs(const std::vector<int64_t>& seq_ids) {
+  if (seq_ids.empty()) return Status::Ok();
   WireWriter w;
-  w.PutVector(std::vector<int64_t>{seq_id});
+  w.PutVector(seq_ids);
   std::vector<int> alive;
   for (auto& d : devices_) {
     if (d.alive) alive.push_back(d.id);

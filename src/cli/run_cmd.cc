@@ -1,0 +1,96 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "cli/model_cache.h"
+#include "engine/offline_run.h"
+#include "trace/workload.h"
+
+namespace failsafe {
+
+CommandFn RegisterRun(CLI::App& app) {
+  struct Opts {
+    std::string model, cache_dir, workload = "mooncake", data_dir, router = "load-aware",
+                                  prefill = "adaptive";
+    int requests = 100, max_batch_tokens = 2048, max_num_seqs = 256;
+    double length_scale = 1.0, time_scale = 1.0;
+    uint64_t seed = 0;
+    bool json = false, skip_invalid = false, no_progress = false;
+    DeviceFlags dev;
+  };
+  auto o = std::make_shared<Opts>();
+  o->dev.devices = 8;
+  app.add_option("--model", o->model, "model directory (default: the synthetic small-llama)");
+  app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
+  AddDeviceFlags(app, &o->dev);
+  app.add_option("--router", o->router, "round-robin or load-aware")->capture_default_str();
+  app.add_option("--prefill", o->prefill, "fifo or adaptive")->capture_default_str();
+  app.add_option("--workload", o->workload, "mooncake, openthoughts, or a JSONL file")
+      ->capture_default_str();
+  app.add_option("--data-dir", o->data_dir,
+                 "where the traces live (default: ../shared/data or ./data)");
+  app.add_option("--requests", o->requests, "requests to run (0: the whole trace)")
+      ->capture_default_str();
+  app.add_option("--length-scale", o->length_scale, "multiply every length by this")
+      ->capture_default_str();
+  app.add_option("--time-scale", o->time_scale, "multiply every arrival time by this")
+      ->capture_default_str();
+  app.add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per step")
+      ->capture_default_str();
+  app.add_option("--max-num-seqs", o->max_num_seqs, "running sequences")->capture_default_str();
+  app.add_option("--seed", o->seed, "seed of prompts and generated workloads")
+      ->capture_default_str();
+  app.add_flag("--skip-invalid", o->skip_invalid,
+               "skip invalid workload lines (and count them) instead of failing");
+  app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
+  app.add_flag("--json", o->json, "print the summary as one JSON object on the last line");
+  return [o] {
+    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
+    if (!dir.ok()) return Fail(dir.status().ToString());
+    auto config = ModelConfig::Load(*dir);
+    if (!config.ok()) return Fail(config.status().ToString());
+    SchedulerConfig sc;
+    auto router = ParseRouterPolicy(o->router);
+    if (!router.ok()) return Fail("--router: " + router.status().message());
+    auto prefill = ParsePrefillPolicy(o->prefill);
+    if (!prefill.ok()) return Fail("--prefill: " + prefill.status().message());
+    sc.router = *router;
+    sc.prefill = *prefill;
+    sc.max_batch_tokens = o->max_batch_tokens;
+    sc.max_num_seqs = o->max_num_seqs;
+    sc.max_model_len = config->max_position_embeddings;
+    WorkloadOptions wo;
+    wo.max_requests = o->requests;
+    wo.length_scale = o->length_scale;
+    wo.time_scale = o->time_scale;
+    wo.max_context = config->max_position_embeddings;
+    wo.skip_invalid = o->skip_invalid;
+    wo.seed = o->seed;
+    auto workload = LoadWorkload(o->workload, FindDataDir(o->data_dir), wo);
+    if (!workload.ok()) return Fail(workload.status().ToString());
+    if (workload->skipped > 0)
+      std::fprintf(stderr, "skipped %d invalid workload lines\n", workload->skipped);
+    o->dev.max_step_tokens = o->max_batch_tokens;
+    o->dev.max_seqs = o->max_num_seqs;
+    auto exec = MakeExecutor(*dir, o->dev);
+    if (!exec.ok()) return Fail(exec.status().ToString());
+    Engine engine(exec->get(), sc);
+    OfflineRunOptions ro;
+    ro.seed = o->seed;
+    ro.progress = !o->no_progress;
+    auto summary = RunOffline(engine, *workload, ro);
+    if (!summary.ok()) return Fail(summary.status().ToString());
+    summary->config =
+        fmt::format("{} devices, placement {}, router {}, prefill {}, workload {} ({} requests)",
+                    o->dev.devices, o->dev.placement, o->router, o->prefill, workload->description,
+                    workload->requests.size());
+    if (o->json) {
+      std::printf("%s\n", summary->ToJson().c_str());
+    } else {
+      std::printf("%s", summary->ToText().c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace failsafe

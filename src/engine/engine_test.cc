@@ -1,0 +1,77 @@
+// The engine end to end: a workload through the scheduler on worker
+// processes completes every request, and the outputs match the single-device
+// engine token for token.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "engine/offline_run.h"
+#include "engine/worker_group.h"
+#include "model/synthetic.h"
+
+namespace failsafe {
+namespace {
+
+std::string Dir() {
+  static std::string dir = [] {
+    auto d =
+        (std::filesystem::temp_directory_path() / ("fs_engine_test_" + std::to_string(::getpid())))
+            .string();
+    SyntheticModelOptions o;
+    o.preset = "tiny-mixtral";
+    o.seed = 11;
+    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
+    return d;
+  }();
+  return dir;
+}
+
+Workload SmallWorkload() {
+  Workload w;
+  for (int i = 0; i < 24; ++i)
+    w.requests.push_back({0.001 * i, 5 + (i * 37) % 150, 3 + (i * 11) % 20});
+  return w;
+}
+
+TEST(Engine, WorkloadOnDevicesMatchesOneDevice) {
+  auto local = LocalExecutor::Create(Dir(), {});
+  ASSERT_TRUE(local.ok());
+  SchedulerConfig sc;
+  sc.max_batch_tokens = 96;
+  sc.max_model_len = 1024;
+  Engine ref(local->get(), sc);
+  auto want = RunOffline(ref, SmallWorkload(), {});
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_EQ(want->requests_completed, 24);
+
+  for (Policy p : {Policy::kHybrid, Policy::kNonUniform}) {
+    for (PrefillPolicy pp : {PrefillPolicy::kAdaptive, PrefillPolicy::kFifo}) {
+      WorkerGroupOptions o;
+      o.model_dir = Dir();
+      o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+      o.num_devices = 5;
+      o.policy = p;
+      o.max_logits_rows = 64;
+      // Tight memory: preemptions happen.
+      o.kv_pages = 300;
+      auto group = WorkerGroup::Start(o);
+      ASSERT_TRUE(group.ok()) << group.status().ToString();
+      sc.prefill = pp;
+      Engine e(group->get(), sc);
+      auto got = RunOffline(e, SmallWorkload(), {});
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(got->requests_completed, 24);
+      EXPECT_GT(got->preemptions, 0);
+      EXPECT_EQ(got->output_tokens, want->output_tokens);
+      EXPECT_EQ(got->output_digest, want->output_digest)
+          << PolicyName(p) << " " << PrefillPolicyName(pp);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace failsafe

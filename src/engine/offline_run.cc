@@ -1,0 +1,234 @@
+#include "engine/offline_run.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "common/rng.h"
+
+namespace failsafe {
+
+Percentiles ComputePercentiles(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+  p.p50 = at(0.5);
+  p.p90 = at(0.9);
+  p.p99 = at(0.99);
+  p.max = v.back();
+  double sum = 0;
+  for (double x : v) sum += x;
+  p.mean = sum / v.size();
+  return p;
+}
+
+namespace {
+
+struct RequestTrack {
+  int64_t id = -1;
+  double arrival = 0;
+  double last_token = -1;
+  double first_token = -1;
+  double max_gap = 0;
+  std::vector<int32_t> output;
+  bool done = false;
+  bool failed = false;
+};
+
+void Progress(int done, int total, int64_t tokens, double emulated, bool final) {
+  const int width = 30;
+  const int filled = total ? done * width / total : width;
+  std::string bar(filled, '=');
+  if (filled < width) bar += '>' + std::string(width - filled - 1, ' ');
+  std::fprintf(stderr, "\r[%s] %d/%d requests, %lld tokens, %.1f s emulated%s", bar.c_str(), done,
+               total, static_cast<long long>(tokens), emulated, final ? "\n" : "");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRunOptions& o) {
+  const int n = static_cast<int>(w.requests.size());
+  const int vocab = engine.config().vocab_size;
+  std::vector<RequestTrack> tracks(n);
+  std::unordered_map<int64_t, int> index_of;
+  RunSummary sum;
+  const Plan& plan = engine.executor().plan();
+  std::vector<DeviceSummary> dev(plan.num_devices);
+  const auto capacity = engine.executor().kv_capacity_pages();
+  const int64_t page_bytes = 2LL * engine.executor().block_size() * engine.config().head_dim * 4;
+  double clock = 0;
+  int next = 0, done = 0;
+  const int64_t wall0 = MonotonicNanos();
+  int64_t last_progress = 0;
+  while (done < n) {
+    while (next < n && w.requests[next].arrival_s <= clock) {
+      const WorkloadRequest& r = w.requests[next];
+      RequestSpec spec;
+      spec.prompt.resize(r.input_len);
+      for (int i = 0; i < r.input_len; ++i) {
+        spec.prompt[i] = static_cast<int32_t>(
+            Mix64(HashCombine(o.seed, (static_cast<uint64_t>(next) << 24) + i)) % vocab);
+      }
+      spec.max_new_tokens = r.output_len;
+      spec.arrival = r.arrival_s;
+      auto id = engine.Submit(std::move(spec));
+      tracks[next].arrival = r.arrival_s;
+      if (!id.ok()) {
+        tracks[next].done = tracks[next].failed = true;
+        ++done;
+        ++sum.requests_failed;
+      } else {
+        tracks[next].id = *id;
+        index_of[*id] = next;
+      }
+      ++next;
+    }
+    if (engine.idle()) {
+      if (next < n) clock = std::max(clock, w.requests[next].arrival_s);
+      continue;
+    }
+    FS_ASSIGN_OR_RETURN(StepOutcome out, engine.Step());
+    if (!out.ran) continue;
+    clock += out.timing.emulated_ns * 1e-9;
+    ++sum.steps;
+    sum.preemptions += static_cast<int>(out.plan.preempted.size());
+    sum.peak_concurrent_seqs = std::max(sum.peak_concurrent_seqs, engine.scheduler().num_running());
+    for (size_t i = 0; i < out.timing.devices.size(); ++i) {
+      DeviceSummary& d = dev[out.timing.devices[i]];
+      d.device = out.timing.devices[i];
+      d.compute_s += out.timing.device_compute_ns[i] * 1e-9;
+      d.attention_flops += out.timing.device_attention_flops[i];
+      d.ffn_flops += out.timing.device_ffn_flops[i];
+      d.peak_kv_bytes = std::max(d.peak_kv_bytes, out.timing.device_kv_bytes[i]);
+    }
+    for (const TokenEvent& e : out.events) {
+      auto it = index_of.find(e.id);
+      if (it == index_of.end()) continue;
+      RequestTrack& t = tracks[it->second];
+      if (e.token >= 0) {
+        if (t.first_token < 0) t.first_token = clock;
+        if (t.last_token >= 0) t.max_gap = std::max(t.max_gap, clock - t.last_token);
+        t.last_token = clock;
+        t.output.push_back(e.token);
+      }
+      if (e.finished && !t.done) {
+        t.done = true;
+        ++done;
+        if (e.reason == FinishReason::kLength || e.reason == FinishReason::kStop) {
+          ++sum.requests_completed;
+        } else {
+          t.failed = true;
+          ++sum.requests_failed;
+        }
+      }
+    }
+    if (o.progress && MonotonicNanos() - last_progress > 250000000) {
+      int64_t toks = 0;
+      for (auto& t : tracks) toks += static_cast<int64_t>(t.output.size());
+      Progress(done, n, toks, clock, false);
+      last_progress = MonotonicNanos();
+    }
+  }
+  sum.wall_s = (MonotonicNanos() - wall0) * 1e-9;
+  sum.emulated_s = clock - (w.requests.empty() ? 0 : w.requests.front().arrival_s);
+  std::vector<double> ttft, tbt;
+  uint64_t digest = 1469598103934665603ULL;
+  auto fold = [&](uint64_t v) {
+    for (int b = 0; b < 8; ++b) digest = (digest ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ULL;
+  };
+  for (int i = 0; i < n; ++i) {
+    const RequestTrack& t = tracks[i];
+    sum.input_tokens += w.requests[i].input_len;
+    sum.output_tokens += static_cast<int64_t>(t.output.size());
+    if (t.first_token >= 0) ttft.push_back((t.first_token - t.arrival) * 1e3);
+    if (t.output.size() > 1) tbt.push_back(t.max_gap * 1e3);
+    fold(static_cast<uint64_t>(i));
+    fold(t.output.size());
+    for (int32_t tok : t.output) fold(static_cast<uint64_t>(tok));
+  }
+  sum.output_digest = fmt::format("{:016x}", digest);
+  sum.ttft_ms = ComputePercentiles(ttft);
+  sum.max_tbt_ms = ComputePercentiles(tbt);
+  double total_compute = 0;
+  for (int d : plan.active) total_compute += dev[d].compute_s;
+  for (int d = 0; d < plan.num_devices; ++d) {
+    if (dev[d].device < 0) continue;
+    dev[d].compute_share = total_compute > 0 ? dev[d].compute_s / total_compute : 0;
+    dev[d].kv_capacity_bytes = d < static_cast<int>(capacity.size()) ? capacity[d] * page_bytes : 0;
+    sum.devices.push_back(dev[d]);
+  }
+  if (o.progress) {
+    Progress(done, n, sum.output_tokens, clock, true);
+  }
+  return sum;
+}
+
+std::string RunSummary::ToText() const {
+  std::string s;
+  if (!config.empty()) s += config + "\n";
+  s += fmt::format("requests completed   {} ({} failed)\n", requests_completed, requests_failed);
+  s += fmt::format("tokens               {} input, {} output\n", input_tokens, output_tokens);
+  s += fmt::format("wall time            {:.2f} s, {:.1f} tokens/s ({:.1f} output tokens/s)\n",
+                   wall_s, tokens_per_s(), output_tokens / wall_s);
+  s += fmt::format("emulated time        {:.2f} s, {:.1f} tokens/s ({:.1f} output tokens/s)\n",
+                   emulated_s, emulated_tokens_per_s(), output_tokens / emulated_s);
+  s += fmt::format("steps                {} ({} preemptions), peak concurrent sequences {}\n",
+                   steps, preemptions, peak_concurrent_seqs);
+  s += fmt::format("TTFT (emulated)      mean {:.1f} ms, p50 {:.1f}, p90 {:.1f}, p99 {:.1f}\n",
+                   ttft_ms.mean, ttft_ms.p50, ttft_ms.p90, ttft_ms.p99);
+  s += fmt::format("max TBT per request  p50 {:.1f} ms, p90 {:.1f}, p99 {:.1f}, max {:.1f}\n",
+                   max_tbt_ms.p50, max_tbt_ms.p90, max_tbt_ms.p99, max_tbt_ms.max);
+  s += fmt::format("{:>6} {:>14} {:>14} {:>12} {:>9}\n", "device", "peak KV MiB", "KV capacity",
+                   "compute s", "share");
+  for (auto& d : devices) {
+    s += fmt::format("{:>6} {:>14.1f} {:>14.1f} {:>12.2f} {:>8.1f}%\n", d.device,
+                     d.peak_kv_bytes / 1048576.0, d.kv_capacity_bytes / 1048576.0, d.compute_s,
+                     100 * d.compute_share);
+  }
+  s += fmt::format("output digest        {}\n", output_digest);
+  return s;
+}
+
+std::string RunSummary::ToJson() const {
+  nlohmann::json devs = nlohmann::json::array();
+  for (auto& d : devices) {
+    devs.push_back({{"device", d.device},
+                    {"peak_kv_bytes", d.peak_kv_bytes},
+                    {"kv_capacity_bytes", d.kv_capacity_bytes},
+                    {"compute_s", d.compute_s},
+                    {"compute_share", d.compute_share},
+                    {"attention_flops", d.attention_flops},
+                    {"ffn_flops", d.ffn_flops}});
+  }
+  auto pct = [](const Percentiles& p) {
+    return nlohmann::json{
+        {"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max}, {"mean", p.mean}};
+  };
+  nlohmann::json j = {{"config", config},
+                      {"requests_completed", requests_completed},
+                      {"requests_failed", requests_failed},
+                      {"input_tokens", input_tokens},
+                      {"output_tokens", output_tokens},
+                      {"wall_s", wall_s},
+                      {"tokens_per_s", tokens_per_s()},
+                      {"output_tokens_per_s", output_tokens / wall_s},
+                      {"emulated_s", emulated_s},
+                      {"emulated_tokens_per_s", emulated_tokens_per_s()},
+                      {"emulated_output_tokens_per_s", output_tokens / emulated_s},
+                      {"steps", steps},
+                      {"preemptions", preemptions},
+                      {"peak_concurrent_seqs", peak_concurrent_seqs},
+                      {"ttft_ms", pct(ttft_ms)},
+                      {"max_tbt_ms", pct(max_tbt_ms)},
+                      {"devices", devs},
+                      {"output_digest", output_digest}};
+  return j.dump();
+}
+
+}  // namespace failsafe

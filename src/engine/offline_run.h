@@ -1,0 +1,64 @@
+// Runs a workload to completion on an engine and summarises it.
+//
+// Time: requests arrive on an emulated clock that advances by each step's
+// emulated time (what the step would take with one core per device); when
+// the engine is idle the clock jumps to the next arrival. Wall time is
+// reported beside it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "trace/workload.h"
+
+namespace failsafe {
+
+struct OfflineRunOptions {
+  uint64_t seed = 0;      // prompt token ids
+  bool progress = false;  // a progress bar on stderr
+};
+
+struct DeviceSummary {
+  int device = -1;
+  int64_t peak_kv_bytes = 0;
+  int64_t kv_capacity_bytes = 0;
+  double compute_s = 0;      // time outside collectives
+  double compute_share = 0;  // of all devices' compute
+  double attention_flops = 0;
+  double ffn_flops = 0;
+};
+
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;
+};
+
+struct RunSummary {
+  int requests_completed = 0;
+  int requests_failed = 0;
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  double wall_s = 0;
+  double emulated_s = 0;
+  int steps = 0;
+  int preemptions = 0;
+  int peak_concurrent_seqs = 0;
+  std::vector<DeviceSummary> devices;
+  Percentiles ttft_ms;     // emulated
+  Percentiles max_tbt_ms;  // per request: its longest gap between tokens, emulated
+  std::string output_digest;
+  std::string config;  // what ran (policy, router, prefill, devices, workload)
+
+  double tokens_per_s() const { return (input_tokens + output_tokens) / wall_s; }
+  double emulated_tokens_per_s() const { return (input_tokens + output_tokens) / emulated_s; }
+  std::string ToText() const;
+  std::string ToJson() const;
+};
+
+Result<RunSummary> RunOffline(Engine& engine, const Workload& workload,
+                              const OfflineRunOptions& options);
+
+Percentiles ComputePercentiles(std::vector<double> values);
+
+}  // namespace failsafe

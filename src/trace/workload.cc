@@ -1,0 +1,123 @@
+#include "trace/workload.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/rng.h"
+
+namespace failsafe {
+
+namespace {
+
+int Scale(double v, double s) { return std::max(1, static_cast<int>(std::lround(v * s))); }
+
+// Draws a log-normal matched to a median and mean, clipped to [1, max].
+int LogNormal(Rng& rng, double median, double mean, double max) {
+  const double mu = std::log(median);
+  const double sigma = std::sqrt(2.0 * std::log(mean / median));
+  double v = std::exp(mu + sigma * rng.Normal());
+  return static_cast<int>(std::clamp(std::round(v), 1.0, max));
+}
+
+}  // namespace
+
+Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOptions& o) {
+  std::ifstream in(path);
+  if (!in) return NotFound("{}: cannot open", path);
+  Workload w;
+  w.description = path;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (o.max_requests > 0 && static_cast<int>(w.requests.size()) >= o.max_requests) break;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto bad = [&](const std::string& why) -> Status {
+      return InvalidArgument("{}:{}: {}", path, lineno, why);
+    };
+    Status problem;
+    WorkloadRequest r;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      problem = bad("not a JSON object");
+    } else if (!j.contains("input_length") || !j["input_length"].is_number_integer()) {
+      problem = bad("field 'input_length' is missing or not an integer");
+    } else if (!j.contains("output_length") || !j["output_length"].is_number_integer()) {
+      problem = bad("field 'output_length' is missing or not an integer");
+    } else if (j.contains("timestamp") && !j["timestamp"].is_number()) {
+      problem = bad("field 'timestamp' is not a number");
+    } else {
+      const int64_t in_len = j["input_length"], out_len = j["output_length"];
+      const double ts = j.contains("timestamp") ? j["timestamp"].get<double>() : 0.0;
+      if (in_len <= 0 || out_len <= 0) {
+        problem =
+            bad(fmt::format("lengths must be positive (input {}, output {})", in_len, out_len));
+      } else if (ts < 0) {
+        problem = bad("field 'timestamp' is negative");
+      } else {
+        r.input_len = Scale(static_cast<double>(in_len), o.length_scale);
+        r.output_len = Scale(static_cast<double>(out_len), o.length_scale);
+        r.arrival_s = ts / 1000.0 * o.time_scale;
+        if (o.max_context > 0 && r.input_len + r.output_len > o.max_context) {
+          problem = bad(fmt::format(
+              "input {} + output {} tokens (after scaling) exceed the model's context of {}",
+              r.input_len, r.output_len, o.max_context));
+        }
+      }
+    }
+    if (!problem.ok()) {
+      if (!o.skip_invalid) return problem;
+      ++w.skipped;
+      continue;
+    }
+    w.requests.push_back(r);
+  }
+  return w;
+}
+
+Workload OpenThoughtsWorkload(int requests, const WorkloadOptions& o) {
+  Workload w;
+  w.description =
+      "openthoughts-like (log-normal fit to the paper's length statistics; the dataset is not "
+      "reachable)";
+  Rng rng(HashCombine(o.seed, 0x0be17));
+  while (static_cast<int>(w.requests.size()) < requests) {
+    WorkloadRequest r;
+    r.input_len = Scale(LogNormal(rng, 352, 422, 7633), o.length_scale);
+    r.output_len = Scale(LogNormal(rng, 5583, 7295, 37817), o.length_scale);
+    if (o.max_context > 0 && r.input_len + r.output_len > o.max_context) {
+      if (!o.skip_invalid) {
+        r.output_len = std::max(1, o.max_context - r.input_len);  // clip to the context
+        if (r.input_len >= o.max_context) continue;
+      } else {
+        ++w.skipped;
+        continue;
+      }
+    }
+    w.requests.push_back(r);
+  }
+  return w;
+}
+
+std::string FindDataDir(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  for (std::string c :
+       {std::string("../shared/data"), std::string("data"), std::string(FAILSAFE_DATA_DIR)}) {
+    if (std::filesystem::exists(c + "/mooncake/conversation_trace.jsonl")) return c;
+  }
+  return "data";
+}
+
+Result<Workload> LoadWorkload(const std::string& name, const std::string& data_dir,
+                              const WorkloadOptions& o) {
+  if (name == "openthoughts")
+    return OpenThoughtsWorkload(o.max_requests > 0 ? o.max_requests : 1000, o);
+  std::string path = name == "mooncake" ? data_dir + "/mooncake/conversation_trace.jsonl" : name;
+  FS_ASSIGN_OR_RETURN(Workload w, ReadJsonlWorkload(path, o));
+  if (name == "mooncake") w.description = "mooncake conversation trace (" + path + ")";
+  return w;
+}
+
+}  // namespace failsafe

@@ -1,0 +1,54 @@
+// Request workloads: the Mooncake conversation trace, an OpenThoughts-like
+// length distribution, or a JSONL file of the same form.
+//
+// JSONL form, one request per line: {"timestamp": ms (optional, default 0),
+// "input_length": tokens, "output_length": tokens}. Lengths are scaled by
+// `length_scale` (rounded, at least 1 token) and timestamps by `time_scale`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace failsafe {
+
+struct WorkloadRequest {
+  double arrival_s = 0;
+  int input_len = 0;
+  int output_len = 0;
+};
+
+struct WorkloadOptions {
+  int max_requests = 0;  // 0: all
+  double length_scale = 1.0;
+  double time_scale = 1.0;
+  int max_context = 0;        // input + output must fit; 0: no limit
+  bool skip_invalid = false;  // skip (and count) bad lines instead of failing
+  uint64_t seed = 0;          // for generated workloads
+};
+
+struct Workload {
+  std::vector<WorkloadRequest> requests;
+  int skipped = 0;  // invalid lines skipped
+  std::string description;
+};
+
+// Reads a JSONL trace; errors name the file and line.
+Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOptions& options);
+
+// OpenThoughts-114k stand-in: log-normal lengths matched to the paper's mean and
+// median (input 422 / 352, max 7,633; output 7,295 / 5,583, max 37,817), every
+// request arriving at time 0. The dataset itself is not reachable here.
+Workload OpenThoughtsWorkload(int requests, const WorkloadOptions& options);
+
+// "mooncake" (the trace in `data_dir`), "openthoughts", or a file path.
+Result<Workload> LoadWorkload(const std::string& name, const std::string& data_dir,
+                              const WorkloadOptions& options);
+
+// Where the traces live: `flag` if given, else the first of ../shared/data,
+// ./data and the copy in the source tree that exists.
+std::string FindDataDir(const std::string& flag);
+
+}  // namespace failsafe

@@ -17,6 +17,11 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_flag("--processes", f->processes, "run even a single device as a worker process");
+  app.add_option("--recovery", f->recovery, "recovery mode: recompute, host or full")
+      ->capture_default_str();
+  app.add_option("--backup-memory", f->backup_memory,
+                 "host memory for the KV backup (0: no backup; committed only as used)")
+      ->capture_default_str();
   app.add_option(
       "--device-memory", f->device_memory,
       "memory of one device for weights, KV and activations (e.g. 2GiB; default: no limit)");
@@ -39,6 +44,9 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.model_dir = model_dir;
   o.max_step_tokens = f.max_step_tokens;
   o.max_logits_rows = f.max_seqs;
+  o.max_seqs = f.max_seqs;
+  FS_ASSIGN_OR_RETURN(o.backup_bytes, ParseBytes(f.backup_memory));
+  FS_RETURN_IF_ERROR(ParseRecoveryMode(f.recovery).status());
   o.num_devices = f.devices;
   o.policy = policy;
   o.threads_per_device = f.threads;

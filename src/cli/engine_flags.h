@@ -17,6 +17,8 @@ struct DeviceFlags {
   int threads = 1;
   bool processes = false;     // a worker process even for one device
   std::string device_memory;  // e.g. "2GiB"; empty: no limit
+  std::string recovery = "full";
+  std::string backup_memory = "4GiB";  // host KV backup; 0: none
   // Set by commands from their scheduler settings:
   int max_step_tokens = 2048;  // tokens per step (sizes activations and collective slots)
   int max_seqs = 256;          // sequences sampled per step (logits rows)

@@ -3,6 +3,7 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "cli/model_cache.h"
+#include "engine/faults.h"
 #include "engine/offline_run.h"
 #include "trace/workload.h"
 
@@ -16,6 +17,7 @@ CommandFn RegisterRun(CLI::App& app) {
     double length_scale = 1.0, time_scale = 1.0;
     uint64_t seed = 0;
     bool json = false, skip_invalid = false, no_progress = false;
+    std::vector<std::string> fail;
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
@@ -44,6 +46,9 @@ CommandFn RegisterRun(CLI::App& app) {
                "skip invalid workload lines (and count them) instead of failing");
   app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   app.add_flag("--json", o->json, "print the summary as one JSON object on the last line");
+  app.add_option(
+      "--fail", o->fail,
+      "inject a failure: device=N@step=K, device=N@t=2.5s, rejoin=N@t=6s, trace=FILE (repeatable)");
   return [o] {
     auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
     if (!dir.ok()) return Fail(dir.status().ToString());
@@ -70,14 +75,22 @@ CommandFn RegisterRun(CLI::App& app) {
     if (!workload.ok()) return Fail(workload.status().ToString());
     if (workload->skipped > 0)
       std::fprintf(stderr, "skipped %d invalid workload lines\n", workload->skipped);
+    auto faults = ParseFaults(o->fail, o->dev.devices, o->time_scale);
+    if (!faults.ok()) return Fail(faults.status().ToString());
+    if (!faults->empty() && o->dev.devices == 1) return Fail("--fail needs more than one device");
+    auto mode = ParseRecoveryMode(o->dev.recovery);
+    if (!mode.ok()) return Fail("--recovery: " + mode.status().message());
     o->dev.max_step_tokens = o->max_batch_tokens;
     o->dev.max_seqs = o->max_num_seqs;
     auto exec = MakeExecutor(*dir, o->dev);
     if (!exec.ok()) return Fail(exec.status().ToString());
-    Engine engine(exec->get(), sc);
+    EngineOptions eo;
+    eo.recovery = *mode;
+    Engine engine(exec->get(), sc, eo);
     OfflineRunOptions ro;
     ro.seed = o->seed;
     ro.progress = !o->no_progress;
+    ro.faults = *faults;
     auto summary = RunOffline(engine, *workload, ro);
     if (!summary.ok()) return Fail(summary.status().ToString());
     summary->config =

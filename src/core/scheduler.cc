@@ -73,6 +73,10 @@ std::vector<const Sequence*> Scheduler::Running() const {
   return std::vector<const Sequence*>(running_.begin(), running_.end());
 }
 
+std::vector<const Sequence*> Scheduler::Waiting() const {
+  return std::vector<const Sequence*>(waiting_.begin(), waiting_.end());
+}
+
 std::vector<int64_t> Scheduler::DpLoad() const { return dp_load_; }
 
 int Scheduler::Route() {
@@ -354,6 +358,15 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
   std::vector<const Sequence*> live;
   for (Sequence* s : running_) live.push_back(s);
   kv_.Reconfigure(plan, std::move(capacity), live);
+  // Requests that no longer fit the devices' memory even alone would wait forever.
+  for (Sequence* s : all) {
+    bool fits = true;
+    for (int d : plan.active) fits &= kv_.FitsAlone(d, s->prompt_len + s->max_new_tokens);
+    if (!fits) {
+      s->error = "the request no longer fits in the remaining devices' KV memory";
+      FinishSeq(s, FinishReason::kError);
+    }
+  }
   std::vector<int64_t> preempted;
   while (kv_.OverCapacity() && !running_.empty()) {
     Sequence* victim = running_.back();

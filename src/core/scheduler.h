@@ -106,6 +106,7 @@ class Scheduler {
 
   const Sequence* Find(int64_t id) const;
   std::vector<const Sequence*> Running() const;
+  std::vector<const Sequence*> Waiting() const;
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   bool idle() const { return waiting_.empty() && running_.empty(); }

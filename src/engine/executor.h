@@ -33,6 +33,16 @@ struct StepTiming {
   std::vector<int64_t> segment_max_ns;
 };
 
+class HostKvBackup;
+
+// What applying a plan cost, per device and for the coordinator.
+struct ApplyReport {
+  std::vector<int> devices;
+  std::vector<ApplyStats> stats;  // per device, parallel to `devices`
+  int64_t group_ns = 0;           // forming the new collective group
+  int64_t wall_ns = 0;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -47,6 +57,33 @@ class Executor {
   // KV pool per device id, in pages of block_size tokens of one (layer, head).
   virtual std::vector<int64_t> kv_capacity_pages() const = 0;
   virtual int block_size() const = 0;
+
+  // Fault tolerance; executors of one device support none of it.
+  virtual bool supports_recovery() const { return false; }
+  virtual HostKvBackup* backup() { return nullptr; }
+  virtual std::vector<int> alive_devices() const { return plan().alive; }
+  // Looks for dead or hung devices (heartbeat with a deadline).
+  virtual Status CheckHealth(int64_t timeout_ms) { return Status::Ok(); }
+  // Waits until every device's KV backup holds every finished step.
+  virtual Status DrainBackup() { return Status::Ok(); }
+  // KV capacity per device under a plan (the devices' memory minus weights).
+  virtual Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const {
+    return kv_capacity_pages();
+  }
+  // Moves every device to `next`; `seqs` lists every live sequence.
+  virtual Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
+                                        const std::vector<SeqRestore>& seqs) {
+    return FailedPrecondition("this executor cannot change its plan");
+  }
+  virtual Status KillDevice(int device) {
+    return FailedPrecondition("this executor has no device processes");
+  }
+  virtual Status SpawnDevice(int device) {
+    return FailedPrecondition("this executor has no device processes");
+  }
+  // When the device was found dead and (if it was killed on purpose) killed.
+  virtual int64_t death_detected_ns(int device) const { return 0; }
+  virtual int64_t killed_ns(int device) const { return 0; }
 };
 
 struct LocalExecutorOptions {

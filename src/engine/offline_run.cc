@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <thread>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/rng.h"
 
 namespace failsafe {
@@ -66,6 +69,15 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
   int next = 0, done = 0;
   const int64_t wall0 = MonotonicNanos();
   int64_t last_progress = 0;
+  std::vector<bool> fault_done(o.faults.size(), false);
+  size_t charged_recoveries = 0;
+  Rng jitter(HashCombine(o.seed, 0xfa17));
+  auto pending_rejoin = [&] {
+    for (size_t i = 0; i < o.faults.size(); ++i) {
+      if (!fault_done[i] && o.faults[i].rejoin) return true;
+    }
+    return false;
+  };
   while (done < n) {
     while (next < n && w.requests[next].arrival_s <= clock) {
       const WorkloadRequest& r = w.requests[next];
@@ -83,18 +95,88 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
         tracks[next].done = tracks[next].failed = true;
         ++done;
         ++sum.requests_failed;
+        if (sum.failure.empty()) sum.failure = id.status().ToString();
       } else {
         tracks[next].id = *id;
         index_of[*id] = next;
       }
       ++next;
     }
-    if (engine.idle()) {
+    // Faults due now: rejoins between steps, kills in the middle of the next step.
+    std::vector<int> kills;
+    for (size_t i = 0; i < o.faults.size(); ++i) {
+      const FaultEvent& f = o.faults[i];
+      const bool due = f.at_step >= 0 ? f.at_step <= sum.steps : f.at_s <= clock;
+      // While degraded, time stands still: the next rejoin comes now.
+      const bool forced = engine.degraded() && f.rejoin;
+      if (fault_done[i] || (!due && !forced)) continue;
+      fault_done[i] = true;
+      if (f.rejoin) {
+        Status st = engine.Rejoin(f.device);
+        if (!st.ok()) FS_LOG_WARN("rejoin of device {}: {}", f.device, st.ToString());
+        if (forced) break;
+      } else {
+        kills.push_back(f.device);
+      }
+    }
+    if (engine.degraded()) {
+      if (pending_rejoin()) continue;
+      engine.FailAll(engine.degraded_reason());
+      if (sum.failure.empty()) sum.failure = engine.degraded_reason();
+    }
+    if (engine.idle() && kills.empty()) {
       if (next < n) clock = std::max(clock, w.requests[next].arrival_s);
+      if (next >= n && done < n) {
+        // Failed requests finish through events; drain them.
+        auto out = engine.Step();
+        if (out.ok()) {
+          for (const TokenEvent& e : out->events) {
+            auto it = index_of.find(e.id);
+            if (it == index_of.end() || !e.finished || tracks[it->second].done) continue;
+            tracks[it->second].done = tracks[it->second].failed = true;
+            ++done;
+            ++sum.requests_failed;
+          }
+        }
+        if (engine.idle() && done < n) break;
+      }
       continue;
     }
-    FS_ASSIGN_OR_RETURN(StepOutcome out, engine.Step());
-    if (!out.ran) continue;
+    std::thread killer;
+    if (!kills.empty()) {
+      const int64_t delay_us = static_cast<int64_t>(jitter.Below(3000));
+      killer = std::thread([&engine, kills, delay_us] {
+        ::usleep(static_cast<useconds_t>(delay_us));
+        for (int d : kills) (void)engine.executor().KillDevice(d);
+      });
+    }
+    auto stepped = engine.Step();
+    if (killer.joinable()) killer.join();
+    if (!stepped.ok()) {
+      if (stepped.status().code() == StatusCode::kUnavailable && engine.degraded()) continue;
+      return stepped.status();
+    }
+    StepOutcome& out = *stepped;
+    if (out.recovered || engine.recoveries().size() > charged_recoveries) {
+      // Serving stopped while the engine recovered: the clock moves on.
+      for (size_t k = charged_recoveries; k < engine.recoveries().size(); ++k) {
+        const RecoveryReport& r = engine.recoveries()[k];
+        clock += (r.total_ms() - r.recompute_ms) * 1e-3;
+      }
+      charged_recoveries = engine.recoveries().size();
+    }
+    if (!out.ran) {
+      if (out.recovered) continue;
+      // Finished-without-token events (aborted, failed) still count.
+      for (const TokenEvent& e : out.events) {
+        auto it = index_of.find(e.id);
+        if (it == index_of.end() || !e.finished || tracks[it->second].done) continue;
+        tracks[it->second].done = tracks[it->second].failed = true;
+        ++done;
+        ++sum.requests_failed;
+      }
+      continue;
+    }
     clock += out.timing.emulated_ns * 1e-9;
     ++sum.steps;
     sum.preemptions += static_cast<int>(out.plan.preempted.size());
@@ -166,6 +248,7 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
   if (o.progress) {
     Progress(done, n, sum.output_tokens, clock, true);
   }
+  sum.recoveries = engine.recoveries();
   return sum;
 }
 
@@ -191,6 +274,22 @@ std::string RunSummary::ToText() const {
                      d.peak_kv_bytes / 1048576.0, d.kv_capacity_bytes / 1048576.0, d.compute_s,
                      100 * d.compute_share);
   }
+  for (const RecoveryReport& r : recoveries) {
+    std::string failed, joined;
+    for (int d : r.failed_devices) failed += (failed.empty() ? "" : ",") + std::to_string(d);
+    for (int d : r.joined_devices) joined += (joined.empty() ? "" : ",") + std::to_string(d);
+    s += fmt::format(
+        "recovery ({}{}{}{}{}) {:.1f} ms: detect {:.1f}, abort {:.1f}, replan {:.1f}, group "
+        "{:.1f}, weights {:.1f} "
+        "({:.1f} MiB host, {:.1f} MiB peer), KV restore {:.1f} ({:.1f} MiB), recompute {:.1f} ({} "
+        "tokens){}\n",
+        RecoveryModeName(r.mode), failed.empty() ? "" : ", failed ", failed,
+        joined.empty() ? "" : ", joined ", joined, r.total_ms(), r.detect_ms, r.abort_ms,
+        r.replan_ms, r.group_ms, r.weights_ms, r.weight_host_bytes / 1048576.0,
+        r.weight_peer_bytes / 1048576.0, r.kv_ms, r.kv_restored_bytes / 1048576.0, r.recompute_ms,
+        r.tokens_recomputed, r.attempts > 1 ? fmt::format(", {} attempts", r.attempts) : "");
+  }
+  if (!failure.empty()) s += "failure              " + failure + "\n";
   s += fmt::format("output digest        {}\n", output_digest);
   return s;
 }
@@ -228,6 +327,27 @@ std::string RunSummary::ToJson() const {
                       {"max_tbt_ms", pct(max_tbt_ms)},
                       {"devices", devs},
                       {"output_digest", output_digest}};
+  nlohmann::json recs = nlohmann::json::array();
+  for (const RecoveryReport& r : recoveries) {
+    recs.push_back({{"mode", RecoveryModeName(r.mode)},
+                    {"failed_devices", r.failed_devices},
+                    {"joined_devices", r.joined_devices},
+                    {"attempts", r.attempts},
+                    {"total_ms", r.total_ms()},
+                    {"detect_ms", r.detect_ms},
+                    {"abort_ms", r.abort_ms},
+                    {"replan_ms", r.replan_ms},
+                    {"group_ms", r.group_ms},
+                    {"weights_ms", r.weights_ms},
+                    {"weight_host_bytes", r.weight_host_bytes},
+                    {"weight_peer_bytes", r.weight_peer_bytes},
+                    {"kv_restore_ms", r.kv_ms},
+                    {"kv_restored_bytes", r.kv_restored_bytes},
+                    {"tokens_recomputed", r.tokens_recomputed},
+                    {"recompute_ms", r.recompute_ms}});
+  }
+  j["recoveries"] = recs;
+  if (!failure.empty()) j["failure"] = failure;
   return j.dump();
 }
 

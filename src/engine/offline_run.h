@@ -11,13 +11,15 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/faults.h"
 #include "trace/workload.h"
 
 namespace failsafe {
 
 struct OfflineRunOptions {
-  uint64_t seed = 0;      // prompt token ids
+  uint64_t seed = 0;      // prompt token ids and fault timing jitter
   bool progress = false;  // a progress bar on stderr
+  std::vector<FaultEvent> faults;
 };
 
 struct DeviceSummary {
@@ -49,6 +51,8 @@ struct RunSummary {
   Percentiles max_tbt_ms;  // per request: its longest gap between tokens, emulated
   std::string output_digest;
   std::string config;  // what ran (policy, router, prefill, devices, workload)
+  std::vector<RecoveryReport> recoveries;
+  std::string failure;  // why requests failed, if they did
 
   double tokens_per_s() const { return (input_tokens + output_tokens) / wall_s; }
   double emulated_tokens_per_s() const { return (input_tokens + output_tokens) / emulated_s; }

@@ -23,6 +23,10 @@ namespace {
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
+// After a missed deadline: how long devices blocked behind a hung peer get to
+// answer once the group is aborted.
+constexpr int64_t kGraceMs = 1000;
+
 }  // namespace
 
 int64_t ActivationReserveBytes(const ModelConfig& c, int max_step_tokens) {
@@ -49,16 +53,19 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   host.reset();
   const int64_t slots = static_cast<int64_t>(g->config_.num_layers) * g->config_.num_kv_heads;
   const int64_t page_bytes = 2LL * options.block_size * g->config_.head_dim * 4;
-  std::vector<int64_t> kv_pages(options.num_devices, slots * (65536 / options.block_size));
   if (options.kv_pages > 0) {
-    std::fill(kv_pages.begin(), kv_pages.end(), options.kv_pages);
+    g->pool_pages_ = options.kv_pages;
   } else if (options.device_memory_bytes > 0) {
-    FS_ASSIGN_OR_RETURN(
-        kv_pages, KvPagesWithinBudget(g->plan_, g->config_, options.device_memory_bytes,
-                                      ActivationReserveBytes(g->config_, options.max_step_tokens),
-                                      page_bytes));
+    g->pool_pages_ = options.device_memory_bytes / page_bytes;  // virtual: committed as used
+  } else {
+    g->pool_pages_ = slots * (65536 / options.block_size);
   }
-
+  FS_ASSIGN_OR_RETURN(std::vector<int64_t> capacity, g->KvCapacityFor(g->plan_));
+  if (options.backup_bytes > 0) {
+    FS_ASSIGN_OR_RETURN(g->backup_,
+                        HostKvBackup::Create(g->config_, options.block_size, options.backup_bytes,
+                                             options.max_seqs, options.num_devices));
+  }
   const size_t logits_bytes =
       static_cast<size_t>(options.max_logits_rows) * g->config_.vocab_size * sizeof(float);
   FS_ASSIGN_OR_RETURN(g->logits_, ShmRegion::Create("failsafe-logits", logits_bytes));
@@ -66,22 +73,10 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
     FS_ASSIGN_OR_RETURN(g->store_, KvStoreServer::Start(options.gloo_hostname, 0));
   }
   g->devices_.resize(options.num_devices);
-  for (int d : g->plan_.alive) FS_RETURN_IF_ERROR(g->Spawn(d));
-
-  // Initialise every alive device, then load the active ones' shares.
-  WorkerInit init;
-  init.model_dir = options.model_dir;
-  init.threads = options.threads_per_device;
-  init.block_size = options.block_size;
-  init.logits_rows = options.max_logits_rows;
   for (int d : g->plan_.alive) {
-    init.device_id = d;
-    init.kv_pages = std::max<int64_t>(kv_pages[d], 1);
-    g->devices_[d].kv_pages = kv_pages[d];
-    WireWriter w;
-    init.Encode(&w);
-    FS_RETURN_IF_ERROR(g->devices_[d].channel.Send(static_cast<uint32_t>(WorkerOp::kInit), w.data(),
-                                                   {g->logits_.fd()}));
+    FS_RETURN_IF_ERROR(g->Spawn(d));
+    FS_RETURN_IF_ERROR(g->InitDevice(d));
+    g->devices_[d].kv_pages = capacity[d];
   }
   for (auto& [d, st] : g->CollectAll(g->plan_.alive, 60000, nullptr)) {
     if (!st.ok()) return st.WithContext("device " + std::to_string(d));
@@ -97,8 +92,38 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
     WireReader r(bodies[i]);
     g->devices_[replies[i].first].weight_bytes = r.Get<int64_t>();
   }
-  FS_RETURN_IF_ERROR(g->FormGroup());
+  FS_RETURN_IF_ERROR(g->FormGroup(g->plan_.active));
   return g;
+}
+
+Status WorkerGroup::InitDevice(int d) {
+  WorkerInit init;
+  init.model_dir = options_.model_dir;
+  init.threads = options_.threads_per_device;
+  init.block_size = options_.block_size;
+  init.logits_rows = options_.max_logits_rows;
+  init.device_id = d;
+  init.kv_pages = pool_pages_;
+  WireWriter w;
+  init.Encode(&w);
+  std::vector<int> fds = {logits_.fd()};
+  if (backup_) fds.push_back(backup_->region().fd());
+  return SendTo(d, WorkerOp::kInit, w.data(), fds);
+}
+
+Result<std::vector<int64_t>> WorkerGroup::KvCapacityFor(const Plan& plan) const {
+  std::vector<int64_t> cap(plan.num_devices, 0);
+  if (options_.kv_pages == 0 && options_.device_memory_bytes > 0) {
+    const int64_t page_bytes = 2LL * options_.block_size * config_.head_dim * 4;
+    FS_ASSIGN_OR_RETURN(
+        cap,
+        KvPagesWithinBudget(plan, config_, options_.device_memory_bytes,
+                            ActivationReserveBytes(config_, options_.max_step_tokens), page_bytes));
+  } else {
+    for (int d : plan.active) cap[d] = pool_pages_;
+  }
+  for (auto& c : cap) c = std::min(c, pool_pages_);
+  return cap;
 }
 
 WorkerGroup::~WorkerGroup() {
@@ -150,13 +175,22 @@ Status WorkerGroup::Spawn(int device) {
   return Status::Ok();
 }
 
+// Requests carry a sequence number in the frame type (op in the low 8 bits);
+// the reply echoes it, so a late reply to an abandoned request is never taken
+// for the answer to a newer one.
+Status WorkerGroup::SendTo(int device, WorkerOp op, const std::string& payload,
+                           const std::vector<int>& fds) {
+  Device& d = devices_[device];
+  d.request_seq = (d.request_seq + 1) & 0xffffff;
+  return d.channel.Send(static_cast<uint32_t>(op) | (d.request_seq << 8), payload, fds);
+}
+
 Status WorkerGroup::SendAll(const std::vector<int>& devices, WorkerOp op,
                             const std::string& payload, const std::vector<std::vector<int>>& fds) {
   for (size_t i = 0; i < devices.size(); ++i) {
     Device& d = devices_[devices[i]];
     if (!d.alive) continue;
-    Status st = d.channel.Send(static_cast<uint32_t>(op), payload,
-                               fds.empty() ? std::vector<int>{} : fds[i]);
+    Status st = SendTo(d.id, op, payload, fds.empty() ? std::vector<int>{} : fds[i]);
     if (!st.ok()) MarkDead(d.id, "its channel is closed");
   }
   return Status::Ok();
@@ -166,6 +200,7 @@ void WorkerGroup::MarkDead(int device, const char* why) {
   Device& d = devices_[device];
   if (!d.alive) return;
   d.alive = false;
+  d.detected_ns = MonotonicNanos();
   FS_LOG_WARN("device {} is dead: {}", device, why);
   // No survivor may wait for it in a collective.
   if (comm_region_.valid()) ShmCommunicator::AbortRegion(comm_region_);
@@ -186,7 +221,8 @@ std::vector<std::pair<int, Status>> WorkerGroup::CollectAll(const std::vector<in
     if (devices_[d].alive) pending.push_back(d);
   }
   std::vector<std::pair<int, std::string>> got;
-  const int64_t deadline = MonotonicNanos() + timeout_ms * 1000000;
+  int64_t deadline = MonotonicNanos() + timeout_ms * 1000000;
+  bool grace = false;
   while (!pending.empty()) {
     std::vector<pollfd> fds;
     for (int d : pending) {
@@ -195,6 +231,14 @@ std::vector<std::pair<int, Status>> WorkerGroup::CollectAll(const std::vector<in
     }
     const int64_t left_ms = (deadline - MonotonicNanos()) / 1000000;
     if (left_ms <= 0) {
+      if (!grace && comm_region_.valid()) {
+        // Devices waiting in a collective for a hung peer are not hung
+        // themselves: abort the group and give them a moment to answer.
+        grace = true;
+        ShmCommunicator::AbortRegion(comm_region_);
+        deadline = MonotonicNanos() + kGraceMs * 1000000;
+        continue;
+      }
       for (int d : pending) MarkDead(d, "it missed the deadline");
       break;
     }
@@ -208,9 +252,19 @@ std::vector<std::pair<int, Status>> WorkerGroup::CollectAll(const std::vector<in
       if (readable) {
         Message m;
         Status st = devices_[d].channel.Receive(&m, 10000);
+        if (st.ok() && (m.type >> 8) != devices_[d].request_seq) {
+          FS_LOG_WARN("device {}: discarding a late reply", d);
+          still.push_back(d);
+          continue;
+        }
         if (st.ok()) {
           std::string body;
           Status reply = DecodeReply(m.payload, &body);
+          // A device that failed on its own must not leave the others waiting
+          // in a collective for it.
+          if (!reply.ok() && reply.code() != StatusCode::kAborted && comm_region_.valid()) {
+            ShmCommunicator::AbortRegion(comm_region_);
+          }
           out.emplace_back(d, reply);
           got.emplace_back(d, std::move(body));
           continue;
@@ -231,9 +285,8 @@ std::vector<std::pair<int, Status>> WorkerGroup::CollectAll(const std::vector<in
   return out;
 }
 
-Status WorkerGroup::FormGroup() {
+Status WorkerGroup::FormGroup(const std::vector<int>& members) {
   ++epoch_;
-  const std::vector<int>& members = plan_.active;
   GroupSpec spec;
   spec.size = static_cast<int32_t>(members.size());
   spec.timeout_ms = options_.collective_timeout_ms;
@@ -257,8 +310,8 @@ Status WorkerGroup::FormGroup() {
     WireWriter w;
     spec.Encode(&w);
     Device& d = devices_[members[i]];
-    Status st = d.channel.Send(static_cast<uint32_t>(WorkerOp::kJoinGroup), w.data(),
-                               fds.empty() ? std::vector<int>{} : fds[i]);
+    Status st =
+        SendTo(d.id, WorkerOp::kJoinGroup, w.data(), fds.empty() ? std::vector<int>{} : fds[i]);
     if (!st.ok()) MarkDead(d.id, "its channel is closed");
   }
   auto replies = CollectAll(members, options_.collective_timeout_ms, nullptr);
@@ -351,8 +404,96 @@ Status WorkerGroup::KillDevice(int device) {
   if (device < 0 || device >= static_cast<int>(devices_.size()) || !devices_[device].alive) {
     return InvalidArgument("device {} is not alive", device);
   }
+  devices_[device].killed_ns = MonotonicNanos();
   ::kill(devices_[device].pid, SIGKILL);
   return Status::Ok();
+}
+
+std::vector<int> WorkerGroup::alive_devices() const {
+  std::vector<int> out;
+  for (auto& d : devices_) {
+    if (d.alive) out.push_back(d.id);
+  }
+  return out;
+}
+
+Status WorkerGroup::CheckHealth(int64_t timeout_ms) {
+  std::vector<int> alive = alive_devices();
+  for (int d : alive) {
+    pollfd p{devices_[d].pidfd, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) MarkDead(d, "its process exited");
+  }
+  alive = alive_devices();
+  FS_RETURN_IF_ERROR(SendAll(alive, WorkerOp::kPing, ""));
+  CollectAll(alive, timeout_ms, nullptr);  // a device that misses the heartbeat is marked dead
+  return Status::Ok();
+}
+
+Status WorkerGroup::DrainBackup() {
+  std::vector<int> alive;
+  for (int d : plan_.active) {
+    if (devices_[d].alive) alive.push_back(d);
+  }
+  FS_RETURN_IF_ERROR(SendAll(alive, WorkerOp::kDrainBackup, ""));
+  for (auto& [d, st] : CollectAll(alive, options_.step_timeout_ms, nullptr)) FS_RETURN_IF_ERROR(st);
+  if (alive.size() != alive_devices().size() && !dead_devices().empty())
+    return Unavailable("a device died");
+  return Status::Ok();
+}
+
+Status WorkerGroup::SpawnDevice(int device) {
+  if (device < 0 || device >= options_.num_devices) {
+    return OutOfRange("device id {} is out of range [0, {})", device, options_.num_devices);
+  }
+  if (devices_[device].alive)
+    return InvalidArgument("device {} is alive: it cannot rejoin", device);
+  FS_RETURN_IF_ERROR(Spawn(device));
+  FS_RETURN_IF_ERROR(InitDevice(device));
+  auto replies = CollectAll({device}, 60000, nullptr);
+  if (replies.empty()) return Unavailable("device {} died while starting", device);
+  return replies[0].second;
+}
+
+Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
+                                           const std::vector<SeqRestore>& seqs) {
+  ApplyReport report;
+  const int64_t t0 = MonotonicNanos();
+  for (int d : next.active) {
+    if (!devices_[d].alive) return Unavailable("device {} is not alive", d);
+  }
+  FS_RETURN_IF_ERROR(FormGroup(next.active));
+  report.group_ns = MonotonicNanos() - t0;
+  ApplyPlanRequest req;
+  req.prev_plan_json = PlanToJson(plan_);
+  req.next_plan_json = PlanToJson(next);
+  req.mode = static_cast<int32_t>(mode);
+  req.seqs = seqs;
+  WireWriter w;
+  req.Encode(&w);
+  FS_RETURN_IF_ERROR(SendAll(next.active, WorkerOp::kApplyPlan, w.data()));
+  std::vector<std::string> bodies;
+  auto replies = CollectAll(next.active, options_.step_timeout_ms, &bodies);
+  if (replies.size() != next.active.size()) {
+    std::string list;
+    for (int d : next.active) {
+      if (!devices_[d].alive) list += (list.empty() ? "" : ", ") + std::to_string(d);
+    }
+    return Unavailable("device(s) {} died while the plan was applied", list);
+  }
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (!replies[i].second.ok())
+      return replies[i].second.WithContext("device " + std::to_string(replies[i].first));
+    ApplyStats st;
+    WireReader r(bodies[i]);
+    if (!DecodeApplyStats(&r, &st)) return Internal("device {}: malformed reply", replies[i].first);
+    report.devices.push_back(replies[i].first);
+    report.stats.push_back(st);
+  }
+  plan_ = next;
+  FS_ASSIGN_OR_RETURN(std::vector<int64_t> capacity, KvCapacityFor(next));
+  for (size_t d = 0; d < devices_.size(); ++d) devices_[d].kv_pages = capacity[d];
+  report.wall_ns = MonotonicNanos() - t0;
+  return report;
 }
 
 pid_t WorkerGroup::device_pid(int device) const { return devices_[device].pid; }

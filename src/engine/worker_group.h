@@ -26,6 +26,7 @@
 #include "comm/kv_store.h"
 #include "comm/shm_region.h"
 #include "engine/executor.h"
+#include "engine/kv_backup.h"
 #include "worker/protocol.h"
 
 namespace failsafe {
@@ -42,6 +43,9 @@ struct WorkerGroupOptions {
   // Memory of one device (weights + KV + activations); 0: KV for 64K tokens
   // of every slot.
   int64_t device_memory_bytes = 0;
+  // Host memory for the KV backup; 0: no backup.
+  int64_t backup_bytes = 0;
+  int max_seqs = 1024;  // sequences the backup can track
   CommKind comm = CommKind::kShm;
   std::string gloo_hostname = "127.0.0.1";
   int64_t collective_timeout_ms = 120000;
@@ -66,10 +70,22 @@ class WorkerGroup final : public Executor {
   std::vector<int64_t> kv_capacity_pages() const override;
   int block_size() const override { return options_.block_size; }
 
-  // Devices found dead so far (ascending).
+  bool supports_recovery() const override { return true; }
+  HostKvBackup* backup() override { return backup_.get(); }
+  std::vector<int> alive_devices() const override;
+  Status CheckHealth(int64_t timeout_ms) override;
+  Status DrainBackup() override;
+  Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
+  Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
+                                const std::vector<SeqRestore>& seqs) override;
+  Status SpawnDevice(int device) override;
+  int64_t death_detected_ns(int device) const override { return devices_[device].detected_ns; }
+  int64_t killed_ns(int device) const override { return devices_[device].killed_ns; }
+
+  // Devices of the plan found dead so far (ascending).
   std::vector<int> dead_devices() const;
   // Kills a device's process for real (fault injection).
-  Status KillDevice(int device);
+  Status KillDevice(int device) override;
   pid_t device_pid(int device) const;
   // Weight bytes each device reported after loading its share.
   int64_t device_weight_bytes(int device) const;
@@ -84,11 +100,17 @@ class WorkerGroup final : public Executor {
     Channel channel;
     bool alive = false;
     int64_t weight_bytes = 0;
-    int64_t kv_pages = 0;
+    int64_t kv_pages = 0;      // accounting capacity under the current plan
+    int64_t detected_ns = 0;   // when it was found dead
+    int64_t killed_ns = 0;     // when KillDevice killed it
+    uint32_t request_seq = 0;  // of the last request sent
   };
 
   WorkerGroup() = default;
   Status Spawn(int device);
+  Status SendTo(int device, WorkerOp op, const std::string& payload,
+                const std::vector<int>& fds = {});
+  Status InitDevice(int device);
   // Sends one request to each listed device (fds_for(device) attached).
   Status SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
                  const std::vector<std::vector<int>>& fds = {});
@@ -98,7 +120,7 @@ class WorkerGroup final : public Executor {
                                                  int64_t timeout_ms,
                                                  std::vector<std::string>* bodies);
   void MarkDead(int device, const char* why);
-  Status FormGroup();
+  Status FormGroup(const std::vector<int>& members);
 
   WorkerGroupOptions options_;
   ModelConfig config_;
@@ -107,6 +129,8 @@ class WorkerGroup final : public Executor {
   ShmRegion logits_;
   ShmRegion comm_region_;  // the current shared-memory group, if any
   std::unique_ptr<KvStoreServer> store_;
+  std::unique_ptr<HostKvBackup> backup_;
+  int64_t pool_pages_ = 0;  // each device's physical KV pool (an upper bound)
   int epoch_ = 0;
 };
 

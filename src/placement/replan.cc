@@ -11,12 +11,13 @@ namespace {
 
 // Per-device counts `base + 1` for `extra` devices chosen by preference
 // (higher first), `base` for the rest. Returns [device] -> target.
-std::vector<int> Targets(const std::vector<int>& devices, int items, const std::vector<double>& preference,
-                         int num_devices) {
+std::vector<int> Targets(const std::vector<int>& devices, int items,
+                         const std::vector<double>& preference, int num_devices) {
   const int n = static_cast<int>(devices.size());
   const int base = items / n, extra = items % n;
   std::vector<int> order = devices;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return preference[a] > preference[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return preference[a] > preference[b]; });
   std::vector<int> t(num_devices, 0);
   for (int i = 0; i < n; ++i) t[order[i]] = base + (i < extra ? 1 : 0);
   return t;
@@ -24,8 +25,8 @@ std::vector<int> Targets(const std::vector<int>& devices, int items, const std::
 
 // Keeps each device's items up to its target, hands the rest to devices below
 // target (largest deficit first, lowest id on ties). held: [device] -> items.
-void Rebalance(const std::vector<int>& devices, const std::vector<int>& target, std::vector<int> pool,
-               std::vector<std::vector<int>>* held) {
+void Rebalance(const std::vector<int>& devices, const std::vector<int>& target,
+               std::vector<int> pool, std::vector<std::vector<int>>* held) {
   for (int d : devices) {
     auto& h = (*held)[d];
     while (static_cast<int>(h.size()) > target[d]) {
@@ -38,7 +39,9 @@ void Rebalance(const std::vector<int>& devices, const std::vector<int>& target, 
     int best = -1;
     for (int d : devices) {
       int deficit = target[d] - static_cast<int>((*held)[d].size());
-      if (deficit > 0 && (best < 0 || deficit > target[best] - static_cast<int>((*held)[best].size()))) best = d;
+      if (deficit > 0 &&
+          (best < 0 || deficit > target[best] - static_cast<int>((*held)[best].size())))
+        best = d;
     }
     if (best >= 0) (*held)[best].push_back(item);
   }
@@ -70,7 +73,8 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
   std::vector<int> shard_total(nd, 0);    // FFN shards given per device so far
   // nonuniform: the same devices get the extra head in every layer; prefer those holding most.
   std::vector<double> total_held(nd, 0);
-  for (int d : act) total_held[d] = prev.IsActive(d) ? prev.num_tp_heads_total(d) + 1e-3 * (nd - d) : 0;
+  for (int d : act)
+    total_held[d] = prev.IsActive(d) ? prev.num_tp_heads_total(d) + 1e-3 * (nd - d) : 0;
 
   for (int l = 0; l < p.shape.num_layers; ++l) {
     const LayerPlan& old = prev.layers[l];
@@ -96,7 +100,8 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
         for (size_t i = per; i < held[d].size(); ++i) excess.push_back(held[d][i]);
       }
       dp_candidates.insert(dp_candidates.end(), excess.begin(), excess.end());
-      std::set<int> dp_set(dp_candidates.begin(), dp_candidates.begin() + std::min<size_t>(dp, dp_candidates.size()));
+      std::set<int> dp_set(dp_candidates.begin(),
+                           dp_candidates.begin() + std::min<size_t>(dp, dp_candidates.size()));
       lp.dp_heads.assign(dp_set.begin(), dp_set.end());
       for (int d : act) {
         tp_target[d] = per;
@@ -122,7 +127,8 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
           // standard, cyclic: extras stay with devices that hold one here (no
           // moves between survivors); a joining device competes as if it held
           // one, and ties go to the device with the fewest extras so far.
-          const double holds = prev.IsActive(d) ? static_cast<double>(held[d].size()) : heads / n + 1;
+          const double holds =
+              prev.IsActive(d) ? static_cast<double>(held[d].size()) : heads / n + 1;
           pref[d] = holds * 1000 - extras_so_far[d] + 1e-3 * (nd - d);
         }
       }
@@ -150,7 +156,7 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
       std::vector<double> pref(nd, 0);
       for (int d : act) {
         const double holds = prev.IsActive(d) ? static_cast<double>(held_e[d].size())
-                                               : p.shape.shards_per_expert / n + 1;
+                                              : p.shape.shards_per_expert / n + 1;
         pref[d] = holds * 1e6 - static_cast<double>(shards[d].size()) * 1e3 -
                   static_cast<double>(shard_total[d]) + 1e-3 * (nd - d);
       }
@@ -180,11 +186,34 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
   return p;
 }
 
+const char* RecoveryModeName(RecoveryMode m) {
+  switch (m) {
+    case RecoveryMode::kRecompute:
+      return "recompute";
+    case RecoveryMode::kHost:
+      return "host";
+    case RecoveryMode::kFull:
+      return "full";
+    case RecoveryMode::kOracle:
+      return "oracle";
+  }
+  return "?";
+}
+
+Result<RecoveryMode> ParseRecoveryMode(const std::string& name) {
+  if (name == "recompute") return RecoveryMode::kRecompute;
+  if (name == "host") return RecoveryMode::kHost;
+  if (name == "full") return RecoveryMode::kFull;
+  if (name == "oracle") return RecoveryMode::kOracle;
+  return InvalidArgument("unknown recovery mode '{}' (known: recompute, host, full)", name);
+}
+
 PlanDiff DiffPlans(const Plan& from, const Plan& to) {
   const int nd = to.num_devices;
   PlanDiff diff;
-  for (auto* v : {&diff.gained_tp_heads, &diff.gained_dp_heads, &diff.gained_shards, &diff.gained_chunks,
-                  &diff.dropped_tp_heads, &diff.dropped_dp_heads, &diff.dropped_shards, &diff.dropped_chunks}) {
+  for (auto* v : {&diff.gained_tp_heads, &diff.gained_dp_heads, &diff.gained_shards,
+                  &diff.gained_chunks, &diff.dropped_tp_heads, &diff.dropped_dp_heads,
+                  &diff.dropped_shards, &diff.dropped_chunks}) {
     v->assign(nd, {});
   }
   // Active before and after: moving items between such devices is avoidable work.
@@ -207,8 +236,9 @@ PlanDiff DiffPlans(const Plan& from, const Plan& to) {
               &diff.gained_tp_heads[d], &diff.dropped_tp_heads[d]);
       compare(l, was ? a.dp_heads : std::vector<int>{}, is ? b.dp_heads : std::vector<int>{},
               &diff.gained_dp_heads[d], &diff.dropped_dp_heads[d]);
-      compare(l, was ? a.ffn_shards[d] : std::vector<int>{}, is ? b.ffn_shards[d] : std::vector<int>{},
-              &diff.gained_shards[d], &diff.dropped_shards[d]);
+      compare(l, was ? a.ffn_shards[d] : std::vector<int>{},
+              is ? b.ffn_shards[d] : std::vector<int>{}, &diff.gained_shards[d],
+              &diff.dropped_shards[d]);
     }
     // An item moved between survivors if its old holder is still active and
     // it now lives (as TP) on another device.
@@ -236,10 +266,12 @@ PlanDiff DiffPlans(const Plan& from, const Plan& to) {
   }
   for (int d = 0; d < nd; ++d) {
     compare(-1, from.IsActive(d) ? from.vocab_chunks[d] : std::vector<int>{},
-            to.IsActive(d) ? to.vocab_chunks[d] : std::vector<int>{}, &diff.gained_chunks[d], &diff.dropped_chunks[d]);
+            to.IsActive(d) ? to.vocab_chunks[d] : std::vector<int>{}, &diff.gained_chunks[d],
+            &diff.dropped_chunks[d]);
     for (int c : to.vocab_chunks[d]) {
       for (int o = 0; o < nd; ++o) {
-        if (o != d && survivor(o) && survivor(d) && std::binary_search(from.vocab_chunks[o].begin(), from.vocab_chunks[o].end(), c)) {
+        if (o != d && survivor(o) && survivor(d) &&
+            std::binary_search(from.vocab_chunks[o].begin(), from.vocab_chunks[o].end(), c)) {
           diff.moved_between_survivors++;
         }
       }

@@ -18,6 +18,18 @@ namespace failsafe {
 
 Result<Plan> Replan(const Plan& previous, const ModelConfig& config, const std::vector<int>& alive);
 
+// How the engine recovers from a failure (or takes a device back):
+//   recompute: fresh contiguous plan; every device reloads all its weights;
+//              all in-flight KV is recomputed.
+//   host:      fresh plan; weights reloaded; KV restored from the host backup.
+//   full:      minimal-movement replan; only missing weights are loaded (each
+//              new DP head in distinct pieces, exchanged device to device);
+//              only the lost KV is restored from the backup.
+//   oracle:    (simulator only) metadata changes, no data moves.
+enum class RecoveryMode { kRecompute, kHost, kFull, kOracle };
+const char* RecoveryModeName(RecoveryMode m);
+Result<RecoveryMode> ParseRecoveryMode(const std::string& name);
+
 // What changes between two plans, per device.
 struct PlanDiff {
   struct Item {

@@ -91,6 +91,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   }
   LmHead(b, logits, stats);
   end_segment();
+  EnqueueBackup(b);
   stats->kv_bytes = kv_.used_pages() * kv_.page_bytes();
   return Status::Ok();
 }

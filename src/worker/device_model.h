@@ -20,11 +20,55 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "placement/plan.h"
+#include "placement/replan.h"
+#include "worker/backup_writer.h"
 #include "worker/item_matrix.h"
 #include "worker/kv_cache.h"
 #include "worker/step.h"
 
 namespace failsafe {
+
+// Reads items of a device's share from the host copy of the weights, in the
+// device's layout.
+class HostLoader {
+ public:
+  HostLoader(const ModelConfig& config, const PlanShape& shape, const WeightStore& host);
+  void Qkv(int layer, int head, float* dst) const;  // [(G + 2) * head_dim, hidden]
+  void O(int layer, int head, float* dst) const;  // [G * head_dim, hidden] (o columns, transposed)
+  // Rows [row_begin, row_end) of the head group flattened as q, k, v rows then o^T rows.
+  void HeadRows(int layer, int head, int row_begin, int row_end, float* dst) const;
+  void GateUp(int layer, int shard, float* dst) const;    // [2 * width, hidden]
+  void Down(int layer, int shard, float* dst) const;      // [width, hidden]
+  void Vocab(bool lm_head, int chunk, float* dst) const;  // [chunk_size, hidden], zero-padded
+
+ private:
+  const ModelConfig& c_;
+  const PlanShape& shape_;
+  const WeightStore& host_;
+};
+
+// Runs of consecutive ids in an ascending list, as (first, count); a run also
+// breaks at multiples of `break_every` (> 0).
+std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break_every);
+
+// What a device must know of one sequence when the plan changes.
+struct SeqRestore {
+  int64_t seq_id = 0;
+  int32_t dp_rank = 0;
+  // Positions [0, restore_tokens) of every slot the device gains come from the
+  // host backup; later positions will be recomputed.
+  int32_t restore_tokens = 0;
+  std::vector<int32_t> backup_blocks;  // logical block -> backup block
+};
+
+// What applying a plan cost on one device.
+struct ApplyStats {
+  int64_t host_bytes = 0;         // weights read from the host copy (PCIe)
+  int64_t peer_bytes = 0;         // weights received from other devices (NVLink)
+  int64_t kv_restored_bytes = 0;  // KV copied from the host backup
+  int64_t weights_ns = 0;         // CPU time spent on weights
+  int64_t kv_ns = 0;              // CPU time spent restoring KV
+};
 
 struct DeviceOptions {
   int block_size = 16;   // tokens per KV page
@@ -53,6 +97,21 @@ class DeviceModel {
   Status Forward(const StepBatch& batch, Communicator& comm, float* logits, ForwardStats* stats);
 
   void FreeSeq(int64_t seq) { kv_.FreeSeq(seq); }
+
+  // Backs up the KV of every step into the host region (base, layout) through
+  // `writer` (owned by the caller, outliving this device).
+  void SetBackup(BackupWriter* writer, const BackupLayout& layout, void* base);
+  // Waits until the backup has caught up with every finished step.
+  void DrainBackup();
+
+  // Moves from `prev` to `next` (both global plans): keeps what the device
+  // holds and still needs, drops the rest, loads what it gains (from the host,
+  // or for new DP heads in pieces exchanged through `comm`), and restores the
+  // KV of gained slots from the host backup. `seqs` lists every live sequence;
+  // the device forgets any other. With `mode` other than kFull it reloads its
+  // whole share and rebuilds its KV (restore_tokens may be 0: recompute).
+  Status ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode mode, const WeightStore& host,
+                   Communicator& comm, const std::vector<SeqRestore>& seqs, ApplyStats* stats);
 
  private:
   struct LayerWeights {
@@ -85,6 +144,17 @@ class DeviceModel {
   void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
                  const float* row_scale, float* out, ForwardStats* stats);
   Status ReserveKv(const StepBatch& b);
+  // Norms, routers and empty item matrices: a device holding nothing yet.
+  void InitLayers(const Plan& plan, const WeightStore& host);
+  void EnqueueBackup(const StepBatch& b);
+  void AddHeads(ItemMatrix* qkv, ItemMatrix* o, int layer, const std::vector<int>& heads,
+                const HostLoader& load);
+  void AddShards(LayerWeights* lw, int layer, const std::vector<int>& shards,
+                 const HostLoader& load);
+  void AddChunks(const std::vector<int>& chunks, const HostLoader& load);
+  Status GatherNewDpHeads(const Plan& prev, const Plan& next, const HostLoader& load,
+                          Communicator& comm, ApplyStats* stats);
+  void RestoreKv(const std::vector<SeqRestore>& seqs, ApplyStats* stats);
 
   const ModelConfig config_;
   const int device_;
@@ -97,6 +167,9 @@ class DeviceModel {
       lm_head_;  // per vocabulary chunk [chunk_size, hidden]; lm_head_ shares embed_ when tied
   std::vector<float> final_norm_;
   KvCache kv_;
+  BackupWriter* backup_ = nullptr;
+  BackupLayout backup_layout_;
+  void* backup_base_ = nullptr;
 
   // Step scratch, [tokens, ...] unless noted.
   std::vector<float> x_, h_, qkv_, attn_, partial_, dp_in_, dp_qkv_, dp_attn_, dp_out_;

@@ -30,10 +30,67 @@ int64_t DeviceModel::weight_bytes() const {
   return b;
 }
 
-namespace {
+HostLoader::HostLoader(const ModelConfig& c, const PlanShape& shape, const WeightStore& host)
+    : c_(c), shape_(shape), host_(host) {}
 
-// Runs of consecutive ids in an ascending list: (first, count).
-std::vector<std::pair<int, int>> Runs(const std::vector<int>& ids, int break_every = 0) {
+void HostLoader::Qkv(int layer, int head, float* dst) const {
+  const int hd = c_.head_dim, g = c_.group_size(), hidden = c_.hidden_size;
+  host_.Get(tn::Q(layer)).ReadRows(static_cast<int64_t>(head) * g * hd, g * hd, dst);
+  host_.Get(tn::K(layer))
+      .ReadRows(static_cast<int64_t>(head) * hd, hd, dst + static_cast<int64_t>(g) * hd * hidden);
+  host_.Get(tn::V(layer))
+      .ReadRows(static_cast<int64_t>(head) * hd, hd,
+                dst + static_cast<int64_t>(g + 1) * hd * hidden);
+}
+
+void HostLoader::O(int layer, int head, float* dst) const {
+  const int hd = c_.head_dim, g = c_.group_size();
+  host_.Get(tn::O(layer)).ReadColsTransposed(static_cast<int64_t>(head) * g * hd, g * hd, dst);
+}
+
+void HostLoader::HeadRows(int layer, int head, int row_begin, int row_end, float* dst) const {
+  // Rows of a head group, flattened: q (G*hd), k (hd), v (hd), then o^T (G*hd).
+  const int hd = c_.head_dim, g = c_.group_size(), hidden = c_.hidden_size;
+  for (int r = row_begin; r < row_end; ++r) {
+    float* out = dst + static_cast<int64_t>(r - row_begin) * hidden;
+    if (r < g * hd) {
+      host_.Get(tn::Q(layer)).ReadRows(static_cast<int64_t>(head) * g * hd + r, 1, out);
+    } else if (r < (g + 1) * hd) {
+      host_.Get(tn::K(layer)).ReadRows(static_cast<int64_t>(head) * hd + r - g * hd, 1, out);
+    } else if (r < (g + 2) * hd) {
+      host_.Get(tn::V(layer)).ReadRows(static_cast<int64_t>(head) * hd + r - (g + 1) * hd, 1, out);
+    } else {
+      host_.Get(tn::O(layer))
+          .ReadColsTransposed(static_cast<int64_t>(head) * g * hd + r - (g + 2) * hd, 1, out);
+    }
+  }
+}
+
+void HostLoader::GateUp(int layer, int shard, float* dst) const {
+  const int w = shape_.shard_width, hidden = c_.hidden_size;
+  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
+  const int64_t col = static_cast<int64_t>(shard % shape_.shards_per_expert) * w;
+  host_.Get(tn::Gate(layer, expert)).ReadRows(col, w, dst);
+  host_.Get(tn::Up(layer, expert)).ReadRows(col, w, dst + static_cast<int64_t>(w) * hidden);
+}
+
+void HostLoader::Down(int layer, int shard, float* dst) const {
+  const int w = shape_.shard_width;
+  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
+  host_.Get(tn::Down(layer, expert))
+      .ReadColsTransposed(static_cast<int64_t>(shard % shape_.shards_per_expert) * w, w, dst);
+}
+
+void HostLoader::Vocab(bool lm_head, int chunk, float* dst) const {
+  const int hidden = c_.hidden_size;
+  const int begin = shape_.ChunkBegin(chunk), end = shape_.ChunkEnd(chunk);
+  host_.Get(lm_head ? tn::LmHead(c_) : tn::Embedding()).ReadRows(begin, end - begin, dst);
+  std::memset(
+      dst + static_cast<int64_t>(end - begin) * hidden, 0,
+      sizeof(float) * static_cast<size_t>(shape_.vocab_chunk_size - (end - begin)) * hidden);
+}
+
+std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break_every) {
   std::vector<std::pair<int, int>> runs;
   for (int id : ids) {
     bool extend = !runs.empty() && runs.back().first + runs.back().second == id &&
@@ -47,14 +104,40 @@ std::vector<std::pair<int, int>> Runs(const std::vector<int>& ids, int break_eve
   return runs;
 }
 
-}  // namespace
+void DeviceModel::AddHeads(ItemMatrix* qkv, ItemMatrix* o, int layer, const std::vector<int>& heads,
+                           const HostLoader& load) {
+  for (auto [first, count] : ItemRuns(heads, 0)) {
+    qkv->Add(first, count, [&](int h, float* dst) { load.Qkv(layer, h, dst); });
+    o->Add(first, count, [&](int h, float* dst) { load.O(layer, h, dst); });
+  }
+}
 
-Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
+void DeviceModel::AddShards(LayerWeights* lw, int layer, const std::vector<int>& shards,
+                            const HostLoader& load) {
+  for (auto [first, count] : ItemRuns(shards, plan_.shape.shards_per_expert)) {
+    lw->ffn_gate_up.Add(first, count, [&](int s, float* dst) { load.GateUp(layer, s, dst); });
+    lw->ffn_down.Add(first, count, [&](int s, float* dst) { load.Down(layer, s, dst); });
+  }
+}
+
+void DeviceModel::AddChunks(const std::vector<int>& chunks, const HostLoader& load) {
+  for (auto [first, count] : ItemRuns(chunks, 0)) {
+    embed_.Add(first, count, [&](int ch, float* dst) { load.Vocab(false, ch, dst); });
+    if (config_.tie_word_embeddings) {
+      for (auto& seg : embed_.segments()) {
+        if (seg.first == first) lm_head_.AddShared(seg);
+      }
+    } else {
+      lm_head_.Add(first, count, [&](int ch, float* dst) { load.Vocab(true, ch, dst); });
+    }
+  }
+}
+
+void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   plan_ = plan;
   const ModelConfig& c = config_;
   const int hd = c.head_dim, g = c.group_size(), hidden = c.hidden_size;
-  const PlanShape& shape = plan.shape;
-  const int w = shape.shard_width;
+  const int w = plan.shape.shard_width;
   layers_.assign(c.num_layers, {});
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
@@ -62,45 +145,12 @@ Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
     lw.ffn_norm.resize(hidden);
     host.Get(tn::AttnNorm(l)).ReadRows(0, 1, lw.attn_norm.data());
     host.Get(tn::FfnNorm(l)).ReadRows(0, 1, lw.ffn_norm.data());
-    if (!plan.IsActive(device_)) continue;
-    TensorRef q = host.Get(tn::Q(l)), k = host.Get(tn::K(l)), v = host.Get(tn::V(l)),
-              o = host.Get(tn::O(l));
-    auto fill_qkv = [&](int head, float* dst) {
-      q.ReadRows(static_cast<int64_t>(head) * g * hd, g * hd, dst);
-      k.ReadRows(static_cast<int64_t>(head) * hd, hd, dst + static_cast<int64_t>(g) * hd * hidden);
-      v.ReadRows(static_cast<int64_t>(head) * hd, hd,
-                 dst + static_cast<int64_t>(g + 1) * hd * hidden);
-    };
-    auto fill_o = [&](int head, float* dst) {
-      o.ReadColsTransposed(static_cast<int64_t>(head) * g * hd, g * hd, dst);
-    };
     lw.tp_qkv = ItemMatrix((g + 2) * hd, hidden);
     lw.tp_o = ItemMatrix(g * hd, hidden);
     lw.dp_qkv = ItemMatrix((g + 2) * hd, hidden);
     lw.dp_o = ItemMatrix(g * hd, hidden);
-    for (auto [first, count] : Runs(plan.layers[l].tp_heads[device_])) {
-      lw.tp_qkv.Add(first, count, fill_qkv);
-      lw.tp_o.Add(first, count, fill_o);
-    }
-    for (auto [first, count] : Runs(plan.layers[l].dp_heads)) {
-      lw.dp_qkv.Add(first, count, fill_qkv);
-      lw.dp_o.Add(first, count, fill_o);
-    }
     lw.ffn_gate_up = ItemMatrix(2 * w, hidden);
     lw.ffn_down = ItemMatrix(w, hidden);
-    for (auto [first, count] : Runs(plan.layers[l].ffn_shards[device_], shape.shards_per_expert)) {
-      const int expert = c.is_moe() ? shape.ShardExpert(first) : -1;
-      TensorRef gate = host.Get(tn::Gate(l, expert)), up = host.Get(tn::Up(l, expert));
-      TensorRef down = host.Get(tn::Down(l, expert));
-      lw.ffn_gate_up.Add(first, count, [&](int shard, float* dst) {
-        const int64_t col = static_cast<int64_t>(shard % shape.shards_per_expert) * w;
-        gate.ReadRows(col, w, dst);
-        up.ReadRows(col, w, dst + static_cast<int64_t>(w) * hidden);
-      });
-      lw.ffn_down.Add(first, count, [&](int shard, float* dst) {
-        down.ReadColsTransposed(static_cast<int64_t>(shard % shape.shards_per_expert) * w, w, dst);
-      });
-    }
     if (c.is_moe()) {
       lw.router.resize(static_cast<size_t>(c.num_experts) * hidden);
       host.Get(tn::Router(l)).ReadRows(0, c.num_experts, lw.router.data());
@@ -108,28 +158,21 @@ Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
   }
   final_norm_.resize(hidden);
   host.Get(tn::FinalNorm()).ReadRows(0, 1, final_norm_.data());
-  auto fill_vocab = [&](const TensorRef& t) {
-    return [&, t](int chunk, float* dst) {
-      const int begin = shape.ChunkBegin(chunk), end = shape.ChunkEnd(chunk);
-      t.ReadRows(begin, end - begin, dst);
-      std::memset(
-          dst + static_cast<int64_t>(end - begin) * hidden, 0,
-          sizeof(float) * static_cast<size_t>(shape.vocab_chunk_size - (end - begin)) * hidden);
-    };
-  };
-  embed_ = ItemMatrix(shape.vocab_chunk_size, hidden);
-  lm_head_ = ItemMatrix(shape.vocab_chunk_size, hidden);
-  TensorRef embed = host.Get(tn::Embedding()), head = host.Get(tn::LmHead(c));
-  for (auto [first, count] : Runs(plan.vocab_chunks[device_])) {
-    embed_.Add(first, count, fill_vocab(embed));
-    if (c.tie_word_embeddings) {
-      for (auto& seg : embed_.segments()) {
-        if (seg.first == first) lm_head_.AddShared(seg);
-      }
-    } else {
-      lm_head_.Add(first, count, fill_vocab(head));
-    }
+  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden);
+  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden);
+}
+
+Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
+  InitLayers(plan, host);
+  if (!plan.IsActive(device_)) return Status::Ok();
+  HostLoader load(config_, plan.shape, host);
+  for (int l = 0; l < config_.num_layers; ++l) {
+    LayerWeights& lw = layers_[l];
+    AddHeads(&lw.tp_qkv, &lw.tp_o, l, plan.layers[l].tp_heads[device_], load);
+    AddHeads(&lw.dp_qkv, &lw.dp_o, l, plan.layers[l].dp_heads, load);
+    AddShards(&lw, l, plan.layers[l].ffn_shards[device_], load);
   }
+  AddChunks(plan.vocab_chunks[device_], load);
   return Status::Ok();
 }
 

@@ -44,16 +44,54 @@ bool GroupSpec::Decode(WireReader* r) {
   return r->ok();
 }
 
+void ApplyPlanRequest::Encode(WireWriter* w) const {
+  w->PutString(prev_plan_json);
+  w->PutString(next_plan_json);
+  w->Put(mode);
+  w->Put<uint64_t>(seqs.size());
+  for (const SeqRestore& s : seqs) {
+    w->Put(s.seq_id);
+    w->Put(s.dp_rank);
+    w->Put(s.restore_tokens);
+    w->PutVector(s.backup_blocks);
+  }
+}
+
+bool ApplyPlanRequest::Decode(WireReader* r) {
+  prev_plan_json = r->GetString();
+  next_plan_json = r->GetString();
+  mode = r->Get<int32_t>();
+  const uint64_t n = r->Get<uint64_t>();
+  if (!r->ok() || n > (1u << 24)) return false;
+  seqs.resize(n);
+  for (SeqRestore& s : seqs) {
+    s.seq_id = r->Get<int64_t>();
+    s.dp_rank = r->Get<int32_t>();
+    s.restore_tokens = r->Get<int32_t>();
+    s.backup_blocks = r->GetVector<int32_t>();
+  }
+  return r->ok();
+}
+
+void EncodeApplyStats(const ApplyStats& s, WireWriter* w) { w->Put(s); }
+
+bool DecodeApplyStats(WireReader* r, ApplyStats* s) {
+  *s = r->Get<ApplyStats>();
+  return r->ok();
+}
+
 void EncodeBatch(const StepBatch& b, WireWriter* w) {
   w->PutVector(b.seqs);
   w->PutVector(b.tokens);
   w->Put(b.num_logits_rows);
+  w->PutVector(b.backup_blocks);
 }
 
 bool DecodeBatch(WireReader* r, StepBatch* b) {
   b->seqs = r->GetVector<StepSeq>();
   b->tokens = r->GetVector<int32_t>();
   b->num_logits_rows = r->Get<int32_t>();
+  b->backup_blocks = r->GetVector<int32_t>();
   return r->ok();
 }
 

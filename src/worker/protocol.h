@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "common/wire.h"
+#include "worker/device_model.h"
 #include "worker/step.h"
 
 namespace failsafe {
@@ -20,9 +21,13 @@ enum class WorkerOp : uint32_t {
   kFreeSeqs = 5,   // sequence ids
   kPing = 6,
   kShutdown = 7,
+  kDrainBackup = 8,  // wait until the host backup holds every finished step
+  kApplyPlan = 9,    // ApplyPlanRequest -> ApplyStats
   kReply = 100,
 };
 
+// kInit carries the logits region and, if the coordinator keeps a host KV
+// backup, the backup region as a second descriptor.
 struct WorkerInit {
   std::string model_dir;
   int32_t device_id = 0;
@@ -51,6 +56,18 @@ struct GroupSpec {
   void Encode(WireWriter* w) const;
   bool Decode(WireReader* r);
 };
+
+struct ApplyPlanRequest {
+  std::string prev_plan_json, next_plan_json;
+  int32_t mode = 0;  // RecoveryMode
+  std::vector<SeqRestore> seqs;
+
+  void Encode(WireWriter* w) const;
+  bool Decode(WireReader* r);
+};
+
+void EncodeApplyStats(const ApplyStats& s, WireWriter* w);
+bool DecodeApplyStats(WireReader* r, ApplyStats* s);
 
 void EncodeBatch(const StepBatch& b, WireWriter* w);
 bool DecodeBatch(WireReader* r, StepBatch* b);

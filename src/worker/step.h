@@ -14,12 +14,20 @@ struct StepSeq {
   int32_t dp_rank = 0;       // device that computes this sequence's DP heads
   int32_t token_offset = 0;  // index of its first token in StepBatch::tokens
   int32_t logits_row = -1;   // row of the logits output for its last token, or -1
+  // Host KV backup: progress slot (-1: not backed up) and the backup blocks of
+  // logical blocks [backup_first_block, backup_first_block + backup_count),
+  // at StepBatch::backup_blocks[backup_offset...] (-1 entries: no backup).
+  int32_t backup_slot = -1;
+  int32_t backup_first_block = 0;
+  int32_t backup_count = 0;
+  int32_t backup_offset = 0;
 };
 
 struct StepBatch {
   std::vector<StepSeq> seqs;
   std::vector<int32_t> tokens;  // [total tokens]
   int32_t num_logits_rows = 0;
+  std::vector<int32_t> backup_blocks;
 
   int num_tokens() const { return static_cast<int>(tokens.size()); }
 };

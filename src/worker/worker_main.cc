@@ -30,22 +30,43 @@ class Worker {
       if (!st.ok()) return 0;  // the coordinator is gone
       for (size_t i = 0; i < m.fds.size(); ++i) fds_.push_back(m.fds[i]);
       std::string body;
+      FS_LOG_DEBUG("request op {} seq {}", m.type & 0xff, m.type >> 8);
       Status result = Handle(m, &body);
+      FS_LOG_DEBUG("reply to seq {}: {}", m.type >> 8, result.ToString());
       CloseUnusedFds();
-      if (!channel_.Send(static_cast<uint32_t>(WorkerOp::kReply), EncodeReply(result, body)).ok())
-        return 0;
-      if (static_cast<WorkerOp>(m.type) == WorkerOp::kShutdown) return 0;
+      // The reply echoes the request's sequence number (the type's high bits).
+      const uint32_t reply = static_cast<uint32_t>(WorkerOp::kReply) | (m.type & ~0xffu);
+      if (!channel_.Send(reply, EncodeReply(result, body)).ok()) return 0;
+      if (static_cast<WorkerOp>(m.type & 0xff) == WorkerOp::kShutdown) return 0;
     }
   }
 
  private:
   Status Handle(const Message& m, std::string* body) {
     WireReader r(m.payload);
-    switch (static_cast<WorkerOp>(m.type)) {
+    switch (static_cast<WorkerOp>(m.type & 0xff)) {
       case WorkerOp::kInit: {
         WorkerInit init;
-        if (!init.Decode(&r) || m.fds.size() != 1) return InvalidArgument("malformed init");
-        return Init(init, TakeFd(m.fds[0]));
+        if (!init.Decode(&r) || m.fds.empty() || m.fds.size() > 2)
+          return InvalidArgument("malformed init");
+        return Init(init, TakeFd(m.fds[0]), m.fds.size() > 1 ? TakeFd(m.fds[1]) : -1);
+      }
+      case WorkerOp::kDrainBackup:
+        if (device_) device_->DrainBackup();
+        return Status::Ok();
+      case WorkerOp::kApplyPlan: {
+        if (!device_ || !comm_) return FailedPrecondition("no device or group");
+        ApplyPlanRequest req;
+        if (!req.Decode(&r)) return InvalidArgument("malformed plan change");
+        FS_ASSIGN_OR_RETURN(Plan prev, PlanFromJson(req.prev_plan_json));
+        FS_ASSIGN_OR_RETURN(Plan next, PlanFromJson(req.next_plan_json));
+        ApplyStats stats;
+        FS_RETURN_IF_ERROR(device_->ApplyPlan(prev, next, static_cast<RecoveryMode>(req.mode),
+                                              *host_, *comm_, req.seqs, &stats));
+        WireWriter w;
+        EncodeApplyStats(stats, &w);
+        *body = w.Take();
+        return Status::Ok();
       }
       case WorkerOp::kLoadPlan: {
         if (!device_) return FailedPrecondition("not initialised");
@@ -98,6 +119,8 @@ class Worker {
       case WorkerOp::kFreeSeqs: {
         auto ids = r.GetVector<int64_t>();
         if (!r.ok() || !device_) return InvalidArgument("malformed free");
+        // The backup must not copy pages that are about to be reused.
+        device_->DrainBackup();
         for (int64_t id : ids) device_->FreeSeq(id);
         return Status::Ok();
       }
@@ -109,7 +132,7 @@ class Worker {
     }
   }
 
-  Status Init(const WorkerInit& init, int logits_fd) {
+  Status Init(const WorkerInit& init, int logits_fd, int backup_fd) {
     SetLogTag("device " + std::to_string(init.device_id));
     FS_ASSIGN_OR_RETURN(config_, ModelConfig::Load(init.model_dir));
     FS_ASSIGN_OR_RETURN(host_, WeightStore::Open(init.model_dir, config_));
@@ -123,6 +146,19 @@ class Worker {
     d.block_size = init.block_size;
     d.kv_pages = init.kv_pages;
     device_ = std::make_unique<DeviceModel>(config_, init.device_id, backend_.get(), d);
+    if (backup_fd >= 0) {
+      FS_ASSIGN_OR_RETURN(backup_, ShmRegion::Map(backup_fd));
+      const auto* h = static_cast<const BackupHeader*>(backup_.data());
+      BackupLayout layout(*h);
+      if (h->magic != BackupLayout::kMagic || layout.total_bytes() > backup_.size() ||
+          h->num_layers != config_.num_layers || h->num_kv_heads != config_.num_kv_heads ||
+          h->head_dim != config_.head_dim || h->block_size != init.block_size ||
+          init.device_id >= h->num_devices) {
+        return InvalidArgument("the KV backup region does not match the model");
+      }
+      backup_writer_ = std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id);
+      device_->SetBackup(backup_writer_.get(), layout, backup_.data());
+    }
     return Status::Ok();
   }
 
@@ -145,6 +181,8 @@ class Worker {
   std::unique_ptr<Communicator> comm_;
   ShmRegion logits_;
   int64_t logits_rows_ = 0;
+  ShmRegion backup_;
+  std::unique_ptr<BackupWriter> backup_writer_;  // destroyed before device_ (declared after)
 };
 
 }  // namespace

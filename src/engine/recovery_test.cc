@@ -1,0 +1,281 @@
+// Surviving device failures with real processes and SIGKILL: every request
+// completes exactly once and greedy outputs equal the fault-free run's.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "common/log.h"
+#include "common/rng.h"
+#include "engine/engine.h"
+#include "engine/faults.h"
+#include "engine/offline_run.h"
+#include "engine/worker_group.h"
+#include "model/synthetic.h"
+
+namespace failsafe {
+namespace {
+
+const std::string& Dir(const std::string& preset) {
+  static std::map<std::string, std::string> dirs;
+  if (!dirs.count(preset)) {
+    auto d = (std::filesystem::temp_directory_path() /
+              ("fs_recovery_test_" + std::to_string(::getpid()) + "_" + preset))
+                 .string();
+    SyntheticModelOptions o;
+    o.preset = preset;
+    o.seed = 21;
+    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
+    dirs[preset] = d;
+  }
+  return dirs[preset];
+}
+
+Workload MakeWorkload(int n, uint64_t seed) {
+  Workload w;
+  Rng rng(seed);
+  for (int i = 0; i < n; ++i) {
+    w.requests.push_back(
+        {0.0005 * i, 4 + static_cast<int>(rng.Below(200)), 4 + static_cast<int>(rng.Below(40))});
+  }
+  return w;
+}
+
+struct Scenario {
+  std::string preset = "tiny-llama";
+  int devices = 8;
+  Policy policy = Policy::kHybrid;
+  RecoveryMode mode = RecoveryMode::kFull;
+  int64_t backup_bytes = 64 << 20;
+  int64_t device_memory = 0;
+  int64_t step_timeout_ms = 600000;
+  std::function<void(WorkerGroup*, int)> before_apply;
+};
+
+Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
+                               const std::vector<FaultEvent>& faults) {
+  WorkerGroupOptions o;
+  o.model_dir = Dir(s.preset);
+  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.num_devices = s.devices;
+  o.policy = s.policy;
+  o.backup_bytes = s.backup_bytes;
+  o.device_memory_bytes = s.device_memory;
+  o.max_step_tokens = 128;
+  o.max_logits_rows = 64;
+  o.max_seqs = 64;
+  o.step_timeout_ms = s.step_timeout_ms;
+  o.collective_timeout_ms = 10000;
+  o.log_level = "warn";
+  FS_ASSIGN_OR_RETURN(auto group, WorkerGroup::Start(o));
+  SchedulerConfig sc;
+  sc.max_batch_tokens = 128;
+  sc.max_num_seqs = 64;
+  sc.max_model_len = 1024;
+  EngineOptions eo;
+  eo.recovery = s.mode;
+  WorkerGroup* g = group.get();
+  if (s.before_apply) eo.before_apply = [&s, g](int attempt) { s.before_apply(g, attempt); };
+  Engine engine(group.get(), sc, eo);
+  OfflineRunOptions ro;
+  ro.faults = faults;
+  return RunOffline(engine, w, ro);
+}
+
+const RunSummary& Reference(const std::string& preset, const Workload& w, uint64_t key) {
+  static std::map<std::pair<std::string, uint64_t>, RunSummary> cache;
+  auto k = std::make_pair(preset, key);
+  if (!cache.count(k)) {
+    Scenario s;
+    s.preset = preset;
+    auto r = RunScenario(s, w, {});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    cache[k] = *r;
+  }
+  return cache[k];
+}
+
+void ExpectSameOutputs(const RunSummary& got, const RunSummary& want, int n) {
+  EXPECT_EQ(got.requests_completed, n);
+  EXPECT_EQ(got.requests_failed, 0) << got.failure;
+  EXPECT_EQ(got.output_tokens, want.output_tokens);
+  EXPECT_EQ(got.output_digest, want.output_digest);
+}
+
+FaultEvent Kill(int device, int step) { return {false, device, step, -1}; }
+FaultEvent Back(int device, int step) { return {true, device, step, -1}; }
+
+class ModeTest : public ::testing::TestWithParam<std::tuple<RecoveryMode, std::string>> {};
+
+// One failure, then two at once, then both back.
+TEST_P(ModeTest, FailuresAndRejoinsKeepEveryRequestAndOutput) {
+  auto [mode, preset] = GetParam();
+  Workload w = MakeWorkload(24, 1);
+  const RunSummary& want = Reference(preset, w, 1);
+  Scenario s;
+  s.preset = preset;
+  s.mode = mode;
+  auto got = RunScenario(s, w, {Kill(3, 6), Kill(5, 14), Kill(6, 14), Back(3, 22), Back(6, 30)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 24);
+  ASSERT_EQ(got->recoveries.size(), 4u);
+  EXPECT_EQ(got->recoveries[0].failed_devices, std::vector<int>{3});
+  EXPECT_EQ(got->recoveries[1].failed_devices, (std::vector<int>{5, 6}));
+  EXPECT_EQ(got->recoveries[2].joined_devices, std::vector<int>{3});
+  const RecoveryReport& first = got->recoveries[0];
+  if (mode == RecoveryMode::kFull) {
+    // Only the dead device's share moves: far less than a whole model.
+    EXPECT_GT(first.weight_peer_bytes, 0);  // its head became a DP head, gathered in pieces
+    EXPECT_GT(first.kv_restored_bytes, 0);
+  }
+  if (mode == RecoveryMode::kRecompute) {
+    EXPECT_EQ(first.kv_restored_bytes, 0);
+  } else {
+    EXPECT_GT(first.kv_restored_bytes, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
+                         ::testing::Values(std::make_tuple(RecoveryMode::kFull, "tiny-llama"),
+                                           std::make_tuple(RecoveryMode::kHost, "tiny-llama"),
+                                           std::make_tuple(RecoveryMode::kRecompute, "tiny-llama"),
+                                           std::make_tuple(RecoveryMode::kFull, "tiny-mixtral")));
+
+TEST(Recovery, FullModeMovesOnlyTheDeadDevicesShare) {
+  Workload w = MakeWorkload(12, 2);
+  Scenario full, host;
+  host.mode = RecoveryMode::kHost;
+  auto a = RunScenario(full, w, {Kill(2, 8)});
+  auto b = RunScenario(host, w, {Kill(2, 8)});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->recoveries.size(), 1u);
+  ASSERT_EQ(b->recoveries.size(), 1u);
+  // Host mode reloads every device's share; full loads about one device's worth.
+  EXPECT_LT(a->recoveries[0].weight_host_bytes * 3, b->recoveries[0].weight_host_bytes);
+  EXPECT_LT(a->recoveries[0].kv_restored_bytes, b->recoveries[0].kv_restored_bytes);
+}
+
+// A second device dies while the first recovery is being applied.
+TEST(Recovery, FailureDuringRecovery) {
+  Workload w = MakeWorkload(16, 3);
+  const RunSummary& want = Reference("tiny-llama", w, 3);
+  Scenario s;
+  bool killed = false;
+  s.before_apply = [&killed](WorkerGroup* g, int attempt) {
+    if (!killed) {
+      killed = true;
+      (void)g->KillDevice(6);
+    }
+  };
+  auto got = RunScenario(s, w, {Kill(1, 12)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 16);
+  ASSERT_GE(got->recoveries.size(), 1u);
+  EXPECT_GE(got->recoveries[0].attempts + static_cast<int>(got->recoveries.size()), 2);
+}
+
+// Three failures, and the DP rank of a request in the middle of its prefill.
+TEST(Recovery, ThreeFailuresIncludingADpRankMidPrefill) {
+  Workload w = MakeWorkload(6, 4);
+  w.requests[0].input_len = 700;  // prefilled over several steps of 128 tokens
+  const RunSummary& want = Reference("tiny-llama", w, 4);
+  Scenario s;
+  // With 8 devices there are no DP heads; after one failure (7 devices) there
+  // are, and request 1 (the long one) is routed first: to device 0.
+  auto got = RunScenario(s, w, {Kill(7, 1), Kill(0, 3), Kill(4, 4)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 6);
+  EXPECT_EQ(got->recoveries.size(), 3u);
+}
+
+// The backup cannot hold everything: requests without backup recompute.
+TEST(Recovery, BackupBehindOrFullRecomputesTheRest) {
+  Workload w = MakeWorkload(16, 5);
+  const RunSummary& want = Reference("tiny-llama", w, 5);
+  Scenario s;
+  s.backup_bytes = 20 * 4 * 8 * 2 * 16 * 16 * 4;  // 20 blocks of 16 tokens: a fraction of the KV
+  auto got = RunScenario(s, w, {Kill(2, 15)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 16);
+  ASSERT_EQ(got->recoveries.size(), 1u);
+  EXPECT_GT(got->recoveries[0].tokens_recomputed, 0);
+}
+
+// Below what the model needs: requests wait for a rejoin, or fail clearly.
+TEST(Recovery, TooFewDevicesWaitForRejoinOrFail) {
+  Workload w;
+  for (int i = 0; i < 8; ++i) w.requests.push_back({0.0005 * i, 10 + 11 * i, 5 + 4 * i});
+  const RunSummary& want = Reference("tiny-llama", w, 6);
+  Scenario s;
+  s.devices = 4;
+  s.device_memory = 6 << 20;  // one device's share is too big for two devices
+  auto waited =
+      RunScenario(s, w, {Kill(1, 5), Kill(2, 6), Kill(3, 7), Back(2, 1000), Back(3, 1000)});
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  ExpectSameOutputs(*waited, want, 8);
+  auto failed = RunScenario(s, w, {Kill(1, 5), Kill(2, 6), Kill(3, 7)});
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  EXPECT_EQ(failed->requests_completed + failed->requests_failed, 8);
+  EXPECT_GT(failed->requests_failed, 0);
+  EXPECT_NE(failed->failure.find("cannot serve"), std::string::npos) << failed->failure;
+}
+
+// A worker that stops answering (SIGSTOP) misses the step deadline and is
+// treated as dead.
+TEST(Recovery, HungWorkerIsDeclaredDead) {
+  Workload w = MakeWorkload(8, 7);
+  const RunSummary& want = Reference("tiny-llama", w, 7);
+  WorkerGroupOptions o;
+  o.model_dir = Dir("tiny-llama");
+  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.num_devices = 5;
+  o.backup_bytes = 64 << 20;
+  o.step_timeout_ms = 1500;
+  auto group = WorkerGroup::Start(o);
+  ASSERT_TRUE(group.ok());
+  ::kill((*group)->device_pid(2), SIGSTOP);
+  SchedulerConfig sc;
+  sc.max_model_len = 1024;
+  Engine engine(group->get(), sc);
+  auto got = RunOffline(engine, w, {});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->requests_completed, 8);
+  ASSERT_EQ(got->recoveries.size(), 1u);
+  EXPECT_EQ(got->recoveries[0].failed_devices, std::vector<int>{2});
+  (void)want;
+}
+
+TEST(Faults, SpecsAndBadInput) {
+  auto f = ParseFaults({"device=3@step=40", "device=2@t=2.5s", "rejoin=3@step=90"}, 8);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ((*f)[0].at_step, 40);
+  EXPECT_DOUBLE_EQ((*f)[1].at_s, 2.5);
+  EXPECT_TRUE((*f)[2].rejoin);
+  EXPECT_EQ(ParseFaults({"device=9@step=1"}, 8).status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(ParseFaults({"rejoin=2@step=1"}, 8).status().message().find("rejoins while alive"),
+            std::string::npos);
+  EXPECT_NE(ParseFaults({"device=2@step=1", "device=2@step=5"}, 8)
+                .status()
+                .message()
+                .find("removed twice"),
+            std::string::npos);
+  EXPECT_FALSE(ParseFaults({"device=2"}, 8).ok());
+  EXPECT_FALSE(ParseFaults({"gpu=2@step=1"}, 8).ok());
+  EXPECT_FALSE(ParseFaults({"device=x@step=1"}, 8).ok());
+  auto trace = std::filesystem::temp_directory_path() / ("fs_trace_" + std::to_string(::getpid()));
+  { std::ofstream(trace) << "1000,remove,nodeA\n2000,remove,nodeA\n"; }
+  EXPECT_NE(ParseFaults({"trace=" + trace.string()}, 8).status().message().find("removed twice"),
+            std::string::npos);
+  { std::ofstream(trace) << "1000,remove,3\n3000,add,3\n"; }
+  auto t = ParseFaults({"trace=" + trace.string()}, 8);
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ((*t)[1].at_s, 3.0);
+  std::filesystem::remove(trace);
+}
+
+}  // namespace
+}  // namespace failsafe

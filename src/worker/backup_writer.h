@@ -1,0 +1,59 @@
+// Copies the KV a device writes into the host backup, on a background thread
+// overlapped with the device's compute.
+//
+// After a step, the compute thread hands over, per request, the page pointers
+// of every slot it wrote and the backup blocks they go to; the writer copies
+// them and then publishes the request's progress. Pages stay valid until the
+// compute thread frees or truncates KV, which it does only after Drain().
+//
+// Thread-safety: Enqueue and Drain from the compute thread only.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "worker/kv_backup_layout.h"
+
+namespace failsafe {
+
+struct BackupJob {
+  int64_t seq_id = 0;
+  int slot = 0;   // progress slot
+  int start = 0;  // positions [start, end) were written
+  int end = 0;
+  struct Copy {
+    const float* page;  // device page holding the positions' K then V
+    float* dst;         // backup slot of the same logical block
+    int from, to;       // positions within the block
+  };
+  std::vector<Copy> copies;
+};
+
+class BackupWriter {
+ public:
+  BackupWriter(void* base, const BackupLayout& layout, int device);
+  ~BackupWriter();
+  void Enqueue(BackupJob job);
+  // Waits until every queued job is copied and published.
+  void Drain();
+  int64_t bytes_copied() const { return bytes_copied_; }
+
+ private:
+  void Run();
+  void* const base_;
+  const BackupLayout layout_;
+  const int device_;
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<BackupJob> queue_;  // guarded by mu_
+  bool busy_ = false;            // guarded by mu_
+  bool stop_ = false;            // guarded by mu_
+  int64_t bytes_copied_ = 0;     // written by the writer thread, read after Drain
+  std::thread thread_;
+};
+
+}  // namespace failsafe

@@ -16,6 +16,8 @@ CommandFn RegisterWorker(CLI::App& app);
 CommandFn RegisterPlan(CLI::App& app);
 CommandFn RegisterRun(CLI::App& app);
 CommandFn RegisterAblation(CLI::App& app);
+CommandFn RegisterChaos(CLI::App& app);
+CommandFn RegisterRecoveryBench(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

@@ -39,6 +39,12 @@ int main(int argc, char** argv) {
   add("ablation",
       "the paper's ablation (TP4 -> nonuniform -> cyclic -> FailSafe, and TP8) on this engine",
       RegisterAblation);
+  add("chaos",
+      "soak test: random device failures and rejoins, outputs checked against a fault-free run",
+      RegisterChaos);
+  add("recovery-bench",
+      "the paper's recovery experiment: one failure mid-run under each recovery mode",
+      RegisterRecoveryBench);
   add("worker", "run one device (started by the coordinator)", RegisterWorker);
 
   try {

@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/rng.h"
 #include "common/units.h"
 
 namespace failsafe {
@@ -91,6 +92,33 @@ Result<std::vector<FaultEvent>> ReadTrace(const std::string& path, double time_s
 }
 
 }  // namespace
+
+std::vector<FaultEvent> ChaosSchedule(uint64_t seed, int num_devices, int min_alive, int events,
+                                      int step_gap) {
+  Rng rng(HashCombine(seed, 0xc4a05));
+  std::vector<bool> alive(num_devices, true);
+  std::vector<FaultEvent> out;
+  int step = 1;
+  auto pick = [&](bool want_alive) {
+    std::vector<int> c;
+    for (int d = 0; d < num_devices; ++d) {
+      if (alive[d] == want_alive) c.push_back(d);
+    }
+    return c[rng.Below(c.size())];
+  };
+  for (int e = 0; e < events; ++e) {
+    step += 1 + static_cast<int>(rng.Below(2 * step_gap));
+    const int n_alive = static_cast<int>(std::count(alive.begin(), alive.end(), true));
+    const bool kill = n_alive > min_alive && (n_alive == num_devices || rng.Below(3) != 0);
+    const int d = pick(kill);
+    alive[d] = !kill;
+    out.push_back({!kill, d, step, -1});
+  }
+  for (int d = 0; d < num_devices; ++d) {
+    if (!alive[d]) out.push_back({true, d, step += step_gap, -1});
+  }
+  return out;
+}
 
 Result<std::vector<FaultEvent>> ParseFaults(const std::vector<std::string>& specs, int num_devices,
                                             double time_scale) {

@@ -31,4 +31,10 @@ struct FaultEvent {
 Result<std::vector<FaultEvent>> ParseFaults(const std::vector<std::string>& specs, int num_devices,
                                             double time_scale = 1.0);
 
+// A seeded chaos schedule: every `step_gap` steps on average, kill a random
+// live device (keeping at least `min_alive`) or bring a dead one back; at the
+// end every dead device rejoins.
+std::vector<FaultEvent> ChaosSchedule(uint64_t seed, int num_devices, int min_alive, int events,
+                                      int step_gap);
+
 }  // namespace failsafe

@@ -103,7 +103,8 @@ Status Engine::Recover(const std::vector<int>& /*unused*/, const std::vector<int
     std::vector<int64_t> preempted = scheduler_->Reconfigure(*next, *capacity, &rerouted);
     Status drained = executor_->DrainBackup();
     if (!drained.ok()) {
-      if (drained.code() != StatusCode::kUnavailable) return drained;
+      if (drained.code() != StatusCode::kUnavailable || executor_->alive_devices() == alive)
+        return drained;
       conservative = true;
       continue;
     }
@@ -138,7 +139,11 @@ Status Engine::Recover(const std::vector<int>& /*unused*/, const std::vector<int
     if (options_.before_apply) options_.before_apply(attempt);
     auto applied = executor_->ApplyPlan(*next, options_.recovery, seqs);
     if (!applied.ok()) {
-      if (applied.status().code() != StatusCode::kUnavailable) return applied.status();
+      // Retry only if devices died meanwhile (otherwise it would fail again).
+      if (applied.status().code() != StatusCode::kUnavailable ||
+          executor_->alive_devices() == alive) {
+        return applied.status();
+      }
       FS_LOG_WARN("recovery attempt {} failed: {}; retrying", attempt, applied.status().ToString());
       conservative = true;  // some devices may have moved to `next` already
       continue;

@@ -279,3 +279,37 @@ TEST(Faults, SpecsAndBadInput) {
 
 }  // namespace
 }  // namespace failsafe
+
+namespace failsafe {
+namespace {
+
+// Seeded chaos: random SIGKILLs at random moments, with rejoins, on a running
+// workload. Every request completes exactly once, with the fault-free outputs.
+class ChaosTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(ChaosTest, EveryRequestOnceSameOutputs) {
+  const uint64_t seed = GetParam();
+  Workload w = MakeWorkload(80, 100 + seed);
+  const RunSummary& want = Reference("tiny-llama", w, 100 + seed);
+  Scenario s;
+  s.policy = seed % 2 ? Policy::kHybrid : Policy::kCyclic;
+  s.mode = seed % 3 == 0 ? RecoveryMode::kHost : RecoveryMode::kFull;
+  // Some seeds also kill a device in the middle of a recovery.
+  Rng rng(seed);
+  s.before_apply = [&rng](WorkerGroup* g, int attempt) {
+    if (attempt == 1 && rng.Below(4) == 0) {
+      const auto alive = g->alive_devices();
+      if (alive.size() > 3) (void)g->KillDevice(alive[rng.Below(alive.size())]);
+    }
+  };
+  auto faults = ChaosSchedule(seed, 8, 3, 24, 4);
+  auto got = RunScenario(s, w, faults);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 80);
+  EXPECT_GE(got->recoveries.size(), 12u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, ChaosTest, ::testing::Range<uint64_t>(1, 7));
+
+}  // namespace
+}  // namespace failsafe

@@ -435,9 +435,10 @@ Status WorkerGroup::DrainBackup() {
     if (devices_[d].alive) alive.push_back(d);
   }
   FS_RETURN_IF_ERROR(SendAll(alive, WorkerOp::kDrainBackup, ""));
-  for (auto& [d, st] : CollectAll(alive, options_.step_timeout_ms, nullptr)) FS_RETURN_IF_ERROR(st);
-  if (alive.size() != alive_devices().size() && !dead_devices().empty())
-    return Unavailable("a device died");
+  auto replies = CollectAll(alive, options_.step_timeout_ms, nullptr);
+  for (auto& [d, st] : replies) FS_RETURN_IF_ERROR(st);
+  if (replies.size() != alive.size())
+    return Unavailable("a device died while draining its KV backup");
   return Status::Ok();
 }
 

@@ -83,8 +83,8 @@ CommandFn RegisterAblation(CLI::App& app) {
       std::printf("\n%s-heavy: %s, %zu requests, length scale %.3g, device memory %s\n",
                   kind.c_str(), w->description.c_str(), w->requests.size(), wo.length_scale,
                   o->device_memory.c_str());
-      std::printf("%-32s %14s %10s %14s %12s %10s\n", "configuration", "emul. tok/s", "vs TP4",
-                  "output tok/s", "peak seqs", "wall s");
+      std::printf("%-32s %12s %8s %13s %10s %13s %12s %8s\n", "configuration", "emul. tok/s", "vs TP4",
+                  "output tok/s", "peak seqs", "peak KV tok", "preemptions", "wall s");
       std::fflush(stdout);
       double tp4 = 0;
       nlohmann::json rows = nlohmann::json::array();
@@ -110,14 +110,16 @@ CommandFn RegisterAblation(CLI::App& app) {
         if (!s.ok()) return Fail(std::string(c.name) + ": " + s.status().ToString());
         const double tps = s->emulated_tokens_per_s();
         if (tp4 == 0) tp4 = tps;
-        std::printf("%-32s %14.1f %9.2fx %14.1f %12d %10.1f\n", c.name, tps, tps / tp4,
-                    s->output_tokens / s->emulated_s, s->peak_concurrent_seqs, s->wall_s);
+        std::printf("%-32s %12.1f %7.2fx %13.1f %10d %13lld %12d %8.1f\n", c.name, tps, tps / tp4,
+                    s->output_tokens / s->emulated_s, s->peak_concurrent_seqs,
+                    static_cast<long long>(s->peak_kv_tokens), s->preemptions, s->wall_s);
         std::fflush(stdout);
         rows.push_back({{"configuration", c.name},
                         {"emulated_tokens_per_s", tps},
                         {"ratio_to_tp4", tps / tp4},
                         {"emulated_output_tokens_per_s", s->output_tokens / s->emulated_s},
                         {"peak_concurrent_seqs", s->peak_concurrent_seqs},
+                        {"peak_kv_tokens", s->peak_kv_tokens},
                         {"preemptions", s->preemptions},
                         {"output_digest", s->output_digest}});
       }

@@ -1,10 +1,11 @@
 // Collectives over TCP with gloo, for devices on several hosts.
 //
 // Rendezvous goes through a KvStoreServer (the coordinator's). A dead peer
-// closes its connections, so pending collectives on survivors fail at once
-// with kAborted; a hung peer is caught by the collective timeout. Abort() is
-// only a local flag: to abort a group remotely, the coordinator kills the
-// suspect worker, which turns a hang into a closed connection.
+// closes its connections; a member whose collective fails closes all of its
+// own, so the failure spreads through the group and every pending collective
+// fails fast with kAborted. A hung peer is caught by the collective timeout
+// or the coordinator, which kills it and so closes its connections. Abort()
+// is only a local flag.
 #pragma once
 
 #include <atomic>
@@ -43,6 +44,7 @@ class GlooCommunicator final : public Communicator {
 
  private:
   GlooCommunicator() = default;
+  void Fail();
   std::shared_ptr<gloo::Context> context_;
   int rank_ = 0;
   int size_ = 1;

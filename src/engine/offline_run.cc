@@ -181,6 +181,9 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
     ++sum.steps;
     sum.preemptions += static_cast<int>(out.plan.preempted.size());
     sum.peak_concurrent_seqs = std::max(sum.peak_concurrent_seqs, engine.scheduler().num_running());
+    int64_t kv_tokens = 0;
+    for (const Sequence* s : engine.scheduler().Running()) kv_tokens += s->num_computed;
+    sum.peak_kv_tokens = std::max(sum.peak_kv_tokens, kv_tokens);
     for (size_t i = 0; i < out.timing.devices.size(); ++i) {
       DeviceSummary& d = dev[out.timing.devices[i]];
       d.device = out.timing.devices[i];
@@ -261,8 +264,8 @@ std::string RunSummary::ToText() const {
                    wall_s, tokens_per_s(), output_tokens / wall_s);
   s += fmt::format("emulated time        {:.2f} s, {:.1f} tokens/s ({:.1f} output tokens/s)\n",
                    emulated_s, emulated_tokens_per_s(), output_tokens / emulated_s);
-  s += fmt::format("steps                {} ({} preemptions), peak concurrent sequences {}\n",
-                   steps, preemptions, peak_concurrent_seqs);
+  s += fmt::format("steps                {} ({} preemptions), peak concurrent sequences {}, peak KV tokens {}\n",
+                   steps, preemptions, peak_concurrent_seqs, peak_kv_tokens);
   s += fmt::format("TTFT (emulated)      mean {:.1f} ms, p50 {:.1f}, p90 {:.1f}, p99 {:.1f}\n",
                    ttft_ms.mean, ttft_ms.p50, ttft_ms.p90, ttft_ms.p99);
   s += fmt::format("max TBT per request  p50 {:.1f} ms, p90 {:.1f}, p99 {:.1f}, max {:.1f}\n",
@@ -323,6 +326,7 @@ std::string RunSummary::ToJson() const {
                       {"steps", steps},
                       {"preemptions", preemptions},
                       {"peak_concurrent_seqs", peak_concurrent_seqs},
+                      {"peak_kv_tokens", peak_kv_tokens},
                       {"ttft_ms", pct(ttft_ms)},
                       {"max_tbt_ms", pct(max_tbt_ms)},
                       {"devices", devs},

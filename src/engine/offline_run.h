@@ -46,6 +46,7 @@ struct RunSummary {
   int steps = 0;
   int preemptions = 0;
   int peak_concurrent_seqs = 0;
+  int64_t peak_kv_tokens = 0;  // tokens held in KV by running sequences, at the peak
   std::vector<DeviceSummary> devices;
   Percentiles ttft_ms;     // emulated
   Percentiles max_tbt_ms;  // per request: its longest gap between tokens, emulated

@@ -53,6 +53,7 @@ struct Scenario {
   int64_t backup_bytes = 64 << 20;
   int64_t device_memory = 0;
   int64_t step_timeout_ms = 600000;
+  CommKind comm = CommKind::kShm;
   std::function<void(WorkerGroup*, int)> before_apply;
 };
 
@@ -69,6 +70,7 @@ Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
   o.max_logits_rows = 64;
   o.max_seqs = 64;
   o.step_timeout_ms = s.step_timeout_ms;
+  o.comm = s.comm;
   o.collective_timeout_ms = 10000;
   o.log_level = "warn";
   FS_ASSIGN_OR_RETURN(auto group, WorkerGroup::Start(o));
@@ -157,6 +159,19 @@ TEST(Recovery, FullModeMovesOnlyTheDeadDevicesShare) {
   // Host mode reloads every device's share; full loads about one device's worth.
   EXPECT_LT(a->recoveries[0].weight_host_bytes * 3, b->recoveries[0].weight_host_bytes);
   EXPECT_LT(a->recoveries[0].kv_restored_bytes, b->recoveries[0].kv_restored_bytes);
+}
+
+// Collectives over TCP (gloo): a dead peer closes its connections.
+TEST(Recovery, GlooGroupsRecoverToo) {
+  Workload w = MakeWorkload(12, 8);
+  const RunSummary& want = Reference("tiny-llama", w, 8);
+  Scenario s;
+  s.devices = 5;
+  s.comm = CommKind::kGloo;
+  auto got = RunScenario(s, w, {Kill(2, 6), Back(2, 14)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 12);
+  EXPECT_EQ(got->recoveries.size(), 2u);
 }
 
 // A second device dies while the first recovery is being applied.

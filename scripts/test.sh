@@ -4,5 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test
 scripts/build.sh
+# The openai npm package, for the real-client test.
+(cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 cd build
 ctest --output-on-failure --parallel "$(nproc)" --timeout 900

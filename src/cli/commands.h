@@ -18,6 +18,7 @@ CommandFn RegisterRun(CLI::App& app);
 CommandFn RegisterAblation(CLI::App& app);
 CommandFn RegisterChaos(CLI::App& app);
 CommandFn RegisterRecoveryBench(CLI::App& app);
+CommandFn RegisterServe(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

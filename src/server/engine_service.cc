@@ -1,0 +1,258 @@
+#include "server/engine_service.h"
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "engine/kv_backup.h"
+#include "placement/plan_json.h"
+
+namespace failsafe {
+
+bool RequestHandle::Next(TokenEvent* event, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); }))
+    return false;
+  *event = events_.front();
+  events_.pop_front();
+  return true;
+}
+
+void RequestHandle::Push(const TokenEvent& e, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(e);
+    if (!error.empty()) error_ = error;
+  }
+  cv_.notify_all();
+}
+
+std::string RequestHandle::error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+EngineService::EngineService(std::unique_ptr<Executor> executor, const SchedulerConfig& config,
+                             const EngineOptions& options, const ServiceOptions& service)
+    : executor_(std::move(executor)),
+      engine_(executor_.get(), config, options),
+      service_(service),
+      config_(executor_->config()),
+      max_model_len_(config.max_model_len) {
+  UpdateGauges();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+EngineService::~EngineService() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Result<std::shared_ptr<RequestHandle>> EngineService::Submit(RequestSpec spec) {
+  auto h = std::make_shared<RequestHandle>();
+  h->arrival_ns_ = MonotonicNanos();
+  h->prompt_tokens_ = static_cast<int>(spec.prompt.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queued_ >= service_.max_queue) {
+      return ResourceExhausted("the queue is full ({} requests waiting); try again later", queued_);
+    }
+    ++queued_;
+    submissions_.emplace_back(std::move(spec), h);
+  }
+  cv_.notify_all();
+  return h;
+}
+
+void EngineService::Cancel(const std::shared_ptr<RequestHandle>& handle, FinishReason why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.emplace_back(handle, why);
+  }
+  cv_.notify_all();
+}
+
+void EngineService::RunOnEngine(Task task) {
+  std::promise<void> done;
+  auto fut = done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back([&] {
+      task();
+      done.set_value();
+    });
+  }
+  cv_.notify_all();
+  fut.wait();
+}
+
+Status EngineService::FailDevice(int device) {
+  Status st;
+  RunOnEngine([&] {
+    st = executor_->KillDevice(device);
+    // Notice the death now rather than at the next step.
+    if (st.ok()) (void)engine_.CheckHealth(service_.heartbeat_timeout_ms);
+    UpdateGauges();
+  });
+  return st;
+}
+
+Status EngineService::RestoreDevice(int device) {
+  Status st;
+  RunOnEngine([&] {
+    st = engine_.Rejoin(device);
+    UpdateGauges();
+  });
+  return st;
+}
+
+ServiceStatus EngineService::GetStatus() {
+  ServiceStatus s;
+  RunOnEngine([&] {
+    const Plan& plan = executor_->plan();
+    s.plan_json = PlanToJson(plan);
+    const auto alive = executor_->alive_devices();
+    const auto load = engine_.scheduler().DpLoad();
+    for (int d = 0; d < plan.num_devices; ++d) {
+      DeviceStatus ds;
+      ds.device = d;
+      ds.alive = std::count(alive.begin(), alive.end(), d) > 0;
+      ds.active = plan.IsActive(d);
+      ds.kv_used_pages = ds.active ? engine_.scheduler().kv().used(d) : 0;
+      ds.kv_capacity_pages = ds.active ? engine_.scheduler().kv().capacity(d) : 0;
+      ds.dp_load_tokens = d < static_cast<int>(load.size()) ? load[d] : 0;
+      s.devices.push_back(ds);
+    }
+    s.running = engine_.scheduler().num_running();
+    s.waiting = engine_.scheduler().num_waiting();
+    s.degraded = engine_.degraded();
+    s.degraded_reason = engine_.degraded_reason();
+    s.recoveries = engine_.recoveries();
+  });
+  return s;
+}
+
+bool EngineService::Healthy(std::string* reason) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!healthy_ && reason) *reason = unhealthy_reason_;
+  return healthy_;
+}
+
+void EngineService::UpdateGauges() {
+  EngineGauges g;
+  g.running = engine_.scheduler().num_running();
+  g.waiting = engine_.scheduler().num_waiting();
+  const Plan& plan = executor_->plan();
+  const auto alive = executor_->alive_devices();
+  g.devices_alive = static_cast<int>(alive.size());
+  g.devices_total = plan.num_devices;
+  for (int d = 0; d < plan.num_devices; ++d) {
+    DeviceGauge dg;
+    dg.device = d;
+    dg.alive = std::count(alive.begin(), alive.end(), d) > 0;
+    const int64_t cap = plan.IsActive(d) ? engine_.scheduler().kv().capacity(d) : 0;
+    dg.kv_usage = cap > 0 ? static_cast<double>(engine_.scheduler().kv().used(d)) / cap : 0;
+    g.devices.push_back(dg);
+  }
+  metrics_.SetGauges(std::move(g));
+  std::lock_guard<std::mutex> lock(mu_);
+  healthy_ = !engine_.degraded();
+  unhealthy_reason_ = engine_.degraded_reason();
+}
+
+void EngineService::Dispatch(const StepOutcome& out) {
+  const int64_t now = MonotonicNanos();
+  for (const TokenEvent& e : out.events) {
+    auto it = live_.find(e.id);
+    if (it == live_.end()) continue;
+    RequestHandle& h = *it->second;
+    if (e.token >= 0) {
+      if (h.generated_ == 0) {
+        metrics_.ttft_s.Observe((now - h.arrival_ns_) * 1e-9);
+      } else {
+        metrics_.itl_s.Observe((now - h.last_token_ns_) * 1e-9);
+      }
+      h.last_token_ns_ = now;
+      h.generated_++;
+    }
+    h.Push(e, e.reason == FinishReason::kError ? engine_.degraded_reason() : std::string());
+    if (e.finished) {
+      metrics_.e2e_s.Observe((now - h.arrival_ns_) * 1e-9);
+      metrics_.AddTokens(h.prompt_tokens_, h.generated_);
+      metrics_.AddRequest(FinishReasonName(e.reason));
+      live_.erase(it);
+    }
+  }
+}
+
+void EngineService::Loop() {
+  int64_t last_health = MonotonicNanos();
+  while (true) {
+    std::deque<std::pair<RequestSpec, std::shared_ptr<RequestHandle>>> subs;
+    std::vector<std::pair<std::shared_ptr<RequestHandle>, FinishReason>> cancels;
+    std::deque<Task> tasks;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (engine_.idle() && submissions_.empty() && cancels_.empty() && tasks_.empty() && !stop_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(service_.heartbeat_ms));
+      }
+      if (stop_) break;
+      subs.swap(submissions_);
+      cancels.swap(cancels_);
+      tasks.swap(tasks_);
+    }
+    for (auto& task : tasks) task();
+    for (auto& [spec, h] : subs) {
+      auto id = engine_.Submit(std::move(spec));
+      if (!id.ok()) {
+        TokenEvent e;
+        e.finished = true;
+        e.reason = FinishReason::kError;
+        h->Push(e, id.status().message());
+        FS_LOG_INFO("request refused: {}", id.status().ToString());
+        continue;
+      }
+      h->engine_id_ = *id;
+      live_[*id] = h;
+    }
+    for (auto& [h, why] : cancels) {
+      if (h->engine_id_ >= 0 && live_.count(h->engine_id_))
+        engine_.scheduler().Finish(h->engine_id_, why);
+    }
+    if (engine_.idle() || engine_.degraded()) {
+      if (MonotonicNanos() - last_health > service_.heartbeat_ms * 1000000) {
+        Status st = engine_.CheckHealth(service_.heartbeat_timeout_ms);
+        if (!st.ok()) FS_LOG_WARN("health check: {}", st.ToString());
+        last_health = MonotonicNanos();
+      }
+    }
+    // A step also hands over requests finished by cancellation (and frees them).
+    if (!engine_.idle() || !cancels.empty()) {
+      auto out = engine_.Step();
+      if (out.ok()) {
+        Dispatch(*out);
+      } else if (engine_.degraded()) {
+        // Too few devices: requests wait for a device to come back.
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
+      } else {
+        FS_LOG_ERROR("engine step failed: {}", out.status().ToString());
+        engine_.FailAll(out.status().ToString());
+      }
+    }
+    for (size_t k = recoveries_seen_; k < engine_.recoveries().size(); ++k) {
+      const RecoveryReport& r = engine_.recoveries()[k];
+      metrics_.AddRecovery(RecoveryModeName(r.mode), r.total_ms() * 1e-3);
+    }
+    recoveries_seen_ = engine_.recoveries().size();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queued_ = engine_.scheduler().num_waiting() + static_cast<int>(submissions_.size());
+    }
+    UpdateGauges();
+  }
+}
+
+}  // namespace failsafe

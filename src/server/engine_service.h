@@ -1,0 +1,127 @@
+// The engine behind the server: one thread drives the Engine; HTTP threads
+// submit requests, cancel them, and read their tokens through handles.
+//
+// Thread-safety: every public method may be called from any thread. The
+// Engine and its executor are touched only by the engine thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/metrics.h"
+
+namespace failsafe {
+
+// One request's stream of events, filled by the engine thread.
+class RequestHandle {
+ public:
+  // Waits up to timeout_ms for the next event; false on timeout.
+  bool Next(TokenEvent* event, int64_t timeout_ms);
+  int64_t arrival_ns() const { return arrival_ns_; }
+  int prompt_tokens() const { return prompt_tokens_; }
+  // Why the request failed (finish reason kError), once it has.
+  std::string error();
+
+ private:
+  friend class EngineService;
+  void Push(const TokenEvent& e, const std::string& error = {});
+  std::mutex mu_;
+  std::string error_;  // guarded by mu_
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;  // guarded by mu_
+  int64_t arrival_ns_ = 0;
+  int prompt_tokens_ = 0;
+  int64_t engine_id_ = -1;     // engine thread only
+  int64_t last_token_ns_ = 0;  // engine thread only
+  int generated_ = 0;          // engine thread only
+};
+
+struct ServiceOptions {
+  int max_queue = 256;         // waiting requests beyond which Submit fails (429)
+  int64_t heartbeat_ms = 500;  // device health checks while idle
+  int64_t heartbeat_timeout_ms = 5000;
+};
+
+struct DeviceStatus {
+  int device = 0;
+  bool alive = false;
+  bool active = false;
+  int64_t kv_used_pages = 0;
+  int64_t kv_capacity_pages = 0;
+  int64_t dp_load_tokens = 0;
+};
+
+struct ServiceStatus {
+  std::string plan_json;
+  std::vector<DeviceStatus> devices;
+  int running = 0;
+  int waiting = 0;
+  bool degraded = false;
+  std::string degraded_reason;
+  std::vector<RecoveryReport> recoveries;
+};
+
+class EngineService {
+ public:
+  EngineService(std::unique_ptr<Executor> executor, const SchedulerConfig& config,
+                const EngineOptions& options, const ServiceOptions& service);
+  ~EngineService();
+
+  // Queues a request. Fails with kResourceExhausted when the queue is full.
+  Result<std::shared_ptr<RequestHandle>> Submit(RequestSpec spec);
+  // The request is no longer wanted (client gone, or a stop string matched).
+  void Cancel(const std::shared_ptr<RequestHandle>& handle,
+              FinishReason why = FinishReason::kAborted);
+
+  // Administration, run on the engine thread.
+  Status FailDevice(int device);
+  Status RestoreDevice(int device);
+  ServiceStatus GetStatus();
+
+  // Serving is possible (enough devices); otherwise `reason` says why.
+  bool Healthy(std::string* reason) const;
+  const ModelConfig& config() const { return config_; }
+  const Metrics& metrics() const { return metrics_; }
+  int max_model_len() const { return max_model_len_; }
+
+ private:
+  using Task = std::function<void()>;
+  void Loop();
+  void Dispatch(const StepOutcome& out);
+  void UpdateGauges();
+  // Runs `task` on the engine thread and waits for it.
+  void RunOnEngine(Task task);
+
+  std::unique_ptr<Executor> executor_;
+  Engine engine_;
+  const ServiceOptions service_;
+  const ModelConfig config_;
+  const int max_model_len_;
+  Metrics metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<RequestSpec, std::shared_ptr<RequestHandle>>>
+      submissions_;                                                               // guarded by mu_
+  std::vector<std::pair<std::shared_ptr<RequestHandle>, FinishReason>> cancels_;  // guarded by mu_
+  std::deque<Task> tasks_;                                                        // guarded by mu_
+  int queued_ = 0;                // requests submitted and not yet running, guarded by mu_
+  bool healthy_ = true;           // guarded by mu_
+  std::string unhealthy_reason_;  // guarded by mu_
+  bool stop_ = false;             // guarded by mu_
+
+  std::unordered_map<int64_t, std::shared_ptr<RequestHandle>> live_;  // engine thread only
+  size_t recoveries_seen_ = 0;                                        // engine thread only
+  std::thread thread_;
+};
+
+}  // namespace failsafe

@@ -1,0 +1,113 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+namespace failsafe {
+
+void Histogram::Observe(double v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  counts_[i]++;
+  sum_ += v;
+  count_++;
+}
+
+void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  *out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+  }
+  cum += counts_.back();
+  *out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name,
+                      sum_, name, count_);
+}
+
+Metrics::Metrics()
+    : ttft_s({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      itl_s({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}),
+      e2e_s({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}) {}
+
+void Metrics::AddTokens(int64_t prompt, int64_t generated) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += prompt;
+  generation_tokens_ += generated;
+}
+
+void Metrics::AddRequest(const std::string& finish_reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  requests_[finish_reason]++;
+}
+
+void Metrics::AddRecovery(const std::string& mode, double total_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recoveries_[mode]++;
+  last_recovery_s_[mode] = total_s;
+}
+
+void Metrics::SetGauges(EngineGauges g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  gauges_ = std::move(g);
+}
+
+std::string Metrics::Render() const {
+  std::string out;
+  ttft_s.Render("failsafe_time_to_first_token_seconds",
+                "Time from request arrival to its first token.", &out);
+  itl_s.Render("failsafe_inter_token_latency_seconds",
+               "Time between consecutive tokens of a request.", &out);
+  e2e_s.Render("failsafe_e2e_request_latency_seconds",
+               "Time from request arrival to its last token.", &out);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto gauge = [&](const char* name, const char* help, double v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
+  };
+  gauge("failsafe_num_requests_running", "Requests being computed.", gauges_.running);
+  gauge("failsafe_num_requests_waiting", "Requests queued.", gauges_.waiting);
+  gauge("failsafe_devices_alive", "Devices alive.", gauges_.devices_alive);
+  gauge("failsafe_devices_total", "Devices configured.", gauges_.devices_total);
+  out +=
+      "# HELP failsafe_kv_cache_usage Fraction of a device's KV pages in use.\n"
+      "# TYPE failsafe_kv_cache_usage gauge\n";
+  for (const DeviceGauge& d : gauges_.devices) {
+    out += fmt::format("failsafe_kv_cache_usage{{device=\"{}\"}} {}\n", d.device, d.kv_usage);
+  }
+  out +=
+      "# HELP failsafe_device_alive 1 if the device is alive.\n# TYPE failsafe_device_alive "
+      "gauge\n";
+  for (const DeviceGauge& d : gauges_.devices) {
+    out += fmt::format("failsafe_device_alive{{device=\"{}\"}} {}\n", d.device, d.alive ? 1 : 0);
+  }
+  out += fmt::format(
+      "# HELP failsafe_prompt_tokens_total Prompt tokens processed.\n# TYPE "
+      "failsafe_prompt_tokens_total counter\n"
+      "failsafe_prompt_tokens_total {}\n"
+      "# HELP failsafe_generation_tokens_total Tokens generated.\n# TYPE "
+      "failsafe_generation_tokens_total counter\n"
+      "failsafe_generation_tokens_total {}\n",
+      prompt_tokens_, generation_tokens_);
+  out +=
+      "# HELP failsafe_requests_total Finished requests by finish reason.\n# TYPE "
+      "failsafe_requests_total counter\n";
+  for (auto& [reason, n] : requests_)
+    out += fmt::format("failsafe_requests_total{{finish_reason=\"{}\"}} {}\n", reason, n);
+  out +=
+      "# HELP failsafe_recoveries_total Recoveries from device failures and rejoins, by mode.\n"
+      "# TYPE failsafe_recoveries_total counter\n";
+  for (const char* m : {"recompute", "host", "full"}) {
+    auto it = recoveries_.find(m);
+    out += fmt::format("failsafe_recoveries_total{{mode=\"{}\"}} {}\n", m,
+                       it == recoveries_.end() ? 0 : it->second);
+  }
+  out +=
+      "# HELP failsafe_last_recovery_seconds Duration of the last recovery, by mode.\n"
+      "# TYPE failsafe_last_recovery_seconds gauge\n";
+  for (auto& [m, s] : last_recovery_s_)
+    out += fmt::format("failsafe_last_recovery_seconds{{mode=\"{}\"}} {}\n", m, s);
+  return out;
+}
+
+}  // namespace failsafe

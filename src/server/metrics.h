@@ -1,0 +1,64 @@
+// Server metrics in Prometheus text format.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace failsafe {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void Observe(double v);
+  // Appends the Prometheus lines for `name` (with _bucket, _sum, _count).
+  void Render(const std::string& name, const std::string& help, std::string* out) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // guarded by mu_; last: +Inf
+  double sum_ = 0;                // guarded by mu_
+  uint64_t count_ = 0;            // guarded by mu_
+};
+
+struct DeviceGauge {
+  int device = 0;
+  bool alive = false;
+  double kv_usage = 0;  // fraction of its KV pages in use
+};
+
+// Latest values of the engine's gauges, set by the engine thread.
+struct EngineGauges {
+  int running = 0;
+  int waiting = 0;
+  int devices_alive = 0;
+  int devices_total = 0;
+  std::vector<DeviceGauge> devices;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  Histogram ttft_s, itl_s, e2e_s;
+  void AddTokens(int64_t prompt, int64_t generated);
+  void AddRequest(const std::string& finish_reason);
+  void AddRecovery(const std::string& mode, double total_s);
+  void SetGauges(EngineGauges g);
+  std::string Render() const;
+
+ private:
+  mutable std::mutex mu_;
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0;  // guarded by mu_
+  std::map<std::string, int64_t> requests_;            // by finish reason, guarded by mu_
+  std::map<std::string, int64_t> recoveries_;          // by mode, guarded by mu_
+  std::map<std::string, double> last_recovery_s_;      // by mode, guarded by mu_
+  EngineGauges gauges_;                                // guarded by mu_
+};
+
+}  // namespace failsafe

@@ -1,0 +1,69 @@
+// The OpenAI-compatible request and response formats: parsing and validation
+// of /v1/completions and /v1/chat/completions bodies, the chat template,
+// incremental detokenization with stop strings, and error bodies.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/status.h"
+#include "model/tokenizer.h"
+
+namespace failsafe {
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+  bool ignore_eos = false;
+};
+
+// A request error: HTTP 400 with the OpenAI error body naming `param`.
+struct RequestError {
+  std::string message;
+  std::string param;
+};
+
+// Parses and validates a request body. `eos` ends generation unless
+// ignore_eos is set. Unknown parameters, out-of-range values and prompts longer
+// than the context are errors.
+bool ParseCompletionRequest(const std::string& body, bool chat, const Tokenizer& tokenizer,
+                            int max_model_len, CompletionRequest* out, RequestError* error);
+
+// Llama-3 style chat template when the tokenizer has its special tokens;
+// otherwise "role: content" lines.
+std::vector<int32_t> ApplyChatTemplate(const nlohmann::json& messages, const Tokenizer& tokenizer);
+
+// {"error": {"message", "type", "param", "code"}}
+std::string ErrorBody(const std::string& message, const std::string& type,
+                      const std::string& param = "", int code = 400);
+
+// Turns generated tokens into text as it becomes final: only whole UTF-8
+// characters, and nothing that might be the start of a stop string.
+class TextStream {
+ public:
+  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop)
+      : tokenizer_(tokenizer), stop_(std::move(stop)) {}
+  // Adds a token; returns the text that is now final. Sets stopped() when a
+  // stop string appears (the text stops before it).
+  std::string Add(int32_t token);
+  // The rest, at the end of generation.
+  std::string Finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::vector<std::string> stop_;
+  std::string pending_;  // decoded bytes not yet emitted
+  bool stopped_ = false;
+};
+
+}  // namespace failsafe

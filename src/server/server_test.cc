@@ -1,0 +1,337 @@
+// The server over real HTTP on loopback: OpenAI formats, streaming, errors,
+// cancellation on disconnect, the queue limit, metrics, and a stream that
+// keeps going while a device is killed underneath it.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/executor.h"
+#include "engine/worker_group.h"
+#include "model/synthetic.h"
+#include "server/http_server.h"
+
+namespace failsafe {
+namespace {
+
+using nlohmann::json;
+
+const std::string& Dir() {
+  static std::string dir = [] {
+    auto d =
+        (std::filesystem::temp_directory_path() / ("fs_server_test_" + std::to_string(::getpid())))
+            .string();
+    SyntheticModelOptions o;
+    o.preset = "tiny-llama";
+    o.seed = 31;
+    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
+    return d;
+  }();
+  return dir;
+}
+
+struct Fixture {
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<EngineService> service;
+  std::unique_ptr<HttpServer> server;
+  std::unique_ptr<httplib::Client> client;
+
+  explicit Fixture(int devices = 4, int max_queue = 64, int max_num_seqs = 64) {
+    tok = std::move(Tokenizer::Load(Dir() + "/tokenizer.json")).value();
+    WorkerGroupOptions o;
+    o.model_dir = Dir();
+    o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+    o.num_devices = devices;
+    o.backup_bytes = 64 << 20;
+    o.max_logits_rows = 64;
+    o.max_seqs = 64;
+    auto group = WorkerGroup::Start(o);
+    EXPECT_TRUE(group.ok()) << group.status().ToString();
+    SchedulerConfig sc;
+    sc.max_num_seqs = max_num_seqs;
+    sc.max_batch_tokens = 256;
+    sc.max_model_len = 1024;
+    ServiceOptions so;
+    so.max_queue = max_queue;
+    service = std::make_unique<EngineService>(std::move(group).value(), sc, EngineOptions{}, so);
+    ServerOptions opts;
+    opts.port = 0;
+    opts.model_name = "tiny";
+    opts.enable_admin = true;
+    server = std::make_unique<HttpServer>(service.get(), tok.get(), opts);
+    EXPECT_TRUE(server->Start().ok());
+    client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
+    client->set_read_timeout(60, 0);
+  }
+
+  httplib::Result Post(const std::string& path, const json& body) {
+    return client->Post(path.c_str(), body.dump(), "application/json");
+  }
+
+  // Streams a request; returns the SSE data payloads. stop_after > 0 drops the
+  // connection after that many events.
+  std::vector<std::string> Stream(const std::string& path, const json& body, int stop_after = 0,
+                                  const std::function<void(int)>& on_event = {}) {
+    std::vector<std::string> events;
+    std::string buf;
+    httplib::Client c("127.0.0.1", server->port());
+    c.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      buf.append(data, n);
+      size_t at;
+      while ((at = buf.find("\n\n")) != std::string::npos) {
+        std::string ev = buf.substr(0, at);
+        buf.erase(0, at + 2);
+        if (ev.rfind("data: ", 0) == 0) {
+          events.push_back(ev.substr(6));
+          if (on_event) on_event(static_cast<int>(events.size()));
+        }
+        if (stop_after > 0 && static_cast<int>(events.size()) >= stop_after) return false;
+      }
+      return true;
+    };
+    c.send(req);
+    return events;
+  }
+};
+
+// The single-device engine's greedy tokens for a prompt: the reference.
+std::vector<int> Greedy(const std::vector<int>& prompt, int n) {
+  auto exec = LocalExecutor::Create(Dir(), {});
+  auto sampler = MakeCpuBackend(1);
+  GenerateOptions g;
+  g.max_tokens = n;
+  auto r = GenerateOne(**exec, *sampler, prompt, g);
+  return r->output_ids;
+}
+
+TEST(Server, CompletionsMatchTheEngine) {
+  Fixture f;
+  std::vector<int> prompt = f.tok->Encode("The engine keeps serving", true);
+  const std::string want = f.tok->Decode(Greedy(prompt, 12), true);
+  auto res = f.Post("/v1/completions", {{"prompt", "The engine keeps serving"},
+                                        {"max_tokens", 12},
+                                        {"temperature", 0},
+                                        {"ignore_eos", true}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], want);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], static_cast<int>(prompt.size()));
+  // Token-id prompts work too, and streaming gives the same text.
+  std::string streamed;
+  json usage;
+  auto events = f.Stream("/v1/completions", {{"prompt", prompt},
+                                             {"max_tokens", 12},
+                                             {"temperature", 0},
+                                             {"ignore_eos", true},
+                                             {"stream", true},
+                                             {"stream_options", {{"include_usage", true}}}});
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json c = json::parse(events[i]);
+    if (c.contains("usage")) {
+      usage = c["usage"];
+      continue;
+    }
+    streamed += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, want);
+  EXPECT_EQ(usage["completion_tokens"], 12);
+}
+
+TEST(Server, ChatCompletionsAndStopStrings) {
+  Fixture f;
+  json body = {{"messages", {{{"role", "user"}, {"content", "hello"}}}},
+               {"max_tokens", 20},
+               {"temperature", 0},
+               {"ignore_eos", true}};
+  auto res = f.Post("/v1/chat/completions", body);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  const std::string full = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  ASSERT_GE(full.size(), 6u);
+  // Stop at a piece of the output: the text ends before it.
+  const std::string stop = full.substr(full.size() / 2, 3);
+  body["stop"] = stop;
+  j = json::parse(f.Post("/v1/chat/completions", body)->body);
+  const std::string cut = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(cut, full.substr(0, full.find(stop)));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  // Streaming chat: role first, then content deltas, then the finish.
+  body.erase("stop");
+  body["stream"] = true;
+  auto events = f.Stream("/v1/chat/completions", body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(json::parse(events[0])["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json d = json::parse(events[i])["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, full);
+  EXPECT_EQ(json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
+}
+
+TEST(Server, BadRequestsGetOpenAiErrors) {
+  Fixture f;
+  auto expect400 = [&](const std::string& path, const std::string& body,
+                       const std::string& needle) {
+    auto res = f.client->Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << body;
+    json j = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << res->body;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos)
+        << res->body;
+  };
+  expect400("/v1/completions", "{not json", "not valid JSON");
+  expect400("/v1/completions", R"({"prompt": "x", "temprature": 1})", "temprature");
+  expect400("/v1/completions", R"({"prompt": "x", "temperature": 5})", "temperature");
+  expect400("/v1/completions", R"({"prompt": "x", "top_p": 0})", "top_p");
+  expect400("/v1/completions", R"({"prompt": "x", "n": 2})", "n = 1");
+  expect400("/v1/completions", R"({"prompt": "x", "max_tokens": 0})", "max_tokens");
+  expect400("/v1/completions", R"({"prompt": [1, 2, 99999]})", "token ids");
+  expect400("/v1/completions", json{{"prompt", std::vector<int>(1030, 5)}}.dump(),
+            "context length");
+  expect400("/v1/completions", R"({"prompt": "x", "max_tokens": 5000})", "context length");
+  expect400("/v1/chat/completions", R"({"messages": []})", "messages");
+  expect400("/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})",
+            "role");
+  expect400("/v1/completions", R"({"prompt": "x", "stream_options": {"include_usage": true}})",
+            "stream");
+  auto missing = f.client->Get("/v1/nothing");
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_TRUE(json::parse(missing->body).contains("error"));
+}
+
+TEST(Server, ModelsHealthTokenizeMetrics) {
+  Fixture f;
+  auto models = json::parse(f.client->Get("/v1/models")->body);
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(f.client->Get("/health")->status, 200);
+  auto t = json::parse(f.Post("/tokenize", {{"prompt", "héllo wörld"}})->body);
+  auto d = json::parse(f.Post("/detokenize", {{"tokens", t["tokens"]}})->body);
+  EXPECT_EQ(d["prompt"], "<|begin_of_text|>héllo wörld");
+  (void)f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 3}, {"ignore_eos", true}});
+  const std::string m = f.client->Get("/metrics")->body;
+  for (const char* needle :
+       {"failsafe_time_to_first_token_seconds_bucket", "failsafe_inter_token_latency_seconds_count",
+        "failsafe_e2e_request_latency_seconds_sum", "failsafe_num_requests_running",
+        "failsafe_kv_cache_usage{device=\"3\"}", "failsafe_devices_alive 4",
+        "failsafe_generation_tokens_total 3", "failsafe_recoveries_total{mode=\"full\"} 0"}) {
+    EXPECT_NE(m.find(needle), std::string::npos) << needle;
+  }
+}
+
+// A client that goes away cancels its request and frees its KV.
+TEST(Server, DisconnectCancels) {
+  Fixture f;
+  auto events =
+      f.Stream("/v1/completions",
+               {{"prompt", "x"}, {"max_tokens", 900}, {"ignore_eos", true}, {"stream", true}}, 5);
+  EXPECT_EQ(events.size(), 5u);
+  bool aborted = false;
+  for (int i = 0; i < 100 && !aborted; ++i) {
+    const std::string m = f.client->Get("/metrics")->body;
+    aborted = m.find("failsafe_requests_total{finish_reason=\"abort\"} 1") != std::string::npos &&
+              m.find("failsafe_num_requests_running 0") != std::string::npos;
+    if (!aborted) ::usleep(50000);
+  }
+  EXPECT_TRUE(aborted);
+  auto st = json::parse(f.client->Get("/admin/status")->body);
+  for (auto& d : st["devices"]) EXPECT_EQ(d["kv_used_pages"], 0);
+}
+
+TEST(Server, FullQueueAnswers429) {
+  Fixture f(4, /*max_queue=*/1, /*max_num_seqs=*/1);
+  std::vector<int> codes(6, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", f.server->port());
+      c.set_read_timeout(60, 0);
+      auto r = c.Post("/v1/completions",
+                      json{{"prompt", "x"}, {"max_tokens", 200}, {"ignore_eos", true}}.dump(),
+                      "application/json");
+      codes[i] = r ? r->status : -1;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GT(std::count(codes.begin(), codes.end(), 429), 0);
+  EXPECT_GT(std::count(codes.begin(), codes.end(), 200), 0);
+}
+
+// Kill a device while a stream is in flight: it finishes with the same tokens.
+TEST(Server, StreamSurvivesADeviceKilledUnderneath) {
+  Fixture f;
+  std::vector<int> prompt = f.tok->Encode("The engine keeps serving", true);
+  const std::string want = f.tok->Decode(Greedy(prompt, 300), true);
+  std::string got;
+  auto events = f.Stream("/v1/completions",
+                         {{"prompt", prompt},
+                          {"max_tokens", 300},
+                          {"temperature", 0},
+                          {"ignore_eos", true},
+                          {"stream", true}},
+                         0, [&](int n) {
+                           if (n == 20) {
+                             httplib::Client admin("127.0.0.1", f.server->port());
+                             auto r = admin.Post("/admin/devices/2/fail", "", "application/json");
+                             EXPECT_EQ(r->status, 200);
+                           }
+                         });
+  for (size_t i = 0; i + 1 < events.size(); ++i)
+    got += json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  // The server sends invalid UTF-8 (random bytes of a random model) as U+FFFD.
+  const std::string want_json =
+      json::parse(json(want).dump(-1, ' ', false, json::error_handler_t::replace));
+  EXPECT_EQ(got, want_json);
+  auto st = json::parse(f.client->Get("/admin/status")->body);
+  ASSERT_EQ(st["recoveries"].size(), 1u);
+  EXPECT_EQ(st["recoveries"][0]["failed_devices"], json::array({2}));
+  EXPECT_EQ(f.client->Get("/health")->status, 200);
+  // Back again.
+  EXPECT_EQ(f.client->Post("/admin/devices/2/restore", "", "application/json")->status, 200);
+  EXPECT_EQ(f.client->Post("/admin/devices/2/restore", "", "application/json")->status,
+            400);  // alive already
+}
+
+TEST(Server, HealthIs503WhenTooFewDevicesRemain) {
+  Fixture f(2);
+  // With every device gone the model cannot be served.
+  EXPECT_EQ(f.client->Post("/admin/devices/0/fail", "", "application/json")->status, 200);
+  EXPECT_EQ(f.client->Post("/admin/devices/1/fail", "", "application/json")->status, 200);
+  auto h = f.client->Get("/health");
+  EXPECT_EQ(h->status, 503);
+  EXPECT_FALSE(json::parse(h->body)["reason"].get<std::string>().empty());
+  // A request waits; a restored device serves it.
+  std::thread restore([&] {
+    ::usleep(300000);
+    httplib::Client admin("127.0.0.1", f.server->port());
+    (void)admin.Post("/admin/devices/0/restore", "", "application/json");
+  });
+  auto r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}});
+  restore.join();
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(f.client->Get("/health")->status, 200);
+}
+
+}  // namespace
+}  // namespace failsafe

@@ -19,6 +19,7 @@ CommandFn RegisterAblation(CLI::App& app);
 CommandFn RegisterChaos(CLI::App& app);
 CommandFn RegisterRecoveryBench(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
+CommandFn RegisterBench(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

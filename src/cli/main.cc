@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   add("make-model", "write a synthetic model (config.json, model.safetensors, tokenizer.json)",
       RegisterMakeModel);
   add("serve", "serve an OpenAI-compatible API", RegisterServe);
+  add("bench", "replay a trace against a running server and report latency percentiles", RegisterBench);
   add("generate", "generate text for one prompt", RegisterGenerate);
   add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
       RegisterLogits);

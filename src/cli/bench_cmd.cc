@@ -1,0 +1,218 @@
+// A trace-replay client: sends a trace's requests at their (scaled) arrival
+// times to a running server over streaming HTTP, and reports TTFT and
+// time-between-tokens percentiles, throughput and SLO attainment.
+#include <httplib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "engine/offline_run.h"
+#include "trace/workload.h"
+
+namespace failsafe {
+
+namespace {
+
+struct Sample {
+  bool ok = false;
+  double send_s = 0;       // since the start of the replay
+  double ttft_s = 0;
+  double max_tbt_s = 0;
+  double mean_tbt_s = 0;   // time per output token after the first
+  int output_tokens = 0;
+  std::vector<double> token_times;  // since the start
+  std::string error;
+};
+
+Sample RunRequest(const std::string& host, int port, const std::string& model, const WorkloadRequest& r, int index,
+                  uint64_t seed, int64_t t0) {
+  Sample s;
+  nlohmann::json prompt = nlohmann::json::array();
+  for (int i = 0; i < r.input_len; ++i) prompt.push_back(32 + Mix64(HashCombine(seed, (uint64_t(index) << 24) + i)) % 200);
+  nlohmann::json body = {{"model", model},       {"prompt", prompt},    {"max_tokens", r.output_len},
+                         {"temperature", 0},     {"ignore_eos", true},  {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+  httplib::Client c(host, port);
+  c.set_read_timeout(600, 0);
+  c.set_connection_timeout(30, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string buf;
+  const int64_t sent = MonotonicNanos();
+  s.send_s = (sent - t0) * 1e-9;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buf.append(data, n);
+    size_t at;
+    while ((at = buf.find("\n\n")) != std::string::npos) {
+      std::string ev = buf.substr(0, at);
+      buf.erase(0, at + 2);
+      if (ev.rfind("data: ", 0) != 0 || ev == "data: [DONE]") continue;
+      auto j = nlohmann::json::parse(ev.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage") && j["usage"].is_object()) s.output_tokens = j["usage"].value("completion_tokens", 0);
+      if (j.contains("choices") && !j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) {
+        s.token_times.push_back((MonotonicNanos() - t0) * 1e-9);
+      }
+    }
+    return true;
+  };
+  auto res = c.send(req);
+  if (!res || res->status != 200) {
+    s.error = res ? fmt::format("HTTP {}", res->status) : httplib::to_string(res.error());
+    return s;
+  }
+  s.ok = !s.token_times.empty();
+  if (!s.ok) {
+    s.error = "no tokens";
+    return s;
+  }
+  s.ttft_s = s.token_times.front() - s.send_s;
+  for (size_t i = 1; i < s.token_times.size(); ++i) {
+    s.max_tbt_s = std::max(s.max_tbt_s, s.token_times[i] - s.token_times[i - 1]);
+  }
+  if (s.token_times.size() > 1) {
+    s.mean_tbt_s = (s.token_times.back() - s.token_times.front()) / (s.token_times.size() - 1);
+  }
+  return s;
+}
+
+}  // namespace
+
+CommandFn RegisterBench(CLI::App& app) {
+  struct Opts {
+    std::string url = "http://127.0.0.1:8000", trace, model, data_dir;
+    int requests = 100;
+    double rate_scale = 1.0, length_scale = 1.0, slo_ttft = 0, slo_tbt = 0;
+    uint64_t seed = 0;
+    bool json = false, timeline = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--url", o->url, "the server")->capture_default_str();
+  app.add_option("--trace", o->trace, "JSONL trace (default: the Mooncake conversation trace)");
+  app.add_option("--data-dir", o->data_dir, "where the traces live");
+  app.add_option("--model", o->model, "model name to send (default: the server's first model)");
+  app.add_option("--requests", o->requests, "requests to replay")->capture_default_str();
+  app.add_option("--rate-scale", o->rate_scale, "multiply the arrival rate by this")->capture_default_str();
+  app.add_option("--length-scale", o->length_scale, "multiply every length by this")->capture_default_str();
+  app.add_option("--slo-ttft", o->slo_ttft, "TTFT objective in seconds (0: none)");
+  app.add_option("--slo-tbt", o->slo_tbt, "time-per-output-token objective in seconds (0: none)");
+  app.add_option("--seed", o->seed, "prompt seed")->capture_default_str();
+  app.add_flag("--timeline", o->timeline, "print output tokens/s and the worst gap per second of the replay");
+  app.add_flag("--json", o->json, "print the summary as one JSON object on the last line");
+  return [o] {
+    httplib::Client probe(o->url);
+    auto models = probe.Get("/v1/models");
+    if (!models || models->status != 200) return Fail("cannot reach " + o->url + "/v1/models");
+    auto mj = nlohmann::json::parse(models->body, nullptr, false);
+    std::string model = o->model;
+    int max_len = 0;
+    if (!mj.is_discarded() && mj.contains("data") && !mj["data"].empty()) {
+      if (model.empty()) model = mj["data"][0].value("id", "");
+      max_len = mj["data"][0].value("max_model_len", 0);
+    }
+    const std::string host_port = o->url.substr(o->url.find("//") + 2);
+    const std::string host = host_port.substr(0, host_port.find(':'));
+    const int port = std::stoi(host_port.substr(host_port.find(':') + 1));
+    WorkloadOptions wo;
+    wo.max_requests = o->requests;
+    wo.length_scale = o->length_scale;
+    wo.time_scale = 1.0 / o->rate_scale;
+    wo.max_context = max_len;
+    wo.skip_invalid = true;
+    auto w = o->trace.empty() ? LoadWorkload("mooncake", FindDataDir(o->data_dir), wo) : ReadJsonlWorkload(o->trace, wo);
+    if (!w.ok()) return Fail(w.status().ToString());
+    if (w->skipped) std::fprintf(stderr, "skipped %d requests that do not fit the context\n", w->skipped);
+    const int n = static_cast<int>(w->requests.size());
+    std::vector<Sample> samples(n);
+    std::vector<std::thread> threads;
+    const int64_t t0 = MonotonicNanos();
+    const double first = n ? w->requests[0].arrival_s : 0;
+    for (int i = 0; i < n; ++i) {
+      const double at = w->requests[i].arrival_s - first;
+      const int64_t wait = static_cast<int64_t>(at * 1e9) - (MonotonicNanos() - t0);
+      if (wait > 0) ::usleep(static_cast<useconds_t>(wait / 1000));
+      threads.emplace_back([&, i] { samples[i] = RunRequest(host, port, model, w->requests[i], i, o->seed, t0); });
+    }
+    for (auto& t : threads) t.join();
+    const double makespan = (MonotonicNanos() - t0) * 1e-9;
+    std::vector<double> ttft, gaps, max_tbt;
+    int ok = 0, meet = 0;
+    int64_t in_tokens = 0, out_tokens = 0;
+    std::string first_error;
+    for (int i = 0; i < n; ++i) {
+      const Sample& s = samples[i];
+      if (!s.ok) {
+        if (first_error.empty()) first_error = s.error;
+        continue;
+      }
+      ++ok;
+      in_tokens += w->requests[i].input_len;
+      out_tokens += s.output_tokens;
+      ttft.push_back(s.ttft_s * 1e3);
+      max_tbt.push_back(s.max_tbt_s * 1e3);
+      for (size_t k = 1; k < s.token_times.size(); ++k) gaps.push_back((s.token_times[k] - s.token_times[k - 1]) * 1e3);
+      const bool ttft_ok = o->slo_ttft <= 0 || s.ttft_s <= o->slo_ttft;
+      const bool tbt_ok = o->slo_tbt <= 0 || s.mean_tbt_s <= o->slo_tbt;
+      meet += ttft_ok && tbt_ok;
+    }
+    Percentiles pt = ComputePercentiles(ttft), pg = ComputePercentiles(gaps), pm = ComputePercentiles(max_tbt);
+    std::printf("%d/%d requests ok (rate scale %.3g, length scale %.3g) in %.1f s%s%s\n", ok, n, o->rate_scale,
+                o->length_scale, makespan, first_error.empty() ? "" : "; first error: ", first_error.c_str());
+    std::printf("TTFT ms           p50 %8.1f  p90 %8.1f  p99 %8.1f\n", pt.p50, pt.p90, pt.p99);
+    std::printf("TBT ms            p50 %8.1f  p90 %8.1f  p99 %8.1f\n", pg.p50, pg.p90, pg.p99);
+    std::printf("max TBT/request   p50 %8.1f  p90 %8.1f  p99 %8.1f\n", pm.p50, pm.p90, pm.p99);
+    std::printf("throughput        %.1f input tokens/s, %.1f output tokens/s\n", in_tokens / makespan,
+                out_tokens / makespan);
+    const double attainment = n ? static_cast<double>(meet) / n : 0;
+    if (o->slo_ttft > 0 || o->slo_tbt > 0) {
+      std::printf("SLO attainment    %.1f%% (TTFT <= %.3g s, TPOT <= %.3g s)\n", 100 * attainment, o->slo_ttft,
+                  o->slo_tbt);
+    }
+    nlohmann::json timeline = nlohmann::json::array();
+    if (o->timeline) {
+      const int secs = static_cast<int>(makespan) + 1;
+      std::vector<int> tokens(secs, 0);
+      std::vector<double> worst(secs, 0);
+      for (const Sample& s : samples) {
+        for (size_t k = 0; k < s.token_times.size(); ++k) {
+          const int b = std::min(secs - 1, static_cast<int>(s.token_times[k]));
+          tokens[b]++;
+          if (k > 0) worst[b] = std::max(worst[b], (s.token_times[k] - s.token_times[k - 1]) * 1e3);
+        }
+      }
+      std::printf("%6s %14s %14s\n", "second", "output tok/s", "worst gap ms");
+      for (int b = 0; b < secs; ++b) {
+        std::printf("%6d %14d %14.1f\n", b, tokens[b], worst[b]);
+        timeline.push_back({{"t", b}, {"output_tokens", tokens[b]}, {"worst_gap_ms", worst[b]}});
+      }
+    }
+    if (o->json) {
+      auto pct = [](const Percentiles& p) { return nlohmann::json{{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}}; };
+      nlohmann::json j = {{"requests", n},
+                          {"requests_ok", ok},
+                          {"makespan_s", makespan},
+                          {"ttft_ms", pct(pt)},
+                          {"tbt_ms", pct(pg)},
+                          {"max_tbt_ms", pct(pm)},
+                          {"input_tokens_per_s", in_tokens / makespan},
+                          {"output_tokens_per_s", out_tokens / makespan},
+                          {"slo_attainment", attainment},
+                          {"rate_scale", o->rate_scale}};
+      if (o->timeline) j["timeline"] = timeline;
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return ok == n ? 0 : 1;
+  };
+}
+
+}  // namespace failsafe

@@ -37,9 +37,18 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Plan& plan, const Mode
       dp_load_(plan.num_devices, 0) {}
 
 Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
-  if (seqs_.count(seq->id)) return InvalidArgument("request id {} is already in use", seq->id);
-  if (seq->prompt_len <= 0 || seq->len() != seq->prompt_len)
-    return InvalidArgument("the prompt is empty");
+  if (seqs_.count(seq->id))
+    return InvalidArgument(
+        "request id {} is already in use",
+        seq->id);  // A sequence arrives either as a prompt, or (disaggregated decode) with the
+  // prompt's KV already computed elsewhere and its first token sampled.
+  const bool migrated = seq->num_computed > 0;
+  if (seq->prompt_len <= 0) return InvalidArgument("the prompt is empty");
+  if (!migrated && seq->len() != seq->prompt_len)
+    return InvalidArgument("a new request holds only its prompt");
+  if (migrated && (seq->num_computed != seq->prompt_len || seq->len() != seq->prompt_len + 1)) {
+    return InvalidArgument("a migrated request has its prompt's KV and one sampled token");
+  }
   if (seq->max_new_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
   if (seq->prompt_len + seq->max_new_tokens > config_.max_model_len) {
     return OutOfRange("prompt ({} tokens) plus max_tokens ({}) exceeds the context length {}",
@@ -133,6 +142,9 @@ std::vector<Sequence*> Scheduler::PrefillCandidates(int limit) {
   int room = config_.max_num_seqs - static_cast<int>(running_.size());
   for (Sequence* s : waiting_) {
     if (static_cast<int>(out.size()) >= limit || room <= 0) break;
+    // A waiting sequence with computed KV (disaggregated decode) is admitted
+    // whole by ScheduleOnce, never as a prefill; first come, first served.
+    if (s->num_computed > 0) break;
     out.push_back(s);
     --room;
   }
@@ -158,6 +170,24 @@ StepPlan Scheduler::ScheduleOnce() {
   StepPlan plan;
   cost_.Reset();
   int budget = config_.max_batch_tokens;
+  // 0) Sequences whose prompt KV arrives computed (disaggregated decode):
+  //    admitted in order while their whole KV fits.
+  while (!waiting_.empty() && waiting_.front()->num_computed > 0 &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Sequence* s = waiting_.front();
+    if (s->dp_rank < 0) {
+      s->dp_rank = Route();
+      dp_load_[s->dp_rank] += s->len();
+    }
+    std::vector<int64_t> none(plan_.num_devices, 0), keep(plan_.num_devices, 0);
+    for (int d : plan_.active)
+      keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+    if (!kv_.Fits(s->dp_rank, s->kv_blocks, s->len(), none, keep)) break;
+    kv_.Grow(*s, s->num_computed);
+    waiting_.pop_front();
+    s->state = SeqState::kRunning;
+    running_.push_back(s);
+  }
   // 1) One decode token for every running sequence past its prefill, oldest
   //    first; preempt the newest sequences when a block is missing.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
@@ -281,7 +311,9 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     const int delta = std::min({config_.adaptive_unit, c.s->pending() - c.chunk, budget - tokens});
     const int new_end = c.s->num_computed + c.chunk + delta;
     // Blocks already counted for this request: its own plus this step's growth so far.
-    const int held = std::max(c.s->kv_blocks, kv_.BlocksFor(c.s->num_computed + c.chunk));
+    const int held = c.chunk > 0
+                         ? std::max(c.s->kv_blocks, kv_.BlocksFor(c.s->num_computed + c.chunk))
+                         : c.s->kv_blocks;
     if (!kv_.Fits(c.s->dp_rank, held, new_end, pending, c.admitting ? keep : none)) {
       c.blocked = true;
       // First come, first served among new admissions: nothing after a blocked one.

@@ -74,6 +74,45 @@ TEST(Scheduler, CompletesEveryRequestExactlyOnce) {
   }
 }
 
+// Disaggregated decode: a sequence arrives with its prompt's KV computed and
+// its first token sampled. It is admitted only when its whole KV fits (never
+// as a one-token "prefill"), so admission never overcommits the devices.
+TEST(Scheduler, MigratedSequencesAdmittedWholeWithinCapacity) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  for (PrefillPolicy pp : {PrefillPolicy::kFifo, PrefillPolicy::kAdaptive}) {
+    SchedulerConfig cfg;
+    cfg.prefill = pp;
+    cfg.router = RouterPolicy::kLoadAware;
+    cfg.max_batch_tokens = 4096;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 20000));
+    std::map<int64_t, int> want;
+    for (int i = 0; i < 60; ++i) {
+      auto r = Req(i, 700 + 13 * i, 30);
+      r->tokens.push_back(7);
+      r->num_computed = r->prompt_len;
+      want[i] = 30;
+      ASSERT_TRUE(s.Add(std::move(r)).ok());
+    }
+    StepPlan first = s.Schedule();
+    EXPECT_EQ(first.prefill_tokens, 0);  // admitted with their KV: decode only
+    EXPECT_GT(first.decode_tokens, 0);
+    EXPECT_LT(s.num_running(), 60);  // capacity bounds admission
+    for (int d : s.kv().devices()) EXPECT_LE(s.kv().used(d), s.kv().capacity(d));
+    s.Update(first, std::vector<int32_t>(first.seqs.size(), 7));
+    DriveResult r = Drive(s);
+    // Growth may preempt some later (they then recompute), but every one
+    // finishes with exactly its budget: the token it came with and 29 more.
+    for (auto& [id, n] : r.outputs) EXPECT_EQ(n, 30) << id;
+  }
+  // Malformed migrations are refused.
+  SchedulerConfig cfg;
+  Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 20000));
+  auto bad = Req(1, 100, 5);
+  bad->num_computed = 50;
+  EXPECT_FALSE(s.Add(std::move(bad)).ok());
+}
+
 TEST(Scheduler, PreemptsWhenKvRunsOutAndStillFinishes) {
   auto c = Model();
   auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));

@@ -15,21 +15,6 @@
 
 namespace failsafe {
 
-Percentiles ComputePercentiles(std::vector<double> v) {
-  Percentiles p;
-  if (v.empty()) return p;
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
-  p.p50 = at(0.5);
-  p.p90 = at(0.9);
-  p.p99 = at(0.99);
-  p.max = v.back();
-  double sum = 0;
-  for (double x : v) sum += x;
-  p.mean = sum / v.size();
-  return p;
-}
-
 namespace {
 
 struct RequestTrack {
@@ -179,6 +164,7 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
     }
     clock += out.timing.emulated_ns * 1e-9;
     ++sum.steps;
+    if (o.on_step) o.on_step(out);
     sum.preemptions += static_cast<int>(out.plan.preempted.size());
     sum.peak_concurrent_seqs = std::max(sum.peak_concurrent_seqs, engine.scheduler().num_running());
     int64_t kv_tokens = 0;
@@ -264,8 +250,9 @@ std::string RunSummary::ToText() const {
                    wall_s, tokens_per_s(), output_tokens / wall_s);
   s += fmt::format("emulated time        {:.2f} s, {:.1f} tokens/s ({:.1f} output tokens/s)\n",
                    emulated_s, emulated_tokens_per_s(), output_tokens / emulated_s);
-  s += fmt::format("steps                {} ({} preemptions), peak concurrent sequences {}, peak KV tokens {}\n",
-                   steps, preemptions, peak_concurrent_seqs, peak_kv_tokens);
+  s += fmt::format(
+      "steps                {} ({} preemptions), peak concurrent sequences {}, peak KV tokens {}\n",
+      steps, preemptions, peak_concurrent_seqs, peak_kv_tokens);
   s += fmt::format("TTFT (emulated)      mean {:.1f} ms, p50 {:.1f}, p90 {:.1f}, p99 {:.1f}\n",
                    ttft_ms.mean, ttft_ms.p50, ttft_ms.p90, ttft_ms.p99);
   s += fmt::format("max TBT per request  p50 {:.1f} ms, p90 {:.1f}, p99 {:.1f}, max {:.1f}\n",

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "common/percentiles.h"
 #include "engine/engine.h"
 #include "engine/faults.h"
 #include "trace/workload.h"
@@ -20,6 +22,8 @@ struct OfflineRunOptions {
   uint64_t seed = 0;      // prompt token ids and fault timing jitter
   bool progress = false;  // a progress bar on stderr
   std::vector<FaultEvent> faults;
+  // Called after every step that ran (the scheduler's plan and its timing).
+  std::function<void(const StepOutcome&)> on_step;
 };
 
 struct DeviceSummary {
@@ -30,10 +34,6 @@ struct DeviceSummary {
   double compute_share = 0;  // of all devices' compute
   double attention_flops = 0;
   double ffn_flops = 0;
-};
-
-struct Percentiles {
-  double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;
 };
 
 struct RunSummary {
@@ -63,7 +63,5 @@ struct RunSummary {
 
 Result<RunSummary> RunOffline(Engine& engine, const Workload& workload,
                               const OfflineRunOptions& options);
-
-Percentiles ComputePercentiles(std::vector<double> values);
 
 }  // namespace failsafe

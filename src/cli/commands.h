@@ -20,6 +20,7 @@ CommandFn RegisterChaos(CLI::App& app);
 CommandFn RegisterRecoveryBench(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
+CommandFn RegisterSimulate(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
   add("make-model", "write a synthetic model (config.json, model.safetensors, tokenizer.json)",
       RegisterMakeModel);
   add("serve", "serve an OpenAI-compatible API", RegisterServe);
-  add("bench", "replay a trace against a running server and report latency percentiles", RegisterBench);
+  add("bench", "replay a trace against a running server and report latency percentiles",
+      RegisterBench);
   add("generate", "generate text for one prompt", RegisterGenerate);
   add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
       RegisterLogits);
@@ -47,6 +48,10 @@ int main(int argc, char** argv) {
   add("recovery-bench",
       "the paper's recovery experiment: one failure mid-run under each recovery mode",
       RegisterRecoveryBench);
+  add("simulate",
+      "the paper's experiments on the cluster simulator (8xH100 scale), or its validation against "
+      "this engine",
+      RegisterSimulate);
   add("worker", "run one device (started by the coordinator)", RegisterWorker);
 
   try {

@@ -1,0 +1,310 @@
+// `failsafe simulate NAME`: the paper's experiments on the cluster simulator
+// (src/sim), and `validate`, which checks the simulator against this
+// machine's real engine: it fits a CPU profile on a calibration run of the
+// real engine, then simulates the ablation configurations of `failsafe
+// ablation` and compares with their measured emulated throughput.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "cli/model_cache.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "engine/offline_run.h"
+#include "sim/experiments.h"
+#include "sim/fit.h"
+#include "sim/report.h"
+#include "trace/workload.h"
+
+namespace failsafe {
+
+namespace {
+
+struct ValidateOptions {
+  std::string model_dir, cache_dir, data_dir, out_dir, device_memory = "300MiB";
+  int requests = 24, max_batch_tokens = 1024, max_num_seqs = 256;
+  double prefill_scale = 0.05, decode_scale = 0.05;
+  std::string workloads = "prefill,decode";
+};
+
+struct RealRun {
+  RunSummary summary;
+  Plan plan;
+  std::vector<StepPlan> steps;
+  std::vector<double> step_seconds;
+  std::vector<int64_t> kv_pages;
+  int block_size = 16;
+};
+
+struct EngineConfig {
+  const char* name;
+  int devices;
+  int alive;
+  const char* placement;
+  const char* router;
+  const char* prefill;
+};
+
+// The ablation's configurations (cli/ablation_cmd.cc), and the calibration
+// one: two devices, standard TP.
+const EngineConfig kCalibration = {"TP2 (calibration)", 2, 2, "standard", "round-robin", "fifo"};
+const EngineConfig kAblation[] = {
+    {"TP4 (standard, 7 alive)", 7, 7, "standard", "round-robin", "fifo"},
+    {"+ nonuniform TP7", 7, 7, "nonuniform", "round-robin", "fifo"},
+    {"+ memory balancing (cyclic)", 7, 7, "cyclic", "round-robin", "fifo"},
+    {"+ compute balancing (FailSafe)", 7, 7, "hybrid", "load-aware", "adaptive"},
+    {"TP8 fault-free (standard, 8)", 8, 8, "standard", "round-robin", "fifo"},
+};
+
+SchedulerConfig SchedulerFor(const EngineConfig& c, const ValidateOptions& o,
+                             const ModelConfig& m) {
+  SchedulerConfig sc;
+  sc.router = *ParseRouterPolicy(c.router);
+  sc.prefill = *ParsePrefillPolicy(c.prefill);
+  sc.max_batch_tokens = o.max_batch_tokens;
+  sc.max_num_seqs = o.max_num_seqs;
+  sc.max_model_len = m.max_position_embeddings;
+  return sc;
+}
+
+Result<RealRun> RunReal(const std::string& dir, const ModelConfig& m, const EngineConfig& c,
+                        const ValidateOptions& o, const Workload& w) {
+  DeviceFlags df;
+  df.devices = c.devices;
+  df.placement = c.placement;
+  df.device_memory = o.device_memory;
+  df.max_step_tokens = o.max_batch_tokens;
+  df.max_seqs = o.max_num_seqs;
+  FS_ASSIGN_OR_RETURN(auto exec, MakeExecutor(dir, df));
+  Engine engine(exec.get(), SchedulerFor(c, o, m));
+  RealRun run;
+  run.plan = exec->plan();
+  run.kv_pages = exec->kv_capacity_pages();
+  run.block_size = exec->block_size();
+  OfflineRunOptions ro;
+  ro.on_step = [&](const StepOutcome& out) {
+    run.steps.push_back(out.plan);
+    run.step_seconds.push_back(out.timing.emulated_ns * 1e-9);
+  };
+  FS_ASSIGN_OR_RETURN(run.summary, RunOffline(engine, w, ro));
+  return run;
+}
+
+struct SimRun {
+  double emulated_s = 0;
+  int64_t steps = 0, preemptions = 0;
+};
+
+// The same run on the simulator: the same plan, KV pools, scheduler and
+// requests; step times from the cost model under `hw`.
+Result<SimRun> RunSim(const ModelConfig& m, const HardwareProfile& hw, const EngineConfig& c,
+                      const ValidateOptions& o, const RealRun& real, const Workload& w) {
+  InstanceConfig ic;
+  ic.model = m;
+  ic.hw = hw;
+  FS_ASSIGN_OR_RETURN(ic.policy, ParsePolicy(c.placement));
+  ic.num_devices = c.devices;
+  ic.sched = SchedulerFor(c, o, m);
+  ic.block_size = real.block_size;
+  ic.kv_pages = real.kv_pages;
+  ic.scheduler_speed = DeviceSpeed();  // what the real engine's scheduler assumes
+  FS_ASSIGN_OR_RETURN(auto inst, SimInstance::Create(ic));
+  for (const WorkloadRequest& r : w.requests) {
+    FS_RETURN_IF_ERROR(inst->Submit({r.arrival_s, r.input_len, r.output_len, false}));
+  }
+  inst->RunToCompletion(1e9);
+  SimRun s;
+  s.emulated_s = inst->last_step_end();
+  s.steps = inst->steps();
+  s.preemptions = inst->preemptions();
+  return s;
+}
+
+// Requests of every shape the calibration needs: short and long prompts
+// (prefill chunks of many sizes) and decode batches from 1 to 12.
+Workload CalibrationWorkload() {
+  Workload w;
+  w.description = "calibration";
+  const int inputs[] = {24, 96, 300, 700, 1400, 2600};
+  const int outputs[] = {12, 40};
+  for (int in : inputs) {
+    for (int out : outputs) w.requests.push_back({0, in, out});
+  }
+  return w;
+}
+
+int RunValidate(const ValidateOptions& o, bool json_out) {
+  const int64_t wall0 = MonotonicNanos();
+  auto dir = ResolveModel(o.model_dir, o.cache_dir, "small-llama");
+  if (!dir.ok()) return Fail(dir.status().ToString());
+  auto m = ModelConfig::Load(*dir);
+  if (!m.ok()) return Fail(m.status().ToString());
+  auto start = GetHardwareProfile("cpu");
+  if (!start.ok()) return Fail(start.status().ToString());
+
+  // 1) Calibration on the real engine, then the fit.
+  std::printf("calibration: %s, %d-device worker group, every step measured\n", kCalibration.name,
+              kCalibration.devices);
+  std::fflush(stdout);
+  const Workload calib = CalibrationWorkload();
+  auto cal = RunReal(*dir, *m, kCalibration, o, calib);
+  if (!cal.ok()) return Fail("calibration: " + cal.status().ToString());
+  std::vector<StepSample> samples;
+  for (size_t i = 0; i < cal->steps.size(); ++i)
+    samples.push_back({0, cal->steps[i], cal->step_seconds[i]});
+  auto fit = FitProfile(*m, *start, {cal->plan}, samples);
+  if (!fit.ok()) return Fail(fit.status().ToString());
+  const HardwareProfile& hw = fit->profile;
+  std::printf(
+      "fitted on %d steps: GEMM %.1f GFLOP/s (half rate at %.0f rows), attention %.1f GFLOP/s, "
+      "bandwidth %.1f GB/s, "
+      "%.0f us per segment; step error %.1f%% mean, %.3f rms log\n\n",
+      fit->samples, hw.peak_flops * hw.gemm_efficiency / 1e9, hw.gemm_half_rows,
+      hw.peak_flops * hw.attention_efficiency / 1e9,
+      hw.hbm_bytes_per_s * hw.bandwidth_efficiency / 1e9, hw.segment_overhead_s * 1e6,
+      fit->mean_abs_error * 100, fit->rms_log_error);
+
+  // 2) The ablation configurations, real and simulated.
+  std::printf("%-10s %-32s %12s %12s %8s %12s %13s %13s\n", "workload", "configuration",
+              "real tok/s", "sim tok/s", "error", "step error", "steps r/s", "preempt r/s");
+  std::fflush(stdout);
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::vector<std::string>> csv;
+  double worst = 0;
+  for (std::string kind : {"prefill", "decode"}) {
+    if (o.workloads.find(kind) == std::string::npos) continue;
+    WorkloadOptions wo;
+    wo.max_requests = o.requests;
+    wo.max_context = m->max_position_embeddings;
+    wo.length_scale = kind == "prefill" ? o.prefill_scale : o.decode_scale;
+    wo.skip_invalid = true;
+    auto w =
+        LoadWorkload(kind == "prefill" ? "mooncake" : "openthoughts", FindDataDir(o.data_dir), wo);
+    if (!w.ok()) return Fail(w.status().ToString());
+    for (auto& r : w->requests) r.arrival_s = 0;
+    for (const EngineConfig& c : kAblation) {
+      auto real = RunReal(*dir, *m, c, o, *w);
+      if (!real.ok()) return Fail(std::string(c.name) + ": " + real.status().ToString());
+      auto sim = RunSim(*m, hw, c, o, *real, *w);
+      if (!sim.ok()) return Fail(std::string(c.name) + " (simulated): " + sim.status().ToString());
+      const double tokens =
+          static_cast<double>(real->summary.input_tokens + real->summary.output_tokens);
+      const double real_tps = real->summary.emulated_tokens_per_s();
+      const double sim_tps = tokens / sim->emulated_s;
+      const double err = sim_tps / real_tps - 1;
+      // The cost model alone: the real run's own steps, replayed.
+      std::vector<StepSample> replay;
+      for (size_t i = 0; i < real->steps.size(); ++i)
+        replay.push_back({0, real->steps[i], real->step_seconds[i]});
+      double step_err = 0;
+      for (double r : PredictionRatios(*m, hw, {real->plan}, replay)) step_err += std::fabs(r - 1);
+      step_err /= std::max<size_t>(1, replay.size());
+      worst = std::max(worst, std::fabs(err));
+      std::printf("%-10s %-32s %12.1f %12.1f %+7.1f%% %11.1f%% %6d/%-6lld %6d/%-6lld\n",
+                  kind.c_str(), c.name, real_tps, sim_tps, err * 100, step_err * 100,
+                  real->summary.steps, static_cast<long long>(sim->steps),
+                  real->summary.preemptions, static_cast<long long>(sim->preemptions));
+      std::fflush(stdout);
+      rows.push_back({{"workload", kind},
+                      {"configuration", c.name},
+                      {"real_tokens_per_s", real_tps},
+                      {"sim_tokens_per_s", sim_tps},
+                      {"error", err},
+                      {"step_mean_abs_error", step_err},
+                      {"real_steps", real->summary.steps},
+                      {"sim_steps", sim->steps},
+                      {"real_preemptions", real->summary.preemptions},
+                      {"sim_preemptions", sim->preemptions}});
+      csv.push_back(
+          {kind, c.name, Num(real_tps, 6), Num(sim_tps, 6), Num(err, 4), Num(step_err, 4)});
+    }
+  }
+  if (!o.out_dir.empty()) {
+    ::mkdir(o.out_dir.c_str(), 0755);
+    Status st = WriteCsv(o.out_dir + "/validate.csv",
+                         {"workload", "configuration", "real_tokens_per_s", "sim_tokens_per_s",
+                          "error", "step_error"},
+                         csv);
+    if (!st.ok()) return Fail(st.ToString());
+  }
+  const double seconds = (MonotonicNanos() - wall0) * 1e-9;
+  std::printf("\nworst throughput error %.1f%% (%.0f s)\n", worst * 100, seconds);
+  if (json_out) {
+    nlohmann::json j = {{"fitted",
+                         {{"gemm_gflops", hw.peak_flops * hw.gemm_efficiency / 1e9},
+                          {"gemm_half_rows", hw.gemm_half_rows},
+                          {"attention_gflops", hw.peak_flops * hw.attention_efficiency / 1e9},
+                          {"bandwidth_gbs", hw.hbm_bytes_per_s * hw.bandwidth_efficiency / 1e9},
+                          {"segment_overhead_us", hw.segment_overhead_s * 1e6},
+                          {"calibration_steps", fit->samples},
+                          {"calibration_step_error", fit->mean_abs_error}}},
+                        {"configurations", rows},
+                        {"worst_abs_error", worst}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandFn RegisterSimulate(CLI::App& app) {
+  struct Opts {
+    std::string name;
+    ExperimentOptions e;
+    ValidateOptions v;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("name", o->name,
+                 "offline-gcp, online, tp-sweep, ablation, recovery (the paper's experiments at "
+                 "8xH100 scale), or "
+                 "validate (the simulator against this machine's engine)")
+      ->required();
+  app.add_option("--model", o->e.model, "llama-3.1-70b or mixtral-8x22b")->capture_default_str();
+  app.add_option("--hardware", o->e.hardware, "hardware profile")->capture_default_str();
+  app.add_option("--out", o->e.out_dir, "where CSV files and plots go")->capture_default_str();
+  app.add_option("--data-dir", o->e.data_dir, "where the traces live");
+  app.add_option("--seed", o->e.seed, "placement of failures on nodes")->capture_default_str();
+  app.add_flag("--quick", o->e.quick, "fewer requests and rates (a smoke run)");
+  app.add_flag("--json", o->json, "print the headline figures as one JSON object on the last line");
+  auto* v = app.add_option_group("validate");
+  v->add_option("--engine-model", o->v.model_dir,
+                "validate: model directory (default: the synthetic small-llama)");
+  v->add_option("--cache-dir", o->v.cache_dir, "validate: where the default model is kept");
+  v->add_option("--requests", o->v.requests, "validate: requests per run")->capture_default_str();
+  v->add_option("--device-memory", o->v.device_memory, "validate: memory of one device")
+      ->capture_default_str();
+  v->add_option("--workloads", o->v.workloads, "validate: prefill, decode or both")
+      ->capture_default_str();
+  v->add_option("--prefill-scale", o->v.prefill_scale, "validate: Mooncake length scale")
+      ->capture_default_str();
+  v->add_option("--decode-scale", o->v.decode_scale, "validate: OpenThoughts-like length scale")
+      ->capture_default_str();
+  return [o] {
+    if (o->name == "validate") {
+      o->v.data_dir = o->e.data_dir;
+      o->v.out_dir = o->e.out_dir;
+      return RunValidate(o->v, o->json);
+    }
+    const int64_t t0 = MonotonicNanos();
+    auto r = RunExperiment(o->name, o->e);
+    if (!r.ok()) return Fail(r.status().ToString());
+    (*r)["experiment"] = o->name;
+    (*r)["model"] = o->e.model;
+    (*r)["hardware"] = o->e.hardware;
+    (*r)["wall_s"] = (MonotonicNanos() - t0) * 1e-9;
+    std::printf("%s: results in %s/\n", o->name.c_str(), o->e.out_dir.c_str());
+    if (o->json) {
+      std::printf("%s\n", r->dump().c_str());
+    } else {
+      std::printf("%s\n", r->dump(2).c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace failsafe

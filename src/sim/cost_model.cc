@@ -1,0 +1,174 @@
+#include "sim/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "placement/plan_stats.h"
+
+namespace failsafe {
+
+ClusterCostModel::ClusterCostModel(const Plan& plan, const ModelConfig& m,
+                                   const HardwareProfile& hw)
+    : plan_(plan), m_(m), hw_(hw) {
+  const int nd = plan.num_devices;
+  weight_bytes_.assign(nd, 0);
+  vocab_rows_.assign(nd, 0);
+  for (const DeviceCost& dc : PlanCosts(plan, m)) {
+    weight_bytes_[dc.device] = dc.weight_bytes / 4 * hw.bytes_per_element;  // PlanCosts counts fp32
+  }
+  tp_heads_.assign(m.num_layers, std::vector<int>(nd, 0));
+  dp_heads_.assign(m.num_layers, 0);
+  shards_.assign(m.num_layers,
+                 std::vector<std::vector<int>>(nd, std::vector<int>(plan.shape.expert_slots, 0)));
+  for (int l = 0; l < m.num_layers; ++l) {
+    dp_heads_[l] = static_cast<int>(plan.layers[l].dp_heads.size());
+    for (int d : plan.active) {
+      tp_heads_[l][d] = static_cast<int>(plan.layers[l].tp_heads[d].size());
+      for (int s : plan.layers[l].ffn_shards[d]) shards_[l][d][plan.shape.ShardExpert(s)]++;
+    }
+  }
+  for (int d : plan.active) {
+    for (int ch : plan.vocab_chunks[d])
+      vocab_rows_[d] += plan.shape.ChunkEnd(ch) - plan.shape.ChunkBegin(ch);
+  }
+}
+
+int64_t ClusterCostModel::HeadBytes() const {
+  const int64_t g = m_.group_size(), hd = m_.head_dim, h = m_.hidden_size;
+  return ((2 * g + 2) * hd * h) * hw_.bytes_per_element;
+}
+int64_t ClusterCostModel::ShardBytes() const {
+  return 3LL * plan_.shape.shard_width * m_.hidden_size * hw_.bytes_per_element;
+}
+int64_t ClusterCostModel::ChunkBytes() const {
+  return static_cast<int64_t>(plan_.shape.vocab_chunk_size) * m_.hidden_size *
+         hw_.bytes_per_element * (m_.tie_word_embeddings ? 1 : 2);
+}
+int64_t ClusterCostModel::KvBytesPerTokenSlot() const {
+  return 2LL * m_.head_dim * hw_.bytes_per_element;
+}
+int64_t ClusterCostModel::PageBytes(int block_size) const {
+  return block_size * KvBytesPerTokenSlot();
+}
+
+std::vector<int64_t> ClusterCostModel::KvCapacityPages(int block_size, int max_batch_tokens) const {
+  std::vector<int64_t> out(plan_.num_devices, 0);
+  const double reserve = static_cast<double>(max_batch_tokens) *
+                         (8.0 * m_.hidden_size + 3.0 * m_.intermediate_size) *
+                         hw_.bytes_per_element;
+  for (int d : plan_.active) {
+    const double room = hw_.hbm_bytes * hw_.memory_utilization - weight_bytes_[d] - reserve;
+    out[d] = room > 0 ? static_cast<int64_t>(room / PageBytes(block_size)) : 0;
+  }
+  return out;
+}
+
+// Sums over the step's chunks, for all tokens and per owning device.
+struct ClusterCostModel::Chunks {
+  double tokens = 0, pairs = 0, context = 0;               // all chunks
+  std::vector<double> own_tokens, own_pairs, own_context;  // [device]: chunks of sequences it owns
+  int samples = 0;
+};
+
+double ClusterCostModel::Segments(const StepPlan& step, std::vector<double>* per_device) const {
+  const int nd = plan_.num_devices;
+  Chunks c;
+  c.own_tokens.assign(nd, 0);
+  c.own_pairs.assign(nd, 0);
+  c.own_context.assign(nd, 0);
+  const int window = m_.sliding_window;
+  for (const ScheduledSeq& s : step.seqs) {
+    double ctx = s.start + s.num_tokens;
+    double pairs =
+        static_cast<double>(s.num_tokens) * s.start + 0.5 * s.num_tokens * (s.num_tokens + 1.0);
+    if (window > 0) {
+      pairs = std::min(pairs, static_cast<double>(s.num_tokens) * window);
+      ctx = std::min(ctx, static_cast<double>(window + s.num_tokens));
+    }
+    c.tokens += s.num_tokens;
+    c.pairs += pairs;
+    c.context += ctx;
+    if (s.dp_rank >= 0 && s.dp_rank < nd) {
+      c.own_tokens[s.dp_rank] += s.num_tokens;
+      c.own_pairs[s.dp_rank] += pairs;
+      c.own_context[s.dp_rank] += ctx;
+    }
+    c.samples += s.sample;
+  }
+  if (c.tokens == 0) return 0;
+  const double g = m_.group_size(), hd = m_.head_dim, h = m_.hidden_size,
+               bpe = hw_.bytes_per_element;
+  const double gemm_rate = hw_.peak_flops * hw_.gemm_efficiency;
+  const double attn_rate = hw_.peak_flops * hw_.attention_efficiency;
+  const double bw = hw_.hbm_bytes_per_s * hw_.bandwidth_efficiency;
+  const double head_weight_bytes = (2 * g + 2) * hd * h * bpe;
+  const double head_proj_flops = 2.0 * (2 * g + 2) * hd * h;  // per token
+  const double pair_flops = 4.0 * g * hd;                     // per (query, key) pair
+  const double kv_token_bytes = 2.0 * hd * bpe;               // per context token read
+  const int n = static_cast<int>(plan_.active.size());
+  const double ar_bytes = c.tokens * h * bpe;
+  const double all_reduce =
+      n > 1 ? 2.0 * (n - 1) / n * ar_bytes / hw_.nvlink_bytes_per_s + hw_.collective_latency_s
+            : 0.0;
+  // MoE: tokens per expert and the chance an expert is used at all.
+  const int experts = plan_.shape.expert_slots;
+  const double k = m_.is_moe() ? m_.experts_per_token : 1;
+  const double tokens_per_expert = m_.is_moe() ? c.tokens * k / experts : c.tokens;
+  const double p_used = m_.is_moe() ? 1.0 - std::pow(1.0 - k / experts, c.tokens) : 1.0;
+  const double shard_flops_per_token = 2.0 * 3 * plan_.shape.shard_width * h;
+  const double shard_bytes = 3.0 * plan_.shape.shard_width * h * bpe;
+
+  // A GEMM of m rows: streamed weights when m is small, else a GEMM
+  // library's efficiency curve; never faster than reading its weights.
+  auto gemm_s = [&](double flops, double bytes, double m) {
+    if (flops <= 0) return 0.0;
+    double rate = gemm_rate;
+    if (m > hw_.gemv_max_rows && hw_.gemm_half_rows > 0) rate *= m / (m + hw_.gemm_half_rows);
+    return std::max(flops / rate, bytes / bw);
+  };
+  const double seg = hw_.segment_overhead_s;
+  double total = hw_.step_overhead_s + all_reduce + seg;  // embedding all-reduce
+  for (int l = 0; l < m_.num_layers; ++l) {
+    double attn_max = 0, ffn_max = 0;
+    for (int d : plan_.active) {
+      const double tp = tp_heads_[l][d], dp = dp_heads_[l];
+      const double core_flops = pair_flops * (tp * c.pairs + dp * c.own_pairs[d]);
+      const double core_bytes = kv_token_bytes * (tp * c.context + dp * c.own_context[d]);
+      const double attn =
+          gemm_s(head_proj_flops * tp * c.tokens, head_weight_bytes * tp, c.tokens) +
+          gemm_s(head_proj_flops * dp * c.own_tokens[d],
+                 c.own_tokens[d] > 0 ? head_weight_bytes * dp : 0.0, c.own_tokens[d]) +
+          std::max(core_flops / attn_rate, core_bytes / bw);
+      double ffn = 0;
+      for (int e = 0; e < experts; ++e) {
+        const double sh = shards_[l][d][e];
+        if (sh == 0) continue;
+        ffn += gemm_s(sh * shard_flops_per_token * tokens_per_expert, sh * shard_bytes * p_used,
+                      tokens_per_expert);
+      }
+      if (per_device) (*per_device)[d] += attn + ffn;
+      attn_max = std::max(attn_max, attn);
+      ffn_max = std::max(ffn_max, ffn);
+    }
+    total += attn_max + all_reduce + ffn_max + all_reduce + 2 * seg;
+  }
+  // LM head on the sampled rows.
+  double head_max = 0;
+  for (int d : plan_.active) {
+    const double t =
+        gemm_s(2.0 * c.samples * h * vocab_rows_[d], vocab_rows_[d] * h * bpe, c.samples);
+    head_max = std::max(head_max, t);
+    if (per_device) (*per_device)[d] += t;
+  }
+  return total + head_max;
+}
+
+double ClusterCostModel::StepSeconds(const StepPlan& step) const { return Segments(step, nullptr); }
+
+std::vector<double> ClusterCostModel::DeviceSeconds(const StepPlan& step) const {
+  std::vector<double> out(plan_.num_devices, 0);
+  Segments(step, &out);
+  return out;
+}
+
+}  // namespace failsafe

@@ -1,0 +1,59 @@
+// The simulator's cost model: how long one step takes on a group of devices.
+//
+// Per layer and device, the attention segment (q/k/v/o GEMMs for the device's
+// TP head groups over every token, for its DP head groups over the tokens of
+// the sequences it owns, and attention over their context) and the FFN
+// segment (its shards; MoE: of each expert, on that expert's expected
+// tokens) each take a roofline time: max(FLOPs / (peak x efficiency), bytes /
+// (bandwidth x efficiency)). Every segment ends in an all-reduce of the
+// layer's activations (ring over NVLink, plus a latency), so each segment
+// lasts as long as its slowest device. A step is the sum over segments, plus
+// the LM head and a per-step overhead.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/scheduler.h"
+#include "placement/plan.h"
+#include "sim/profiles.h"
+
+namespace failsafe {
+
+class ClusterCostModel {
+ public:
+  ClusterCostModel(const Plan& plan, const ModelConfig& model, const HardwareProfile& hw);
+
+  double StepSeconds(const StepPlan& step) const;
+  // Replaces the hardware constants (profile fitting); the plan stays.
+  void SetHardware(const HardwareProfile& hw) { hw_ = hw; }
+  // Per-device time of one step, for balance reports (sum over segments).
+  std::vector<double> DeviceSeconds(const StepPlan& step) const;
+
+  int64_t WeightBytes(int device) const { return weight_bytes_[device]; }
+  int64_t PageBytes(int block_size) const;
+  // KV pages each device holds after weights and an activation reserve.
+  std::vector<int64_t> KvCapacityPages(int block_size, int max_batch_tokens) const;
+  // Bytes of one head group's weights (q, k, v rows and o columns), of one
+  // FFN shard, and of one vocabulary chunk (embedding and LM head).
+  int64_t HeadBytes() const;
+  int64_t ShardBytes() const;
+  int64_t ChunkBytes() const;
+  // K and V of one token of one (layer, head group).
+  int64_t KvBytesPerTokenSlot() const;
+
+ private:
+  struct Chunks;
+  double Segments(const StepPlan& step, std::vector<double>* per_device) const;
+
+  Plan plan_;
+  ModelConfig m_;
+  HardwareProfile hw_;
+  std::vector<int64_t> weight_bytes_;                  // [device]
+  std::vector<std::vector<int>> tp_heads_;             // [layer][device]
+  std::vector<int> dp_heads_;                          // [layer]
+  std::vector<std::vector<std::vector<int>>> shards_;  // [layer][device][expert]
+  std::vector<int64_t> vocab_rows_;                    // [device]
+};
+
+}  // namespace failsafe

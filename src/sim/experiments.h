@@ -1,0 +1,47 @@
+// The paper's experiments on the simulator. Each writes CSV files (and PNG
+// plots through gnuplot when it is installed) into `out_dir` and returns its
+// headline figures as JSON.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
+#include "sim/instance.h"
+
+namespace failsafe {
+
+struct ExperimentOptions {
+  std::string model = "llama-3.1-70b";
+  std::string hardware = "h100-sxm-80gb";
+  std::string out_dir = "sim-out";
+  std::string data_dir;  // traces
+  uint64_t seed = 1;
+  bool quick = false;  // fewer requests / rates (tests)
+};
+
+Result<nlohmann::json> RunExperiment(const std::string& name, const ExperimentOptions& options);
+
+// Building blocks, exposed for tests.
+struct SystemSpec {
+  std::string name;
+  int devices;
+  Policy policy;
+  RouterPolicy router;
+  PrefillPolicy prefill;
+};
+// Which work a saturated instance does.
+enum class Phase {
+  kPrefill,  // prompts only: input tokens/s
+  kDecode,   // prompts' KV arrives computed: output tokens/s
+  kMixed,    // whole requests: output tokens/s
+};
+// Steady-state throughput (tokens/s) of an instance given every request at
+// once: measured over `window_s` after a warm-up of a quarter of it. With
+// `inflight_tokens`, also the KV tokens held by running sequences at the end.
+Result<double> SaturatedThroughput(const ModelConfig& model, const HardwareProfile& hw,
+                                   const SystemSpec& system, Phase phase,
+                                   const std::vector<SimRequest>& requests, double window_s,
+                                   int64_t* inflight_tokens = nullptr);
+
+}  // namespace failsafe

@@ -1,0 +1,152 @@
+// Shared parts of the experiments: workloads, system presets, saturated
+// throughput.
+#include <algorithm>
+
+#include "common/log.h"
+#include "sim/experiments.h"
+#include "sim/experiments_internal.h"
+#include "trace/workload.h"
+
+namespace failsafe {
+
+Result<std::vector<SimRequest>> MooncakeRequests(const ExperimentOptions& o, int first, int count) {
+  WorkloadOptions wo;
+  wo.max_requests = first + count;
+  FS_ASSIGN_OR_RETURN(Workload w, LoadWorkload("mooncake", FindDataDir(o.data_dir), wo));
+  std::vector<SimRequest> out;
+  for (int i = first; i < static_cast<int>(w.requests.size()); ++i) {
+    const WorkloadRequest& r = w.requests[i];
+    out.push_back({r.arrival_s, r.input_len, r.output_len, false});
+  }
+  // The trace's timestamps are quantised (to about 3 s): up to 19 requests
+  // share one. Spread each group evenly over the gap to the next timestamp,
+  // so that a rate sweep sees arrivals rather than synchronised bursts.
+  double last_gap = 0;
+  for (size_t i = 0; i < out.size();) {
+    size_t j = i;
+    while (j < out.size() && out[j].arrival == out[i].arrival) ++j;
+    const double gap = j < out.size() ? out[j].arrival - out[i].arrival : last_gap;
+    for (size_t k = i; k < j; ++k) out[k].arrival += gap * (k - i) / (j - i);
+    last_gap = gap;
+    i = j;
+  }
+  return out;
+}
+
+int FitToContext(const ModelConfig& model, std::vector<SimRequest>* requests) {
+  int cut = 0;
+  for (SimRequest& r : *requests) {
+    r.output = std::min(r.output, model.max_position_embeddings / 2);
+    const int room = model.max_position_embeddings - r.output - 1;
+    if (r.input > room) {
+      r.input = room;
+      ++cut;
+    }
+  }
+  if (cut > 0) FS_LOG_INFO("{} prompts truncated to the model's context", cut);
+  return cut;
+}
+
+std::vector<SimRequest> OpenThoughtsRequests(int count, uint64_t seed) {
+  WorkloadOptions wo;
+  wo.seed = seed;
+  Workload w = OpenThoughtsWorkload(count, wo);
+  std::vector<SimRequest> out;
+  for (const WorkloadRequest& r : w.requests) out.push_back({0, r.input_len, r.output_len, false});
+  return out;
+}
+
+SystemSpec Tp4() {
+  return {"TP4", 4, Policy::kStandard, RouterPolicy::kRoundRobin, PrefillPolicy::kFifo};
+}
+SystemSpec NonuniformTp(int n) {
+  return {"nonuniform-TP" + std::to_string(n), n, Policy::kNonUniform, RouterPolicy::kRoundRobin,
+          PrefillPolicy::kFifo};
+}
+SystemSpec CyclicTp(int n) {
+  return {"cyclic-TP" + std::to_string(n), n, Policy::kCyclic, RouterPolicy::kRoundRobin,
+          PrefillPolicy::kFifo};
+}
+SystemSpec FailsafeTp(int n) {
+  return {"failsafe-TP" + std::to_string(n), n, Policy::kHybrid, RouterPolicy::kLoadAware,
+          PrefillPolicy::kAdaptive};
+}
+SystemSpec Tp8() {
+  return {"TP8", 8, Policy::kStandard, RouterPolicy::kRoundRobin, PrefillPolicy::kFifo};
+}
+
+SchedulerConfig GpuSchedulerConfig(const ModelConfig& m, const SystemSpec& s) {
+  SchedulerConfig sc;
+  sc.max_batch_tokens = 8192;
+  sc.max_num_seqs = 512;
+  sc.max_model_len = m.max_position_embeddings;
+  sc.router = s.router;
+  sc.prefill = s.prefill;
+  sc.adaptive_unit = 128;
+  return sc;
+}
+
+Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
+                                                  const HardwareProfile& hw, const SystemSpec& s,
+                                                  RecoveryMode mode) {
+  InstanceConfig ic;
+  ic.model = model;
+  ic.hw = hw;
+  ic.policy = s.policy;
+  ic.num_devices = 8;
+  // The devices a system runs on; "TP4" is the fallback on the 7 alive ones.
+  const int alive = s.name == "TP4" ? 7 : s.devices;
+  for (int d = 0; d < alive; ++d) ic.alive.push_back(d);
+  ic.sched = GpuSchedulerConfig(model, s);
+  ic.recovery = mode;
+  return SimInstance::Create(ic);
+}
+
+Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile& hw,
+                                const SystemSpec& system, Phase phase,
+                                const std::vector<SimRequest>& requests, double window_s,
+                                int64_t* inflight_tokens) {
+  auto r = SaturatedThroughput(model, hw, system, phase, requests, window_s, inflight_tokens);
+  if (!r.ok() && r.status().code() == StatusCode::kResourceExhausted) {
+    FS_LOG_INFO("{} cannot serve this model: {}", system.name, r.status().message());
+    if (inflight_tokens != nullptr) *inflight_tokens = 0;
+    return 0.0;
+  }
+  return r;
+}
+
+nlohmann::json RatioOrNull(double a, double b) {
+  return b > 0 ? nlohmann::json(a / b) : nlohmann::json(nullptr);
+}
+
+Result<double> SaturatedThroughput(const ModelConfig& model, const HardwareProfile& hw,
+                                   const SystemSpec& system, Phase phase,
+                                   const std::vector<SimRequest>& requests, double window_s,
+                                   int64_t* inflight_tokens) {
+  FS_ASSIGN_OR_RETURN(auto inst, MakeInstance(model, hw, system, RecoveryMode::kFull));
+  const bool decode = phase == Phase::kDecode;
+  for (SimRequest r : requests) {
+    r.arrival = 0;
+    r.migrated = decode;
+    if (phase == Phase::kPrefill) r.output = 1;
+    r.input = std::min(r.input, model.max_position_embeddings - r.output - 1);
+    FS_RETURN_IF_ERROR(inst->Submit(r));
+  }
+  // Warm up (the first batches differ), then measure a window of steady state.
+  const double warmup = window_s * 0.25;
+  inst->RunUntil(warmup);
+  const int64_t in0 = inst->tokens_in(), out0 = inst->tokens_out();
+  const double t0 = inst->clock();
+  inst->RunUntil(warmup + window_s);
+  const double dt = std::min(inst->clock(), inst->last_step_end()) - t0;
+  if (dt <= 0)
+    return ResourceExhausted("{} made no progress (its KV memory is too small)", system.name);
+  if (inflight_tokens != nullptr) {
+    *inflight_tokens = 0;
+    for (const Sequence* s : inst->scheduler().Running()) *inflight_tokens += s->num_computed;
+  }
+  return phase == Phase::kPrefill ? (inst->tokens_in() - in0) / dt
+                                  : (inst->tokens_out() - out0) / dt;
+}
+
+}  // namespace failsafe

@@ -1,0 +1,34 @@
+// Internals shared by the experiment files.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "sim/experiments.h"
+
+namespace failsafe {
+
+Result<std::vector<SimRequest>> MooncakeRequests(const ExperimentOptions& o, int first, int count);
+std::vector<SimRequest> OpenThoughtsRequests(int count, uint64_t seed);
+// Truncates prompts that do not fit the model's context with their output
+// (Mooncake has prompts past Mixtral's 64k); returns how many were cut.
+int FitToContext(const ModelConfig& model, std::vector<SimRequest>* requests);
+SystemSpec Tp4();
+SystemSpec NonuniformTp(int n);
+SystemSpec CyclicTp(int n);
+SystemSpec FailsafeTp(int n);
+SystemSpec Tp8();
+SchedulerConfig GpuSchedulerConfig(const ModelConfig& m, const SystemSpec& s);
+// SaturatedThroughput, or 0 when the system cannot serve the workload at all
+// (the model, or one of its requests, does not fit its devices' memory).
+Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile& hw,
+                                const SystemSpec& system, Phase phase,
+                                const std::vector<SimRequest>& requests, double window_s,
+                                int64_t* inflight_tokens = nullptr);
+// a / b, or null when b is 0 (a system that cannot serve).
+nlohmann::json RatioOrNull(double a, double b);
+Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
+                                                  const HardwareProfile& hw, const SystemSpec& s,
+                                                  RecoveryMode mode);
+
+}  // namespace failsafe

@@ -1,0 +1,100 @@
+#include "sim/profiles.h"
+
+#include "model/synthetic.h"
+
+namespace failsafe {
+
+Result<HardwareProfile> GetHardwareProfile(const std::string& name) {
+  HardwareProfile p;
+  p.name = name;
+  if (name == "h100-sxm-80gb") {
+    // NVIDIA H100 SXM5 80 GB datasheet: 989.4 TFLOP/s dense BF16 tensor core,
+    // 3.35 TB/s HBM3, 80 GB; NVLink 4: 900 GB/s bidirectional per GPU, so
+    // about 450 GB/s per direction; PCIe Gen5 x16: 64 GB/s raw per direction,
+    // about 55 GB/s usable.
+    p.peak_flops = 989.4e12;
+    p.hbm_bytes_per_s = 3.35e12;
+    p.hbm_bytes = 80e9;
+    p.nvlink_bytes_per_s = 450e9;
+    p.pcie_bytes_per_s = 55e9;
+    // Typical achieved fractions for LLM serving kernels (GEMM model FLOPs
+    // utilisation in prefill, FlashAttention efficiency, decode bandwidth).
+    p.gemm_efficiency = 0.6;
+    p.attention_efficiency = 0.4;
+    p.bandwidth_efficiency = 0.8;
+    p.collective_latency_s = 15e-6;  // NCCL all-reduce latency within a node
+    p.step_overhead_s = 2e-3;        // per-step CPU scheduling and launch overhead
+    p.memory_utilization = 0.9;
+    p.bytes_per_element = 2;
+    p.failure_detect_s = 0.01;
+    return p;
+  }
+  if (name == "cpu") {
+    // One core of this machine per device, fp32, fitted on the engine's own
+    // measurements (`failsafe simulate validate` refits and reports them):
+    // the device's compute time per step as measured by the workers.
+    p.peak_flops = 100e9;  // OpenBLAS SGEMM, one thread (failsafe_bench_engine)
+    p.gemm_efficiency = 0.9;
+    p.attention_efficiency = 0.35;
+    p.hbm_bytes_per_s = 30e9;  // streaming read, one thread
+    p.bandwidth_efficiency = 0.85;
+    p.hbm_bytes = 1e12;
+    p.nvlink_bytes_per_s = 1e12;  // emulated time excludes collectives
+    p.pcie_bytes_per_s = 5e9;
+    p.collective_latency_s = 0;
+    p.step_overhead_s = 0;
+    p.memory_utilization = 1.0;
+    p.bytes_per_element = 4;
+    return p;
+  }
+  return InvalidArgument("unknown hardware profile '{}' (known: h100-sxm-80gb, cpu)", name);
+}
+
+std::vector<std::string> ModelProfileNames() { return {"llama-3.1-70b", "mixtral-8x22b"}; }
+
+Result<ModelConfig> GetModelProfile(const std::string& name) {
+  ModelConfig c;
+  if (name == "llama-3.1-70b") {
+    // meta-llama/Llama-3.1-70B-Instruct config.json.
+    c.architecture = Architecture::kLlama;
+    c.hidden_size = 8192;
+    c.num_layers = 80;
+    c.num_heads = 64;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.intermediate_size = 28672;
+    c.vocab_size = 128256;
+    c.max_position_embeddings = 131072;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 500000.0;
+    c.rope_scaling = {true, 8.0, 1.0, 4.0, 8192};
+    c.bos_token_id = 128000;
+    c.eos_token_id = 128009;
+    return c;
+  }
+  if (name == "mixtral-8x22b") {
+    // mistralai/Mixtral-8x22B-Instruct-v0.1 config.json.
+    c.architecture = Architecture::kMixtral;
+    c.hidden_size = 6144;
+    c.num_layers = 56;
+    c.num_heads = 48;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.intermediate_size = 16384;
+    c.vocab_size = 32768;
+    c.max_position_embeddings = 65536;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 1000000.0;
+    c.num_experts = 8;
+    c.experts_per_token = 2;
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+    return c;
+  }
+  auto synthetic = SyntheticPresetConfig(name);
+  if (synthetic.ok()) return synthetic;
+  return InvalidArgument(
+      "unknown model '{}' (known: llama-3.1-70b, mixtral-8x22b, or a synthetic preset)", name);
+}
+
+}  // namespace failsafe

@@ -1,0 +1,252 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/rng.h"
+#include "sim/cost_model.h"
+#include "sim/experiments.h"
+#include "sim/experiments_internal.h"
+#include "sim/fit.h"
+
+namespace failsafe {
+namespace {
+
+std::vector<int> Range(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// A step of `n` decodes at context `ctx`, spread over the plan's devices.
+StepPlan Decodes(const Plan& plan, int n, int ctx) {
+  StepPlan s;
+  for (int i = 0; i < n; ++i) {
+    s.seqs.push_back({i + 1, ctx, 1, plan.active[i % plan.active.size()], true});
+  }
+  s.decode_tokens = n;
+  return s;
+}
+
+StepPlan Prefill(const Plan& plan, int tokens) {
+  StepPlan s;
+  s.seqs.push_back({1, 0, tokens, plan.active[0], true});
+  s.prefill_tokens = tokens;
+  return s;
+}
+
+std::string TempDir(const std::string& tag = "") {
+  std::string d = std::filesystem::temp_directory_path() /
+                  ("fs_sim_test_" + std::to_string(::getpid()) + "_" +
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+ExperimentOptions Quick(const std::string& out) {
+  ExperimentOptions o;
+  o.out_dir = out;
+  o.quick = true;
+  return o;
+}
+
+}  // namespace
+
+TEST(CostModel, StepTimeGrowsWithWorkAndShrinksWithDevices) {
+  auto m = *GetModelProfile("llama-3.1-70b");
+  auto hw = *GetHardwareProfile("h100-sxm-80gb");
+  auto tp4 = *MakePlan(m, Policy::kStandard, 8, Range(4));
+  auto tp8 = *MakePlan(m, Policy::kStandard, 8, Range(8));
+  ClusterCostModel c4(tp4, m, hw), c8(tp8, m, hw);
+  // Decode is weight-bound at small batch: 140 GB over four devices' HBM.
+  const double d1 = c4.StepSeconds(Decodes(tp4, 1, 1000));
+  EXPECT_GT(d1, 141e9 / 4 / hw.hbm_bytes_per_s);
+  EXPECT_LT(d1, 141e9 / 4 / hw.hbm_bytes_per_s / 0.5);
+  EXPECT_LT(d1, c4.StepSeconds(Decodes(tp4, 64, 1000)));
+  EXPECT_LT(c4.StepSeconds(Decodes(tp4, 64, 1000)), c4.StepSeconds(Decodes(tp4, 64, 8000)));
+  // Prefill is compute-bound: about 2 x 70e9 FLOPs per token, at most peak.
+  const double p4 = c4.StepSeconds(Prefill(tp4, 8192));
+  EXPECT_GT(p4, 8192 * 2 * 70e9 / (4 * hw.peak_flops));
+  const double p8 = c8.StepSeconds(Prefill(tp8, 8192));
+  EXPECT_GT(p4 / p8, 1.4);
+  EXPECT_LT(p4 / p8, 2.05);
+  // KV capacity: eight devices hold more than four, by more than 2x (the
+  // weights take less of each).
+  auto k4 = c4.KvCapacityPages(16, 8192), k8 = c8.KvCapacityPages(16, 8192);
+  EXPECT_GT(k8[0] * 8, 2 * k4[0] * 4);
+}
+
+TEST(CostModel, HybridBalancesAnIrregularGroup) {
+  auto m = *GetModelProfile("llama-3.1-70b");
+  auto hw = *GetHardwareProfile("h100-sxm-80gb");
+  auto nu = *MakePlan(m, Policy::kNonUniform, 8, Range(7));
+  auto hy = *MakePlan(m, Policy::kHybrid, 8, Range(7));
+  ClusterCostModel cn(nu, m, hw), ch(hy, m, hw);
+  // Long-context decode: attention dominates; nonuniform's device with two
+  // head groups sets the pace, hybrid spreads the DP heads by request.
+  const StepPlan sn = Decodes(nu, 256, 16000), sh = Decodes(hy, 256, 16000);
+  EXPECT_LT(ch.StepSeconds(sh), cn.StepSeconds(sn));
+  auto per = ch.DeviceSeconds(sh);
+  double lo = 1e9, hi = 0;
+  for (int d : hy.active) {
+    lo = std::min(lo, per[d]);
+    hi = std::max(hi, per[d]);
+  }
+  EXPECT_LT(hi / lo, 1.05);
+}
+
+TEST(SimInstance, EveryRequestCompletesThroughFailureAndRejoin) {
+  auto m = *GetModelProfile("llama-3.1-70b");
+  auto hw = *GetHardwareProfile("h100-sxm-80gb");
+  for (RecoveryMode mode : {RecoveryMode::kRecompute, RecoveryMode::kFull}) {
+    auto made = MakeInstance(m, hw, FailsafeTp(8), mode);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    auto inst = std::move(*made);
+    Rng rng(7);
+    for (int i = 0; i < 60; ++i) {
+      SimRequest r{0.05 * i, 500 + static_cast<int>(rng.Below(4000)),
+                   20 + static_cast<int>(rng.Below(200)), false};
+      ASSERT_TRUE(inst->Submit(r).ok());
+    }
+    inst->RunUntil(1.0);
+    auto fail = inst->Fail(3);
+    ASSERT_TRUE(fail.ok()) << fail.status().ToString();
+    EXPECT_EQ(inst->plan().active.size(), 7u);
+    EXPECT_FALSE(inst->Fail(3).ok());  // already dead
+    inst->RunUntil(3.0);
+    ASSERT_TRUE(inst->Rejoin(3).ok());
+    EXPECT_EQ(inst->plan().active.size(), 8u);
+    inst->RunToCompletion(1e6);
+    int64_t out = 0;
+    for (const auto& r : inst->results()) {
+      EXPECT_GT(r.finish, 0);
+      EXPECT_GE(r.first_token, r.arrival);
+      out += r.tokens;
+    }
+    EXPECT_EQ(inst->results().size(), 60u);
+    EXPECT_EQ(out, inst->tokens_out());
+    const SimRecovery& rec = inst->recoveries().front();
+    if (mode == RecoveryMode::kRecompute) {
+      EXPECT_GT(rec.tokens_recomputed, 0);
+      EXPECT_EQ(rec.kv_bytes, 0);
+    } else {
+      EXPECT_EQ(rec.tokens_recomputed, 0);
+      EXPECT_GT(rec.kv_bytes, 0);
+      EXPECT_GT(rec.weight_pcie_bytes, 0);
+    }
+  }
+}
+
+TEST(Fit, RecoversAKnownProfile) {
+  // Steps timed by a known profile; fitting from the default start must
+  // predict them again.
+  auto m = *GetModelProfile("tiny-llama");
+  HardwareProfile truth = *GetHardwareProfile("cpu");
+  truth.gemm_efficiency = 0.55;
+  truth.attention_efficiency = 0.2;
+  truth.bandwidth_efficiency = 0.6;
+  truth.gemm_half_rows = 24;
+  truth.segment_overhead_s = 40e-6;
+  std::vector<Plan> plans = {*MakePlan(m, Policy::kStandard, 8, Range(2)),
+                             *MakePlan(m, Policy::kHybrid, 8, Range(7))};
+  std::vector<StepSample> samples;
+  Rng rng(3);
+  for (int i = 0; i < 80; ++i) {
+    StepSample s;
+    s.plan = i % 2;
+    s.step = i % 3 == 0 ? Prefill(plans[s.plan], 16 + static_cast<int>(rng.Below(400)))
+                        : Decodes(plans[s.plan], 1 + static_cast<int>(rng.Below(32)),
+                                  16 + static_cast<int>(rng.Below(600)));
+    s.seconds = ClusterCostModel(plans[s.plan], m, truth).StepSeconds(s.step);
+    samples.push_back(s);
+  }
+  auto fit = FitProfile(m, *GetHardwareProfile("cpu"), plans, samples);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_EQ(fit->samples, 80);
+  EXPECT_LT(fit->mean_abs_error, 0.03);
+  for (double r : PredictionRatios(m, fit->profile, plans, samples)) {
+    EXPECT_NEAR(r, 1.0, 0.1);
+  }
+  // Too few samples to fit are refused.
+  samples.resize(2);
+  EXPECT_FALSE(FitProfile(m, *GetHardwareProfile("cpu"), plans, samples).ok());
+}
+
+TEST(Experiments, AblationOrdersTheSystems) {
+  auto j = RunExperiment("ablation", Quick(TempDir()));
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const auto& dec = (*j)["decode_vs_tp4"];
+  EXPECT_GT(dec["nonuniform"].get<double>(), 1.1);
+  EXPECT_GT(dec["cyclic"].get<double>(), dec["nonuniform"].get<double>());
+  EXPECT_GT(dec["failsafe"].get<double>(), dec["cyclic"].get<double>());
+  EXPECT_GT(dec["tp8"].get<double>(), dec["failsafe"].get<double>());
+  EXPECT_GT((*j)["compute_balancing_prefill_gain"].get<double>(), 1.05);
+}
+
+TEST(Experiments, RecoveryModesRankAsDesigned) {
+  const std::string dir = TempDir();
+  auto j = RunExperiment("recovery", Quick(dir));
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const double rc = (*j)["recompute"]["latency_ms"], host = (*j)["host"]["latency_ms"],
+               full = (*j)["full"]["latency_ms"], oracle = (*j)["oracle"]["latency_ms"];
+  EXPECT_GT(rc, host);
+  EXPECT_GT(host, full);
+  EXPECT_GT(full, oracle);
+  EXPECT_GT((*j)["recompute"]["tokens_recomputed"].get<int64_t>(), 0);
+  EXPECT_EQ((*j)["full"]["tokens_recomputed"].get<int64_t>(), 0);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/recovery.csv"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/recovery_tbt_cdf_full.csv"));
+}
+
+TEST(Experiments, OfflineGcpReportsItsHeadlines) {
+  const std::string dir = TempDir();
+  auto j = RunExperiment("offline-gcp", Quick(dir));
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const double over_base = (*j)["failsafe_over_baseline"];
+  const double over_scaled = (*j)["failsafe_over_fault_scaled"];
+  EXPECT_GT(over_base, 1.0);
+  // Fault-scaled is linear in the GPUs; the quick run's short windows leave
+  // a few per cent of noise around it.
+  EXPECT_GT(over_scaled, 0.8);
+  EXPECT_LE(over_scaled, 1.05);
+  EXPECT_NEAR((*j)["trace_hours"].get<double>(), 27.0, 0.5);
+  EXPECT_EQ((*j)["min_gpus"].get<int>(), 3);  // 70B in bf16 on 80 GB devices
+  std::ifstream csv(dir + "/offline_gcp.csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_NE(header.find("failsafe_tokens_per_s"), std::string::npos);
+}
+
+TEST(Experiments, MixtralOnFourDevicesCannotServe) {
+  ExperimentOptions o = Quick(TempDir());
+  o.model = "mixtral-8x22b";
+  auto j = RunExperiment("ablation", o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_TRUE((*j)["decode_vs_tp4"]["failsafe"].is_null());
+  EXPECT_GT((*j)["memory_balancing_decode_gain"].get<double>(), 1.0);
+}
+
+TEST(Experiments, BadInputGetsAClearError) {
+  EXPECT_FALSE(RunExperiment("no-such-experiment", Quick(TempDir("a"))).ok());
+  ExperimentOptions o = Quick(TempDir("b"));
+  o.model = "gpt-5";
+  EXPECT_FALSE(RunExperiment("ablation", o).ok());
+  // A malformed availability trace names its line.
+  const std::string data = TempDir("data");
+  std::filesystem::create_directories(data + "/availability/bamboo/gcloud");
+  std::ofstream(data + "/availability/bamboo/gcloud/a100x1-east1b.txt")
+      << "2023-01-01, 00:00:00, 64\nnot a line\n";
+  o = Quick(TempDir("c"));
+  o.data_dir = data;
+  auto r = RunExperiment("offline-gcp", o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(":2:"), std::string::npos) << r.status().message();
+  // A missing Mooncake trace is reported, not a crash.
+  r = RunExperiment("recovery", o);
+  ASSERT_FALSE(r.ok());
+}
+
+}  // namespace failsafe

@@ -47,11 +47,14 @@ struct EngineConfig {
   const char* placement;
   const char* router;
   const char* prefill;
+  const char* device_memory = nullptr;  // default: --device-memory
 };
 
 // The ablation's configurations (cli/ablation_cmd.cc), and the calibration
 // one: two devices, standard TP.
-const EngineConfig kCalibration = {"TP2 (calibration)", 2, 2, "standard", "round-robin", "fifo"};
+// Two devices hold half the model each: they get room for it.
+const EngineConfig kCalibration = {"TP2 (calibration)", 2,      2,     "standard",
+                                   "round-robin",       "fifo", "1GiB"};
 const EngineConfig kAblation[] = {
     {"TP4 (standard, 7 alive)", 7, 7, "standard", "round-robin", "fifo"},
     {"+ nonuniform TP7", 7, 7, "nonuniform", "round-robin", "fifo"},
@@ -76,7 +79,7 @@ Result<RealRun> RunReal(const std::string& dir, const ModelConfig& m, const Engi
   DeviceFlags df;
   df.devices = c.devices;
   df.placement = c.placement;
-  df.device_memory = o.device_memory;
+  df.device_memory = c.device_memory != nullptr ? c.device_memory : o.device_memory;
   df.max_step_tokens = o.max_batch_tokens;
   df.max_seqs = o.max_num_seqs;
   FS_ASSIGN_OR_RETURN(auto exec, MakeExecutor(dir, df));
@@ -125,16 +128,32 @@ Result<SimRun> RunSim(const ModelConfig& m, const HardwareProfile& hw, const Eng
 }
 
 // Requests of every shape the calibration needs: short and long prompts
-// (prefill chunks of many sizes) and decode batches from 1 to 12.
+// (prefill chunks of many sizes), then decode batches shrinking from 24 to
+// 1 over short and long contexts.
 Workload CalibrationWorkload() {
   Workload w;
   w.description = "calibration";
-  const int inputs[] = {24, 96, 300, 700, 1400, 2600};
-  const int outputs[] = {12, 40};
-  for (int in : inputs) {
-    for (int out : outputs) w.requests.push_back({0, in, out});
+  const int inputs[] = {16, 60, 200, 500, 1000, 2000};
+  const int outputs[] = {6, 20, 45, 70};
+  for (int out : outputs) {
+    for (int in : inputs) w.requests.push_back({0, in, out});
   }
   return w;
+}
+
+// One row per measured step: its shape, measured and predicted time.
+void AddStepRows(const std::string& workload, const std::string& config,
+                 const std::vector<StepSample>& samples, const std::vector<double>& ratios,
+                 std::vector<std::vector<std::string>>* rows) {
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const StepPlan& s = samples[i].step;
+    int64_t context = 0;
+    for (const ScheduledSeq& q : s.seqs) context += q.start + q.num_tokens;
+    rows->push_back({workload, config, std::to_string(i), std::to_string(s.prefill_tokens),
+                     std::to_string(s.decode_tokens), std::to_string(s.seqs.size()),
+                     std::to_string(context), Num(samples[i].seconds * 1e3, 5),
+                     Num(samples[i].seconds * ratios[i] * 1e3, 5)});
+  }
 }
 
 int RunValidate(const ValidateOptions& o, bool json_out) {
@@ -159,12 +178,15 @@ int RunValidate(const ValidateOptions& o, bool json_out) {
   auto fit = FitProfile(*m, *start, {cal->plan}, samples);
   if (!fit.ok()) return Fail(fit.status().ToString());
   const HardwareProfile& hw = fit->profile;
+  std::vector<std::vector<std::string>> step_rows;
+  AddStepRows("calibration", kCalibration.name, samples,
+              PredictionRatios(*m, hw, {cal->plan}, samples), &step_rows);
   std::printf(
-      "fitted on %d steps: GEMM %.1f GFLOP/s (half rate at %.0f rows), attention %.1f GFLOP/s, "
-      "bandwidth %.1f GB/s, "
-      "%.0f us per segment; step error %.1f%% mean, %.3f rms log\n\n",
-      fit->samples, hw.peak_flops * hw.gemm_efficiency / 1e9, hw.gemm_half_rows,
-      hw.peak_flops * hw.attention_efficiency / 1e9,
+      "fitted on %d steps: GEMM %.1f GFLOP/s (half rate at %.0f rows), streamed GEMM (<= %d "
+      "rows) %.1f GFLOP/s, attention %.1f GFLOP/s, bandwidth %.1f GB/s, %.0f us per segment; "
+      "step error %.1f%% mean, %.3f rms log\n\n",
+      fit->samples, hw.peak_flops * hw.gemm_efficiency / 1e9, hw.gemm_half_rows, hw.gemv_max_rows,
+      hw.peak_flops * hw.gemv_efficiency / 1e9, hw.peak_flops * hw.attention_efficiency / 1e9,
       hw.hbm_bytes_per_s * hw.bandwidth_efficiency / 1e9, hw.segment_overhead_s * 1e6,
       fit->mean_abs_error * 100, fit->rms_log_error);
 
@@ -201,7 +223,9 @@ int RunValidate(const ValidateOptions& o, bool json_out) {
       for (size_t i = 0; i < real->steps.size(); ++i)
         replay.push_back({0, real->steps[i], real->step_seconds[i]});
       double step_err = 0;
-      for (double r : PredictionRatios(*m, hw, {real->plan}, replay)) step_err += std::fabs(r - 1);
+      const std::vector<double> ratios = PredictionRatios(*m, hw, {real->plan}, replay);
+      for (double r : ratios) step_err += std::fabs(r - 1);
+      AddStepRows(kind, c.name, replay, ratios, &step_rows);
       step_err /= std::max<size_t>(1, replay.size());
       worst = std::max(worst, std::fabs(err));
       std::printf("%-10s %-32s %12.1f %12.1f %+7.1f%% %11.1f%% %6d/%-6lld %6d/%-6lld\n",
@@ -229,6 +253,12 @@ int RunValidate(const ValidateOptions& o, bool json_out) {
                          {"workload", "configuration", "real_tokens_per_s", "sim_tokens_per_s",
                           "error", "step_error"},
                          csv);
+    if (st.ok()) {
+      st = WriteCsv(o.out_dir + "/validate_steps.csv",
+                    {"workload", "configuration", "step", "prefill_tokens", "decode_tokens",
+                     "sequences", "context_tokens", "measured_ms", "predicted_ms"},
+                    step_rows);
+    }
     if (!st.ok()) return Fail(st.ToString());
   }
   const double seconds = (MonotonicNanos() - wall0) * 1e-9;
@@ -237,6 +267,7 @@ int RunValidate(const ValidateOptions& o, bool json_out) {
     nlohmann::json j = {{"fitted",
                          {{"gemm_gflops", hw.peak_flops * hw.gemm_efficiency / 1e9},
                           {"gemm_half_rows", hw.gemm_half_rows},
+                          {"streamed_gemm_gflops", hw.peak_flops * hw.gemv_efficiency / 1e9},
                           {"attention_gflops", hw.peak_flops * hw.attention_efficiency / 1e9},
                           {"bandwidth_gbs", hw.hbm_bytes_per_s * hw.bandwidth_efficiency / 1e9},
                           {"segment_overhead_us", hw.segment_overhead_s * 1e6},

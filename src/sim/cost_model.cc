@@ -122,8 +122,12 @@ double ClusterCostModel::Segments(const StepPlan& step, std::vector<double>* per
   // library's efficiency curve; never faster than reading its weights.
   auto gemm_s = [&](double flops, double bytes, double m) {
     if (flops <= 0) return 0.0;
+    if (m <= hw_.gemv_max_rows) {
+      const double stream = hw_.peak_flops * hw_.gemv_efficiency;
+      return std::max(stream > 0 ? flops / stream : 0.0, bytes / bw);
+    }
     double rate = gemm_rate;
-    if (m > hw_.gemv_max_rows && hw_.gemm_half_rows > 0) rate *= m / (m + hw_.gemm_half_rows);
+    if (hw_.gemm_half_rows > 0) rate *= m / (m + hw_.gemm_half_rows);
     return std::max(flops / rate, bytes / bw);
   };
   const double seg = hw_.segment_overhead_s;

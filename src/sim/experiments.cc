@@ -252,7 +252,7 @@ Result<json> Online(const ExperimentOptions& o) {
     dec_series.push_back({s.name, Path(o, "online_decode_" + s.name + ".csv"), 1, 2});
   }
   PlotPng(Path(o, "online_prefill.png"), "prefill: P90 TTFT vs input throughput, " + o.model,
-          "input tokens/s", "P90 TTFT (s)", pre_series);
+          "input tokens/s", "P90 TTFT (s)", pre_series, false, true);
   PlotPng(Path(o, "online_decode.png"),
           "decode: P90 time per output token vs output throughput, " + o.model, "output tokens/s",
           "P90 TPOT (ms)", dec_series);

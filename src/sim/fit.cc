@@ -13,7 +13,7 @@ namespace {
 
 // The fitted parameters, in the optimiser's coordinates (logs, so that every
 // one is positive and scales evenly).
-constexpr int kParams = 5;
+constexpr int kParams = 6;
 
 HardwareProfile Apply(const HardwareProfile& base, const std::vector<double>& x) {
   HardwareProfile p = base;
@@ -22,6 +22,7 @@ HardwareProfile Apply(const HardwareProfile& base, const std::vector<double>& x)
   p.bandwidth_efficiency = std::exp(x[2]);
   p.gemm_half_rows = std::exp(x[3]);
   p.segment_overhead_s = std::exp(x[4]);
+  p.gemv_efficiency = std::exp(x[5]);
   return p;
 }
 
@@ -76,16 +77,18 @@ Result<FitReport> FitProfile(const ModelConfig& model, const HardwareProfile& st
   }
   for (const Plan& pl : plans)
     p.models.push_back(std::make_unique<ClusterCostModel>(pl, model, start));
-  std::vector<double> x = {std::log(start.gemm_efficiency), std::log(start.attention_efficiency),
+  std::vector<double> x = {std::log(start.gemm_efficiency),
+                           std::log(start.attention_efficiency),
                            std::log(start.bandwidth_efficiency),
                            std::log(std::max(1.0, start.gemm_half_rows)),
-                           std::log(std::max(1e-6, start.segment_overhead_s))};
+                           std::log(std::max(1e-6, start.segment_overhead_s)),
+                           std::log(std::max(0.01, start.gemv_efficiency))};
   // Bounds: efficiencies up to 2x the nominal peak (peaks are nominal),
   // half-performance rows 1..4096, overhead 1 us..50 ms.
   const std::vector<double> lower = {std::log(0.01), std::log(0.01), std::log(0.05), 0.0,
-                                     std::log(1e-6)};
-  const std::vector<double> upper = {std::log(2.0), std::log(2.0), std::log(2.0), std::log(4096.0),
-                                     std::log(0.05)};
+                                     std::log(1e-6), std::log(0.01)};
+  const std::vector<double> upper = {std::log(2.0),    std::log(2.0),  std::log(2.0),
+                                     std::log(4096.0), std::log(0.05), std::log(2.0)};
   for (int i = 0; i < kParams; ++i) x[i] = std::clamp(x[i], lower[i], upper[i]);
   double best = 0;
   try {

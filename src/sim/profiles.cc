@@ -38,6 +38,9 @@ Result<HardwareProfile> GetHardwareProfile(const std::string& name) {
     p.attention_efficiency = 0.35;
     p.hbm_bytes_per_s = 30e9;  // streaming read, one thread
     p.bandwidth_efficiency = 0.85;
+    // Up to four rows the engine streams the weights (backend/cpu/linear.cc).
+    p.gemv_max_rows = 4;
+    p.gemv_efficiency = 0.2;
     p.hbm_bytes = 1e12;
     p.nvlink_bytes_per_s = 1e12;  // emulated time excludes collectives
     p.pcie_bytes_per_s = 5e9;

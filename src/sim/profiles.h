@@ -26,6 +26,8 @@ struct HardwareProfile {
   // gemm_half_rows) of peak (the rows at which half of it is reached).
   int gemv_max_rows = 0;
   double gemm_half_rows = 0;
+  // Streamed GEMMs' compute rate, as a fraction of peak (0: bandwidth only).
+  double gemv_efficiency = 0;
   double segment_overhead_s =
       0;  // per sync segment (two per layer): small kernels, synchronisation
   double collective_latency_s = 10e-6;  // per all-reduce, on top of bandwidth

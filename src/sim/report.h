@@ -21,7 +21,8 @@ struct PlotSeries {
 
 // Renders a PNG with gnuplot if it is installed; returns false if not.
 bool PlotPng(const std::string& png, const std::string& title, const std::string& xlabel,
-             const std::string& ylabel, const std::vector<PlotSeries>& series, bool log_x = false);
+             const std::string& ylabel, const std::vector<PlotSeries>& series, bool log_x = false,
+             bool log_y = false);
 
 std::string Num(double v, int precision = 4);
 

@@ -150,6 +150,7 @@ TEST(Fit, RecoversAKnownProfile) {
   truth.bandwidth_efficiency = 0.6;
   truth.gemm_half_rows = 24;
   truth.segment_overhead_s = 40e-6;
+  truth.gemv_efficiency = 0.15;
   std::vector<Plan> plans = {*MakePlan(m, Policy::kStandard, 8, Range(2)),
                              *MakePlan(m, Policy::kHybrid, 8, Range(7))};
   std::vector<StepSample> samples;

@@ -83,8 +83,8 @@ CommandFn RegisterAblation(CLI::App& app) {
       std::printf("\n%s-heavy: %s, %zu requests, length scale %.3g, device memory %s\n",
                   kind.c_str(), w->description.c_str(), w->requests.size(), wo.length_scale,
                   o->device_memory.c_str());
-      std::printf("%-32s %12s %8s %13s %10s %13s %12s %8s\n", "configuration", "emul. tok/s", "vs TP4",
-                  "output tok/s", "peak seqs", "peak KV tok", "preemptions", "wall s");
+      std::printf("%-32s %12s %8s %13s %10s %13s %12s %8s\n", "configuration", "emul. tok/s",
+                  "vs TP4", "output tok/s", "peak seqs", "peak KV tok", "preemptions", "wall s");
       std::fflush(stdout);
       double tp4 = 0;
       nlohmann::json rows = nlohmann::json::array();

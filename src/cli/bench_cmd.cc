@@ -22,22 +22,27 @@ namespace {
 
 struct Sample {
   bool ok = false;
-  double send_s = 0;       // since the start of the replay
+  double send_s = 0;  // since the start of the replay
   double ttft_s = 0;
   double max_tbt_s = 0;
-  double mean_tbt_s = 0;   // time per output token after the first
+  double mean_tbt_s = 0;  // time per output token after the first
   int output_tokens = 0;
   std::vector<double> token_times;  // since the start
   std::string error;
 };
 
-Sample RunRequest(const std::string& host, int port, const std::string& model, const WorkloadRequest& r, int index,
-                  uint64_t seed, int64_t t0) {
+Sample RunRequest(const std::string& host, int port, const std::string& model,
+                  const WorkloadRequest& r, int index, uint64_t seed, int64_t t0) {
   Sample s;
   nlohmann::json prompt = nlohmann::json::array();
-  for (int i = 0; i < r.input_len; ++i) prompt.push_back(32 + Mix64(HashCombine(seed, (uint64_t(index) << 24) + i)) % 200);
-  nlohmann::json body = {{"model", model},       {"prompt", prompt},    {"max_tokens", r.output_len},
-                         {"temperature", 0},     {"ignore_eos", true},  {"stream", true},
+  for (int i = 0; i < r.input_len; ++i)
+    prompt.push_back(32 + Mix64(HashCombine(seed, (uint64_t(index) << 24) + i)) % 200);
+  nlohmann::json body = {{"model", model},
+                         {"prompt", prompt},
+                         {"max_tokens", r.output_len},
+                         {"temperature", 0},
+                         {"ignore_eos", true},
+                         {"stream", true},
                          {"stream_options", {{"include_usage", true}}}};
   httplib::Client c(host, port);
   c.set_read_timeout(600, 0);
@@ -59,8 +64,10 @@ Sample RunRequest(const std::string& host, int port, const std::string& model, c
       if (ev.rfind("data: ", 0) != 0 || ev == "data: [DONE]") continue;
       auto j = nlohmann::json::parse(ev.substr(6), nullptr, false);
       if (j.is_discarded()) continue;
-      if (j.contains("usage") && j["usage"].is_object()) s.output_tokens = j["usage"].value("completion_tokens", 0);
-      if (j.contains("choices") && !j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) {
+      if (j.contains("usage") && j["usage"].is_object())
+        s.output_tokens = j["usage"].value("completion_tokens", 0);
+      if (j.contains("choices") && !j["choices"].empty() &&
+          !j["choices"][0]["text"].get<std::string>().empty()) {
         s.token_times.push_back((MonotonicNanos() - t0) * 1e-9);
       }
     }
@@ -102,12 +109,15 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("--data-dir", o->data_dir, "where the traces live");
   app.add_option("--model", o->model, "model name to send (default: the server's first model)");
   app.add_option("--requests", o->requests, "requests to replay")->capture_default_str();
-  app.add_option("--rate-scale", o->rate_scale, "multiply the arrival rate by this")->capture_default_str();
-  app.add_option("--length-scale", o->length_scale, "multiply every length by this")->capture_default_str();
+  app.add_option("--rate-scale", o->rate_scale, "multiply the arrival rate by this")
+      ->capture_default_str();
+  app.add_option("--length-scale", o->length_scale, "multiply every length by this")
+      ->capture_default_str();
   app.add_option("--slo-ttft", o->slo_ttft, "TTFT objective in seconds (0: none)");
   app.add_option("--slo-tbt", o->slo_tbt, "time-per-output-token objective in seconds (0: none)");
   app.add_option("--seed", o->seed, "prompt seed")->capture_default_str();
-  app.add_flag("--timeline", o->timeline, "print output tokens/s and the worst gap per second of the replay");
+  app.add_flag("--timeline", o->timeline,
+               "print output tokens/s and the worst gap per second of the replay");
   app.add_flag("--json", o->json, "print the summary as one JSON object on the last line");
   return [o] {
     httplib::Client probe(o->url);
@@ -129,9 +139,11 @@ CommandFn RegisterBench(CLI::App& app) {
     wo.time_scale = 1.0 / o->rate_scale;
     wo.max_context = max_len;
     wo.skip_invalid = true;
-    auto w = o->trace.empty() ? LoadWorkload("mooncake", FindDataDir(o->data_dir), wo) : ReadJsonlWorkload(o->trace, wo);
+    auto w = o->trace.empty() ? LoadWorkload("mooncake", FindDataDir(o->data_dir), wo)
+                              : ReadJsonlWorkload(o->trace, wo);
     if (!w.ok()) return Fail(w.status().ToString());
-    if (w->skipped) std::fprintf(stderr, "skipped %d requests that do not fit the context\n", w->skipped);
+    if (w->skipped)
+      std::fprintf(stderr, "skipped %d requests that do not fit the context\n", w->skipped);
     const int n = static_cast<int>(w->requests.size());
     std::vector<Sample> samples(n);
     std::vector<std::thread> threads;
@@ -141,7 +153,8 @@ CommandFn RegisterBench(CLI::App& app) {
       const double at = w->requests[i].arrival_s - first;
       const int64_t wait = static_cast<int64_t>(at * 1e9) - (MonotonicNanos() - t0);
       if (wait > 0) ::usleep(static_cast<useconds_t>(wait / 1000));
-      threads.emplace_back([&, i] { samples[i] = RunRequest(host, port, model, w->requests[i], i, o->seed, t0); });
+      threads.emplace_back(
+          [&, i] { samples[i] = RunRequest(host, port, model, w->requests[i], i, o->seed, t0); });
     }
     for (auto& t : threads) t.join();
     const double makespan = (MonotonicNanos() - t0) * 1e-9;
@@ -160,23 +173,26 @@ CommandFn RegisterBench(CLI::App& app) {
       out_tokens += s.output_tokens;
       ttft.push_back(s.ttft_s * 1e3);
       max_tbt.push_back(s.max_tbt_s * 1e3);
-      for (size_t k = 1; k < s.token_times.size(); ++k) gaps.push_back((s.token_times[k] - s.token_times[k - 1]) * 1e3);
+      for (size_t k = 1; k < s.token_times.size(); ++k)
+        gaps.push_back((s.token_times[k] - s.token_times[k - 1]) * 1e3);
       const bool ttft_ok = o->slo_ttft <= 0 || s.ttft_s <= o->slo_ttft;
       const bool tbt_ok = o->slo_tbt <= 0 || s.mean_tbt_s <= o->slo_tbt;
       meet += ttft_ok && tbt_ok;
     }
-    Percentiles pt = ComputePercentiles(ttft), pg = ComputePercentiles(gaps), pm = ComputePercentiles(max_tbt);
-    std::printf("%d/%d requests ok (rate scale %.3g, length scale %.3g) in %.1f s%s%s\n", ok, n, o->rate_scale,
-                o->length_scale, makespan, first_error.empty() ? "" : "; first error: ", first_error.c_str());
+    Percentiles pt = ComputePercentiles(ttft), pg = ComputePercentiles(gaps),
+                pm = ComputePercentiles(max_tbt);
+    std::printf("%d/%d requests ok (rate scale %.3g, length scale %.3g) in %.1f s%s%s\n", ok, n,
+                o->rate_scale, o->length_scale, makespan,
+                first_error.empty() ? "" : "; first error: ", first_error.c_str());
     std::printf("TTFT ms           p50 %8.1f  p90 %8.1f  p99 %8.1f\n", pt.p50, pt.p90, pt.p99);
     std::printf("TBT ms            p50 %8.1f  p90 %8.1f  p99 %8.1f\n", pg.p50, pg.p90, pg.p99);
     std::printf("max TBT/request   p50 %8.1f  p90 %8.1f  p99 %8.1f\n", pm.p50, pm.p90, pm.p99);
-    std::printf("throughput        %.1f input tokens/s, %.1f output tokens/s\n", in_tokens / makespan,
-                out_tokens / makespan);
+    std::printf("throughput        %.1f input tokens/s, %.1f output tokens/s\n",
+                in_tokens / makespan, out_tokens / makespan);
     const double attainment = n ? static_cast<double>(meet) / n : 0;
     if (o->slo_ttft > 0 || o->slo_tbt > 0) {
-      std::printf("SLO attainment    %.1f%% (TTFT <= %.3g s, TPOT <= %.3g s)\n", 100 * attainment, o->slo_ttft,
-                  o->slo_tbt);
+      std::printf("SLO attainment    %.1f%% (TTFT <= %.3g s, TPOT <= %.3g s)\n", 100 * attainment,
+                  o->slo_ttft, o->slo_tbt);
     }
     nlohmann::json timeline = nlohmann::json::array();
     if (o->timeline) {
@@ -197,7 +213,9 @@ CommandFn RegisterBench(CLI::App& app) {
       }
     }
     if (o->json) {
-      auto pct = [](const Percentiles& p) { return nlohmann::json{{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}}; };
+      auto pct = [](const Percentiles& p) {
+        return nlohmann::json{{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}};
+      };
       nlohmann::json j = {{"requests", n},
                           {"requests_ok", ok},
                           {"makespan_s", makespan},

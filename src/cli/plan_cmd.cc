@@ -17,15 +17,20 @@ CommandFn RegisterPlan(CLI::App& app) {
   app.add_option("--model", o->model, "model directory (its config.json)");
   app.add_option("--preset", o->preset, "a synthetic preset instead of --model");
   app.add_option("--devices", o->devices, "alive devices (ids 0..N-1)")->capture_default_str();
-  app.add_option("--alive", o->alive, "explicit alive device ids, e.g. 0,1,2,4 (overrides --devices)");
-  app.add_option("--total-devices", o->total, "device ids range over [0, T) (default: max(8, devices))");
-  app.add_option("--policy,--placement", o->policy, "standard, nonuniform, cyclic or hybrid")->capture_default_str();
+  app.add_option("--alive", o->alive,
+                 "explicit alive device ids, e.g. 0,1,2,4 (overrides --devices)");
+  app.add_option("--total-devices", o->total,
+                 "device ids range over [0, T) (default: max(8, devices))");
+  app.add_option("--policy,--placement", o->policy, "standard, nonuniform, cyclic or hybrid")
+      ->capture_default_str();
   app.add_flag("--json", o->json, "print the plan and per-device costs as JSON");
   return [o] {
-    Result<ModelConfig> c = o->model.empty() ? (o->preset.empty() ? Result<ModelConfig>(InvalidArgument(
-                                                                        "give --model DIR or --preset NAME"))
-                                                                  : SyntheticPresetConfig(o->preset))
-                                             : ModelConfig::Load(o->model);
+    Result<ModelConfig> c =
+        o->model.empty()
+            ? (o->preset.empty()
+                   ? Result<ModelConfig>(InvalidArgument("give --model DIR or --preset NAME"))
+                   : SyntheticPresetConfig(o->preset))
+            : ModelConfig::Load(o->model);
     if (!c.ok()) return Fail(c.status().ToString());
     auto policy = ParsePolicy(o->policy);
     if (!policy.ok()) return Fail(policy.status().ToString());
@@ -47,7 +52,8 @@ CommandFn RegisterPlan(CLI::App& app) {
     for (int d : alive) total = std::max(total, o->total > 0 ? o->total : d + 1);
     auto plan = MakePlan(*c, *policy, total, alive);
     if (!plan.ok()) return Fail(plan.status().ToString());
-    std::printf("%s\n", o->json ? PlanReportJson(*plan, *c).c_str() : PlanReport(*plan, *c).c_str());
+    std::printf("%s\n",
+                o->json ? PlanReportJson(*plan, *c).c_str() : PlanReport(*plan, *c).c_str());
     return 0;
   };
 }

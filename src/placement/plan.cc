@@ -185,7 +185,8 @@ Result<Plan> MakePlan(const ModelConfig& config, Policy policy, int num_devices,
     // FFN: every expert is split over all active devices.
     for (int e = 0; e < p.shape.expert_slots; ++e) {
       auto order = rotate ? Rotated(p.active, next_shard_extra % n) : p.active;
-      SplitContiguous(e * p.shape.shards_per_expert, p.shape.shards_per_expert, order, &lp.ffn_shards);
+      SplitContiguous(e * p.shape.shards_per_expert, p.shape.shards_per_expert, order,
+                      &lp.ffn_shards);
       next_shard_extra += p.shape.shards_per_expert % n;
     }
     for (auto& v : lp.tp_heads) std::sort(v.begin(), v.end());

@@ -85,7 +85,8 @@ void ExpectBalanced(const Plan& p, const ModelConfig& c, bool fresh) {
   }
   if (p.policy == Policy::kNonUniform) {
     for (int d : p.active) {
-      for (int l = 1; l < c.num_layers; ++l) EXPECT_EQ(p.layers[l].tp_heads[d].size(), p.layers[0].tp_heads[d].size());
+      for (int l = 1; l < c.num_layers; ++l)
+        EXPECT_EQ(p.layers[l].tp_heads[d].size(), p.layers[0].tp_heads[d].size());
     }
   }
   if (p.policy == Policy::kCyclic) {
@@ -106,7 +107,8 @@ void ExpectBalanced(const Plan& p, const ModelConfig& c, bool fresh) {
 
 TEST(Plan, FreshPlansAreValidAndBalanced) {
   for (const auto& c : Models()) {
-    for (Policy policy : {Policy::kStandard, Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid}) {
+    for (Policy policy :
+         {Policy::kStandard, Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid}) {
       for (int n = 1; n <= 8; ++n) {
         auto p = MakePlan(c, policy, 8, Range(n));
         ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -154,8 +156,10 @@ TEST(Plan, HybridSevenDevicesHasOneDpHeadPerLayer) {
 
 TEST(Plan, BadRequestsAreRefused) {
   auto c = *SyntheticPresetConfig("tiny-llama");
-  EXPECT_EQ(MakePlan(c, Policy::kHybrid, 16, Range(9)).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakePlan(c, Policy::kStandard, 16, Range(16)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePlan(c, Policy::kHybrid, 16, Range(9)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePlan(c, Policy::kStandard, 16, Range(16)).status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePlan(c, Policy::kHybrid, 0, {}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePlan(c, Policy::kHybrid, 8, {}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePlan(c, Policy::kHybrid, 8, {0, 8}).status().code(), StatusCode::kOutOfRange);
@@ -178,7 +182,8 @@ TEST(Plan, JsonRoundTrip) {
 // balanced, and survivors never pass items among themselves.
 TEST(Replan, MinimalMovementThroughFailuresAndRejoins) {
   for (const auto& c : Models()) {
-    for (Policy policy : {Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid, Policy::kStandard}) {
+    for (Policy policy :
+         {Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid, Policy::kStandard}) {
       SCOPED_TRACE(PolicyName(policy));
       Rng rng(static_cast<uint64_t>(policy) * 100 + c.num_layers);
       auto plan = MakePlan(c, policy, 8, Range(8));
@@ -228,7 +233,8 @@ TEST(Replan, HybridTurnsTheDeadDevicesHeadIntoTheDpHead) {
   ASSERT_TRUE(seven.ok());
   for (int l = 0; l < c.num_layers; ++l) {
     EXPECT_EQ(seven->layers[l].dp_heads, eight->layers[l].tp_heads[3]);
-    for (int d : seven->active) EXPECT_EQ(seven->layers[l].tp_heads[d], eight->layers[l].tp_heads[d]);
+    for (int d : seven->active)
+      EXPECT_EQ(seven->layers[l].tp_heads[d], eight->layers[l].tp_heads[d]);
   }
   // Rejoin: the DP head goes back to the returning device as a TP head.
   auto back = Replan(*seven, c, Range(8));

@@ -4,6 +4,7 @@
 
 #include "common/rng.h"
 #include "model/config.h"
+#include "model/published.h"
 #include "model/synthetic.h"
 #include "placement/plan.h"
 #include "placement/plan_json.h"
@@ -13,36 +14,10 @@
 namespace failsafe {
 namespace {
 
-ModelConfig Llama70B() {
-  ModelConfig c;
-  c.hidden_size = 8192;
-  c.num_layers = 80;
-  c.num_heads = 64;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.intermediate_size = 28672;
-  c.vocab_size = 128256;
-  return c;
-}
-
-ModelConfig Mixtral8x22B() {
-  ModelConfig c;
-  c.architecture = Architecture::kMixtral;
-  c.hidden_size = 6144;
-  c.num_layers = 56;
-  c.num_heads = 48;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.intermediate_size = 16384;
-  c.vocab_size = 32768;
-  c.num_experts = 8;
-  c.experts_per_token = 2;
-  return c;
-}
-
 std::vector<ModelConfig> Models() {
   return {*SyntheticPresetConfig("tiny-llama"), *SyntheticPresetConfig("tiny-mixtral"),
-          *SyntheticPresetConfig("1b-llama"), Llama70B(), Mixtral8x22B()};
+          *SyntheticPresetConfig("1b-llama"), *PublishedModelConfig("llama-3.1-70b"),
+          *PublishedModelConfig("mixtral-8x22b")};
 }
 
 std::vector<int> Range(int n) {

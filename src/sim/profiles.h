@@ -41,6 +41,5 @@ struct HardwareProfile {
 Result<HardwareProfile> GetHardwareProfile(const std::string& name);
 // "llama-3.1-70b", "mixtral-8x22b", or a synthetic preset name.
 Result<ModelConfig> GetModelProfile(const std::string& name);
-std::vector<std::string> ModelProfileNames();
 
 }  // namespace failsafe

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/kernels.h"
@@ -164,28 +165,41 @@ void StreamNNParallel(const float* x, int64_t ldx, const float* w, float* y, int
   }
 }
 
+// Shapes with nothing to multiply: y is zeroed (or left, when
+// accumulating). True when the call is done.
+bool NothingToMultiply(float* y, int64_t ldy, int m, int n, int k, bool accumulate) {
+  if (m <= 0 || n <= 0) return true;
+  if (k > 0) return false;
+  if (!accumulate) {
+    for (int i = 0; i < m; ++i) std::memset(y + i * ldy, 0, sizeof(float) * n);
+  }
+  return true;
+}
+
+// Calls f(std::integral_constant<int, M>) for the streamed kernels' row count.
+template <typename F>
+void WithStreamRows(int m, F&& f) {
+  switch (m) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    case 3:
+      return f(std::integral_constant<int, 3>());
+    default:
+      return f(std::integral_constant<int, 4>());
+  }
+}
+
 }  // namespace
 
 void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
               int k, bool accumulate, int threads) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    if (!accumulate) {
-      for (int i = 0; i < m; ++i) std::memset(y + i * ldy, 0, sizeof(float) * n);
-    }
-    return;
-  }
+  if (NothingToMultiply(y, ldy, m, n, k, accumulate)) return;
   if (m <= kMaxStreamRows) {
-    switch (m) {
-      case 1:
-        return StreamNTParallel<1>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 2:
-        return StreamNTParallel<2>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 3:
-        return StreamNTParallel<3>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      default:
-        return StreamNTParallel<4>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-    }
+    return WithStreamRows(m, [&](auto rows) {
+      StreamNTParallel<decltype(rows)::value>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+    });
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, static_cast<int>(ldx), w,
               k, accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
@@ -193,24 +207,11 @@ void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy
 
 void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
               int k, bool accumulate, int threads) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    if (!accumulate) {
-      for (int i = 0; i < m; ++i) std::memset(y + i * ldy, 0, sizeof(float) * n);
-    }
-    return;
-  }
+  if (NothingToMultiply(y, ldy, m, n, k, accumulate)) return;
   if (m <= kMaxStreamRows) {
-    switch (m) {
-      case 1:
-        return StreamNNParallel<1>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 2:
-        return StreamNNParallel<2>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      case 3:
-        return StreamNNParallel<3>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-      default:
-        return StreamNNParallel<4>(x, ldx, w, y, ldy, n, k, accumulate, threads);
-    }
+    return WithStreamRows(m, [&](auto rows) {
+      StreamNNParallel<decltype(rows)::value>(x, ldx, w, y, ldy, n, k, accumulate, threads);
+    });
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, x, static_cast<int>(ldx), w,
               n, accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));

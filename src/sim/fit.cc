@@ -95,20 +95,15 @@ Result<FitReport> FitProfile(const ModelConfig& model, const HardwareProfile& st
     // A global pass then a local polish: the max() terms make the surface
     // piecewise smooth, with plateaus a local method alone can stall on.
     nlopt::srand(1);  // the global pass is randomised: the same samples, the same fit
-    nlopt::opt global(nlopt::GN_CRS2_LM, kParams);
-    global.set_lower_bounds(lower);
-    global.set_upper_bounds(upper);
-    global.set_min_objective(Objective, &p);
-    global.set_maxeval(3000);
-    global.set_xtol_rel(1e-4);
-    global.optimize(x, best);
-    nlopt::opt local(nlopt::LN_SBPLX, kParams);
-    local.set_lower_bounds(lower);
-    local.set_upper_bounds(upper);
-    local.set_min_objective(Objective, &p);
-    local.set_maxeval(3000);
-    local.set_xtol_rel(1e-6);
-    local.optimize(x, best);
+    for (auto [algorithm, xtol] : {std::pair{nlopt::GN_CRS2_LM, 1e-4}, {nlopt::LN_SBPLX, 1e-6}}) {
+      nlopt::opt opt(algorithm, kParams);
+      opt.set_lower_bounds(lower);
+      opt.set_upper_bounds(upper);
+      opt.set_min_objective(Objective, &p);
+      opt.set_maxeval(3000);
+      opt.set_xtol_rel(xtol);
+      opt.optimize(x, best);
+    }
   } catch (const std::exception& e) {
     return Internal("profile fit failed: {}", e.what());
   }

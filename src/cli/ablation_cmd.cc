@@ -97,13 +97,9 @@ CommandFn RegisterAblation(CLI::App& app) {
         df.max_seqs = o->max_num_seqs;
         auto exec = MakeExecutor(*dir, df);
         if (!exec.ok()) return Fail(std::string(c.name) + ": " + exec.status().ToString());
-        SchedulerConfig sc;
-        sc.router = *ParseRouterPolicy(c.router);
-        sc.prefill = *ParsePrefillPolicy(c.prefill);
-        sc.max_batch_tokens = o->max_batch_tokens;
-        sc.max_num_seqs = o->max_num_seqs;
-        sc.max_model_len = config->max_position_embeddings;
-        Engine engine(exec->get(), sc);
+        Engine engine(exec->get(),
+                      *MakeSchedulerConfig(c.router, c.prefill, o->max_batch_tokens,
+                                           o->max_num_seqs, config->max_position_embeddings));
         OfflineRunOptions ro;
         ro.progress = !o->no_progress;
         auto s = RunOffline(engine, *w, ro);

@@ -27,6 +27,22 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
       "memory of one device for weights, KV and activations (e.g. 2GiB; default: no limit)");
 }
 
+Result<SchedulerConfig> MakeSchedulerConfig(const std::string& router, const std::string& prefill,
+                                            int max_batch_tokens, int max_num_seqs,
+                                            int max_model_len) {
+  SchedulerConfig sc;
+  auto r = ParseRouterPolicy(router);
+  if (!r.ok()) return r.status().WithContext("--router");
+  auto p = ParsePrefillPolicy(prefill);
+  if (!p.ok()) return p.status().WithContext("--prefill");
+  sc.router = *r;
+  sc.prefill = *p;
+  sc.max_batch_tokens = max_batch_tokens;
+  sc.max_num_seqs = max_num_seqs;
+  sc.max_model_len = max_model_len;
+  return sc;
+}
+
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, const DeviceFlags& f) {
   FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
   if (f.comm != "shm" && f.comm != "gloo")

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "core/scheduler.h"
 #include "engine/executor.h"
 #include "engine/worker_group.h"
 
@@ -25,6 +26,12 @@ struct DeviceFlags {
 };
 
 void AddDeviceFlags(CLI::App& app, DeviceFlags* flags);
+
+// The scheduler settings commands take as flags; a bad policy name is an
+// error naming its flag.
+Result<SchedulerConfig> MakeSchedulerConfig(const std::string& router, const std::string& prefill,
+                                            int max_batch_tokens, int max_num_seqs,
+                                            int max_model_len);
 
 // An in-process executor for one device (unless --processes), else one worker
 // process per device.

@@ -54,16 +54,9 @@ CommandFn RegisterRun(CLI::App& app) {
     if (!dir.ok()) return Fail(dir.status().ToString());
     auto config = ModelConfig::Load(*dir);
     if (!config.ok()) return Fail(config.status().ToString());
-    SchedulerConfig sc;
-    auto router = ParseRouterPolicy(o->router);
-    if (!router.ok()) return Fail("--router: " + router.status().message());
-    auto prefill = ParsePrefillPolicy(o->prefill);
-    if (!prefill.ok()) return Fail("--prefill: " + prefill.status().message());
-    sc.router = *router;
-    sc.prefill = *prefill;
-    sc.max_batch_tokens = o->max_batch_tokens;
-    sc.max_num_seqs = o->max_num_seqs;
-    sc.max_model_len = config->max_position_embeddings;
+    auto sc = MakeSchedulerConfig(o->router, o->prefill, o->max_batch_tokens, o->max_num_seqs,
+                                  config->max_position_embeddings);
+    if (!sc.ok()) return Fail(sc.status().message());
     WorkloadOptions wo;
     wo.max_requests = o->requests;
     wo.length_scale = o->length_scale;
@@ -86,7 +79,7 @@ CommandFn RegisterRun(CLI::App& app) {
     if (!exec.ok()) return Fail(exec.status().ToString());
     EngineOptions eo;
     eo.recovery = *mode;
-    Engine engine(exec->get(), sc, eo);
+    Engine engine(exec->get(), *sc, eo);
     OfflineRunOptions ro;
     ro.seed = o->seed;
     ro.progress = !o->no_progress;

@@ -55,20 +55,13 @@ CommandFn RegisterServe(CLI::App& app) {
     if (!tok.ok()) return Fail(tok.status().ToString());
     auto config = ModelConfig::Load(*dir);
     if (!config.ok()) return Fail(config.status().ToString());
-    SchedulerConfig sc;
-    auto router = ParseRouterPolicy(o->router);
-    if (!router.ok()) return Fail("--router: " + router.status().message());
-    auto prefill = ParsePrefillPolicy(o->prefill);
-    if (!prefill.ok()) return Fail("--prefill: " + prefill.status().message());
+    auto sc = MakeSchedulerConfig(o->router, o->prefill, o->max_batch_tokens, o->max_num_seqs,
+                                  o->max_model_len > 0
+                                      ? std::min(o->max_model_len, config->max_position_embeddings)
+                                      : config->max_position_embeddings);
+    if (!sc.ok()) return Fail(sc.status().message());
     auto mode = ParseRecoveryMode(o->dev.recovery);
     if (!mode.ok()) return Fail("--recovery: " + mode.status().message());
-    sc.router = *router;
-    sc.prefill = *prefill;
-    sc.max_batch_tokens = o->max_batch_tokens;
-    sc.max_num_seqs = o->max_num_seqs;
-    sc.max_model_len = o->max_model_len > 0
-                           ? std::min(o->max_model_len, config->max_position_embeddings)
-                           : config->max_position_embeddings;
     o->dev.max_step_tokens = o->max_batch_tokens;
     o->dev.max_seqs = o->max_num_seqs;
     auto exec = MakeExecutor(*dir, o->dev);
@@ -77,7 +70,7 @@ CommandFn RegisterServe(CLI::App& app) {
     eo.recovery = *mode;
     ServiceOptions so;
     so.max_queue = o->max_queue;
-    EngineService service(std::move(*exec), sc, eo, so);
+    EngineService service(std::move(*exec), *sc, eo, so);
     ServerOptions opts;
     opts.host = o->host;
     opts.port = o->port;

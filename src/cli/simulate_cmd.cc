@@ -65,13 +65,8 @@ const EngineConfig kAblation[] = {
 
 SchedulerConfig SchedulerFor(const EngineConfig& c, const ValidateOptions& o,
                              const ModelConfig& m) {
-  SchedulerConfig sc;
-  sc.router = *ParseRouterPolicy(c.router);
-  sc.prefill = *ParsePrefillPolicy(c.prefill);
-  sc.max_batch_tokens = o.max_batch_tokens;
-  sc.max_num_seqs = o.max_num_seqs;
-  sc.max_model_len = m.max_position_embeddings;
-  return sc;
+  return *MakeSchedulerConfig(c.router, c.prefill, o.max_batch_tokens, o.max_num_seqs,
+                              m.max_position_embeddings);
 }
 
 Result<RealRun> RunReal(const std::string& dir, const ModelConfig& m, const EngineConfig& c,

@@ -110,6 +110,8 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   bool idle() const { return waiting_.empty() && running_.empty(); }
+  // Sequences finished and not yet taken (TakeFinished).
+  bool has_finished() const { return !finished_.empty(); }
   const KvAccounting& kv() const { return kv_; }
   const SchedulerConfig& config() const { return config_; }
   // Pending DP work per device, in tokens (what load-aware routing balances).

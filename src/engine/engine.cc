@@ -6,6 +6,14 @@
 
 namespace failsafe {
 
+namespace {
+
+// A step that fails this many times in a row without a device lost fails
+// its requests (each retry runs on a fresh collective group).
+constexpr int kMaxStepAttempts = 3;
+
+}  // namespace
+
 Engine::Engine(Executor* executor, const SchedulerConfig& config, const EngineOptions& options)
     : executor_(executor),
       options_(options),
@@ -15,6 +23,11 @@ Engine::Engine(Executor* executor, const SchedulerConfig& config, const EngineOp
       sampler_(MakeCpuBackend(1)) {}
 
 Result<int64_t> Engine::Submit(RequestSpec spec) {
+  const int vocab = executor_->config().vocab_size;
+  for (int32_t t : spec.prompt) {
+    if (t < 0 || t >= vocab)
+      return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
+  }
   auto seq = std::make_unique<Sequence>();
   const int64_t id = next_id_;
   seq->id = id;
@@ -31,14 +44,23 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
 
 void Engine::Abort(int64_t id) { scheduler_->Abort(id, FinishReason::kAborted); }
 
-void Engine::FailAll(const std::string& why) {
+void Engine::Fail(const std::vector<int64_t>& ids, const Status& why) {
+  for (int64_t id : ids) {
+    if (!scheduler_->Find(id)) continue;
+    errors_[id] = why;
+    scheduler_->Abort(id, FinishReason::kError);
+  }
+}
+
+std::vector<TokenEvent> Engine::FailAll(const Status& why) {
   std::vector<int64_t> ids;
   for (const Sequence* s : scheduler_->Running()) ids.push_back(s->id);
-  for (int64_t id = 1; id < next_id_; ++id) {
-    if (scheduler_->Find(id)) ids.push_back(id);
-  }
-  for (int64_t id : ids) scheduler_->Abort(id, FinishReason::kError);
-  FS_LOG_ERROR("failing every request: {}", why);
+  for (const Sequence* s : scheduler_->Waiting()) ids.push_back(s->id);
+  Fail(ids, why);
+  std::vector<TokenEvent> events;
+  CollectFinished(&events, true);
+  if (!ids.empty()) FS_LOG_ERROR("failing {} requests: {}", ids.size(), why.ToString());
+  return events;
 }
 
 // Frees sequences on the devices, then their backup blocks (a device's backup
@@ -57,17 +79,30 @@ void Engine::CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal
   for (auto& s : scheduler_->TakeFinished()) {
     to_free_.push_back(s->id);
     sampling_.erase(s->id);
+    Status error;
+    if (s->finish == FinishReason::kError) {
+      auto it = errors_.find(s->id);
+      if (it != errors_.end()) {
+        error = it->second;
+      } else {
+        // The scheduler's own verdict: the request cannot fit any more.
+        error = Status(StatusCode::kResourceExhausted,
+                       s->error.empty() ? "the request could not be served" : s->error);
+      }
+    }
+    errors_.erase(s->id);
     bool marked = false;
     for (auto& e : *events) {
       if (e.id == s->id) {
         e.finished = true;
         e.reason = s->finish;
+        e.error = error;
         marked = true;
       }
     }
     if (!marked && (!only_abnormal ||
                     (s->finish != FinishReason::kLength && s->finish != FinishReason::kStop))) {
-      events->push_back({s->id, -1, true, s->finish});
+      events->push_back({s->id, -1, true, s->finish, error});
     }
   }
 }
@@ -80,16 +115,23 @@ Result<StepOutcome> Engine::Step() {
     return Unavailable("{}", degraded_reason_);
   }
   StepPlan plan = scheduler_->Schedule();
-  to_free_.insert(to_free_.end(), plan.preempted.begin(), plan.preempted.end());
-  Status freed = FreeSeqs(std::move(to_free_));
-  to_free_.clear();
-  if (!freed.ok()) {
-    if (freed.code() != StatusCode::kUnavailable || !executor_->supports_recovery()) return freed;
-    // A device died while freeing: recover; the plan runs later.
-    FS_RETURN_IF_ERROR(Recover(executor_->plan().alive, {}, MonotonicNanos()));
+  std::vector<int64_t> ids;
+  for (const ScheduledSeq& ss : plan.seqs) ids.push_back(ss.seq_id);
+  // Whatever happens to the step, report what it finished and failed.
+  auto failed = [&](const Status& error) -> Result<StepOutcome> {
+    Status st = HandleStepError(error, ids, MonotonicNanos());
+    if (!st.ok()) FS_LOG_WARN("after a failed step: {}", st.ToString());
     out.recovered = true;
+    CollectFinished(&out.events, true);
+    if (degraded_ && out.events.empty()) return Unavailable("{}", degraded_reason_);
     return out;
-  }
+  };
+  to_free_.insert(to_free_.end(), plan.preempted.begin(), plan.preempted.end());
+  std::vector<int64_t> frees = std::move(to_free_);
+  to_free_.clear();
+  // A sequence the devices could not free is freed by the recovery that
+  // follows: applying a plan drops every sequence it does not list.
+  if (Status freed = FreeSeqs(std::move(frees)); !freed.ok()) return failed(freed);
   if (plan.empty()) return out;
   StepBatch batch;
   HostKvBackup* backup = executor_->backup();
@@ -108,15 +150,10 @@ Result<StepOutcome> Engine::Step() {
     batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + ss.start,
                         s->tokens.begin() + ss.start + ss.num_tokens);
   }
+  const int64_t started = MonotonicNanos();
   auto logits = executor_->Step(batch, &out.timing);
-  if (!logits.ok()) {
-    if (logits.status().code() != StatusCode::kUnavailable || !executor_->supports_recovery())
-      return logits.status();
-    FS_LOG_WARN("step failed: {}; recovering", logits.status().ToString());
-    FS_RETURN_IF_ERROR(Recover(executor_->plan().alive, {}, MonotonicNanos()));
-    out.recovered = true;
-    return out;
-  }
+  if (!logits.ok()) return failed(logits.status());
+  step_failures_ = 0;
   out.ran = true;
   const int vocab = executor_->config().vocab_size;
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
@@ -128,21 +165,56 @@ Result<StepOutcome> Engine::Step() {
     sampled[i] = sampler_->Sample(*logits + static_cast<int64_t>(batch.seqs[i].logits_row) * vocab,
                                   vocab, sampling_[s->id], static_cast<uint64_t>(s->len()));
   }
-  ChargeRecompute(plan, out.timing);
+  AfterStep(plan, started);
   scheduler_->Update(plan, sampled);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (sampled[i] >= 0)
-      out.events.push_back({plan.seqs[i].seq_id, sampled[i], false, FinishReason::kNone});
+      out.events.push_back({plan.seqs[i].seq_id, sampled[i], false, FinishReason::kNone, {}});
   }
   CollectFinished(&out.events, false);
   out.plan = std::move(plan);
   return out;
 }
 
-// Steps after a recovery that recompute lost KV are charged to it, in
-// proportion to their recomputed tokens.
-void Engine::ChargeRecompute(const StepPlan& plan, const StepTiming& timing) {
-  if (recompute_target_.empty() || recoveries_.empty()) return;
+Status Engine::HandleStepError(const Status& error, const std::vector<int64_t>& ids,
+                               int64_t failed_ns) {
+  const bool lost = executor_->supports_recovery() &&
+                    executor_->alive_devices().size() < executor_->plan().alive.size();
+  if (lost) {
+    FS_LOG_WARN("step failed: {}; recovering", error.ToString());
+    step_failures_ = 0;
+    return Recover({}, failed_ns);
+  }
+  // No device was lost, so the same work may fail again: after a few
+  // attempts its requests end with the error rather than wait forever.
+  if (++step_failures_ >= kMaxStepAttempts) {
+    FS_LOG_ERROR("a step failed {} times ({}); failing its {} requests", step_failures_,
+                 error.ToString(), ids.size());
+    step_failures_ = 0;
+    Fail(ids, error);
+  } else {
+    FS_LOG_WARN("step failed: {}; retrying on a fresh group", error.ToString());
+  }
+  if (!executor_->supports_recovery()) return Status::Ok();
+  // The devices may be out of step (one failed before a collective the others
+  // wait in): a fresh group and the same plan bring them back in step, and
+  // free anything they hold that the scheduler does not know.
+  return Recover({}, failed_ns);
+}
+
+// Steps after a recovery: the first one closes its report; those that
+// recompute lost KV are charged to it, in proportion to their recomputed
+// tokens.
+void Engine::AfterStep(const StepPlan& plan, int64_t started_ns) {
+  if (recoveries_.empty()) return;
+  RecoveryReport& r = recoveries_.back();
+  const int64_t now = MonotonicNanos();
+  if (report_open_ && r.recovered_ns > 0) {
+    r.resumed_ns = now;
+    r.first_step_ms = (now - started_ns) * 1e-6;
+    report_open_ = false;
+  }
+  if (recompute_target_.empty()) return;
   int recomputed = 0;
   for (const ScheduledSeq& ss : plan.seqs) {
     auto it = recompute_target_.find(ss.seq_id);
@@ -150,9 +222,8 @@ void Engine::ChargeRecompute(const StepPlan& plan, const StepTiming& timing) {
     recomputed += std::max(0, std::min(ss.start + ss.num_tokens, it->second) - ss.start);
     if (ss.start + ss.num_tokens >= it->second) recompute_target_.erase(it);
   }
-  RecoveryReport& r = recoveries_.back();
   if (plan.num_tokens() > 0)
-    r.recompute_ms += timing.emulated_ns * 1e-6 * recomputed / plan.num_tokens();
+    r.recompute_ms += (now - started_ns) * 1e-6 * recomputed / plan.num_tokens();
   if (recompute_target_.empty()) r.finished = true;
 }
 

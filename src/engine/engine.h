@@ -7,6 +7,9 @@
 // host backup (per the recovery mode), rolls each sequence back to what could
 // be restored, and carries on. The failed step is simply scheduled again: no
 // request is lost, and sampling is keyed by position, so outputs are the same.
+// Any other step error is retried on a fresh collective group and, if it
+// persists, ends the requests of that step with the error: every request
+// always gets an outcome.
 //
 // Thread-safety: one thread drives an Engine (the server funnels requests to
 // it through its own queue).
@@ -21,6 +24,7 @@
 #include "backend/backend.h"
 #include "core/scheduler.h"
 #include "engine/executor.h"
+#include "engine/recovery_report.h"
 
 namespace failsafe {
 
@@ -37,31 +41,9 @@ struct TokenEvent {
   int32_t token = -1;  // -1: no token (finished without one, e.g. aborted)
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
-};
-
-// One recovery (or rejoin), phase by phase. Device-side phases are the
-// slowest device's CPU time (the devices work in parallel); coordinator-side
-// phases are wall time.
-struct RecoveryReport {
-  RecoveryMode mode = RecoveryMode::kFull;
-  std::vector<int> failed_devices;
-  std::vector<int> joined_devices;
-  int attempts = 1;      // > 1: devices failed during the recovery
-  double detect_ms = 0;  // kill -> the coordinator knows (injected failures)
-  double abort_ms = 0;   // -> every survivor left the failed step
-  double replan_ms = 0;  // new plan, scheduler reconfigured, backup drained
-  double group_ms = 0;   // new collective group
-  double weights_ms = 0;
-  int64_t weight_host_bytes = 0;  // host -> devices
-  int64_t weight_peer_bytes = 0;  // device -> device
-  double kv_ms = 0;
-  int64_t kv_restored_bytes = 0;
-  int64_t tokens_recomputed = 0;
-  double recompute_ms = 0;  // emulated time of steps spent recomputing lost KV
-  bool finished = false;    // recompute fully paid back
-  double total_ms() const {
-    return detect_ms + abort_ms + replan_ms + group_ms + weights_ms + kv_ms + recompute_ms;
-  }
+  // reason kError: why. kUnavailable: the engine cannot serve (too few
+  // devices); kInvalidArgument: the request itself; others: an engine fault.
+  Status error;
 };
 
 struct StepOutcome {
@@ -85,24 +67,35 @@ class Engine {
   // `executor` must outlive the engine.
   Engine(Executor* executor, const SchedulerConfig& config, const EngineOptions& options = {});
 
-  // Queues a request; ids are assigned in submission order from 1.
+  // Queues a request; ids are assigned in submission order from 1. Fails
+  // (kInvalidArgument, kOutOfRange) for a request that can never run.
   Result<int64_t> Submit(RequestSpec spec);
   // Finishes a request early and frees its KV.
   void Abort(int64_t id);
-  // Runs one step if there is work; recovers if devices died. Fails with
-  // kUnavailable while too few devices remain to hold the model.
+  // Runs one step if there is work; recovers if devices died.
+  //
+  // No request is ever left without an outcome: a step that fails for another
+  // reason (a collective that timed out, a device that answered with an
+  // error) is retried on a fresh collective group, and if it keeps failing,
+  // each request of that step finishes with kError and the error. The only
+  // error returned is kUnavailable while the engine cannot serve (too few
+  // devices, or a recovery that failed); requests then wait (see FailAll).
   Result<StepOutcome> Step();
   // Takes a restored device back (a new worker process).
   Status Rejoin(int device);
-  // Heartbeat while idle: finds dead or hung devices and recovers.
-  Status CheckHealth(int64_t timeout_ms);
-  // Requests that cannot be served (too few devices and no rejoin coming):
-  // finishes every queued and running request with kError.
-  void FailAll(const std::string& why);
+  // Heartbeat while idle (timeout 0: the executor's own): finds dead or hung
+  // devices and recovers; while the engine cannot serve, tries again.
+  Status CheckHealth(int64_t timeout_ms = 0);
+  // Finishes every queued and running request with kError and `why`; returns
+  // their events.
+  std::vector<TokenEvent> FailAll(const Status& why);
 
-  bool idle() const { return scheduler_->idle(); }
+  // No request queued, running, or finished and not yet reported.
+  bool idle() const { return scheduler_->idle() && !scheduler_->has_finished(); }
+  // The engine cannot serve (too few devices, or its last recovery failed).
   bool degraded() const { return degraded_; }
   const std::string& degraded_reason() const { return degraded_reason_; }
+  // Every recovery so far; the last one may still wait for its first step.
   const std::vector<RecoveryReport>& recoveries() const { return recoveries_; }
   Scheduler& scheduler() { return *scheduler_; }
   Executor& executor() { return *executor_; }
@@ -111,21 +104,38 @@ class Engine {
  private:
   Status FreeSeqs(std::vector<int64_t> ids);
   void CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal);
-  // Moves to a plan for the alive devices; `failed`/`joined` describe why.
-  Status Recover(const std::vector<int>& failed, const std::vector<int>& joined,
-                 int64_t step_failed_ns);
-  void ChargeRecompute(const StepPlan& plan, const StepTiming& timing);
+  // Finishes requests with kError and `why` (they are reported by the next
+  // CollectFinished).
+  void Fail(const std::vector<int64_t>& ids, const Status& why);
+  // A step (or a free) failed with `error`; `ids` are the requests of the
+  // step. Recovers or resynchronises the devices, and fails the requests
+  // once the same work has failed too often.
+  Status HandleStepError(const Status& error, const std::vector<int64_t>& ids, int64_t failed_ns);
+  // Moves to a plan for the alive devices (`joined` rejoined).
+  // `step_failed_ns`: when the failed step (if any) returned.
+  Status Recover(const std::vector<int>& joined, int64_t step_failed_ns);
+  // One attempt loop of Recover, filling `r`.
+  Status RecoverOnce(RecoveryReport* r);
+  // The report a new recovery extends: the last one if no step ran since.
+  RecoveryReport* OpenReport(int64_t now_ns);
+  void AfterStep(const StepPlan& plan, int64_t started_ns);
+  void SetDegraded(const std::string& why);
 
   Executor* const executor_;
   const EngineOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Backend> sampler_;
   std::unordered_map<int64_t, SamplingParams> sampling_;
+  std::unordered_map<int64_t, Status> errors_;  // requests failed by the engine
   std::vector<int64_t> to_free_;
   int64_t next_id_ = 1;
   bool degraded_ = false;
+  bool recovery_failed_ = false;     // degraded because a plan change failed: try again
+  std::vector<int> degraded_alive_;  // degraded for lack of devices, with these alive
   std::string degraded_reason_;
+  int step_failures_ = 0;  // consecutive failed steps without a device loss
   std::vector<RecoveryReport> recoveries_;
+  bool report_open_ = false;  // recoveries_.back() waits for its first step
   // Lost KV being recomputed: sequence -> tokens it had before the failure.
   std::unordered_map<int64_t, int> recompute_target_;
 };

@@ -35,6 +35,13 @@ struct StepTiming {
 
 class HostKvBackup;
 
+// Why and when a device was lost.
+struct DeviceLoss {
+  int64_t failed_ns = 0;    // the failure: the kill (injected), the last progress (hang), else 0
+  int64_t detected_ns = 0;  // the executor knew; 0: the device is not lost
+  std::string reason;       // "its process exited", "no progress for 812 ms", ...
+};
+
 // What applying a plan cost, per device and for the coordinator.
 struct ApplyReport {
   std::vector<int> devices;
@@ -81,9 +88,8 @@ class Executor {
   virtual Status SpawnDevice(int device) {
     return FailedPrecondition("this executor has no device processes");
   }
-  // When the device was found dead and (if it was killed on purpose) killed.
-  virtual int64_t death_detected_ns(int device) const { return 0; }
-  virtual int64_t killed_ns(int device) const { return 0; }
+  // The device's latest loss (detected_ns 0 while it is alive).
+  virtual DeviceLoss device_loss(int device) const { return {}; }
 };
 
 struct LocalExecutorOptions {

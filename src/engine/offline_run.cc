@@ -106,8 +106,15 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
     }
     if (engine.degraded()) {
       if (pending_rejoin()) continue;
-      engine.FailAll(engine.degraded_reason());
       if (sum.failure.empty()) sum.failure = engine.degraded_reason();
+      for (const TokenEvent& e : engine.FailAll(Unavailable("{}", engine.degraded_reason()))) {
+        auto it = index_of.find(e.id);
+        if (it == index_of.end() || tracks[it->second].done) continue;
+        tracks[it->second].done = tracks[it->second].failed = true;
+        ++done;
+        ++sum.requests_failed;
+      }
+      continue;
     }
     if (engine.idle() && kills.empty()) {
       if (next < n) clock = std::max(clock, w.requests[next].arrival_s);
@@ -142,13 +149,12 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
       return stepped.status();
     }
     StepOutcome& out = *stepped;
-    if (out.recovered || engine.recoveries().size() > charged_recoveries) {
-      // Serving stopped while the engine recovered: the clock moves on.
-      for (size_t k = charged_recoveries; k < engine.recoveries().size(); ++k) {
-        const RecoveryReport& r = engine.recoveries()[k];
-        clock += (r.total_ms() - r.recompute_ms) * 1e-3;
-      }
-      charged_recoveries = engine.recoveries().size();
+    // Serving stopped while the engine recovered: the clock moves on by the
+    // detection and the recovery (the steps after it are charged as steps).
+    while (charged_recoveries < engine.recoveries().size() &&
+           engine.recoveries()[charged_recoveries].resumed()) {
+      const RecoveryReport& r = engine.recoveries()[charged_recoveries++];
+      clock += (r.detect_ms + r.outage_ms()) * 1e-3;
     }
     if (!out.ran) {
       if (out.recovered) continue;
@@ -264,21 +270,7 @@ std::string RunSummary::ToText() const {
                      d.peak_kv_bytes / 1048576.0, d.kv_capacity_bytes / 1048576.0, d.compute_s,
                      100 * d.compute_share);
   }
-  for (const RecoveryReport& r : recoveries) {
-    std::string failed, joined;
-    for (int d : r.failed_devices) failed += (failed.empty() ? "" : ",") + std::to_string(d);
-    for (int d : r.joined_devices) joined += (joined.empty() ? "" : ",") + std::to_string(d);
-    s += fmt::format(
-        "recovery ({}{}{}{}{}) {:.1f} ms: detect {:.1f}, abort {:.1f}, replan {:.1f}, group "
-        "{:.1f}, weights {:.1f} "
-        "({:.1f} MiB host, {:.1f} MiB peer), KV restore {:.1f} ({:.1f} MiB), recompute {:.1f} ({} "
-        "tokens){}\n",
-        RecoveryModeName(r.mode), failed.empty() ? "" : ", failed ", failed,
-        joined.empty() ? "" : ", joined ", joined, r.total_ms(), r.detect_ms, r.abort_ms,
-        r.replan_ms, r.group_ms, r.weights_ms, r.weight_host_bytes / 1048576.0,
-        r.weight_peer_bytes / 1048576.0, r.kv_ms, r.kv_restored_bytes / 1048576.0, r.recompute_ms,
-        r.tokens_recomputed, r.attempts > 1 ? fmt::format(", {} attempts", r.attempts) : "");
-  }
+  for (const RecoveryReport& r : recoveries) s += r.ToText() + "\n";
   if (!failure.empty()) s += "failure              " + failure + "\n";
   s += fmt::format("output digest        {}\n", output_digest);
   return s;
@@ -319,24 +311,7 @@ std::string RunSummary::ToJson() const {
                       {"devices", devs},
                       {"output_digest", output_digest}};
   nlohmann::json recs = nlohmann::json::array();
-  for (const RecoveryReport& r : recoveries) {
-    recs.push_back({{"mode", RecoveryModeName(r.mode)},
-                    {"failed_devices", r.failed_devices},
-                    {"joined_devices", r.joined_devices},
-                    {"attempts", r.attempts},
-                    {"total_ms", r.total_ms()},
-                    {"detect_ms", r.detect_ms},
-                    {"abort_ms", r.abort_ms},
-                    {"replan_ms", r.replan_ms},
-                    {"group_ms", r.group_ms},
-                    {"weights_ms", r.weights_ms},
-                    {"weight_host_bytes", r.weight_host_bytes},
-                    {"weight_peer_bytes", r.weight_peer_bytes},
-                    {"kv_restore_ms", r.kv_ms},
-                    {"kv_restored_bytes", r.kv_restored_bytes},
-                    {"tokens_recomputed", r.tokens_recomputed},
-                    {"recompute_ms", r.recompute_ms}});
-  }
+  for (const RecoveryReport& r : recoveries) recs.push_back(nlohmann::json::parse(r.ToJson()));
   j["recoveries"] = recs;
   if (!failure.empty()) j["failure"] = failure;
   return j.dump();

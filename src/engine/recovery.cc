@@ -12,6 +12,10 @@ namespace failsafe {
 
 namespace {
 
+// A plan change that fails this many times without a device lost leaves the
+// engine degraded (it tries again at the next health check).
+constexpr int kMaxPlanAttempts = 3;
+
 // The device that writes the KV of (layer, head) for a sequence with DP rank
 // `dp_rank` under `plan`, or -1.
 int Writer(const Plan& plan, int layer, int head, int dp_rank) {
@@ -22,14 +26,17 @@ int Writer(const Plan& plan, int layer, int head, int dp_rank) {
   return -1;
 }
 
+double MsSince(int64_t t0) { return (MonotonicNanos() - t0) * 1e-6; }
+
 }  // namespace
 
 Status Engine::CheckHealth(int64_t timeout_ms) {
-  if (!executor_->supports_recovery() || degraded_) return Status::Ok();
+  if (!executor_->supports_recovery()) return Status::Ok();
   FS_RETURN_IF_ERROR(executor_->CheckHealth(timeout_ms));
-  if (executor_->alive_devices().size() < executor_->plan().alive.size()) {
-    return Recover(executor_->plan().alive, {}, MonotonicNanos());
-  }
+  const std::vector<int> alive = executor_->alive_devices();
+  // Degraded for lack of devices and none came or went: nothing to try.
+  if (degraded_ && !recovery_failed_ && alive == degraded_alive_) return Status::Ok();
+  if (alive.size() < executor_->plan().alive.size() || recovery_failed_) return Recover({}, 0);
   return Status::Ok();
 }
 
@@ -37,36 +44,73 @@ Status Engine::Rejoin(int device) {
   if (!executor_->supports_recovery())
     return FailedPrecondition("this engine has no device processes");
   FS_RETURN_IF_ERROR(executor_->SpawnDevice(device));
-  return Recover(executor_->plan().alive, {device}, MonotonicNanos());
+  return Recover({device}, 0);
 }
 
-Status Engine::Recover(const std::vector<int>& /*unused*/, const std::vector<int>& joined,
-                       int64_t step_failed_ns) {
-  RecoveryReport r;
-  r.mode = options_.recovery;
-  r.joined_devices = joined;
+void Engine::SetDegraded(const std::string& why) {
+  degraded_ = true;
+  degraded_reason_ = why;
+  degraded_alive_ = executor_->alive_devices();
+  FS_LOG_ERROR("{}", why);
+}
+
+RecoveryReport* Engine::OpenReport(int64_t now_ns) {
+  if (!report_open_ || recoveries_.empty()) {
+    recoveries_.emplace_back();
+    recoveries_.back().mode = options_.recovery;
+    recoveries_.back().detected_ns = now_ns;
+    recoveries_.back().failed_ns = now_ns;
+    report_open_ = true;
+  }
+  return &recoveries_.back();
+}
+
+Status Engine::Recover(const std::vector<int>& joined, int64_t step_failed_ns) {
+  RecoveryReport* r = OpenReport(MonotonicNanos());
+  r->joined_devices.insert(r->joined_devices.end(), joined.begin(), joined.end());
+  // Survivors left the failed step when it returned.
+  if (step_failed_ns > 0) {
+    int64_t first_detected = 0;
+    for (int d : executor_->plan().alive) {
+      const DeviceLoss loss = executor_->device_loss(d);
+      if (loss.detected_ns > 0 && (first_detected == 0 || loss.detected_ns < first_detected))
+        first_detected = loss.detected_ns;
+    }
+    if (first_detected > 0 && step_failed_ns > first_detected)
+      r->abort_ms += (step_failed_ns - first_detected) * 1e-6;
+  }
+  return RecoverOnce(r);
+}
+
+Status Engine::RecoverOnce(RecoveryReport* r) {
   const ModelConfig& config = executor_->config();
   HostKvBackup* backup = executor_->backup();
-  // Detection and abort, for the devices found dead.
-  int64_t last_detect = 0;
-  const std::vector<int> now_alive = executor_->alive_devices();
-  for (int d : executor_->plan().alive) {
-    if (std::count(now_alive.begin(), now_alive.end(), d)) continue;
-    r.failed_devices.push_back(d);
-    const int64_t detected = executor_->death_detected_ns(d), killed = executor_->killed_ns(d);
-    last_detect = std::max(last_detect, detected);
-    if (killed > 0 && detected >= killed)
-      r.detect_ms = std::max(r.detect_ms, (detected - killed) * 1e-6);
-  }
-  if (last_detect > 0 && step_failed_ns > last_detect)
-    r.abort_ms = (step_failed_ns - last_detect) * 1e-6;
-
+  // Devices lost since the report opened (a cascade adds to the same report).
+  auto note_losses = [&] {
+    const std::vector<int> alive = executor_->alive_devices();
+    for (int d : executor_->plan().alive) {
+      const DeviceLoss loss = executor_->device_loss(d);
+      if (loss.detected_ns == 0 || std::count(alive.begin(), alive.end(), d) ||
+          std::count(r->failed_devices.begin(), r->failed_devices.end(), d)) {
+        continue;
+      }
+      r->failed_devices.push_back(d);
+      r->causes.push_back(fmt::format("device {}: {}", d, loss.reason));
+      const bool first = r->failed_devices.size() == 1 && r->joined_devices.empty();
+      if (first || loss.detected_ns < r->detected_ns) r->detected_ns = loss.detected_ns;
+      const int64_t failed = loss.failed_ns > 0 ? loss.failed_ns : loss.detected_ns;
+      if (first || failed < r->failed_ns) r->failed_ns = failed;
+      r->detect_ms = (r->detected_ns - r->failed_ns) * 1e-6;
+    }
+  };
   bool conservative = degraded_;  // devices may hold a mix of plans
   // Sequences' DP ranks before any rerouting.
   std::unordered_map<int64_t, int> prev_rank;
   for (const Sequence* s : scheduler_->Running()) prev_rank[s->id] = s->dp_rank;
-  for (int attempt = 1;; ++attempt) {
-    r.attempts = attempt;
+  int plan_failures = 0;
+  for (;;) {
+    r->attempts++;
+    note_losses();
     const int64_t t0 = MonotonicNanos();
     const Plan prev = executor_->plan();
     const std::vector<int> alive = executor_->alive_devices();
@@ -92,21 +136,29 @@ Status Engine::Recover(const std::vector<int>& /*unused*/, const std::vector<int
       }
     }
     if (!capacity.ok()) {
-      degraded_ = true;
-      degraded_reason_ = fmt::format("{} device(s) alive cannot serve the model: {}", alive.size(),
-                                     capacity.status().message());
-      FS_LOG_ERROR("{}", degraded_reason_);
-      recoveries_.push_back(r);
+      r->replan_ms += MsSince(t0);
+      const StatusCode code = capacity.status().code();
+      if (code == StatusCode::kResourceExhausted || code == StatusCode::kInvalidArgument) {
+        // Too few devices (or too little memory): wait for a device to come back.
+        recovery_failed_ = false;
+        SetDegraded(fmt::format("{} device(s) alive cannot serve the model: {}", alive.size(),
+                                capacity.status().message()));
+      } else {
+        recovery_failed_ = true;
+        SetDegraded("no plan for the alive devices: " + capacity.status().ToString());
+      }
       return Unavailable("{}", degraded_reason_);
     }
     std::vector<int64_t> rerouted;
     std::vector<int64_t> preempted = scheduler_->Reconfigure(*next, *capacity, &rerouted);
-    Status drained = executor_->DrainBackup();
-    if (!drained.ok()) {
-      if (drained.code() != StatusCode::kUnavailable || executor_->alive_devices() == alive)
-        return drained;
-      conservative = true;
-      continue;
+    if (Status drained = executor_->DrainBackup(); !drained.ok()) {
+      if (executor_->alive_devices() != alive) {
+        conservative = true;
+        r->replan_ms += MsSince(t0);
+        continue;
+      }
+      // What the devices published stays valid (it only lags): restore from it.
+      FS_LOG_WARN("draining the KV backup failed: {}; restoring what it holds", drained.ToString());
     }
     // How far each sequence's KV can be restored.
     std::vector<SeqRestore> seqs;
@@ -135,31 +187,41 @@ Status Engine::Recover(const std::vector<int>& /*unused*/, const std::vector<int
       }
       seqs.push_back(std::move(sr));
     }
-    r.replan_ms += (MonotonicNanos() - t0) * 1e-6;
-    if (options_.before_apply) options_.before_apply(attempt);
+    r->replan_ms += MsSince(t0);
+    if (options_.before_apply) options_.before_apply(r->attempts);
+    const int64_t a0 = MonotonicNanos();
     auto applied = executor_->ApplyPlan(*next, options_.recovery, seqs);
+    r->apply_ms += MsSince(a0);
     if (!applied.ok()) {
-      // Retry only if devices died meanwhile (otherwise it would fail again).
-      if (applied.status().code() != StatusCode::kUnavailable ||
-          executor_->alive_devices() == alive) {
-        return applied.status();
-      }
-      FS_LOG_WARN("recovery attempt {} failed: {}; retrying", attempt, applied.status().ToString());
       conservative = true;  // some devices may have moved to `next` already
-      continue;
+      if (executor_->alive_devices() != alive) {
+        FS_LOG_WARN("recovery attempt {} failed: {}; retrying", r->attempts,
+                    applied.status().ToString());
+        continue;
+      }
+      if (++plan_failures < kMaxPlanAttempts) {
+        FS_LOG_WARN("applying the plan failed: {}; retrying", applied.status().ToString());
+        continue;
+      }
+      recovery_failed_ = true;
+      SetDegraded("the devices could not change to a new plan: " + applied.status().ToString());
+      return Unavailable("{}", degraded_reason_);
     }
-    r.group_ms = applied->group_ns * 1e-6;
+    r->group_ms += applied->group_ns * 1e-6;
+    double weights = 0, kv = 0;
     for (const ApplyStats& st : applied->stats) {
-      r.weights_ms = std::max(r.weights_ms, st.weights_ns * 1e-6);
-      r.kv_ms = std::max(r.kv_ms, st.kv_ns * 1e-6);
-      r.weight_host_bytes += st.host_bytes;
-      r.weight_peer_bytes += st.peer_bytes;
-      r.kv_restored_bytes += st.kv_restored_bytes;
+      weights = std::max(weights, st.weights_wall_ns * 1e-6);
+      kv = std::max(kv, st.kv_wall_ns * 1e-6);
+      r->weight_host_bytes += st.host_bytes;
+      r->weight_peer_bytes += st.peer_bytes;
+      r->kv_restored_bytes += st.kv_restored_bytes;
     }
+    r->weights_ms += weights;
+    r->kv_ms += kv;
     for (const SeqRestore& sr : seqs) {
       const Sequence* s = scheduler_->Find(sr.seq_id);
       if (sr.restore_tokens < s->num_computed) {
-        r.tokens_recomputed += s->num_computed - sr.restore_tokens;
+        r->tokens_recomputed += s->num_computed - sr.restore_tokens;
         recompute_target_[s->id] = std::max(recompute_target_[s->id], s->num_computed);
       }
       scheduler_->RollBack(sr.seq_id, sr.restore_tokens);
@@ -169,12 +231,14 @@ Status Engine::Recover(const std::vector<int>& /*unused*/, const std::vector<int
     if (backup) {
       for (int64_t id : preempted) backup->Release(id);
     }
-    r.finished = recompute_target_.empty();
+    r->finished = recompute_target_.empty();
     degraded_ = false;
+    recovery_failed_ = false;
     degraded_reason_.clear();
+    degraded_alive_.clear();
+    r->recovered_ns = MonotonicNanos();
     FS_LOG_INFO("recovered ({}): {} devices active, {} tokens to recompute",
-                RecoveryModeName(r.mode), next->active.size(), r.tokens_recomputed);
-    recoveries_.push_back(r);
+                RecoveryModeName(r->mode), next->active.size(), r->tokens_recomputed);
     return Status::Ok();
   }
 }

@@ -171,6 +171,8 @@ Status WorkerGroup::Spawn(int device) {
   d.pidfd = PidfdOpen(pid);
   d.channel = std::move(pair.first);
   d.alive = true;
+  d.detected_ns = d.killed_ns = 0;
+  d.loss_reason.clear();
   FS_LOG_INFO("device {}: worker process {}", device, pid);
   return Status::Ok();
 }
@@ -201,6 +203,7 @@ void WorkerGroup::MarkDead(int device, const char* why) {
   if (!d.alive) return;
   d.alive = false;
   d.detected_ns = MonotonicNanos();
+  d.loss_reason = why;
   FS_LOG_WARN("device {} is dead: {}", device, why);
   // No survivor may wait for it in a collective.
   if (comm_region_.valid()) ShmCommunicator::AbortRegion(comm_region_);
@@ -495,6 +498,13 @@ Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
   for (size_t d = 0; d < devices_.size(); ++d) devices_[d].kv_pages = capacity[d];
   report.wall_ns = MonotonicNanos() - t0;
   return report;
+}
+
+DeviceLoss WorkerGroup::device_loss(int device) const {
+  const Device& d = devices_[device];
+  if (d.alive || d.detected_ns == 0) return {};
+  return {d.killed_ns > 0 && d.killed_ns <= d.detected_ns ? d.killed_ns : 0, d.detected_ns,
+          d.loss_reason};
 }
 
 pid_t WorkerGroup::device_pid(int device) const { return devices_[device].pid; }

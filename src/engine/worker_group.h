@@ -79,8 +79,7 @@ class WorkerGroup final : public Executor {
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
                                 const std::vector<SeqRestore>& seqs) override;
   Status SpawnDevice(int device) override;
-  int64_t death_detected_ns(int device) const override { return devices_[device].detected_ns; }
-  int64_t killed_ns(int device) const override { return devices_[device].killed_ns; }
+  DeviceLoss device_loss(int device) const override;
 
   // Devices of the plan found dead so far (ascending).
   std::vector<int> dead_devices() const;
@@ -100,9 +99,10 @@ class WorkerGroup final : public Executor {
     Channel channel;
     bool alive = false;
     int64_t weight_bytes = 0;
-    int64_t kv_pages = 0;      // accounting capacity under the current plan
-    int64_t detected_ns = 0;   // when it was found dead
-    int64_t killed_ns = 0;     // when KillDevice killed it
+    int64_t kv_pages = 0;     // accounting capacity under the current plan
+    int64_t detected_ns = 0;  // when it was found dead
+    int64_t killed_ns = 0;    // when KillDevice killed it
+    std::string loss_reason;
     uint32_t request_seq = 0;  // of the last request sent
   };
 

@@ -16,18 +16,23 @@ bool RequestHandle::Next(TokenEvent* event, int64_t timeout_ms) {
   return true;
 }
 
-void RequestHandle::Push(const TokenEvent& e, const std::string& error) {
+void RequestHandle::Push(const TokenEvent& e) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(e);
-    if (!error.empty()) error_ = error;
+    if (!e.error.ok()) error_ = e.error;
   }
   cv_.notify_all();
 }
 
 std::string RequestHandle::error() {
   std::lock_guard<std::mutex> lock(mu_);
-  return error_;
+  return error_.message();
+}
+
+StatusCode RequestHandle::error_code() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_.code();
 }
 
 EngineService::EngineService(std::unique_ptr<Executor> executor, const SchedulerConfig& config,
@@ -56,6 +61,15 @@ Result<std::shared_ptr<RequestHandle>> EngineService::Submit(RequestSpec spec) {
   h->prompt_tokens_ = static_cast<int>(spec.prompt.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!healthy_) {
+      // The engine cannot serve: say so at once rather than queue.
+      TokenEvent e;
+      e.finished = true;
+      e.reason = FinishReason::kError;
+      e.error = Unavailable("{}", unhealthy_reason_);
+      h->Push(e);
+      return h;
+    }
     if (queued_ >= service_.max_queue) {
       return ResourceExhausted("the queue is full ({} requests waiting); try again later", queued_);
     }
@@ -162,9 +176,9 @@ void EngineService::UpdateGauges() {
   unhealthy_reason_ = engine_.degraded_reason();
 }
 
-void EngineService::Dispatch(const StepOutcome& out) {
+void EngineService::Dispatch(const std::vector<TokenEvent>& events) {
   const int64_t now = MonotonicNanos();
-  for (const TokenEvent& e : out.events) {
+  for (const TokenEvent& e : events) {
     auto it = live_.find(e.id);
     if (it == live_.end()) continue;
     RequestHandle& h = *it->second;
@@ -177,14 +191,24 @@ void EngineService::Dispatch(const StepOutcome& out) {
       h.last_token_ns_ = now;
       h.generated_++;
     }
-    h.Push(e, e.reason == FinishReason::kError ? engine_.degraded_reason() : std::string());
+    // Metrics first: a client that saw its last event may read them at once.
     if (e.finished) {
       metrics_.e2e_s.Observe((now - h.arrival_ns_) * 1e-9);
       metrics_.AddTokens(h.prompt_tokens_, h.generated_);
       metrics_.AddRequest(FinishReasonName(e.reason));
-      live_.erase(it);
     }
+    h.Push(e);
+    if (e.finished) live_.erase(it);
   }
+}
+
+void EngineService::DuringOutage() {
+  const int64_t now = MonotonicNanos();
+  if (outage_since_ns_ == 0) outage_since_ns_ = now;
+  if (now - outage_since_ns_ < service_.outage_timeout_ms * 1000000 || engine_.idle()) return;
+  Dispatch(
+      engine_.FailAll(Unavailable("the engine could not serve for {:.1f} s: {}",
+                                  (now - outage_since_ns_) * 1e-9, engine_.degraded_reason())));
 }
 
 void EngineService::Loop() {
@@ -195,7 +219,9 @@ void EngineService::Loop() {
     std::deque<Task> tasks;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (engine_.idle() && submissions_.empty() && cancels_.empty() && tasks_.empty() && !stop_) {
+      const bool nothing = submissions_.empty() && cancels_.empty() && tasks_.empty() && !stop_;
+      if (nothing && (engine_.idle() || engine_.degraded())) {
+        // Idle, or waiting for devices: wake for requests, tasks or the next heartbeat.
         cv_.wait_for(lock, std::chrono::milliseconds(service_.heartbeat_ms));
       }
       if (stop_) break;
@@ -205,12 +231,15 @@ void EngineService::Loop() {
     }
     for (auto& task : tasks) task();
     for (auto& [spec, h] : subs) {
-      auto id = engine_.Submit(std::move(spec));
+      Result<int64_t> id = engine_.degraded()
+                               ? Result<int64_t>(Unavailable("{}", engine_.degraded_reason()))
+                               : engine_.Submit(std::move(spec));
       if (!id.ok()) {
         TokenEvent e;
         e.finished = true;
         e.reason = FinishReason::kError;
-        h->Push(e, id.status().message());
+        e.error = id.status();
+        h->Push(e);
         FS_LOG_INFO("request refused: {}", id.status().ToString());
         continue;
       }
@@ -229,24 +258,27 @@ void EngineService::Loop() {
       }
     }
     // A step also hands over requests finished by cancellation (and frees them).
-    if (!engine_.idle() || !cancels.empty()) {
+    if (!engine_.idle()) {
       auto out = engine_.Step();
       if (out.ok()) {
-        Dispatch(*out);
-      } else if (engine_.degraded()) {
-        // Too few devices: requests wait for a device to come back.
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(100));
-      } else {
+        Dispatch(out->events);
+      } else if (!engine_.degraded()) {
+        // Step fails only while the engine cannot serve; anything else is a
+        // bug, and no request may wait on it.
         FS_LOG_ERROR("engine step failed: {}", out.status().ToString());
-        engine_.FailAll(out.status().ToString());
+        Dispatch(engine_.FailAll(out.status()));
       }
     }
-    for (size_t k = recoveries_seen_; k < engine_.recoveries().size(); ++k) {
-      const RecoveryReport& r = engine_.recoveries()[k];
-      metrics_.AddRecovery(RecoveryModeName(r.mode), r.total_ms() * 1e-3);
+    if (engine_.degraded()) {
+      DuringOutage();
+    } else {
+      outage_since_ns_ = 0;
     }
-    recoveries_seen_ = engine_.recoveries().size();
+    // A recovery is reported once its first step has run (what clients saw).
+    while (recoveries_seen_ < engine_.recoveries().size() &&
+           engine_.recoveries()[recoveries_seen_].resumed()) {
+      metrics_.AddRecovery(engine_.recoveries()[recoveries_seen_++]);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_ = engine_.scheduler().num_waiting() + static_cast<int>(submissions_.size());

@@ -28,14 +28,17 @@ class RequestHandle {
   bool Next(TokenEvent* event, int64_t timeout_ms);
   int64_t arrival_ns() const { return arrival_ns_; }
   int prompt_tokens() const { return prompt_tokens_; }
-  // Why the request failed (finish reason kError), once it has.
+  // Why the request failed (finish reason kError), once it has: the message,
+  // and its code (kUnavailable: the engine cannot serve now; kInvalidArgument
+  // or kOutOfRange: the request; others: an engine fault).
   std::string error();
+  StatusCode error_code();
 
  private:
   friend class EngineService;
-  void Push(const TokenEvent& e, const std::string& error = {});
+  void Push(const TokenEvent& e);
   std::mutex mu_;
-  std::string error_;  // guarded by mu_
+  Status error_;  // guarded by mu_
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;  // guarded by mu_
   int64_t arrival_ns_ = 0;
@@ -46,9 +49,13 @@ class RequestHandle {
 };
 
 struct ServiceOptions {
-  int max_queue = 256;         // waiting requests beyond which Submit fails (429)
-  int64_t heartbeat_ms = 500;  // device health checks while idle
-  int64_t heartbeat_timeout_ms = 5000;
+  int max_queue = 256;               // waiting requests beyond which Submit fails (429)
+  int64_t heartbeat_ms = 500;        // device health checks while idle
+  int64_t heartbeat_timeout_ms = 0;  // 0: the executor's own deadline
+  // While the engine cannot serve (too few devices), new requests fail at
+  // once with kUnavailable; requests already accepted wait this long for a
+  // device to come back, then fail the same way.
+  int64_t outage_timeout_ms = 30000;
 };
 
 struct DeviceStatus {
@@ -77,6 +84,8 @@ class EngineService {
   ~EngineService();
 
   // Queues a request. Fails with kResourceExhausted when the queue is full.
+  // While the engine cannot serve, the handle's first event is already the
+  // error (kUnavailable, with the reason).
   Result<std::shared_ptr<RequestHandle>> Submit(RequestSpec spec);
   // The request is no longer wanted (client gone, or a stop string matched).
   void Cancel(const std::shared_ptr<RequestHandle>& handle,
@@ -96,7 +105,10 @@ class EngineService {
  private:
   using Task = std::function<void()>;
   void Loop();
-  void Dispatch(const StepOutcome& out);
+  void Dispatch(const std::vector<TokenEvent>& events);
+  // Engine thread: the engine cannot step; fails requests once the outage
+  // has lasted outage_timeout_ms.
+  void DuringOutage();
   void UpdateGauges();
   // Runs `task` on the engine thread and waits for it.
   void RunOnEngine(Task task);
@@ -120,7 +132,8 @@ class EngineService {
   bool stop_ = false;             // guarded by mu_
 
   std::unordered_map<int64_t, std::shared_ptr<RequestHandle>> live_;  // engine thread only
-  size_t recoveries_seen_ = 0;                                        // engine thread only
+  size_t recoveries_seen_ = 0;   // reports already in the metrics, engine thread only
+  int64_t outage_since_ns_ = 0;  // the engine has not been able to serve since, engine thread only
   std::thread thread_;
 };
 

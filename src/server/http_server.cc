@@ -186,9 +186,17 @@ void HttpServer::Routes() {
         if (!service_->Healthy(&reason)) continue;  // requests wait for devices to come back
       }
       if (first.finished && first.token < 0 && first.reason == FinishReason::kError) {
-        return Reply(res, 400,
-                     ErrorBody(h->error().empty() ? "the request could not be served" : h->error(),
-                               "invalid_request_error"));
+        const std::string message =
+            h->error().empty() ? "the request could not be served" : h->error();
+        switch (h->error_code()) {
+          case StatusCode::kInvalidArgument:
+          case StatusCode::kOutOfRange:
+            return Reply(res, 400, ErrorBody(message, "invalid_request_error"));
+          case StatusCode::kUnavailable:
+            return Reply(res, 503, ErrorBody(message, "service_unavailable", "", 503));
+          default:
+            return Reply(res, 500, ErrorBody(message, "internal_server_error", "", 500));
+        }
       }
       const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g_next_id++);
       const int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -354,12 +362,7 @@ void HttpServer::Routes() {
                       {"dp_load_tokens", d.dp_load_tokens}});
     }
     json recs = json::array();
-    for (const RecoveryReport& r : st.recoveries) {
-      recs.push_back({{"mode", RecoveryModeName(r.mode)},
-                      {"failed_devices", r.failed_devices},
-                      {"joined_devices", r.joined_devices},
-                      {"total_ms", r.total_ms()}});
-    }
+    for (const RecoveryReport& r : st.recoveries) recs.push_back(json::parse(r.ToJson()));
     Reply(res, 200,
           json{{"plan", json::parse(st.plan_json)},
                {"devices", devs},

@@ -29,7 +29,8 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
 Metrics::Metrics()
     : ttft_s({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
       itl_s({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}),
-      e2e_s({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}) {}
+      e2e_s({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}),
+      recovery_stall_s({0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}) {}
 
 void Metrics::AddTokens(int64_t prompt, int64_t generated) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -42,10 +43,13 @@ void Metrics::AddRequest(const std::string& finish_reason) {
   requests_[finish_reason]++;
 }
 
-void Metrics::AddRecovery(const std::string& mode, double total_s) {
+void Metrics::AddRecovery(const RecoveryReport& r) {
+  recovery_stall_s.Observe(r.stall_ms() * 1e-3);
   std::lock_guard<std::mutex> lock(mu_);
-  recoveries_[mode]++;
-  last_recovery_s_[mode] = total_s;
+  recoveries_[RecoveryModeName(r.mode)]++;
+  last_recovery_s_[RecoveryModeName(r.mode)] = r.stall_ms() * 1e-3;
+  last_recovery_ = r;
+  any_recovery_ = true;
 }
 
 void Metrics::SetGauges(EngineGauges g) {
@@ -61,6 +65,9 @@ std::string Metrics::Render() const {
                "Time between consecutive tokens of a request.", &out);
   e2e_s.Render("failsafe_e2e_request_latency_seconds",
                "Time from request arrival to its last token.", &out);
+  recovery_stall_s.Render("failsafe_recovery_stall_seconds",
+                          "Per recovery: wall time from the failure to the first step after it.",
+                          &out);
   std::lock_guard<std::mutex> lock(mu_);
   auto gauge = [&](const char* name, const char* help, double v) {
     out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
@@ -103,10 +110,24 @@ std::string Metrics::Render() const {
                        it == recoveries_.end() ? 0 : it->second);
   }
   out +=
-      "# HELP failsafe_last_recovery_seconds Duration of the last recovery, by mode.\n"
+      "# HELP failsafe_last_recovery_seconds The last recovery by mode: wall time from the failure "
+      "(the kill, or a hung device's last progress) to the first step after it.\n"
       "# TYPE failsafe_last_recovery_seconds gauge\n";
   for (auto& [m, s] : last_recovery_s_)
     out += fmt::format("failsafe_last_recovery_seconds{{mode=\"{}\"}} {}\n", m, s);
+  if (any_recovery_) {
+    const RecoveryReport& r = last_recovery_;
+    out +=
+        "# HELP failsafe_last_recovery_phase_seconds The last recovery's phases, wall time.\n"
+        "# TYPE failsafe_last_recovery_phase_seconds gauge\n";
+    const std::pair<const char*, double> phases[] = {
+        {"detect", r.detect_ms}, {"abort", r.abort_ms},           {"replan", r.replan_ms},
+        {"group", r.group_ms},   {"weights", r.weights_ms},       {"kv", r.kv_ms},
+        {"apply", r.apply_ms},   {"first_step", r.first_step_ms}, {"recompute", r.recompute_ms}};
+    for (auto& [name, ms] : phases)
+      out +=
+          fmt::format("failsafe_last_recovery_phase_seconds{{phase=\"{}\"}} {}\n", name, ms * 1e-3);
+  }
   return out;
 }
 

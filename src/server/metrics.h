@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/recovery_report.h"
+
 namespace failsafe {
 
 class Histogram {
@@ -45,10 +47,11 @@ struct EngineGauges {
 class Metrics {
  public:
   Metrics();
-  Histogram ttft_s, itl_s, e2e_s;
+  Histogram ttft_s, itl_s, e2e_s, recovery_stall_s;
   void AddTokens(int64_t prompt, int64_t generated);
   void AddRequest(const std::string& finish_reason);
-  void AddRecovery(const std::string& mode, double total_s);
+  // A recovery whose first step has run.
+  void AddRecovery(const RecoveryReport& r);
   void SetGauges(EngineGauges g);
   std::string Render() const;
 
@@ -57,7 +60,9 @@ class Metrics {
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;  // guarded by mu_
   std::map<std::string, int64_t> requests_;            // by finish reason, guarded by mu_
   std::map<std::string, int64_t> recoveries_;          // by mode, guarded by mu_
-  std::map<std::string, double> last_recovery_s_;      // by mode, guarded by mu_
+  std::map<std::string, double> last_recovery_s_;      // stall, by mode, guarded by mu_
+  RecoveryReport last_recovery_;                       // guarded by mu_
+  bool any_recovery_ = false;                          // guarded by mu_
   EngineGauges gauges_;                                // guarded by mu_
 };
 

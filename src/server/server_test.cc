@@ -7,9 +7,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/clock.h"
 #include "engine/executor.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
@@ -40,7 +42,8 @@ struct Fixture {
   std::unique_ptr<HttpServer> server;
   std::unique_ptr<httplib::Client> client;
 
-  explicit Fixture(int devices = 4, int max_queue = 64, int max_num_seqs = 64) {
+  explicit Fixture(int devices = 4, int max_queue = 64, int max_num_seqs = 64,
+                   int64_t outage_timeout_ms = 30000) {
     tok = std::move(Tokenizer::Load(Dir() + "/tokenizer.json")).value();
     WorkerGroupOptions o;
     o.model_dir = Dir();
@@ -57,6 +60,7 @@ struct Fixture {
     sc.max_model_len = 1024;
     ServiceOptions so;
     so.max_queue = max_queue;
+    so.outage_timeout_ms = outage_timeout_ms;
     service = std::make_unique<EngineService>(std::move(group).value(), sc, EngineOptions{}, so);
     ServerOptions opts;
     opts.port = 0;
@@ -313,24 +317,78 @@ TEST(Server, StreamSurvivesADeviceKilledUnderneath) {
             400);  // alive already
 }
 
-TEST(Server, HealthIs503WhenTooFewDevicesRemain) {
+// Streams a long request on its own thread; `started` is set at its first event.
+struct Streamer {
+  std::vector<std::string> events;
+  std::promise<void> started;
+  std::thread thread;
+  Streamer(Fixture& f, int max_tokens) {
+    thread = std::thread([this, &f, max_tokens] {
+      bool signalled = false;
+      events = f.Stream(
+          "/v1/completions",
+          {{"prompt", "x"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", true}}, 0,
+          [&](int) {
+            if (!signalled) started.set_value();
+            signalled = true;
+          });
+      if (!signalled) started.set_value();
+    });
+    started.get_future().wait();
+  }
+  // The finish reason of the last chunk before [DONE], and the number of text chunks.
+  std::string Finish() const {
+    for (size_t i = events.size(); i-- > 0;) {
+      if (events[i] == "[DONE]") continue;
+      auto j = json::parse(events[i]);
+      if (!j["choices"][0]["finish_reason"].is_null())
+        return j["choices"][0]["finish_reason"].get<std::string>();
+    }
+    return "";
+  }
+};
+
+// While the engine cannot serve, /health and new requests say so at once
+// (503 with the reason); a request accepted before waits for a device to
+// come back and completes.
+TEST(Server, DuringAnOutageNewRequestsGet503AndAcceptedOnesWait) {
   Fixture f(2);
-  // With every device gone the model cannot be served.
+  Streamer running(f, 600);
   EXPECT_EQ(f.client->Post("/admin/devices/0/fail", "", "application/json")->status, 200);
   EXPECT_EQ(f.client->Post("/admin/devices/1/fail", "", "application/json")->status, 200);
   auto h = f.client->Get("/health");
   EXPECT_EQ(h->status, 503);
   EXPECT_FALSE(json::parse(h->body)["reason"].get<std::string>().empty());
-  // A request waits; a restored device serves it.
-  std::thread restore([&] {
-    ::usleep(300000);
-    httplib::Client admin("127.0.0.1", f.server->port());
-    (void)admin.Post("/admin/devices/0/restore", "", "application/json");
-  });
-  auto r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}});
-  restore.join();
-  EXPECT_EQ(r->status, 200) << r->body;
+  const int64_t t0 = MonotonicNanos();
+  auto r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}});
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("cannot serve"),
+            std::string::npos)
+      << r->body;
+  EXPECT_LT(MonotonicNanos() - t0, 2000000000LL) << "a new request is refused at once";
+  EXPECT_EQ(f.client->Post("/admin/devices/0/restore", "", "application/json")->status, 200);
+  running.thread.join();
+  EXPECT_EQ(running.Finish(), "length");
   EXPECT_EQ(f.client->Get("/health")->status, 200);
+  EXPECT_EQ(f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}})->status, 200);
+}
+
+// With no device coming back, accepted requests end after --outage-timeout
+// with an error rather than wait forever; the server keeps answering.
+TEST(Server, AcceptedRequestsFailAfterTheOutageTimeout) {
+  Fixture f(2, 64, 64, /*outage_timeout_ms=*/400);
+  Streamer running(f, 600);
+  const int64_t t0 = MonotonicNanos();
+  EXPECT_EQ(f.client->Post("/admin/devices/0/fail", "", "application/json")->status, 200);
+  EXPECT_EQ(f.client->Post("/admin/devices/1/fail", "", "application/json")->status, 200);
+  running.thread.join();
+  const double waited_s = (MonotonicNanos() - t0) * 1e-9;
+  EXPECT_EQ(running.Finish(), "error");
+  EXPECT_GE(waited_s, 0.4);
+  EXPECT_LT(waited_s, 10.0);
+  auto m = f.client->Get("/metrics");
+  EXPECT_NE(m->body.find("failsafe_requests_total{finish_reason=\"error\"} 1"), std::string::npos);
+  EXPECT_EQ(f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}})->status, 503);
 }
 
 }  // namespace

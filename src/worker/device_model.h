@@ -68,6 +68,8 @@ struct ApplyStats {
   int64_t kv_restored_bytes = 0;  // KV copied from the host backup
   int64_t weights_ns = 0;         // CPU time spent on weights
   int64_t kv_ns = 0;              // CPU time spent restoring KV
+  int64_t weights_wall_ns = 0;    // wall time of the weights phase
+  int64_t kv_wall_ns = 0;         // wall time of the KV phase
 };
 
 struct DeviceOptions {

@@ -161,17 +161,20 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
                               const std::vector<SeqRestore>& seqs, ApplyStats* stats) {
   *stats = ApplyStats();
   DrainBackup();
-  int64_t t0 = ThreadCpuNanos();
+  int64_t t0 = ThreadCpuNanos(), w0 = MonotonicNanos();
   if (mode == RecoveryMode::kFull && layers_.empty()) InitLayers(prev, host);  // a device joining
   if (mode != RecoveryMode::kFull) {
     // Reload the whole share and rebuild the KV from the backup (or not at all).
     FS_RETURN_IF_ERROR(LoadShare(next, host));
     stats->host_bytes = weight_bytes();
     stats->weights_ns = ThreadCpuNanos() - t0;
+    stats->weights_wall_ns = MonotonicNanos() - w0;
     for (int64_t id : kv_.Seqs()) kv_.FreeSeq(id);
     t0 = ThreadCpuNanos();
+    w0 = MonotonicNanos();
     RestoreKv(seqs, stats);
     stats->kv_ns = ThreadCpuNanos() - t0;
+    stats->kv_wall_ns = MonotonicNanos() - w0;
     return Status::Ok();
   }
   HostLoader load(config_, next.shape, host);
@@ -235,9 +238,12 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   plan_ = next;
   if (active) FS_RETURN_IF_ERROR(GatherNewDpHeads(prev, next, load, comm, stats));
   stats->weights_ns = ThreadCpuNanos() - t0;
+  stats->weights_wall_ns = MonotonicNanos() - w0;
   t0 = ThreadCpuNanos();
+  w0 = MonotonicNanos();
   RestoreKv(seqs, stats);
   stats->kv_ns = ThreadCpuNanos() - t0;
+  stats->kv_wall_ns = MonotonicNanos() - w0;
   return Status::Ok();
 }
 

@@ -1,0 +1,87 @@
+// Fault injection as a wrapper: an executor that forwards every call to
+// another and makes chosen calls fail, so that every error path of the
+// engine (Engine::Step, Engine::Recover) can be driven on purpose against a
+// real executor underneath. Device deaths and hangs are injected for real
+// (KillDevice, or signals to a worker process); this wrapper injects the
+// errors that are not deaths: a collective that timed out, a device that
+// answered with an error, a reply lost after the work was done.
+//
+// Thread-safety: one thread drives the executor; Inject and the counters may
+// be called from any thread.
+#pragma once
+
+#include <array>
+#include <mutex>
+
+#include "engine/executor.h"
+
+namespace failsafe {
+
+enum class ExecutorCall {
+  kStep,
+  kFreeSeqs,
+  kDrainBackup,
+  kApplyPlan,
+  kKvCapacityFor,
+  kCheckHealth,
+  kSpawnDevice,
+};
+inline constexpr int kNumExecutorCalls = 7;
+const char* ExecutorCallName(ExecutorCall call);
+
+struct InjectedFault {
+  Status error;        // what the call returns
+  int skip = 0;        // calls that go through first
+  int times = 1;       // calls that then fail (-1: every one from then on)
+  bool after = false;  // fail after the wrapped executor did the work (a lost reply)
+};
+
+class FaultInjectingExecutor final : public Executor {
+ public:
+  // `inner` must outlive the wrapper.
+  explicit FaultInjectingExecutor(Executor* inner) : inner_(inner) {}
+
+  // Arms a fault for a call (replacing any armed before for it).
+  void Inject(ExecutorCall call, InjectedFault fault);
+  void Clear(ExecutorCall call);
+  int calls(ExecutorCall call) const;     // calls made so far
+  int injected(ExecutorCall call) const;  // of which failed on purpose
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  const Plan& plan() const override { return inner_->plan(); }
+  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
+  Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
+  std::vector<int64_t> kv_capacity_pages() const override { return inner_->kv_capacity_pages(); }
+  int block_size() const override { return inner_->block_size(); }
+  bool supports_recovery() const override { return inner_->supports_recovery(); }
+  HostKvBackup* backup() override { return inner_->backup(); }
+  std::vector<int> alive_devices() const override { return inner_->alive_devices(); }
+  Status CheckHealth(int64_t timeout_ms) override;
+  Status DrainBackup() override;
+  Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
+  Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
+                                const std::vector<SeqRestore>& seqs) override;
+  Status KillDevice(int device) override { return inner_->KillDevice(device); }
+  Status SpawnDevice(int device) override;
+  DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }
+
+ private:
+  struct Armed {
+    InjectedFault fault;
+    bool armed = false;
+    int calls = 0;
+    int injected = 0;
+  };
+  struct Decision {
+    Status error;  // OK: the call goes through
+    bool after = false;
+  };
+  // Counts a call and decides its fate.
+  Decision Decide(ExecutorCall call) const;
+
+  Executor* const inner_;
+  mutable std::mutex mu_;
+  mutable std::array<Armed, kNumExecutorCalls> armed_;  // guarded by mu_
+};
+
+}  // namespace failsafe

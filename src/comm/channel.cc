@@ -145,8 +145,10 @@ Status Channel::Receive(Message* out, int64_t timeout_ms) {
   }
   out->type = h.type;
   out->payload.resize(h.length);
-  // Once a header arrived, the body follows promptly: no deadline for it.
-  return ReadFully(out->payload.data(), h.length, nullptr, -1);
+  // The body follows the header at once; a sender that stops half-way (a
+  // process stopped or hung mid-write) fails the receive at the same
+  // deadline, and the channel is then unusable.
+  return ReadFully(out->payload.data(), h.length, nullptr, deadline);
 }
 
 }  // namespace failsafe

@@ -41,7 +41,8 @@ class Channel {
   // Sends one message; fails with kUnavailable if the peer is gone.
   Status Send(uint32_t type, const std::string& payload, const std::vector<int>& fds = {});
   // Receives one message, waiting at most timeout_ms (< 0: forever). Fails
-  // with kUnavailable when the peer closed, kDeadlineExceeded on timeout.
+  // with kUnavailable when the peer closed, kDeadlineExceeded on timeout (a
+  // timeout in the middle of a message leaves the channel unusable).
   Status Receive(Message* msg, int64_t timeout_ms = -1);
 
  private:

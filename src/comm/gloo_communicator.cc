@@ -1,5 +1,13 @@
 #include "comm/gloo_communicator.h"
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <set>
+
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -48,27 +56,83 @@ class StoreAdapter final : public gloo::rendezvous::Store {
 
 void SumFloats(void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); }
 
+// The process's open TCP sockets.
+std::set<int> TcpSockets() {
+  std::set<int> out;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return out;
+  while (dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    struct stat st;
+    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage addr;
+    socklen_t len = sizeof(addr);
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      continue;
+    if (addr.ss_family == AF_INET || addr.ss_family == AF_INET6) out.insert(static_cast<int>(fd));
+  }
+  ::closedir(dir);
+  return out;
+}
+
 }  // namespace
 
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() {
+  if (watcher_.joinable()) {
+    stop_ = true;
+    signal_.Wake();
+    watcher_.join();
+  }
+}
 
 // A failed collective closes every connection of this member, so its peers'
 // pending collectives fail too, and theirs close in turn: one dead device
 // fails the whole group quickly instead of at the timeout.
 void GlooCommunicator::Fail() {
   aborted_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  closed_ = true;
   try {
     context_->closeConnections();
   } catch (const std::exception&) {
   }
 }
 
-Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGroupOptions& o) {
+void GlooCommunicator::ShutdownConnections() {
+  aborted_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  // The connections stay open (gloo owns them) but every read and write on
+  // them fails: gloo's event loop sees the end of the stream and fails the
+  // pending operations, and the peers see it too.
+  for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
+}
+
+void GlooCommunicator::Abort() { ShutdownConnections(); }
+
+void GlooCommunicator::Watch() {
+  for (;;) {
+    const uint32_t seen = signal_.generation();
+    if (stop_) return;
+    if (signal_.raised()) {
+      ShutdownConnections();
+      return;
+    }
+    signal_.WaitChange(seen);
+  }
+}
+
+Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGroupOptions& o,
+                                                                    AbortSignal abort) {
   auto comm = std::unique_ptr<GlooCommunicator>(new GlooCommunicator());
   comm->rank_ = o.rank;
   comm->size_ = o.size;
   FS_ASSIGN_OR_RETURN(auto client,
                       KvStoreClient::Connect(o.store_host, o.store_port, o.timeout_ms));
+  const std::set<int> before = TcpSockets();
   try {
     StoreAdapter store(std::move(client), o.timeout_ms);
     gloo::rendezvous::PrefixStore prefixed(o.prefix, store);
@@ -81,6 +145,15 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGr
     comm->context_ = context;
   } catch (const std::exception& e) {
     return Unavailable("gloo rendezvous failed: {}", e.what());
+  }
+  if (abort.valid()) {
+    // The connections gloo opened (the store client is closed by now).
+    for (int fd : TcpSockets()) {
+      if (!before.count(fd)) comm->sockets_.push_back(fd);
+    }
+    comm->signal_ = std::move(abort);
+    GlooCommunicator* c = comm.get();
+    comm->watcher_ = std::thread([c] { c->Watch(); });
   }
   return comm;
 }

@@ -3,15 +3,21 @@
 // Rendezvous goes through a KvStoreServer (the coordinator's). A dead peer
 // closes its connections; a member whose collective fails closes all of its
 // own, so the failure spreads through the group and every pending collective
-// fails fast with kAborted. A hung peer is caught by the collective timeout
-// or the coordinator, which kills it and so closes its connections. Abort()
-// is only a local flag.
+// fails fast with kAborted. A hung peer is caught by the coordinator, which
+// raises the group's AbortSignal: every member's watcher thread then shuts
+// its connections down, so a collective waiting on the hung peer fails at
+// once (the collective timeout is only the last resort). Abort() does the
+// same for this member.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "comm/abort_signal.h"
 #include "comm/communicator.h"
 
 namespace gloo {
@@ -32,7 +38,9 @@ struct GlooGroupOptions {
 
 class GlooCommunicator final : public Communicator {
  public:
-  static Result<std::unique_ptr<GlooCommunicator>> Connect(const GlooGroupOptions& options);
+  // `abort` (optional) is the group's signal; the member watches it.
+  static Result<std::unique_ptr<GlooCommunicator>> Connect(const GlooGroupOptions& options,
+                                                           AbortSignal abort = {});
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -40,16 +48,26 @@ class GlooCommunicator final : public Communicator {
   Status AllReduceSum(float* data, size_t count) override;
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override;
-  void Abort() override { aborted_ = true; }
+  void Abort() override;
 
  private:
   GlooCommunicator() = default;
   void Fail();
+  // Shuts this member's connections down: pending collectives fail now.
+  void ShutdownConnections();
+  void Watch();
+
   std::shared_ptr<gloo::Context> context_;
   int rank_ = 0;
   int size_ = 1;
   uint32_t tag_ = 0;
   std::atomic<bool> aborted_{false};
+  AbortSignal signal_;
+  std::mutex mu_;
+  std::vector<int> sockets_;  // the group's TCP connections, guarded by mu_
+  bool closed_ = false;       // the connections are closed, guarded by mu_
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;
 };
 
 }  // namespace failsafe

@@ -25,7 +25,10 @@ struct StepTiming {
   // time in that segment (wall time with one core per device).
   int64_t emulated_ns = 0;
   std::vector<int> devices;                // device ids, parallel to the vectors below
-  std::vector<int64_t> device_compute_ns;  // compute time per device (sum of its segments)
+  std::vector<int64_t> device_compute_ns;  // compute (CPU) time per device (sum of its segments)
+  // Wall time per device outside collectives: what a slow device (throttled,
+  // or sharing its cores) stretches.
+  std::vector<int64_t> device_compute_wall_ns;
   std::vector<double> device_attention_flops;
   std::vector<double> device_ffn_flops;
   std::vector<int64_t> device_kv_bytes;  // KV in use after the step

@@ -37,6 +37,7 @@ Result<const float*> LocalExecutor::Step(const StepBatch& batch, StepTiming* tim
     timing->emulated_ns = compute;
     timing->devices = {0};
     timing->device_compute_ns = {compute};
+    timing->device_compute_wall_ns = {compute};
     timing->device_attention_flops = {stats.attention_flops};
     timing->device_ffn_flops = {stats.ffn_flops};
     timing->device_kv_bytes = {stats.kv_bytes};

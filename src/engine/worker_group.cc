@@ -1,19 +1,14 @@
 #include "engine/worker_group.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
-#include <cstring>
 
-#include "comm/shm_communicator.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "core/step_cost.h"
+#include "engine/step_timing.h"
 #include "placement/plan_json.h"
 #include "placement/plan_stats.h"
 
@@ -21,11 +16,13 @@ namespace failsafe {
 
 namespace {
 
-int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+// Starting a process and mapping the model.
+constexpr int64_t kStartTimeoutMs = 60000;
+// Loading a device's whole share from the host copy.
+constexpr int64_t kLoadTimeoutMs = 600000;
 
-// After a missed deadline: how long devices blocked behind a hung peer get to
-// answer once the group is aborted.
-constexpr int64_t kGraceMs = 1000;
+// How long devices get to answer once their group is aborted.
+int64_t GraceMs(int64_t deadline_ms) { return std::clamp<int64_t>(deadline_ms / 2, 250, 5000); }
 
 }  // namespace
 
@@ -35,16 +32,22 @@ int64_t ActivationReserveBytes(const ModelConfig& c, int max_step_tokens) {
          4;
 }
 
-namespace {}  // namespace
-
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions& options) {
   std::signal(SIGPIPE, SIG_IGN);
+  if (options.step_timeout_ms < 0 || options.step_timeout_floor_ms <= 0 ||
+      options.collective_timeout_ms <= 0) {
+    return InvalidArgument("timeouts must be positive (step timeout: 0 derives it)");
+  }
   auto g = std::unique_ptr<WorkerGroup>(new WorkerGroup());
   g->options_ = options;
+  DeadlineOptions d;
+  d.step_timeout_ms = options.step_timeout_ms;
+  d.floor_ms = options.step_timeout_floor_ms;
+  g->deadline_ = StepDeadline(d);
   FS_ASSIGN_OR_RETURN(g->config_, ModelConfig::Load(options.model_dir));
   std::vector<int> alive = options.alive;
   if (alive.empty()) {
-    for (int d = 0; d < options.num_devices; ++d) alive.push_back(d);
+    for (int dev = 0; dev < options.num_devices; ++dev) alive.push_back(dev);
   }
   FS_ASSIGN_OR_RETURN(g->plan_, MakePlan(g->config_, options.policy, options.num_devices, alive));
   // Check the weights and the memory budget here, so that bad input fails
@@ -69,46 +72,66 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   const size_t logits_bytes =
       static_cast<size_t>(options.max_logits_rows) * g->config_.vocab_size * sizeof(float);
   FS_ASSIGN_OR_RETURN(g->logits_, ShmRegion::Create("failsafe-logits", logits_bytes));
+  FS_ASSIGN_OR_RETURN(g->progress_, DeviceProgressRegion::Create(options.num_devices));
   if (options.comm == CommKind::kGloo) {
     FS_ASSIGN_OR_RETURN(g->store_, KvStoreServer::Start(options.gloo_hostname, 0));
   }
   g->devices_.resize(options.num_devices);
-  for (int d : g->plan_.alive) {
-    FS_RETURN_IF_ERROR(g->Spawn(d));
-    FS_RETURN_IF_ERROR(g->InitDevice(d));
-    g->devices_[d].kv_pages = capacity[d];
+  for (int dev : g->plan_.alive) {
+    FS_RETURN_IF_ERROR(g->Spawn(dev));
+    g->devices_[dev].kv_pages = capacity[dev];
   }
-  for (auto& [d, st] : g->CollectAll(g->plan_.alive, 60000, nullptr)) {
-    if (!st.ok()) return st.WithContext("device " + std::to_string(d));
+  for (const DeviceReply& r : g->Collect(g->plan_.alive, kStartTimeoutMs)) {
+    if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
   }
-  FS_RETURN_IF_ERROR(g->SendAll(g->plan_.active, WorkerOp::kLoadPlan, PlanToJson(g->plan_)));
-  std::vector<std::string> bodies;
-  auto replies = g->CollectAll(g->plan_.active, options.step_timeout_ms, &bodies);
-  if (replies.size() != g->plan_.active.size())
-    return Unavailable("a device died while loading its weights");
-  for (size_t i = 0; i < replies.size(); ++i) {
-    if (!replies[i].second.ok())
-      return replies[i].second.WithContext("device " + std::to_string(replies[i].first));
-    WireReader r(bodies[i]);
-    g->devices_[replies[i].first].weight_bytes = r.Get<int64_t>();
+  FS_RETURN_IF_ERROR(g->DeadAmong(g->plan_.alive, "while starting"));
+  g->SendAll(g->plan_.active, WorkerOp::kLoadPlan, PlanToJson(g->plan_));
+  for (const DeviceReply& r : g->Collect(g->plan_.active, kLoadTimeoutMs)) {
+    if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
+    WireReader w(r.body);
+    g->devices_[r.device].weight_bytes = w.Get<int64_t>();
   }
+  FS_RETURN_IF_ERROR(g->DeadAmong(g->plan_.active, "while loading its weights"));
   FS_RETURN_IF_ERROR(g->FormGroup(g->plan_.active));
   return g;
 }
 
-Status WorkerGroup::InitDevice(int d) {
+WorkerGroup::~WorkerGroup() {
+  std::vector<int> running = alive_devices();
+  SendAll(running, WorkerOp::kShutdown, "");
+  HangWatch watch(&progress_, running, 2000, 250, nullptr);
+  std::vector<std::pair<int, DeviceProcess*>> procs;
+  for (int d : running) procs.emplace_back(d, devices_[d].process.get());
+  CollectReplies(procs, watch, [](const Verdict&) {});
+  // Each process is killed (if still there) and reaped as it goes.
+  for (auto& d : devices_) d.process.reset();
+  killed_.clear();
+}
+
+Status WorkerGroup::Spawn(int device) {
+  FS_ASSIGN_OR_RETURN(auto p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level));
+  Device& d = devices_[device];
+  progress_.Reset(device);
+  d.process = std::move(p);
+  d.killed_ns = 0;
+  d.loss = DeviceLoss();
+  FS_LOG_INFO("device {}: worker process {}", device, d.process->pid());
+  return InitDevice(device);
+}
+
+Status WorkerGroup::InitDevice(int device) {
   WorkerInit init;
   init.model_dir = options_.model_dir;
   init.threads = options_.threads_per_device;
   init.block_size = options_.block_size;
   init.logits_rows = options_.max_logits_rows;
-  init.device_id = d;
+  init.device_id = device;
   init.kv_pages = pool_pages_;
   WireWriter w;
   init.Encode(&w);
-  std::vector<int> fds = {logits_.fd()};
+  std::vector<int> fds = {logits_.fd(), progress_.fd()};
   if (backup_) fds.push_back(backup_->region().fd());
-  return SendTo(d, WorkerOp::kInit, w.data(), fds);
+  return devices_[device].process->Send(WorkerOp::kInit, w.data(), fds);
 }
 
 Result<std::vector<int64_t>> WorkerGroup::KvCapacityFor(const Plan& plan) const {
@@ -126,203 +149,84 @@ Result<std::vector<int64_t>> WorkerGroup::KvCapacityFor(const Plan& plan) const 
   return cap;
 }
 
-WorkerGroup::~WorkerGroup() {
-  std::vector<int> alive;
-  for (auto& d : devices_) {
-    if (d.alive) alive.push_back(d.id);
-  }
-  (void)SendAll(alive, WorkerOp::kShutdown, "");
-  CollectAll(alive, 2000, nullptr);
-  for (auto& d : devices_) {
-    if (d.pid > 0) {
-      ::kill(d.pid, SIGKILL);
-      ::waitpid(d.pid, nullptr, 0);
-    }
-    if (d.pidfd >= 0) ::close(d.pidfd);
-  }
-}
-
-Status WorkerGroup::Spawn(int device) {
-  FS_ASSIGN_OR_RETURN(auto pair, Channel::Pair());
-  std::string dev = std::to_string(device);
-  std::vector<std::string> args = {options_.worker_binary, "worker",          "--fd", "3",
-                                   "--log-level",          options_.log_level};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int child_fd = pair.second.fd();
-  pid_t pid = ::fork();
-  if (pid < 0) return Internal("fork: {}", std::strerror(errno));
-  if (pid == 0) {
-    // Only async-signal-safe calls until exec.
-    if (child_fd == 3) {
-      ::fcntl(3, F_SETFD, 0);
-    } else {
-      ::dup2(child_fd, 3);
-    }
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  pair.second.Close();
-  Device& d = devices_[device];
-  d.id = device;
-  d.pid = pid;
-  d.pidfd = PidfdOpen(pid);
-  d.channel = std::move(pair.first);
-  d.alive = true;
-  d.detected_ns = d.killed_ns = 0;
-  d.loss_reason.clear();
-  FS_LOG_INFO("device {}: worker process {}", device, pid);
-  return Status::Ok();
-}
-
-// Requests carry a sequence number in the frame type (op in the low 8 bits);
-// the reply echoes it, so a late reply to an abandoned request is never taken
-// for the answer to a newer one.
-Status WorkerGroup::SendTo(int device, WorkerOp op, const std::string& payload,
-                           const std::vector<int>& fds) {
-  Device& d = devices_[device];
-  d.request_seq = (d.request_seq + 1) & 0xffffff;
-  return d.channel.Send(static_cast<uint32_t>(op) | (d.request_seq << 8), payload, fds);
-}
-
-Status WorkerGroup::SendAll(const std::vector<int>& devices, WorkerOp op,
-                            const std::string& payload, const std::vector<std::vector<int>>& fds) {
+void WorkerGroup::SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
+                          const std::vector<std::vector<int>>& fds) {
   for (size_t i = 0; i < devices.size(); ++i) {
-    Device& d = devices_[devices[i]];
-    if (!d.alive) continue;
-    Status st = SendTo(d.id, op, payload, fds.empty() ? std::vector<int>{} : fds[i]);
-    if (!st.ok()) MarkDead(d.id, "its channel is closed");
+    const int d = devices[i];
+    if (!alive(d)) continue;
+    Status st = devices_[d].process->Send(op, payload, fds.empty() ? std::vector<int>{} : fds[i]);
+    if (!st.ok()) MarkDead({d, "its channel is closed", 0});
   }
-  return Status::Ok();
 }
 
-void WorkerGroup::MarkDead(int device, const char* why) {
-  Device& d = devices_[device];
-  if (!d.alive) return;
-  d.alive = false;
-  d.detected_ns = MonotonicNanos();
-  d.loss_reason = why;
-  FS_LOG_WARN("device {} is dead: {}", device, why);
-  // No survivor may wait for it in a collective.
-  if (comm_region_.valid()) ShmCommunicator::AbortRegion(comm_region_);
-  ::kill(d.pid, SIGKILL);
-  ::waitpid(d.pid, nullptr, 0);
-  d.pid = -1;
-  if (d.pidfd >= 0) ::close(d.pidfd);
-  d.pidfd = -1;
-  d.channel.Close();
-}
-
-std::vector<std::pair<int, Status>> WorkerGroup::CollectAll(const std::vector<int>& devices,
-                                                            int64_t timeout_ms,
-                                                            std::vector<std::string>* bodies) {
-  std::vector<std::pair<int, Status>> out;
-  std::vector<int> pending;
+std::vector<DeviceReply> WorkerGroup::Collect(const std::vector<int>& devices,
+                                              int64_t deadline_ms) {
+  std::vector<std::pair<int, DeviceProcess*>> procs;
+  std::vector<int> ids;
   for (int d : devices) {
-    if (devices_[d].alive) pending.push_back(d);
+    if (!alive(d)) continue;
+    procs.emplace_back(d, devices_[d].process.get());
+    ids.push_back(d);
   }
-  std::vector<std::pair<int, std::string>> got;
-  int64_t deadline = MonotonicNanos() + timeout_ms * 1000000;
-  bool grace = false;
-  while (!pending.empty()) {
-    std::vector<pollfd> fds;
-    for (int d : pending) {
-      fds.push_back({devices_[d].channel.fd(), POLLIN, 0});
-      fds.push_back({devices_[d].pidfd, POLLIN, 0});
-    }
-    const int64_t left_ms = (deadline - MonotonicNanos()) / 1000000;
-    if (left_ms <= 0) {
-      if (!grace && comm_region_.valid()) {
-        // Devices waiting in a collective for a hung peer are not hung
-        // themselves: abort the group and give them a moment to answer.
-        grace = true;
-        ShmCommunicator::AbortRegion(comm_region_);
-        deadline = MonotonicNanos() + kGraceMs * 1000000;
-        continue;
-      }
-      for (int d : pending) MarkDead(d, "it missed the deadline");
-      break;
-    }
-    int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left_ms, 1 << 30)));
-    if (r < 0 && errno == EINTR) continue;
-    std::vector<int> still;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      const int d = pending[i];
-      const bool readable = fds[2 * i].revents & POLLIN;
-      const bool exited = fds[2 * i + 1].revents != 0;
-      if (readable) {
-        Message m;
-        Status st = devices_[d].channel.Receive(&m, 10000);
-        if (st.ok() && (m.type >> 8) != devices_[d].request_seq) {
-          FS_LOG_WARN("device {}: discarding a late reply", d);
-          still.push_back(d);
-          continue;
-        }
-        if (st.ok()) {
-          std::string body;
-          Status reply = DecodeReply(m.payload, &body);
-          // A device that failed on its own must not leave the others waiting
-          // in a collective for it.
-          if (!reply.ok() && reply.code() != StatusCode::kAborted && comm_region_.valid()) {
-            ShmCommunicator::AbortRegion(comm_region_);
-          }
-          out.emplace_back(d, reply);
-          got.emplace_back(d, std::move(body));
-          continue;
-        }
-        MarkDead(d, "its channel closed");
-      } else if (exited || (fds[2 * i].revents & (POLLHUP | POLLERR))) {
-        MarkDead(d, "its process exited");
-      } else {
-        still.push_back(d);
-      }
-    }
-    pending.swap(still);
+  HangWatch watch(&progress_, ids, deadline_ms, GraceMs(deadline_ms), [this] { group_.Abort(); });
+  return CollectReplies(procs, watch, [this](const Verdict& v) { MarkDead(v); });
+}
+
+void WorkerGroup::MarkDead(const Verdict& v) {
+  Device& d = devices_[v.device];
+  if (!d.process) return;
+  const int64_t now = MonotonicNanos();
+  d.loss.detected_ns = now;
+  d.loss.reason = v.reason;
+  // The failure began at the kill, if it was one, else at its last sign of life.
+  d.loss.failed_ns = d.killed_ns > 0 ? d.killed_ns : v.failed_ns;
+  FS_LOG_WARN("device {} is dead: {}", v.device, v.reason);
+  // No survivor may wait for it in a collective.
+  group_.Abort();
+  // The fence: the process is killed and its channel closed, so nothing it
+  // still holds (a reply, a write) can reach the coordinator.
+  d.process->Kill();
+  if (!d.process->Reap()) killed_.push_back(std::move(d.process));
+  d.process.reset();
+  std::erase_if(killed_, [](const auto& p) { return p->Reap(); });
+}
+
+Status WorkerGroup::DeadAmong(const std::vector<int>& devices, const char* during) const {
+  std::string list;
+  for (int d : devices) {
+    if (!alive(d)) list += (list.empty() ? "" : ", ") + std::to_string(d);
   }
-  if (bodies) {
-    bodies->clear();
-    for (auto& [d, body] : got) bodies->push_back(std::move(body));
-  }
-  return out;
+  if (list.empty()) return Status::Ok();
+  return Unavailable("device(s) {} died {}", list, during);
 }
 
 Status WorkerGroup::FormGroup(const std::vector<int>& members) {
   ++epoch_;
-  GroupSpec spec;
-  spec.size = static_cast<int32_t>(members.size());
-  spec.timeout_ms = options_.collective_timeout_ms;
-  std::vector<std::vector<int>> fds;
-  if (options_.comm == CommKind::kShm) {
-    const size_t slot =
-        static_cast<size_t>(options_.max_step_tokens) * config_.hidden_size * sizeof(float);
-    FS_ASSIGN_OR_RETURN(
-        comm_region_, ShmCommunicator::CreateRegion(spec.size, std::min<size_t>(slot, 16u << 20)));
-    for (size_t i = 0; i < members.size(); ++i) fds.push_back({comm_region_.fd()});
-  } else {
-    spec.kind = CommKind::kGloo;
-    spec.store_host = store_->host();
-    spec.store_port = store_->port();
-    spec.prefix = "epoch" + std::to_string(epoch_);
-    spec.hostname = options_.gloo_hostname;
-  }
+  CollectiveGroupOptions o;
+  o.kind = options_.comm;
+  o.timeout_ms = options_.collective_timeout_ms;
+  o.slot_bytes = std::min<size_t>(
+      static_cast<size_t>(options_.max_step_tokens) * config_.hidden_size * sizeof(float),
+      16u << 20);
+  o.gloo_hostname = options_.gloo_hostname;
+  o.store = store_.get();
+  FS_ASSIGN_OR_RETURN(group_, CollectiveGroup::Create(o, epoch_, static_cast<int>(members.size())));
   // Each member needs its own rank: send one by one, then collect.
   for (size_t i = 0; i < members.size(); ++i) {
-    spec.rank = static_cast<int32_t>(i);
     WireWriter w;
-    spec.Encode(&w);
-    Device& d = devices_[members[i]];
-    Status st =
-        SendTo(d.id, WorkerOp::kJoinGroup, w.data(), fds.empty() ? std::vector<int>{} : fds[i]);
-    if (!st.ok()) MarkDead(d.id, "its channel is closed");
+    group_.SpecFor(static_cast<int>(i)).Encode(&w);
+    SendAll({members[i]}, WorkerOp::kJoinGroup, w.data(), {group_.FdsFor(static_cast<int>(i))});
   }
-  auto replies = CollectAll(members, options_.collective_timeout_ms, nullptr);
-  if (replies.size() != members.size()) return Unavailable("a device died while joining the group");
-  for (auto& [d, st] : replies) {
-    if (!st.ok()) return st.WithContext("device " + std::to_string(d));
+  for (const DeviceReply& r : Collect(members, options_.collective_timeout_ms)) {
+    if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
   }
-  return Status::Ok();
+  return DeadAmong(members, "while joining the group");
+}
+
+double WorkerGroup::EstimateSeconds(const StepBatch& batch) const {
+  StepCost cost(plan_, config_, DeviceSpeed());
+  for (const StepSeq& s : batch.seqs) cost.AddChunk(s.num_tokens, s.start_pos, s.dp_rank);
+  return cost.StepTime();
 }
 
 Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timing) {
@@ -330,49 +234,21 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
     return InvalidArgument("step needs {} logits rows; the group was started with {}",
                            batch.num_logits_rows, options_.max_logits_rows);
   }
-  for (int d : plan_.active) {
-    if (!devices_[d].alive) return Unavailable("device {} is dead", d);
-  }
+  FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "before the step"));
+  const double estimate = EstimateSeconds(batch);
+  last_deadline_ms_ = deadline_.DeadlineMs(estimate);
   const int64_t t0 = MonotonicNanos();
   WireWriter w;
   EncodeBatch(batch, &w);
-  FS_RETURN_IF_ERROR(SendAll(plan_.active, WorkerOp::kStep, w.data()));
-  std::vector<std::string> bodies;
-  auto replies = CollectAll(plan_.active, options_.step_timeout_ms, &bodies);
-  std::vector<int> dead = dead_devices();
-  if (!dead.empty()) {
-    std::string list;
-    for (int d : dead) list += (list.empty() ? "" : ", ") + std::to_string(d);
-    return Unavailable("device(s) {} died during the step", list);
+  SendAll(plan_.active, WorkerOp::kStep, w.data());
+  std::vector<DeviceReply> replies = Collect(plan_.active, last_deadline_ms_);
+  FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "during the step"));
+  for (const DeviceReply& r : replies) {
+    if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
   }
-  for (auto& [d, st] : replies) {
-    if (!st.ok()) return st.WithContext("device " + std::to_string(d));
-  }
-  if (timing) {
-    *timing = StepTiming();
-    timing->wall_ns = MonotonicNanos() - t0;
-    std::vector<ForwardStats> stats(replies.size());
-    size_t segments = SIZE_MAX;
-    for (size_t i = 0; i < replies.size(); ++i) {
-      WireReader r(bodies[i]);
-      if (!DecodeStats(&r, &stats[i]))
-        return Internal("device {}: malformed step reply", replies[i].first);
-      segments = std::min(segments, stats[i].segment_cpu_ns.size());
-      int64_t total = 0;
-      for (int64_t ns : stats[i].segment_cpu_ns) total += ns;
-      timing->devices.push_back(replies[i].first);
-      timing->device_compute_ns.push_back(total);
-      timing->device_attention_flops.push_back(stats[i].attention_flops);
-      timing->device_ffn_flops.push_back(stats[i].ffn_flops);
-      timing->device_kv_bytes.push_back(stats[i].kv_bytes);
-    }
-    for (size_t s = 0; s < segments; ++s) {
-      int64_t slowest = 0;
-      for (auto& st : stats) slowest = std::max(slowest, st.segment_cpu_ns[s]);
-      timing->emulated_ns += slowest;
-      timing->segment_max_ns.push_back(slowest);
-    }
-  }
+  const int64_t wall = MonotonicNanos() - t0;
+  deadline_.Observe(estimate, wall);
+  if (timing) FS_RETURN_IF_ERROR(BuildStepTiming(replies, wall, timing));
   return static_cast<const float*>(logits_.data());
 }
 
@@ -386,85 +262,76 @@ Status WorkerGroup::FreeSeqs(const std::vector<int64_t>& seq_ids) {
   if (seq_ids.empty()) return Status::Ok();
   WireWriter w;
   w.PutVector(seq_ids);
-  std::vector<int> alive;
-  for (auto& d : devices_) {
-    if (d.alive) alive.push_back(d.id);
-  }
-  FS_RETURN_IF_ERROR(SendAll(alive, WorkerOp::kFreeSeqs, w.data()));
-  for (auto& [d, st] : CollectAll(alive, options_.step_timeout_ms, nullptr)) FS_RETURN_IF_ERROR(st);
-  return Status::Ok();
+  const std::vector<int> running = alive_devices();
+  SendAll(running, WorkerOp::kFreeSeqs, w.data());
+  // A device drains its backup before freeing; its backup writer shows it moving.
+  for (const DeviceReply& r : Collect(running, deadline_.floor_ms())) FS_RETURN_IF_ERROR(r.status);
+  return DeadAmong(running, "while freeing sequences");
 }
 
 std::vector<int> WorkerGroup::dead_devices() const {
   std::vector<int> out;
   for (int d : plan_.alive) {
-    if (!devices_[d].alive) out.push_back(d);
+    if (!alive(d)) out.push_back(d);
   }
   return out;
 }
 
 Status WorkerGroup::KillDevice(int device) {
-  if (device < 0 || device >= static_cast<int>(devices_.size()) || !devices_[device].alive) {
+  if (device < 0 || device >= static_cast<int>(devices_.size()) || !alive(device)) {
     return InvalidArgument("device {} is not alive", device);
   }
   devices_[device].killed_ns = MonotonicNanos();
-  ::kill(devices_[device].pid, SIGKILL);
+  ::kill(devices_[device].process->pid(), SIGKILL);
   return Status::Ok();
 }
 
 std::vector<int> WorkerGroup::alive_devices() const {
   std::vector<int> out;
-  for (auto& d : devices_) {
-    if (d.alive) out.push_back(d.id);
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    if (alive(static_cast<int>(d))) out.push_back(static_cast<int>(d));
   }
   return out;
 }
 
 Status WorkerGroup::CheckHealth(int64_t timeout_ms) {
-  std::vector<int> alive = alive_devices();
-  for (int d : alive) {
-    pollfd p{devices_[d].pidfd, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) MarkDead(d, "its process exited");
+  for (int d : alive_devices()) {
+    if (devices_[d].process->Exited()) MarkDead({d, "its process exited", 0});
   }
-  alive = alive_devices();
-  FS_RETURN_IF_ERROR(SendAll(alive, WorkerOp::kPing, ""));
-  CollectAll(alive, timeout_ms, nullptr);  // a device that misses the heartbeat is marked dead
+  std::erase_if(killed_, [](const auto& p) { return p->Reap(); });
+  const std::vector<int> running = alive_devices();
+  SendAll(running, WorkerOp::kPing, "");
+  // A device that misses the heartbeat is declared dead.
+  Collect(running, timeout_ms > 0 ? timeout_ms : deadline_.floor_ms());
   return Status::Ok();
 }
 
 Status WorkerGroup::DrainBackup() {
-  std::vector<int> alive;
+  std::vector<int> running;
   for (int d : plan_.active) {
-    if (devices_[d].alive) alive.push_back(d);
+    if (alive(d)) running.push_back(d);
   }
-  FS_RETURN_IF_ERROR(SendAll(alive, WorkerOp::kDrainBackup, ""));
-  auto replies = CollectAll(alive, options_.step_timeout_ms, nullptr);
-  for (auto& [d, st] : replies) FS_RETURN_IF_ERROR(st);
-  if (replies.size() != alive.size())
-    return Unavailable("a device died while draining its KV backup");
-  return Status::Ok();
+  SendAll(running, WorkerOp::kDrainBackup, "");
+  for (const DeviceReply& r : Collect(running, options_.collective_timeout_ms))
+    FS_RETURN_IF_ERROR(r.status);
+  return DeadAmong(running, "while draining its KV backup");
 }
 
 Status WorkerGroup::SpawnDevice(int device) {
   if (device < 0 || device >= options_.num_devices) {
     return OutOfRange("device id {} is out of range [0, {})", device, options_.num_devices);
   }
-  if (devices_[device].alive)
-    return InvalidArgument("device {} is alive: it cannot rejoin", device);
+  if (alive(device)) return InvalidArgument("device {} is alive: it cannot rejoin", device);
   FS_RETURN_IF_ERROR(Spawn(device));
-  FS_RETURN_IF_ERROR(InitDevice(device));
-  auto replies = CollectAll({device}, 60000, nullptr);
-  if (replies.empty()) return Unavailable("device {} died while starting", device);
-  return replies[0].second;
+  for (const DeviceReply& r : Collect({device}, kStartTimeoutMs)) FS_RETURN_IF_ERROR(r.status);
+  return DeadAmong({device}, "while starting");
 }
 
 Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
                                            const std::vector<SeqRestore>& seqs) {
   ApplyReport report;
   const int64_t t0 = MonotonicNanos();
-  for (int d : next.active) {
-    if (!devices_[d].alive) return Unavailable("device {} is not alive", d);
-  }
+  FS_RETURN_IF_ERROR(DeadAmong(next.active, "before the plan change"));
   FS_RETURN_IF_ERROR(FormGroup(next.active));
   report.group_ns = MonotonicNanos() - t0;
   ApplyPlanRequest req;
@@ -474,23 +341,15 @@ Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
   req.seqs = seqs;
   WireWriter w;
   req.Encode(&w);
-  FS_RETURN_IF_ERROR(SendAll(next.active, WorkerOp::kApplyPlan, w.data()));
-  std::vector<std::string> bodies;
-  auto replies = CollectAll(next.active, options_.step_timeout_ms, &bodies);
-  if (replies.size() != next.active.size()) {
-    std::string list;
-    for (int d : next.active) {
-      if (!devices_[d].alive) list += (list.empty() ? "" : ", ") + std::to_string(d);
-    }
-    return Unavailable("device(s) {} died while the plan was applied", list);
-  }
-  for (size_t i = 0; i < replies.size(); ++i) {
-    if (!replies[i].second.ok())
-      return replies[i].second.WithContext("device " + std::to_string(replies[i].first));
+  SendAll(next.active, WorkerOp::kApplyPlan, w.data());
+  std::vector<DeviceReply> replies = Collect(next.active, options_.collective_timeout_ms);
+  FS_RETURN_IF_ERROR(DeadAmong(next.active, "while the plan was applied"));
+  for (const DeviceReply& r : replies) {
+    if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
     ApplyStats st;
-    WireReader r(bodies[i]);
-    if (!DecodeApplyStats(&r, &st)) return Internal("device {}: malformed reply", replies[i].first);
-    report.devices.push_back(replies[i].first);
+    WireReader rd(r.body);
+    if (!DecodeApplyStats(&rd, &st)) return Internal("device {}: malformed reply", r.device);
+    report.devices.push_back(r.device);
     report.stats.push_back(st);
   }
   plan_ = next;
@@ -501,14 +360,12 @@ Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
 }
 
 DeviceLoss WorkerGroup::device_loss(int device) const {
-  const Device& d = devices_[device];
-  if (d.alive || d.detected_ns == 0) return {};
-  return {d.killed_ns > 0 && d.killed_ns <= d.detected_ns ? d.killed_ns : 0, d.detected_ns,
-          d.loss_reason};
+  if (alive(device)) return {};
+  return devices_[device].loss;
 }
 
-pid_t WorkerGroup::device_pid(int device) const { return devices_[device].pid; }
-
-int64_t WorkerGroup::device_weight_bytes(int device) const { return devices_[device].weight_bytes; }
+pid_t WorkerGroup::device_pid(int device) const {
+  return alive(device) ? devices_[device].process->pid() : -1;
+}
 
 }  // namespace failsafe

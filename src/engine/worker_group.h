@@ -7,11 +7,21 @@
 // logits come back through a shared-memory region; all-reduces run among the
 // devices without the coordinator.
 //
-// A device that dies (exit, crash, SIGKILL) or misses the step deadline is
-// detected through its pidfd, its closed channel, or the deadline: the group
-// is aborted so that no survivor waits on it, and Step fails with
-// kUnavailable naming the dead devices. The coordinator itself never goes down
-// with a device.
+// Failures short of a clean death are detected too. A device that exits,
+// crashes or is killed is seen through its pidfd or its closed channel. A
+// device that hangs (a stuck kernel, SIGSTOP) is found when the step's
+// deadline passes: deadlines come from measured step times (hang_detector.h),
+// and the devices' progress tells the hung one from the peers waiting for it.
+// Either way the device is fenced (its process killed, its channel closed,
+// its group replaced by a new epoch's, so no late reply or write of it is
+// ever used), the group is aborted so that no survivor waits on it, and Step
+// fails with kUnavailable naming the dead devices. A fenced device can come
+// back as a new process (SpawnDevice). The coordinator itself never goes
+// down with a device, and never blocks on one.
+//
+// The jobs live in their own files: processes (device_process.h), replies
+// (reply_collector.h), detection (hang_detector.h), groups
+// (collective_group.h), timing (step_timing.h).
 //
 // Thread-safety: one thread drives a WorkerGroup.
 #pragma once
@@ -22,11 +32,14 @@
 #include <string>
 #include <vector>
 
-#include "comm/channel.h"
 #include "comm/kv_store.h"
 #include "comm/shm_region.h"
+#include "engine/collective_group.h"
+#include "engine/device_process.h"
 #include "engine/executor.h"
+#include "engine/hang_detector.h"
 #include "engine/kv_backup.h"
+#include "worker/device_progress.h"
 #include "worker/protocol.h"
 
 namespace failsafe {
@@ -48,8 +61,14 @@ struct WorkerGroupOptions {
   int max_seqs = 1024;  // sequences the backup can track
   CommKind comm = CommKind::kShm;
   std::string gloo_hostname = "127.0.0.1";
-  int64_t collective_timeout_ms = 120000;
-  int64_t step_timeout_ms = 600000;
+  // How long a step may run before its devices are checked for a hang: 0
+  // derives it from measured step times (never below the floor); > 0 fixes it.
+  int64_t step_timeout_ms = 0;
+  int64_t step_timeout_floor_ms = 500;
+  // How long a device waits in one collective before it gives up on its own,
+  // and the bound on rare operations (joining a group, changing plan). The
+  // coordinator aborts a group with a hung member long before.
+  int64_t collective_timeout_ms = 30000;
   int max_step_tokens = 4096;  // sizes the shared-memory collective slots
   int max_logits_rows = 1024;
   std::string log_level = "warn";
@@ -73,6 +92,7 @@ class WorkerGroup final : public Executor {
   bool supports_recovery() const override { return true; }
   HostKvBackup* backup() override { return backup_.get(); }
   std::vector<int> alive_devices() const override;
+  // Pings every device (timeout 0: the step deadline's floor).
   Status CheckHealth(int64_t timeout_ms) override;
   Status DrainBackup() override;
   Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
@@ -85,51 +105,55 @@ class WorkerGroup final : public Executor {
   std::vector<int> dead_devices() const;
   // Kills a device's process for real (fault injection).
   Status KillDevice(int device) override;
+  // The device's worker process (-1 if none).
   pid_t device_pid(int device) const;
   // Weight bytes each device reported after loading its share.
-  int64_t device_weight_bytes(int device) const;
+  int64_t device_weight_bytes(int device) const { return devices_[device].weight_bytes; }
   // KV pool of a device, in pages of block_size tokens of one (layer, head).
   int64_t device_kv_pages(int device) const { return devices_[device].kv_pages; }
+  const StepDeadline& step_deadline() const { return deadline_; }
+  // The deadline the last step was given.
+  int64_t last_step_deadline_ms() const { return last_deadline_ms_; }
 
  private:
   struct Device {
-    int id = -1;
-    pid_t pid = -1;
-    int pidfd = -1;
-    Channel channel;
-    bool alive = false;
+    std::unique_ptr<DeviceProcess> process;  // null: not running
     int64_t weight_bytes = 0;
-    int64_t kv_pages = 0;     // accounting capacity under the current plan
-    int64_t detected_ns = 0;  // when it was found dead
-    int64_t killed_ns = 0;    // when KillDevice killed it
-    std::string loss_reason;
-    uint32_t request_seq = 0;  // of the last request sent
+    int64_t kv_pages = 0;   // accounting capacity under the current plan
+    int64_t killed_ns = 0;  // when KillDevice killed it
+    DeviceLoss loss;        // its latest loss
   };
 
   WorkerGroup() = default;
+  bool alive(int device) const { return devices_[device].process != nullptr; }
   Status Spawn(int device);
-  Status SendTo(int device, WorkerOp op, const std::string& payload,
-                const std::vector<int>& fds = {});
   Status InitDevice(int device);
-  // Sends one request to each listed device (fds_for(device) attached).
-  Status SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
-                 const std::vector<std::vector<int>>& fds = {});
-  // Collects one reply from each listed device, watching for deaths. Replies
-  // of dead devices are absent from the result.
-  std::vector<std::pair<int, Status>> CollectAll(const std::vector<int>& devices,
-                                                 int64_t timeout_ms,
-                                                 std::vector<std::string>* bodies);
-  void MarkDead(int device, const char* why);
+  // Sends one request to each listed device (fds[i] attached); a device
+  // whose channel is closed is declared dead.
+  void SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
+               const std::vector<std::vector<int>>& fds = {});
+  // Collects one reply from each listed device within `deadline_ms`,
+  // declaring dead those that exit or hang. Replies of dead devices are absent.
+  std::vector<DeviceReply> Collect(const std::vector<int>& devices, int64_t deadline_ms);
+  // Fences a device: its group aborted, its process killed, its channel closed.
+  void MarkDead(const Verdict& verdict);
   Status FormGroup(const std::vector<int>& members);
+  // kUnavailable naming the listed devices that died, or OK.
+  Status DeadAmong(const std::vector<int>& devices, const char* during) const;
+  double EstimateSeconds(const StepBatch& batch) const;
 
   WorkerGroupOptions options_;
   ModelConfig config_;
   Plan plan_;
-  std::vector<Device> devices_;  // indexed by device id
+  std::vector<Device> devices_;                         // indexed by device id
+  std::vector<std::unique_ptr<DeviceProcess>> killed_;  // fenced, reaped once they exit
   ShmRegion logits_;
-  ShmRegion comm_region_;  // the current shared-memory group, if any
+  DeviceProgressRegion progress_;
+  CollectiveGroup group_;  // the current epoch's
   std::unique_ptr<KvStoreServer> store_;
   std::unique_ptr<HostKvBackup> backup_;
+  StepDeadline deadline_;
+  int64_t last_deadline_ms_ = 0;
   int64_t pool_pages_ = 0;  // each device's physical KV pool (an upper bound)
   int epoch_ = 0;
 };

@@ -4,8 +4,11 @@
 
 namespace failsafe {
 
-BackupWriter::BackupWriter(void* base, const BackupLayout& layout, int device)
-    : base_(base), layout_(layout), device_(device), thread_([this] { Run(); }) {}
+BackupWriter::BackupWriter(void* base, const BackupLayout& layout, int device,
+                           DeviceProgressSlot* progress)
+    : base_(base), layout_(layout), device_(device), progress_(progress), thread_([this] {
+        Run();
+      }) {}
 
 BackupWriter::~BackupWriter() {
   {
@@ -59,6 +62,7 @@ void BackupWriter::Run() {
         job.start <= p->tokens.load(std::memory_order_relaxed)) {
       p->tokens.store(job.end, std::memory_order_release);
     }
+    DeviceProgressRegion::Moved(progress_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "worker/device_progress.h"
 #include "worker/kv_backup_layout.h"
 
 namespace failsafe {
@@ -35,7 +36,10 @@ struct BackupJob {
 
 class BackupWriter {
  public:
-  BackupWriter(void* base, const BackupLayout& layout, int device);
+  // `progress` (optional): the device's progress slot, moved after every
+  // job, so that a device busy draining its backup is seen to be alive.
+  BackupWriter(void* base, const BackupLayout& layout, int device,
+               DeviceProgressSlot* progress = nullptr);
   ~BackupWriter();
   void Enqueue(BackupJob job);
   // Waits until every queued job is copied and published.
@@ -47,6 +51,7 @@ class BackupWriter {
   void* const base_;
   const BackupLayout layout_;
   const int device_;
+  DeviceProgressSlot* const progress_;
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<BackupJob> queue_;  // guarded by mu_

@@ -14,9 +14,9 @@
 namespace failsafe {
 
 enum class WorkerOp : uint32_t {
-  kInit = 1,       // WorkerInit; fds: [logits region]
+  kInit = 1,       // WorkerInit; fds: [logits region, progress region, (KV backup region)]
   kLoadPlan = 2,   // plan JSON: load this device's share from the host weights
-  kJoinGroup = 3,  // GroupSpec; fds: [shm comm region] for shared memory groups
+  kJoinGroup = 3,  // GroupSpec; fds: [shm comm region] or, for gloo, [its abort signal]
   kStep = 4,       // StepBatch -> ForwardStats
   kFreeSeqs = 5,   // sequence ids
   kPing = 6,
@@ -26,8 +26,8 @@ enum class WorkerOp : uint32_t {
   kReply = 100,
 };
 
-// kInit carries the logits region and, if the coordinator keeps a host KV
-// backup, the backup region as a second descriptor.
+// kInit carries the logits region, the device progress region and, if the
+// coordinator keeps a host KV backup, the backup region.
 struct WorkerInit {
   std::string model_dir;
   int32_t device_id = 0;

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "comm/abort_signal.h"
 #include "comm/channel.h"
 #include "comm/gloo_communicator.h"
 #include "comm/shm_communicator.h"
@@ -13,6 +14,7 @@
 #include "common/log.h"
 #include "placement/plan_json.h"
 #include "worker/device_model.h"
+#include "worker/device_progress.h"
 #include "worker/protocol.h"
 
 namespace failsafe {
@@ -30,6 +32,7 @@ class Worker {
       if (!st.ok()) return 0;  // the coordinator is gone
       for (size_t i = 0; i < m.fds.size(); ++i) fds_.push_back(m.fds[i]);
       std::string body;
+      DeviceProgressRegion::TookRequest(progress_slot_);
       FS_LOG_DEBUG("request op {} seq {}", m.type & 0xff, m.type >> 8);
       Status result = Handle(m, &body);
       FS_LOG_DEBUG("reply to seq {}: {}", m.type >> 8, result.ToString());
@@ -47,9 +50,10 @@ class Worker {
     switch (static_cast<WorkerOp>(m.type & 0xff)) {
       case WorkerOp::kInit: {
         WorkerInit init;
-        if (!init.Decode(&r) || m.fds.empty() || m.fds.size() > 2)
+        if (!init.Decode(&r) || m.fds.size() < 2 || m.fds.size() > 3)
           return InvalidArgument("malformed init");
-        return Init(init, TakeFd(m.fds[0]), m.fds.size() > 1 ? TakeFd(m.fds[1]) : -1);
+        return Init(init, TakeFd(m.fds[0]), TakeFd(m.fds[1]),
+                    m.fds.size() > 2 ? TakeFd(m.fds[2]) : -1);
       }
       case WorkerOp::kDrainBackup:
         if (device_) device_->DrainBackup();
@@ -83,10 +87,11 @@ class Worker {
         GroupSpec spec;
         if (!spec.Decode(&r)) return InvalidArgument("malformed group");
         comm_.reset();
+        if (m.fds.size() != 1) return InvalidArgument("a group without its region");
+        std::unique_ptr<Communicator> comm;
         if (spec.kind == CommKind::kShm) {
-          if (m.fds.size() != 1) return InvalidArgument("shared memory group without a region");
           FS_ASSIGN_OR_RETURN(ShmRegion region, ShmRegion::Map(TakeFd(m.fds[0])));
-          comm_ = std::make_unique<ShmCommunicator>(std::move(region), spec.rank, spec.timeout_ms);
+          comm = std::make_unique<ShmCommunicator>(std::move(region), spec.rank, spec.timeout_ms);
         } else {
           GlooGroupOptions o;
           o.store_host = spec.store_host;
@@ -96,8 +101,10 @@ class Worker {
           o.rank = spec.rank;
           o.size = spec.size;
           o.timeout_ms = spec.timeout_ms;
-          FS_ASSIGN_OR_RETURN(comm_, GlooCommunicator::Connect(o));
+          FS_ASSIGN_OR_RETURN(AbortSignal abort, AbortSignal::Map(TakeFd(m.fds[0])));
+          FS_ASSIGN_OR_RETURN(comm, GlooCommunicator::Connect(o, std::move(abort)));
         }
+        comm_ = std::make_unique<ProgressCommunicator>(std::move(comm), progress_slot_);
         return Status::Ok();
       }
       case WorkerOp::kStep: {
@@ -132,8 +139,11 @@ class Worker {
     }
   }
 
-  Status Init(const WorkerInit& init, int logits_fd, int backup_fd) {
+  Status Init(const WorkerInit& init, int logits_fd, int progress_fd, int backup_fd) {
     SetLogTag("device " + std::to_string(init.device_id));
+    FS_ASSIGN_OR_RETURN(progress_, DeviceProgressRegion::Map(progress_fd));
+    progress_slot_ = progress_.slot(init.device_id);
+    if (!progress_slot_) return InvalidArgument("the progress region has no slot for this device");
     FS_ASSIGN_OR_RETURN(config_, ModelConfig::Load(init.model_dir));
     FS_ASSIGN_OR_RETURN(host_, WeightStore::Open(init.model_dir, config_));
     FS_ASSIGN_OR_RETURN(logits_, ShmRegion::Map(logits_fd));
@@ -156,7 +166,8 @@ class Worker {
           init.device_id >= h->num_devices) {
         return InvalidArgument("the KV backup region does not match the model");
       }
-      backup_writer_ = std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id);
+      backup_writer_ =
+          std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id, progress_slot_);
       device_->SetBackup(backup_writer_.get(), layout, backup_.data());
     }
     return Status::Ok();
@@ -179,6 +190,8 @@ class Worker {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceModel> device_;
   std::unique_ptr<Communicator> comm_;
+  DeviceProgressRegion progress_;
+  DeviceProgressSlot* progress_slot_ = nullptr;  // this device's, once initialised
   ShmRegion logits_;
   int64_t logits_rows_ = 0;
   ShmRegion backup_;

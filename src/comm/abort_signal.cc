@@ -1,0 +1,79 @@
+#include "comm/abort_signal.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <new>
+
+namespace failsafe {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x4653414252543031ULL;  // "FSABRT01"
+
+struct Header {
+  uint64_t magic;
+  alignas(64) std::atomic<uint32_t> raised;
+  std::atomic<uint32_t> generation;  // the futex word
+};
+
+void WakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+Result<AbortSignal> AbortSignal::Create() {
+  AbortSignal s;
+  FS_ASSIGN_OR_RETURN(s.region_, ShmRegion::Create("failsafe-abort", sizeof(Header)));
+  auto* h = new (s.region_.data()) Header();
+  h->magic = kMagic;
+  h->raised.store(0);
+  h->generation.store(0);
+  return s;
+}
+
+Result<AbortSignal> AbortSignal::Map(int fd) {
+  AbortSignal s;
+  FS_ASSIGN_OR_RETURN(s.region_, ShmRegion::Map(fd));
+  if (s.region_.size() < sizeof(Header) ||
+      static_cast<const Header*>(s.region_.data())->magic != kMagic) {
+    return InvalidArgument("not an abort signal region");
+  }
+  return s;
+}
+
+void AbortSignal::Raise() const {
+  auto* h = static_cast<Header*>(region_.data());
+  h->raised.store(1);
+  h->generation.fetch_add(1);
+  WakeAll(&h->generation);
+}
+
+bool AbortSignal::raised() const {
+  return static_cast<const Header*>(region_.data())->raised.load() != 0;
+}
+
+uint32_t AbortSignal::generation() const {
+  return static_cast<const Header*>(region_.data())->generation.load();
+}
+
+bool AbortSignal::WaitChange(uint32_t seen) const {
+  auto* h = static_cast<Header*>(region_.data());
+  while (h->generation.load() == seen) {
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->generation), FUTEX_WAIT, seen, nullptr,
+              nullptr, 0);
+  }
+  return raised();
+}
+
+void AbortSignal::Wake() const {
+  auto* h = static_cast<Header*>(region_.data());
+  h->generation.fetch_add(1);
+  WakeAll(&h->generation);
+}
+
+}  // namespace failsafe

@@ -1,0 +1,97 @@
+#include "engine/device_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+
+#include "common/log.h"
+
+namespace failsafe {
+
+namespace {
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceProcess>> DeviceProcess::Spawn(const std::string& binary,
+                                                            const std::string& log_level) {
+  FS_ASSIGN_OR_RETURN(auto pair, Channel::Pair());
+  std::vector<std::string> args = {binary, "worker", "--fd", "3", "--log-level", log_level};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int child_fd = pair.second.fd();
+  const pid_t pid = ::fork();
+  if (pid < 0) return Internal("fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    // Only async-signal-safe calls until exec.
+    if (child_fd == 3) {
+      ::fcntl(3, F_SETFD, 0);
+    } else {
+      ::dup2(child_fd, 3);
+    }
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  pair.second.Close();
+  auto p = std::unique_ptr<DeviceProcess>(new DeviceProcess());
+  p->pid_ = pid;
+  p->pidfd_ = PidfdOpen(pid);
+  p->channel_ = std::move(pair.first);
+  if (p->pidfd_ < 0) return Internal("pidfd_open: {}", std::strerror(errno));
+  return p;
+}
+
+DeviceProcess::~DeviceProcess() {
+  if (!reaped_ && pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    // A killed process exits at once unless it sleeps in the kernel; do not
+    // wait long for one that does (init reaps it when we exit).
+    pollfd p{pidfd_, POLLIN, 0};
+    ::poll(&p, 1, 1000);
+    Reap();
+  }
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+bool DeviceProcess::Exited() const {
+  pollfd p{pidfd_, POLLIN, 0};
+  return reaped_ || ::poll(&p, 1, 0) > 0;
+}
+
+Status DeviceProcess::Send(WorkerOp op, const std::string& payload, const std::vector<int>& fds) {
+  request_seq_ = (request_seq_ + 1) & 0xffffff;
+  return channel_.Send(static_cast<uint32_t>(op) | (request_seq_ << 8), payload, fds);
+}
+
+Status DeviceProcess::ReadReply(int64_t timeout_ms, Status* reply, std::string* body, bool* stale) {
+  Message m;
+  FS_RETURN_IF_ERROR(channel_.Receive(&m, timeout_ms));
+  for (int fd : m.fds) ::close(fd);
+  *stale = (m.type >> 8) != request_seq_;
+  if (*stale) return Status::Ok();
+  *reply = DecodeReply(m.payload, body);
+  return Status::Ok();
+}
+
+void DeviceProcess::Kill() {
+  if (pid_ > 0 && !reaped_) ::kill(pid_, SIGKILL);
+  channel_.Close();
+  Reap();
+}
+
+bool DeviceProcess::Reap() {
+  if (reaped_ || pid_ <= 0) return true;
+  if (::waitpid(pid_, nullptr, WNOHANG) == pid_) reaped_ = true;
+  return reaped_;
+}
+
+}  // namespace failsafe

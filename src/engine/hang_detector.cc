@@ -1,0 +1,145 @@
+#include "engine/hang_detector.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "common/clock.h"
+
+namespace failsafe {
+
+namespace {
+
+// The percentile of recent ratios a deadline covers.
+constexpr double kQuantile = 0.95;
+// The ratio assumed before enough steps are measured: the cost model assumes
+// a fast device, and a CPU device shares its cores with others.
+constexpr double kBootstrapRatio = 50;
+// Estimates below this are taken as this (a step always costs something).
+constexpr double kMinEstimateS = 1e-4;
+
+}  // namespace
+
+int64_t StepDeadline::floor_ms() const {
+  return options_.step_timeout_ms > 0 ? options_.step_timeout_ms : options_.floor_ms;
+}
+
+double StepDeadline::Ratio() const {
+  if (count_ < kBootstrap) return kBootstrapRatio;
+  if (cached_at_ == count_) return cached_ratio_;
+  const int n = samples();
+  std::vector<double> r(ratios_, ratios_ + n);
+  const size_t k = std::min<size_t>(n - 1, static_cast<size_t>(kQuantile * n));
+  std::nth_element(r.begin(), r.begin() + static_cast<std::ptrdiff_t>(k), r.end());
+  cached_ratio_ = r[k];
+  cached_at_ = count_;
+  return cached_ratio_;
+}
+
+double StepDeadline::ExpectedSeconds(double estimate_s) const {
+  return Ratio() * std::max(estimate_s, kMinEstimateS);
+}
+
+int64_t StepDeadline::DeadlineMs(double estimate_s) const {
+  if (options_.step_timeout_ms > 0) return options_.step_timeout_ms;
+  const double ms = options_.multiplier * ExpectedSeconds(estimate_s) * 1e3;
+  return std::max(options_.floor_ms, static_cast<int64_t>(std::min(ms, 1e12)));
+}
+
+void StepDeadline::Observe(double estimate_s, int64_t wall_ns) {
+  ratios_[count_ % kWindow] = wall_ns * 1e-9 / std::max(estimate_s, kMinEstimateS);
+  ++count_;
+}
+
+HangWatch::HangWatch(const DeviceProgressRegion* progress, const std::vector<int>& devices,
+                     int64_t deadline_ms, int64_t grace_ms, std::function<void()> abort_group)
+    : progress_(progress),
+      devices_(devices),
+      start_ns_(MonotonicNanos()),
+      deadline_ns_(deadline_ms * 1000000),
+      grace_ns_(grace_ms * 1000000),
+      abort_group_(std::move(abort_group)),
+      next_check_ns_(start_ns_ + deadline_ns_) {
+  for (int d : devices_) base_.push_back(Progress(d));
+}
+
+DeviceProgress HangWatch::Progress(int device) const {
+  return progress_ && progress_->valid() ? progress_->Read(device) : DeviceProgress();
+}
+
+void HangWatch::Abort() {
+  if (aborted_) return;
+  aborted_ = true;
+  aborted_at_ns_ = MonotonicNanos();
+  if (abort_group_) abort_group_();
+}
+
+std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pending,
+                                      const std::vector<int>& replied) {
+  struct Seen {
+    int device;
+    DeviceProgress p;
+    bool started;          // took up the request
+    uint64_t collectives;  // entered since the request
+    int64_t still_ns;      // since its last move (or the request)
+  };
+  std::vector<Seen> seen;
+  for (int d : pending) {
+    const size_t i = std::find(devices_.begin(), devices_.end(), d) - devices_.begin();
+    const DeviceProgress base = i < base_.size() ? base_[i] : DeviceProgress();
+    const DeviceProgress p = Progress(d);
+    const int64_t last = std::max(p.last_move_ns, start_ns_);
+    seen.push_back({d, p, p.requests > base.requests, p.entered - base.entered, now - last});
+  }
+  std::vector<Verdict> dead;
+  if (aborted_) {
+    // After the abort every survivor leaves its collective at once and
+    // answers; one that has not moved since is not coming back.
+    bool moving = false;
+    for (const Seen& s : seen) {
+      if (s.p.last_move_ns > aborted_at_ns_) moving = true;
+    }
+    if (now - aborted_at_ns_ < grace_ns_ || (moving && now - aborted_at_ns_ < 4 * grace_ns_)) {
+      next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
+      return dead;
+    }
+    for (const Seen& s : seen) {
+      if (s.p.last_move_ns > aborted_at_ns_) continue;
+      dead.push_back({s.device,
+                      fmt::format("it did not answer within {} ms of its group being aborted",
+                                  (now - aborted_at_ns_) / 1000000),
+                      std::max(s.p.last_move_ns, start_ns_)});
+    }
+    next_check_ns_ = now + grace_ns_;
+    return dead;
+  }
+  // Who is furthest along: a device that replied is done.
+  uint64_t ahead = 0;
+  for (const Seen& s : seen) ahead = std::max(ahead, s.collectives);
+  const bool someone_done = !replied.empty();
+  bool all_still = true;
+  for (const Seen& s : seen) {
+    const bool still = s.still_ns >= deadline_ns_;
+    all_still &= still;
+    const bool behind = someone_done || !s.started || s.collectives < ahead;
+    if (still && behind) {
+      dead.push_back({s.device,
+                      fmt::format("it made no progress for {} ms while its peers waited for it",
+                                  s.still_ns / 1000000),
+                      now - s.still_ns});
+    }
+  }
+  if (!dead.empty() || all_still) {
+    // No survivor may keep waiting for the dead (or, if nobody is ahead, for
+    // whoever does not answer now).
+    Abort();
+    next_check_ns_ = now + grace_ns_;
+    return dead;
+  }
+  // Slow, not hung: everyone who is behind still moves. Look again soon.
+  next_check_ns_ = now + std::max<int64_t>(deadline_ns_ / 4, 10000000);
+  return dead;
+}
+
+}  // namespace failsafe

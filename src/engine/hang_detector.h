@@ -1,0 +1,95 @@
+// Detection of hung devices: how long a step may take, and who is hung when
+// it takes longer.
+//
+// Deadlines come from measured step times. The scheduler's cost model gives
+// each step an estimate from its work (tokens, context, the plan); the ratio
+// of measured wall time to estimate is tracked over recent steps, and a
+// step's deadline is `multiplier` x (a high percentile of that ratio) x its
+// estimate, never less than a floor. Until enough steps are measured the
+// ratio is taken to be very large (a generous bootstrap).
+//
+// When a deadline passes, the devices' progress (worker/device_progress.h)
+// says who is hung: a device that has not moved for the whole deadline while
+// a peer is further along, or done, is the one the others wait for. It is
+// declared dead (the caller kills it, which fences it) and the group is
+// aborted so that no survivor keeps waiting. If nobody is ahead (every
+// pending device stuck at the same point), the group is aborted and those
+// that do not answer within a grace period are declared dead. Devices that
+// are merely slow keep moving and are never declared dead: the watch looks
+// again later.
+//
+// Thread-safety: one thread uses a StepDeadline or a HangWatch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "engine/reply_collector.h"
+#include "worker/device_progress.h"
+
+namespace failsafe {
+
+struct DeadlineOptions {
+  int64_t step_timeout_ms = 0;  // > 0: every step gets exactly this; 0: derived
+  int64_t floor_ms = 500;       // a derived deadline is never shorter
+  double multiplier = 4;        // over the expected step time
+};
+
+class StepDeadline {
+ public:
+  explicit StepDeadline(const DeadlineOptions& options = {}) : options_(options) {}
+
+  // Milliseconds allowed to a step the cost model estimates at `estimate_s`.
+  int64_t DeadlineMs(double estimate_s) const;
+  // A step estimated at `estimate_s` took `wall_ns`.
+  void Observe(double estimate_s, int64_t wall_ns);
+  // The expected wall time of a step estimated at `estimate_s` (seconds).
+  double ExpectedSeconds(double estimate_s) const;
+  int64_t floor_ms() const;
+  int samples() const { return static_cast<int>(std::min<int64_t>(count_, kWindow)); }
+
+ private:
+  static constexpr int kWindow = 256;   // recent steps whose ratio counts
+  static constexpr int kBootstrap = 8;  // steps before the ratio is trusted
+  // The ratio of wall time to estimate that covers most recent steps.
+  double Ratio() const;
+
+  DeadlineOptions options_;
+  double ratios_[kWindow] = {};
+  int64_t count_ = 0;
+  mutable double cached_ratio_ = 0;
+  mutable int64_t cached_at_ = -1;
+};
+
+// Hang detection for one collection of replies (a ReplyWatch).
+class HangWatch final : public ReplyWatch {
+ public:
+  // `devices` were just sent a request; their progress now is the baseline.
+  // `abort_group` makes every pending collective of their group fail.
+  HangWatch(const DeviceProgressRegion* progress, const std::vector<int>& devices,
+            int64_t deadline_ms, int64_t grace_ms, std::function<void()> abort_group);
+
+  int64_t next_check_ns() const override { return next_check_ns_; }
+  std::vector<Verdict> Check(int64_t now_ns, const std::vector<int>& pending,
+                             const std::vector<int>& replied) override;
+  void OnFailedReply(int device) override { Abort(); }
+  bool aborted() const { return aborted_; }
+
+ private:
+  void Abort();
+  DeviceProgress Progress(int device) const;
+
+  const DeviceProgressRegion* progress_;
+  std::vector<int> devices_;
+  std::vector<DeviceProgress> base_;  // parallel to devices_
+  const int64_t start_ns_;
+  const int64_t deadline_ns_;  // length
+  const int64_t grace_ns_;
+  std::function<void()> abort_group_;
+  int64_t next_check_ns_;
+  bool aborted_ = false;
+  int64_t aborted_at_ns_ = 0;
+};
+
+}  // namespace failsafe

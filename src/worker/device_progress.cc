@@ -1,0 +1,117 @@
+#include "worker/device_progress.h"
+
+#include <new>
+
+#include "common/clock.h"
+
+namespace failsafe {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x4653505247303031ULL;  // "FSPRG001"
+
+struct Header {
+  uint64_t magic;
+  uint32_t num_devices;
+};
+constexpr size_t kHeaderBytes = 64;
+static_assert(sizeof(Header) <= kHeaderBytes);
+
+}  // namespace
+
+Result<DeviceProgressRegion> DeviceProgressRegion::Create(int num_devices) {
+  if (num_devices < 1) return InvalidArgument("a progress region needs at least one device");
+  DeviceProgressRegion r;
+  FS_ASSIGN_OR_RETURN(r.region_,
+                      ShmRegion::Create("failsafe-progress",
+                                        kHeaderBytes + num_devices * sizeof(DeviceProgressSlot)));
+  auto* h = static_cast<Header*>(r.region_.data());
+  h->magic = kMagic;
+  h->num_devices = static_cast<uint32_t>(num_devices);
+  for (int d = 0; d < num_devices; ++d) new (r.slot(d)) DeviceProgressSlot();
+  return r;
+}
+
+Result<DeviceProgressRegion> DeviceProgressRegion::Map(int fd) {
+  DeviceProgressRegion r;
+  FS_ASSIGN_OR_RETURN(r.region_, ShmRegion::Map(fd));
+  const auto* h = static_cast<const Header*>(r.region_.data());
+  if (r.region_.size() < kHeaderBytes || h->magic != kMagic ||
+      kHeaderBytes + h->num_devices * sizeof(DeviceProgressSlot) > r.region_.size()) {
+    return InvalidArgument("not a device progress region");
+  }
+  return r;
+}
+
+int DeviceProgressRegion::num_devices() const {
+  return valid() ? static_cast<int>(static_cast<const Header*>(region_.data())->num_devices) : 0;
+}
+
+DeviceProgressSlot* DeviceProgressRegion::slot(int device) const {
+  if (device < 0 || device >= num_devices()) return nullptr;
+  return reinterpret_cast<DeviceProgressSlot*>(static_cast<char*>(region_.data()) + kHeaderBytes) +
+         device;
+}
+
+DeviceProgress DeviceProgressRegion::Read(int device) const {
+  DeviceProgress p;
+  const DeviceProgressSlot* s = slot(device);
+  if (!s) return p;
+  p.requests = s->requests.load(std::memory_order_acquire);
+  p.entered = s->entered.load(std::memory_order_acquire);
+  p.left = s->left.load(std::memory_order_acquire);
+  p.last_move_ns = s->last_move_ns.load(std::memory_order_acquire);
+  return p;
+}
+
+void DeviceProgressRegion::Reset(int device) {
+  DeviceProgressSlot* s = slot(device);
+  if (!s) return;
+  s->requests.store(0);
+  s->entered.store(0);
+  s->left.store(0);
+  s->last_move_ns.store(MonotonicNanos());
+}
+
+void DeviceProgressRegion::TookRequest(DeviceProgressSlot* slot) {
+  if (!slot) return;
+  slot->last_move_ns.store(MonotonicNanos(), std::memory_order_release);
+  slot->requests.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void DeviceProgressRegion::Moved(DeviceProgressSlot* slot) {
+  if (slot) slot->last_move_ns.store(MonotonicNanos(), std::memory_order_release);
+}
+
+void ProgressCommunicator::Enter() {
+  slot_->last_move_ns.store(MonotonicNanos(), std::memory_order_release);
+  slot_->entered.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void ProgressCommunicator::Leave() {
+  slot_->last_move_ns.store(MonotonicNanos(), std::memory_order_release);
+  slot_->left.fetch_add(1, std::memory_order_acq_rel);
+}
+
+Status ProgressCommunicator::AllReduceSum(float* data, size_t count) {
+  Enter();
+  Status st = inner_->AllReduceSum(data, count);
+  Leave();
+  return st;
+}
+
+Status ProgressCommunicator::AllGather(const void* send, size_t bytes, void* recv) {
+  Enter();
+  Status st = inner_->AllGather(send, bytes, recv);
+  Leave();
+  return st;
+}
+
+Status ProgressCommunicator::Barrier() {
+  Enter();
+  Status st = inner_->Barrier();
+  Leave();
+  return st;
+}
+
+}  // namespace failsafe

@@ -1,0 +1,82 @@
+// How far each device has got, in shared memory: every device counts the
+// requests it takes up and the collectives it enters and leaves, with the
+// time of its latest move. The coordinator reads these to tell a hung device
+// from the peers waiting for it: at a step's deadline, a device that has not
+// moved for the whole deadline while a peer is further along (or done) is the
+// one that hangs.
+//
+// The coordinator creates the region (one slot per device id) and resets a
+// device's slot before starting its process; each device writes only its own
+// slot. CLOCK_MONOTONIC is shared by every process of a host.
+//
+// Thread-safety: lock-free; one writer per slot, any number of readers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "comm/shm_region.h"
+
+namespace failsafe {
+
+struct alignas(64) DeviceProgressSlot {
+  std::atomic<uint64_t> requests;     // requests taken up (every op from the coordinator)
+  std::atomic<uint64_t> entered;      // collectives entered
+  std::atomic<uint64_t> left;         // collectives left (done, failed or aborted)
+  std::atomic<int64_t> last_move_ns;  // the latest of those moves
+};
+
+// A point-in-time copy of a slot.
+struct DeviceProgress {
+  uint64_t requests = 0, entered = 0, left = 0;
+  int64_t last_move_ns = 0;
+  bool in_collective() const { return entered > left; }
+};
+
+class DeviceProgressRegion {
+ public:
+  static Result<DeviceProgressRegion> Create(int num_devices);
+  // Maps a region from its fd (takes ownership of the fd).
+  static Result<DeviceProgressRegion> Map(int fd);
+
+  DeviceProgressRegion() = default;
+  bool valid() const { return region_.valid(); }
+  int fd() const { return region_.fd(); }
+  int num_devices() const;
+  // nullptr for an id outside the region.
+  DeviceProgressSlot* slot(int device) const;
+  DeviceProgress Read(int device) const;
+  void Reset(int device);
+  // The device's own moves (a null slot is ignored): it took up a request;
+  // it did a piece of work (a sign of life that is not a collective).
+  static void TookRequest(DeviceProgressSlot* slot);
+  static void Moved(DeviceProgressSlot* slot);
+
+ private:
+  ShmRegion region_;
+};
+
+// A communicator that records every collective of the one it wraps in a
+// device's progress slot.
+class ProgressCommunicator final : public Communicator {
+ public:
+  ProgressCommunicator(std::unique_ptr<Communicator> inner, DeviceProgressSlot* slot)
+      : inner_(std::move(inner)), slot_(slot) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Status AllReduceSum(float* data, size_t count) override;
+  Status AllGather(const void* send, size_t bytes, void* recv) override;
+  Status Barrier() override;
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  void Enter();
+  void Leave();
+  std::unique_ptr<Communicator> inner_;
+  DeviceProgressSlot* const slot_;
+};
+
+}  // namespace failsafe

@@ -42,6 +42,7 @@ CommandFn RegisterAblation(CLI::App& app) {
     int requests = 48, max_batch_tokens = 1024, max_num_seqs = 256;
     double prefill_scale = 0.05, decode_scale = 0.05;
     bool json = false, no_progress = false;
+    DeviceFlags timeouts;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "model directory (default: the synthetic small-llama)");
@@ -61,6 +62,7 @@ CommandFn RegisterAblation(CLI::App& app) {
                  "length scale of the OpenThoughts-like (decode-heavy) workload")
       ->capture_default_str();
   app.add_flag("--no-progress", o->no_progress, "no progress bar");
+  AddTimeoutFlags(app, &o->timeouts);
   app.add_flag("--json", o->json, "print the table as one JSON object on the last line");
   return [o] {
     auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
@@ -95,6 +97,7 @@ CommandFn RegisterAblation(CLI::App& app) {
         df.device_memory = o->device_memory;
         df.max_step_tokens = o->max_batch_tokens;
         df.max_seqs = o->max_num_seqs;
+        CopyTimeoutFlags(o->timeouts, &df);
         auto exec = MakeExecutor(*dir, df);
         if (!exec.ok()) return Fail(std::string(c.name) + ": " + exec.status().ToString());
         Engine engine(exec->get(),

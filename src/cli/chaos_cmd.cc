@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "cli/model_cache.h"
 #include "common/clock.h"
 #include "common/rng.h"
@@ -17,9 +18,10 @@ namespace failsafe {
 namespace {
 
 Result<RunSummary> RunOnce(const std::string& model, int devices, Policy policy, RecoveryMode mode,
-                           const Workload& w, const std::vector<FaultEvent>& faults,
-                           uint64_t seed) {
+                           const Workload& w, const std::vector<FaultEvent>& faults, uint64_t seed,
+                           const DeviceFlags& timeouts) {
   WorkerGroupOptions o;
+  FS_RETURN_IF_ERROR(ApplyTimeoutFlags(timeouts, &o));
   o.model_dir = model;
   o.num_devices = devices;
   o.policy = policy;
@@ -56,6 +58,7 @@ CommandFn RegisterChaos(CLI::App& app) {
     std::string model, cache_dir, duration = "10min";
     int devices = 8, requests = 120, events = 30;
     uint64_t seed = 1;
+    DeviceFlags timeouts;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "model directory (default: the synthetic tiny-llama)");
@@ -65,6 +68,7 @@ CommandFn RegisterChaos(CLI::App& app) {
   app.add_option("--requests", o->requests, "requests per run")->capture_default_str();
   app.add_option("--events", o->events, "failures and rejoins per run")->capture_default_str();
   app.add_option("--seed", o->seed, "first chaos seed")->capture_default_str();
+  AddTimeoutFlags(app, &o->timeouts);
   return [o] {
     auto dir = ResolveModel(o->model, o->cache_dir, "tiny-llama");
     if (!dir.ok()) return Fail(dir.status().ToString());
@@ -76,7 +80,8 @@ CommandFn RegisterChaos(CLI::App& app) {
       w.requests.push_back(
           {0.001 * i, 4 + static_cast<int>(wr.Below(300)), 4 + static_cast<int>(wr.Below(60))});
     }
-    auto want = RunOnce(*dir, o->devices, Policy::kHybrid, RecoveryMode::kFull, w, {}, 0);
+    auto want =
+        RunOnce(*dir, o->devices, Policy::kHybrid, RecoveryMode::kFull, w, {}, 0, o->timeouts);
     if (!want.ok()) return Fail(want.status().ToString());
     std::printf("fault-free: %d requests, %lld output tokens, digest %s\n",
                 want->requests_completed, static_cast<long long>(want->output_tokens),
@@ -87,7 +92,7 @@ CommandFn RegisterChaos(CLI::App& app) {
       const Policy policy = seed % 2 ? Policy::kHybrid : Policy::kCyclic;
       const RecoveryMode mode = seed % 3 == 0 ? RecoveryMode::kHost : RecoveryMode::kFull;
       auto faults = ChaosSchedule(seed, o->devices, 3, o->events, 4);
-      auto got = RunOnce(*dir, o->devices, policy, mode, w, faults, seed);
+      auto got = RunOnce(*dir, o->devices, policy, mode, w, faults, seed, o->timeouts);
       if (!got.ok()) return Fail(fmt::format("seed {}: {}", seed, got.status().ToString()));
       const bool same = got->requests_completed == want->requests_completed &&
                         got->requests_failed == 0 && got->output_digest == want->output_digest;

@@ -25,6 +25,45 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_option(
       "--device-memory", f->device_memory,
       "memory of one device for weights, KV and activations (e.g. 2GiB; default: no limit)");
+  AddTimeoutFlags(app, f);
+}
+
+void AddTimeoutFlags(CLI::App& app, DeviceFlags* f) {
+  app.add_option("--step-timeout", f->step_timeout,
+                 "how long a step may run before its devices are checked for a hang (e.g. 2s); "
+                 "auto: a multiple of the measured step time, never below --step-timeout-floor")
+      ->capture_default_str();
+  app.add_option("--step-timeout-floor", f->step_timeout_floor,
+                 "the shortest derived step deadline")
+      ->capture_default_str();
+  app.add_option("--collective-timeout", f->collective_timeout,
+                 "how long a device waits in one collective before giving up on its own (the "
+                 "coordinator aborts a group with a hung device long before); also bounds joining "
+                 "a group and changing plan")
+      ->capture_default_str();
+}
+
+void CopyTimeoutFlags(const DeviceFlags& from, DeviceFlags* to) {
+  to->step_timeout = from.step_timeout;
+  to->step_timeout_floor = from.step_timeout_floor;
+  to->collective_timeout = from.collective_timeout;
+}
+
+Status ApplyTimeoutFlags(const DeviceFlags& f, WorkerGroupOptions* o) {
+  auto ms = [](const std::string& flag, const std::string& text) -> Result<int64_t> {
+    auto s = ParseDuration(text);
+    if (!s.ok()) return s.status().WithContext(flag);
+    if (*s <= 0) return InvalidArgument("{}: '{}' must be positive", flag, text);
+    return static_cast<int64_t>(*s * 1e3 + 0.5);
+  };
+  if (f.step_timeout == "auto") {
+    o->step_timeout_ms = 0;
+  } else {
+    FS_ASSIGN_OR_RETURN(o->step_timeout_ms, ms("--step-timeout", f.step_timeout));
+  }
+  FS_ASSIGN_OR_RETURN(o->step_timeout_floor_ms, ms("--step-timeout-floor", f.step_timeout_floor));
+  FS_ASSIGN_OR_RETURN(o->collective_timeout_ms, ms("--collective-timeout", f.collective_timeout));
+  return Status::Ok();
 }
 
 Result<SchedulerConfig> MakeSchedulerConfig(const std::string& router, const std::string& prefill,
@@ -62,6 +101,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.max_logits_rows = f.max_seqs;
   o.max_seqs = f.max_seqs;
   FS_ASSIGN_OR_RETURN(o.backup_bytes, ParseBytes(f.backup_memory));
+  FS_RETURN_IF_ERROR(ApplyTimeoutFlags(f, &o));
   FS_RETURN_IF_ERROR(ParseRecoveryMode(f.recovery).status());
   o.num_devices = f.devices;
   o.policy = policy;

@@ -20,12 +20,25 @@ struct DeviceFlags {
   std::string device_memory;  // e.g. "2GiB"; empty: no limit
   std::string recovery = "full";
   std::string backup_memory = "4GiB";  // host KV backup; 0: none
+  // Hang detection: "auto" derives a step's deadline from measured step
+  // times (never below the floor); a duration fixes it.
+  std::string step_timeout = "auto";
+  std::string step_timeout_floor = "500ms";
+  std::string collective_timeout = "30s";
   // Set by commands from their scheduler settings:
   int max_step_tokens = 2048;  // tokens per step (sizes activations and collective slots)
   int max_seqs = 256;          // sequences sampled per step (logits rows)
 };
 
 void AddDeviceFlags(CLI::App& app, DeviceFlags* flags);
+// The hang-detection flags alone (part of AddDeviceFlags), for commands that
+// start devices with settings of their own.
+void AddTimeoutFlags(CLI::App& app, DeviceFlags* flags);
+// Copies the timeout flags.
+void CopyTimeoutFlags(const DeviceFlags& from, DeviceFlags* to);
+// Applies the timeout flags to worker-group options; a bad value is an error
+// naming its flag.
+Status ApplyTimeoutFlags(const DeviceFlags& flags, WorkerGroupOptions* options);
 
 // The scheduler settings commands take as flags; a bad policy name is an
 // error naming its flag.

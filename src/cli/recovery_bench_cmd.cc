@@ -19,6 +19,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
     int requests = 32, fail_step = 120, device = 3, devices = 8;
     double length_scale = 0.05;
     bool json = false;
+    DeviceFlags timeouts;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model, "model directory (default: the synthetic small-llama)");
@@ -33,6 +34,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
   app.add_option("--device", o->device, "device to kill")->capture_default_str();
   app.add_option("--modes", o->modes, "recovery modes to run")->capture_default_str();
   app.add_flag("--json", o->json, "print the table as one JSON object on the last line");
+  AddTimeoutFlags(app, &o->timeouts);
   return [o] {
     auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
     if (!dir.ok()) return Fail(dir.status().ToString());
@@ -65,6 +67,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
       df.recovery = m == "none" ? "full" : m;
       df.max_step_tokens = 1024;
       df.max_seqs = 256;
+      CopyTimeoutFlags(o->timeouts, &df);
       auto mode = ParseRecoveryMode(df.recovery);
       if (!mode.ok()) return Fail("--modes: " + mode.status().message());
       auto exec = MakeExecutor(*dir, df);

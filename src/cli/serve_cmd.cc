@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "cli/model_cache.h"
+#include "common/units.h"
 #include "model/tokenizer.h"
 #include "server/http_server.h"
 
@@ -20,7 +21,8 @@ void OnSignal(int) { g_stop = true; }
 
 CommandFn RegisterServe(CLI::App& app) {
   struct Opts {
-    std::string model, cache_dir, host = "127.0.0.1", served_name, admin_token;
+    std::string model, cache_dir, host = "127.0.0.1", served_name, admin_token,
+                                  outage_timeout = "30s";
     std::string router = "load-aware", prefill = "adaptive";
     int port = 8000, max_queue = 256, max_batch_tokens = 1024, max_num_seqs = 128,
         max_model_len = 0;
@@ -40,6 +42,10 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--served-model-name", o->served_name,
                  "model name in the API (default: the directory name)");
   app.add_option("--max-queue", o->max_queue, "waiting requests before answering 429")
+      ->capture_default_str();
+  app.add_option("--outage-timeout", o->outage_timeout,
+                 "while too few devices can serve, new requests get 503 at once; accepted ones "
+                 "wait this long for a device to come back, then fail")
       ->capture_default_str();
   app.add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per step")
       ->capture_default_str();
@@ -70,6 +76,9 @@ CommandFn RegisterServe(CLI::App& app) {
     eo.recovery = *mode;
     ServiceOptions so;
     so.max_queue = o->max_queue;
+    auto outage = ParseDuration(o->outage_timeout);
+    if (!outage.ok()) return Fail("--outage-timeout: " + outage.status().message());
+    so.outage_timeout_ms = static_cast<int64_t>(*outage * 1e3);
     EngineService service(std::move(*exec), *sc, eo, so);
     ServerOptions opts;
     opts.host = o->host;

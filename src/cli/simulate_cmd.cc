@@ -29,6 +29,7 @@ struct ValidateOptions {
   int requests = 24, max_batch_tokens = 1024, max_num_seqs = 256;
   double prefill_scale = 0.05, decode_scale = 0.05;
   std::string workloads = "prefill,decode";
+  DeviceFlags timeouts;
 };
 
 struct RealRun {
@@ -77,6 +78,7 @@ Result<RealRun> RunReal(const std::string& dir, const ModelConfig& m, const Engi
   df.device_memory = c.device_memory != nullptr ? c.device_memory : o.device_memory;
   df.max_step_tokens = o.max_batch_tokens;
   df.max_seqs = o.max_num_seqs;
+  CopyTimeoutFlags(o.timeouts, &df);
   FS_ASSIGN_OR_RETURN(auto exec, MakeExecutor(dir, df));
   Engine engine(exec.get(), SchedulerFor(c, o, m));
   RealRun run;
@@ -310,6 +312,7 @@ CommandFn RegisterSimulate(CLI::App& app) {
       ->capture_default_str();
   v->add_option("--decode-scale", o->v.decode_scale, "validate: OpenThoughts-like length scale")
       ->capture_default_str();
+  AddTimeoutFlags(*v, &o->v.timeouts);
   return [o] {
     if (o->name == "validate") {
       o->v.data_dir = o->e.data_dir;

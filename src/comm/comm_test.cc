@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/abort_signal.h"
 #include "comm/channel.h"
 #include "comm/gloo_communicator.h"
 #include "comm/kv_store.h"
@@ -209,6 +210,64 @@ TEST(Gloo, AllReduceOverLoopbackAndDeadPeer) {
         int port = server->port();
         for (int r = 0; r < n * n; ++r)
           ASSERT_EQ(::write(port_pipe[1], &port, sizeof(port)), (ssize_t)sizeof(port));
+      });
+  for (int c : codes) EXPECT_EQ(c, 0);
+}
+
+// A hung member (it never enters the collective) does not hold the others
+// for the collective timeout: the coordinator raises the group's abort
+// signal and every member waiting in gloo fails at once.
+TEST(Gloo, AbortSignalFailsMembersWaitingOnAHungPeer) {
+  const int n = 3;
+  int port_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  auto signal = AbortSignal::Create();
+  ASSERT_TRUE(signal.ok());
+  const int signal_fd = signal->fd();
+  std::unique_ptr<KvStoreServer> server;
+  auto codes = RunChildren(
+      n,
+      [&](int rank) {
+        int port = 0;
+        for (int r = 0; r <= rank; ++r) {
+          if (::read(port_pipe[0], &port, sizeof(port)) != sizeof(port)) return 10;
+        }
+        GlooGroupOptions o;
+        o.store_port = port;
+        o.prefix = "g1";
+        o.rank = rank;
+        o.size = n;
+        o.timeout_ms = 60000;
+        auto abort = AbortSignal::Map(::dup(signal_fd));
+        if (!abort.ok()) return 11;
+        const AbortSignal watch = std::move(abort).value();
+        auto mine = AbortSignal::Map(::dup(signal_fd));
+        auto comm = GlooCommunicator::Connect(o, std::move(mine).value());
+        if (!comm.ok()) return 12;
+        std::vector<float> v(1000, 1.0f);
+        if (!(*comm)->AllReduceSum(v.data(), v.size()).ok()) return 13;
+        if (rank == 2) {
+          // Hung: it never enters the next collective, and stays (its
+          // connections open) well after the abort.
+          while (!watch.raised()) watch.WaitChange(watch.generation());
+          ::usleep(2000000);
+          return 0;
+        }
+        const int64_t t0 = MonotonicNanos();
+        Status st = (*comm)->AllReduceSum(v.data(), v.size());
+        if (st.code() != StatusCode::kAborted) return 14;
+        // The abort comes about 0.4 s in; the hung peer leaves 2 s later.
+        return (MonotonicNanos() - t0) / 1000000 < 1500 ? 0 : 15;
+      },
+      [&] {
+        auto s = KvStoreServer::Start("127.0.0.1", 0);
+        ASSERT_TRUE(s.ok());
+        server = std::move(s).value();
+        int port = server->port();
+        for (int r = 0; r < n * n; ++r)
+          ASSERT_EQ(::write(port_pipe[1], &port, sizeof(port)), (ssize_t)sizeof(port));
+        ::usleep(500000);
+        signal->Raise();
       });
   for (int c : codes) EXPECT_EQ(c, 0);
 }

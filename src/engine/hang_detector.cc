@@ -53,27 +53,34 @@ void StepDeadline::Observe(double estimate_s, int64_t wall_ns) {
 }
 
 HangWatch::HangWatch(const DeviceProgressRegion* progress, const std::vector<int>& devices,
-                     int64_t deadline_ms, int64_t grace_ms, std::function<void()> abort_group)
+                     std::vector<DeviceProgress> before, int64_t sent_ns, int64_t deadline_ms,
+                     int64_t grace_ms, std::function<void()> abort_group)
     : progress_(progress),
       devices_(devices),
-      start_ns_(MonotonicNanos()),
+      base_(std::move(before)),
+      start_ns_(sent_ns),
       deadline_ns_(deadline_ms * 1000000),
       grace_ns_(grace_ms * 1000000),
       abort_group_(std::move(abort_group)),
       next_check_ns_(start_ns_ + deadline_ns_) {
-  for (int d : devices_) base_.push_back(Progress(d));
+  if (base_.size() != devices_.size()) {
+    base_.clear();
+    for (int d : devices_) base_.push_back(Progress(d));
+  }
 }
 
 DeviceProgress HangWatch::Progress(int device) const {
   return progress_ && progress_->valid() ? progress_->Read(device) : DeviceProgress();
 }
 
-void HangWatch::Abort() {
+void HangWatch::Abort(int64_t now_ns) {
   if (aborted_) return;
   aborted_ = true;
-  aborted_at_ns_ = MonotonicNanos();
+  aborted_at_ns_ = now_ns;
   if (abort_group_) abort_group_();
 }
+
+void HangWatch::OnFailedReply(int device) { Abort(MonotonicNanos()); }
 
 std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pending,
                                       const std::vector<int>& replied) {
@@ -124,16 +131,17 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     all_still &= still;
     const bool behind = someone_done || !s.started || s.collectives < ahead;
     if (still && behind) {
-      dead.push_back({s.device,
-                      fmt::format("it made no progress for {} ms while its peers waited for it",
-                                  s.still_ns / 1000000),
-                      now - s.still_ns});
+      dead.push_back(
+          {s.device,
+           fmt::format("it made no progress for {} ms while its peers were further along",
+                       s.still_ns / 1000000),
+           now - s.still_ns});
     }
   }
   if (!dead.empty() || all_still) {
     // No survivor may keep waiting for the dead (or, if nobody is ahead, for
     // whoever does not answer now).
-    Abort();
+    Abort(now);
     next_check_ns_ = now + grace_ns_;
     return dead;
   }

@@ -65,19 +65,21 @@ class StepDeadline {
 // Hang detection for one collection of replies (a ReplyWatch).
 class HangWatch final : public ReplyWatch {
  public:
-  // `devices` were just sent a request; their progress now is the baseline.
+  // `devices` were sent a request at `sent_ns`; `before` is their progress
+  // read just before (parallel to `devices`; empty: read now).
   // `abort_group` makes every pending collective of their group fail.
   HangWatch(const DeviceProgressRegion* progress, const std::vector<int>& devices,
-            int64_t deadline_ms, int64_t grace_ms, std::function<void()> abort_group);
+            std::vector<DeviceProgress> before, int64_t sent_ns, int64_t deadline_ms,
+            int64_t grace_ms, std::function<void()> abort_group);
 
   int64_t next_check_ns() const override { return next_check_ns_; }
   std::vector<Verdict> Check(int64_t now_ns, const std::vector<int>& pending,
                              const std::vector<int>& replied) override;
-  void OnFailedReply(int device) override { Abort(); }
+  void OnFailedReply(int device) override;
   bool aborted() const { return aborted_; }
 
  private:
-  void Abort();
+  void Abort(int64_t now_ns);
   DeviceProgress Progress(int device) const;
 
   const DeviceProgressRegion* progress_;

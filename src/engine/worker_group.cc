@@ -77,16 +77,20 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
     FS_ASSIGN_OR_RETURN(g->store_, KvStoreServer::Start(options.gloo_hostname, 0));
   }
   g->devices_.resize(options.num_devices);
+  Sent started;
+  started.at_ns = MonotonicNanos();
   for (int dev : g->plan_.alive) {
     FS_RETURN_IF_ERROR(g->Spawn(dev));
     g->devices_[dev].kv_pages = capacity[dev];
+    started.devices.push_back(dev);
+    started.before.emplace_back();  // a new process has done nothing yet
   }
-  for (const DeviceReply& r : g->Collect(g->plan_.alive, kStartTimeoutMs)) {
+  for (const DeviceReply& r : g->Collect(started, kStartTimeoutMs)) {
     if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
   }
   FS_RETURN_IF_ERROR(g->DeadAmong(g->plan_.alive, "while starting"));
-  g->SendAll(g->plan_.active, WorkerOp::kLoadPlan, PlanToJson(g->plan_));
-  for (const DeviceReply& r : g->Collect(g->plan_.active, kLoadTimeoutMs)) {
+  const Sent load = g->SendAll(g->plan_.active, WorkerOp::kLoadPlan, PlanToJson(g->plan_));
+  for (const DeviceReply& r : g->Collect(load, kLoadTimeoutMs)) {
     if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
     WireReader w(r.body);
     g->devices_[r.device].weight_bytes = w.Get<int64_t>();
@@ -97,11 +101,12 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
 }
 
 WorkerGroup::~WorkerGroup() {
-  std::vector<int> running = alive_devices();
-  SendAll(running, WorkerOp::kShutdown, "");
-  HangWatch watch(&progress_, running, 2000, 250, nullptr);
+  const Sent sent = SendAll(alive_devices(), WorkerOp::kShutdown, "");
+  HangWatch watch(&progress_, sent.devices, sent.before, sent.at_ns, 2000, 250, nullptr);
   std::vector<std::pair<int, DeviceProcess*>> procs;
-  for (int d : running) procs.emplace_back(d, devices_[d].process.get());
+  for (int d : sent.devices) {
+    if (alive(d)) procs.emplace_back(d, devices_[d].process.get());
+  }
   CollectReplies(procs, watch, [](const Verdict&) {});
   // Each process is killed (if still there) and reaped as it goes.
   for (auto& d : devices_) d.process.reset();
@@ -149,26 +154,32 @@ Result<std::vector<int64_t>> WorkerGroup::KvCapacityFor(const Plan& plan) const 
   return cap;
 }
 
-void WorkerGroup::SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
-                          const std::vector<std::vector<int>>& fds) {
+WorkerGroup::Sent WorkerGroup::SendAll(const std::vector<int>& devices, WorkerOp op,
+                                       const std::string& payload,
+                                       const std::vector<std::vector<int>>& fds) {
+  Sent sent;
+  for (int d : devices) {
+    if (!alive(d)) continue;
+    sent.devices.push_back(d);
+    sent.before.push_back(progress_.Read(d));
+  }
+  sent.at_ns = MonotonicNanos();
   for (size_t i = 0; i < devices.size(); ++i) {
     const int d = devices[i];
     if (!alive(d)) continue;
     Status st = devices_[d].process->Send(op, payload, fds.empty() ? std::vector<int>{} : fds[i]);
     if (!st.ok()) MarkDead({d, "its channel is closed", 0});
   }
+  return sent;
 }
 
-std::vector<DeviceReply> WorkerGroup::Collect(const std::vector<int>& devices,
-                                              int64_t deadline_ms) {
+std::vector<DeviceReply> WorkerGroup::Collect(const Sent& sent, int64_t deadline_ms) {
   std::vector<std::pair<int, DeviceProcess*>> procs;
-  std::vector<int> ids;
-  for (int d : devices) {
-    if (!alive(d)) continue;
-    procs.emplace_back(d, devices_[d].process.get());
-    ids.push_back(d);
+  for (int d : sent.devices) {
+    if (alive(d)) procs.emplace_back(d, devices_[d].process.get());
   }
-  HangWatch watch(&progress_, ids, deadline_ms, GraceMs(deadline_ms), [this] { group_.Abort(); });
+  HangWatch watch(&progress_, sent.devices, sent.before, sent.at_ns, deadline_ms,
+                  GraceMs(deadline_ms), [this] { group_.Abort(); });
   return CollectReplies(procs, watch, [this](const Verdict& v) { MarkDead(v); });
 }
 
@@ -212,12 +223,17 @@ Status WorkerGroup::FormGroup(const std::vector<int>& members) {
   o.store = store_.get();
   FS_ASSIGN_OR_RETURN(group_, CollectiveGroup::Create(o, epoch_, static_cast<int>(members.size())));
   // Each member needs its own rank: send one by one, then collect.
+  Sent all;
   for (size_t i = 0; i < members.size(); ++i) {
     WireWriter w;
     group_.SpecFor(static_cast<int>(i)).Encode(&w);
-    SendAll({members[i]}, WorkerOp::kJoinGroup, w.data(), {group_.FdsFor(static_cast<int>(i))});
+    Sent one =
+        SendAll({members[i]}, WorkerOp::kJoinGroup, w.data(), {group_.FdsFor(static_cast<int>(i))});
+    if (all.at_ns == 0) all.at_ns = one.at_ns;
+    all.devices.insert(all.devices.end(), one.devices.begin(), one.devices.end());
+    all.before.insert(all.before.end(), one.before.begin(), one.before.end());
   }
-  for (const DeviceReply& r : Collect(members, options_.collective_timeout_ms)) {
+  for (const DeviceReply& r : Collect(all, options_.collective_timeout_ms)) {
     if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
   }
   return DeadAmong(members, "while joining the group");
@@ -240,8 +256,8 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
   const int64_t t0 = MonotonicNanos();
   WireWriter w;
   EncodeBatch(batch, &w);
-  SendAll(plan_.active, WorkerOp::kStep, w.data());
-  std::vector<DeviceReply> replies = Collect(plan_.active, last_deadline_ms_);
+  const Sent sent = SendAll(plan_.active, WorkerOp::kStep, w.data());
+  std::vector<DeviceReply> replies = Collect(sent, last_deadline_ms_);
   FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "during the step"));
   for (const DeviceReply& r : replies) {
     if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));
@@ -263,9 +279,9 @@ Status WorkerGroup::FreeSeqs(const std::vector<int64_t>& seq_ids) {
   WireWriter w;
   w.PutVector(seq_ids);
   const std::vector<int> running = alive_devices();
-  SendAll(running, WorkerOp::kFreeSeqs, w.data());
+  const Sent sent = SendAll(running, WorkerOp::kFreeSeqs, w.data());
   // A device drains its backup before freeing; its backup writer shows it moving.
-  for (const DeviceReply& r : Collect(running, deadline_.floor_ms())) FS_RETURN_IF_ERROR(r.status);
+  for (const DeviceReply& r : Collect(sent, deadline_.floor_ms())) FS_RETURN_IF_ERROR(r.status);
   return DeadAmong(running, "while freeing sequences");
 }
 
@@ -300,9 +316,9 @@ Status WorkerGroup::CheckHealth(int64_t timeout_ms) {
   }
   std::erase_if(killed_, [](const auto& p) { return p->Reap(); });
   const std::vector<int> running = alive_devices();
-  SendAll(running, WorkerOp::kPing, "");
+  const Sent sent = SendAll(running, WorkerOp::kPing, "");
   // A device that misses the heartbeat is declared dead.
-  Collect(running, timeout_ms > 0 ? timeout_ms : deadline_.floor_ms());
+  Collect(sent, timeout_ms > 0 ? timeout_ms : deadline_.floor_ms());
   return Status::Ok();
 }
 
@@ -311,8 +327,8 @@ Status WorkerGroup::DrainBackup() {
   for (int d : plan_.active) {
     if (alive(d)) running.push_back(d);
   }
-  SendAll(running, WorkerOp::kDrainBackup, "");
-  for (const DeviceReply& r : Collect(running, options_.collective_timeout_ms))
+  const Sent sent = SendAll(running, WorkerOp::kDrainBackup, "");
+  for (const DeviceReply& r : Collect(sent, options_.collective_timeout_ms))
     FS_RETURN_IF_ERROR(r.status);
   return DeadAmong(running, "while draining its KV backup");
 }
@@ -322,8 +338,10 @@ Status WorkerGroup::SpawnDevice(int device) {
     return OutOfRange("device id {} is out of range [0, {})", device, options_.num_devices);
   }
   if (alive(device)) return InvalidArgument("device {} is alive: it cannot rejoin", device);
+  const int64_t t0 = MonotonicNanos();
   FS_RETURN_IF_ERROR(Spawn(device));
-  for (const DeviceReply& r : Collect({device}, kStartTimeoutMs)) FS_RETURN_IF_ERROR(r.status);
+  for (const DeviceReply& r : Collect({{device}, {DeviceProgress()}, t0}, kStartTimeoutMs))
+    FS_RETURN_IF_ERROR(r.status);
   return DeadAmong({device}, "while starting");
 }
 
@@ -341,8 +359,8 @@ Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
   req.seqs = seqs;
   WireWriter w;
   req.Encode(&w);
-  SendAll(next.active, WorkerOp::kApplyPlan, w.data());
-  std::vector<DeviceReply> replies = Collect(next.active, options_.collective_timeout_ms);
+  const Sent sent = SendAll(next.active, WorkerOp::kApplyPlan, w.data());
+  std::vector<DeviceReply> replies = Collect(sent, options_.collective_timeout_ms);
   FS_RETURN_IF_ERROR(DeadAmong(next.active, "while the plan was applied"));
   for (const DeviceReply& r : replies) {
     if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));

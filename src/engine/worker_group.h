@@ -128,13 +128,19 @@ class WorkerGroup final : public Executor {
   bool alive(int device) const { return devices_[device].process != nullptr; }
   Status Spawn(int device);
   Status InitDevice(int device);
+  // Requests sent: to whom, when, and their progress just before.
+  struct Sent {
+    std::vector<int> devices;
+    std::vector<DeviceProgress> before;
+    int64_t at_ns = 0;
+  };
   // Sends one request to each listed device (fds[i] attached); a device
   // whose channel is closed is declared dead.
-  void SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
+  Sent SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
                const std::vector<std::vector<int>>& fds = {});
-  // Collects one reply from each listed device within `deadline_ms`,
+  // Collects one reply from each device sent to within `deadline_ms`,
   // declaring dead those that exit or hang. Replies of dead devices are absent.
-  std::vector<DeviceReply> Collect(const std::vector<int>& devices, int64_t deadline_ms);
+  std::vector<DeviceReply> Collect(const Sent& sent, int64_t deadline_ms);
   // Fences a device: its group aborted, its process killed, its channel closed.
   void MarkDead(const Verdict& verdict);
   Status FormGroup(const std::vector<int>& members);

@@ -1,0 +1,131 @@
+// Deadlines from measured step times, and telling a hung device from the
+// peers waiting for it, on progress written by hand.
+#include "engine/hang_detector.h"
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+
+namespace failsafe {
+namespace {
+
+TEST(StepDeadline, ExplicitBootstrapAndDerived) {
+  DeadlineOptions fixed;
+  fixed.step_timeout_ms = 1234;
+  EXPECT_EQ(StepDeadline(fixed).DeadlineMs(100.0), 1234);
+
+  StepDeadline d;  // floor 500 ms, 4x
+  // Before any step is measured: generous (50x the estimate), never below the floor.
+  EXPECT_EQ(d.DeadlineMs(0.001), 500);
+  EXPECT_EQ(d.DeadlineMs(0.1), 20000);
+  // Steps take 3x their estimate.
+  for (int i = 0; i < 40; ++i) d.Observe(0.01, 30000000);
+  EXPECT_NEAR(d.ExpectedSeconds(1.0), 3.0, 1e-9);
+  EXPECT_EQ(d.DeadlineMs(1.0), 12000);
+  EXPECT_EQ(d.DeadlineMs(0.01), 500);
+  // One slow step in twenty does not move the deadline (95th percentile)...
+  d.Observe(0.01, 1000000000);
+  EXPECT_EQ(d.DeadlineMs(1.0), 12000);
+  // ...a machine that became slower does.
+  for (int i = 0; i < 60; ++i) d.Observe(0.01, 100000000);
+  EXPECT_EQ(d.DeadlineMs(1.0), 40000);
+}
+
+struct Progress {
+  DeviceProgressRegion region = std::move(DeviceProgressRegion::Create(4)).value();
+  void Set(int device, uint64_t requests, uint64_t entered, uint64_t left, int64_t last_ns) {
+    DeviceProgressSlot* s = region.slot(device);
+    s->requests = requests;
+    s->entered = entered;
+    s->left = left;
+    s->last_move_ns = last_ns;
+  }
+};
+
+constexpr int64_t kMs = 1000000;
+
+// Three devices took the step; two wait in collective 5 for the third, which
+// has been still since before the deadline.
+TEST(HangWatch, TheDeviceBehindThatDoesNotMoveIsHung) {
+  Progress p;
+  const int64_t t0 = MonotonicNanos();
+  for (int d = 0; d < 3; ++d) p.Set(d, 10, 4, 4, t0);
+  int aborts = 0;
+  HangWatch w(&p.region, {0, 1, 2}, {}, MonotonicNanos(), 500, 250, [&] { ++aborts; });
+  EXPECT_GE(w.next_check_ns(), t0 + 500 * kMs);
+  p.Set(0, 11, 5, 4, t0 + 100 * kMs);
+  p.Set(1, 11, 5, 4, t0 + 120 * kMs);
+  p.Set(2, 11, 4, 4, t0 + 40 * kMs);
+  auto dead = w.Check(t0 + 600 * kMs, {0, 1, 2}, {});
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].device, 2);
+  EXPECT_EQ(dead[0].failed_ns, t0 + 40 * kMs);  // its last sign of life
+  EXPECT_NE(dead[0].reason.find("no progress"), std::string::npos);
+  EXPECT_EQ(aborts, 1);
+  EXPECT_TRUE(w.aborted());
+}
+
+// A device that is behind but still moves is slow, not hung: nobody is
+// declared dead and the group is not aborted; the watch looks again.
+TEST(HangWatch, SlowButMovingIsNotHung) {
+  Progress p;
+  const int64_t t0 = MonotonicNanos();
+  for (int d = 0; d < 3; ++d) p.Set(d, 1, 0, 0, t0);
+  int aborts = 0;
+  HangWatch w(&p.region, {0, 1, 2}, {}, MonotonicNanos(), 500, 250, [&] { ++aborts; });
+  p.Set(0, 2, 20, 19, t0 + 100 * kMs);
+  p.Set(1, 2, 20, 19, t0 + 110 * kMs);
+  p.Set(2, 2, 12, 12, t0 + 580 * kMs);  // behind, moved 20 ms ago
+  EXPECT_TRUE(w.Check(t0 + 600 * kMs, {0, 1, 2}, {}).empty());
+  EXPECT_EQ(aborts, 0);
+  EXPECT_GT(w.next_check_ns(), t0 + 600 * kMs);
+  EXPECT_LT(w.next_check_ns(), t0 + 1100 * kMs);
+}
+
+// Devices that replied are done: a pending one that never took the request
+// (stopped before reading it) is hung.
+TEST(HangWatch, NotStartedWhileOthersAreDone) {
+  Progress p;
+  const int64_t t0 = MonotonicNanos();
+  for (int d = 0; d < 3; ++d) p.Set(d, 7, 30, 30, t0 - 5000 * kMs);
+  HangWatch w(&p.region, {0, 1, 2}, {}, MonotonicNanos(), 500, 250, nullptr);
+  auto dead = w.Check(t0 + 501 * kMs, {1}, {0, 2});
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].device, 1);
+}
+
+// Everyone stuck at the same point: nobody is ahead, so the group is aborted
+// and those that do not move within the grace period are dead.
+TEST(HangWatch, NobodyAheadAbortsThenWaitsTheGrace) {
+  Progress p;
+  const int64_t t0 = MonotonicNanos();
+  for (int d = 0; d < 3; ++d) p.Set(d, 3, 9, 8, t0);
+  int aborts = 0;
+  HangWatch w(&p.region, {0, 1, 2}, {}, MonotonicNanos(), 500, 250, [&] { ++aborts; });
+  for (int d = 0; d < 3; ++d) p.Set(d, 4, 10, 9, t0 + 50 * kMs);
+  EXPECT_TRUE(w.Check(t0 + 700 * kMs, {0, 1, 2}, {}).empty());
+  EXPECT_EQ(aborts, 1);
+  // After the abort, 0 and 1 left their collective; 2 did not.
+  const int64_t after = t0 + 710 * kMs;
+  p.Set(0, 4, 10, 10, after);
+  p.Set(1, 4, 10, 10, after);
+  EXPECT_TRUE(w.Check(after + 100 * kMs, {2}, {0, 1}).empty());  // within the grace
+  auto dead = w.Check(after + 300 * kMs, {2}, {0, 1});
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].device, 2);
+  EXPECT_NE(dead[0].reason.find("aborted"), std::string::npos);
+}
+
+// A device that answered with an error of its own aborts the group, so that
+// its peers do not wait for it in a collective.
+TEST(HangWatch, AFailedReplyAbortsTheGroup) {
+  Progress p;
+  int aborts = 0;
+  HangWatch w(&p.region, {0, 1}, {}, MonotonicNanos(), 500, 250, [&] { ++aborts; });
+  w.OnFailedReply(1);
+  w.OnFailedReply(0);
+  EXPECT_EQ(aborts, 1);
+}
+
+}  // namespace
+}  // namespace failsafe

@@ -93,6 +93,8 @@ class Executor {
   }
   // The device's latest loss (detected_ns 0 while it is alive).
   virtual DeviceLoss device_loss(int device) const { return {}; }
+  // The device's worker process, or -1 (none, or not a separate process).
+  virtual int device_pid(int device) const { return -1; }
 };
 
 struct LocalExecutorOptions {

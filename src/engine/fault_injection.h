@@ -64,6 +64,7 @@ class FaultInjectingExecutor final : public Executor {
   Status KillDevice(int device) override { return inner_->KillDevice(device); }
   Status SpawnDevice(int device) override;
   DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }
+  int device_pid(int device) const override { return inner_->device_pid(device); }
 
  private:
   struct Armed {

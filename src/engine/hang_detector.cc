@@ -41,9 +41,9 @@ double StepDeadline::ExpectedSeconds(double estimate_s) const {
   return Ratio() * std::max(estimate_s, kMinEstimateS);
 }
 
-int64_t StepDeadline::DeadlineMs(double estimate_s) const {
+int64_t StepDeadline::DeadlineMs(double estimate_s, int moves) const {
   if (options_.step_timeout_ms > 0) return options_.step_timeout_ms;
-  const double ms = options_.multiplier * ExpectedSeconds(estimate_s) * 1e3;
+  const double ms = options_.multiplier * ExpectedSeconds(estimate_s) / std::max(1, moves) * 1e3;
   return std::max(options_.floor_ms, static_cast<int64_t>(std::min(ms, 1e12)));
 }
 

@@ -3,9 +3,12 @@
 //
 // Deadlines come from measured step times. The scheduler's cost model gives
 // each step an estimate from its work (tokens, context, the plan); the ratio
-// of measured wall time to estimate is tracked over recent steps, and a
-// step's deadline is `multiplier` x (a high percentile of that ratio) x its
-// estimate, never less than a floor. Until enough steps are measured the
+// of measured wall time to estimate is tracked over recent steps, so a
+// step's expected duration is (a high percentile of that ratio) x its
+// estimate. A device moves at every collective of a step (2 per layer, and
+// the embedding), so the step's deadline is `multiplier` x the expected time
+// between two moves, never less than a floor: a device that has not moved
+// for that long is not merely slow. Until enough steps are measured the
 // ratio is taken to be very large (a generous bootstrap).
 //
 // When a deadline passes, the devices' progress (worker/device_progress.h)
@@ -33,15 +36,16 @@ namespace failsafe {
 struct DeadlineOptions {
   int64_t step_timeout_ms = 0;  // > 0: every step gets exactly this; 0: derived
   int64_t floor_ms = 500;       // a derived deadline is never shorter
-  double multiplier = 4;        // over the expected step time
+  double multiplier = 8;        // over the expected time between two moves
 };
 
 class StepDeadline {
  public:
   explicit StepDeadline(const DeadlineOptions& options = {}) : options_(options) {}
 
-  // Milliseconds allowed to a step the cost model estimates at `estimate_s`.
-  int64_t DeadlineMs(double estimate_s) const;
+  // Milliseconds a device of a step the cost model estimates at `estimate_s`
+  // may go without moving, for a step with `moves` collectives.
+  int64_t DeadlineMs(double estimate_s, int moves = 1) const;
   // A step estimated at `estimate_s` took `wall_ns`.
   void Observe(double estimate_s, int64_t wall_ns);
   // The expected wall time of a step estimated at `estimate_s` (seconds).

@@ -14,21 +14,22 @@ TEST(StepDeadline, ExplicitBootstrapAndDerived) {
   fixed.step_timeout_ms = 1234;
   EXPECT_EQ(StepDeadline(fixed).DeadlineMs(100.0), 1234);
 
-  StepDeadline d;  // floor 500 ms, 4x
+  StepDeadline d;  // floor 500 ms, 8x the expected time between two moves
   // Before any step is measured: generous (50x the estimate), never below the floor.
   EXPECT_EQ(d.DeadlineMs(0.001), 500);
-  EXPECT_EQ(d.DeadlineMs(0.1), 20000);
+  EXPECT_EQ(d.DeadlineMs(0.1), 40000);
+  EXPECT_EQ(d.DeadlineMs(0.1, 10), 4000);
   // Steps take 3x their estimate.
   for (int i = 0; i < 40; ++i) d.Observe(0.01, 30000000);
   EXPECT_NEAR(d.ExpectedSeconds(1.0), 3.0, 1e-9);
-  EXPECT_EQ(d.DeadlineMs(1.0), 12000);
-  EXPECT_EQ(d.DeadlineMs(0.01), 500);
+  EXPECT_EQ(d.DeadlineMs(1.0, 8), 3000);
+  EXPECT_EQ(d.DeadlineMs(0.01, 8), 500);
   // One slow step in twenty does not move the deadline (95th percentile)...
   d.Observe(0.01, 1000000000);
-  EXPECT_EQ(d.DeadlineMs(1.0), 12000);
+  EXPECT_EQ(d.DeadlineMs(1.0, 8), 3000);
   // ...a machine that became slower does.
   for (int i = 0; i < 60; ++i) d.Observe(0.01, 100000000);
-  EXPECT_EQ(d.DeadlineMs(1.0), 40000);
+  EXPECT_EQ(d.DeadlineMs(1.0, 8), 10000);
 }
 
 struct Progress {

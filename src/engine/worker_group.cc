@@ -252,7 +252,8 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
   }
   FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "before the step"));
   const double estimate = EstimateSeconds(batch);
-  last_deadline_ms_ = deadline_.DeadlineMs(estimate);
+  // A device moves at the embedding's all-reduce and twice per layer.
+  last_deadline_ms_ = deadline_.DeadlineMs(estimate, 1 + 2 * config_.num_layers);
   const int64_t t0 = MonotonicNanos();
   WireWriter w;
   EncodeBatch(batch, &w);
@@ -382,7 +383,7 @@ DeviceLoss WorkerGroup::device_loss(int device) const {
   return devices_[device].loss;
 }
 
-pid_t WorkerGroup::device_pid(int device) const {
+int WorkerGroup::device_pid(int device) const {
   return alive(device) ? devices_[device].process->pid() : -1;
 }
 

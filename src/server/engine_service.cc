@@ -132,6 +132,7 @@ ServiceStatus EngineService::GetStatus() {
     for (int d = 0; d < plan.num_devices; ++d) {
       DeviceStatus ds;
       ds.device = d;
+      ds.pid = executor_->device_pid(d);
       ds.alive = std::count(alive.begin(), alive.end(), d) > 0;
       ds.active = plan.IsActive(d);
       ds.kv_used_pages = ds.active ? engine_.scheduler().kv().used(d) : 0;

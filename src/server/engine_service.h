@@ -60,6 +60,7 @@ struct ServiceOptions {
 
 struct DeviceStatus {
   int device = 0;
+  int pid = -1;  // its worker process
   bool alive = false;
   bool active = false;
   int64_t kv_used_pages = 0;

@@ -355,6 +355,7 @@ void HttpServer::Routes() {
     json devs = json::array();
     for (const DeviceStatus& d : st.devices) {
       devs.push_back({{"device", d.device},
+                      {"pid", d.pid},
                       {"alive", d.alive},
                       {"active", d.active},
                       {"kv_used_pages", d.kv_used_pages},

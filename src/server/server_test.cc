@@ -3,6 +3,7 @@
 // keeps going while a device is killed underneath it.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -315,6 +316,71 @@ TEST(Server, StreamSurvivesADeviceKilledUnderneath) {
   EXPECT_EQ(f.client->Post("/admin/devices/2/restore", "", "application/json")->status, 200);
   EXPECT_EQ(f.client->Post("/admin/devices/2/restore", "", "application/json")->status,
             400);  // alive already
+}
+
+// SIGSTOP a device under a stream: the stream resumes within 2 s with the
+// same text, and the figures in /admin/status and /metrics are the stall the
+// client saw.
+TEST(Server, AStoppedDeviceCostsTheStallTheFiguresReport) {
+  Fixture f;
+  std::vector<int> prompt = f.tok->Encode("A device stops answering", true);
+  const std::string want = f.tok->Decode(Greedy(prompt, 200), true);
+  auto status = json::parse(f.client->Get("/admin/status")->body);
+  const int pid = status["devices"][1]["pid"].get<int>();
+  ASSERT_GT(pid, 0);
+  std::vector<int64_t> arrivals;
+  int64_t stopped_ns = 0;
+  auto events = f.Stream("/v1/completions",
+                         {{"prompt", prompt},
+                          {"max_tokens", 200},
+                          {"temperature", 0},
+                          {"ignore_eos", true},
+                          {"stream", true}},
+                         0, [&](int n) {
+                           arrivals.push_back(MonotonicNanos());
+                           if (n == 20) {
+                             stopped_ns = MonotonicNanos();
+                             ::kill(pid, SIGSTOP);
+                           }
+                         });
+  ::kill(pid, SIGCONT);  // fenced already: a no-op
+  std::string got;
+  for (size_t i = 0; i + 1 < events.size(); ++i)
+    got += json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(got, json::parse(json(want).dump(-1, ' ', false, json::error_handler_t::replace)));
+  // The client's stall: its last token before the stop to its first after.
+  double gap_ms = 0, normal_ms = 0;
+  for (size_t i = 1; i < arrivals.size(); ++i) {
+    if (arrivals[i - 1] <= stopped_ns && arrivals[i] > stopped_ns) {
+      gap_ms = (arrivals[i] - arrivals[i - 1]) * 1e-6;
+    } else if (arrivals[i] <= stopped_ns) {
+      normal_ms = std::max(normal_ms, (arrivals[i] - arrivals[i - 1]) * 1e-6);
+    }
+  }
+  EXPECT_LT(gap_ms, 2000);
+  status = json::parse(f.client->Get("/admin/status")->body);
+  ASSERT_EQ(status["recoveries"].size(), 1u);
+  const json& r = status["recoveries"][0];
+  EXPECT_EQ(r["failed_devices"], json::array({1}));
+  EXPECT_NE(r["causes"][0].get<std::string>().find("no progress"), std::string::npos);
+  EXPECT_TRUE(r["resumed"].get<bool>());
+  // The report runs from the device's last move to the end of the first step
+  // after the recovery; the client's gap from its token before to its token
+  // after: the same stall, give or take a step and the HTTP hop.
+  const double stall_ms = r["stall_ms"].get<double>();
+  EXPECT_NEAR(stall_ms, gap_ms, 100 + 2 * normal_ms) << "client gap " << gap_ms;
+  EXPECT_GE(r["detect_ms"].get<double>(), 450);
+  double phases = 0;
+  for (const char* p : {"detect_ms", "abort_ms", "replan_ms", "apply_ms", "first_step_ms"})
+    phases += r[p].get<double>();
+  EXPECT_LE(phases, stall_ms + 1);
+  EXPECT_GT(phases, 0.9 * stall_ms);
+  // /metrics shows the same recovery.
+  const std::string metrics = f.client->Get("/metrics")->body;
+  const std::string key = "failsafe_last_recovery_seconds{mode=\"full\"} ";
+  const size_t at = metrics.find(key);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_NEAR(std::stod(metrics.substr(at + key.size())), stall_ms * 1e-3, 1e-6);
 }
 
 // Streams a long request on its own thread; `started` is set at its first event.

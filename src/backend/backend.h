@@ -49,12 +49,24 @@ class Backend {
   virtual std::string name() const = 0;
   virtual int num_threads() const = 0;
 
+  // Linear layers are batch-invariant: every output element is computed by
+  // the same operations whatever the number of rows, the other rows and the
+  // threads (one chain of fused multiply-adds over k in increasing order), so
+  // a row's result depends only on that row and the weights.
+  //
   // y[m, n] (+)= x[m, k] * w[n, k]^T   (w in Hugging Face Linear layout)
   virtual void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m,
                         int n, int k, bool accumulate) = 0;
   // y[m, n] (+)= x[m, k] * w[k, n]     (transposed-stored projections)
   virtual void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m,
                         int n, int k, bool accumulate) = 0;
+  // Partial sums of items, exactly: k is cut into items of item_k rows of w
+  // (head groups, FFN shards); each item's product x[:, item] * w[item, :] is
+  // added to acc in fixed point (backend/fixed_point.h), so the sum over
+  // items is the same whatever their grouping or order.
+  // acc[m, n] += sum over items of ToFixed(x[m, item] * w[item, n])
+  virtual void LinearNNFixed(const float* x, int64_t ldx, const float* w, int64_t* acc,
+                             int64_t ldacc, int m, int n, int k, int item_k) = 0;
   // y[r] = x[r] / rms(x[r]) * weight, rows of `dim`.
   virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy,
                        int rows, int dim, float eps) = 0;
@@ -70,7 +82,8 @@ class Backend {
   virtual void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
                        float* weights) = 0;
   // Runs independent attention problems (sequences x head groups); the
-  // backend may run them in parallel.
+  // backend may run them in parallel. Batch-invariant too: a query token's
+  // output is the same whatever the chunk it is computed in.
   virtual void Attention(const std::vector<AttentionArgs>& problems) = 0;
   // Picks a token from logits [vocab]. `counter` makes each draw of a seeded
   // request distinct and reproducible (use the token's position).
@@ -78,8 +91,8 @@ class Backend {
                      uint64_t counter) = 0;
 };
 
-// The CPU backend: OpenBLAS for large GEMMs, hand-written kernels for the
-// memory-bound paths (small-batch GEMV, attention), OpenMP threads.
+// The CPU backend: hand-written batch-invariant kernels (register-tiled GEMM,
+// paged attention), OpenMP threads.
 std::unique_ptr<Backend> MakeCpuBackend(int num_threads);
 
 // RoPE inverse frequencies [head_dim / 2] with Llama-3 scaling if configured.

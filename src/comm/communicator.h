@@ -27,6 +27,10 @@ class Communicator {
   // In place: data[i] = sum over members of data[i]. The sum is taken in rank
   // order on every member, so all members get bit-identical results.
   virtual Status AllReduceSum(float* data, size_t count) = 0;
+  // The same over fixed-point partial sums (backend/fixed_point.h): integer
+  // addition (wrapping), exact and independent of the order and the grouping
+  // of the members.
+  virtual Status AllReduceSum(int64_t* data, size_t count) = 0;
   // recv[r * bytes, (r + 1) * bytes) = member r's send buffer.
   virtual Status AllGather(const void* send, size_t bytes, void* recv) = 0;
   virtual Status Barrier() = 0;
@@ -39,6 +43,7 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   Status AllReduceSum(float*, size_t) override { return Status::Ok(); }
+  Status AllReduceSum(int64_t*, size_t) override { return Status::Ok(); }
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override { return Status::Ok(); }
   void Abort() override {}

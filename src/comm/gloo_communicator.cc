@@ -56,6 +56,14 @@ class StoreAdapter final : public gloo::rendezvous::Store {
 
 void SumFloats(void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); }
 
+// Fixed-point sums add with wrapping, as AddFixed.
+void SumFixed(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint64_t*>(c);
+  const auto* x = static_cast<const uint64_t*>(a);
+  const auto* y = static_cast<const uint64_t*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+
 // The process's open TCP sockets.
 std::set<int> TcpSockets() {
   std::set<int> out;
@@ -165,6 +173,22 @@ Status GlooCommunicator::AllReduceSum(float* data, size_t count) {
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(data, count);
     opts.setReduceFunction(&SumFloats);
+    opts.setTag(tag_++);
+    gloo::allreduce(opts);
+  } catch (const std::exception& e) {
+    Fail();
+    return Aborted("all-reduce failed: {}", e.what());
+  }
+  return Status::Ok();
+}
+
+Status GlooCommunicator::AllReduceSum(int64_t* data, size_t count) {
+  if (aborted_) return Aborted("collective group was aborted");
+  if (size_ == 1) return Status::Ok();
+  try {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, count);
+    opts.setReduceFunction(&SumFixed);
     opts.setTag(tag_++);
     gloo::allreduce(opts);
   } catch (const std::exception& e) {

@@ -46,6 +46,7 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Status AllReduceSum(float* data, size_t count) override;
+  Status AllReduceSum(int64_t* data, size_t count) override;
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override;
   void Abort() override;

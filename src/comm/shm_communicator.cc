@@ -32,24 +32,43 @@ void FutexWakeAll(std::atomic<uint32_t>* addr) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-typedef float V16 __attribute__((vector_size(64), aligned(4)));
+template <typename T>
+struct Lanes;
+template <>
+struct Lanes<float> {
+  typedef float V __attribute__((vector_size(64), aligned(4)));
+  static V Add(V a, V b) { return a + b; }
+  static float Add(float a, float b) { return a + b; }
+};
+template <>
+struct Lanes<int64_t> {
+  // Wrapping addition, as fixed-point sums add.
+  typedef uint64_t V __attribute__((vector_size(64), aligned(8)));
+  static V Add(V a, V b) { return a + b; }
+  static int64_t Add(int64_t a, int64_t b) {
+    return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  }
+};
 
 // out[i] = sum over members in rank order of slot[m][i], for i in [begin, end).
-void SumSlots(const char* const* slots, int members, size_t begin, size_t end, float* out) {
+template <typename T>
+void SumSlots(const char* const* slots, int members, size_t begin, size_t end, T* out) {
+  using L = Lanes<T>;
+  constexpr size_t kLanes = 64 / sizeof(T);
   size_t i = begin;
-  for (; i + 16 <= end; i += 16) {
-    V16 acc;
-    std::memcpy(&acc, reinterpret_cast<const float*>(slots[0]) + i, 64);
+  for (; i + kLanes <= end; i += kLanes) {
+    typename L::V acc;
+    std::memcpy(&acc, reinterpret_cast<const T*>(slots[0]) + i, 64);
     for (int m = 1; m < members; ++m) {
-      V16 v;
-      std::memcpy(&v, reinterpret_cast<const float*>(slots[m]) + i, 64);
-      acc += v;
+      typename L::V v;
+      std::memcpy(&v, reinterpret_cast<const T*>(slots[m]) + i, 64);
+      acc = L::Add(acc, v);
     }
     std::memcpy(out + i, &acc, 64);
   }
   for (; i < end; ++i) {
-    float acc = reinterpret_cast<const float*>(slots[0])[i];
-    for (int m = 1; m < members; ++m) acc += reinterpret_cast<const float*>(slots[m])[i];
+    T acc = reinterpret_cast<const T*>(slots[0])[i];
+    for (int m = 1; m < members; ++m) acc = L::Add(acc, reinterpret_cast<const T*>(slots[m])[i]);
     out[i] = acc;
   }
 }
@@ -137,24 +156,30 @@ Status ShmCommunicator::Barrier() {
   return Status::Ok();
 }
 
-Status ShmCommunicator::AllReduceSum(float* data, size_t count) {
+Status ShmCommunicator::AllReduceSum(float* data, size_t count) { return Reduce(data, count); }
+
+Status ShmCommunicator::AllReduceSum(int64_t* data, size_t count) { return Reduce(data, count); }
+
+template <typename T>
+Status ShmCommunicator::Reduce(T* data, size_t count) {
   if (size_ == 1)
     return header()->aborted.load() ? Aborted("collective group was aborted") : Status::Ok();
-  if (count * sizeof(float) * size_ > kScatterThresholdBytes &&
+  if (count * sizeof(T) * size_ > kScatterThresholdBytes &&
       count >= static_cast<size_t>(size_) * 16) {
     return ReduceScatterGather(data, count);
   }
   return ReduceDirect(data, count);
 }
 
-Status ShmCommunicator::ReduceDirect(float* data, size_t count) {
-  const size_t chunk = slot_bytes_ / sizeof(float);
+template <typename T>
+Status ShmCommunicator::ReduceDirect(T* data, size_t count) {
+  const size_t chunk = slot_bytes_ / sizeof(T);
   const char* slots[64];
   FS_CHECK(size_ <= 64);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
     const int buf = static_cast<int>(ops_++ & 1);
-    std::memcpy(Slot(buf, rank_), data + off, n * sizeof(float));
+    std::memcpy(Slot(buf, rank_), data + off, n * sizeof(T));
     FS_RETURN_IF_ERROR(Barrier());
     for (int m = 0; m < size_; ++m) slots[m] = Slot(buf, m);
     SumSlots(slots, size_, 0, n, data + off);
@@ -162,23 +187,25 @@ Status ShmCommunicator::ReduceDirect(float* data, size_t count) {
   return Status::Ok();
 }
 
-Status ShmCommunicator::ReduceScatterGather(float* data, size_t count) {
-  const size_t chunk = slot_bytes_ / sizeof(float);
+template <typename T>
+Status ShmCommunicator::ReduceScatterGather(T* data, size_t count) {
+  const size_t chunk = slot_bytes_ / sizeof(T);
   const char* slots[64];
   FS_CHECK(size_ <= 64);
-  float* result = ResultArea();
+  T* result = reinterpret_cast<T*>(ResultArea());
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
     const int buf = static_cast<int>(ops_++ & 1);
-    std::memcpy(Slot(buf, rank_), data + off, n * sizeof(float));
+    std::memcpy(Slot(buf, rank_), data + off, n * sizeof(T));
     FS_RETURN_IF_ERROR(Barrier());
-    // This member's piece, 16-float aligned.
-    const size_t per = (n / size_ + 15) / 16 * 16;
+    // This member's piece, a whole number of vectors.
+    const size_t lanes = 64 / sizeof(T);
+    const size_t per = (n / size_ + lanes - 1) / lanes * lanes;
     const size_t b = std::min(n, per * rank_), e = std::min(n, b + per);
     for (int m = 0; m < size_; ++m) slots[m] = Slot(buf, m);
     SumSlots(slots, size_, b, e, result);
     FS_RETURN_IF_ERROR(Barrier());
-    std::memcpy(data + off, result, n * sizeof(float));
+    std::memcpy(data + off, result, n * sizeof(T));
   }
   return Status::Ok();
 }

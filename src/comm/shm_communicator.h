@@ -35,6 +35,7 @@ class ShmCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Status AllReduceSum(float* data, size_t count) override;
+  Status AllReduceSum(int64_t* data, size_t count) override;
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override;
   void Abort() override { AbortRegion(region_); }
@@ -44,8 +45,12 @@ class ShmCommunicator final : public Communicator {
   Header* header() const { return static_cast<Header*>(region_.data()); }
   char* Slot(int buffer, int member) const;
   float* ResultArea() const;
-  Status ReduceDirect(float* data, size_t count);
-  Status ReduceScatterGather(float* data, size_t count);
+  template <typename T>
+  Status Reduce(T* data, size_t count);
+  template <typename T>
+  Status ReduceDirect(T* data, size_t count);
+  template <typename T>
+  Status ReduceScatterGather(T* data, size_t count);
 
   ShmRegion region_;
   const int rank_;

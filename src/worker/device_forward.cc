@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/fixed_point.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "worker/device_model.h"
@@ -68,7 +69,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     seg_cpu = c;
     seg_wall = w;
   };
-  auto all_reduce = [&](float* data, size_t n) -> Status {
+  auto all_reduce = [&](auto* data, size_t n) -> Status {
     end_segment();
     Status st = comm.AllReduceSum(data, n);
     int64_t w = MonotonicNanos();
@@ -81,13 +82,16 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   float* x = Sized(x_, static_cast<size_t>(T) * H);
   Embed(b);
   FS_RETURN_IF_ERROR(all_reduce(x, static_cast<size_t>(T) * H));
+  // The partial sums of head groups and FFN shards are exact (fixed point):
+  // whichever devices hold which items, the sums and so the residual stream
+  // are the same bit for bit.
   for (int l = 0; l < config_.num_layers; ++l) {
     AttentionPartial(l, b, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), static_cast<size_t>(T) * H));
-    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += partial_[i];
+    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += FromFixed(partial_[i]);
     FfnPartial(l, T, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), static_cast<size_t>(T) * H));
-    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += partial_[i];
+    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += FromFixed(partial_[i]);
   }
   LmHead(b, logits, stats);
   end_segment();
@@ -179,7 +183,8 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   const int hd = config_.head_dim, g = config_.group_size();
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* h = Sized(h_, static_cast<size_t>(T) * H);
-  float* partial = Sized(partial_, static_cast<size_t>(T) * H);
+  int64_t* partial = Sized(partial_, static_cast<size_t>(T) * H);
+  std::memset(partial, 0, sizeof(int64_t) * static_cast<size_t>(T) * H);
   backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
 
   // TP head groups: every token.
@@ -197,13 +202,12 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
     const int64_t ld_attn = static_cast<int64_t>(n_tp) * g * hd;
     int k0 = 0;
     for (const auto& seg : lw.tp_o.segments()) {
-      backend_->LinearNN(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, partial, H, T,
-                         H, seg.count * g * hd, k0 > 0);
+      // One exact partial sum per head group.
+      backend_->LinearNNFixed(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, partial,
+                              H, T, H, seg.count * g * hd, g * hd);
       k0 += seg.count;
     }
     stats->attention_flops += 2.0 * T * ld_attn * H;
-  } else {
-    std::memset(partial, 0, sizeof(float) * static_cast<size_t>(T) * H);
   }
 
   // DP head groups: only tokens of sequences whose DP rank is this device.
@@ -231,30 +235,31 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   float* qkv = Sized(dp_qkv_, static_cast<size_t>(rows) * n_dp * (g + 2) * hd);
   float* attn = Sized(dp_attn_, static_cast<size_t>(rows) * n_dp * g * hd);
   RunHeads(lw.dp_qkv, layer, b, hr, qkv, attn, stats);
-  float* out = Sized(dp_out_, static_cast<size_t>(rows) * H);
+  int64_t* out = Sized(dp_out_, static_cast<size_t>(rows) * H);
+  std::memset(out, 0, sizeof(int64_t) * static_cast<size_t>(rows) * H);
   const int64_t ld_attn = static_cast<int64_t>(n_dp) * g * hd;
   int k0 = 0;
   for (const auto& seg : lw.dp_o.segments()) {
-    backend_->LinearNN(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, out, H, rows, H,
-                       seg.count * g * hd, k0 > 0);
+    backend_->LinearNNFixed(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, seg.data, out, H,
+                            rows, H, seg.count * g * hd, g * hd);
     k0 += seg.count;
   }
   stats->attention_flops += 2.0 * rows * ld_attn * H;
   for (auto [si, row0] : hr.seqs) {
     const StepSeq& s = b.seqs[si];
     for (int i = 0; i < s.num_tokens; ++i) {
-      float* dst = partial + static_cast<int64_t>(s.token_offset + i) * H;
-      const float* src = out + static_cast<int64_t>(row0 + i) * H;
-      for (int j = 0; j < H; ++j) dst[j] += src[j];
+      int64_t* dst = partial + static_cast<int64_t>(s.token_offset + i) * H;
+      const int64_t* src = out + static_cast<int64_t>(row0 + i) * H;
+      for (int j = 0; j < H; ++j) dst[j] = AddFixed(dst[j], src[j]);
     }
   }
 }
 
 void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
-                            const float* row_scale, float* out, ForwardStats* stats) {
+                            const float* row_scale, int64_t* out, ForwardStats* stats) {
   const int H = config_.hidden_size;
   const int w = plan_.shape.shard_width;
-  bool first = true;
+  std::memset(out, 0, sizeof(int64_t) * static_cast<size_t>(rows) * H);
   const auto& down_segs = lw.ffn_down.segments();
   const auto& gu_segs = lw.ffn_gate_up.segments();
   FS_CHECK(down_segs.size() == gu_segs.size());
@@ -276,19 +281,18 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
         for (int j = 0; j < seg.count * w; ++j) a[j] *= row_scale[r];
       }
     }
-    backend_->LinearNN(act, seg.count * w, down_segs[si].data, out, H, rows, H, seg.count * w,
-                       !first);
-    first = false;
+    // One exact partial sum per FFN shard.
+    backend_->LinearNNFixed(act, seg.count * w, down_segs[si].data, out, H, rows, H, seg.count * w,
+                            w);
     stats->ffn_flops += 2.0 * rows * H * 3.0 * seg.count * w;
   }
-  if (first) std::memset(out, 0, sizeof(float) * static_cast<size_t>(rows) * H);
 }
 
 void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   const LayerWeights& lw = layers_[layer];
   const int T = num_tokens, H = config_.hidden_size;
   float* h = h_.data();
-  float* partial = partial_.data();
+  int64_t* partial = partial_.data();
   backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H,
                     static_cast<float>(config_.rms_norm_eps));
   if (!config_.is_moe()) {
@@ -304,7 +308,7 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   int32_t* ids = Sized(gate_ids_, static_cast<size_t>(T) * k);
   float* weights = Sized(gate_w_, static_cast<size_t>(T) * k);
   backend_->MoeGate(logits, T, E, k, ids, weights);
-  std::memset(partial, 0, sizeof(float) * static_cast<size_t>(T) * H);
+  std::memset(partial, 0, sizeof(int64_t) * static_cast<size_t>(T) * H);
   std::vector<bool> held(E, false);
   for (const auto& seg : lw.ffn_gate_up.segments()) held[plan_.shape.ShardExpert(seg.first)] = true;
   for (int e = 0; e < E; ++e) {
@@ -325,12 +329,12 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
                   sizeof(float) * H);
       scale[r] = weights[expert_rows_[r]];
     }
-    float* out = Sized(expert_out_, static_cast<size_t>(rows) * H);
+    int64_t* out = Sized(expert_out_, static_cast<size_t>(rows) * H);
     FfnOnRows(lw, e, in, rows, scale, out, stats);
     for (int r = 0; r < rows; ++r) {
-      float* dst = partial + static_cast<int64_t>(expert_rows_[r] / k) * H;
-      const float* src = out + static_cast<int64_t>(r) * H;
-      for (int j = 0; j < H; ++j) dst[j] += src[j];
+      int64_t* dst = partial + static_cast<int64_t>(expert_rows_[r] / k) * H;
+      const int64_t* src = out + static_cast<int64_t>(r) * H;
+      for (int j = 0; j < H; ++j) dst[j] = AddFixed(dst[j], src[j]);
     }
   }
 }

@@ -142,9 +142,10 @@ class DeviceModel {
   // qkv [rows, heads * (G + 2) * head_dim] and attn [rows, heads * G * head_dim].
   void RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b, const HeadRows& hr,
                 float* qkv, float* attn, ForwardStats* stats);
-  // out[rows, hidden] = FFN of `in` over the held shards of one expert (-1: dense).
+  // out[rows, hidden] = FFN of `in` over the held shards of one expert (-1:
+  // dense), as exact fixed-point partial sums (one per shard).
   void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
-                 const float* row_scale, float* out, ForwardStats* stats);
+                 const float* row_scale, int64_t* out, ForwardStats* stats);
   Status ReserveKv(const StepBatch& b);
   // Norms, routers and empty item matrices: a device holding nothing yet.
   void InitLayers(const Plan& plan, const WeightStore& host);
@@ -174,9 +175,10 @@ class DeviceModel {
   void* backup_base_ = nullptr;
 
   // Step scratch, [tokens, ...] unless noted.
-  std::vector<float> x_, h_, qkv_, attn_, partial_, dp_in_, dp_qkv_, dp_attn_, dp_out_;
-  std::vector<float> gu_, act_, expert_in_, expert_out_, router_logits_, gate_w_, row_scale_,
-      lm_out_;
+  std::vector<float> x_, h_, qkv_, attn_, dp_in_, dp_qkv_, dp_attn_;
+  std::vector<float> gu_, act_, expert_in_, router_logits_, gate_w_, row_scale_, lm_out_;
+  // Fixed-point partial sums (backend/fixed_point.h), [tokens, hidden].
+  std::vector<int64_t> partial_, dp_out_, expert_out_;
   std::vector<int32_t> positions_, gate_ids_, dp_positions_;
   std::vector<int> expert_rows_;
   std::vector<AttentionArgs> problems_;

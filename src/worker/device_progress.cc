@@ -100,6 +100,13 @@ Status ProgressCommunicator::AllReduceSum(float* data, size_t count) {
   return st;
 }
 
+Status ProgressCommunicator::AllReduceSum(int64_t* data, size_t count) {
+  Enter();
+  Status st = inner_->AllReduceSum(data, count);
+  Leave();
+  return st;
+}
+
 Status ProgressCommunicator::AllGather(const void* send, size_t bytes, void* recv) {
   Enter();
   Status st = inner_->AllGather(send, bytes, recv);

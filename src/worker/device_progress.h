@@ -68,6 +68,7 @@ class ProgressCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   Status AllReduceSum(float* data, size_t count) override;
+  Status AllReduceSum(int64_t* data, size_t count) override;
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override;
   void Abort() override { inner_->Abort(); }

@@ -1,4 +1,3 @@
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -8,16 +7,12 @@
 
 #include "backend/cpu/kernels.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);
-
 namespace failsafe {
 namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(std::max(1, threads)) {
-    openblas_set_num_threads(threads_);
-  }
+  explicit CpuBackend(int threads) : threads_(std::max(1, threads)) {}
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return threads_; }
@@ -29,6 +24,10 @@ class CpuBackend final : public Backend {
   void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
                 int k, bool accumulate) override {
     cpu::LinearNN(x, ldx, w, y, ldy, m, n, k, accumulate, threads_);
+  }
+  void LinearNNFixed(const float* x, int64_t ldx, const float* w, int64_t* acc, int64_t ldacc,
+                     int m, int n, int k, int item_k) override {
+    cpu::LinearNNFixed(x, ldx, w, acc, ldacc, m, n, k, item_k, threads_);
   }
 
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
@@ -101,17 +100,11 @@ class CpuBackend final : public Backend {
   }
 
   void Attention(const std::vector<AttentionArgs>& problems) override {
-    // Streaming problems (few query tokens) run in parallel; GEMM problems run
-    // one after another with a multi-threaded BLAS.
+    // Problems are independent, each computed by one thread.
     const int n = static_cast<int>(problems.size());
-    if (threads_ > 1) {
+    if (threads_ > 1 && n > 1) {
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
-      for (int i = 0; i < n; ++i) {
-        if (cpu::AttentionIsStreaming(problems[i])) cpu::Attention(problems[i]);
-      }
-      for (int i = 0; i < n; ++i) {
-        if (!cpu::AttentionIsStreaming(problems[i])) cpu::Attention(problems[i]);
-      }
+      for (int i = 0; i < n; ++i) cpu::Attention(problems[i]);
     } else {
       for (int i = 0; i < n; ++i) cpu::Attention(problems[i]);
     }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/fixed_point.h"
 #include "common/rng.h"
 
 namespace failsafe {
@@ -76,6 +77,71 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
                                             ::testing::Values(1, 7, 64, 301),
                                             ::testing::Values(1, 16, 37, 300),
                                             ::testing::Values(1, 2)));
+
+// The batch-invariance contract (backend/cpu/gemm.h), written out in scalar
+// code: whatever the rows around it and the threads, an element is one chain
+// of fused multiply-adds over k.
+float Chain(const float* x, const float* w, int64_t w_stride_k, int k, float init = 0.0f) {
+  float acc = init;
+  for (int kk = 0; kk < k; ++kk) acc = std::fma(x[kk], w[kk * w_stride_k], acc);
+  return acc;
+}
+
+TEST(Linear, EveryRowIsItsOwnChainWhateverTheBatch) {
+  const int n = 77, k = 203, m = 23;
+  auto x = Random(static_cast<size_t>(m) * k, 11);
+  auto w = Random(static_cast<size_t>(n) * k, 12);  // NT: [n, k]; NN: [k, n]
+  for (int threads : {1, 2}) {
+    auto be = MakeCpuBackend(threads);
+    std::vector<float> all_nt(static_cast<size_t>(m) * n), all_nn(all_nt.size());
+    be->LinearNT(x.data(), k, w.data(), all_nt.data(), n, m, n, k, false);
+    be->LinearNN(x.data(), k, w.data(), all_nn.data(), n, m, n, k, false);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        ASSERT_EQ(all_nt[i * n + j], Chain(&x[i * k], &w[j * k], 1, k)) << i << "," << j;
+        ASSERT_EQ(all_nn[i * n + j], Chain(&x[i * k], &w[j], n, k)) << i << "," << j;
+      }
+    }
+    // The same rows alone and in other company.
+    for (int rows : {1, 2, 3, 5, 9, 17}) {
+      for (int i0 = 0; i0 + rows <= m; i0 += 7) {
+        std::vector<float> y(static_cast<size_t>(rows) * n);
+        be->LinearNT(&x[i0 * k], k, w.data(), y.data(), n, rows, n, k, false);
+        for (size_t e = 0; e < y.size(); ++e) ASSERT_EQ(y[e], all_nt[i0 * n + e]);
+        be->LinearNN(&x[i0 * k], k, w.data(), y.data(), n, rows, n, k, false);
+        for (size_t e = 0; e < y.size(); ++e) ASSERT_EQ(y[e], all_nn[i0 * n + e]);
+      }
+    }
+  }
+}
+
+// Fixed-point partial sums: each item's chain, truncated to 2^-32, summed
+// exactly; the same however the items are grouped into calls.
+TEST(Linear, FixedPartialSumsAreExactWhateverTheGrouping) {
+  const int m = 6, n = 40, items = 7, item_k = 22, k = items * item_k;
+  auto x = Random(static_cast<size_t>(m) * k, 21);
+  auto w = Random(static_cast<size_t>(k) * n, 22);
+  auto be = MakeCpuBackend(1);
+  std::vector<int64_t> whole(static_cast<size_t>(m) * n, 0), split(whole.size(), 0);
+  be->LinearNNFixed(x.data(), k, w.data(), whole.data(), n, m, n, k, item_k);
+  // Items 4..6 first, then 0..3, in separate calls.
+  be->LinearNNFixed(&x[4 * item_k], k, &w[4 * item_k * n], split.data(), n, m, n, 3 * item_k,
+                    item_k);
+  be->LinearNNFixed(x.data(), k, w.data(), split.data(), n, m, n, 4 * item_k, item_k);
+  EXPECT_EQ(whole, split);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      int64_t want = 0;
+      for (int it = 0; it < items; ++it)
+        want += ToFixed(Chain(&x[i * k + it * item_k], &w[it * item_k * n + j], n, item_k));
+      ASSERT_EQ(whole[i * n + j], want);
+    }
+  }
+  const float back = FromFixed(whole[0]);
+  double exact = 0;
+  for (int kk = 0; kk < k; ++kk) exact += double(x[kk]) * w[kk * n];
+  EXPECT_NEAR(back, exact, 1e-4 * std::max(1.0, std::fabs(exact)));
+}
 
 // Reference attention for one head group over positions [0, end).
 std::vector<double> NaiveAttention(const std::vector<float>& q, int ldq,
@@ -149,6 +215,49 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          ::testing::Combine(::testing::Values(0, 5, 40),
                                             ::testing::Values(1, 3, 8, 70, 150),
                                             ::testing::Values(0, 24), ::testing::Values(1, 2)));
+
+// A query's output is the same, bit for bit, whether it is computed alone
+// (decode), in a small chunk or in one long prefill chunk.
+TEST(Attention, AQueryGetsTheSameOutputWhateverItsChunk) {
+  for (int window : {0, 37}) {
+    const int g = 2, hd = 48, bs = 16, total = 150;
+    auto k = Random(static_cast<size_t>(total) * hd, 31);
+    auto v = Random(static_cast<size_t>(total) * hd, 32);
+    auto q = Random(static_cast<size_t>(total) * g * hd, 33);
+    const int blocks = (total + bs - 1) / bs;
+    std::vector<std::vector<float>> store(blocks, std::vector<float>(2 * bs * hd));
+    std::vector<const float*> pages(blocks);
+    for (int b = 0; b < blocks; ++b) pages[b] = store[b].data();
+    for (int p = 0; p < total; ++p) {
+      std::copy_n(&k[p * hd], hd, store[p / bs].data() + (p % bs) * hd);
+      std::copy_n(&v[p * hd], hd, store[p / bs].data() + (bs + p % bs) * hd);
+    }
+    auto run = [&](int start, int tokens, float* out) {
+      AttentionArgs a;
+      a.q = &q[static_cast<size_t>(start) * g * hd];
+      a.ldq = g * hd;
+      a.out = out;
+      a.ldo = g * hd;
+      a.num_tokens = tokens;
+      a.start_pos = start;
+      a.group_size = g;
+      a.head_dim = hd;
+      a.pages = pages.data();
+      a.block_size = bs;
+      a.sliding_window = window;
+      a.scale = 0.125f;
+      MakeCpuBackend(1)->Attention({a});
+    };
+    std::vector<float> whole(static_cast<size_t>(total) * g * hd);
+    run(0, total, whole.data());
+    for (int chunk : {1, 3, 17, 70}) {
+      std::vector<float> pieces(whole.size());
+      for (int t = 0; t < total; t += chunk)
+        run(t, std::min(chunk, total - t), &pieces[static_cast<size_t>(t) * g * hd]);
+      ASSERT_EQ(pieces, whole) << "chunks of " << chunk << ", window " << window;
+    }
+  }
+}
 
 TEST(Rope, RotatesPairsAndPreservesNorm) {
   ModelConfig c;

@@ -1,0 +1,57 @@
+// The CPU backend's matrix multiply, batch-invariant by construction.
+//
+// Every output element is one chain of fused multiply-adds over k in
+// increasing order, starting from 0 (from y when accumulating; from 0 for
+// each item in fixed-point mode), whatever m, the other rows, the element's
+// place in the matrix and the thread count. No path (register tile, row or
+// column tail, few rows or many, weights as [n, k] or [k, n]) changes that
+// chain.
+//
+// Layout: with many rows, register tiles of 8 rows x 32 columns run over a
+// panel of 32 columns of weights packed k-major (the [n, k] layout of
+// Hugging Face Linear weights is transposed 16 x 16 block by block). With few
+// rows the weights are read once as they lie: [n, k] sixteen rows at a time,
+// transposed in registers; [k, n] row after row into accumulators that stay
+// in cache. Threads take whole column ranges.
+//
+// So a row's result depends only on that row and the weights: a request gets
+// the same logits whatever it is batched with, however its prompt is
+// chunked, and whether its KV was computed in a prefill or in decode steps.
+//
+// Rows of w may also be given as pointers (w_rows), for paged operands: the
+// keys and values of attention.
+//
+// Thread-safety: Gemm may run on several threads at once (its scratch is per
+// thread).
+#pragma once
+
+#include <cstdint>
+
+namespace failsafe::cpu {
+
+enum class GemmOut {
+  kStore,       // y = x w
+  kAccumulate,  // y += x w
+  kFixedItems,  // nn only: acc += ToFixed(x w) for each item of item_k consecutive k-values
+};
+
+struct GemmArgs {
+  const float* x = nullptr;  // [m, k], row stride ldx
+  int64_t ldx = 0;
+  const float* w = nullptr;  // nt: [n, k]; nn: [k, n]; row stride ldw
+  int64_t ldw = 0;
+  const float* const* w_rows = nullptr;  // if set, row r of w (nt: r < n; nn: r < k)
+  bool nt = true;
+  int m = 0, n = 0, k = 0;
+  GemmOut out = GemmOut::kStore;
+  float* y = nullptr;  // [m, n], row stride ldy (kStore, kAccumulate)
+  int64_t ldy = 0;
+  int64_t* acc = nullptr;  // [m, n] fixed point, row stride ldacc (kFixedItems)
+  int64_t ldacc = 0;
+  int item_k = 0;  // kFixedItems: k is a multiple of it
+  int threads = 1;
+};
+
+void Gemm(const GemmArgs& a);
+
+}  // namespace failsafe::cpu

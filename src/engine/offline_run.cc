@@ -73,6 +73,11 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
             Mix64(HashCombine(o.seed, (static_cast<uint64_t>(next) << 24) + i)) % vocab);
       }
       spec.max_new_tokens = r.output_len;
+      if (o.sample_every > 0 && next % o.sample_every == 0) {
+        spec.sampling.temperature = o.temperature;
+        spec.sampling.top_p = o.top_p;
+        spec.sampling.seed = HashCombine(o.seed, 0x5eed0000ULL + static_cast<uint64_t>(next));
+      }
       spec.arrival = r.arrival_s;
       auto id = engine.Submit(std::move(spec));
       tracks[next].arrival = r.arrival_s;

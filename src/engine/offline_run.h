@@ -19,7 +19,12 @@
 namespace failsafe {
 
 struct OfflineRunOptions {
-  uint64_t seed = 0;      // prompt token ids and fault timing jitter
+  uint64_t seed = 0;  // prompt token ids, sampling seeds and fault timing jitter
+  // Requests that sample (temperature, top-p, each with its own seed) rather
+  // than decode greedily: every n-th request, 0 for none.
+  int sample_every = 0;
+  float temperature = 0.8f;
+  float top_p = 0.95f;
   bool progress = false;  // a progress bar on stderr
   std::vector<FaultEvent> faults;
   // Called after every step that ran (the scheduler's plan and its timing).

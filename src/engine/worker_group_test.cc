@@ -168,6 +168,93 @@ TEST(GlooParity, HybridAndCyclicOverTcp) {
   ExpectParity("tiny-mixtral", 5, Policy::kCyclic, CommKind::kGloo);
 }
 
+// A sequence's logits do not depend on its company or its chunking: prefilled
+// in one chunk alone, or in three chunks beside other sequences; decoded
+// alone, or beside seven others; on one device or on four. Bit for bit.
+TEST(BatchInvariance, ASequencesLogitsDoNotDependOnItsCompany) {
+  const std::string& dir = ModelDir("tiny-llama");
+  const int vocab = 512;
+  Rng rng(77);
+  std::vector<int32_t> a(45), other(60);
+  for (auto& t : a) t = static_cast<int32_t>(rng.Below(vocab));
+  for (auto& t : other) t = static_cast<int32_t>(rng.Below(vocab));
+  auto seq = [](int64_t id, int start, int n, int offset, int row, int dp = 0) {
+    StepSeq s;
+    s.seq_id = id;
+    s.start_pos = start;
+    s.num_tokens = n;
+    s.token_offset = offset;
+    s.logits_row = row;
+    s.dp_rank = dp;
+    return s;
+  };
+  // Logits of sequence 1's last row in each step, after the same tokens.
+  auto run = [&](Executor& e, bool crowded) {
+    std::vector<std::vector<float>> rows;
+    auto step = [&](StepBatch b, int row) {
+      b.num_logits_rows = 0;
+      for (const StepSeq& s : b.seqs) b.num_logits_rows += s.logits_row >= 0;
+      auto l = e.Step(b, nullptr);
+      EXPECT_TRUE(l.ok()) << l.status().ToString();
+      rows.emplace_back(*l + static_cast<int64_t>(row) * vocab, *l + (row + 1) * vocab);
+    };
+    const std::vector<int> active = e.plan().active;
+    auto dp = [&](int i) { return active[i % active.size()]; };
+    if (!crowded) {
+      StepBatch b;
+      b.seqs = {seq(1, 0, 45, 0, 0, dp(0))};
+      b.tokens = a;
+      step(b, 0);
+    } else {
+      // Chunks of 20, 20 and 5 with other sequences in the same steps.
+      for (int c = 0; c < 3; ++c) {
+        StepBatch b;
+        const int start = 20 * c, n = c < 2 ? 20 : 5;
+        b.seqs = {seq(100 + c, 0, 10 + 5 * c, 0, 0, dp(c + 1)),
+                  seq(1, start, n, 10 + 5 * c, c == 2 ? 1 : -1, dp(0))};
+        b.tokens.assign(other.begin(), other.begin() + 10 + 5 * c);
+        b.tokens.insert(b.tokens.end(), a.begin() + start, a.begin() + start + n);
+        if (c == 2) step(b, 1);
+        if (c < 2) {
+          b.num_logits_rows = 1;
+          EXPECT_TRUE(e.Step(b, nullptr).ok());
+        }
+      }
+    }
+    for (int d = 0; d < 4; ++d) {
+      const int32_t tok = static_cast<int32_t>((7 * d + 3) % vocab);
+      StepBatch b;
+      int row = 0;
+      if (crowded) {
+        for (int o = 0; o < 7; ++o) {
+          b.seqs.push_back(seq(200 + o, d, 1, o, o, dp(o)));
+          b.tokens.push_back(other[o]);
+        }
+        row = 7;
+      }
+      b.seqs.push_back(seq(1, 45 + d, 1, row, row, dp(0)));
+      b.tokens.push_back(tok);
+      step(b, row);
+    }
+    return rows;
+  };
+  auto local = LocalExecutor::Create(dir, {});
+  ASSERT_TRUE(local.ok());
+  const auto want = run(**local, false);
+  WorkerGroupOptions o;
+  o.model_dir = dir;
+  o.worker_binary = Binary();
+  o.num_devices = 4;
+  o.policy = Policy::kHybrid;
+  o.max_logits_rows = 16;
+  auto group = WorkerGroup::Start(o);
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  auto local2 = LocalExecutor::Create(dir, {});
+  ASSERT_TRUE(local2.ok());
+  EXPECT_EQ(run(**local2, true), want) << "one device, crowded";
+  EXPECT_EQ(run(**group, true), want) << "four devices, crowded";
+}
+
 TEST(WorkerGroup, KilledDeviceFailsTheStepFastAndTheCoordinatorLivesOn) {
   WorkerGroupOptions o;
   o.model_dir = ModelDir("tiny-llama");

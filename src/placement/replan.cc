@@ -1,6 +1,7 @@
 #include "placement/replan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
@@ -20,6 +21,31 @@ std::vector<int> Targets(const std::vector<int>& devices, int items,
                    [&](int a, int b) { return preference[a] > preference[b]; });
   std::vector<int> t(num_devices, 0);
   for (int i = 0; i < n; ++i) t[order[i]] = base + (i < extra ? 1 : 0);
+  return t;
+}
+
+// Counts proportional to `weights` summing to `items` (largest remainder;
+// equal remainders go by preference, higher first). With equal weights this
+// is Targets. [device] -> target.
+std::vector<int> WeightedTargets(const std::vector<int>& devices, int items,
+                                 const std::vector<double>& preference,
+                                 const std::vector<double>& weights, int num_devices) {
+  double total = 0;
+  for (int d : devices) total += weights[d];
+  std::vector<int> t(num_devices, 0);
+  std::vector<std::pair<double, int>> rest;  // (remainder, device)
+  int given = 0;
+  for (int d : devices) {
+    const double quota = items * weights[d] / total;
+    t[d] = static_cast<int>(quota + 1e-9);
+    given += t[d];
+    rest.emplace_back(quota - t[d], d);
+  }
+  std::stable_sort(rest.begin(), rest.end(), [&](const auto& a, const auto& b) {
+    if (std::fabs(a.first - b.first) > 1e-9) return a.first > b.first;
+    return preference[a.second] > preference[b.second];
+  });
+  for (size_t i = 0; given < items; ++i, ++given) t[rest[i % rest.size()].second]++;
   return t;
 }
 
@@ -50,7 +76,8 @@ void Rebalance(const std::vector<int>& devices, const std::vector<int>& target,
 
 }  // namespace
 
-Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vector<int>& alive_in) {
+Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vector<int>& alive_in,
+                    const std::vector<double>* weights_in) {
   std::vector<int> alive = alive_in;
   std::sort(alive.begin(), alive.end());
   // A fresh plan validates the request and fixes the active set and policy.
@@ -68,6 +95,22 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
   const std::vector<int>& act = p.active;
   const int n = static_cast<int>(act.size());
   const int nd = p.num_devices;
+  bool weighted = false;
+  std::vector<double> weights(nd, 1.0);
+  if (weights_in) {
+    if (static_cast<int>(weights_in->size()) != nd)
+      return InvalidArgument("replan: {} weights for {} devices", weights_in->size(), nd);
+    for (int d : act) {
+      if (!((*weights_in)[d] > 0)) return InvalidArgument("replan: device {} has weight <= 0", d);
+      weights[d] = (*weights_in)[d];
+      weighted |= weights[d] != (*weights_in)[act[0]];
+    }
+  }
+  // Targets, in proportion to the weights if they differ.
+  auto targets = [&](int items, const std::vector<double>& pref) {
+    return weighted ? WeightedTargets(act, items, pref, weights, nd)
+                    : Targets(act, items, pref, nd);
+  };
   const int heads = p.shape.num_kv_heads;
   std::vector<int> extras_so_far(nd, 0);  // cyclic: extra heads given per device so far
   std::vector<int> shard_total(nd, 0);    // FFN shards given per device so far
@@ -103,8 +146,14 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
       std::set<int> dp_set(dp_candidates.begin(),
                            dp_candidates.begin() + std::min<size_t>(dp, dp_candidates.size()));
       lp.dp_heads.assign(dp_set.begin(), dp_set.end());
+      if (weighted) {
+        // As many TP heads as without weights, apportioned by weight.
+        std::vector<double> pref(nd, 0);
+        for (int d : act) pref[d] = static_cast<double>(held[d].size()) + 1e-3 * (nd - d);
+        tp_target = targets(per * n, pref);
+      }
       for (int d : act) {
-        tp_target[d] = per;
+        if (!weighted) tp_target[d] = per;
         std::erase_if(held[d], [&](int h) { return dp_set.count(h); });
       }
       pool.clear();
@@ -132,7 +181,7 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
           pref[d] = holds * 1000 - extras_so_far[d] + 1e-3 * (nd - d);
         }
       }
-      tp_target = Targets(act, heads, pref, nd);
+      tp_target = targets(heads, pref);
       for (int d : act) extras_so_far[d] += tp_target[d] > heads / n ? 1 : 0;
       pool.insert(pool.end(), old.dp_heads.begin(), old.dp_heads.end());
     }
@@ -160,7 +209,7 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
         pref[d] = holds * 1e6 - static_cast<double>(shards[d].size()) * 1e3 -
                   static_cast<double>(shard_total[d]) + 1e-3 * (nd - d);
       }
-      Rebalance(act, Targets(act, p.shape.shards_per_expert, pref, nd), orphans, &held_e);
+      Rebalance(act, targets(p.shape.shards_per_expert, pref), orphans, &held_e);
       for (int d : act) shards[d].insert(shards[d].end(), held_e[d].begin(), held_e[d].end());
     }
     for (auto& v : shards) std::sort(v.begin(), v.end());
@@ -180,7 +229,7 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
   }
   std::vector<double> pref(nd, 0);
   for (int d : act) pref[d] = chunks[d].size() + 1e-3 * (nd - d);
-  Rebalance(act, Targets(act, p.shape.vocab_chunks, pref, nd), orphans, &chunks);
+  Rebalance(act, targets(p.shape.vocab_chunks, pref), orphans, &chunks);
   p.vocab_chunks = chunks;
   FS_RETURN_IF_ERROR(ValidatePlan(p));
   return p;

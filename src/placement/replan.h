@@ -16,7 +16,14 @@
 
 namespace failsafe {
 
-Result<Plan> Replan(const Plan& previous, const ModelConfig& config, const std::vector<int>& alive);
+// `weights` (optional, [device]): the share of work each alive device should
+// get, relative to the others (1: an ordinary device; 0.5: half as much, for
+// one that runs at half speed). Counts of head groups, FFN shards and
+// vocabulary chunks are apportioned in proportion (largest remainder), and
+// still with minimal movement. Without weights every device gets an equal
+// share (up to one item).
+Result<Plan> Replan(const Plan& previous, const ModelConfig& config, const std::vector<int>& alive,
+                    const std::vector<double>* weights = nullptr);
 
 // How the engine recovers from a failure (or takes a device back):
 //   recompute: fresh contiguous plan; every device reloads all its weights;

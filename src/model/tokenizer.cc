@@ -386,7 +386,8 @@ bool Tokenizer::IsSpecial(int id) const {
   return added_[added_by_id_[id]].special;
 }
 
-std::vector<int> Tokenizer::Encode(std::string_view text, bool add_special) const {
+std::vector<int> Tokenizer::Encode(std::string_view text, bool add_special,
+                                   size_t max_tokens) const {
   std::vector<int> out;
   if (add_special) out = prefix_ids_;
   // Added tokens are matched in the raw text first, longest first.
@@ -403,24 +404,28 @@ std::vector<int> Tokenizer::Encode(std::string_view text, bool add_special) cons
       ++i;
       continue;
     }
-    if (i > chunk_start) EncodeChunk(text.substr(chunk_start, i - chunk_start), &out);
+    if (i > chunk_start) EncodeChunk(text.substr(chunk_start, i - chunk_start), &out, max_tokens);
     out.push_back(hit->id);
+    if (out.size() > max_tokens) return out;
     i += hit->content.size();
     chunk_start = i;
   }
-  if (chunk_start < text.size()) EncodeChunk(text.substr(chunk_start), &out);
+  if (chunk_start < text.size()) EncodeChunk(text.substr(chunk_start), &out, max_tokens);
+  if (out.size() > max_tokens) return out;
   if (add_special) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
 }
 
-void Tokenizer::EncodeChunk(std::string_view text, std::vector<int>* out) const {
+void Tokenizer::EncodeChunk(std::string_view text, std::vector<int>* out, size_t max_tokens) const {
   std::string buf;
   if (add_prefix_space_ && !text.empty() && text[0] != ' ') {
     buf = " ";
     buf += text;
     text = buf;
   }
-  split_->Split(text, [&](size_t b, size_t e) { EncodeWord(text.substr(b, e - b), out); });
+  split_->Split(text, [&](size_t b, size_t e) {
+    if (out->size() <= max_tokens) EncodeWord(text.substr(b, e - b), out);
+  });
 }
 
 void Tokenizer::EncodeWord(std::string_view word, std::vector<int>* out) const {

@@ -21,21 +21,33 @@
 
 namespace failsafe {
 
-// One request's stream of events, filled by the engine thread.
+// One request's stream of events, filled by the engine thread. A reader
+// either blocks in Next, or registers a notify callback and takes events as
+// they come (an event loop).
 class RequestHandle {
  public:
   // Waits up to timeout_ms for the next event; false on timeout.
   bool Next(TokenEvent* event, int64_t timeout_ms);
+  // Appends every event queued so far to `out` without waiting.
+  void TakeEvents(std::vector<TokenEvent>* out);
+  // `notify` runs on the engine thread after each event is queued, under the
+  // handle's lock: it must be quick and must not call back into the handle
+  // (post to an event loop). Replaces the previous callback; after
+  // SetNotify(nullptr) returns, the old one is not running and never runs.
+  void SetNotify(std::function<void()> notify);
   int64_t arrival_ns() const { return arrival_ns_; }
   int prompt_tokens() const { return prompt_tokens_; }
-  // Why the request failed (finish reason kError), once it has.
-  std::string error();
+  // Why the request failed (finish reason kError), once it has: the engine's
+  // Status (kUnavailable: the devices cannot serve; kInvalidArgument,
+  // kOutOfRange, kResourceExhausted: the request was refused).
+  Status error();
 
  private:
   friend class EngineService;
-  void Push(const TokenEvent& e, const std::string& error = {});
+  void Push(const TokenEvent& e, const Status& error = Status::Ok());
   std::mutex mu_;
-  std::string error_;  // guarded by mu_
+  Status error_;                  // guarded by mu_
+  std::function<void()> notify_;  // guarded by mu_
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;  // guarded by mu_
   int64_t arrival_ns_ = 0;

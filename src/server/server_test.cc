@@ -321,14 +321,15 @@ TEST(Server, HealthIs503WhenTooFewDevicesRemain) {
   auto h = f.client->Get("/health");
   EXPECT_EQ(h->status, 503);
   EXPECT_FALSE(json::parse(h->body)["reason"].get<std::string>().empty());
-  // A request waits; a restored device serves it.
-  std::thread restore([&] {
-    ::usleep(300000);
-    httplib::Client admin("127.0.0.1", f.server->port());
-    (void)admin.Post("/admin/devices/0/restore", "", "application/json");
-  });
+  // A new request fails at once with the reason; a restored device serves.
   auto r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}});
-  restore.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  json e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["code"], "engine_unavailable");
+  EXPECT_NE(e["message"].get<std::string>().find("alive"), std::string::npos) << r->body;
+  EXPECT_EQ(f.client->Post("/admin/devices/0/restore", "", "application/json")->status, 200);
+  r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}});
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(f.client->Get("/health")->status, 200);
 }

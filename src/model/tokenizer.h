@@ -67,6 +67,7 @@ class Tokenizer {
   std::unordered_map<uint64_t, MergeInfo> merges_;  // (left id << 32 | right id) -> merge
   std::vector<AddedToken> added_;                   // longest content first
   std::vector<int> added_by_id_;                    // id -> index in added_, or -1
+  bool added_first_byte_[256] = {};                 // a byte that starts an added token
   std::unique_ptr<Regex> split_;                    // pre-tokenizer regex
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;

@@ -48,8 +48,10 @@ EngineService::EngineService(std::unique_ptr<Executor> executor, const Scheduler
       engine_(executor_.get(), config, options),
       service_(service),
       config_(executor_->config()),
-      max_model_len_(config.max_model_len) {
+      max_model_len_(config.max_model_len),
+      max_num_seqs_(config.max_num_seqs) {
   UpdateGauges();
+  free_slots_ = max_num_seqs_;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -68,8 +70,9 @@ Result<std::shared_ptr<RequestHandle>> EngineService::Submit(RequestSpec spec) {
   h->prompt_tokens_ = static_cast<int>(spec.prompt.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queued_ >= service_.max_queue) {
-      return ResourceExhausted("the queue is full ({} requests waiting); try again later", queued_);
+    if (queued_ >= service_.max_queue + free_slots_) {
+      return ResourceExhausted("the queue is full ({} requests waiting); try again later",
+                               queued_ - free_slots_);
     }
     ++queued_;
     submissions_.emplace_back(std::move(spec), h);
@@ -263,6 +266,7 @@ void EngineService::Loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_ = engine_.scheduler().num_waiting() + static_cast<int>(submissions_.size());
+      free_slots_ = std::max(0, max_num_seqs_ - engine_.scheduler().num_running());
     }
     UpdateGauges();
   }

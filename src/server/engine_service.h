@@ -58,7 +58,9 @@ class RequestHandle {
 };
 
 struct ServiceOptions {
-  int max_queue = 256;         // waiting requests beyond which Submit fails (429)
+  // Requests waiting for a running slot beyond which Submit fails (429).
+  // Requests that free running slots will take at the next step do not count.
+  int max_queue = 256;
   int64_t heartbeat_ms = 500;  // device health checks while idle
   int64_t heartbeat_timeout_ms = 5000;
 };
@@ -118,6 +120,7 @@ class EngineService {
   const ServiceOptions service_;
   const ModelConfig config_;
   const int max_model_len_;
+  const int max_num_seqs_;
   Metrics metrics_;
 
   mutable std::mutex mu_;
@@ -127,6 +130,7 @@ class EngineService {
   std::vector<std::pair<std::shared_ptr<RequestHandle>, FinishReason>> cancels_;  // guarded by mu_
   std::deque<Task> tasks_;                                                        // guarded by mu_
   int queued_ = 0;                // requests submitted and not yet running, guarded by mu_
+  int free_slots_ = 0;            // running slots free at the last step, guarded by mu_
   bool healthy_ = true;           // guarded by mu_
   std::string unhealthy_reason_;  // guarded by mu_
   bool stop_ = false;             // guarded by mu_

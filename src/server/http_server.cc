@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <boost/asio.hpp>
 #include <optional>
@@ -27,6 +29,28 @@ constexpr int kRefusingConnections = 256;
 constexpr int kAcceptRetryMs = 50;  // after the process ran out of descriptors
 constexpr int kStopGraceMs = 1000;  // for the last answers to go out at a stop
 
+// Names the threads of a pool (for top -H and debuggers): one task on each,
+// each holding its thread until all are named.
+void NamePoolThreads(asio::thread_pool& pool, int threads, const char* name) {
+  struct Barrier {
+    std::mutex mu;
+    std::condition_variable cv;
+    int named = 0;
+  };
+  auto b = std::make_shared<Barrier>();
+  for (int i = 0; i < threads; ++i) {
+    asio::post(pool, [b, threads, name] {
+      ::pthread_setname_np(::pthread_self(), name);
+      std::unique_lock<std::mutex> lock(b->mu);
+      ++b->named;
+      b->cv.notify_all();
+      b->cv.wait(lock, [&] { return b->named == threads; });
+    });
+  }
+  std::unique_lock<std::mutex> lock(b->mu);
+  b->cv.wait(lock, [&] { return b->named == threads; });
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -40,6 +64,8 @@ struct HttpServer::Impl {
         admin(1) {
     shared->options = o;
     shared->work = &work;
+    NamePoolThreads(work, std::max(1, o.work_threads), "http-work");
+    NamePoolThreads(admin, 1, "http-admin");
   }
 
   void Accept();
@@ -73,6 +99,10 @@ HttpServer::HttpServer(EngineService* service, const Tokenizer* tokenizer,
 HttpServer::~HttpServer() { Stop(); }
 
 int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::AddRoute(Route route) {
+  if (!impl_->started) impl_->shared->router.Add(std::move(route));
+}
 int HttpServer::max_connections() const { return impl_->max_connections; }
 
 Status HttpServer::Start() {
@@ -118,6 +148,7 @@ Status HttpServer::Start() {
   m.loops_running = std::max(1, o.io_threads);
   for (int i = 0; i < std::max(1, o.io_threads); ++i) {
     m.threads.emplace_back([&m] {
+      ::pthread_setname_np(::pthread_self(), "http-io");
       // A handler that throws is a bug; it must not take the event loop with it.
       while (true) {
         try {

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "model/tokenizer.h"
 #include "server/engine_service.h"
+#include "server/router.h"
 
 namespace failsafe {
 
@@ -52,6 +53,8 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
+  // More routes (an embedding program's own), before Start.
+  void AddRoute(Route route);
   // Binds and starts serving on background threads.
   Status Start();
   int port() const;

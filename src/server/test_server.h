@@ -81,6 +81,8 @@ class RawClient {
   // Reads what arrives until `until` appears in everything read so far, EOF,
   // or the timeout; returns everything read so far.
   std::string ReadUntil(const std::string& until, int timeout_ms);
+  // Waits for more bytes; false on EOF or timeout.
+  bool ReadSome(int timeout_ms) { return Fill(timeout_ms); }
   // true once the server closed the connection (EOF seen by a read).
   bool closed_by_server() const { return eof_; }
   void Close();

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include "cli/admin_token.h"
@@ -57,6 +59,26 @@ int WaitForSignal() {
     char c = 0;
     if (::read(g_signal_pipe[0], &c, 1) == 1) return c;
   }
+}
+
+// The engine stops with its devices. A step on a hung device may not end for
+// a long time: past a bound, exit anyway; the devices go with this process
+// (each dies with its parent: PR_SET_PDEATHSIG).
+constexpr int kEngineStopSeconds = 5;
+
+void StopEngine(std::unique_ptr<EngineService> service) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> stopped = done->get_future();
+  std::thread([service = std::move(service), done]() mutable {
+    service.reset();
+    done->set_value();
+  }).detach();
+  if (stopped.wait_for(std::chrono::seconds(kEngineStopSeconds)) == std::future_status::ready)
+    return;
+  FS_LOG_WARN("the engine did not stop within {} s (a device hangs?); exiting without it",
+              kEngineStopSeconds);
+  std::fflush(stdout);
+  ::_exit(0);
 }
 
 bool IsLoopbackHost(const std::string& host) {
@@ -147,7 +169,7 @@ CommandFn RegisterServe(CLI::App& app) {
     eo.recovery = *mode;
     ServiceOptions so;
     so.max_queue = o->max_queue;
-    EngineService service(std::move(*exec), *sc, eo, so);
+    auto service = std::make_unique<EngineService>(std::move(*exec), *sc, eo, so);
     ServerOptions opts;
     opts.host = o->host;
     opts.port = o->port;
@@ -158,11 +180,11 @@ CommandFn RegisterServe(CLI::App& app) {
     opts.max_connections = o->max_connections;
     opts.max_body_bytes = *max_body;
     opts.io_threads = o->http_threads;
-    HttpServer server(&service, tok->get(), opts);
-    Status st = server.Start();
+    auto server = std::make_unique<HttpServer>(service.get(), tok->get(), opts);
+    Status st = server->Start();
     if (!st.ok()) return Fail(st.ToString());
     std::printf("serving %s on http://%s:%d (%d devices, placement %s, recovery %s%s)\n",
-                opts.model_name.c_str(), opts.host.c_str(), server.port(), o->dev.devices,
+                opts.model_name.c_str(), opts.host.c_str(), server->port(), o->dev.devices,
                 o->dev.placement.c_str(), o->dev.recovery.c_str(),
                 opts.enable_admin ? ", admin enabled" : "");
     std::fflush(stdout);
@@ -173,17 +195,19 @@ CommandFn RegisterServe(CLI::App& app) {
     std::fflush(stdout);
     int cut = 0;
     std::thread drain([&] {
-      cut = server.Drain(static_cast<int64_t>(o->drain_timeout * 1000));
+      cut = server->Drain(static_cast<int64_t>(o->drain_timeout * 1000));
       OnSignal(kDrained);
     });
     while (WaitForSignal() != kDrained) {
       std::printf("second signal: stopping now\n");
       std::fflush(stdout);
-      server.Stop();
+      server->Stop();
     }
     drain.join();
-    std::printf("stopped (%d requests cut short)\n", cut);
+    server.reset();
+    std::printf("HTTP stopped (%d requests cut short); stopping the devices\n", cut);
     std::fflush(stdout);
+    StopEngine(std::move(service));
     return 0;
   };
 }

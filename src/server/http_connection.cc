@@ -237,6 +237,15 @@ void HttpConnection::OnHeader(beast::error_code ec) {
                         !parser_->is_done());
     }
   }
+  // The body's memory, up front: what it announces, or the limit if chunked.
+  const int64_t announced = parser_->content_length()
+                                ? static_cast<int64_t>(*parser_->content_length())
+                            : parser_->chunked() ? shared_->options.max_body_bytes
+                                                 : 0;
+  if (announced > 0 && !ReserveBody(announced)) {
+    return EarlyError(TooManyRequests("too many large request bodies at once; try again later"),
+                      true);
+  }
   route_ = m.route;
   params_ = std::move(m.params);
   if (parser_->is_done()) return OnBody({});
@@ -314,7 +323,22 @@ void HttpConnection::BeginExchange() {
   shared_->metrics.ExchangeStarted();
 }
 
+bool HttpConnection::ReserveBody(int64_t bytes) {
+  if (shared_->body_budget.fetch_sub(bytes) < bytes) {
+    shared_->body_budget.fetch_add(bytes);
+    return false;
+  }
+  body_reserved_ = bytes;
+  return true;
+}
+
+void HttpConnection::ReleaseBody() {
+  shared_->body_budget.fetch_add(body_reserved_);
+  body_reserved_ = 0;
+}
+
 void HttpConnection::EndExchange() {
+  ReleaseBody();
   if (!in_exchange_) return;
   in_exchange_ = false;
   on_abort_ = nullptr;

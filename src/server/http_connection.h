@@ -53,6 +53,9 @@ struct ServerShared {
   // CPU-heavy handler work; null once the server stopped.
   std::atomic<boost::asio::thread_pool*> work{nullptr};
   std::atomic<bool> draining{false};
+  // Bytes of request bodies that may still be taken in (max_body_bytes_in_flight
+  // less what connections hold).
+  std::atomic<int64_t> body_budget{0};
 
   std::mutex mu;
   std::condition_variable changed;  // an exchange ended or a connection closed
@@ -103,6 +106,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   void BeginExchange();
   void EndExchange();
+  // Takes `bytes` of the server's body budget for the request in flight;
+  // false if it is spent.
+  bool ReserveBody(int64_t bytes);
+  void ReleaseBody();
   std::string Head(int status, const std::string& content_type, const Headers& extra,
                    int64_t content_length);
   void Send(std::string bytes);
@@ -135,8 +142,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool ended_ = false;        // the answer is complete (maybe not yet written)
   bool streaming_ = false, chunked_ = false;
   std::function<void(AbortCause)> on_abort_;
-  bool watching_ = false;     // the disconnect-watch read is pending
-  bool resume_read_ = false;  // read the next request once the watch read is cancelled
+  int64_t body_reserved_ = 0;  // of shared_->body_budget
+  bool watching_ = false;      // the disconnect-watch read is pending
+  bool resume_read_ = false;   // read the next request once the watch read is cancelled
   std::string out_, sending_;
   bool writing_ = false;
   std::array<char, 16384> linger_buf_;

@@ -121,6 +121,7 @@ Status HttpServer::Start() {
         limit.soft, limit.hard, m.max_connections, o.max_connections);
   }
   o.max_connections = m.max_connections;
+  m.shared->body_budget = o.max_body_bytes_in_flight;
 
   ApiContext ctx;
   ctx.service = m.service;

@@ -39,6 +39,9 @@ struct ServerOptions {
   int work_threads = 2;              // request parsing and tokenization
   int max_connections = 4096;        // open at once; more get 429 (lowered to fit the fd limit)
   int64_t max_body_bytes = 4 << 20;  // 413 beyond (checked before the body is read)
+  // Request bodies held at once (announced lengths; a chunked body counts as
+  // max_body_bytes) from the header until the answer: beyond, 429.
+  int64_t max_body_bytes_in_flight = 256 << 20;
   int max_header_bytes = 16 << 10;   // 431 beyond
   int64_t idle_timeout_ms = 60000;   // a connection with no request in flight closes
   int64_t read_timeout_ms = 60000;   // for a request's body to arrive

@@ -190,6 +190,28 @@ TEST(StatusCodes, ConnectionLimitAnswers429) {
             0);
 }
 
+// The memory of request bodies is bounded across connections: once the bodies
+// being received reach the limit, the next large one gets 429 until one ends.
+TEST(StatusCodes, BodiesInFlightAreBounded) {
+  TestServerOptions o;
+  o.server.max_body_bytes = 64 << 10;
+  o.server.max_body_bytes_in_flight = 128 << 10;
+  TestServer s(o);
+  // A valid request body of exactly 60 KiB.
+  std::string body = R"({"prompt": "x", "max_tokens": 2, "user": ")";
+  body += std::string((60 << 10) - body.size() - 2, 'u') + "\"}";
+  ASSERT_EQ(body.size(), 60u << 10);
+  const std::string request = JsonPost("/v1/completions", body);
+  const size_t head = request.find("\r\n\r\n") + 4;
+  RawClient a(s.port()), b(s.port());
+  ASSERT_TRUE(a.Send(request.substr(0, head + 100)));  // headers and a little of the body
+  ASSERT_TRUE(b.Send(request.substr(0, head + 100)));
+  EXPECT_GE(WaitFor([&] { return Exchange(s.port(), request).status == 429; }, 3000), 0);
+  ASSERT_TRUE(a.Send(request.substr(head + 100)));  // one body completes and is answered
+  EXPECT_EQ(a.Read().status, 200);
+  EXPECT_GE(WaitFor([&] { return Exchange(s.port(), request).status == 200; }, 3000), 0);
+}
+
 // 500 for a bug: a handler that throws answers 500 and the server carries on.
 TEST(StatusCodes, InternalErrorIs500) {
   TestServerOptions o;

@@ -19,6 +19,18 @@ void ReplyError(const std::shared_ptr<HttpExchange>& ex, const ApiError& e,
   ex->Reply(e.status, ErrorBody(e), "application/json", std::move(extra));
 }
 
+// Runs an admin call off the I/O threads; a failure is answered 500.
+void RunAdmin(const ApiContext& ctx, const std::shared_ptr<HttpExchange>& ex,
+              std::function<void()> fn) {
+  ctx.run_admin([ex, fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      ReplyError(ex, InternalError(e.what()));
+    }
+  });
+}
+
 // Compares without stopping at the first difference (no timing hint).
 bool SameSecret(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -158,8 +170,8 @@ void AddApiRoutes(const ApiContext& ctx, Router* router) {
   if (!ctx.options->enable_admin) return;
   router->Add({"GET", "/admin/status", [ctx](const std::shared_ptr<HttpExchange>& ex) {
                  if (!AdminAllowed(*ctx.options, ex)) return;
-                 ctx.run_admin(
-                     [ctx, ex] { ReplyJson(ex, 200, StatusJson(ctx.service->GetStatus())); });
+                 RunAdmin(ctx, ex,
+                          [ctx, ex] { ReplyJson(ex, 200, StatusJson(ctx.service->GetStatus())); });
                }});
   auto device_action = [ctx](bool fail) {
     return [ctx, fail](const std::shared_ptr<HttpExchange>& ex) {
@@ -171,7 +183,7 @@ void AddApiRoutes(const ApiContext& ctx, Router* router) {
       if (device < 0) {
         return ReplyError(ex, BadRequest("the device id must be a non-negative integer", "device"));
       }
-      ctx.run_admin([ctx, ex, fail, device] {
+      RunAdmin(ctx, ex, [ctx, ex, fail, device] {
         Status st = fail ? ctx.service->FailDevice(device) : ctx.service->RestoreDevice(device);
         if (!st.ok()) return ReplyError(ex, AdminError(st));
         ReplyJson(ex, 200, {{"device", device}, {"action", fail ? "failed" : "restored"}});

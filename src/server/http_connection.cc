@@ -80,12 +80,28 @@ class ConnectionExchange final : public HttpExchange {
     Run([c = conn_, g = gen_, fn = std::move(fn)]() mutable { c->OnAbort(g, std::move(fn)); });
   }
   void Post(std::function<void()> fn) override {
-    asio::post(conn_->socket_.get_executor(), [c = conn_, g = gen_, fn = std::move(fn)] {
-      if (c->Current(g)) fn();
-    });
+    asio::post(conn_->socket_.get_executor(),
+               [c = conn_, g = gen_, path = request_.path, fn = std::move(fn)] {
+                 if (!c->Current(g)) return;
+                 try {
+                   fn();
+                 } catch (const std::exception& e) {
+                   c->HandlerFailed(g, path, e.what());
+                 }
+               });
   }
   void Offload(std::function<void()> fn) override {
-    if (asio::thread_pool* work = conn_->shared_->work.load()) asio::post(*work, std::move(fn));
+    asio::thread_pool* work = conn_->shared_->work.load();
+    if (!work) return;
+    asio::post(*work, [c = conn_, g = gen_, path = request_.path, fn = std::move(fn)] {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        std::string what = e.what();
+        asio::post(c->socket_.get_executor(),
+                   [c, g, path, what] { c->HandlerFailed(g, path, what.c_str()); });
+      }
+    });
   }
 
  private:
@@ -296,11 +312,15 @@ void HttpConnection::OnBody(beast::error_code ec) {
   try {
     route_->handler(exchange);
   } catch (const std::exception& e) {
-    FS_LOG_ERROR("handler for {} {} failed: {}", exchange->request().method,
-                 exchange->request().path, e.what());
-    if (!ended_ && !streaming_)
-      Reply(gen_, 500, ErrorBody(InternalError(e.what())), "application/json", {});
+    HandlerFailed(gen_, exchange->request().path, e.what());
   }
+}
+
+void HttpConnection::HandlerFailed(uint64_t gen, const std::string& path, const char* what) {
+  FS_LOG_ERROR("handler for {} failed: {}", path, what);
+  if (!Current(gen)) return;
+  if (!streaming_) return Reply(gen, 500, ErrorBody(InternalError(what)), "application/json", {});
+  Close();  // a stream cut short: the client sees it end without its last chunk
 }
 
 void HttpConnection::EarlyError(const ApiError& error, bool body_unread, Headers extra) {

@@ -102,6 +102,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void Write(uint64_t gen, std::string data);
   void EndStream(uint64_t gen);
   void OnAbort(uint64_t gen, std::function<void(AbortCause)> fn);
+  // A handler threw: 500, or a stream cut short.
+  void HandlerFailed(uint64_t gen, const std::string& path, const char* what);
   bool Current(uint64_t gen) const { return in_exchange_ && gen == gen_ && !ended_; }
 
   void BeginExchange();

@@ -95,7 +95,7 @@ Sample RunRequest(const std::string& host, int port, const std::string& model,
 }
 
 // Load mode: one level of concurrent streams after another, a line each.
-int RunLoadLevels(const LoadOptions& lo, const std::vector<int>& levels, bool json) {
+int RunLoadLevels(const LoadOptions& lo, const std::vector<int>& levels, bool json, bool timeline) {
   std::printf("%7s %7s %6s %6s %6s %7s | %-23s | %-23s | %-20s | %-20s\n", "clients", "served",
               "429", "failed", "peak", "server", "TTFT ms p50/p90/p99", "TBT ms p50/p90/p99",
               "/health ms p50/p99/max", "/metrics ms p50/p99/max");
@@ -116,6 +116,21 @@ int RunLoadLevels(const LoadOptions& lo, const std::vector<int>& levels, bool js
     if (r->failed || r->probes_failed) {
       std::printf("        %d probes failed%s%s\n", r->probes_failed,
                   r->first_error.empty() ? "" : "; first request error: ", r->first_error.c_str());
+    }
+    if (timeline) {
+      // Per second of the level: the slowest probes, and the requests open.
+      std::printf("        %6s %8s %12s %12s\n", "second", "open", "/health ms", "/metrics ms");
+      for (size_t k = 0; k < r->probes.size();) {
+        const int sec = static_cast<int>(r->probes[k].at_s);
+        double h = 0, m = 0;
+        int open = 0;
+        for (; k < r->probes.size() && static_cast<int>(r->probes[k].at_s) == sec; ++k) {
+          h = r->probes[k].health_ms < 0 ? 1e9 : std::max(h, r->probes[k].health_ms);
+          m = r->probes[k].metrics_ms < 0 ? 1e9 : std::max(m, r->probes[k].metrics_ms);
+          open = std::max(open, r->probes[k].open);
+        }
+        std::printf("        %6d %8d %12.1f %12.1f\n", sec, open, h, m);
+      }
     }
     std::fflush(stdout);
     all_answered &= r->failed == 0;
@@ -171,7 +186,8 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("--slo-tbt", o->slo_tbt, "time-per-output-token objective in seconds (0: none)");
   app.add_option("--seed", o->seed, "prompt seed")->capture_default_str();
   app.add_flag("--timeline", o->timeline,
-               "print output tokens/s and the worst gap per second of the replay");
+               "print output tokens/s and the worst gap per second of the replay (load mode: the "
+               "slowest /health and /metrics probe and the requests open, per second)");
   app.add_flag("--json", o->json, "print the summary as one JSON object on the last line");
   app.add_option("--concurrency", o->concurrency,
                  "load mode instead of a trace: open this many streams at once (a list, e.g. "
@@ -208,7 +224,7 @@ CommandFn RegisterBench(CLI::App& app) {
       lo.output_tokens = o->output_len;
       lo.timeout_s = o->level_timeout;
       lo.seed = o->seed;
-      return RunLoadLevels(lo, o->concurrency, o->json);
+      return RunLoadLevels(lo, o->concurrency, o->json, o->timeline);
     }
     WorkloadOptions wo;
     wo.max_requests = o->requests;

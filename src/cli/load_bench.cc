@@ -46,7 +46,8 @@ struct Client : std::enable_shared_from_this<Client> {
 
 // Level-wide counters, on the client thread.
 struct Level {
-  int open = 0, peak_open = 0, finished = 0;
+  std::atomic<int> open{0};  // read by the prober too
+  int peak_open = 0, finished = 0;
 };
 
 void ParseSse(Client& c) {
@@ -203,8 +204,10 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
   // Probes on their own thread, on new connections, while the level runs.
   std::atomic<bool> stop{false};
   std::vector<double> health_ms, metrics_ms;
+  std::vector<LoadResult::Probe> probes;
   int probes_failed = 0;
   int64_t peak_server = 0;
+  const int64_t start = MonotonicNanos();
   std::thread prober([&] {
     while (!stop) {
       const int64_t t0 = MonotonicNanos();
@@ -215,6 +218,8 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
       const int64_t t2 = MonotonicNanos();
       if (hs == 200) health_ms.push_back((t1 - t0) * 1e-6);
       if (ms == 200) metrics_ms.push_back((t2 - t1) * 1e-6);
+      probes.push_back({(t0 - start) * 1e-9, hs == 200 ? (t1 - t0) * 1e-6 : -1,
+                        ms == 200 ? (t2 - t1) * 1e-6 : -1, level.open.load()});
       probes_failed += (hs != 200) + (ms != 200);
       const std::string key = "\nfailsafe_http_connections_open ";
       const size_t at = text.find(key);
@@ -226,7 +231,6 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
     }
   });
 
-  const int64_t start = MonotonicNanos();
   for (auto& c : all) Launch(io, ep, c, &level);
   io.run_for(std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
   const double seconds = (MonotonicNanos() - start) * 1e-9;
@@ -270,6 +274,7 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
   r.health_ms = ComputePercentiles(health_ms);
   r.metrics_ms = ComputePercentiles(metrics_ms);
   r.probes_failed = probes_failed;
+  r.probes = std::move(probes);
   return r;
 }
 

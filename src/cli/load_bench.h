@@ -38,7 +38,14 @@ struct LoadResult {
   Percentiles metrics_ms;               // GET /metrics, likewise
   int probes_failed = 0;  // probes with no answer within 5 s or not 200 (/health 503 counts)
   double seconds = 0;     // the level's wall time
-  int64_t tokens = 0;     // completion tokens reported by the streams' usage
+  struct Probe {
+    double at_s = 0;        // since the level started
+    double health_ms = -1;  // -1: no 200 within 5 s
+    double metrics_ms = -1;
+    int open = 0;  // requests open at that moment (client view)
+  };
+  std::vector<Probe> probes;
+  int64_t tokens = 0;  // completion tokens reported by the streams' usage
 };
 
 // Runs one level of `clients` concurrent streams to its end.

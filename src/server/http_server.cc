@@ -132,10 +132,14 @@ Status HttpServer::Start() {
   AddApiRoutes(ctx, &m.shared->router);
   AddCompletionRoutes(ctx, &m.shared->router);
 
+  // An address, or a name to resolve ("localhost").
   boost::system::error_code ec;
-  const auto address = asio::ip::make_address(o.host, ec);
-  if (ec) return InvalidArgument("--host {}: not an IP address ({})", o.host, ec.message());
-  const tcp::endpoint ep(address, static_cast<unsigned short>(o.port));
+  tcp::resolver resolver(m.shared->io);
+  auto found = resolver.resolve(o.host, std::to_string(o.port),
+                                tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || found.empty())
+    return InvalidArgument("--host {}: not an address this machine has ({})", o.host, ec.message());
+  const tcp::endpoint ep = found.begin()->endpoint();
   m.acceptor.open(ep.protocol(), ec);
   if (!ec) m.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) m.acceptor.bind(ep, ec);

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/load_bench.h"
 #include "common/clock.h"
+#include "common/fd_limit.h"
 #include "common/rng.h"
 #include "engine/offline_run.h"
 #include "trace/workload.h"
@@ -238,6 +239,14 @@ CommandFn RegisterBench(CLI::App& app) {
     if (w->skipped)
       std::fprintf(stderr, "skipped %d requests that do not fit the context\n", w->skipped);
     const int n = static_cast<int>(w->requests.size());
+    // Requests may all be open at once: one connection each.
+    const FileLimit limit = RaiseOpenFileLimit(n + 64);
+    if (limit.soft < n + 16) {
+      std::fprintf(stderr,
+                   "warning: the open-file limit (%lld) is below the %d requests; some may fail "
+                   "to connect if they overlap (ulimit -n)\n",
+                   static_cast<long long>(limit.soft), n);
+    }
     std::vector<Sample> samples(n);
     std::vector<std::thread> threads;
     const int64_t t0 = MonotonicNanos();

@@ -21,7 +21,15 @@ namespace failsafe {
 using nlohmann::json;
 
 const std::string& TestModelDir() {
-  static std::string dir = [] {
+  // Made once per test process, removed when it exits.
+  struct TempModel {
+    std::string dir;
+    ~TempModel() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  };
+  static TempModel model{[] {
     auto d =
         (std::filesystem::temp_directory_path() / ("fs_server_test_" + std::to_string(::getpid())))
             .string();
@@ -30,8 +38,8 @@ const std::string& TestModelDir() {
     o.seed = 31;
     EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
     return d;
-  }();
-  return dir;
+  }()};
+  return model.dir;
 }
 
 TestServer::TestServer(const TestServerOptions& options) {

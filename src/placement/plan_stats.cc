@@ -109,6 +109,27 @@ std::string List(const std::vector<int>& v) {
 
 }  // namespace
 
+PlanBalance BalanceOf(const Plan& p, const ModelConfig& c) {
+  const std::vector<DeviceCost> costs = PlanCosts(p, c);
+  double kv_max = 0, kv_sum = 0, work_max = 0, work_sum = 0;
+  for (auto& dc : costs) {
+    const double work = dc.tp_attn_flops_per_token + dc.ffn_flops_per_token;
+    kv_max = std::max(kv_max, static_cast<double>(dc.tp_kv_bytes_per_token));
+    kv_sum += dc.tp_kv_bytes_per_token;
+    work_max = std::max(work_max, work);
+    work_sum += work;
+  }
+  const double n = static_cast<double>(costs.size());
+  PlanBalance b;
+  b.max_replicas = std::max(1, p.max_replicas());
+  b.compute_over_mean = work_sum > 0 ? work_max / (work_sum / n) : 1.0;
+  b.kv_over_mean = kv_sum > 0 ? kv_max / (kv_sum / n) : 1.0;
+  // A DP head's KV lives on one device per token.
+  b.kv_held_over_model =
+      (kv_sum + costs.front().dp_kv_bytes_per_token) / static_cast<double>(c.KvBytesPerToken());
+  return b;
+}
+
 std::string PlanReport(const Plan& p, const ModelConfig& c) {
   std::string s = fmt::format("policy {}, {} devices alive of {}, active: {}\n",
                               PolicyName(p.policy), p.alive.size(), p.num_devices, List(p.active));
@@ -140,28 +161,17 @@ std::string PlanReport(const Plan& p, const ModelConfig& c) {
   s += fmt::format("\n{:>6} {:>12} {:>9} {:>9} {:>12} {:>14} {:>14} {:>14}\n", "device", "weights",
                    "TP heads", "Q heads", "KV B/token", "DP KV B/own", "attn MF/token",
                    "DP MF/own tok");
-  const std::vector<DeviceCost> costs = PlanCosts(p, c);
-  for (auto& dc : costs) {
+  for (auto& dc : PlanCosts(p, c)) {
     s += fmt::format("{:>6} {:>9.1f} MiB {:>9} {:>9} {:>12} {:>14} {:>14.3f} {:>14.3f}\n",
                      dc.device, dc.weight_bytes / 1048576.0, dc.tp_heads, dc.tp_query_heads,
                      dc.tp_kv_bytes_per_token, dc.dp_kv_bytes_per_token,
                      dc.tp_attn_flops_per_token / 1e6, dc.dp_attn_flops_per_token / 1e6);
   }
-  // Balance: the busiest device against the mean (TP work, every token).
-  double kv_max = 0, kv_sum = 0, work_max = 0, work_sum = 0;
-  for (auto& dc : costs) {
-    const double work = dc.tp_attn_flops_per_token + dc.ffn_flops_per_token;
-    kv_max = std::max(kv_max, static_cast<double>(dc.tp_kv_bytes_per_token));
-    kv_sum += dc.tp_kv_bytes_per_token;
-    work_max = std::max(work_max, work);
-    work_sum += work;
-  }
-  const double n = static_cast<double>(costs.size());
+  const PlanBalance b = BalanceOf(p, c);
   s += fmt::format(
       "\nbalance (TP part, per token): busiest device / mean: compute {:.2f}, KV {:.2f}; KV held "
       "per token: {:.2f}x the model's\n",
-      work_sum > 0 ? work_max / (work_sum / n) : 1.0, kv_sum > 0 ? kv_max / (kv_sum / n) : 1.0,
-      (kv_sum + costs.front().dp_kv_bytes_per_token) / static_cast<double>(c.KvBytesPerToken()));
+      b.compute_over_mean, b.kv_over_mean, b.kv_held_over_model);
   return s;
 }
 
@@ -183,6 +193,11 @@ std::string PlanReportJson(const Plan& p, const ModelConfig& c) {
          {"ffn_flops_per_token", dc.ffn_flops_per_token}});
   }
   j["devices"] = devs;
+  const PlanBalance b = BalanceOf(p, c);
+  j["balance"] = {{"max_replicas", b.max_replicas},
+                  {"compute_over_mean", b.compute_over_mean},
+                  {"kv_over_mean", b.kv_over_mean},
+                  {"kv_held_over_model", b.kv_held_over_model}};
   return j.dump();
 }
 

@@ -31,6 +31,16 @@ struct DeviceCost {
 
 std::vector<DeviceCost> PlanCosts(const Plan& plan, const ModelConfig& config);
 
+// How evenly a plan spreads the work that every token costs (its TP part),
+// and what replicated head groups cost in KV.
+struct PlanBalance {
+  int max_replicas = 1;           // most devices holding one TP head group
+  double compute_over_mean = 1;   // busiest device's TP attention + FFN FLOPs / the mean
+  double kv_over_mean = 1;        // largest TP KV bytes per token / the mean
+  double kv_held_over_model = 1;  // KV every device caches per token / the model's own
+};
+PlanBalance BalanceOf(const Plan& plan, const ModelConfig& config);
+
 // KV pages each active device can hold within `device_memory_bytes`, after its
 // weights and `reserve_bytes` of activations: [device id] -> pages (0 for
 // inactive devices). Fails, naming the device, if the weights do not fit.

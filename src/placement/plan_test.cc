@@ -205,6 +205,13 @@ TEST(Plan, MoreDevicesThanHeadGroups) {
   EXPECT_EQ(nu->KvWriter(0, 0, 5), 0);
   EXPECT_EQ(nu->KvWriter(1, 0, 5), 1);
   EXPECT_EQ(nu->KvWriter(1, 3, 0), 5);
+  // Six devices cache six groups' KV per layer: 1.5 times the model's.
+  const PlanBalance nb = BalanceOf(*nu, c);
+  EXPECT_EQ(nb.max_replicas, 2);
+  EXPECT_NEAR(nb.kv_held_over_model, 1.5, 1e-9);
+  EXPECT_NEAR(nb.kv_over_mean, 1.0, 1e-9);
+  EXPECT_GT(nb.compute_over_mean, 1.0);  // the devices of unreplicated groups compute two heads
+  EXPECT_NE(PlanReportJson(*nu, c).find("\"tp_query_heads\":5"), std::string::npos);
 
   auto hy = MakePlan(c, Policy::kHybrid, 8, Range(5));
   ASSERT_TRUE(hy.ok());
@@ -216,6 +223,7 @@ TEST(Plan, MoreDevicesThanHeadGroups) {
   auto costs = PlanCosts(*hy, c);
   EXPECT_EQ(costs[0].tp_kv_bytes_per_token, 0);
   EXPECT_EQ(costs[0].dp_kv_bytes_per_token, c.KvBytesPerToken());
+  EXPECT_NEAR(BalanceOf(*hy, c).kv_held_over_model, 1.0, 1e-9);
 
   // Past H * G devices (8 query heads, 12 devices) some devices compute no
   // attention; cyclic rotates which ones.

@@ -134,7 +134,8 @@ std::string PlanReport(const Plan& p, const ModelConfig& c) {
   std::string s = fmt::format("policy {}, {} devices alive of {}, active: {}\n",
                               PolicyName(p.policy), p.alive.size(), p.num_devices, List(p.active));
   const int group = p.shape.group_size;
-  s += fmt::format("attention: {} head groups of {} query heads", p.shape.num_kv_heads, group);
+  s += fmt::format("attention: {} head group{} of {} query head{}", p.shape.num_kv_heads,
+                   p.shape.num_kv_heads == 1 ? "" : "s", group, group == 1 ? "" : "s");
   const int replicas = p.max_replicas();
   if (p.num_dp_heads_total() == p.shape.num_layers * p.shape.num_kv_heads) {
     s += "; all DP heads (pure DP attention: every device holds every head group)";

@@ -21,6 +21,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterSimulate(CLI::App& app);
+CommandFn RegisterTokenize(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   add("generate", "generate text for one prompt", RegisterGenerate);
   add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
       RegisterLogits);
+  add("tokenize", "encode and decode text with a model's tokenizer (one text or JSON Lines)",
+      RegisterTokenize);
   add("plan", "print the placement plan and per-device costs for a device set", RegisterPlan);
   add("run", "run a workload to completion offline and print a summary", RegisterRun);
   add("ablation",

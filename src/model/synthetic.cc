@@ -11,7 +11,9 @@
 
 #include "common/rng.h"
 #include "model/file_util.h"
+#include "model/hf_pre_tokenizer.h"
 #include "model/tokenizer.h"
+#include "model/utf8.h"
 #include "model/weights.h"
 
 namespace failsafe {

@@ -1,0 +1,35 @@
+// tokenizer.json pre-tokenizers: ByteLevel, Split (Isolated or Removed),
+// Metaspace, Digits and Sequence. They cut normalized text into the words the
+// model encodes one by one. Any other type or behaviour is an error naming its
+// field.
+//
+// Thread-safety: immutable after Parse.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace failsafe {
+
+class HfPreTokenizer {
+ public:
+  virtual ~HfPreTokenizer() = default;
+  // Replaces every piece by its sub-pieces. `section_index` is the position
+  // of the text between added tokens that the pieces come from (Metaspace's
+  // prepend_scheme "first" prepends only in section 0).
+  virtual void Split(std::vector<std::string>* pieces, int section_index) const = 0;
+
+  static Result<std::unique_ptr<HfPreTokenizer>> Parse(const nlohmann::json& j,
+                                                       const std::string& field);
+};
+
+// Byte-level BPE's reversible byte <-> printable code point map (GPT-2).
+int ByteToCodePoint(unsigned char b);
+// Inverse; -1 if the code point is not one of the 256 images.
+int CodePointToByte(int cp);
+
+}  // namespace failsafe

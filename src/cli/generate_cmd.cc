@@ -42,7 +42,7 @@ CommandFn RegisterGenerate(CLI::App& app) {
   return [o] {
     auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
     if (!dir.ok()) return Fail(dir.status().ToString());
-    auto tok = Tokenizer::Load(*dir + "/tokenizer.json");
+    auto tok = Tokenizer::LoadDir(*dir);
     if (!tok.ok()) return Fail(tok.status().ToString());
     auto exec = MakeExecutor(*dir, o->dev);
     if (!exec.ok()) return Fail(exec.status().ToString());
@@ -50,7 +50,11 @@ CommandFn RegisterGenerate(CLI::App& app) {
     GenerateOptions g;
     g.max_tokens = o->max_tokens;
     g.sampling = {o->temperature, o->top_k, o->top_p, o->seed};
-    g.stop_token = o->ignore_eos ? -1 : (*exec)->config().eos_token_id;
+    if (!o->ignore_eos) {
+      g.stop_token_ids = (*tok)->stop_token_ids();
+      if ((*exec)->config().eos_token_id >= 0)
+        g.stop_token_ids.push_back((*exec)->config().eos_token_id);
+    }
     auto sampler = MakeCpuBackend(1);
     auto r = GenerateOne(**exec, *sampler, prompt, g);
     if (!r.ok()) return Fail(r.status().ToString());

@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
       RegisterLogits);
   add("tokenize", "encode and decode text with a model's tokenizer (one text or JSON Lines)",
       RegisterTokenize);
+  add("chat-template", "render conversations with a chat template (one JSON object per line)",
+      RegisterChatTemplate);
   add("plan", "print the placement plan and per-device costs for a device set", RegisterPlan);
   add("run", "run a workload to completion offline and print a summary", RegisterRun);
   add("ablation",

@@ -51,7 +51,7 @@ CommandFn RegisterServe(CLI::App& app) {
   return [o] {
     auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
     if (!dir.ok()) return Fail(dir.status().ToString());
-    auto tok = Tokenizer::Load(*dir + "/tokenizer.json");
+    auto tok = Tokenizer::LoadDir(*dir);
     if (!tok.ok()) return Fail(tok.status().ToString());
     auto config = ModelConfig::Load(*dir);
     if (!config.ok()) return Fail(config.status().ToString());

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <queue>
 
+#include "common/utf8.h"
 #include "model/hf_json.h"
-#include "model/utf8.h"
 
 namespace failsafe {
 

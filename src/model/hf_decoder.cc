@@ -1,9 +1,9 @@
 #include "model/hf_decoder.h"
 
+#include "common/utf8.h"
 #include "model/hf_json.h"
 #include "model/hf_pre_tokenizer.h"
 #include "model/hf_regex.h"
-#include "model/utf8.h"
 
 namespace failsafe {
 

@@ -4,9 +4,9 @@
 
 #include <vector>
 
+#include "common/utf8.h"
 #include "model/hf_json.h"
 #include "model/hf_regex.h"
-#include "model/utf8.h"
 
 namespace failsafe {
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
+#include "common/utf8.h"
 #include "model/hf_json.h"
 #include "model/hf_regex.h"
-#include "model/utf8.h"
 
 namespace failsafe {
 

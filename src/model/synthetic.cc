@@ -10,10 +10,10 @@
 #include <set>
 
 #include "common/rng.h"
+#include "common/utf8.h"
 #include "model/file_util.h"
 #include "model/hf_pre_tokenizer.h"
 #include "model/tokenizer.h"
-#include "model/utf8.h"
 #include "model/weights.h"
 
 namespace failsafe {
@@ -262,6 +262,7 @@ SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed) {
                      {"special", true}});
     if (std::string(kSpecials[i]) == "<|begin_of_text|>") out.bos_id = id;
     if (std::string(kSpecials[i]) == "<|eot_id|>") out.eos_id = id;
+    if (std::string(kSpecials[i]) == "<|end_of_text|>") out.end_of_text_id = id;
   }
   json vocab_json = json::object();
   for (size_t i = 0; i < id_to_tok.size(); ++i) vocab_json[id_to_tok[i]] = i;
@@ -382,6 +383,12 @@ Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& 
   config.bos_token_id = tok.bos_id;
   config.eos_token_id = tok.eos_id;
   FS_RETURN_IF_ERROR(WriteStringToFile(dir + "/tokenizer.json", tok.json));
+  // Generation stops at the end of a turn or of the text, as Llama-3's does.
+  FS_RETURN_IF_ERROR(WriteStringToFile(
+      dir + "/generation_config.json",
+      json{{"bos_token_id", tok.bos_id}, {"eos_token_id", {tok.eos_id, tok.end_of_text_id}}}.dump(
+          2) +
+          "\n"));
 
   FillContext ctx;
   ctx.config = &config;

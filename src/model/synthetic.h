@@ -25,7 +25,8 @@ struct SyntheticModelOptions {
   int num_shards = 1;
 };
 
-// Writes the model into `dir` (created if missing).
+// Writes the model into `dir` (created if missing): config.json,
+// model.safetensors, tokenizer.json and generation_config.json.
 Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& options);
 
 // Builds a byte-level BPE tokenizer.json with exactly `vocab_size` tokens,
@@ -35,6 +36,7 @@ struct SyntheticTokenizer {
   std::string json;
   int bos_id = -1;
   int eos_id = -1;  // <|eot_id|>
+  int end_of_text_id = -1;
 };
 SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "model/chat_template.h"
 #include "model/file_util.h"
 #include "model/hf_tokenizer.h"
 #include "model/sentencepiece_tokenizer.h"
@@ -84,6 +85,24 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string& dir) {
   std::sort(stop.begin(), stop.end());
   stop.erase(std::unique(stop.begin(), stop.end()), stop.end());
   if (s.eos.empty() && !stop.empty()) s.eos = t->Decode({stop.front()});
+
+  // The chat template: tokenizer_config.json's, else chat_template.jinja
+  // (or the older chat_template.json) beside it.
+  std::string source = config.chat_template, origin = dir + "/tokenizer_config.json";
+  if (source.empty() && exists("chat_template.jinja")) {
+    origin = dir + "/chat_template.jinja";
+    FS_ASSIGN_OR_RETURN(source, ReadFileToString(origin));
+  } else if (source.empty() && exists("chat_template.json")) {
+    origin = dir + "/chat_template.json";
+    FS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(origin));
+    FS_ASSIGN_OR_RETURN(TokenizerConfig c, TokenizerConfig::Parse(text, origin));
+    source = c.chat_template;
+  }
+  if (!source.empty()) {
+    auto chat = ChatTemplate::Parse(source, origin + ": chat template");
+    if (!chat.ok()) return chat.status();
+    t->chat_template_ = std::move(chat).value();
+  }
   return t;
 }
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/utf8.h"
+#include "common/utf8.h"
 
 namespace failsafe {
 

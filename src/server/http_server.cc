@@ -168,9 +168,8 @@ void HttpServer::Routes() {
       spec.max_new_tokens = r.max_tokens;
       spec.sampling = r.sampling;
       if (!r.ignore_eos) {
-        for (const char* t : {"<|eot_id|>", "<|end_of_text|>"}) {
-          if (tokenizer_->TokenId(t) >= 0) spec.stop_token_ids.push_back(tokenizer_->TokenId(t));
-        }
+        spec.stop_token_ids.assign(tokenizer_->stop_token_ids().begin(),
+                                   tokenizer_->stop_token_ids().end());
         if (service_->config().eos_token_id >= 0)
           spec.stop_token_ids.push_back(service_->config().eos_token_id);
       }
@@ -192,7 +191,7 @@ void HttpServer::Routes() {
       }
       const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g_next_id++);
       const int64_t created = static_cast<int64_t>(std::time(nullptr));
-      auto text = std::make_shared<TextStream>(tokenizer_, r.stop);
+      auto text = std::make_shared<TextStream>(tokenizer_, r.stop, r.skip_special_tokens, r.prompt);
       auto service = service_;
       // Consumes one event: appends its text; true when the request is over.
       auto consume = [h, text, service](const TokenEvent& e, std::string* piece, int* generated,

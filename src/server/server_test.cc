@@ -41,7 +41,7 @@ struct Fixture {
   std::unique_ptr<httplib::Client> client;
 
   explicit Fixture(int devices = 4, int max_queue = 64, int max_num_seqs = 64) {
-    tok = std::move(Tokenizer::Load(Dir() + "/tokenizer.json")).value();
+    tok = std::move(Tokenizer::LoadDir(Dir())).value();
     WorkerGroupOptions o;
     o.model_dir = Dir();
     o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");

@@ -27,6 +27,11 @@ Value GlobalFunction(const std::string& name);
 // `receiver.name`, bound: a method of str, dict or list, or undefined.
 Value BoundMethod(const Value& receiver, const std::string& name);
 
+// "<what> expected, got '<type>'".
+inline Status ExpectedType(const char* what, const Value& v) {
+  return InvalidArgument("{} expected, got '{}'", what, v.TypeName());
+}
+
 // Shared helpers.
 Result<Value> GetAttribute(const Value& obj, const std::string& name);  // Jinja getattr
 Result<Value> GetItem(const Value& obj, const Value& key);              // Jinja getitem

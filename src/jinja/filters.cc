@@ -1,6 +1,5 @@
+// The filters of the template language (Jinja2's, with Hugging Face's tojson).
 #include "jinja/builtins.h"
-
-#include <utf8proc.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,10 +47,6 @@ class Args {
   KwArgs kwargs_;
   std::vector<const char*> names_;
 };
-
-Status TypeError(const char* what, const Value& v) {
-  return InvalidArgument("{} expected, got '{}'", what, v.TypeName());
-}
 
 // Sort key: case-insensitive strings unless asked otherwise.
 Value SortKey(const Value& v, bool case_sensitive) {
@@ -207,7 +202,7 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
     FS_ASSIGN_OR_RETURN(Args a, args({"chars"}));
     const Value chars = a.Get(0);
     if (!chars.is_undefined() && !chars.is_none() && !chars.is_string())
-      return TypeError("a string", chars);
+      return ExpectedType("a string", chars);
     std::string r = Strip(v.Str(), chars.is_string() ? &chars.as_string() : nullptr, true, true);
     return v.is_markup() ? Value::Markup(std::move(r)) : Value(std::move(r));
   }
@@ -252,7 +247,7 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
     if (a.Has(2) && !a.Get(2).is_none())
       return InvalidArgument("tojson: separators are not supported");
     const Value indent = a.Get(1);
-    if (indent.Truthy() && !indent.is_int()) return TypeError("an integer indent", indent);
+    if (indent.Truthy() && !indent.is_int()) return ExpectedType("an integer indent", indent);
     FS_ASSIGN_OR_RETURN(std::string j,
                         v.ToJson(indent.is_int() ? static_cast<int>(indent.as_int()) : -1,
                                  a.Get(3, Value(false)).Truthy()));
@@ -266,7 +261,7 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
   if (name == "items") {
     FS_ASSIGN_OR_RETURN(Args a, args({}));
     if (v.is_undefined()) return Value(ValueList());
-    if (!v.is_dict()) return TypeError("a mapping", v);
+    if (!v.is_dict()) return ExpectedType("a mapping", v);
     ValueList out;
     for (const auto& [k, x] : v.as_dict().items()) out.push_back(Value::Tuple({k, x}));
     return Value(std::move(out));
@@ -296,7 +291,7 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
   }
   if (name == "dictsort") {
     FS_ASSIGN_OR_RETURN(Args a, args({"case_sensitive", "by", "reverse"}));
-    if (!v.is_dict()) return TypeError("a mapping", v);
+    if (!v.is_dict()) return ExpectedType("a mapping", v);
     const bool by_value = a.Get(1, Value("key")).Str() == "value";
     const bool cs = a.Get(0, Value(false)).Truthy();
     std::vector<Value> pairs;
@@ -372,13 +367,13 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
   }
   if (name == "abs") {
     FS_ASSIGN_OR_RETURN(Args a, args({}));
-    if (!v.is_number()) return TypeError("a number", v);
+    if (!v.is_number()) return ExpectedType("a number", v);
     return v.is_float() ? Value(std::fabs(v.as_double()))
                         : Value(static_cast<int64_t>(std::llabs(v.as_int())));
   }
   if (name == "round") {
     FS_ASSIGN_OR_RETURN(Args a, args({"precision", "method"}));
-    if (!v.is_number()) return TypeError("a number", v);
+    if (!v.is_number()) return ExpectedType("a number", v);
     const int64_t p = a.Get(0, Value(int64_t{0})).as_int();
     const std::string method = a.Get(1, Value("common")).Str();
     const double scale = std::pow(10.0, static_cast<double>(p));
@@ -466,21 +461,9 @@ const std::set<std::string>& Filters() {
   return k;
 }
 
-const std::set<std::string>& Tests() {
-  static const std::set<std::string> k = {
-      "boolean", "callable", "defined",  "divisibleby", "eq",       "equalto",     "escaped",
-      "even",    "false",    "filter",   "float",       "ge",       "greaterthan", "gt",
-      "in",      "integer",  "iterable", "le",          "lessthan", "lower",       "lt",
-      "mapping", "ne",       "none",     "number",      "odd",      "sameas",      "sequence",
-      "string",  "test",     "true",     "undefined",   "upper",    "==",          "!=",
-      "<",       "<=",       ">",        ">="};
-  return k;
-}
-
 }  // namespace
 
 bool IsKnownFilter(const std::string& name) { return Filters().count(name) > 0; }
-bool IsKnownTest(const std::string& name) { return Tests().count(name) > 0; }
 
 Result<Value> ApplyFilter(Interpreter& in, const std::string& name, const Value& value,
                           ValueList args, KwArgs kwargs) {
@@ -488,186 +471,6 @@ Result<Value> ApplyFilter(Interpreter& in, const std::string& name, const Value&
   if (!r.ok() && r.status().message().find(name) == std::string::npos)
     return Status(r.status().code(), fmt::format("filter '{}': {}", name, r.status().message()));
   return r;
-}
-
-Result<bool> ApplyTest(Interpreter& in, const std::string& name, const Value& v,
-                       const ValueList& args) {
-  auto arg = [&](size_t i) -> Result<Value> {
-    if (i >= args.size()) return InvalidArgument("test '{}' needs an argument", name);
-    return args[i];
-  };
-  if (name == "defined") return !v.is_undefined();
-  if (name == "undefined") return v.is_undefined();
-  if (name == "none") return v.is_none();
-  if (name == "boolean") return v.is_bool();
-  if (name == "true") return v.is_bool() && v.as_bool();
-  if (name == "false") return v.is_bool() && !v.as_bool();
-  if (name == "integer") return v.is_int();
-  if (name == "float") return v.is_float();
-  if (name == "number") return v.is_number();
-  if (name == "string") return v.is_string();
-  if (name == "mapping") return v.is_dict();
-  if (name == "iterable") return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
-  if (name == "sequence") return v.is_list() || v.is_dict() || v.is_string();
-  if (name == "callable") return v.is_function();
-  if (name == "escaped") return false;
-  if (name == "lower") return v.is_string() && Lower(v.as_string()) == v.as_string();
-  if (name == "upper") return v.is_string() && Upper(v.as_string()) == v.as_string();
-  if (name == "odd" || name == "even") {
-    if (!v.is_int() && !v.is_bool()) return TypeError("an integer", v);
-    return (v.as_int() % 2 != 0) == (name == "odd");
-  }
-  if (name == "divisibleby") {
-    FS_ASSIGN_OR_RETURN(Value d, arg(0));
-    if (!v.is_number() || !d.is_number()) return TypeError("numbers", v);
-    FS_ASSIGN_OR_RETURN(Value m, BinaryOp("%", v, d));
-    return m.as_double() == 0;
-  }
-  if (name == "sameas") {
-    FS_ASSIGN_OR_RETURN(Value o, arg(0));
-    if (v.kind() != o.kind()) return false;
-    if (v.is_none() || v.is_undefined()) return true;
-    if (v.is_bool()) return v.as_bool() == o.as_bool();
-    return v.Equals(o) && (v.is_int() || v.is_string());
-  }
-  if (name == "eq" || name == "equalto" || name == "==") {
-    FS_ASSIGN_OR_RETURN(Value o, arg(0));
-    return v.Equals(o);
-  }
-  if (name == "ne" || name == "!=") {
-    FS_ASSIGN_OR_RETURN(Value o, arg(0));
-    return !v.Equals(o);
-  }
-  if (name == "lt" || name == "lessthan" || name == "<" || name == "ge" || name == ">=") {
-    FS_ASSIGN_OR_RETURN(Value o, arg(0));
-    FS_ASSIGN_OR_RETURN(bool less, Value::Less(v, o));
-    return (name == "lt" || name == "lessthan" || name == "<") ? less : !less;
-  }
-  if (name == "gt" || name == "greaterthan" || name == ">" || name == "le" || name == "<=") {
-    FS_ASSIGN_OR_RETURN(Value o, arg(0));
-    FS_ASSIGN_OR_RETURN(bool greater, Value::Less(o, v));
-    return (name == "gt" || name == "greaterthan" || name == ">") ? greater : !greater;
-  }
-  if (name == "in") {
-    FS_ASSIGN_OR_RETURN(Value c, arg(0));
-    if (c.is_string()) {
-      if (!v.is_string())
-        return InvalidArgument("'in <string>' requires string as left operand, not {}",
-                               v.TypeName());
-      return c.as_string().find(v.as_string()) != std::string::npos;
-    }
-    if (c.is_dict()) return c.as_dict().Find(v) != nullptr;
-    if (c.is_list()) {
-      for (const Value& x : c.as_list()) {
-        if (x.Equals(v)) return true;
-      }
-      return false;
-    }
-    if (c.is_undefined()) return false;
-    return InvalidArgument("argument of type '{}' is not iterable", c.TypeName());
-  }
-  if (name == "filter") return v.is_string() && IsKnownFilter(v.as_string());
-  if (name == "test") return v.is_string() && IsKnownTest(v.as_string());
-  (void)in;
-  return InvalidArgument("unsupported test '{}'", name);
-}
-
-Result<Value> GetAttribute(const Value& obj, const std::string& name) {
-  if (obj.is_undefined()) {
-    return InvalidArgument("'{}' is undefined (looking up attribute '{}')", obj.undefined_hint(),
-                           name);
-  }
-  if (obj.is_namespace()) {
-    const Value* v = obj.as_namespace().attrs.Find(Value(name));
-    return v ? *v : Value::Undefined(name);
-  }
-  Value method = BoundMethod(obj, name);
-  if (!method.is_undefined()) return method;
-  if (obj.is_dict()) {
-    const Value* v = obj.as_dict().Find(Value(name));
-    if (v) return *v;
-  }
-  return Value::Undefined(fmt::format("'{}' object has no attribute '{}'", obj.TypeName(), name));
-}
-
-Result<Value> GetItem(const Value& obj, const Value& key) {
-  if (obj.is_undefined()) {
-    return InvalidArgument("'{}' is undefined (looking up item {})", obj.undefined_hint(),
-                           key.Repr());
-  }
-  if (obj.is_dict()) {
-    const Value* v = obj.as_dict().Find(key);
-    if (v) return *v;
-  } else if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
-    int64_t i = key.as_int();
-    if (obj.is_list()) {
-      const int64_t n = static_cast<int64_t>(obj.as_list().size());
-      if (i < 0) i += n;
-      if (i >= 0 && i < n) return obj.as_list()[static_cast<size_t>(i)];
-    } else {
-      auto cps = CodePoints(obj.as_string());
-      const int64_t n = static_cast<int64_t>(cps.size());
-      if (i < 0) i += n;
-      if (i >= 0 && i < n) {
-        std::string c(cps[static_cast<size_t>(i)]);
-        return obj.is_markup() ? Value::Markup(std::move(c)) : Value(std::move(c));
-      }
-    }
-  } else if (obj.is_namespace()) {
-    const Value* v = obj.as_namespace().attrs.Find(key);
-    if (v) return *v;
-  }
-  if (key.is_string()) {
-    Value method = BoundMethod(obj, key.as_string());
-    if (!method.is_undefined()) return method;
-  }
-  return Value::Undefined(fmt::format("'{}' object has no item {}", obj.TypeName(), key.Repr()));
-}
-
-Result<Value> Slice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
-  auto index = [](const Value& v, const char* what) -> Result<std::optional<int64_t>> {
-    if (v.is_undefined() || v.is_none()) return std::optional<int64_t>();
-    if (!v.is_int() && !v.is_bool())
-      return InvalidArgument("slice {} must be an integer or None", what);
-    return std::optional<int64_t>(v.as_int());
-  };
-  FS_ASSIGN_OR_RETURN(auto b, index(start, "start"));
-  FS_ASSIGN_OR_RETURN(auto e, index(stop, "stop"));
-  FS_ASSIGN_OR_RETURN(auto s, index(step, "step"));
-  const int64_t st = s.value_or(1);
-  if (st == 0) return InvalidArgument("slice step cannot be zero");
-  std::vector<Value> items;
-  std::vector<std::string_view> cps;
-  int64_t n = 0;
-  if (obj.is_list()) {
-    n = static_cast<int64_t>(obj.as_list().size());
-  } else if (obj.is_string()) {
-    cps = CodePoints(obj.as_string());
-    n = static_cast<int64_t>(cps.size());
-  } else if (obj.is_undefined()) {
-    return InvalidArgument("'{}' is undefined (slicing)", obj.undefined_hint());
-  } else {
-    return InvalidArgument("'{}' object is not subscriptable", obj.TypeName());
-  }
-  // Python's slice.indices().
-  auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
-    if (!v) return dflt;
-    int64_t x = *v;
-    if (x < 0) x += n;
-    if (st > 0) return std::clamp<int64_t>(x, 0, n);
-    return std::clamp<int64_t>(x, -1, n - 1);
-  };
-  const int64_t lo = clamp(b, st > 0 ? 0 : n - 1), hi = clamp(e, st > 0 ? n : -1);
-  std::vector<int64_t> picks;
-  for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) picks.push_back(i);
-  if (obj.is_list()) {
-    ValueList out;
-    for (int64_t i : picks) out.push_back(obj.as_list()[static_cast<size_t>(i)]);
-    return obj.is_tuple() ? Value::Tuple(std::move(out)) : Value(std::move(out));
-  }
-  std::string out;
-  for (int64_t i : picks) out.append(cps[static_cast<size_t>(i)]);
-  return obj.is_markup() ? Value::Markup(std::move(out)) : Value(std::move(out));
 }
 
 }  // namespace failsafe::jinja

@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   };
   add("make-model", "write a synthetic model (config.json, model.safetensors, tokenizer.json)",
       RegisterMakeModel);
+  add("convert-llama2c",
+      "convert a llama2.c checkpoint and its SentencePiece tokenizer to Hugging Face layout",
+      RegisterConvertLlama2c);
   add("serve", "serve an OpenAI-compatible API", RegisterServe);
   add("bench", "replay a trace against a running server and report latency percentiles",
       RegisterBench);

@@ -46,6 +46,16 @@ function engine(dir, requests) {
   return out.toString().trim().split("\n").map((l) => JSON.parse(l));
 }
 
+// The reference's ByteFallback decoder reads byte runs with a TextDecoder
+// that swallows a byte order mark (U+FEFF) at the start of a run; the Rust
+// library and SentencePiece keep it, and so does FailSafe.
+let bomQuirks = 0;
+function bomQuirk(want, got) {
+  const same = got.replaceAll("\ufeff", "") === want.replaceAll("\ufeff", "") && got.length > want.length;
+  if (same) bomQuirks++;
+  return same;
+}
+
 let failures = 0;
 function report(what, mismatches, total) {
   const ok = mismatches.length === 0;
@@ -80,7 +90,7 @@ for (const dir of dirs) {
     for (const skip of [false, true]) {
       const w = decode(want, skip);
       const g = utf8.decode(fromHex(skip ? ours[i].decoded_skip_hex : ours[i].decoded_hex));
-      if (w !== g) decMismatch.push({ ids: want, skip, want: w, got: g });
+      if (w !== g && !bomQuirk(w, g)) decMismatch.push({ ids: want, skip, want: w, got: g });
     }
     if (decode(want, false) === s) {
       roundTrips++;
@@ -129,4 +139,5 @@ for (const dir of dirs) {
   });
   report(`${name}: decode random id sequences`, randomMismatch, 2 * sequences.length);
 }
+if (bomQuirks > 0) console.log(`     (${bomQuirks} decodes differ only by the reference dropping U+FEFF)`);
 process.exit(failures === 0 ? 0 : 1);

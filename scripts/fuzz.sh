@@ -9,13 +9,14 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
   -DFAILSAFE_TESTS=OFF -DFAILSAFE_SANITIZE=address,undefined >/dev/null
 cmake --build build-fuzz --target fuzz_safetensors_header fuzz_tokenizer_parse fuzz_tokenizer_roundtrip
 mkdir -p build-fuzz/corpus/{safetensors_header,tokenizer_parse,tokenizer_roundtrip}
-# Seeds: a real synthetic model's files.
+# Seeds: a synthetic model's files and the default model's SentencePiece-style tokenizer.json.
 if [[ ! -f build-fuzz/corpus/seeded ]]; then
   cmake --build build --target failsafe >/dev/null 2>&1 || scripts/build.sh
   tmp=$(mktemp -d)
   build/src/cli/failsafe make-model --preset tiny-llama --out "$tmp/m" >/dev/null
   head -c 20000 "$tmp/m/model.safetensors" > build-fuzz/corpus/safetensors_header/seed
   cp "$tmp/m/tokenizer.json" build-fuzz/corpus/tokenizer_parse/seed
+  cp data/models/stories260K/tokenizer.json build-fuzz/corpus/tokenizer_parse/seed-spm
   echo "The engine keeps serving. 日本語 🚀" > build-fuzz/corpus/tokenizer_roundtrip/seed
   rm -rf "$tmp"
   touch build-fuzz/corpus/seeded

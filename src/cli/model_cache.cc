@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "cli/default_model.h"
 #include "common/log.h"
 #include "model/synthetic.h"
 
@@ -50,6 +51,12 @@ Result<std::string> ResolveModel(const std::string& model_dir, const std::string
   std::string dir = DefaultCacheDir(cache_dir) + "/models/" + preset + "-seed0";
   FS_RETURN_IF_ERROR(EnsureSyntheticModel(dir, preset, 0));
   return dir;
+}
+
+Result<std::string> ResolveModelOrDefault(const std::string& model_dir,
+                                          const std::string& cache_dir) {
+  if (!model_dir.empty()) return model_dir;
+  return EnsureDefaultModel(DefaultCacheDir(cache_dir));
 }
 
 }  // namespace failsafe

@@ -1,5 +1,5 @@
-// Locating models: a directory given by the user, or the default synthetic
-// model, created on first use in the cache directory.
+// Locating models: a directory given by the user, the default real model, or
+// a synthetic model, created on first use in the cache directory.
 #pragma once
 
 #include <string>
@@ -17,6 +17,11 @@ std::string DefaultCacheDir(const std::string& flag_value);
 // several processes at once.
 Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir,
                                  const std::string& preset);
+
+// Returns `model_dir` if non-empty; otherwise the default real model
+// (stories260K, see default_model.h) in the cache.
+Result<std::string> ResolveModelOrDefault(const std::string& model_dir,
+                                          const std::string& cache_dir);
 
 // Creates a synthetic model at `dir` atomically (build in a temporary
 // directory, then rename), unless it already exists.

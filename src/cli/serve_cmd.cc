@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/default_model.h"
 #include "cli/engine_flags.h"
 #include "cli/model_cache.h"
 #include "model/tokenizer.h"
@@ -28,9 +29,12 @@ CommandFn RegisterServe(CLI::App& app) {
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
-  o->dev.devices = 8;
+  // The default model has 4 KV head groups, the most devices the planner
+  // gives work to today.
+  o->dev.devices = 4;
   app.add_option("--model", o->model,
-                 "model directory (default: the synthetic small-llama, made on first use)");
+                 "model directory (default: the real stories260K model, written to the cache on "
+                 "first use)");
   app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
   AddDeviceFlags(app, &o->dev);
   app.add_option("--router", o->router, "round-robin or load-aware")->capture_default_str();
@@ -49,7 +53,7 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--admin-token", o->admin_token,
                  "admin calls need this bearer token (default: loopback only)");
   return [o] {
-    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
+    auto dir = ResolveModelOrDefault(o->model, o->cache_dir);
     if (!dir.ok()) return Fail(dir.status().ToString());
     auto tok = Tokenizer::LoadDir(*dir);
     if (!tok.ok()) return Fail(tok.status().ToString());
@@ -74,8 +78,9 @@ CommandFn RegisterServe(CLI::App& app) {
     ServerOptions opts;
     opts.host = o->host;
     opts.port = o->port;
-    opts.model_name =
-        o->served_name.empty() ? std::filesystem::path(*dir).filename().string() : o->served_name;
+    opts.model_name = !o->served_name.empty() ? o->served_name
+                      : o->model.empty()      ? std::string(kDefaultModelName)
+                                              : std::filesystem::path(*dir).filename().string();
     opts.enable_admin = o->enable_admin;
     opts.admin_token = o->admin_token;
     HttpServer server(&service, tok->get(), opts);

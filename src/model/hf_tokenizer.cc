@@ -58,8 +58,6 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(std::string_view text,
     return InvalidArgument("{}: field 'model.type': only \"BPE\" is supported (got {})", source,
                            (*model)["type"].dump());
   }
-  if (!model->contains("merges"))
-    return InvalidArgument("{}: field 'model.type' must be \"BPE\"", source);
   FS_ASSIGN_OR_RETURN(t->model_, BpeModel::Parse(*model, source));
 
   // Normalizer, pre-tokenizer and decoder: null means none.

@@ -101,7 +101,8 @@ Result<TokenizerConfig> TokenizerConfig::Parse(const std::string& text, const st
 Result<std::vector<int>> ParseTokenIdList(const std::string& text, const char* key,
                                           const std::string& source) {
   json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("{}: not a JSON object", source);
+  if (j.is_discarded()) return InvalidArgument("{}: not valid JSON", source);
+  if (!j.is_object()) return InvalidArgument("{}: expected a JSON object", source);
   std::vector<int> ids;
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return ids;

@@ -12,6 +12,7 @@ CommandFn RegisterMakeModel(CLI::App& app) {
     uint64_t seed = 0;
     std::string dtype = "f32";
     int shards = 1;
+    int vocab_size = 0;
   };
   auto o = std::make_shared<Opts>();
   std::string presets;
@@ -22,11 +23,14 @@ CommandFn RegisterMakeModel(CLI::App& app) {
   app.add_option("--dtype", o->dtype, "f32, f16 or bf16")->capture_default_str();
   app.add_option("--shards", o->shards, "number of safetensors files (with an index when > 1)")
       ->capture_default_str();
+  app.add_option("--vocab-size", o->vocab_size,
+                 "the preset's shape with this vocabulary (e.g. to pair with a real tokenizer)");
   return [o] {
     SyntheticModelOptions opts;
     opts.preset = o->preset;
     opts.seed = o->seed;
     opts.num_shards = o->shards;
+    opts.vocab_size = o->vocab_size;
     if (o->dtype == "f32")
       opts.dtype = DType::kF32;
     else if (o->dtype == "f16")

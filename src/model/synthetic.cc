@@ -374,6 +374,11 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
 
 Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& options) {
   FS_ASSIGN_OR_RETURN(ModelConfig config, SyntheticPresetConfig(options.preset));
+  if (options.vocab_size != 0) {
+    if (options.vocab_size < 512 || options.vocab_size > (1 << 20))
+      return InvalidArgument("vocab_size must be in [512, 1048576] (got {})", options.vocab_size);
+    config.vocab_size = options.vocab_size;
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Internal("{}: cannot create directory: {}", dir, ec.message());

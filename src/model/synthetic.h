@@ -23,6 +23,9 @@ struct SyntheticModelOptions {
   DType dtype = DType::kF32;
   // Split model.safetensors into this many files with an index (1: one file).
   int num_shards = 1;
+  // The preset's shape with this vocabulary size instead (0: the preset's),
+  // e.g. to pair random weights with a real tokenizer.
+  int vocab_size = 0;
 };
 
 // Writes the model into `dir` (created if missing): config.json,

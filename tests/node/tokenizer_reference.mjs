@@ -4,13 +4,15 @@
 // special tokens, and for random id sequences), and Decode(Encode(x)) == x
 // wherever the reference round-trips.
 //
-//   node tokenizer_reference.mjs --failsafe PATH --python PYTHON DIR...
+//   node tokenizer_reference.mjs --failsafe PATH --python PYTHON [--synthetic] DIR...
 //
 // DIR is a model directory with a tokenizer.json (and optionally
-// tokenizer_config.json). The corpus comes from tests/python/tokenizer_corpus.py
-// (run with PYTHON), or from --corpus FILE (JSON Lines {"hex": ...}).
+// tokenizer_config.json); --synthetic adds a byte-level BPE one (a synthetic
+// model's). The corpus comes from tests/python/tokenizer_corpus.py (run with
+// PYTHON), or from --corpus FILE (JSON Lines {"hex": ...}).
 import { execFileSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { PreTrainedTokenizer, env } from "@huggingface/transformers";
@@ -21,7 +23,14 @@ const opt = (name) => args[args.indexOf(name) + 1];
 const failsafe = opt("--failsafe");
 const corpusFile = args.includes("--corpus") ? opt("--corpus") : null;
 const python = args.includes("--python") ? opt("--python") : "python3";
-const dirs = args.filter((a, i) => !a.startsWith("--") && !args[i - 1]?.startsWith("--"));
+const valued = new Set(["--failsafe", "--corpus", "--python"]);
+const dirs = args.filter((a, i) => !a.startsWith("--") && !valued.has(args[i - 1]));
+let scratch = null;
+if (args.includes("--synthetic")) {
+  scratch = mkdtempSync(join(tmpdir(), "fs-tok-"));
+  execFileSync(failsafe, ["make-model", "--preset", "tiny-llama", "--out", join(scratch, "byte-level")]);
+  dirs.push(join(scratch, "byte-level"));
+}
 if (!failsafe || dirs.length === 0) {
   throw new Error("usage: node tokenizer_reference.mjs --failsafe PATH [--python P] DIR...");
 }
@@ -139,5 +148,6 @@ for (const dir of dirs) {
   });
   report(`${name}: decode random id sequences`, randomMismatch, 2 * sequences.length);
 }
+if (scratch) rmSync(scratch, { recursive: true, force: true });
 if (bomQuirks > 0) console.log(`     (${bomQuirks} decodes differ only by the reference dropping U+FEFF)`);
 process.exit(failures === 0 ? 0 : 1);

@@ -3,11 +3,10 @@
 // directory also the prompt ids.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/json_lines.h"
 #include "model/chat_template.h"
 #include "model/file_util.h"
 #include "model/tokenizer.h"
@@ -75,20 +74,10 @@ CommandFn RegisterChatTemplate(CLI::App& app) {
       own = std::move(t).value();
       chat = own.get();
     }
-    std::ifstream file;
-    if (o->jsonl != "-") {
-      file.open(o->jsonl);
-      if (!file) return Fail(o->jsonl + ": cannot open");
-    }
-    std::istream& in = o->jsonl == "-" ? std::cin : file;
-    std::string line;
-    int n = 0;
-    while (std::getline(in, line)) {
-      ++n;
-      if (line.empty()) continue;
+    Status st = AnswerJsonLines(o->jsonl, [&](const std::string& line) -> Result<std::string> {
       ordered_json req = ordered_json::parse(line, nullptr, false);
       if (req.is_discarded() || !req.is_object() || !req.contains("messages"))
-        return Fail(fmt::format("line {}: expected {{\"messages\": [...]}}", n));
+        return InvalidArgument("expected {{\"messages\": [...]}}");
       const bool gen = req.value("add_generation_prompt", true);
       ordered_json out;
       if (chat) {
@@ -108,8 +97,9 @@ CommandFn RegisterChatTemplate(CLI::App& app) {
           out["error"] = ids.status().message();
         }
       }
-      std::printf("%s\n", out.dump(-1, ' ', false, ordered_json::error_handler_t::replace).c_str());
-    }
+      return out.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+    });
+    if (!st.ok()) return Fail(st.ToString());
     return 0;
   };
 }

@@ -1,10 +1,9 @@
 #include "cli/default_model.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <string_view>
 
+#include "cli/model_cache.h"
 #include "common/log.h"
 #include "model/file_util.h"
 
@@ -38,34 +37,23 @@ struct File {
 
 Result<std::string> EnsureDefaultModel(const std::string& cache_dir) {
   const std::string dir = cache_dir + "/models/" + kDefaultModelName + "-" + FAILSAFE_STORIES_ID;
-  std::error_code ec;
-  if (fs::exists(dir + "/config.json", ec)) return dir;
-  fs::create_directories(fs::path(dir).parent_path(), ec);
-  const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return Internal("{}: cannot create: {}", tmp, ec.message());
-  FS_LOG_INFO("writing the default model ({}) to {}", kDefaultModelName, dir);
-  // config.json last: its presence marks a complete model.
-  const File files[] = {
-      {"model.safetensors", fs_stories_safetensors, fs_stories_safetensors_end},
-      {"tokenizer.json", fs_stories_tokenizer, fs_stories_tokenizer_end},
-      {"tokenizer_config.json", fs_stories_tokenizer_config, fs_stories_tokenizer_config_end},
-      {"generation_config.json", fs_stories_generation_config, fs_stories_generation_config_end},
-      {"config.json", fs_stories_config, fs_stories_config_end}};
-  for (const File& f : files) {
-    Status st = WriteStringToFile(tmp + "/" + f.name,
-                                  std::string(f.begin, static_cast<size_t>(f.end - f.begin)));
-    if (!st.ok()) {
-      fs::remove_all(tmp, ec);
-      return st;
+  FS_RETURN_IF_ERROR(EnsureModelDir(dir, [&](const std::string& tmp) -> Status {
+    std::error_code ec;
+    fs::create_directories(tmp, ec);
+    if (ec) return Internal("{}: cannot create: {}", tmp, ec.message());
+    FS_LOG_INFO("writing the default model ({}) to {}", kDefaultModelName, dir);
+    const File files[] = {
+        {"model.safetensors", fs_stories_safetensors, fs_stories_safetensors_end},
+        {"tokenizer.json", fs_stories_tokenizer, fs_stories_tokenizer_end},
+        {"tokenizer_config.json", fs_stories_tokenizer_config, fs_stories_tokenizer_config_end},
+        {"generation_config.json", fs_stories_generation_config, fs_stories_generation_config_end},
+        {"config.json", fs_stories_config, fs_stories_config_end}};
+    for (const File& f : files) {
+      FS_RETURN_IF_ERROR(WriteStringToFile(
+          tmp + "/" + f.name, std::string(f.begin, static_cast<size_t>(f.end - f.begin))));
     }
-  }
-  fs::rename(tmp, dir, ec);
-  if (ec) {
-    fs::remove_all(tmp, ec);  // another process finished first
-    if (!fs::exists(dir + "/config.json")) return Internal("{}: could not write the model", dir);
-  }
+    return Status::Ok();
+  }));
   return dir;
 }
 

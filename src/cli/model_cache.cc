@@ -22,17 +22,14 @@ std::string DefaultCacheDir(const std::string& flag_value) {
   return "/tmp/failsafe-cache";
 }
 
-Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, uint64_t seed) {
+Status EnsureModelDir(const std::string& dir,
+                      const std::function<Status(const std::string& tmp)>& write) {
   std::error_code ec;
   if (fs::exists(dir + "/config.json", ec)) return Status::Ok();
   fs::create_directories(fs::path(dir).parent_path(), ec);
   std::string tmp = dir + ".tmp." + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
-  FS_LOG_INFO("creating synthetic model '{}' in {}", preset, dir);
-  SyntheticModelOptions o;
-  o.preset = preset;
-  o.seed = seed;
-  Status st = WriteSyntheticModel(tmp, o);
+  Status st = write(tmp);
   if (!st.ok()) {
     fs::remove_all(tmp, ec);
     return st;
@@ -43,6 +40,16 @@ Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, u
     if (!fs::exists(dir + "/config.json")) return Internal("{}: could not create the model", dir);
   }
   return Status::Ok();
+}
+
+Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, uint64_t seed) {
+  return EnsureModelDir(dir, [&](const std::string& tmp) {
+    FS_LOG_INFO("creating synthetic model '{}' in {}", preset, dir);
+    SyntheticModelOptions o;
+    o.preset = preset;
+    o.seed = seed;
+    return WriteSyntheticModel(tmp, o);
+  });
 }
 
 Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir,

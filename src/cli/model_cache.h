@@ -2,6 +2,7 @@
 // a synthetic model, created on first use in the cache directory.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "common/status.h"
@@ -26,5 +27,11 @@ Result<std::string> ResolveModelOrDefault(const std::string& model_dir,
 // Creates a synthetic model at `dir` atomically (build in a temporary
 // directory, then rename), unless it already exists.
 Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, uint64_t seed);
+
+// Creates the model directory `dir` unless it has a config.json: `write`
+// fills a temporary directory, which is then renamed into place, so that a
+// reader never sees half a model and several processes may race.
+Status EnsureModelDir(const std::string& dir,
+                      const std::function<Status(const std::string& tmp)>& write);
 
 }  // namespace failsafe

@@ -3,11 +3,10 @@
 // implementations).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/json_lines.h"
 #include "model/tokenizer.h"
 
 namespace failsafe {
@@ -97,21 +96,11 @@ CommandFn RegisterTokenize(CLI::App& app) {
       std::printf("%s\n", j.dump().c_str());
       return 0;
     }
-    std::ifstream file;
-    if (o->jsonl != "-") {
-      file.open(o->jsonl);
-      if (!file) return Fail(o->jsonl + ": cannot open");
-    }
-    std::istream& in = o->jsonl == "-" ? std::cin : file;
-    std::string line;
-    int n = 0;
-    while (std::getline(in, line)) {
-      ++n;
-      if (line.empty()) continue;
-      auto answer = Answer(**tok, line);
-      if (!answer.ok()) return Fail(fmt::format("line {}: {}", n, answer.status().message()));
-      std::printf("%s\n", answer->dump().c_str());
-    }
+    Status st = AnswerJsonLines(o->jsonl, [&](const std::string& line) -> Result<std::string> {
+      FS_ASSIGN_OR_RETURN(json answer, Answer(**tok, line));
+      return answer.dump();
+    });
+    if (!st.ok()) return Fail(st.ToString());
     return 0;
   };
 }

@@ -106,6 +106,28 @@ size_t IncompleteUtf8Suffix(std::string_view s) {
   return 0;
 }
 
+std::string_view TrimStartIf(std::string_view s, bool (*pred)(int cp)) {
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t next = i;
+    if (!pred(DecodeUtf8(s, &next))) break;
+    i = next;
+  }
+  return s.substr(i);
+}
+
+std::string_view TrimEndIf(std::string_view s, bool (*pred)(int cp)) {
+  size_t end = s.size();
+  while (end > 0) {
+    size_t start = end - 1;
+    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    size_t i = start;
+    if (!pred(DecodeUtf8(s, &i))) break;
+    end = start;
+  }
+  return s.substr(0, end);
+}
+
 size_t CountCodePoints(std::string_view s) {
   size_t count = 0;
   for (unsigned char c : s) count += (c & 0xC0) != 0x80;

@@ -30,6 +30,10 @@ std::string ToValidUtf8(std::string_view s);
 // incomplete (0..3): what a stream holds back until the next bytes arrive.
 size_t IncompleteUtf8Suffix(std::string_view s);
 
+// `s` without its leading / trailing code points for which `pred` holds.
+std::string_view TrimStartIf(std::string_view s, bool (*pred)(int cp));
+std::string_view TrimEndIf(std::string_view s, bool (*pred)(int cp));
+
 // Number of code points in valid UTF-8 text.
 size_t CountCodePoints(std::string_view s);
 

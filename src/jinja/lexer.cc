@@ -18,27 +18,11 @@ namespace {
 using Type = Token::Type;
 
 // Python's str.rstrip() with no argument.
-std::string_view RStripSpace(std::string_view s) {
-  size_t end = s.size();
-  while (end > 0) {
-    size_t start = end - 1;
-    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    size_t i = start;
-    if (!IsPythonSpace(DecodeUtf8(s, &i))) break;
-    end = start;
-  }
-  return s.substr(0, end);
-}
+std::string_view RStripSpace(std::string_view s) { return TrimEndIf(s, IsPythonSpace); }
 
 // Length of the run of Python whitespace at s[pos...].
 size_t SpaceRun(std::string_view s, size_t pos) {
-  size_t i = pos;
-  while (i < s.size()) {
-    size_t next = i;
-    if (!IsPythonSpace(DecodeUtf8(s, &next))) break;
-    i = next;
-  }
-  return i - pos;
+  return s.size() - pos - TrimStartIf(s.substr(pos), IsPythonSpace).size();
 }
 
 bool AllSpace(std::string_view s) { return !s.empty() && SpaceRun(s, 0) == s.size(); }

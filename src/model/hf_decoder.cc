@@ -148,18 +148,10 @@ class SequenceDecoder : public HfDecoder {
 }  // namespace
 
 Result<std::unique_ptr<HfDecoder>> HfDecoder::Parse(const json& j, const std::string& field) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return InvalidArgument("field '{}' is malformed", field);
-  const std::string type = j["type"];
+  FS_ASSIGN_OR_RETURN(const std::string type, ComponentType(j, field));
   if (type == "Sequence") {
     auto s = std::make_unique<SequenceDecoder>();
-    if (!j.contains("decoders") || !j["decoders"].is_array())
-      return InvalidArgument("field '{}.decoders' is missing", field);
-    int i = 0;
-    for (const json& p : j["decoders"]) {
-      FS_ASSIGN_OR_RETURN(auto part, Parse(p, fmt::format("{}.decoders[{}]", field, i++)));
-      s->parts.push_back(std::move(part));
-    }
+    FS_ASSIGN_OR_RETURN(s->parts, ParseParts<HfDecoder>(j, "decoders", field, Parse));
     return std::unique_ptr<HfDecoder>(std::move(s));
   }
   if (type == "ByteLevel") return std::unique_ptr<HfDecoder>(std::make_unique<ByteLevelDecoder>());

@@ -34,27 +34,8 @@ bool IsTrimmableSpace(int cp) {
   }
 }
 
-std::string_view TrimStart(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t next = i;
-    if (!IsTrimmableSpace(DecodeUtf8(s, &next))) break;
-    i = next;
-  }
-  return s.substr(i);
-}
-
-std::string_view TrimEnd(std::string_view s) {
-  size_t end = s.size();
-  while (end > 0) {
-    size_t start = end - 1;
-    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    size_t i = start;
-    if (!IsTrimmableSpace(DecodeUtf8(s, &i))) break;
-    end = start;
-  }
-  return s.substr(0, end);
-}
+std::string_view TrimStart(std::string_view s) { return TrimStartIf(s, IsTrimmableSpace); }
+std::string_view TrimEnd(std::string_view s) { return TrimEndIf(s, IsTrimmableSpace); }
 
 namespace {
 
@@ -113,18 +94,10 @@ class StripNormalizer : public HfNormalizer {
 }  // namespace
 
 Result<std::unique_ptr<HfNormalizer>> HfNormalizer::Parse(const json& j, const std::string& field) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return InvalidArgument("field '{}' is malformed", field);
-  const std::string type = j["type"];
+  FS_ASSIGN_OR_RETURN(const std::string type, ComponentType(j, field));
   if (type == "Sequence") {
     auto n = std::make_unique<SequenceNormalizer>();
-    if (!j.contains("normalizers") || !j["normalizers"].is_array())
-      return InvalidArgument("field '{}.normalizers' is missing", field);
-    int i = 0;
-    for (const json& p : j["normalizers"]) {
-      FS_ASSIGN_OR_RETURN(auto part, Parse(p, fmt::format("{}.normalizers[{}]", field, i++)));
-      n->parts.push_back(std::move(part));
-    }
+    FS_ASSIGN_OR_RETURN(n->parts, ParseParts<HfNormalizer>(j, "normalizers", field, Parse));
     return std::unique_ptr<HfNormalizer>(std::move(n));
   }
   if (type == "Prepend") {

@@ -152,18 +152,10 @@ int CodePointToByte(int cp) { return cp >= 0 && cp < 512 ? Bytes().from_cp[cp] :
 
 Result<std::unique_ptr<HfPreTokenizer>> HfPreTokenizer::Parse(const json& j,
                                                               const std::string& field) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return InvalidArgument("field '{}' is malformed", field);
-  const std::string type = j["type"];
+  FS_ASSIGN_OR_RETURN(const std::string type, ComponentType(j, field));
   if (type == "Sequence") {
     auto s = std::make_unique<SequencePre>();
-    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array())
-      return InvalidArgument("field '{}.pretokenizers' is missing", field);
-    int i = 0;
-    for (const json& p : j["pretokenizers"]) {
-      FS_ASSIGN_OR_RETURN(auto part, Parse(p, fmt::format("{}.pretokenizers[{}]", field, i++)));
-      s->parts.push_back(std::move(part));
-    }
+    FS_ASSIGN_OR_RETURN(s->parts, ParseParts<HfPreTokenizer>(j, "pretokenizers", field, Parse));
     return std::unique_ptr<HfPreTokenizer>(std::move(s));
   }
   if (type == "ByteLevel") {

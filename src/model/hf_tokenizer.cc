@@ -11,40 +11,6 @@ namespace failsafe {
 
 using nlohmann::json;
 
-void HfTokenizer::Matcher::Add(const std::string& text, int index) {
-  auto& v = by_first_byte_[static_cast<unsigned char>(text[0])];
-  v.emplace_back(text, index);
-  std::stable_sort(v.begin(), v.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-}
-
-std::vector<HfTokenizer::Matcher::Piece> HfTokenizer::Matcher::Split(std::string_view text) const {
-  std::vector<Piece> out;
-  size_t start = 0;
-  for (size_t i = 0; i < text.size();) {
-    auto it = by_first_byte_.find(static_cast<unsigned char>(text[i]));
-    const std::pair<std::string, int>* hit = nullptr;
-    if (it != by_first_byte_.end()) {
-      for (const auto& cand : it->second) {
-        if (text.compare(i, cand.first.size(), cand.first) == 0) {
-          hit = &cand;
-          break;
-        }
-      }
-    }
-    if (!hit) {
-      ++i;
-      continue;
-    }
-    if (i > start) out.push_back({start, i, -1});
-    out.push_back({i, i + hit->first.size(), hit->second});
-    i += hit->first.size();
-    start = i;
-  }
-  if (start < text.size()) out.push_back({start, text.size(), -1});
-  return out;
-}
-
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(std::string_view text,
                                                         const std::string& source) {
   json j = json::parse(text.begin(), text.end(), nullptr, false);
@@ -249,15 +215,15 @@ bool HfTokenizer::IsSpecial(int id) const {
   return id >= 0 && id < vocab_size() && special_by_id_[id];
 }
 
-std::vector<std::pair<std::string, int>> HfTokenizer::SplitAdded(std::string_view text,
-                                                                 const Matcher& matcher) const {
+std::vector<std::pair<std::string, int>> HfTokenizer::SplitAdded(
+    std::string_view text, const TokenMatcher& matcher) const {
   std::vector<std::pair<std::string, int>> out;
   if (matcher.empty()) {
     out.emplace_back(std::string(text), -1);
     return out;
   }
   for (const auto& p : matcher.Split(text))
-    out.emplace_back(std::string(text.substr(p.begin, p.end - p.begin)), p.token);
+    out.emplace_back(std::string(text.substr(p.begin, p.end - p.begin)), p.value);
   // lstrip / rstrip: an added token eats the whitespace beside it.
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].second < 0) continue;

@@ -32,6 +32,7 @@
 #include "model/hf_decoder.h"
 #include "model/hf_normalizer.h"
 #include "model/hf_pre_tokenizer.h"
+#include "model/token_matcher.h"
 #include "model/tokenizer.h"
 
 namespace failsafe {
@@ -56,28 +57,11 @@ class HfTokenizer : public Tokenizer {
     std::string content;  // as matched: normalized when `normalized`
     bool lstrip = false, rstrip = false, normalized = false, special = false;
   };
-  // Leftmost-longest matching over a set of added-token strings.
-  class Matcher {
-   public:
-    void Add(const std::string& text, int index);
-    bool empty() const { return by_first_byte_.empty(); }
-    // Pieces of `text`: {begin, end, added token index or -1}.
-    struct Piece {
-      size_t begin, end;
-      int token;
-    };
-    std::vector<Piece> Split(std::string_view text) const;
-
-   private:
-    // first byte -> (text, token index), longest text first
-    std::unordered_map<unsigned char, std::vector<std::pair<std::string, int>>> by_first_byte_;
-  };
-
   HfTokenizer() = default;
   // Cuts added tokens out of `text` with `matcher`, applying lstrip/rstrip;
   // returns the pieces as (text, added token index or -1).
   std::vector<std::pair<std::string, int>> SplitAdded(std::string_view text,
-                                                      const Matcher& matcher) const;
+                                                      const TokenMatcher& matcher) const;
   void EncodeSection(const std::string& text, int section_index, std::vector<int>* out) const;
 
   std::unique_ptr<BpeModel> model_;
@@ -85,7 +69,7 @@ class HfTokenizer : public Tokenizer {
   std::unique_ptr<HfPreTokenizer> pre_tokenizer_;  // may be null: one word per section
   std::unique_ptr<HfDecoder> decoder_;             // null: tokens joined by spaces
   std::vector<AddedToken> added_;
-  Matcher raw_matcher_, normalized_matcher_;
+  TokenMatcher raw_matcher_, normalized_matcher_;     // -> index in added_
   std::unordered_map<std::string, int> token_to_id_;  // vocabulary and added tokens
   std::vector<std::string> id_to_token_;              // "" for unused ids
   std::vector<int> added_by_id_;                      // id -> index in added_, or -1

@@ -43,9 +43,9 @@ Result<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::Load(
 void SentencePieceTokenizer::AddSpecial(const std::string& text, int id) {
   if (text.empty() || special_ids_.count(text)) return;
   special_ids_[text] = id;
-  specials_.emplace_back(text, id);
-  std::stable_sort(specials_.begin(), specials_.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  specials_.Add(text, id);
+  if (id >= static_cast<int>(special_by_id_.size())) special_by_id_.resize(id + 1, false);
+  special_by_id_[id] = true;
 }
 
 Status SentencePieceTokenizer::Configure(const TokenizerConfig& config) {
@@ -84,9 +84,7 @@ int SentencePieceTokenizer::TokenId(std::string_view token) const {
 bool SentencePieceTokenizer::IsSpecial(int id) const {
   if (id < 0 || id >= vocab_size_) return false;
   if (id >= num_pieces_) return true;
-  return sp_->IsControl(id) || sp_->IsUnknown(id) ||
-         std::any_of(specials_.begin(), specials_.end(),
-                     [id](const auto& s) { return s.second == id; });
+  return id < static_cast<int>(special_by_id_.size()) && special_by_id_[id];
 }
 
 std::vector<int> SentencePieceTokenizer::Encode(std::string_view text, bool add_special) const {
@@ -98,25 +96,13 @@ std::vector<int> SentencePieceTokenizer::Encode(std::string_view text, bool add_
     sp_->Encode(absl::string_view(piece.data(), piece.size()), &ids).IgnoreError();
     out.insert(out.end(), ids.begin(), ids.end());
   };
-  size_t start = 0;
-  for (size_t i = 0; i < text.size();) {
-    const std::pair<std::string, int>* hit = nullptr;
-    for (const auto& s : specials_) {
-      if (text.compare(i, s.first.size(), s.first) == 0) {
-        hit = &s;
-        break;
-      }
+  for (const auto& p : specials_.Split(text)) {
+    if (p.value >= 0) {
+      out.push_back(p.value);
+    } else {
+      encode(text.substr(p.begin, p.end - p.begin));
     }
-    if (!hit) {
-      ++i;
-      continue;
-    }
-    encode(text.substr(start, i - start));
-    out.push_back(hit->second);
-    i += hit->first.size();
-    start = i;
   }
-  encode(text.substr(start));
   if (add_special && add_eos_ && eos_id_ >= 0) out.push_back(eos_id_);
   return out;
 }

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/token_matcher.h"
 #include "model/tokenizer.h"
 
 namespace sentencepiece {
@@ -58,8 +59,9 @@ class SentencePieceTokenizer : public Tokenizer {
   int eos_id_ = -1;
   bool add_bos_ = true, add_eos_ = false;
   bool strips_leading_space_ = false;  // Decode drops a run's leading "▁" (dummy prefix)
-  std::unordered_map<std::string, int> special_ids_;   // text -> id, matched in text
-  std::vector<std::pair<std::string, int>> specials_;  // longest first
+  std::unordered_map<std::string, int> special_ids_;  // text -> id, matched in text
+  TokenMatcher specials_;                             // -> id
+  std::vector<bool> special_by_id_;
   std::unordered_map<int, std::string> extra_tokens_;  // ids beyond the model's pieces
 };
 

@@ -179,13 +179,9 @@ Result<std::unique_ptr<HfDecoder>> HfDecoder::Parse(const json& j, const std::st
   }
   if (type == "Metaspace") {
     auto m = std::make_unique<MetaspaceDecoder>();
-    FS_ASSIGN_OR_RETURN(m->replacement, OptString(j, "replacement", "\u2581", field));
-    if (m->replacement.empty())
-      return InvalidArgument("field '{}.replacement' must not be empty", field);
-    FS_ASSIGN_OR_RETURN(bool add_prefix, OptBool(j, "add_prefix_space", true, field));
-    FS_ASSIGN_OR_RETURN(std::string scheme,
-                        OptString(j, "prepend_scheme", add_prefix ? "always" : "never", field));
-    m->strip_first = scheme != "never";
+    FS_ASSIGN_OR_RETURN(MetaspaceSettings settings, ParseMetaspace(j, field));
+    m->replacement = settings.replacement;
+    m->strip_first = settings.scheme != MetaspaceSettings::Scheme::kNever;
     return std::unique_ptr<HfDecoder>(std::move(m));
   }
   return InvalidArgument("field '{}': unsupported decoder type '{}'", field, type);

@@ -87,8 +87,9 @@ class SplitPre : public HfPreTokenizer {
 
 class MetaspacePre : public HfPreTokenizer {
  public:
+  using Scheme = MetaspaceSettings::Scheme;
   std::string replacement = "\u2581";
-  enum class Scheme { kAlways, kFirst, kNever } scheme = Scheme::kAlways;
+  Scheme scheme = Scheme::kAlways;
   bool split = false;
   void Split(std::vector<std::string>* pieces, int section) const override {
     MapPieces(pieces, [&](std::string p, std::vector<std::string>* out) {
@@ -147,6 +148,27 @@ class SequencePre : public HfPreTokenizer {
 
 }  // namespace
 
+Result<MetaspaceSettings> ParseMetaspace(const json& j, const std::string& field) {
+  MetaspaceSettings m;
+  FS_ASSIGN_OR_RETURN(m.replacement, OptString(j, "replacement", "\u2581", field));
+  if (m.replacement.empty())
+    return InvalidArgument("field '{}.replacement' must not be empty", field);
+  FS_ASSIGN_OR_RETURN(bool add_prefix, OptBool(j, "add_prefix_space", true, field));
+  FS_ASSIGN_OR_RETURN(std::string scheme,
+                      OptString(j, "prepend_scheme", add_prefix ? "always" : "never", field));
+  if (scheme == "always") {
+    m.scheme = MetaspaceSettings::Scheme::kAlways;
+  } else if (scheme == "first") {
+    m.scheme = MetaspaceSettings::Scheme::kFirst;
+  } else if (scheme == "never") {
+    m.scheme = MetaspaceSettings::Scheme::kNever;
+  } else {
+    return InvalidArgument("field '{}.prepend_scheme': unknown '{}' (always, first, never)", field,
+                           scheme);
+  }
+  return m;
+}
+
 int ByteToCodePoint(unsigned char b) { return Bytes().to_cp[b]; }
 int CodePointToByte(int cp) { return cp >= 0 && cp < 512 ? Bytes().from_cp[cp] : -1; }
 
@@ -184,21 +206,9 @@ Result<std::unique_ptr<HfPreTokenizer>> HfPreTokenizer::Parse(const json& j,
   }
   if (type == "Metaspace") {
     auto m = std::make_unique<MetaspacePre>();
-    FS_ASSIGN_OR_RETURN(m->replacement, OptString(j, "replacement", "\u2581", field));
-    if (m->replacement.empty())
-      return InvalidArgument("field '{}.replacement' must not be empty", field);
-    FS_ASSIGN_OR_RETURN(bool add_prefix, OptBool(j, "add_prefix_space", true, field));
-    FS_ASSIGN_OR_RETURN(std::string scheme,
-                        OptString(j, "prepend_scheme", add_prefix ? "always" : "never", field));
-    if (scheme == "always")
-      m->scheme = MetaspacePre::Scheme::kAlways;
-    else if (scheme == "first")
-      m->scheme = MetaspacePre::Scheme::kFirst;
-    else if (scheme == "never")
-      m->scheme = MetaspacePre::Scheme::kNever;
-    else
-      return InvalidArgument("field '{}.prepend_scheme': unknown '{}' (always, first, never)",
-                             field, scheme);
+    FS_ASSIGN_OR_RETURN(MetaspaceSettings settings, ParseMetaspace(j, field));
+    m->replacement = settings.replacement;
+    m->scheme = settings.scheme;
     FS_ASSIGN_OR_RETURN(m->split, OptBool(j, "split", true, field));
     return std::unique_ptr<HfPreTokenizer>(std::move(m));
   }

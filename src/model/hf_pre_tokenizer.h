@@ -27,6 +27,15 @@ class HfPreTokenizer {
                                                        const std::string& field);
 };
 
+// The settings a Metaspace pre-tokenizer and decoder share: the replacement
+// for spaces, and where it is prepended (prepend_scheme, or the older
+// add_prefix_space).
+struct MetaspaceSettings {
+  std::string replacement = "\u2581";
+  enum class Scheme { kAlways, kFirst, kNever } scheme = Scheme::kAlways;
+};
+Result<MetaspaceSettings> ParseMetaspace(const nlohmann::json& j, const std::string& field);
+
 // Byte-level BPE's reversible byte <-> printable code point map (GPT-2).
 int ByteToCodePoint(unsigned char b);
 // Inverse; -1 if the code point is not one of the 256 images.

@@ -23,7 +23,8 @@ class Args {
   Status Check() const {
     if (args_.size() > names_.size())
       return InvalidArgument("{}() takes at most {} argument(s)", fn_, names_.size());
-    for (const auto& [k, v] : kwargs_) {
+    for (const auto& kv : kwargs_) {
+      const std::string& k = kv.first;
       if (std::find_if(names_.begin(), names_.end(), [&](const char* n) { return k == n; }) ==
           names_.end())
         return InvalidArgument("{}() got an unexpected keyword argument '{}'", fn_, k);

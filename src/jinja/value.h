@@ -26,22 +26,10 @@
 namespace failsafe::jinja {
 
 class Value;
+class Dict;
 class Interpreter;
 using ValueList = std::vector<Value>;
 using KwArgs = std::vector<std::pair<std::string, Value>>;
-
-// Insertion-ordered mapping with str/int/bool/None keys.
-class Dict {
- public:
-  void Set(const Value& key, Value value);
-  const Value* Find(const Value& key) const;
-  const std::vector<std::pair<Value, Value>>& items() const { return items_; }
-  size_t size() const { return items_.size(); }
-
- private:
-  std::vector<std::pair<Value, Value>> items_;
-  std::unordered_map<std::string, size_t> index_;  // canonical key -> position
-};
 
 // Something callable: a built-in, a macro, a bound method.
 class Function {
@@ -51,10 +39,7 @@ class Function {
   virtual std::string name() const = 0;
 };
 
-// namespace(): attributes that assignments inside loops can change.
-struct Namespace {
-  Dict attrs;
-};
+struct Namespace;
 
 class Value {
  public:
@@ -150,6 +135,24 @@ class Value {
   std::shared_ptr<const Dict> dict_;
   std::shared_ptr<const Function> fn_;
   std::shared_ptr<Namespace> ns_;
+};
+
+// Insertion-ordered mapping with str/int/bool/None keys.
+class Dict {
+ public:
+  void Set(const Value& key, Value value);
+  const Value* Find(const Value& key) const;
+  const std::vector<std::pair<Value, Value>>& items() const { return items_; }
+  size_t size() const { return items_.size(); }
+
+ private:
+  std::vector<std::pair<Value, Value>> items_;
+  std::unordered_map<std::string, size_t> index_;  // canonical key -> position
+};
+
+// namespace(): attributes that assignments inside loops can change.
+struct Namespace {
+  Dict attrs;
 };
 
 // Python repr() of a float ("1.0", "0.1", "1e-05", "inf").

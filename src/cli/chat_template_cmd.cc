@@ -78,11 +78,14 @@ CommandFn RegisterChatTemplate(CLI::App& app) {
       ordered_json req = ordered_json::parse(line, nullptr, false);
       if (req.is_discarded() || !req.is_object() || !req.contains("messages"))
         return InvalidArgument("expected {{\"messages\": [...]}}");
-      const bool gen = req.value("add_generation_prompt", true);
+      const bool gen = !req.contains("add_generation_prompt") ||
+                       !req["add_generation_prompt"].is_boolean() ||
+                       req["add_generation_prompt"].get<bool>();
       ordered_json out;
       if (chat) {
-        auto text = chat->Render(req["messages"], gen,
-                                 Specials(req.value("special", ordered_json()), special));
+        auto text = chat->Render(
+            req["messages"], gen,
+            Specials(req.contains("special") ? req["special"] : ordered_json(), special));
         if (text.ok()) {
           out["text"] = *text;
         } else {

@@ -60,7 +60,8 @@ Result<json> Answer(const Tokenizer& tok, const std::string& line) {
     } else {
       return InvalidArgument("expected 'text', 'hex' or 'decode'");
     }
-    const bool add_special = in.value("add_special", false);
+    const bool add_special = in.contains("add_special") && in["add_special"].is_boolean() &&
+                             in["add_special"].get<bool>();
     ids = tok.Encode(text, add_special);
     out["ids"] = ids;
   }

@@ -72,9 +72,9 @@ Result<std::string> Format(const std::string& fmt_str, const ValueList& args, co
         if (auto_index >= args.size()) return InvalidArgument("not enough arguments for format");
         v = &args[auto_index++];
       } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
-        const size_t k = std::stoul(field);
-        if (k >= args.size()) return InvalidArgument("format index {} out of range", k);
-        v = &args[k];
+        if (field.size() > 9 || std::stoul(field) >= args.size())
+          return InvalidArgument("format index {} out of range", field);
+        v = &args[std::stoul(field)];
       } else {
         for (const auto& [name, x] : kw) {
           if (name == field) v = &x;

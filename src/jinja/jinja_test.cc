@@ -102,6 +102,16 @@ TEST(Jinja, UnsupportedConstructsFailAtParseNamingThem) {
   EXPECT_NE(error("{% for x in y %}").find("expected '{% endfor %}'"), std::string::npos);
 }
 
+TEST(Jinja, NumberLiterals) {
+  EXPECT_EQ(Render("{{ 0x1F }} {{ 0o17 }} {{ 0b101 }} {{ 1_000 }} {{ 1.5e3 }} {{ [1, 2].0 }}"),
+            "31 15 5 1000 1500.0 1");
+  // Found by fuzzing: a prefix without digits, and literals beyond 64 bits,
+  // are errors, not crashes.
+  EXPECT_NE(Render("{{ 0x }}").find("PARSE ERROR"), std::string::npos);
+  EXPECT_NE(Render("{{ 99999999999999999999 }}").find("out of range"), std::string::npos);
+  EXPECT_NE(Render("{{ 0xFFFFFFFFFFFFFFFFFFFF }}").find("out of range"), std::string::npos);
+}
+
 TEST(Jinja, RuntimeErrorsNameTheLine) {
   const std::string r = Render("a\n{{ x.y.z }}");
   EXPECT_NE(r.find("line 2"), std::string::npos) << r;

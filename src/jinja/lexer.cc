@@ -1,6 +1,7 @@
 #include "jinja/lexer.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 
 #include "common/utf8.h"
@@ -319,9 +320,15 @@ class Lexer {
       for (size_t i = p + 2; i < e; ++i) {
         if (s_[i] != '_') d.push_back(s_[i]);
       }
-      const int radix = base == 'x' ? 16 : base == 'o' ? 8 : 2;
-      Emit(Type::kInt, std::to_string(std::stoll(d, nullptr, radix)));
-      return e;
+      if (!d.empty()) {
+        const int radix = base == 'x' ? 16 : base == 'o' ? 8 : 2;
+        errno = 0;
+        const long long v = std::strtoll(d.c_str(), nullptr, radix);
+        if (errno == ERANGE) return InvalidArgument("line {}: integer literal out of range", line_);
+        Emit(Type::kInt, std::to_string(v));
+        return e;
+      }
+      e = p;  // "0x" without digits: the integer 0, then a name
     }
     digits(dec);
     bool is_float = false;

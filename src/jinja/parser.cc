@@ -489,7 +489,10 @@ class Parser {
         } else if (Cur().type == Type::kInt) {
           auto e = Make(Expr::Kind::kGetItem);
           e->b = Make(Expr::Kind::kLiteral);
-          e->b->value = Value(static_cast<int64_t>(std::stoll(Cur().text)));
+          errno = 0;
+          const long long index = std::strtoll(Cur().text.c_str(), nullptr, 10);
+          if (errno == ERANGE) return Error("integer literal out of range");
+          e->b->value = Value(static_cast<int64_t>(index));
           e->a = std::move(node);
           Next();
           node = std::move(e);

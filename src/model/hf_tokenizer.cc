@@ -142,7 +142,7 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(std::string_view text,
   auto post = j.find("post_processor");
   if (post != j.end() && !post->is_null()) {
     std::vector<const json*> parts;
-    if (post->is_object() && post->value("type", "") == "Sequence" &&
+    if (post->is_object() && post->contains("type") && (*post)["type"] == "Sequence" &&
         post->contains("processors") && (*post)["processors"].is_array()) {
       for (const json& p : (*post)["processors"]) parts.push_back(&p);
     } else {

@@ -112,6 +112,20 @@ TEST(Jinja, NumberLiterals) {
   EXPECT_NE(Render("{{ 0xFFFFFFFFFFFFFFFFFFFF }}").find("out of range"), std::string::npos);
 }
 
+TEST(Jinja, DeepNestingIsAnErrorNotACrash) {
+  EXPECT_NE(Render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}")
+                .find("nest deeper"),
+            std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 1000; ++i) ifs += "{% if true %}";
+  EXPECT_NE(Render(ifs).find("nest deeper"), std::string::npos);
+  EXPECT_NE(Render("{{ " + std::string(5000, '-') + "1 }}").find("nest deeper"), std::string::npos);
+  // A namespace that contains itself prints and fails tojson without recursing forever.
+  const std::string self = "{% set ns = namespace(a=1) %}{% set ns.me = ns %}";
+  EXPECT_NE(Render(self + "{{ ns }}").find("..."), std::string::npos);
+  EXPECT_NE(Render(self + "{{ ns | tojson }}").find("nests too deeply"), std::string::npos);
+}
+
 TEST(Jinja, RuntimeErrorsNameTheLine) {
   const std::string r = Render("a\n{{ x.y.z }}");
   EXPECT_NE(r.find("line 2"), std::string::npos) << r;

@@ -107,7 +107,20 @@ class Parser {
     }
   }
 
+  // Bounds the recursion of nested statements and expressions.
+  class Nest {
+   public:
+    explicit Nest(int* depth) : depth_(depth) { ++*depth_; }
+    ~Nest() { --*depth_; }
+    bool too_deep() const { return *depth_ > 200; }
+
+   private:
+    int* depth_;
+  };
+
   Result<std::unique_ptr<Stmt>> Statement() {
+    Nest nest(&depth_);
+    if (nest.too_deep()) return Error("statements nest deeper than 200 levels");
     auto s = std::make_unique<Stmt>();
     s->line = Cur().line;
     const std::string word = Cur().text;
@@ -307,6 +320,8 @@ class Parser {
   }
 
   Result<ExprPtr> Expression() {
+    Nest nest(&depth_);
+    if (nest.too_deep()) return Error("expressions nest deeper than 200 levels");
     FS_ASSIGN_OR_RETURN(auto a, Or());
     while (IsName("if")) {
       auto c = Make(Expr::Kind::kCondition);
@@ -384,6 +399,8 @@ class Parser {
   Result<ExprPtr> UnaryWithFilter() { return Unary(true); }
 
   Result<ExprPtr> Unary(bool with_filter) {
+    Nest nest(&depth_);
+    if (nest.too_deep()) return Error("expressions nest deeper than 200 levels");
     ExprPtr node;
     if (IsOp("-") || IsOp("+")) {
       node = Make(IsOp("-") ? Expr::Kind::kNeg : Expr::Kind::kPos);
@@ -637,6 +654,7 @@ class Parser {
   const std::vector<Token>& t_;
   size_t pos_ = 0;
   int loop_depth_ = 0;
+  int depth_ = 0;
   std::set<std::string> macros_;
   std::vector<std::pair<std::string, int>> called_;
 };

@@ -121,6 +121,7 @@ void JsonString(const std::string& s, std::string* out) {
 }
 
 Status Json(const Value& v, int indent, bool sort_keys, int depth, std::string* out) {
+  if (depth > 256) return InvalidArgument("a value nests too deeply (or contains itself) for JSON");
   auto newline = [&](int d) {
     if (indent < 0) return;
     out->push_back('\n');
@@ -398,7 +399,12 @@ std::string Value::Str() const {
   }
 }
 
-std::string Value::Repr() const {
+std::string Value::Repr() const { return ReprAt(0); }
+
+std::string Value::ReprAt(int depth) const {
+  // Deep or self-containing values print their insides as "...", as Python
+  // prints a container that contains itself.
+  if (depth > 256 && (is_list() || is_dict() || is_namespace())) return "...";
   switch (kind_) {
     case Kind::kUndefined:
       return "";
@@ -416,7 +422,7 @@ std::string Value::Repr() const {
       std::string out = b_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i) out += ", ";
-        out += (*list_)[i].Repr();
+        out += (*list_)[i].ReprAt(depth + 1);
       }
       if (b_ && list_->size() == 1) out += ",";
       return out + (b_ ? ")" : "]");
@@ -427,7 +433,7 @@ std::string Value::Repr() const {
       for (const auto& [k, v] : dict_->items()) {
         if (!first) out += ", ";
         first = false;
-        out += k.Repr() + ": " + v.Repr();
+        out += k.ReprAt(depth + 1) + ": " + v.ReprAt(depth + 1);
       }
       return out + "}";
     }
@@ -439,7 +445,7 @@ std::string Value::Repr() const {
       for (const auto& [k, v] : ns_->attrs.items()) {
         if (!first) out += ", ";
         first = false;
-        out += k.Repr() + ": " + v.Repr();
+        out += k.ReprAt(depth + 1) + ": " + v.ReprAt(depth + 1);
       }
       return out + "}>";
     }

@@ -109,6 +109,7 @@ class Value {
   std::string Str() const;
   // Python repr(x).
   std::string Repr() const;
+  std::string ReprAt(int depth) const;  // Repr of a value `depth` levels inside another
   // json.dumps(x, ensure_ascii=False, indent=indent (<0: none), sort_keys).
   Result<std::string> ToJson(int indent = -1, bool sort_keys = false) const;
   // Python's type name ("str", "int", "list", "dict", "NoneType", ...).

@@ -1,6 +1,8 @@
 #include "model/chat_template.h"
 
+#include <algorithm>
 #include <ctime>
+#include <vector>
 
 #include "jinja/template.h"
 #include "model/tokenizer.h"
@@ -36,6 +38,21 @@ class StrftimeNow : public jinja::Function {
   std::string name() const override { return "strftime_now"; }
 };
 
+// Nesting depth of a JSON value, without recursion.
+int Depth(const nlohmann::ordered_json& root) {
+  int deepest = 0;
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> stack = {{&root, 1}};
+  while (!stack.empty()) {
+    auto [j, d] = stack.back();
+    stack.pop_back();
+    deepest = std::max(deepest, d);
+    if (j->is_structured()) {
+      for (const auto& child : *j) stack.emplace_back(&child, d + 1);
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 ChatTemplate::~ChatTemplate() = default;
@@ -50,6 +67,7 @@ Result<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(const std::string& sou
 Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
                                          bool add_generation_prompt,
                                          const SpecialTokenStrings& special) const {
+  if (Depth(messages) > 64) return InvalidArgument("the messages nest deeper than 64 levels");
   Dict context;
   auto set = [&](const char* name, Value v) { context.Set(Value(name), std::move(v)); };
   set("messages", Value::FromJson(messages));

@@ -98,9 +98,13 @@ Result<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j, const std::stri
   return m;
 }
 
-void BpeModel::Encode(const std::vector<std::string>& words, std::vector<int>* out) const {
+void BpeModel::Encode(const std::vector<std::string>& words, std::vector<int>* out,
+                      size_t max_tokens) const {
   const size_t first = out->size();
-  for (const std::string& w : words) EncodeWord(w, out);
+  for (const std::string& w : words) {
+    if (out->size() > max_tokens) break;
+    EncodeWord(w, out);
+  }
   if (!fuse_unk_ || unk_id_ < 0) return;
   auto last = std::unique(out->begin() + static_cast<ptrdiff_t>(first), out->end(),
                           [&](int a, int b) { return a == unk_id_ && b == unk_id_; });

@@ -236,19 +236,21 @@ std::vector<std::pair<std::string, int>> HfTokenizer::SplitAdded(
   return out;
 }
 
-void HfTokenizer::EncodeSection(const std::string& text, int section_index,
-                                std::vector<int>* out) const {
+void HfTokenizer::EncodeSection(const std::string& text, int section_index, std::vector<int>* out,
+                                size_t max_tokens) const {
   std::vector<std::string> words{text};
   if (pre_tokenizer_) pre_tokenizer_->Split(&words, section_index);
-  model_->Encode(words, out);
+  model_->Encode(words, out, max_tokens);
 }
 
-std::vector<int> HfTokenizer::Encode(std::string_view raw, bool add_special) const {
+std::vector<int> HfTokenizer::DoEncode(std::string_view raw, bool add_special,
+                                       size_t max_tokens) const {
   std::vector<int> out;
   if (add_special) out = prefix_ids_;
   const std::string text = ToValidUtf8(raw);
   const auto sections = SplitAdded(text, raw_matcher_);
   for (size_t s = 0; s < sections.size(); ++s) {
+    if (out.size() > max_tokens) return out;
     const auto& [piece, token] = sections[s];
     if (token >= 0) {
       out.push_back(added_[token].id);
@@ -262,15 +264,17 @@ std::vector<int> HfTokenizer::Encode(std::string_view raw, bool add_special) con
     const std::string normalized = normalizer_ ? normalizer_->Normalize(piece) : piece;
     if (normalized.empty()) continue;
     for (const auto& [sub, sub_token] : SplitAdded(normalized, normalized_matcher_)) {
+      if (out.size() > max_tokens) return out;
       if (sub_token >= 0) {
         out.push_back(added_[sub_token].id);
       } else if (auto it = added_lookup_.find(sub); it != added_lookup_.end()) {
         out.push_back(it->second);
       } else if (!sub.empty()) {
-        EncodeSection(sub, static_cast<int>(s), &out);
+        EncodeSection(sub, static_cast<int>(s), &out, max_tokens);
       }
     }
   }
+  if (out.size() > max_tokens) return out;
   if (add_special) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
 }

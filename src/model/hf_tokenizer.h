@@ -42,7 +42,6 @@ class HfTokenizer : public Tokenizer {
   static Result<std::unique_ptr<HfTokenizer>> Parse(std::string_view json_text,
                                                     const std::string& source);
 
-  std::vector<int> Encode(std::string_view text, bool add_special = false) const override;
   std::string Decode(const std::vector<int>& ids, bool skip_special = false) const override;
   int vocab_size() const override { return static_cast<int>(id_to_token_.size()); }
   int TokenId(std::string_view token) const override;
@@ -50,6 +49,8 @@ class HfTokenizer : public Tokenizer {
 
  protected:
   Status Configure(const TokenizerConfig& config) override;
+  std::vector<int> DoEncode(std::string_view text, bool add_special,
+                            size_t max_tokens) const override;
 
  private:
   struct AddedToken {
@@ -62,7 +63,8 @@ class HfTokenizer : public Tokenizer {
   // returns the pieces as (text, added token index or -1).
   std::vector<std::pair<std::string, int>> SplitAdded(std::string_view text,
                                                       const TokenMatcher& matcher) const;
-  void EncodeSection(const std::string& text, int section_index, std::vector<int>* out) const;
+  void EncodeSection(const std::string& text, int section_index, std::vector<int>* out,
+                     size_t max_tokens) const;
 
   std::unique_ptr<BpeModel> model_;
   std::unique_ptr<HfNormalizer> normalizer_;       // may be null

@@ -87,7 +87,8 @@ bool SentencePieceTokenizer::IsSpecial(int id) const {
   return id < static_cast<int>(special_by_id_.size()) && special_by_id_[id];
 }
 
-std::vector<int> SentencePieceTokenizer::Encode(std::string_view text, bool add_special) const {
+std::vector<int> SentencePieceTokenizer::DoEncode(std::string_view text, bool add_special,
+                                                  size_t max_tokens) const {
   std::vector<int> out;
   if (add_special && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);
   auto encode = [&](std::string_view piece) {
@@ -97,12 +98,14 @@ std::vector<int> SentencePieceTokenizer::Encode(std::string_view text, bool add_
     out.insert(out.end(), ids.begin(), ids.end());
   };
   for (const auto& p : specials_.Split(text)) {
+    if (out.size() > max_tokens) return out;
     if (p.value >= 0) {
       out.push_back(p.value);
     } else {
       encode(text.substr(p.begin, p.end - p.begin));
     }
   }
+  if (out.size() > max_tokens) return out;
   if (add_special && add_eos_ && eos_id_ >= 0) out.push_back(eos_id_);
   return out;
 }

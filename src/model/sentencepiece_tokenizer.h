@@ -31,7 +31,6 @@ class SentencePieceTokenizer : public Tokenizer {
   ~SentencePieceTokenizer() override;
   static Result<std::unique_ptr<SentencePieceTokenizer>> Load(const std::string& path);
 
-  std::vector<int> Encode(std::string_view text, bool add_special = false) const override;
   std::string Decode(const std::vector<int>& ids, bool skip_special = false) const override;
   int vocab_size() const override { return vocab_size_; }
   int TokenId(std::string_view token) const override;
@@ -48,6 +47,8 @@ class SentencePieceTokenizer : public Tokenizer {
 
  protected:
   Status Configure(const TokenizerConfig& config) override;
+  std::vector<int> DoEncode(std::string_view text, bool add_special,
+                            size_t max_tokens) const override;
 
  private:
   SentencePieceTokenizer();

@@ -16,6 +16,7 @@
 // Thread-safety: immutable after loading; Encode/Decode may run on any thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -52,7 +53,14 @@ class Tokenizer {
 
   // add_special: the special tokens the tokenizer adds around a text (e.g. a
   // leading BOS). Special tokens written in the text are always recognised.
-  virtual std::vector<int> Encode(std::string_view text, bool add_special = false) const = 0;
+  // Stops early once more than `max_tokens` ids are out (at the end of a
+  // word or of a stretch between special tokens): the result then has more
+  // than max_tokens ids and is a prefix of the whole encoding (a
+  // context-length check that need not tokenize a huge text whole).
+  std::vector<int> Encode(std::string_view text, bool add_special = false,
+                          size_t max_tokens = SIZE_MAX) const {
+    return DoEncode(text, add_special, max_tokens);
+  }
   // Valid UTF-8 text for the ids; special tokens are dropped when skip_special
   // is set. Ids outside the vocabulary decode to nothing.
   virtual std::string Decode(const std::vector<int>& ids, bool skip_special = false) const = 0;
@@ -78,6 +86,8 @@ class Tokenizer {
   Tokenizer() = default;
   // Applies the settings of tokenizer_config.json this kind understands.
   virtual Status Configure(const TokenizerConfig& config) = 0;
+  virtual std::vector<int> DoEncode(std::string_view text, bool add_special,
+                                    size_t max_tokens) const = 0;
 
   int bos_id_ = -1;
   SpecialTokenStrings special_;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "model/file_util.h"
@@ -109,6 +110,31 @@ TEST(Tokenizer, LoadDirWithoutTokenizerIsNotFound) {
   t = Tokenizer::LoadDir(d.path());
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("SentencePiece"), std::string::npos);
+}
+
+// Encoding with a limit stops just past it with a prefix of the whole
+// encoding, for every kind of tokenizer; under the limit it is the whole.
+TEST(Tokenizer, EncodeStopsPastALimit) {
+  std::string text;
+  for (int i = 0; i < 300; ++i)
+    text += "word" + std::to_string(i) + (i % 7 ? " " : " <s> [INST] ") + "héllo 🚀 ";
+  for (const std::string& path :
+       {kData + "/tokenizers/llama-2", kData + "/tokenizers/mistral-v3/tokenizer.model",
+        kData + "/models/stories260K", kData + "/tokenizers/phi-3-mini"}) {
+    auto t = MustLoad(path);
+    ASSERT_TRUE(t);
+    for (bool special : {false, true}) {
+      const std::vector<int> all = t->Encode(text, special);
+      ASSERT_GT(all.size(), 500u);
+      for (size_t limit : {size_t{0}, size_t{1}, size_t{37}, size_t{300}, all.size() - 1}) {
+        const std::vector<int> part = t->Encode(text, special, limit);
+        EXPECT_GT(part.size(), limit) << path;
+        ASSERT_LE(part.size(), all.size()) << path;
+        EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin())) << path << " " << limit;
+      }
+      EXPECT_EQ(t->Encode(text, special, all.size()), all);
+    }
+  }
 }
 
 // Streamed pieces concatenate to the text of the whole sequence, with

@@ -91,11 +91,11 @@ Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
 
 Result<std::vector<int>> ApplyChatTemplate(const Tokenizer& tok,
                                            const nlohmann::ordered_json& messages,
-                                           bool add_generation_prompt) {
+                                           bool add_generation_prompt, size_t max_tokens) {
   if (const ChatTemplate* t = tok.chat_template()) {
     FS_ASSIGN_OR_RETURN(std::string text,
                         t->Render(messages, add_generation_prompt, tok.special_tokens()));
-    return tok.Encode(text, /*add_special=*/false);
+    return tok.Encode(text, /*add_special=*/false, max_tokens);
   }
   auto field = [](const nlohmann::ordered_json& m, const char* key) {
     auto it = m.find(key);
@@ -105,12 +105,14 @@ Result<std::vector<int>> ApplyChatTemplate(const Tokenizer& tok,
             end = tok.TokenId("<|end_header_id|>"), eot = tok.TokenId("<|eot_id|>");
   std::vector<int> out;
   auto append = [&](const std::string& text) {
-    auto ids = tok.Encode(text);
+    if (out.size() > max_tokens) return;
+    auto ids = tok.Encode(text, /*add_special=*/false, max_tokens - out.size());
     out.insert(out.end(), ids.begin(), ids.end());
   };
   if (bos >= 0 && start >= 0 && end >= 0 && eot >= 0) {
     out.push_back(bos);
     for (const auto& m : messages) {
+      if (out.size() > max_tokens) return out;
       out.push_back(start);
       append(field(m, "role"));
       out.push_back(end);
@@ -128,7 +130,8 @@ Result<std::vector<int>> ApplyChatTemplate(const Tokenizer& tok,
   std::string text;
   for (const auto& m : messages) text += field(m, "role") + ": " + field(m, "content") + "\n";
   if (add_generation_prompt) text += "assistant: ";
-  return tok.Encode(text, /*add_special=*/true);  // like a completion prompt (e.g. BOS first)
+  return tok.Encode(text, /*add_special=*/true,
+                    max_tokens);  // like a completion prompt (e.g. BOS first)
 }
 
 }  // namespace failsafe

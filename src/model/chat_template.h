@@ -9,6 +9,7 @@
 // Thread-safety: immutable after Parse; Render may run on any thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,9 +45,13 @@ class ChatTemplate {
 // The prompt ids of a chat: the tokenizer's chat template if it has one,
 // else the built-in format (Llama-3 headers when the vocabulary has them,
 // otherwise "role: content" lines ending in "assistant: ", encoded as a
-// completion prompt is, with the tokenizer's BOS).
+// completion prompt is, with the tokenizer's BOS). Encoding stops once more
+// than `max_tokens` ids are out, as Tokenizer::Encode does: the result is then
+// a prefix of the whole prompt longer than max_tokens (a context-length check
+// that need not tokenize a huge chat whole).
 Result<std::vector<int>> ApplyChatTemplate(const Tokenizer& tokenizer,
                                            const nlohmann::ordered_json& messages,
-                                           bool add_generation_prompt = true);
+                                           bool add_generation_prompt = true,
+                                           size_t max_tokens = SIZE_MAX);
 
 }  // namespace failsafe

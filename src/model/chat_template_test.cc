@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "model/file_util.h"
@@ -119,6 +120,43 @@ TEST(ChatTemplate, WithoutATemplateThePlainFormatStays) {
   EXPECT_EQ((*synthetic)->Decode(*l3),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+// A chat prompt encoded with a limit stops just past it with a prefix of the
+// whole prompt, whichever format the model has: its own template, Llama-3
+// headers or plain lines.
+TEST(ChatTemplate, LimitedPromptIsAPrefixOfTheWhole) {
+  ordered_json chat = ordered_json::array();
+  for (int i = 0; i < 40; ++i) {
+    std::string content;
+    for (int w = 0; w < 12; ++w) content += "word" + std::to_string(i * 12 + w) + " héllo ";
+    chat.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", content}});
+  }
+  std::vector<std::unique_ptr<Tokenizer>> tokenizers;
+  auto phi3 = Tokenizer::LoadDir(kData + "/tokenizers/phi-3-mini");
+  auto llama2 = Tokenizer::LoadDir(kData + "/tokenizers/llama-2");
+  auto synthetic = Tokenizer::Parse(BuildSyntheticTokenizer(512, 1).json, "synthetic");
+  ASSERT_TRUE(phi3.ok() && llama2.ok() && synthetic.ok());
+  ASSERT_NE((*phi3)->chat_template(), nullptr);
+  ASSERT_EQ((*llama2)->chat_template(), nullptr);
+  for (const Tokenizer* tok : {phi3->get(), llama2->get(), synthetic->get()}) {
+    auto all = ApplyChatTemplate(*tok, chat);
+    ASSERT_TRUE(all.ok());
+    ASSERT_GT(all->size(), 1000u);
+    for (size_t limit : {size_t{0}, size_t{5}, size_t{300}, all->size() - 1}) {
+      auto part = ApplyChatTemplate(*tok, chat, true, limit);
+      ASSERT_TRUE(part.ok());
+      EXPECT_GT(part->size(), limit);
+      ASSERT_LE(part->size(), all->size());
+      EXPECT_TRUE(std::equal(part->begin(), part->end(), all->begin())) << limit;
+      // Llama-2's plain format is one stretch without special tokens, and its
+      // SentencePiece-style BPE has no pre-tokenizer: one word, encoded whole.
+      if (limit == 300 && tok != llama2->get()) {
+        EXPECT_LT(part->size(), all->size() / 2);
+      }
+    }
+    EXPECT_EQ(*ApplyChatTemplate(*tok, chat, true, all->size()), *all);
+  }
 }
 
 }  // namespace

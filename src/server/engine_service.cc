@@ -16,16 +16,28 @@ bool RequestHandle::Next(TokenEvent* event, int64_t timeout_ms) {
   return true;
 }
 
-void RequestHandle::Push(const TokenEvent& e, const std::string& error) {
+void RequestHandle::TakeEvents(std::vector<TokenEvent>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->insert(out->end(), events_.begin(), events_.end());
+  events_.clear();
+}
+
+void RequestHandle::SetNotify(std::function<void()> notify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notify_ = std::move(notify);
+}
+
+void RequestHandle::Push(const TokenEvent& e, const Status& error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(e);
-    if (!error.empty()) error_ = error;
+    if (!error.ok()) error_ = error;
+    if (notify_) notify_();
   }
   cv_.notify_all();
 }
 
-std::string RequestHandle::error() {
+Status RequestHandle::error() {
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
 }
@@ -36,8 +48,10 @@ EngineService::EngineService(std::unique_ptr<Executor> executor, const Scheduler
       engine_(executor_.get(), config, options),
       service_(service),
       config_(executor_->config()),
-      max_model_len_(config.max_model_len) {
+      max_model_len_(config.max_model_len),
+      max_num_seqs_(config.max_num_seqs) {
   UpdateGauges();
+  free_slots_ = max_num_seqs_;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -56,8 +70,9 @@ Result<std::shared_ptr<RequestHandle>> EngineService::Submit(RequestSpec spec) {
   h->prompt_tokens_ = static_cast<int>(spec.prompt.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queued_ >= service_.max_queue) {
-      return ResourceExhausted("the queue is full ({} requests waiting); try again later", queued_);
+    if (queued_ >= service_.max_queue + free_slots_) {
+      return ResourceExhausted("the queue is full ({} requests waiting); try again later",
+                               queued_ - free_slots_);
     }
     ++queued_;
     submissions_.emplace_back(std::move(spec), h);
@@ -177,7 +192,8 @@ void EngineService::Dispatch(const StepOutcome& out) {
       h.last_token_ns_ = now;
       h.generated_++;
     }
-    h.Push(e, e.reason == FinishReason::kError ? engine_.degraded_reason() : std::string());
+    h.Push(e, e.reason == FinishReason::kError ? Unavailable("{}", engine_.degraded_reason())
+                                               : Status::Ok());
     if (e.finished) {
       metrics_.e2e_s.Observe((now - h.arrival_ns_) * 1e-9);
       metrics_.AddTokens(h.prompt_tokens_, h.generated_);
@@ -210,7 +226,7 @@ void EngineService::Loop() {
         TokenEvent e;
         e.finished = true;
         e.reason = FinishReason::kError;
-        h->Push(e, id.status().message());
+        h->Push(e, id.status());
         FS_LOG_INFO("request refused: {}", id.status().ToString());
         continue;
       }
@@ -250,6 +266,7 @@ void EngineService::Loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_ = engine_.scheduler().num_waiting() + static_cast<int>(submissions_.size());
+      free_slots_ = std::max(0, max_num_seqs_ - engine_.scheduler().num_running());
     }
     UpdateGauges();
   }

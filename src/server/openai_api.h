@@ -1,10 +1,11 @@
 // The OpenAI-compatible request and response formats: parsing and validation
-// of /v1/completions and /v1/chat/completions bodies, the chat template,
-// incremental detokenization with stop strings, and error bodies.
+// of /v1/completions and /v1/chat/completions bodies (chat prompts through the
+// model's chat template), incremental detokenization with stop strings.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "common/status.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "server/api_error.h"
 
 namespace failsafe {
 
@@ -28,21 +30,19 @@ struct CompletionRequest {
   bool skip_special_tokens = true;  // drop special tokens from the output text
 };
 
-// A request error: HTTP 400 with the OpenAI error body naming `param`.
-struct RequestError {
-  std::string message;
-  std::string param;
+struct CompletionLimits {
+  int max_model_len = 0;     // tokens: prompt + max_tokens
+  std::string served_model;  // a request naming another model gets 404 model_not_found
 };
 
-// Parses and validates a request body. `eos` ends generation unless
-// ignore_eos is set. Unknown parameters, out-of-range values and prompts longer
-// than the context are errors.
-bool ParseCompletionRequest(const std::string& body, bool chat, const Tokenizer& tokenizer,
-                            int max_model_len, CompletionRequest* out, RequestError* error);
-
-// {"error": {"message", "type", "param", "code"}}
-std::string ErrorBody(const std::string& message, const std::string& type,
-                      const std::string& param = "", int code = 400);
+// Parses and validates a request body; returns the error to answer with, if
+// any. Unknown parameters and out-of-range values are 400, an unknown model is
+// 404, a prompt longer than the context is 400 context_length_exceeded, found
+// without tokenizing a huge prompt whole.
+std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat,
+                                               const Tokenizer& tokenizer,
+                                               const CompletionLimits& limits,
+                                               CompletionRequest* out);
 
 // Turns generated tokens into text as it becomes final: only whole UTF-8
 // characters, and nothing that might be the start of a stop string. `prompt`

@@ -99,8 +99,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j, const std::stri
 }
 
 void BpeModel::Encode(const std::vector<std::string>& words, std::vector<int>* out,
-                      size_t max_tokens) const {
-  const size_t first = out->size();
+                      size_t max_tokens, size_t fuse_from) const {
+  const size_t first = std::min(fuse_from, out->size());
   for (const std::string& w : words) {
     if (out->size() > max_tokens) break;
     EncodeWord(w, out);

@@ -26,10 +26,11 @@ class BpeModel {
   static Result<std::unique_ptr<BpeModel>> Parse(const nlohmann::json& j,
                                                  const std::string& source);
 
-  // Appends the ids of each word, fusing runs of unk ids if fuse_unk; stops
-  // after a word once *out holds more than max_tokens ids.
+  // Appends the ids of each word, fusing runs of unk ids from index
+  // fuse_from of *out on if fuse_unk (default: from the first id appended);
+  // stops after a word once *out holds more than max_tokens ids.
   void Encode(const std::vector<std::string>& words, std::vector<int>* out,
-              size_t max_tokens = SIZE_MAX) const;
+              size_t max_tokens = SIZE_MAX, size_t fuse_from = SIZE_MAX) const;
 
   // The vocabulary: token string -> id (ids may leave gaps).
   const std::unordered_map<std::string, int>& vocab() const { return vocab_; }

@@ -65,6 +65,21 @@ class ByteLevelPre : public HfPreTokenizer {
       }
     });
   }
+  bool SplitEach(std::string p, int section,
+                 const std::function<bool(std::string&&)>& emit) const override {
+    if (!split) return HfPreTokenizer::SplitEach(std::move(p), section, emit);
+    if (add_prefix_space && (p.empty() || p[0] != ' ')) p.insert(p.begin(), ' ');
+    bool go = true;
+    split->ForEach(p, [&](size_t b, size_t e) {
+      if (e == b) return true;
+      std::string m;
+      m.reserve((e - b) * 2);
+      for (size_t i = b; i < e; ++i)
+        AppendUtf8(ByteToCodePoint(static_cast<unsigned char>(p[i])), &m);
+      return go = emit(std::move(m));
+    });
+    return go;
+  }
 };
 
 // Isolated: the gaps and the matches are pieces; Removed: only the gaps.
@@ -82,6 +97,19 @@ class SplitPre : public HfPreTokenizer {
       }
       if (prev < p.size()) out->push_back(p.substr(prev));
     });
+  }
+  bool SplitEach(std::string p, int,
+                 const std::function<bool(std::string&&)>& emit) const override {
+    size_t prev = 0;
+    bool go = true;
+    pattern->ForEach(p, [&](size_t b, size_t e) {
+      if (b > prev && !(go = emit(p.substr(prev, b - prev)))) return false;
+      if (e > b && !removed && !(go = emit(p.substr(b, e - b)))) return false;
+      prev = std::max(prev, e);
+      return true;
+    });
+    if (go && prev < p.size()) go = emit(p.substr(prev));
+    return go;
   }
 };
 
@@ -144,9 +172,33 @@ class SequencePre : public HfPreTokenizer {
   void Split(std::vector<std::string>* pieces, int section) const override {
     for (const auto& p : parts) p->Split(pieces, section);
   }
+  // Every part maps each piece on its own, so the later parts may run on the
+  // first part's words one at a time.
+  bool SplitEach(std::string piece, int section,
+                 const std::function<bool(std::string&&)>& emit) const override {
+    if (parts.empty()) return emit(std::move(piece));
+    return parts[0]->SplitEach(std::move(piece), section, [&](std::string&& word) {
+      std::vector<std::string> words{std::move(word)};
+      for (size_t k = 1; k < parts.size(); ++k) parts[k]->Split(&words, section);
+      for (std::string& w : words) {
+        if (!emit(std::move(w))) return false;
+      }
+      return true;
+    });
+  }
 };
 
 }  // namespace
+
+bool HfPreTokenizer::SplitEach(std::string piece, int section_index,
+                               const std::function<bool(std::string&&)>& emit) const {
+  std::vector<std::string> words{std::move(piece)};
+  Split(&words, section_index);
+  for (std::string& w : words) {
+    if (!emit(std::move(w))) return false;
+  }
+  return true;
+}
 
 Result<MetaspaceSettings> ParseMetaspace(const json& j, const std::string& field) {
   MetaspaceSettings m;

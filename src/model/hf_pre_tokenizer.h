@@ -6,6 +6,7 @@
 // Thread-safety: immutable after Parse.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,6 +23,11 @@ class HfPreTokenizer {
   // of the text between added tokens that the pieces come from (Metaspace's
   // prepend_scheme "first" prepends only in section 0).
   virtual void Split(std::vector<std::string>* pieces, int section_index) const = 0;
+  // The words of one piece, handed to `emit` in order as they are found,
+  // until emit returns false (then returns false): the same words as Split,
+  // without cutting a long text whole first.
+  virtual bool SplitEach(std::string piece, int section_index,
+                         const std::function<bool(std::string&&)>& emit) const;
 
   static Result<std::unique_ptr<HfPreTokenizer>> Parse(const nlohmann::json& j,
                                                        const std::string& field);

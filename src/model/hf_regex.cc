@@ -42,12 +42,20 @@ Result<std::unique_ptr<HfRegex>> HfRegex::Literal(const std::string& text,
 
 std::vector<std::pair<size_t, size_t>> HfRegex::FindAll(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> out;
+  ForEach(text, [&](size_t b, size_t e) {
+    out.emplace_back(b, e);
+    return true;
+  });
+  return out;
+}
+
+void HfRegex::ForEach(std::string_view text, const std::function<bool(size_t, size_t)>& fn) const {
   if (!literal_.empty()) {
     for (size_t at = text.find(literal_); at != std::string_view::npos;
          at = text.find(literal_, at + literal_.size())) {
-      out.emplace_back(at, at + literal_.size());
+      if (!fn(at, at + literal_.size())) return;
     }
-    return out;
+    return;
   }
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
   size_t pos = 0;
@@ -57,7 +65,7 @@ std::vector<std::pair<size_t, size_t>> HfRegex::FindAll(std::string_view text) c
     if (rc < 0) break;
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t b = ov[0], e = ov[1];
-    out.emplace_back(b, e);
+    if (!fn(b, e)) break;
     if (e == b) {  // empty match: step over one code point
       pos = b + 1;
       while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
@@ -66,7 +74,6 @@ std::vector<std::pair<size_t, size_t>> HfRegex::FindAll(std::string_view text) c
     }
   }
   pcre2_match_data_free(md);
-  return out;
 }
 
 std::string HfRegex::ReplaceAll(std::string_view text, std::string_view with) const {

@@ -5,6 +5,7 @@
 // data is per call).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +31,8 @@ class HfRegex {
   // Non-overlapping matches [begin, end) from left to right, as JavaScript's
   // matchAll with the g and u flags (an empty match steps one code point).
   std::vector<std::pair<size_t, size_t>> FindAll(std::string_view text) const;
+  // The same matches one by one, until fn(begin, end) returns false.
+  void ForEach(std::string_view text, const std::function<bool(size_t, size_t)>& fn) const;
 
   // Every match replaced with `with` (taken literally).
   std::string ReplaceAll(std::string_view text, std::string_view with) const;

@@ -236,11 +236,33 @@ std::vector<std::pair<std::string, int>> HfTokenizer::SplitAdded(
   return out;
 }
 
+namespace {
+// Words encoded at once while a limited Encode pre-tokenizes a long text.
+constexpr size_t kWordBatch = 64;
+}  // namespace
+
 void HfTokenizer::EncodeSection(const std::string& text, int section_index, std::vector<int>* out,
                                 size_t max_tokens) const {
-  std::vector<std::string> words{text};
-  if (pre_tokenizer_) pre_tokenizer_->Split(&words, section_index);
-  model_->Encode(words, out, max_tokens);
+  if (max_tokens == SIZE_MAX || !pre_tokenizer_) {
+    std::vector<std::string> words{text};
+    if (pre_tokenizer_) pre_tokenizer_->Split(&words, section_index);
+    model_->Encode(words, out, max_tokens);
+    return;
+  }
+  // With a limit, words are encoded as the pre-tokenizer finds them, a batch
+  // at a time, until the limit is passed: a long text is not cut whole.
+  const size_t first = out->size();
+  std::vector<std::string> batch;
+  auto flush = [&] {
+    model_->Encode(batch, out, SIZE_MAX, first);
+    batch.clear();
+    return out->size() <= max_tokens;
+  };
+  const bool whole = pre_tokenizer_->SplitEach(text, section_index, [&](std::string&& word) {
+    batch.push_back(std::move(word));
+    return batch.size() < kWordBatch || flush();
+  });
+  if (whole) flush();
 }
 
 std::vector<int> HfTokenizer::DoEncode(std::string_view raw, bool add_special,

@@ -21,7 +21,7 @@ CommandFn RegisterRun(CLI::App& app) {
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
-  o->dev.devices = 4;  // the default model's 4 KV head groups
+  o->dev.devices = 8;  // a scale-up domain of 8 devices, as serve
   app.add_option("--model", o->model, "model directory (default: the real stories260K model)");
   app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
   AddDeviceFlags(app, &o->dev);

@@ -99,9 +99,9 @@ CommandFn RegisterServe(CLI::App& app) {
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
-  // The default model has 4 KV head groups, the most devices the planner
-  // gives work to today.
-  o->dev.devices = 4;
+  // A scale-up domain of 8 devices; the default model's 4 KV head groups are
+  // replicated over them (or its heads made DP), see docs/ARCHITECTURE.md.
+  o->dev.devices = 8;
   app.add_option("--model", o->model,
                  "model directory (default: the real stories260K model, written to the cache on "
                  "first use)");

@@ -93,7 +93,7 @@ TEST_P(StoriesPlacement, DevicesWriteThePublishedSample) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPlacement, StoriesPlacement,
-                         ::testing::Combine(::testing::Values(2, 3, 4),
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8),
                                             ::testing::Values(Policy::kStandard,
                                                               Policy::kNonUniform, Policy::kCyclic,
                                                               Policy::kHybrid)),
@@ -103,20 +103,33 @@ INSTANTIATE_TEST_SUITE_P(EveryPlacement, StoriesPlacement,
                          });
 
 // SIGKILL one worker process after 20 tokens; the engine recovers on the
-// survivors and the story goes on unchanged.
-TEST(Stories260K, SurvivesADeviceKilledMidStory) {
-  for (Policy policy : {Policy::kHybrid, Policy::kCyclic}) {
-    auto g = Group(4, policy);
-    ASSERT_TRUE(g);
-    bool killed = false;
-    const std::string story = Story(g.get(), [&](int n) {
-      if (n == 20) killed = g->KillDevice(2).ok();
-    });
-    EXPECT_TRUE(killed);
-    EXPECT_EQ(story, kPublished) << PolicyName(policy);
-    EXPECT_EQ(g->alive_devices().size(), 3u);
-  }
+// survivors and the story goes on unchanged: on 4 devices (one per KV head
+// group) and on 8, the default, where head groups are replicated (or all
+// heads DP) and the survivors are 7.
+class StoriesKill : public ::testing::TestWithParam<std::tuple<int, Policy>> {};
+
+TEST_P(StoriesKill, SurvivesADeviceKilledMidStory) {
+  auto [devices, policy] = GetParam();
+  auto g = Group(devices, policy);
+  ASSERT_TRUE(g);
+  bool killed = false;
+  const std::string story = Story(g.get(), [&](int n) {
+    if (n == 20) killed = g->KillDevice(2).ok();
+  });
+  EXPECT_TRUE(killed);
+  EXPECT_EQ(story, kPublished);
+  EXPECT_EQ(g->alive_devices().size(), static_cast<size_t>(devices - 1));
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryPlacement, StoriesKill,
+    ::testing::Values(std::make_tuple(4, Policy::kHybrid), std::make_tuple(4, Policy::kCyclic),
+                      std::make_tuple(8, Policy::kStandard),
+                      std::make_tuple(8, Policy::kNonUniform), std::make_tuple(8, Policy::kCyclic),
+                      std::make_tuple(8, Policy::kHybrid)),
+    [](const auto& info) {
+      return std::to_string(std::get<0>(info.param)) + "dev_" + PolicyName(std::get<1>(info.param));
+    });
 
 }  // namespace
 }  // namespace failsafe

@@ -192,14 +192,16 @@ void EngineService::Dispatch(const StepOutcome& out) {
       h.last_token_ns_ = now;
       h.generated_++;
     }
-    h.Push(e, e.reason == FinishReason::kError ? Unavailable("{}", engine_.degraded_reason())
-                                               : Status::Ok());
+    // A finished request is counted before its handler hears of it, so a
+    // client that has its answer sees it in /metrics.
     if (e.finished) {
       metrics_.e2e_s.Observe((now - h.arrival_ns_) * 1e-9);
       metrics_.AddTokens(h.prompt_tokens_, h.generated_);
       metrics_.AddRequest(FinishReasonName(e.reason));
-      live_.erase(it);
     }
+    h.Push(e, e.reason == FinishReason::kError ? Unavailable("{}", engine_.degraded_reason())
+                                               : Status::Ok());
+    if (e.finished) live_.erase(it);
   }
 }
 

@@ -49,21 +49,23 @@ void PlotOfflineTimeline(const std::string& dir, const std::string& trace_path,
   const std::string csv = dir + "/offline_gcp.csv", avail = dir + "/offline_gcp_availability.csv";
   const char* names[] = {"baseline (TP 1/2/4/8)", "FailSafe", "fault-free", "fault-scaled"};
   std::string script = fmt::format(
-      "set datafile separator ','\nset multiplot\nset lmargin 12\nset rmargin 4\n"
+      "set datafile separator ','\nset multiplot\nset lmargin at screen 0.09\nset rmargin at "
+      "screen 0.72\nset autoscale xfix\n"
       "set size 1,0.68\nset origin 0,0.32\nset title '{} under {}'\nset ylabel 'output tokens/s'\n"
       "set format x ''\nset key outside right top\nset grid\nplot ",
       GnuplotText(model), GnuplotText(trace_path));
   for (int i = 0; i < 4; ++i) {
     script += fmt::format(
-        "'{}' using 1:{} every ::1 with steps {} title '{}', {} with lines {} lw 1 notitle, ",
-        GnuplotText(csv), i + 2, MonoStyle(i), names[i], means[i], MonoStyle(i));
+        "'{}' using 1:{} every ::1 with steps {} title '{}', {} with lines {} title '{} (mean)', ",
+        GnuplotText(csv), i + 2, MonoStyle(i, false), names[i], means[i], MonoStyle(i, false, 1),
+        names[i]);
   }
   script.resize(script.size() - 2);
   script += fmt::format(
       "\nset size 1,0.32\nset origin 0,0\nunset title\nset format x '%g'\nset xlabel 'hour'\n"
       "set ylabel 'GPUs alive'\nset yrange [0:{}]\nplot '{}' using 1:2 every ::1 with steps {} "
-      "title 'availability'\nunset multiplot\n",
-      cluster_gpus * 1.05, GnuplotText(avail), MonoStyle(0));
+      "title 'GPUs alive'\nunset multiplot\n",
+      cluster_gpus * 1.05, GnuplotText(avail), MonoStyle(0, false));
   RunGnuplot(dir + "/offline_gcp.png", script, 1000, 720);
 }
 

@@ -54,11 +54,13 @@ std::string GnuplotText(const std::string& s) {
   return out;
 }
 
-std::string MonoStyle(int i) {
+std::string MonoStyle(int i, bool points, double width) {
   static const char* kGrey[] = {"#000000", "#000000", "#606060", "#000000", "#909090", "#404040"};
   static const int kPoint[] = {7, 4, 5, 8, 6, 12};
   const int k = i % 6;
-  return fmt::format("lc rgb '{}' dt {} pt {} lw 2 ps 1.2", kGrey[k], k + 1, kPoint[k]);
+  std::string s = fmt::format("lc rgb '{}' dt {} lw {}", kGrey[k], k + 1, width);
+  if (points) s += fmt::format(" pt {} ps 1.2", kPoint[k]);
+  return s;
 }
 
 bool RunGnuplot(const std::string& png, const std::string& script, int width, int height) {
@@ -125,9 +127,11 @@ bool PlotBars(const std::string& png, const std::string& title, const std::strin
     for (int i = 0; i < k; ++i) {
       const double dx = (i - (k - 1) / 2.0) / (k + 1);
       script += fmt::format(
-          ", '{}' using ($0 + {}):{}:(sprintf('%.0f', ${})) with labels offset 0,0.6 "
+          ", '{}' using ($0 + {}):{}:(${} >= 1e4 ? sprintf('%.1fk', ${} / 1e3) : sprintf('%.0f', "
+          "${})) with labels offset 0,0.6 "
           "font 'sans,8' notitle",
-          GnuplotText(csv), dx, p.series[i].column, p.series[i].column);
+          GnuplotText(csv), dx, p.series[i].column, p.series[i].column, p.series[i].column,
+          p.series[i].column);
     }
     script += "\n";
   }

@@ -56,9 +56,9 @@ bool PlotBars(const std::string& png, const std::string& title, const std::strin
 // `height` pixels writing to `png`; false if gnuplot is missing or fails.
 bool RunGnuplot(const std::string& png, const std::string& script, int width = 900,
                 int height = 560);
-// The line style of the i-th series: black or grey, its own dash pattern and
-// point shape.
-std::string MonoStyle(int i);
+// The line style of the i-th series: black or grey, its own dash pattern
+// and (with `points`) point shape.
+std::string MonoStyle(int i, bool points = true, double width = 2);
 // `s` inside a single-quoted gnuplot string.
 std::string GnuplotText(const std::string& s);
 

@@ -46,9 +46,10 @@ using Measure = std::function<Result<MaybePoint>(double scale)>;
 
 // Raises the rate from `start` by `factor` until P90 crosses `slo`, then
 // bisects (geometrically) the last rate under it and the first over it
-// `refine` times. Stops without crossing when the best throughput has not
-// grown by 1% over the last four rates (the system saturates below the SLO)
-// or after `max_points`. When even `start` misses the SLO, lowers the rate
+// `refine` times, then doubles the rate past the SLO until throughput grows
+// by less than 2% (the capacity). Stops without crossing when the best
+// throughput has not grown by 1% over the last four rates (the system
+// saturates below the SLO) or after `max_points`. When even `start` misses the SLO, lowers the rate
 // by `factor` up to eight times.
 Result<Sweep> SearchRate(const Measure& measure, double start, double factor, double slo,
                          int refine, int max_points) {
@@ -99,6 +100,19 @@ Result<Sweep> SearchRate(const Measure& measure, double start, double factor, do
   }
   std::sort(s.points.begin(), s.points.end(),
             [](const SweepPoint& a, const SweepPoint& b) { return a.scale < b.scale; });
+  // Past the SLO, double the rate until throughput stops growing: the
+  // system's capacity, and the curve's rise.
+  if (s.crossed && !s.misses_at_lightest) {
+    double scale = s.points.back().scale, best = 0;
+    for (const SweepPoint& p : s.points) best = std::max(best, p.throughput);
+    for (int extra = 0; extra < 4 && static_cast<int>(s.points.size()) < max_points; ++extra) {
+      scale *= 2;
+      FS_RETURN_IF_ERROR(add(scale).status());
+      const double thr = s.points.back().throughput;
+      if (thr < best * 1.02) break;
+      best = thr;
+    }
+  }
   return s;
 }
 

@@ -159,22 +159,35 @@ Result<json> Online(const ExperimentOptions& o) {
                                            Tp8(),
                                            WithAdaptivePrefill(Tp8())};
   const double ttft_slo = 10.0, tbt_slo = 0.040;
-  // Prefill: TTFT of one-token requests (input tokens/s).
+  // Every request at `scale` times the trace's rate, on a prefill instance
+  // (one output token) or a decode instance (the prompt's KV arrives
+  // computed), to completion; null when the system cannot serve them.
+  auto replay = [&](const SystemSpec& s, double scale,
+                    bool prefill) -> Result<std::unique_ptr<SimInstance>> {
+    auto made = MakeInstance(m, hw, s, RecoveryMode::kFull);
+    if (!made.ok() && !Serves(made.status())) return std::unique_ptr<SimInstance>();
+    FS_RETURN_IF_ERROR(made.status());
+    auto inst = std::move(*made);
+    for (SimRequest r : reqs) {
+      r.arrival /= scale;
+      if (prefill) {
+        r.output = 1;
+      } else {
+        r.migrated = true;
+      }
+      inst->RunUntil(r.arrival);
+      Status st = inst->Submit(r);
+      if (!Serves(st)) return std::unique_ptr<SimInstance>();
+      FS_RETURN_IF_ERROR(st);
+    }
+    inst->RunToCompletion(1e9);
+    return inst;
+  };
+  // Prefill: TTFT against input tokens/s.
   auto prefill_at = [&](const SystemSpec& s) -> Measure {
     return [&, s](double scale) -> Result<MaybePoint> {
-      auto made = MakeInstance(m, hw, s, RecoveryMode::kFull);
-      if (!made.ok() && !Serves(made.status())) return MaybePoint();
-      FS_RETURN_IF_ERROR(made.status());
-      auto inst = std::move(*made);
-      for (SimRequest r : reqs) {
-        r.arrival /= scale;
-        r.output = 1;
-        inst->RunUntil(r.arrival);
-        Status st = inst->Submit(r);
-        if (!Serves(st)) return MaybePoint();
-        FS_RETURN_IF_ERROR(st);
-      }
-      inst->RunToCompletion(1e9);
+      FS_ASSIGN_OR_RETURN(auto inst, replay(s, scale, true));
+      if (!inst) return MaybePoint();
       std::vector<double> ttft;
       double input = 0;
       for (const auto& r : inst->results()) {
@@ -184,23 +197,11 @@ Result<json> Online(const ExperimentOptions& o) {
       return MaybePoint(SweepPoint{scale, input / inst->last_step_end(), ComputePercentiles(ttft)});
     };
   };
-  // Decode: time per output token of requests whose prompt KV arrives
-  // computed (output tokens/s).
+  // Decode: time per output token against output tokens/s.
   auto decode_at = [&](const SystemSpec& s) -> Measure {
     return [&, s](double scale) -> Result<MaybePoint> {
-      auto made = MakeInstance(m, hw, s, RecoveryMode::kFull);
-      if (!made.ok() && !Serves(made.status())) return MaybePoint();
-      FS_RETURN_IF_ERROR(made.status());
-      auto inst = std::move(*made);
-      for (SimRequest r : reqs) {
-        r.arrival /= scale;
-        r.migrated = true;
-        inst->RunUntil(r.arrival);
-        Status st = inst->Submit(r);
-        if (!Serves(st)) return MaybePoint();
-        FS_RETURN_IF_ERROR(st);
-      }
-      inst->RunToCompletion(1e9);
+      FS_ASSIGN_OR_RETURN(auto inst, replay(s, scale, false));
+      if (!inst) return MaybePoint();
       std::vector<double> tbt;
       double out = 0;
       for (const auto& r : inst->results()) {

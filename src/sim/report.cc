@@ -55,10 +55,13 @@ std::string GnuplotText(const std::string& s) {
 }
 
 std::string MonoStyle(int i, bool points, double width) {
-  static const char* kGrey[] = {"#000000", "#000000", "#606060", "#000000", "#909090", "#404040"};
-  static const int kPoint[] = {7, 4, 5, 8, 6, 12};
-  const int k = i % 6;
-  std::string s = fmt::format("lc rgb '{}' dt {} lw {}", kGrey[k], k + 1, width);
+  // Eight styles, distinct without colour: dash pattern, grey level, point shape.
+  static const char* kGrey[] = {"#000000", "#000000", "#606060", "#000000",
+                                "#909090", "#404040", "#000000", "#707070"};
+  static const char* kDash[] = {"1", "2", "3", "4", "5", "(12,4,2,4,2,4)", "(2,6)", "(16,6)"};
+  static const int kPoint[] = {7, 4, 5, 8, 6, 12, 1, 2};
+  const int k = i % 8;
+  std::string s = fmt::format("lc rgb '{}' dt {} lw {}", kGrey[k], kDash[k], width);
   if (points) s += fmt::format(" pt {} ps 1.2", kPoint[k]);
   return s;
 }

@@ -307,4 +307,24 @@ TEST(Experiments, OfflineReadsEventTracesScaledToTheCluster) {
   EXPECT_FALSE(RunExperiment("offline-gcp", o).ok());
 }
 
+// The online sweep raises the rate until P90 TTFT crosses its SLO, and says
+// so; decode instances saturate below 40 ms and say that instead.
+TEST(Experiments, OnlineSearchesTheRateUntilTheSlo) {
+  ExperimentOptions o = Quick(TempDir());
+  auto j = RunExperiment("online", o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (const char* name : {"failsafe-TP7", "nonuniform-TP7", "nonuniform-TP7+adaptive", "TP8"}) {
+    const auto& s = (*j)["at_slo"][name];
+    EXPECT_TRUE(s["ttft_slo_crossed"].get<bool>()) << name;
+    EXPECT_FALSE(s["tbt_slo_crossed"].get<bool>()) << name;
+    EXPECT_GT(s["prefill_tokens_per_s_at_ttft_slo"].get<double>(), 0) << name;
+    // Past the SLO the search goes on to the capacity.
+    EXPECT_GT(s["prefill_tokens_per_s_max"].get<double>(),
+              s["prefill_tokens_per_s_at_ttft_slo"].get<double>())
+        << name;
+  }
+  EXPECT_GT((*j)["prefill_failsafe_over_nonuniform"].get<double>(), 1.0);
+  EXPECT_TRUE(std::filesystem::exists(o.out_dir + "/online_prefill_TP8+adaptive.csv"));
+}
+
 }  // namespace failsafe

@@ -87,6 +87,8 @@ bool PlotPng(const std::string& png, const std::string& title, const std::string
       "set key outside right\nset grid\n{}{}",
       GnuplotText(title), GnuplotText(xlabel), GnuplotText(ylabel), log_x ? "set logscale x\n" : "",
       log_y ? "set logscale y\n" : "");
+  // Room above the data for a reference line at its edge.
+  if (!lines.empty()) script += "set offsets 0, 0, graph 0.08, graph 0.02\n";
   script += "plot ";
   int k = 0;
   for (const PlotSeries& s : series) {
@@ -96,7 +98,7 @@ bool PlotPng(const std::string& png, const std::string& title, const std::string
     ++k;
   }
   for (const PlotLine& l : lines) {
-    script += fmt::format("{}{} with lines lc rgb '#000000' dt 3 lw 1 title '{}'", k ? ", " : "",
+    script += fmt::format("{}{} with lines lc rgb '#000000' dt 3 lw 2 title '{}'", k ? ", " : "",
                           l.y, GnuplotText(l.title));
     ++k;
   }

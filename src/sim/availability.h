@@ -1,8 +1,9 @@
 // GPU availability traces: how many GPUs a cluster has, over time.
 //
 // Two text formats, told apart by the first data row:
-// - samples, `YYYY-MM-DD, HH:MM:SS, count` (Bamboo's GCP traces): the count
-//   holds from its row's time until the next row's;
+// - samples, `YYYY-MM-DD, HH:MM:SS, count` (Bamboo's GCP traces, UTC): the
+//   count holds from its row's time until the next row's (of rows with one
+//   time, the last counts);
 // - events, `ms,add|remove,node` (Bamboo's AWS and Oobleck's traces): `ms`
 //   since the trace's start; the count is the nodes added and not yet
 //   removed, and the events of one millisecond form one point.

@@ -1,4 +1,5 @@
-// Fuzzes tokenizer.json parsing; an accepted tokenizer must round-trip text.
+// Fuzzes tokenizer.json parsing; an accepted tokenizer must encode any text
+// into ids of its vocabulary and decode them into valid UTF-8.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -9,8 +10,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
   auto t = failsafe::Tokenizer::Parse(text, "fuzz.json");
   if (t.ok()) {
-    const std::string probe = "hello, world 123";
-    if ((*t)->Decode((*t)->Encode(probe)) != probe) __builtin_trap();
+    for (std::string_view probe : {"hello, world 123", " \xE6\x97\xA5 <s> \xFF  x"}) {
+      const std::vector<int> ids = (*t)->Encode(probe, /*add_special=*/true);
+      for (int id : ids) {
+        if (id < 0 || id >= (*t)->vocab_size()) __builtin_trap();
+      }
+      if (!failsafe::IsValidUtf8((*t)->Decode(ids))) __builtin_trap();
+    }
   }
   return 0;
 }

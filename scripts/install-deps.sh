@@ -7,10 +7,10 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libboost1.81-dev libcpp-httplib-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libnlopt-cxx-dev gnuplot-nox
+  libnlopt-cxx-dev gnuplot-nox libsentencepiece-dev libutf8proc-dev
 )
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-numpy python3-torch)
+  packages+=(python3 python3-numpy python3-torch python3-sentencepiece python3-jinja2)
   command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 fi
 

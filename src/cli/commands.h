@@ -22,6 +22,9 @@ CommandFn RegisterSlowBench(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterSimulate(CLI::App& app);
+CommandFn RegisterTokenize(CLI::App& app);
+CommandFn RegisterChatTemplate(CLI::App& app);
+CommandFn RegisterConvertLlama2c(CLI::App& app);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

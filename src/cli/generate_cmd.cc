@@ -10,8 +10,8 @@ namespace failsafe {
 
 CommandFn RegisterGenerate(CLI::App& app) {
   struct Opts {
-    std::string model, cache_dir, prompt = "The engine keeps serving when";
-    int max_tokens = 32, top_k = 0;
+    std::string model, cache_dir, prompt;
+    int max_tokens = 128, top_k = 0;
     DeviceFlags dev;
     float temperature = 0.0f, top_p = 1.0f;
     uint64_t seed = 0;
@@ -19,10 +19,11 @@ CommandFn RegisterGenerate(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--model", o->model,
-                 "model directory (default: the synthetic small-llama, made on first use)");
+                 "model directory (default: the real stories260K model, written to the cache on "
+                 "first use)");
   app.add_option("--cache-dir", o->cache_dir,
                  "where the default model is kept (default: ~/.cache/failsafe)");
-  app.add_option("--prompt", o->prompt, "prompt text")->capture_default_str();
+  app.add_option("--prompt", o->prompt, "prompt text (default: none, the model starts from BOS)");
   app.add_option("--max-tokens", o->max_tokens, "tokens to generate")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -40,9 +41,9 @@ CommandFn RegisterGenerate(CLI::App& app) {
   app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at the end-of-sequence token");
   app.add_flag("--json", o->json, "print {prompt_ids, output_ids, text} as JSON");
   return [o] {
-    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
+    auto dir = ResolveModelOrDefault(o->model, o->cache_dir);
     if (!dir.ok()) return Fail(dir.status().ToString());
-    auto tok = Tokenizer::Load(*dir + "/tokenizer.json");
+    auto tok = Tokenizer::LoadDir(*dir);
     if (!tok.ok()) return Fail(tok.status().ToString());
     auto exec = MakeExecutor(*dir, o->dev);
     if (!exec.ok()) return Fail(exec.status().ToString());
@@ -50,11 +51,19 @@ CommandFn RegisterGenerate(CLI::App& app) {
     GenerateOptions g;
     g.max_tokens = o->max_tokens;
     g.sampling = {o->temperature, o->top_k, o->top_p, o->seed};
-    g.stop_token = o->ignore_eos ? -1 : (*exec)->config().eos_token_id;
+    if (!o->ignore_eos) {
+      g.stop_token_ids = (*tok)->stop_token_ids();
+      if ((*exec)->config().eos_token_id >= 0)
+        g.stop_token_ids.push_back((*exec)->config().eos_token_id);
+    }
     auto sampler = MakeCpuBackend(1);
     auto r = GenerateOne(**exec, *sampler, prompt, g);
     if (!r.ok()) return Fail(r.status().ToString());
-    std::string text = (*tok)->Decode(r->output_ids, /*skip_special=*/true);
+    // The output's text as it reads after the prompt (a leading space stays).
+    StreamDecoder decoder(tok->get(), /*skip_special=*/true, prompt);
+    std::string text;
+    for (int id : r->output_ids) text += decoder.Add(id);
+    text += decoder.Finish();
     if (o->json) {
       nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", r->output_ids}, {"text", text}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

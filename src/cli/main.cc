@@ -31,12 +31,19 @@ int main(int argc, char** argv) {
   };
   add("make-model", "write a synthetic model (config.json, model.safetensors, tokenizer.json)",
       RegisterMakeModel);
+  add("convert-llama2c",
+      "convert a llama2.c checkpoint and its SentencePiece tokenizer to Hugging Face layout",
+      RegisterConvertLlama2c);
   add("serve", "serve an OpenAI-compatible API", RegisterServe);
   add("bench", "replay a trace against a running server and report latency percentiles",
       RegisterBench);
   add("generate", "generate text for one prompt", RegisterGenerate);
   add("logits", "print the logits of a prefill and greedy decode as JSON (for numerical checks)",
       RegisterLogits);
+  add("tokenize", "encode and decode text with a model's tokenizer (one text or JSON Lines)",
+      RegisterTokenize);
+  add("chat-template", "render conversations with a chat template (one JSON object per line)",
+      RegisterChatTemplate);
   add("plan", "print the placement plan and per-device costs for a device set", RegisterPlan);
   add("run", "run a workload to completion offline and print a summary", RegisterRun);
   add("ablation",

@@ -13,6 +13,7 @@ CommandFn RegisterMakeModel(CLI::App& app) {
     std::string dtype = "f32";
     int shards = 1;
     int heads = 0, kv_heads = 0;
+    int vocab_size = 0;
   };
   auto o = std::make_shared<Opts>();
   std::string presets;
@@ -27,6 +28,8 @@ CommandFn RegisterMakeModel(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--kv-heads", o->kv_heads, "KV heads (head groups) instead of the preset's")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--vocab-size", o->vocab_size,
+                 "the preset's shape with this vocabulary (e.g. to pair with a real tokenizer)");
   return [o] {
     SyntheticModelOptions opts;
     opts.preset = o->preset;
@@ -34,6 +37,7 @@ CommandFn RegisterMakeModel(CLI::App& app) {
     opts.num_kv_heads = o->kv_heads;
     opts.seed = o->seed;
     opts.num_shards = o->shards;
+    opts.vocab_size = o->vocab_size;
     if (o->dtype == "f32")
       opts.dtype = DType::kF32;
     else if (o->dtype == "f16")

@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdlib>
 #include <filesystem>
 
+#include "cli/default_model.h"
 #include "common/log.h"
 #include "model/synthetic.h"
 
@@ -47,17 +47,14 @@ int RemoveStaleModelTemps(const std::string& cache_dir) {
   return removed;
 }
 
-Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, uint64_t seed) {
+Status EnsureModelDir(const std::string& dir,
+                      const std::function<Status(const std::string& tmp)>& write) {
   std::error_code ec;
   if (fs::exists(dir + "/config.json", ec)) return Status::Ok();
   fs::create_directories(fs::path(dir).parent_path(), ec);
   std::string tmp = dir + ".tmp." + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
-  FS_LOG_INFO("creating synthetic model '{}' in {}", preset, dir);
-  SyntheticModelOptions o;
-  o.preset = preset;
-  o.seed = seed;
-  Status st = WriteSyntheticModel(tmp, o);
+  Status st = write(tmp);
   if (!st.ok()) {
     fs::remove_all(tmp, ec);
     return st;
@@ -70,6 +67,16 @@ Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, u
   return Status::Ok();
 }
 
+Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, uint64_t seed) {
+  return EnsureModelDir(dir, [&](const std::string& tmp) {
+    FS_LOG_INFO("creating synthetic model '{}' in {}", preset, dir);
+    SyntheticModelOptions o;
+    o.preset = preset;
+    o.seed = seed;
+    return WriteSyntheticModel(tmp, o);
+  });
+}
+
 Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir,
                                  const std::string& preset) {
   RemoveStaleModelTemps(cache_dir);
@@ -77,6 +84,13 @@ Result<std::string> ResolveModel(const std::string& model_dir, const std::string
   std::string dir = DefaultCacheDir(cache_dir) + "/models/" + preset + "-seed0";
   FS_RETURN_IF_ERROR(EnsureSyntheticModel(dir, preset, 0));
   return dir;
+}
+
+Result<std::string> ResolveModelOrDefault(const std::string& model_dir,
+                                          const std::string& cache_dir) {
+  RemoveStaleModelTemps(cache_dir);
+  if (!model_dir.empty()) return model_dir;
+  return EnsureDefaultModel(DefaultCacheDir(cache_dir));
 }
 
 }  // namespace failsafe

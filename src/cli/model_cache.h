@@ -1,7 +1,8 @@
-// Locating models: a directory given by the user, or the default synthetic
-// model, created on first use in the cache directory.
+// Locating models: a directory given by the user, the default real model, or
+// a synthetic model, created on first use in the cache directory.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "common/status.h"
@@ -18,6 +19,11 @@ std::string DefaultCacheDir(const std::string& flag_value);
 Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir,
                                  const std::string& preset);
 
+// Returns `model_dir` if non-empty; otherwise the default real model
+// (stories260K, see default_model.h) in the cache.
+Result<std::string> ResolveModelOrDefault(const std::string& model_dir,
+                                          const std::string& cache_dir);
+
 // Removes what a process killed while it created a model left in the cache
 // (a "<model>.tmp.<pid>" directory whose process is gone); a live process's
 // directory is left alone. Returns how many were removed.
@@ -26,5 +32,11 @@ int RemoveStaleModelTemps(const std::string& cache_dir);
 // Creates a synthetic model at `dir` atomically (build in a temporary
 // directory, then rename), unless it already exists.
 Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, uint64_t seed);
+
+// Creates the model directory `dir` unless it has a config.json: `write`
+// fills a temporary directory, which is then renamed into place, so that a
+// reader never sees half a model and several processes may race.
+Status EnsureModelDir(const std::string& dir,
+                      const std::function<Status(const std::string& tmp)>& write);
 
 }  // namespace failsafe

@@ -21,8 +21,8 @@ CommandFn RegisterRun(CLI::App& app) {
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
-  o->dev.devices = 8;
-  app.add_option("--model", o->model, "model directory (default: the synthetic small-llama)");
+  o->dev.devices = 8;  // a scale-up domain of 8 devices, as serve
+  app.add_option("--model", o->model, "model directory (default: the real stories260K model)");
   app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
   AddDeviceFlags(app, &o->dev);
   app.add_option("--router", o->router, "round-robin or load-aware")->capture_default_str();
@@ -50,7 +50,7 @@ CommandFn RegisterRun(CLI::App& app) {
       "--fail", o->fail,
       "inject a failure: device=N@step=K, device=N@t=2.5s, rejoin=N@t=6s, trace=FILE (repeatable)");
   return [o] {
-    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
+    auto dir = ResolveModelOrDefault(o->model, o->cache_dir);
     if (!dir.ok()) return Fail(dir.status().ToString());
     auto config = ModelConfig::Load(*dir);
     if (!config.ok()) return Fail(config.status().ToString());

@@ -14,6 +14,7 @@
 
 #include "cli/admin_token.h"
 #include "cli/commands.h"
+#include "cli/default_model.h"
 #include "cli/engine_flags.h"
 #include "cli/model_cache.h"
 #include "common/log.h"
@@ -95,13 +96,16 @@ CommandFn RegisterServe(CLI::App& app) {
     int port = 8000, max_queue = 256, max_batch_tokens = 1024, max_num_seqs = 128,
         max_model_len = 0, max_connections = 4096, http_threads = 2;
     double drain_timeout = 30;
-    bool enable_admin = false, rebalance_slow = false;
+    bool enable_admin = false;
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
+  // A scale-up domain of 8 devices; the default model's 4 KV head groups are
+  // replicated over them (or its heads made DP), see docs/ARCHITECTURE.md.
   o->dev.devices = 8;
   app.add_option("--model", o->model,
-                 "model directory (default: the synthetic small-llama, made on first use)");
+                 "model directory (default: the real stories260K model, written to the cache on "
+                 "first use)");
   app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
   AddDeviceFlags(app, &o->dev);
   app.add_option("--router", o->router, "round-robin or load-aware")->capture_default_str();
@@ -116,9 +120,6 @@ CommandFn RegisterServe(CLI::App& app) {
                  "while too few devices can serve, new requests get 503 at once; accepted ones "
                  "wait this long for a device to come back, then fail")
       ->capture_default_str();
-  app.add_flag("--rebalance-slow", o->rebalance_slow,
-               "re-plan so that a device that stays slower than its peers on the same work gets a "
-               "smaller share of heads and FFN shards (and its share back once it is well)");
   app.add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per step")
       ->capture_default_str();
   app.add_option("--max-num-seqs", o->max_num_seqs, "running sequences")->capture_default_str();
@@ -154,9 +155,9 @@ CommandFn RegisterServe(CLI::App& app) {
           "any proxy on this host passes as one; set --admin-token-file or FAILSAFE_ADMIN_TOKEN",
           o->host);
     }
-    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
+    auto dir = ResolveModelOrDefault(o->model, o->cache_dir);
     if (!dir.ok()) return Fail(dir.status().ToString());
-    auto tok = Tokenizer::Load(*dir + "/tokenizer.json");
+    auto tok = Tokenizer::LoadDir(*dir);
     if (!tok.ok()) return Fail(tok.status().ToString());
     auto config = ModelConfig::Load(*dir);
     if (!config.ok()) return Fail(config.status().ToString());
@@ -175,7 +176,6 @@ CommandFn RegisterServe(CLI::App& app) {
     if (!exec.ok()) return Fail(exec.status().ToString());
     EngineOptions eo;
     eo.recovery = *mode;
-    eo.rebalance_slow = o->rebalance_slow;
     ServiceOptions so;
     so.max_queue = o->max_queue;
     auto outage = ParseDuration(o->outage_timeout);
@@ -185,8 +185,9 @@ CommandFn RegisterServe(CLI::App& app) {
     ServerOptions opts;
     opts.host = o->host;
     opts.port = o->port;
-    opts.model_name =
-        o->served_name.empty() ? std::filesystem::path(*dir).filename().string() : o->served_name;
+    opts.model_name = !o->served_name.empty() ? o->served_name
+                      : o->model.empty()      ? std::string(kDefaultModelName)
+                                              : std::filesystem::path(*dir).filename().string();
     opts.enable_admin = o->enable_admin;
     opts.admin_token = *token;
     opts.max_connections = o->max_connections;

@@ -3,8 +3,6 @@
 // machine's real engine: it fits a CPU profile on a calibration run of the
 // real engine, then simulates the ablation configurations of `failsafe
 // ablation` and compares with their measured emulated throughput.
-#include <sys/stat.h>
-
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -245,11 +243,13 @@ int RunValidate(const ValidateOptions& o, bool json_out) {
     }
   }
   if (!o.out_dir.empty()) {
-    ::mkdir(o.out_dir.c_str(), 0755);
-    Status st = WriteCsv(o.out_dir + "/validate.csv",
-                         {"workload", "configuration", "real_tokens_per_s", "sim_tokens_per_s",
-                          "error", "step_error"},
-                         csv);
+    Status st = MakeDirs(o.out_dir);
+    if (st.ok()) {
+      st = WriteCsv(o.out_dir + "/validate.csv",
+                    {"workload", "configuration", "real_tokens_per_s", "sim_tokens_per_s", "error",
+                     "step_error"},
+                    csv);
+    }
     if (st.ok()) {
       st = WriteCsv(o.out_dir + "/validate_steps.csv",
                     {"workload", "configuration", "step", "prefill_tokens", "decode_tokens",
@@ -296,6 +296,19 @@ CommandFn RegisterSimulate(CLI::App& app) {
   app.add_option("--hardware", o->e.hardware, "hardware profile")->capture_default_str();
   app.add_option("--out", o->e.out_dir, "where CSV files and plots go")->capture_default_str();
   app.add_option("--data-dir", o->e.data_dir, "where the traces live");
+  app.add_option("--requests", o->e.requests_file,
+                 "a Mooncake-format JSONL request trace (default: the Mooncake conversation "
+                 "trace); offline-gcp takes its lengths");
+  app.add_option("--availability", o->e.availability_file,
+                 "offline-gcp: an availability trace, 'YYYY-MM-DD, HH:MM:SS, count' rows or "
+                 "'ms,add|remove,node' events (default: the GCP A100 trace)");
+  app.add_option("--availability-scale", o->e.availability_scale,
+                 "offline-gcp: peak (the trace's peak is the whole cluster) or none (counts are "
+                 "GPUs; more than the cluster is an error)")
+      ->capture_default_str();
+  app.add_option("--nodes", o->e.nodes, "offline-gcp: nodes in the cluster")->capture_default_str();
+  app.add_option("--gpus-per-node", o->e.gpus_per_node, "offline-gcp: GPUs per node")
+      ->capture_default_str();
   app.add_option("--seed", o->e.seed, "placement of failures on nodes")->capture_default_str();
   app.add_flag("--quick", o->e.quick, "fewer requests and rates (a smoke run)");
   app.add_flag("--json", o->json, "print the headline figures as one JSON object on the last line");
@@ -303,7 +316,8 @@ CommandFn RegisterSimulate(CLI::App& app) {
   v->add_option("--engine-model", o->v.model_dir,
                 "validate: model directory (default: the synthetic small-llama)");
   v->add_option("--cache-dir", o->v.cache_dir, "validate: where the default model is kept");
-  v->add_option("--requests", o->v.requests, "validate: requests per run")->capture_default_str();
+  v->add_option("--validate-requests", o->v.requests, "validate: requests per run")
+      ->capture_default_str();
   v->add_option("--device-memory", o->v.device_memory, "validate: memory of one device")
       ->capture_default_str();
   v->add_option("--workloads", o->v.workloads, "validate: prefill, decode or both")

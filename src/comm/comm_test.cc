@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <thread>
@@ -25,7 +26,11 @@ std::vector<int> RunChildren(int n, const std::function<int(int)>& body,
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     pid_t pid = ::fork();
-    if (pid == 0) ::_exit(body(r));
+    if (pid == 0) {
+      // As in a worker: a write to a dead peer's socket is an error, not a signal.
+      std::signal(SIGPIPE, SIG_IGN);
+      ::_exit(body(r));
+    }
     pids.push_back(pid);
   }
   if (parent) parent();

@@ -131,8 +131,8 @@ struct GenerateOptions {
   int max_tokens = 16;
   int prefill_chunk = 512;
   SamplingParams sampling;
-  int stop_token = -1;         // -1: none
-  bool record_logits = false;  // keep the logits of every sampled position
+  std::vector<int> stop_token_ids;  // generation ends after any of these
+  bool record_logits = false;       // keep the logits of every sampled position
   int64_t seq_id = 1;
 };
 struct GenerateResult {

@@ -94,7 +94,8 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
     int tok = sampler.Sample(*logits, c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
     r.output_ids.push_back(tok);
     seq.push_back(tok);
-    if (tok == o.stop_token) break;
+    if (std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(), tok) != o.stop_token_ids.end())
+      break;
   }
   Status freed = exec.FreeSeq(o.seq_id);
   FS_RETURN_IF_ERROR(st);

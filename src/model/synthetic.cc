@@ -10,7 +10,9 @@
 #include <set>
 
 #include "common/rng.h"
+#include "common/utf8.h"
 #include "model/file_util.h"
+#include "model/hf_pre_tokenizer.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 
@@ -300,6 +302,7 @@ SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed) {
                      {"special", true}});
     if (std::string(kSpecials[i]) == "<|begin_of_text|>") out.bos_id = id;
     if (std::string(kSpecials[i]) == "<|eot_id|>") out.eos_id = id;
+    if (std::string(kSpecials[i]) == "<|end_of_text|>") out.end_of_text_id = id;
   }
   json vocab_json = json::object();
   for (size_t i = 0; i < id_to_tok.size(); ++i) vocab_json[id_to_tok[i]] = i;
@@ -419,6 +422,11 @@ Result<ModelConfig> SyntheticConfig(const SyntheticModelOptions& options) {
     return InvalidArgument("{} query heads cannot be grouped over {} KV heads", c.num_heads,
                            c.num_kv_heads);
   }
+  if (options.vocab_size != 0) {
+    if (options.vocab_size < 512 || options.vocab_size > (1 << 20))
+      return InvalidArgument("vocab_size must be in [512, 1048576] (got {})", options.vocab_size);
+    c.vocab_size = options.vocab_size;
+  }
   return c;
 }
 
@@ -433,6 +441,12 @@ Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& 
   config.bos_token_id = tok.bos_id;
   config.eos_token_id = tok.eos_id;
   FS_RETURN_IF_ERROR(WriteStringToFile(dir + "/tokenizer.json", tok.json));
+  // Generation stops at the end of a turn or of the text, as Llama-3's does.
+  FS_RETURN_IF_ERROR(WriteStringToFile(
+      dir + "/generation_config.json",
+      json{{"bos_token_id", tok.bos_id}, {"eos_token_id", {tok.eos_id, tok.end_of_text_id}}}.dump(
+          2) +
+          "\n"));
 
   FillContext ctx;
   ctx.config = &config;

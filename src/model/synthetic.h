@@ -29,13 +29,18 @@ struct SyntheticModelOptions {
   // heads (head groups); the head dimension stays the preset's.
   int num_heads = 0;
   int num_kv_heads = 0;
+  // The preset's shape with this vocabulary size instead (0: the preset's),
+  // e.g. to pair random weights with a real tokenizer.
+  int vocab_size = 0;
 };
 
 // The preset's config with the options' overrides; fails on a layout that is
-// not grouped-query attention (query heads a multiple of the KV heads).
+// not grouped-query attention (query heads a multiple of the KV heads) or a
+// vocabulary size out of range.
 Result<ModelConfig> SyntheticConfig(const SyntheticModelOptions& options);
 
-// Writes the model into `dir` (created if missing).
+// Writes the model into `dir` (created if missing): config.json,
+// model.safetensors, tokenizer.json and generation_config.json.
 Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& options);
 
 // Builds a byte-level BPE tokenizer.json with exactly `vocab_size` tokens,
@@ -45,6 +50,7 @@ struct SyntheticTokenizer {
   std::string json;
   int bos_id = -1;
   int eos_id = -1;  // <|eot_id|>
+  int end_of_text_id = -1;
 };
 SyntheticTokenizer BuildSyntheticTokenizer(int vocab_size, uint64_t seed);
 

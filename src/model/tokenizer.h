@@ -1,86 +1,122 @@
-// Hugging Face tokenizer.json: byte-level BPE (GPT-2 and Llama-3 style).
+// Tokenizers: text <-> token ids, and what a model directory says about its
+// text beside the vocabulary (special tokens, stop tokens, chat template).
 //
-// Supported: model.type "BPE" with byte-level symbols (merges as "a b" strings
-// or [a, b] pairs, ignore_merges), pre_tokenizer ByteLevel (GPT-2 regex) or
-// Sequence[Split(regex), ByteLevel], added and special tokens, a
-// TemplateProcessing post-processor that adds BOS, decoder ByteLevel.
-// Anything else is rejected with an error naming the field.
+// Two kinds of file are read:
+//  - tokenizer.json (Hugging Face): BPE, byte-level (GPT-2, Llama-3, Qwen) or
+//    SentencePiece-style with byte fallback (Llama-2, Mistral, Phi-3), with
+//    its normalizers, pre-tokenizers, decoders and added tokens; see
+//    hf_tokenizer.h. Text is read as Unicode: invalid UTF-8 becomes U+FFFD per
+//    maximal invalid subpart, as the Python and JavaScript libraries do.
+//  - tokenizer.model (SentencePiece), through libsentencepiece; see
+//    sentencepiece_tokenizer.h.
+// A directory may add tokenizer_config.json (special tokens, add_bos_token,
+// chat_template), chat_template.jinja, generation_config.json (eos_token_id,
+// an id or a list) and config.json's eos_token_id; LoadDir reads them all.
 //
-// Encode then Decode returns the input bytes exactly, for any input.
-// Thread-safety: immutable after Load; Encode/Decode may run on any thread.
+// Thread-safety: immutable after loading; Encode/Decode may run on any thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
+#include "common/utf8.h"
 
 namespace failsafe {
 
+class ChatTemplate;
+struct TokenizerConfig;
+
+// Special token strings as a chat template sees them ("" when absent).
+struct SpecialTokenStrings {
+  std::string bos, eos, unk, pad;
+  std::vector<std::string> additional;
+};
+
 class Tokenizer {
  public:
-  ~Tokenizer();
+  virtual ~Tokenizer();
+
+  // A tokenizer.json or tokenizer.model file (by its extension: .model is
+  // SentencePiece, anything else tokenizer.json), without the files beside it.
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& path);
-  // `source` names the file in error messages.
+  // A model directory: tokenizer.json, else tokenizer.model, configured by
+  // the files beside it. A chat template that uses an unsupported construct
+  // is an error here, naming the construct.
+  static Result<std::unique_ptr<Tokenizer>> LoadDir(const std::string& dir);
+  // tokenizer.json text; `source` names the file in error messages.
   static Result<std::unique_ptr<Tokenizer>> Parse(std::string_view json_text,
                                                   const std::string& source);
 
-  // add_special: apply the post-processor's template (e.g. a leading BOS).
-  // Stops early once more than `max_tokens` ids are out: the result then has
-  // more than max_tokens ids but is not the whole encoding (a context-length
-  // check that does not tokenize a huge text whole).
+  // add_special: the special tokens the tokenizer adds around a text (e.g. a
+  // leading BOS). Special tokens written in the text are always recognised.
+  // Stops early once more than `max_tokens` ids are out (at the end of a
+  // word or of a stretch between special tokens): the result then has more
+  // than max_tokens ids and is a prefix of the whole encoding (a
+  // context-length check that need not tokenize a huge text whole).
   std::vector<int> Encode(std::string_view text, bool add_special = false,
-                          size_t max_tokens = SIZE_MAX) const;
-  // Bytes for the ids; special tokens are dropped when skip_special is set.
-  // Ids outside the vocabulary decode to nothing.
-  std::string Decode(const std::vector<int>& ids, bool skip_special = false) const;
-  std::string DecodeOne(int id, bool skip_special = false) const;
+                          size_t max_tokens = SIZE_MAX) const {
+    return DoEncode(text, add_special, max_tokens);
+  }
+  // Valid UTF-8 text for the ids; special tokens are dropped when skip_special
+  // is set. Ids outside the vocabulary decode to nothing.
+  virtual std::string Decode(const std::vector<int>& ids, bool skip_special = false) const = 0;
+  std::string DecodeOne(int id, bool skip_special = false) const {
+    return Decode(std::vector<int>{id}, skip_special);
+  }
 
-  int vocab_size() const { return static_cast<int>(id_to_token_.size()); }
+  // One past the largest id.
+  virtual int vocab_size() const = 0;
   // Id of a token or added token by its exact string, or -1.
-  int TokenId(std::string_view token) const;
-  bool IsSpecial(int id) const;
+  virtual int TokenId(std::string_view token) const = 0;
+  virtual bool IsSpecial(int id) const = 0;
   int bos_id() const { return bos_id_; }
 
- private:
-  struct AddedToken {
-    int id;
-    std::string content;
-    bool special;
-  };
-  struct MergeInfo {
-    int rank;
-    int merged;
-  };
-  class Regex;
+  const SpecialTokenStrings& special_tokens() const { return special_; }
+  // Generation ends at any of these (generation_config.json, config.json and
+  // tokenizer_config.json's eos_token); may be empty.
+  const std::vector<int>& stop_token_ids() const { return stop_ids_; }
+  // Null when the model has no chat template.
+  const ChatTemplate* chat_template() const { return chat_template_.get(); }
 
-  Tokenizer();
-  void EncodeChunk(std::string_view text, std::vector<int>* out, size_t max_tokens) const;
-  void EncodeWord(std::string_view word, std::vector<int>* out) const;
+ protected:
+  Tokenizer() = default;
+  // Applies the settings of tokenizer_config.json this kind understands.
+  virtual Status Configure(const TokenizerConfig& config) = 0;
+  virtual std::vector<int> DoEncode(std::string_view text, bool add_special,
+                                    size_t max_tokens) const = 0;
 
-  std::unordered_map<std::string, int> vocab_;      // byte-level token string -> id
-  std::vector<std::string> id_to_token_;            // id -> byte-level string ("" if unused)
-  std::unordered_map<uint64_t, MergeInfo> merges_;  // (left id << 32 | right id) -> merge
-  std::vector<AddedToken> added_;                   // longest content first
-  std::vector<int> added_by_id_;                    // id -> index in added_, or -1
-  bool added_first_byte_[256] = {};                 // a byte that starts an added token
-  std::unique_ptr<Regex> split_;                    // pre-tokenizer regex
-  bool add_prefix_space_ = false;
-  bool ignore_merges_ = false;
   int bos_id_ = -1;
-  std::vector<int> prefix_ids_, suffix_ids_;  // from the post-processor template
-  int byte_ids_[256];                         // byte -> id of its single-char token
+  SpecialTokenStrings special_;
+  std::vector<int> stop_ids_;
+  std::shared_ptr<const ChatTemplate> chat_template_;
 };
 
-// Byte-level BPE's reversible byte <-> printable code point map (GPT-2).
-int ByteToCodePoint(unsigned char b);
-// Inverse; -1 if the code point is not one of the 256 images.
-int CodePointToByte(int cp);
-// Appends the UTF-8 encoding of a code point.
-void AppendUtf8(int cp, std::string* out);
+// Turns generated ids into text as it becomes final: each call returns what
+// the tokens so far add to the decoded text, holding back a character that
+// later tokens may still complete, so streamed pieces concatenate to
+// Decode(all ids). Decodes a short window, not the whole sequence.
+// Thread-compatible (one stream per object).
+class StreamDecoder {
+ public:
+  // `context`: the ids before the stream (the prompt); its last few tokens
+  // start the window, so a first token's leading space decodes as it does
+  // after that text.
+  StreamDecoder(const Tokenizer* tokenizer, bool skip_special,
+                const std::vector<int>& context = {});
+  std::string Add(int id);
+  // The text held back, at the end of the stream.
+  std::string Finish();
+
+ private:
+  const Tokenizer* tokenizer_;
+  bool skip_special_;
+  std::vector<int> ids_;
+  size_t prefix_ = 0;  // window start
+  size_t read_ = 0;    // ids whose text has been returned
+};
 
 }  // namespace failsafe

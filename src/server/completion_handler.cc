@@ -69,10 +69,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     spec.max_new_tokens = r.max_tokens;
     spec.sampling = r.sampling;
     if (!r.ignore_eos) {
-      for (const char* t : {"<|eot_id|>", "<|end_of_text|>"}) {
-        if (ctx_.tokenizer->TokenId(t) >= 0)
-          spec.stop_token_ids.push_back(ctx_.tokenizer->TokenId(t));
-      }
+      spec.stop_token_ids.assign(ctx_.tokenizer->stop_token_ids().begin(),
+                                 ctx_.tokenizer->stop_token_ids().end());
       if (ctx_.service->config().eos_token_id >= 0)
         spec.stop_token_ids.push_back(ctx_.service->config().eos_token_id);
     }
@@ -84,7 +82,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   void Submit(CompletionRequest r, RequestSpec spec) {
     if (over_) return;
     req_ = std::move(r);
-    text_ = std::make_unique<TextStream>(ctx_.tokenizer, req_.stop);
+    text_ = std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens,
+                                         req_.prompt);
     auto handle = ctx_.service->Submit(std::move(spec));
     if (!handle.ok()) return Fail(ErrorFromStatus(handle.status(), false));
     handle_ = *handle;

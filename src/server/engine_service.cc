@@ -217,7 +217,8 @@ void EngineService::Dispatch(const std::vector<TokenEvent>& events) {
       h.last_token_ns_ = now;
       h.generated_++;
     }
-    // Metrics first: a client that saw its last event may read them at once.
+    // A finished request is counted before its handler hears of it, so a
+    // client that has its answer sees it in /metrics.
     if (e.finished) {
       metrics_.e2e_s.Observe((now - h.arrival_ns_) * 1e-9);
       metrics_.AddTokens(h.prompt_tokens_, h.generated_);

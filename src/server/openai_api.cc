@@ -4,40 +4,11 @@
 #include <atomic>
 #include <set>
 
+#include "model/chat_template.h"
+
 namespace failsafe {
 
 using nlohmann::json;
-
-std::vector<int32_t> ApplyChatTemplate(const json& messages, const Tokenizer& tok) {
-  const int bos = tok.TokenId("<|begin_of_text|>"), start = tok.TokenId("<|start_header_id|>"),
-            end = tok.TokenId("<|end_header_id|>"), eot = tok.TokenId("<|eot_id|>");
-  std::vector<int32_t> out;
-  auto append = [&](const std::string& text) {
-    auto ids = tok.Encode(text);
-    out.insert(out.end(), ids.begin(), ids.end());
-  };
-  if (bos >= 0 && start >= 0 && end >= 0 && eot >= 0) {
-    out.push_back(bos);
-    for (const json& m : messages) {
-      out.push_back(start);
-      append(m["role"].get<std::string>());
-      out.push_back(end);
-      append("\n\n" + m["content"].get<std::string>());
-      out.push_back(eot);
-    }
-    out.push_back(start);
-    append("assistant");
-    out.push_back(end);
-    append("\n\n");
-    return out;
-  }
-  std::string text;
-  for (const json& m : messages)
-    text += m["role"].get<std::string>() + ": " + m["content"].get<std::string>() + "\n";
-  text += "assistant: ";
-  append(text);
-  return out;
-}
 
 namespace {
 
@@ -61,6 +32,7 @@ const Param kParams[] = {
     {"stream", true, true},
     {"stream_options", true, true},
     {"ignore_eos", true, true},
+    {"skip_special_tokens", true, true},
     {"user", true, true},
     {"logprobs", true, true},
     {"top_logprobs", true, false},
@@ -151,22 +123,13 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
         return Fail("messages", "each message needs a string content");
       }
     }
-    // Message contents alone need at least as many tokens as their tokens
-    // counted up to the context length; a huge prompt stops there.
-    size_t content_bytes = 0;
-    for (const json& m : j["messages"])
-      content_bytes += m["content"].get_ref<const std::string&>().size();
-    if (content_bytes >= static_cast<size_t>(max_model_len)) {
-      size_t tokens = 0;
-      for (const json& m : j["messages"]) {
-        tokens += tok.Encode(m["content"].get_ref<const std::string&>(), false,
-                             max_model_len - std::min<size_t>(tokens, max_model_len))
-                      .size();
-        if (tokens > static_cast<size_t>(max_model_len))
-          return ContextExceeded(true, tokens, max_model_len);
-      }
-    }
-    r.prompt = ApplyChatTemplate(j["messages"], tok);
+    // The model's chat template sees the messages with their keys in order;
+    // a prompt past the context stops there.
+    auto prompt =
+        ApplyChatTemplate(tok, nlohmann::ordered_json::parse(body, nullptr, false)["messages"],
+                          /*add_generation_prompt=*/true, max_model_len);
+    if (!prompt.ok()) return Fail("messages", prompt.status().message());
+    r.prompt.assign(prompt->begin(), prompt->end());
   } else {
     if (!j.contains("prompt")) return Fail("prompt", "prompt is required");
     const json& p = j["prompt"];
@@ -278,30 +241,22 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       return Fail("ignore_eos", "ignore_eos must be true or false");
     r.ignore_eos = j["ignore_eos"];
   }
+  if (j.contains("skip_special_tokens") && !j["skip_special_tokens"].is_null()) {
+    if (!j["skip_special_tokens"].is_boolean())
+      return Fail("skip_special_tokens", "skip_special_tokens must be true or false");
+    r.skip_special_tokens = j["skip_special_tokens"];
+  }
   *out = std::move(r);
   return std::nullopt;
 }
 
-namespace {
-
-// Bytes of `s` that form whole UTF-8 characters (an incomplete tail stays back).
-size_t CompleteUtf8(const std::string& s) {
-  size_t n = s.size();
-  // Look back at most 3 bytes for the start of an incomplete character.
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte
-    int need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    return need > static_cast<int>(back) ? n - back : n;
-  }
-  return n;
-}
-
-}  // namespace
-
 std::string TextStream::Add(int32_t token) {
   if (stopped_) return {};
-  pending_ += tokenizer_->DecodeOne(token, /*skip_special=*/true);
+  pending_ += decoder_.Add(token);
+  return Release();
+}
+
+std::string TextStream::Release() {
   for (const std::string& s : stop_) {
     size_t at = pending_.find(s);
     if (at != std::string::npos) {
@@ -311,8 +266,8 @@ std::string TextStream::Add(int32_t token) {
       return out;
     }
   }
-  // Hold back what could still become a stop string or a whole character.
-  size_t safe = CompleteUtf8(pending_);
+  // Hold back what could still become a stop string.
+  size_t safe = pending_.size();
   for (const std::string& s : stop_) {
     for (size_t k = std::min(s.size() - 1, pending_.size()); k > 0; --k) {
       if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
@@ -328,8 +283,11 @@ std::string TextStream::Add(int32_t token) {
 
 std::string TextStream::Finish() {
   if (stopped_) return {};
-  std::string out;
-  out.swap(pending_);
+  pending_ += decoder_.Finish();
+  std::string out = Release();
+  if (stopped_) return out;
+  out += pending_;
+  pending_.clear();
   return out;
 }
 

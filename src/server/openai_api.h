@@ -1,6 +1,6 @@
 // The OpenAI-compatible request and response formats: parsing and validation
-// of /v1/completions and /v1/chat/completions bodies, the chat template,
-// incremental detokenization with stop strings.
+// of /v1/completions and /v1/chat/completions bodies (chat prompts through the
+// model's chat template), incremental detokenization with stop strings.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "common/status.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "server/api_error.h"
 
@@ -26,6 +27,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;
+  bool skip_special_tokens = true;  // drop special tokens from the output text
 };
 
 struct CompletionLimits {
@@ -42,16 +44,15 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
                                                const CompletionLimits& limits,
                                                CompletionRequest* out);
 
-// Llama-3 style chat template when the tokenizer has its special tokens;
-// otherwise "role: content" lines.
-std::vector<int32_t> ApplyChatTemplate(const nlohmann::json& messages, const Tokenizer& tokenizer);
-
 // Turns generated tokens into text as it becomes final: only whole UTF-8
-// characters, and nothing that might be the start of a stop string.
+// characters, and nothing that might be the start of a stop string. `prompt`
+// gives the text before the output (a first token's leading space decodes
+// as it does after it).
 class TextStream {
  public:
-  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop)
-      : tokenizer_(tokenizer), stop_(std::move(stop)) {}
+  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special = true,
+             const std::vector<int32_t>& prompt = {})
+      : decoder_(tokenizer, skip_special, prompt), stop_(std::move(stop)) {}
   // Adds a token; returns the text that is now final. Sets stopped() when a
   // stop string appears (the text stops before it).
   std::string Add(int32_t token);
@@ -60,7 +61,10 @@ class TextStream {
   bool stopped() const { return stopped_; }
 
  private:
-  const Tokenizer* tokenizer_;
+  // Text after the stop string check; holds back a possible stop-string prefix.
+  std::string Release();
+
+  StreamDecoder decoder_;
   std::vector<std::string> stop_;
   std::string pending_;  // decoded bytes not yet emitted
   bool stopped_ = false;

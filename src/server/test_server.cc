@@ -43,7 +43,7 @@ const std::string& TestModelDir() {
 }
 
 TestServer::TestServer(const TestServerOptions& options) {
-  tok = std::move(Tokenizer::Load(TestModelDir() + "/tokenizer.json")).value();
+  tok = std::move(Tokenizer::LoadDir(TestModelDir())).value();
   WorkerGroupOptions o;
   o.model_dir = TestModelDir();
   o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");

@@ -1,7 +1,6 @@
 // The paper's experiments, each from one command: `failsafe simulate NAME`.
+// offline-gcp and online have files of their own.
 #include "sim/experiments.h"
-
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -72,10 +71,10 @@ Result<json> Ablation(const ExperimentOptions& o) {
             {"compute_balancing_decode_gain", RatioOrNull(fs.second, cy.second)},
             {"compute_balancing_prefill_gain", RatioOrNull(fs.first, cy.first)},
             {"memory_balancing_prefill_gain", RatioOrNull(cy.first, nu.first)}};
-  PlotPng(Path(o, "ablation.png"), "ablation, " + o.model + " (tokens/s)",
-          "system (1 TP4, 2 nonuniform, 3 cyclic, 4 FailSafe, 5 TP8)", "tokens/s",
-          {{"prefill (input)", Path(o, "ablation.csv"), 0, 2, "linespoints"},
-           {"decode (output)", Path(o, "ablation.csv"), 0, 3, "linespoints"}});
+  PlotBars(Path(o, "ablation.png"), "ablation, " + o.model + ", saturated throughput",
+           Path(o, "ablation.csv"),
+           {{"prefill", "input tokens/s", {{"prefill", 2}}},
+            {"decode", "output tokens/s", {{"decode", 3}}}});
   return j;
 }
 
@@ -88,6 +87,26 @@ Result<json> TpSweep(const ExperimentOptions& o) {
   }
   std::map<std::string, std::pair<double, double>> t;
   FS_RETURN_IF_ERROR(Throughputs(o, systems, "tp_sweep.csv", &t).status());
+  // One row per GPU count, a column per system and phase, for the figure.
+  std::vector<std::vector<std::string>> by_n;
+  for (int n : {5, 6, 7}) {
+    std::vector<std::string> row = {"TP" + std::to_string(n)};
+    for (int phase = 0; phase < 2; ++phase) {
+      for (const SystemSpec& s : {NonuniformTp(n), CyclicTp(n), FailsafeTp(n)}) {
+        const auto& v = t[s.name];
+        row.push_back(Num(phase == 0 ? v.first : v.second, 6));
+      }
+    }
+    by_n.push_back(row);
+  }
+  FS_RETURN_IF_ERROR(WriteCsv(Path(o, "tp_sweep_by_gpus.csv"),
+                              {"gpus", "nonuniform_prefill", "cyclic_prefill", "failsafe_prefill",
+                               "nonuniform_decode", "cyclic_decode", "failsafe_decode"},
+                              by_n));
+  PlotBars(Path(o, "tp_sweep.png"), "TP sweep, " + o.model + ", saturated throughput",
+           Path(o, "tp_sweep_by_gpus.csv"),
+           {{"prefill", "input tokens/s", {{"nonuniform", 2}, {"cyclic", 3}, {"FailSafe", 4}}},
+            {"decode", "output tokens/s", {{"nonuniform", 5}, {"cyclic", 6}, {"FailSafe", 7}}}});
   json j = json::object();
   for (int n : {5, 6, 7}) {
     const auto& nu = t[NonuniformTp(n).name];
@@ -107,176 +126,6 @@ Result<json> TpSweep(const ExperimentOptions& o) {
   return j;
 }
 
-// The throughput at which a latency curve (points by increasing load) first
-// crosses `slo`, interpolated linearly between the sweep's points: 0 when
-// even the lightest load misses it, the highest throughput when none does.
-double ThroughputAtSlo(const std::vector<std::pair<double, double>>& curve, double slo) {
-  double best = 0;
-  for (size_t i = 0; i < curve.size(); ++i) {
-    const auto [thr, lat] = curve[i];
-    if (lat <= slo) {
-      best = std::max(best, thr);
-      continue;
-    }
-    if (i == 0) return 0;
-    const auto [thr0, lat0] = curve[i - 1];
-    if (lat0 > slo) return best;
-    return std::max(best, thr0 + (thr - thr0) * (slo - lat0) / (lat - lat0));
-  }
-  return best;
-}
-
-// Online serving: the first 3,000 Mooncake requests at scaled rates, on a
-// prefill instance (TTFT) and a decode instance (time between tokens).
-Result<json> Online(const ExperimentOptions& o) {
-  FS_ASSIGN_OR_RETURN(ModelConfig m, GetModelProfile(o.model));
-  FS_ASSIGN_OR_RETURN(HardwareProfile hw, GetHardwareProfile(o.hardware));
-  FS_ASSIGN_OR_RETURN(auto reqs, MooncakeRequests(o, 0, o.quick ? 300 : 3000));
-  const int truncated = FitToContext(m, &reqs);
-  const std::vector<SystemSpec> systems = {Tp4(), NonuniformTp(7), FailsafeTp(7), Tp8()};
-  // Rate scales (1 = the trace's own arrival rate), from light load to past
-  // saturation.
-  const std::vector<double> prefill_scales =
-      o.quick ? std::vector<double>{0.05, 0.2, 0.6}
-              : std::vector<double>{0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2,  0.25,
-                                    0.3,  0.35, 0.4,  0.5,  0.6, 0.8,  1.0,  1.25, 1.5};
-  const std::vector<double> decode_scales =
-      o.quick ? std::vector<double>{0.5, 4}
-              : std::vector<double>{0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 4, 6};
-  const double ttft_slo = 10.0, tbt_slo = 0.040;
-  std::vector<std::vector<std::string>> pre_rows, dec_rows;
-  json best = json::object();
-  for (const SystemSpec& s : systems) {
-    std::vector<std::pair<double, double>> pre_curve, dec_curve;  // (throughput, P90)
-    // A system that cannot hold the model or one of the requests serves none.
-    auto serves = [](const Status& st) { return st.code() != StatusCode::kResourceExhausted; };
-    bool fits = true;
-    for (double scale : prefill_scales) {
-      auto made = MakeInstance(m, hw, s, RecoveryMode::kFull);
-      if (!made.ok() && !serves(made.status())) fits = false;
-      if (!fits) break;
-      FS_RETURN_IF_ERROR(made.status());
-      auto inst = std::move(*made);
-      size_t next = 0;
-      while (next < reqs.size() && fits) {
-        SimRequest r = reqs[next++];
-        r.arrival /= scale;
-        r.output = 1;
-        inst->RunUntil(r.arrival);
-        Status st = inst->Submit(r);
-        if (!serves(st))
-          fits = false;
-        else
-          FS_RETURN_IF_ERROR(st);
-      }
-      if (!fits) break;
-      inst->RunToCompletion(1e9);
-      std::vector<double> ttft;
-      double input = 0;
-      for (const auto& r : inst->results()) {
-        if (r.first_token >= 0) ttft.push_back(r.first_token - r.arrival);
-        input += r.input;
-      }
-      const Percentiles p = ComputePercentiles(ttft);
-      const double thr = input / inst->last_step_end();
-      pre_rows.push_back({s.name, Num(scale), Num(thr, 6), Num(p.p50), Num(p.p90), Num(p.p99)});
-      pre_curve.push_back({thr, p.p90});
-    }
-    for (double scale : decode_scales) {
-      if (!fits) break;
-      FS_ASSIGN_OR_RETURN(auto inst, MakeInstance(m, hw, s, RecoveryMode::kFull));
-      size_t next = 0;
-      while (next < reqs.size()) {
-        SimRequest r = reqs[next++];
-        r.arrival /= scale;
-        r.migrated = true;
-        inst->RunUntil(r.arrival);
-        FS_RETURN_IF_ERROR(inst->Submit(r));
-      }
-      inst->RunToCompletion(1e9);
-      std::vector<double> tbt;
-      double out = 0;
-      for (const auto& r : inst->results()) {
-        if (r.tokens > 1 && r.finish > 0)
-          tbt.push_back((r.finish - r.first_token) / (r.tokens - 1));
-        out += r.tokens;
-      }
-      const Percentiles p = ComputePercentiles(tbt);
-      const double thr = out / inst->last_step_end();
-      dec_rows.push_back(
-          {s.name, Num(scale), Num(thr, 6), Num(p.p50 * 1e3), Num(p.p90 * 1e3), Num(p.p99 * 1e3)});
-      dec_curve.push_back({thr, p.p90});
-    }
-    if (!fits) {
-      FS_LOG_INFO("{} cannot serve this model and workload", s.name);
-      pre_curve.clear();
-      dec_curve.clear();
-    }
-    const double best_pre = ThroughputAtSlo(pre_curve, ttft_slo);
-    const double best_dec = ThroughputAtSlo(dec_curve, tbt_slo);
-    double cap_pre = 0, cap_dec = 0;  // the most each sustained at any rate
-    for (auto [thr, lat] : pre_curve) cap_pre = std::max(cap_pre, thr);
-    for (auto [thr, lat] : dec_curve) cap_dec = std::max(cap_dec, thr);
-    best[s.name] = {{"fits", fits},
-                    {"prefill_tokens_per_s_at_ttft_slo", best_pre},
-                    {"decode_tokens_per_s_at_tbt_slo", best_dec},
-                    {"prefill_tokens_per_s_max", cap_pre},
-                    {"decode_tokens_per_s_max", cap_dec}};
-    FS_LOG_INFO(
-        "{}: prefill {:.0f} tok/s at P90 TTFT <= 10 s, decode {:.0f} tok/s at P90 TPOT <= 40 ms",
-        s.name, best_pre, best_dec);
-  }
-  FS_RETURN_IF_ERROR(WriteCsv(
-      Path(o, "online_prefill.csv"),
-      {"system", "rate_scale", "input_tokens_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"},
-      pre_rows));
-  FS_RETURN_IF_ERROR(WriteCsv(
-      Path(o, "online_decode.csv"),
-      {"system", "rate_scale", "output_tokens_per_s", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"},
-      dec_rows));
-  // One CSV per system for the curves.
-  std::vector<PlotSeries> pre_series, dec_series;
-  for (const SystemSpec& s : systems) {
-    std::vector<std::vector<std::string>> a, b;
-    for (auto& r : pre_rows) {
-      if (r[0] == s.name) a.push_back({r[2], r[4]});
-    }
-    for (auto& r : dec_rows) {
-      if (r[0] == s.name) b.push_back({r[2], r[4]});
-    }
-    FS_RETURN_IF_ERROR(
-        WriteCsv(Path(o, "online_prefill_" + s.name + ".csv"), {"throughput", "p90"}, a));
-    FS_RETURN_IF_ERROR(
-        WriteCsv(Path(o, "online_decode_" + s.name + ".csv"), {"throughput", "p90"}, b));
-    pre_series.push_back({s.name, Path(o, "online_prefill_" + s.name + ".csv"), 1, 2});
-    dec_series.push_back({s.name, Path(o, "online_decode_" + s.name + ".csv"), 1, 2});
-  }
-  PlotPng(Path(o, "online_prefill.png"), "prefill: P90 TTFT vs input throughput, " + o.model,
-          "input tokens/s", "P90 TTFT (s)", pre_series, false, true);
-  PlotPng(Path(o, "online_decode.png"),
-          "decode: P90 time per output token vs output throughput, " + o.model, "output tokens/s",
-          "P90 TPOT (ms)", dec_series);
-  auto ratio = [&](const std::string& a, const std::string& b, const char* key) {
-    return RatioOrNull(best[a][key].get<double>(), best[b][key].get<double>());
-  };
-  return json{
-      {"at_slo", best},
-      {"prompts_truncated", truncated},
-      {"prefill_failsafe_over_tp4",
-       ratio("failsafe-TP7", "TP4", "prefill_tokens_per_s_at_ttft_slo")},
-      {"prefill_failsafe_over_nonuniform",
-       ratio("failsafe-TP7", "nonuniform-TP7", "prefill_tokens_per_s_at_ttft_slo")},
-      {"decode_failsafe_over_tp4", ratio("failsafe-TP7", "TP4", "decode_tokens_per_s_at_tbt_slo")},
-      {"decode_failsafe_over_nonuniform",
-       ratio("failsafe-TP7", "nonuniform-TP7", "decode_tokens_per_s_at_tbt_slo")},
-      {"prefill_max_failsafe_over_nonuniform",
-       ratio("failsafe-TP7", "nonuniform-TP7", "prefill_tokens_per_s_max")},
-      {"decode_max_failsafe_over_nonuniform",
-       ratio("failsafe-TP7", "nonuniform-TP7", "decode_tokens_per_s_max")},
-      {"prefill_max_failsafe_over_tp4", ratio("failsafe-TP7", "TP4", "prefill_tokens_per_s_max")},
-      {"decode_max_failsafe_over_tp4", ratio("failsafe-TP7", "TP4", "decode_tokens_per_s_max")}};
-}
-
 // One failure in a TP8 decode instance serving a 500-request window, under
 // each recovery mode: latency and the longest gap between tokens per request.
 Result<json> Recovery(const ExperimentOptions& o) {
@@ -285,12 +134,13 @@ Result<json> Recovery(const ExperimentOptions& o) {
   const int n = o.quick ? 120 : 500;
   FS_ASSIGN_OR_RETURN(auto reqs, MooncakeRequests(o, 1000, n));
   const int truncated = FitToContext(m, &reqs);
+  if (reqs.size() < 2) return InvalidArgument("recovery needs at least two requests");
   const double t0 = reqs.front().arrival;
   for (auto& r : reqs) {
     r.arrival -= t0;
     r.migrated = true;
   }
-  const double fail_at = reqs[n / 2].arrival + 0.1;
+  const double fail_at = reqs[reqs.size() / 2].arrival + 0.1;
   json out = json::object();
   std::vector<std::vector<std::string>> rows, cdf_rows;
   std::vector<PlotSeries> series;
@@ -352,10 +202,8 @@ Result<json> Recovery(const ExperimentOptions& o) {
 
 }  // namespace
 
-Result<json> OfflineGcp(const ExperimentOptions& o);
-
 Result<json> RunExperiment(const std::string& name, const ExperimentOptions& o) {
-  ::mkdir(o.out_dir.c_str(), 0755);
+  FS_RETURN_IF_ERROR(MakeDirs(o.out_dir));
   if (name == "ablation") return Ablation(o);
   if (name == "tp-sweep") return TpSweep(o);
   if (name == "online") return Online(o);

@@ -16,6 +16,16 @@ struct ExperimentOptions {
   std::string hardware = "h100-sxm-80gb";
   std::string out_dir = "sim-out";
   std::string data_dir;  // traces
+  // A Mooncake-format JSONL request trace (ReadJsonlWorkload); empty: the
+  // Mooncake conversation trace in data_dir. Offline experiments take its
+  // lengths only.
+  std::string requests_file;
+  // offline-gcp: an availability trace (sim/availability.h); empty: the GCP
+  // A100 trace in data_dir. Its counts are scaled to nodes x gpus_per_node.
+  std::string availability_file;
+  std::string availability_scale = "peak";
+  int nodes = 8;
+  int gpus_per_node = 8;
   uint64_t seed = 1;
   bool quick = false;  // fewer requests / rates (tests)
 };
@@ -29,6 +39,7 @@ struct SystemSpec {
   Policy policy;
   RouterPolicy router;
   PrefillPolicy prefill;
+  int node_alive = 0;  // devices alive on its 8-device node; 0: `devices`
 };
 // Which work a saturated instance does.
 enum class Phase {

@@ -9,14 +9,41 @@
 
 namespace failsafe {
 
-Result<std::vector<SimRequest>> MooncakeRequests(const ExperimentOptions& o, int first, int count) {
+namespace {
+
+Result<Workload> RequestTrace(const ExperimentOptions& o, int max_requests) {
   WorkloadOptions wo;
-  wo.max_requests = first + count;
-  FS_ASSIGN_OR_RETURN(Workload w, LoadWorkload("mooncake", FindDataDir(o.data_dir), wo));
+  wo.max_requests = max_requests;
+  const std::string name = o.requests_file.empty() ? "mooncake" : o.requests_file;
+  FS_ASSIGN_OR_RETURN(Workload w, LoadWorkload(name, FindDataDir(o.data_dir), wo));
+  if (w.requests.empty()) return InvalidArgument("{}: no requests", w.description);
+  return w;
+}
+
+}  // namespace
+
+Result<std::vector<SimRequest>> MooncakeRequests(const ExperimentOptions& o, int first, int count) {
+  FS_ASSIGN_OR_RETURN(Workload w, RequestTrace(o, first + count));
+  // A trace shorter than asked for: the window is its last `count` requests.
+  const int size = static_cast<int>(w.requests.size());
+  if (first + count > size) {
+    FS_LOG_INFO("{} has {} requests: using requests {}-{}", w.description, size,
+                std::max(0, size - count), size - 1);
+    first = std::max(0, size - count);
+  }
   std::vector<SimRequest> out;
-  for (int i = first; i < static_cast<int>(w.requests.size()); ++i) {
+  for (int i = first; i < size; ++i) {
     const WorkloadRequest& r = w.requests[i];
     out.push_back({r.arrival_s, r.input_len, r.output_len, false});
+  }
+  // Arrivals in time order (a trace may list them otherwise).
+  if (!std::is_sorted(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) {
+        return a.arrival < b.arrival;
+      })) {
+    FS_LOG_WARN("{}: timestamps out of order, requests sorted by arrival", w.description);
+    std::stable_sort(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) {
+      return a.arrival < b.arrival;
+    });
   }
   // The trace's timestamps are quantised (to about 3 s): up to 19 requests
   // share one. Spread each group evenly over the gap to the next timestamp,
@@ -47,6 +74,14 @@ int FitToContext(const ModelConfig& model, std::vector<SimRequest>* requests) {
   return cut;
 }
 
+Result<std::vector<SimRequest>> OfflineRequests(const ExperimentOptions& o, int count) {
+  if (o.requests_file.empty()) return OpenThoughtsRequests(count, o.seed);
+  FS_ASSIGN_OR_RETURN(Workload w, RequestTrace(o, count));
+  std::vector<SimRequest> out;
+  for (const WorkloadRequest& r : w.requests) out.push_back({0, r.input_len, r.output_len, false});
+  return out;
+}
+
 std::vector<SimRequest> OpenThoughtsRequests(int count, uint64_t seed) {
   WorkloadOptions wo;
   wo.seed = seed;
@@ -57,7 +92,8 @@ std::vector<SimRequest> OpenThoughtsRequests(int count, uint64_t seed) {
 }
 
 SystemSpec Tp4() {
-  return {"TP4", 4, Policy::kStandard, RouterPolicy::kRoundRobin, PrefillPolicy::kFifo};
+  // The fallback on a node of 8 with one device failed.
+  return {"TP4", 4, Policy::kStandard, RouterPolicy::kRoundRobin, PrefillPolicy::kFifo, 7};
 }
 SystemSpec NonuniformTp(int n) {
   return {"nonuniform-TP" + std::to_string(n), n, Policy::kNonUniform, RouterPolicy::kRoundRobin,
@@ -93,9 +129,8 @@ Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
   ic.model = model;
   ic.hw = hw;
   ic.policy = s.policy;
-  ic.num_devices = 8;
-  // The devices a system runs on; "TP4" is the fallback on the 7 alive ones.
-  const int alive = s.name == "TP4" ? 7 : s.devices;
+  const int alive = s.node_alive > 0 ? s.node_alive : s.devices;
+  ic.num_devices = std::max(8, alive);
   for (int d = 0; d < alive; ++d) ic.alive.push_back(d);
   ic.sched = GpuSchedulerConfig(model, s);
   ic.recovery = mode;

@@ -8,7 +8,13 @@
 
 namespace failsafe {
 
+// Requests [first, first + count) of the request trace (--requests, default
+// the Mooncake conversation trace) in arrival order; the last `count` when
+// the trace is shorter.
 Result<std::vector<SimRequest>> MooncakeRequests(const ExperimentOptions& o, int first, int count);
+// An offline workload, every request at time 0: `count` OpenThoughts-like
+// requests, or the first `count` of --requests FILE (its lengths only).
+Result<std::vector<SimRequest>> OfflineRequests(const ExperimentOptions& o, int count);
 std::vector<SimRequest> OpenThoughtsRequests(int count, uint64_t seed);
 // Truncates prompts that do not fit the model's context with their output
 // (Mooncake has prompts past Mixtral's 64k); returns how many were cut.
@@ -27,6 +33,8 @@ Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile&
                                 int64_t* inflight_tokens = nullptr);
 // a / b, or null when b is 0 (a system that cannot serve).
 nlohmann::json RatioOrNull(double a, double b);
+Result<nlohmann::json> OfflineGcp(const ExperimentOptions& o);
+Result<nlohmann::json> Online(const ExperimentOptions& o);
 Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
                                                   const HardwareProfile& hw, const SystemSpec& s,
                                                   RecoveryMode mode);

@@ -1,5 +1,6 @@
-// offline-gcp: 8 nodes x 8 GPUs under the GCP availability trace, an
-// OpenThoughts-like offline workload.
+// offline-gcp: nodes x GPUs per node (8 x 8) under an availability trace
+// (the GCP A100 trace, or --availability FILE scaled to the cluster), an
+// OpenThoughts-like offline workload (or --requests FILE's lengths).
 //
 // Each node runs one instance on its alive GPUs. The throughput of an
 // instance on n GPUs comes from a saturated simulation with the engine's
@@ -9,15 +10,16 @@
 // nodes chosen at random (seeded). A node changing its GPUs pauses: the
 // baseline restarts its instance (reloads its weights and recomputes its
 // in-flight KV); FailSafe recovers in place (its modelled recovery).
+#include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+
 #include <map>
-#include <sstream>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rng.h"
+#include "sim/availability.h"
 #include "sim/experiments.h"
 #include "sim/experiments_internal.h"
 #include "sim/report.h"
@@ -29,40 +31,6 @@ using nlohmann::json;
 
 namespace {
 
-struct AvailabilityPoint {
-  double t_s;
-  int gpus;
-};
-
-Result<std::vector<AvailabilityPoint>> ReadGcpTrace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("{}: cannot open", path);
-  std::vector<AvailabilityPoint> out;
-  std::string line;
-  int lineno = 0;
-  double first = -1;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    int Y, M, D, h, mi, s, count;
-    if (std::sscanf(line.c_str(), "%d-%d-%d, %d:%d:%d, %d", &Y, &M, &D, &h, &mi, &s, &count) != 7) {
-      return InvalidArgument("{}:{}: expected 'YYYY-MM-DD, HH:MM:SS, count'", path, lineno);
-    }
-    std::tm tm{};
-    tm.tm_year = Y - 1900;
-    tm.tm_mon = M - 1;
-    tm.tm_mday = D;
-    tm.tm_hour = h;
-    tm.tm_min = mi;
-    tm.tm_sec = s;
-    const double t = static_cast<double>(timegm(&tm));
-    if (first < 0) first = t;
-    out.push_back({t - first, count});
-  }
-  if (out.empty()) return InvalidArgument("{}: empty trace", path);
-  return out;
-}
-
 // The baseline's TP degree on n GPUs: the largest power of two <= n that
 // serves the model (tp_thr > 0), or 0.
 int BaselineTp(int n, const std::map<int, double>& tp_thr) {
@@ -73,17 +41,60 @@ int BaselineTp(int n, const std::map<int, double>& tp_thr) {
   return tp;
 }
 
+// The throughput timeline above the availability trace, each system's mean
+// as a horizontal line of its own dash pattern (black and white).
+void PlotOfflineTimeline(const std::string& dir, const std::string& trace_path,
+                         const std::string& model, int cluster_gpus,
+                         const std::vector<double>& means) {
+  const std::string csv = dir + "/offline_gcp.csv", avail = dir + "/offline_gcp_availability.csv";
+  const char* names[] = {"baseline (TP 1/2/4/8)", "FailSafe", "fault-free", "fault-scaled"};
+  std::string script = fmt::format(
+      "set datafile separator ','\nset multiplot\nset lmargin at screen 0.09\nset rmargin at "
+      "screen 0.72\nset autoscale xfix\n"
+      "set size 1,0.68\nset origin 0,0.32\nset title '{} under {}'\nset ylabel 'output tokens/s'\n"
+      "set format x ''\nset key outside right top\nset grid\nplot ",
+      GnuplotText(model), GnuplotText(trace_path));
+  for (int i = 0; i < 4; ++i) {
+    script += fmt::format(
+        "'{}' using 1:{} every ::1 with steps {} title '{}', {} with lines {} title '{} (mean)', ",
+        GnuplotText(csv), i + 2, MonoStyle(i, false), names[i], means[i], MonoStyle(i, false, 1),
+        names[i]);
+  }
+  script.resize(script.size() - 2);
+  script += fmt::format(
+      "\nset size 1,0.32\nset origin 0,0\nunset title\nset format x '%g'\nset xlabel 'hour'\n"
+      "set ylabel 'GPUs alive'\nset yrange [0:{}]\nplot '{}' using 1:2 every ::1 with steps {} "
+      "title 'GPUs alive'\nunset multiplot\n",
+      cluster_gpus * 1.05, GnuplotText(avail), MonoStyle(0, false));
+  RunGnuplot(dir + "/offline_gcp.png", script, 1000, 720);
+}
+
 }  // namespace
 
 Result<json> OfflineGcp(const ExperimentOptions& o) {
   const int64_t wall0 = MonotonicNanos();
   FS_ASSIGN_OR_RETURN(ModelConfig m, GetModelProfile(o.model));
   FS_ASSIGN_OR_RETURN(HardwareProfile hw, GetHardwareProfile(o.hardware));
-  FS_ASSIGN_OR_RETURN(auto trace, ReadGcpTrace(FindDataDir(o.data_dir) +
-                                               "/availability/bamboo/gcloud/a100x1-east1b.txt"));
-  const int kNodes = 8, kGpus = 8;
+  // A node recovers in place from a lost GPU: it needs two.
+  if (o.nodes < 1 || o.nodes > 4096 || o.gpus_per_node < 2 || o.gpus_per_node > 64) {
+    return InvalidArgument("{} nodes of {} GPUs: need 1-4096 nodes of 2-64 GPUs", o.nodes,
+                           o.gpus_per_node);
+  }
+  const std::string trace_path =
+      o.availability_file.empty()
+          ? FindDataDir(o.data_dir) + "/availability/bamboo/gcloud/a100x1-east1b.txt"
+          : o.availability_file;
+  FS_ASSIGN_OR_RETURN(AvailabilityTrace raw, ReadAvailabilityTrace(trace_path));
+  if (raw.reordered > 0) {
+    FS_LOG_WARN("{}: {} rows out of time order, sorted by time", trace_path, raw.reordered);
+  }
+  FS_ASSIGN_OR_RETURN(AvailabilityScale scale, ParseAvailabilityScale(o.availability_scale));
+  const int kNodes = o.nodes, kGpus = o.gpus_per_node;
+  FS_ASSIGN_OR_RETURN(ScaledAvailability avail, ScaleAvailability(raw, kNodes * kGpus, scale));
+  const std::vector<AvailabilityPoint>& trace = avail.points;
   // Throughput of one node's instance for every GPU count, both systems.
-  const auto reqs = OpenThoughtsRequests(o.quick ? 300 : 1200, o.seed);
+  FS_ASSIGN_OR_RETURN(auto reqs, OfflineRequests(o, o.quick ? 300 : 1200));
+  if (!o.requests_file.empty()) FitToContext(m, &reqs);
   const double window = o.quick ? 60 : 200;
   std::vector<double> base_thr(kGpus + 1, 0), fs_thr(kGpus + 1, 0);
   // Baseline instances: throughput, KV in flight, and prefill speed (to
@@ -146,7 +157,7 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   double bucket_start = 0, b_base = 0, b_fs = 0, b_free = 0, b_scaled = 0, b_len = 0;
   const double free_node = fs_thr[kGpus];
   for (size_t i = 0; i + 1 < trace.size(); ++i) {
-    int target = std::clamp(trace[i].gpus, 0, kNodes * kGpus);
+    const int target = trace[i].count;  // <= kNodes * kGpus (ScaleAvailability)
     int current = 0;
     for (int a : alive) current += a;
     std::vector<int> before = alive;
@@ -214,25 +225,34 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
                               {"gpus", "baseline_tp", "baseline_tokens_per_s",
                                "failsafe_tokens_per_s", "failsafe_placement"},
                               configs));
-  const std::string csv = o.out_dir + "/offline_gcp.csv";
-  PlotPng(o.out_dir + "/offline_gcp.png",
-          "offline serving under the GCP availability trace, " + o.model, "hour",
-          "output tokens/s (8 nodes)",
-          {{"baseline (TP 1/2/4/8)", csv, 1, 2, "lines"},
-           {"FailSafe", csv, 1, 3, "lines"},
-           {"fault-free", csv, 1, 4, "lines"},
-           {"fault-scaled", csv, 1, 5, "lines"}});
+  std::vector<std::vector<std::string>> avail_rows;
+  for (const AvailabilityPoint& p : trace) {
+    avail_rows.push_back({Num(p.t_s / 3600.0, 6), std::to_string(p.count)});
+  }
+  FS_RETURN_IF_ERROR(
+      WriteCsv(o.out_dir + "/offline_gcp_availability.csv", {"hour", "gpus_alive"}, avail_rows));
+  PlotOfflineTimeline(o.out_dir, trace_path, o.model, kNodes * kGpus,
+                      {sum_base / span, sum_fs / span, sum_free / span, sum_scaled / span});
   const double seconds = (MonotonicNanos() - wall0) * 1e-9;
-  return json{{"failsafe_over_baseline", sum_fs / sum_base},
-              {"failsafe_over_fault_scaled", sum_fs / sum_scaled},
-              {"baseline_over_fault_scaled", sum_base / sum_scaled},
-              {"fault_scaled_over_fault_free", sum_scaled / sum_free},
+  return json{{"failsafe_over_baseline", RatioOrNull(sum_fs, sum_base)},
+              {"failsafe_over_fault_scaled", RatioOrNull(sum_fs, sum_scaled)},
+              {"baseline_over_fault_scaled", RatioOrNull(sum_base, sum_scaled)},
+              {"fault_scaled_over_fault_free", RatioOrNull(sum_scaled, sum_free)},
               {"mean_tokens_per_s",
                {{"baseline", sum_base / span},
                 {"failsafe", sum_fs / span},
                 {"fault_free", sum_free / span},
                 {"fault_scaled", sum_scaled / span}}},
               {"trace_hours", span / 3600},
+              {"availability",
+               {{"file", trace_path},
+                {"format", AvailabilityFormatName(raw.format)},
+                {"rows", raw.rows},
+                {"rows_reordered", raw.reordered},
+                {"peak", raw.peak()},
+                {"gpus_per_unit", avail.factor},
+                {"cluster_gpus", kNodes * kGpus},
+                {"mean_gpus", raw.mean() * avail.factor}}},
               {"node_changes", changes},
               {"failsafe_pause_s", fs_pause},
               {"min_gpus", min_gpus},

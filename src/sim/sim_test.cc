@@ -10,6 +10,7 @@
 #include "sim/experiments.h"
 #include "sim/experiments_internal.h"
 #include "sim/fit.h"
+#include "trace/workload.h"
 
 namespace failsafe {
 namespace {
@@ -248,6 +249,82 @@ TEST(Experiments, BadInputGetsAClearError) {
   // A missing Mooncake trace is reported, not a crash.
   r = RunExperiment("recovery", o);
   ASSERT_FALSE(r.ok());
+}
+
+// --requests FILE: any Mooncake-format JSONL, with fields the simulator does
+// not use, timestamps out of order and fewer requests than an experiment's
+// window; --out creates missing directories.
+TEST(Experiments, RequestTraceFromAFileIntoNewDirectories) {
+  const std::string dir = TempDir();
+  const std::string trace = dir + "/requests.jsonl";
+  {
+    std::ofstream f(trace);
+    Rng rng(7);
+    for (int i = 0; i < 60; ++i) {
+      const int ts = (i * 997) % 60 * 500;  // a permutation of 0..29.5 s
+      f << "{\"timestamp\": " << ts << ", \"input_length\": " << 200 + rng.Below(4000)
+        << ", \"output_length\": " << 20 + rng.Below(300) << ", \"hash_ids\": [1, 2]}\n";
+    }
+  }
+  ExperimentOptions o = Quick(dir + "/new/nested/out");
+  o.requests_file = trace;
+  auto j = RunExperiment("recovery", o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_GT((*j)["recompute"]["latency_ms"].get<double>(),
+            (*j)["full"]["latency_ms"].get<double>());
+  EXPECT_TRUE(std::filesystem::exists(o.out_dir + "/recovery.csv"));
+  // A malformed request trace names its line.
+  std::ofstream(trace, std::ios::app) << "{\"input_length\": 5}\n";
+  o.requests_file = trace;
+  auto bad = RunExperiment("ablation", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(":61:"), std::string::npos) << bad.status().message();
+}
+
+// --availability FILE in the event format, scaled to the cluster.
+TEST(Experiments, OfflineReadsEventTracesScaledToTheCluster) {
+  ExperimentOptions o = Quick(TempDir());
+  o.availability_file = FindDataDir("") + "/availability/bamboo/g4dn-trace.csv";
+  o.nodes = 4;
+  auto j = RunExperiment("offline-gcp", o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const auto& a = (*j)["availability"];
+  EXPECT_EQ(a["format"], "events");
+  EXPECT_EQ(a["peak"].get<int>(), 24);
+  EXPECT_EQ(a["cluster_gpus"].get<int>(), 32);
+  EXPECT_DOUBLE_EQ(a["gpus_per_unit"].get<double>(), 32.0 / 24);
+  EXPECT_NEAR((*j)["trace_hours"].get<double>(), 10.63, 0.01);  // from the first event
+  EXPECT_GT((*j)["failsafe_over_baseline"].get<double>(), 1.0);
+  EXPECT_TRUE(std::filesystem::exists(o.out_dir + "/offline_gcp_availability.csv"));
+  // Unscaled counts above the cluster are an error, not clamped.
+  o.availability_scale = "none";
+  o.nodes = 2;
+  auto over = RunExperiment("offline-gcp", o);
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.status().message().find("exceed the cluster's 16"), std::string::npos)
+      << over.status().message();
+  o.availability_scale = "clamp";
+  EXPECT_FALSE(RunExperiment("offline-gcp", o).ok());
+}
+
+// The online sweep raises the rate until P90 TTFT crosses its SLO, and says
+// so; decode instances saturate below 40 ms and say that instead.
+TEST(Experiments, OnlineSearchesTheRateUntilTheSlo) {
+  ExperimentOptions o = Quick(TempDir());
+  auto j = RunExperiment("online", o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (const char* name : {"failsafe-TP7", "nonuniform-TP7", "nonuniform-TP7+adaptive", "TP8"}) {
+    const auto& s = (*j)["at_slo"][name];
+    EXPECT_TRUE(s["ttft_slo_crossed"].get<bool>()) << name;
+    EXPECT_FALSE(s["tbt_slo_crossed"].get<bool>()) << name;
+    EXPECT_GT(s["prefill_tokens_per_s_at_ttft_slo"].get<double>(), 0) << name;
+    // Past the SLO the search goes on to the capacity.
+    EXPECT_GT(s["prefill_tokens_per_s_max"].get<double>(),
+              s["prefill_tokens_per_s_at_ttft_slo"].get<double>())
+        << name;
+  }
+  EXPECT_GT((*j)["prefill_failsafe_over_nonuniform"].get<double>(), 1.0);
+  EXPECT_TRUE(std::filesystem::exists(o.out_dir + "/online_prefill_TP8+adaptive.csv"));
 }
 
 }  // namespace failsafe

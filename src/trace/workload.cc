@@ -62,7 +62,8 @@ Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOption
         r.arrival_s = ts / 1000.0 * o.time_scale;
         if (o.max_context > 0 && r.input_len + r.output_len > o.max_context) {
           problem = bad(fmt::format(
-              "input {} + output {} tokens (after scaling) exceed the model's context of {}",
+              "input {} + output {} tokens (after scaling) exceed the model's context of {} "
+              "(see --length-scale and --skip-invalid)",
               r.input_len, r.output_len, o.max_context));
         }
       }

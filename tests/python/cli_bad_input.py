@@ -94,6 +94,21 @@ def main():
             ("malformed tokenizer", write("tokenizer.json", b"{\"model\": {\"type\": \"BPE\"}}"),
              ["tokenizer.json", "model.vocab"]),
             ("garbled tokenizer", write("tokenizer.json", b"\x00\x01garbage"), ["tokenizer.json", "JSON"]),
+            ("no tokenizer", remove("tokenizer.json"), ["no tokenizer.json or tokenizer.model"]),
+            ("garbled tokenizer.model",
+             lambda d: (remove("tokenizer.json")(d), write("tokenizer.model", b"\x00garbage")(d)),
+             ["tokenizer.model", "not a SentencePiece model"]),
+            ("unsupported normalizer", edit_json("tokenizer.json", lambda j: j.update(
+                normalizer={"type": "BertNormalizer"})), ["tokenizer.json", "normalizer", "BertNormalizer"]),
+            ("unsupported chat template", write("tokenizer_config.json",
+                                                b'{"chat_template": "{% include \'other.jinja\' %}"}'),
+             ["tokenizer_config.json", "chat template", "unsupported statement", "include"]),
+            ("chat template syntax", write("tokenizer_config.json", b'{"chat_template": "{% if x %}"}'),
+             ["tokenizer_config.json", "line 1", "endif"]),
+            ("bad stop tokens", write("generation_config.json", b'{"eos_token_id": ["x"]}'),
+             ["generation_config.json", "eos_token_id"]),
+            ("stop token outside the vocabulary", write("generation_config.json", b'{"eos_token_id": [99999]}'),
+             ["stop token id 99999"]),
         ]
         for name, mutate, needles in cases:
             d = variant(name.replace(" ", "_"), mutate)

@@ -8,6 +8,11 @@ that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
 max |reference| over the vocabulary. It must be at most 1e-4.
+
+With --llama2c BIN --converted DIR it also checks a converted llama2.c model:
+the reference then runs llama2.c's own forward pass (adjacent-pair RoPE,
+weights read straight from the original checkpoint), so the check covers the
+converter's q/k permutation and layout as well as the engine.
 """
 import argparse
 import json
@@ -152,13 +157,70 @@ def forward(cfg, W, ids):
     return x @ head.T
 
 
-def check(failsafe, model_dir, prompt, chunk, threads, label):
+def llama2c_forward(path, ids):
+    """llama2.c's run.c forward pass over a whole sequence, from its checkpoint."""
+    with open(path, "rb") as f:
+        data = f.read()
+    dim, hidden, layers, heads, kv_heads, vocab, seq_len = struct.unpack("<7i", data[:28])
+    shared = vocab > 0
+    vocab = abs(vocab)
+    hd = dim // heads
+    kv = kv_heads * hd
+    w = np.frombuffer(data[28:], dtype="<f4").astype(np.float64)
+    at = 0
+
+    def take(*shape):
+        nonlocal at
+        n = int(np.prod(shape))
+        out = torch.from_numpy(w[at:at + n].reshape(shape).copy())
+        at += n
+        return out
+
+    emb = take(vocab, dim)
+    rms_att, wq, wk = take(layers, dim), take(layers, dim, dim), take(layers, kv, dim)
+    wv, wo, rms_ffn = take(layers, kv, dim), take(layers, dim, dim), take(layers, dim)
+    w1, w2, w3 = take(layers, hidden, dim), take(layers, dim, hidden), take(layers, hidden, dim)
+    rms_final = take(dim)
+    take(seq_len, hd // 2)
+    take(seq_len, hd // 2)
+    wcls = emb if shared else take(vocab, dim)
+    T = len(ids)
+    freqs = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * freqs[None, :]
+    cos, sin = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+
+    def rope_pairs(x):  # rotates (2i, 2i+1) within each head
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = torch.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = a * sin + b * cos
+        return out
+
+    mask = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.float64), 1)
+    x = emb[torch.tensor(ids)]
+    for l in range(layers):
+        h = rms_norm(x, rms_att[l], 1e-5)
+        q = rope_pairs((h @ wq[l].T).view(T, heads, hd))
+        k = rope_pairs((h @ wk[l].T).view(T, kv_heads, hd)).repeat_interleave(heads // kv_heads, dim=1)
+        v = (h @ wv[l].T).view(T, kv_heads, hd).repeat_interleave(heads // kv_heads, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask
+        attn = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(T, dim)
+        x = x + attn @ wo[l].T
+        h = rms_norm(x, rms_ffn[l], 1e-5)
+        x = x + (torch.nn.functional.silu(h @ w1[l].T) * (h @ w3[l].T)) @ w2[l].T
+    return rms_norm(x, rms_final, 1e-5) @ wcls.T
+
+
+def check(failsafe, model_dir, prompt, chunk, threads, label, reference=None):
     cmd = [failsafe, "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
            "--decode", "16", "--prefill-chunk", str(chunk), "--threads", str(threads)]
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    cfg, W = load_model(model_dir)
     full = prompt + res["output_ids"][:-1]
-    ref = forward(cfg, W, full)
+    if reference is None:
+        cfg, W = load_model(model_dir)
+        ref = forward(cfg, W, full)
+    else:
+        ref = reference(full)
     worst = 0.0
     mismatched = 0
     for step, (p, got) in enumerate(zip(res["positions"], res["logits"])):
@@ -182,6 +244,8 @@ def check(failsafe, model_dir, prompt, chunk, threads, label):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--failsafe", required=True)
+    ap.add_argument("--llama2c", help="a llama2.c checkpoint")
+    ap.add_argument("--converted", help="its conversion (failsafe convert-llama2c)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     ok = True
@@ -196,6 +260,11 @@ def main():
             ok &= check(args.failsafe, d, prompt, 50, 1, f"{preset} {dtype} prefill 50+50+20, 1 thread")
             if dtype == "f32":
                 ok &= check(args.failsafe, d, prompt[:37], 5, 2, f"{preset} {dtype} prefill in chunks of 5, 2 threads")
+    if args.llama2c:
+        prompt = [1] + [random.Random(5).randrange(3, 500) for _ in range(40)]
+        ok &= check(args.failsafe, args.converted, prompt, 16, 1,
+                    "llama2.c checkpoint vs its conversion, prefill 16+16+9",
+                    reference=lambda ids: llama2c_forward(args.llama2c, ids))
     sys.exit(0 if ok else 1)
 
 

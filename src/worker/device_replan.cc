@@ -89,21 +89,24 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
     LayerWeights& lw = layers_[l];
     for (int h : Minus(next.layers[l].dp_heads, prev.layers[l].dp_heads)) {
       const int r0 = std::min(rows, rank * per), r1 = std::min(rows, r0 + per);
-      const float* qkv = lw.dp_qkv.Find(h);
-      const float* o = lw.dp_o.Find(h);
-      if (qkv) {  // this device held it (as TP until now): no host read
+      const bool held = lw.dp_qkv.Has(h);
+      if (held) {  // this device held it (as TP until now): no host read
         for (int r = r0; r < r1; ++r) {
-          const float* src = r < (g + 2) * hd ? qkv + static_cast<int64_t>(r) * hidden
-                                              : o + static_cast<int64_t>(r - (g + 2) * hd) * hidden;
-          std::memcpy(piece.data() + static_cast<int64_t>(r - r0) * hidden, src,
-                      sizeof(float) * hidden);
+          float* dst = piece.data() + static_cast<int64_t>(r - r0) * hidden;
+          if (r < (g + 2) * hd) {
+            lw.dp_qkv.ReadRows(h, r, 1, dst);
+          } else {
+            lw.dp_o.ReadRows(h, r - (g + 2) * hd, 1, dst);
+          }
         }
       } else if (r1 > r0) {
         load.HeadRows(l, h, r0, r1, piece.data());
-        stats->host_bytes += static_cast<int64_t>(r1 - r0) * hidden * 4;
+        stats->host_bytes += static_cast<int64_t>(r1 - r0) * hidden *
+                             static_cast<int64_t>(DTypeSize(lw.dp_qkv.dtype()));
       }
       FS_RETURN_IF_ERROR(comm.AllGather(piece.data(), piece.size() * sizeof(float), all.data()));
-      if (qkv) continue;
+      if (held) continue;
+      // Pieces cross as f32 (exact widening of the weights' values).
       stats->peer_bytes += static_cast<int64_t>(rows - (r1 - r0)) * hidden * 4;
       // Pieces are consecutive rows: rank k's piece starts at row k * per.
       lw.dp_qkv.Add(h, 1, [&](int, float* dst) {
@@ -207,14 +210,14 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
     }
     const std::vector<int> gain_tp = Minus(new_tp, lw.tp_qkv.items());
     AddHeads(&lw.tp_qkv, &lw.tp_o, l, gain_tp, load);
-    stats->host_bytes += static_cast<int64_t>(gain_tp.size()) *
-                         (lw.tp_qkv.item_floats() + lw.tp_o.item_floats()) * 4;
+    stats->host_bytes +=
+        static_cast<int64_t>(gain_tp.size()) * (lw.tp_qkv.item_bytes() + lw.tp_o.item_bytes());
     // DP heads that were DP before but this device lacks (it just joined) come from the host too.
     const std::vector<int> brand_new = Minus(next.layers[l].dp_heads, prev.layers[l].dp_heads);
     const std::vector<int> gain_dp = Minus(Minus(new_dp, lw.dp_qkv.items()), brand_new);
     AddHeads(&lw.dp_qkv, &lw.dp_o, l, gain_dp, load);
-    stats->host_bytes += static_cast<int64_t>(gain_dp.size()) *
-                         (lw.dp_qkv.item_floats() + lw.dp_o.item_floats()) * 4;
+    stats->host_bytes +=
+        static_cast<int64_t>(gain_dp.size()) * (lw.dp_qkv.item_bytes() + lw.dp_o.item_bytes());
     // FFN shards.
     const std::vector<int> new_shards = active ? next.layers[l].ffn_shards[d] : std::vector<int>{};
     for (int s : Minus(lw.ffn_gate_up.items(), new_shards)) {
@@ -224,7 +227,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
     const std::vector<int> gain_shards = Minus(new_shards, lw.ffn_gate_up.items());
     AddShards(&lw, l, gain_shards, load);
     stats->host_bytes += static_cast<int64_t>(gain_shards.size()) *
-                         (lw.ffn_gate_up.item_floats() + lw.ffn_down.item_floats()) * 4;
+                         (lw.ffn_gate_up.item_bytes() + lw.ffn_down.item_bytes());
   }
   const std::vector<int> new_chunks = active ? next.vocab_chunks[d] : std::vector<int>{};
   for (int ch : Minus(embed_.items(), new_chunks)) {
@@ -233,7 +236,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   }
   const std::vector<int> gain_chunks = Minus(new_chunks, embed_.items());
   AddChunks(gain_chunks, load);
-  stats->host_bytes += static_cast<int64_t>(gain_chunks.size()) * embed_.item_floats() * 4 *
+  stats->host_bytes += static_cast<int64_t>(gain_chunks.size()) * embed_.item_bytes() *
                        (config_.tie_word_embeddings ? 1 : 2);
   plan_ = next;
   if (active) FS_RETURN_IF_ERROR(GatherNewDpHeads(prev, next, load, comm, stats));

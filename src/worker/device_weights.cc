@@ -138,6 +138,7 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   const ModelConfig& c = config_;
   const int hd = c.head_dim, g = c.group_size(), hidden = c.hidden_size;
   const int w = plan.shape.shard_width;
+  const DType wt = host.MatrixDType();
   layers_.assign(c.num_layers, {});
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
@@ -145,12 +146,12 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     lw.ffn_norm.resize(hidden);
     host.Get(tn::AttnNorm(l)).ReadRows(0, 1, lw.attn_norm.data());
     host.Get(tn::FfnNorm(l)).ReadRows(0, 1, lw.ffn_norm.data());
-    lw.tp_qkv = ItemMatrix((g + 2) * hd, hidden);
-    lw.tp_o = ItemMatrix(g * hd, hidden);
-    lw.dp_qkv = ItemMatrix((g + 2) * hd, hidden);
-    lw.dp_o = ItemMatrix(g * hd, hidden);
-    lw.ffn_gate_up = ItemMatrix(2 * w, hidden);
-    lw.ffn_down = ItemMatrix(w, hidden);
+    lw.tp_qkv = ItemMatrix((g + 2) * hd, hidden, wt);
+    lw.tp_o = ItemMatrix(g * hd, hidden, wt);
+    lw.dp_qkv = ItemMatrix((g + 2) * hd, hidden, wt);
+    lw.dp_o = ItemMatrix(g * hd, hidden, wt);
+    lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt);
+    lw.ffn_down = ItemMatrix(w, hidden, wt);
     if (c.is_moe()) {
       lw.router.resize(static_cast<size_t>(c.num_experts) * hidden);
       host.Get(tn::Router(l)).ReadRows(0, c.num_experts, lw.router.data());
@@ -158,8 +159,8 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   }
   final_norm_.resize(hidden);
   host.Get(tn::FinalNorm()).ReadRows(0, 1, final_norm_.data());
-  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden);
-  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden);
+  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt);
+  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt);
 }
 
 Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "common/check.h"
@@ -53,12 +54,33 @@ std::vector<int> ItemMatrix::items() const {
   return out;
 }
 
-const float* ItemMatrix::Find(int item) const {
+const unsigned char* ItemMatrix::Find(int item) const {
   for (auto& s : segments_) {
     if (item >= s.first && item < s.first + s.count)
-      return s.data + (item - s.first) * item_floats();
+      return s.data + (item - s.first) * item_bytes();
   }
   return nullptr;
+}
+
+void ItemMatrix::ReadRows(int item, int row, int rows, float* dst) const {
+  const unsigned char* base = Find(item);
+  FS_CHECK_MSG(base != nullptr, "item {} is not held", item);
+  const int64_t begin = static_cast<int64_t>(row) * cols_, n = static_cast<int64_t>(rows) * cols_;
+  switch (dtype_) {
+    case DType::kF32:
+      std::memcpy(dst, reinterpret_cast<const float*>(base) + begin, sizeof(float) * n);
+      return;
+    case DType::kBF16: {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16ToFloat(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(src[i]);
+      return;
+    }
+  }
 }
 
 void ItemMatrix::Insert(const Segment& seg) {
@@ -72,11 +94,24 @@ void ItemMatrix::Insert(const Segment& seg) {
 void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)>& fill) {
   if (count <= 0) return;
   Segment seg;
-  seg.storage = std::make_shared<AlignedFloats>(static_cast<size_t>(count * item_floats()));
-  seg.data = seg.storage->data;
+  const int64_t bytes = count * item_bytes();
+  seg.storage = std::make_shared<AlignedFloats>(static_cast<size_t>((bytes + 3) / 4));
+  seg.data = reinterpret_cast<unsigned char*>(seg.storage->data);
   seg.first = first;
   seg.count = count;
-  for (int i = 0; i < count; ++i) fill(first + i, seg.data + i * item_floats());
+  if (dtype_ == DType::kF32) {
+    for (int i = 0; i < count; ++i)
+      fill(first + i, reinterpret_cast<float*>(seg.data + i * item_bytes()));
+  } else {
+    // Through one item of f32, rounded to the element type.
+    std::vector<float> item(static_cast<size_t>(item_elements()));
+    for (int i = 0; i < count; ++i) {
+      fill(first + i, item.data());
+      uint16_t* dst = reinterpret_cast<uint16_t*>(seg.data + i * item_bytes());
+      for (size_t e = 0; e < item.size(); ++e)
+        dst[e] = dtype_ == DType::kBF16 ? FloatToBFloat16(item[e]) : FloatToHalf(item[e]);
+    }
+  }
   Insert(seg);
 }
 
@@ -88,9 +123,9 @@ ItemMatrix::Segment ItemMatrix::Remove(int item) {
   for (size_t k = 0; k < segments_.size(); ++k) {
     Segment s = segments_[k];
     if (item < s.first || item >= s.first + s.count) continue;
-    Segment taken{s.storage, s.data + (item - s.first) * item_floats(), item, 1};
+    Segment taken{s.storage, s.data + (item - s.first) * item_bytes(), item, 1};
     Segment left{s.storage, s.data, s.first, item - s.first};
-    Segment right{s.storage, taken.data + item_floats(), item + 1, s.first + s.count - item - 1};
+    Segment right{s.storage, taken.data + item_bytes(), item + 1, s.first + s.count - item - 1};
     segments_.erase(segments_.begin() + static_cast<long>(k));
     if (left.count > 0) Insert(left);
     if (right.count > 0) Insert(right);

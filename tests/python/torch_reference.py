@@ -7,7 +7,11 @@ Llama / Mixtral forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
-max |reference| over the vocabulary. It must be at most 1e-4.
+max |reference| over the vocabulary. It must be at most TOLERANCE[dtype] of
+the model's weights. The bound is the same for every type: 16-bit weights are
+held 16-bit on the devices and widened exactly to f32 in registers, so the
+engine computes in f32 on the weights' exact values whatever their type, and
+the reference computes in float64 on the same exact values.
 """
 import argparse
 import json
@@ -22,7 +26,7 @@ import tempfile
 import numpy as np
 import torch
 
-TOLERANCE = 1e-4
+TOLERANCE = {"f32": 1e-4, "bf16": 1e-4, "f16": 1e-4}
 
 
 def read_safetensors(path):
@@ -152,7 +156,7 @@ def forward(cfg, W, ids):
     return x @ head.T
 
 
-def check(failsafe, model_dir, prompt, chunk, threads, label):
+def check(failsafe, model_dir, prompt, chunk, threads, label, dtype):
     cmd = [failsafe, "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
            "--decode", "16", "--prefill-chunk", str(chunk), "--threads", str(threads)]
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -173,7 +177,7 @@ def check(failsafe, model_dir, prompt, chunk, threads, label):
             if chosen != int(want.argmax()) and (top2[0] - top2[1]).item() > 1e-3:
                 mismatched += 1
     n = len(res["positions"])
-    ok = worst <= TOLERANCE and mismatched == 0
+    ok = worst <= TOLERANCE[dtype] and mismatched == 0
     print(f"{'ok  ' if ok else 'FAIL'} {label}: {n} positions, max relative error {worst:.2e}, "
           f"greedy mismatches {mismatched}")
     return ok
@@ -193,9 +197,9 @@ def main():
                             "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)
             rng = random.Random(preset)
             prompt = [rng.randrange(0, 500) for _ in range(120)]
-            ok &= check(args.failsafe, d, prompt, 50, 1, f"{preset} {dtype} prefill 50+50+20, 1 thread")
-            if dtype == "f32":
-                ok &= check(args.failsafe, d, prompt[:37], 5, 2, f"{preset} {dtype} prefill in chunks of 5, 2 threads")
+            ok &= check(args.failsafe, d, prompt, 50, 1, f"{preset} {dtype} prefill 50+50+20, 1 thread", dtype)
+            if dtype != "f16":
+                ok &= check(args.failsafe, d, prompt[:37], 5, 2, f"{preset} {dtype} prefill in chunks of 5, 2 threads", dtype)
     sys.exit(0 if ok else 1)
 
 

@@ -18,13 +18,18 @@
 
 namespace failsafe {
 
-// A weight matrix in device memory: row-major elements of `dtype`. bf16 and
-// f16 weights stay 16-bit; the kernels widen them exactly in registers.
+// A weight matrix in device memory: elements of `dtype`, row-major or (for
+// LinearNT, n a multiple of 16) in blocks of 16 rows stored k-major
+// (backend/cpu/gemm.h: Blocked16Index), which the kernels read as it lies.
+// bf16 and f16 weights stay 16-bit; the kernels widen them exactly in
+// registers.
 struct WeightsRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
+  bool blocked16 = false;
   WeightsRef() = default;
-  WeightsRef(const void* d, DType t) : data(d), dtype(t) {}
+  WeightsRef(const void* d, DType t, bool blocked = false)
+      : data(d), dtype(t), blocked16(blocked) {}
   WeightsRef(const float* f32) : data(f32) {}  // NOLINT: f32 weights convert implicitly
 };
 

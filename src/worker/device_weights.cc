@@ -139,6 +139,10 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   const int hd = c.head_dim, g = c.group_size(), hidden = c.hidden_size;
   const int w = plan.shape.shard_width;
   const DType wt = host.MatrixDType();
+  // The matrices LinearNT multiplies by ([n, k]: q/k/v, gate/up, the
+  // vocabulary) are held blocked, read as they lie; the transposed-stored
+  // o and down projections stay row-major (LinearNNFixed streams their rows).
+  constexpr bool kBlocked = true;
   layers_.assign(c.num_layers, {});
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
@@ -146,11 +150,11 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     lw.ffn_norm.resize(hidden);
     host.Get(tn::AttnNorm(l)).ReadRows(0, 1, lw.attn_norm.data());
     host.Get(tn::FfnNorm(l)).ReadRows(0, 1, lw.ffn_norm.data());
-    lw.tp_qkv = ItemMatrix((g + 2) * hd, hidden, wt);
+    lw.tp_qkv = ItemMatrix((g + 2) * hd, hidden, wt, kBlocked);
     lw.tp_o = ItemMatrix(g * hd, hidden, wt);
-    lw.dp_qkv = ItemMatrix((g + 2) * hd, hidden, wt);
+    lw.dp_qkv = ItemMatrix((g + 2) * hd, hidden, wt, kBlocked);
     lw.dp_o = ItemMatrix(g * hd, hidden, wt);
-    lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt);
+    lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, kBlocked);
     lw.ffn_down = ItemMatrix(w, hidden, wt);
     if (c.is_moe()) {
       lw.router.resize(static_cast<size_t>(c.num_experts) * hidden);
@@ -159,8 +163,8 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   }
   final_norm_.resize(hidden);
   host.Get(tn::FinalNorm()).ReadRows(0, 1, final_norm_.data());
-  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt);
-  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt);
+  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, kBlocked);
+  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, kBlocked);
 }
 
 Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {

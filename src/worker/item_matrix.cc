@@ -62,9 +62,38 @@ const unsigned char* ItemMatrix::Find(int item) const {
   return nullptr;
 }
 
+namespace {
+
+float ElementAt(const unsigned char* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16:
+      return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return HalfToFloat(reinterpret_cast<const uint16_t*>(base)[i]);
+    case DType::kF32:
+      break;
+  }
+  return reinterpret_cast<const float*>(base)[i];
+}
+
+// Index of element (r, c) of an item [rows, cols] in its storage.
+int64_t StorageIndex(bool blocked, int64_t r, int64_t c, int64_t cols) {
+  return blocked ? (r / 16) * 16 * cols + c * 16 + r % 16 : r * cols + c;
+}
+
+}  // namespace
+
 void ItemMatrix::ReadRows(int item, int row, int rows, float* dst) const {
   const unsigned char* base = Find(item);
   FS_CHECK_MSG(base != nullptr, "item {} is not held", item);
+  if (blocked_) {
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols_; ++c)
+        dst[static_cast<int64_t>(r) * cols_ + c] =
+            ElementAt(base, dtype_, StorageIndex(true, row + r, c, cols_));
+    }
+    return;
+  }
   const int64_t begin = static_cast<int64_t>(row) * cols_, n = static_cast<int64_t>(rows) * cols_;
   switch (dtype_) {
     case DType::kF32:
@@ -99,17 +128,32 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
   seg.data = reinterpret_cast<unsigned char*>(seg.storage->data);
   seg.first = first;
   seg.count = count;
-  if (dtype_ == DType::kF32) {
+  if (dtype_ == DType::kF32 && !blocked_) {
     for (int i = 0; i < count; ++i)
       fill(first + i, reinterpret_cast<float*>(seg.data + i * item_bytes()));
   } else {
-    // Through one item of f32, rounded to the element type.
+    // Through one item of f32, rounded to the element type and laid out.
     std::vector<float> item(static_cast<size_t>(item_elements()));
     for (int i = 0; i < count; ++i) {
       fill(first + i, item.data());
-      uint16_t* dst = reinterpret_cast<uint16_t*>(seg.data + i * item_bytes());
-      for (size_t e = 0; e < item.size(); ++e)
-        dst[e] = dtype_ == DType::kBF16 ? FloatToBFloat16(item[e]) : FloatToHalf(item[e]);
+      unsigned char* dst = seg.data + i * item_bytes();
+      for (int r = 0; r < rows_per_item_; ++r) {
+        for (int c = 0; c < cols_; ++c) {
+          const float v = item[static_cast<size_t>(r) * cols_ + c];
+          const int64_t at = StorageIndex(blocked_, r, c, cols_);
+          switch (dtype_) {
+            case DType::kF32:
+              reinterpret_cast<float*>(dst)[at] = v;
+              break;
+            case DType::kBF16:
+              reinterpret_cast<uint16_t*>(dst)[at] = FloatToBFloat16(v);
+              break;
+            case DType::kF16:
+              reinterpret_cast<uint16_t*>(dst)[at] = FloatToHalf(v);
+              break;
+          }
+        }
+      }
     }
   }
   Insert(seg);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm_kernels.h"
+#include "common/check.h"
 
 namespace failsafe::cpu {
 
@@ -67,6 +68,8 @@ void Gemm(const GemmArgs& a) {
     }
     return;
   }
+  FS_CHECK_MSG(!a.w_blocked16 || (a.nt && a.n % 16 == 0 && !a.w_rows),
+               "a blocked weight is nt with n a multiple of 16");
   const GemmKernels& kern = KernelsFor(GemmIsaFor(a.isa));
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);

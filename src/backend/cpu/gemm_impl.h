@@ -117,8 +117,23 @@ void DirectNT(const GemmArgs& a, int j0, int cols) {
   }
 }
 
+template <int MR, typename W>
+void DirectBlockedRange(const GemmArgs& a, int j0, int j1);
+
 template <typename W>
 void DirectRange(const GemmArgs& a, int j0, int j1) {
+  if (a.w_blocked16) {
+    switch (a.m) {
+      case 1:
+        return DirectBlockedRange<1, W>(a, j0, j1);
+      case 2:
+        return DirectBlockedRange<2, W>(a, j0, j1);
+      case 3:
+        return DirectBlockedRange<3, W>(a, j0, j1);
+      default:
+        return DirectBlockedRange<4, W>(a, j0, j1);
+    }
+  }
   // Sixteen rows of weights are read side by side; more streams than that
   // serve worse.
   for (int j = j0; j < j1; j += 16) {
@@ -292,9 +307,15 @@ constexpr int kMR = 3;  // 6 accumulators (12 of 16 AVX2 registers)
 constexpr int kMR = 2;  // 4 accumulators (16 SSE registers)
 #endif
 
-// A panel: the weights of up to 32 output columns, k-major, padded with zeros.
+// A panel: the weights of up to 32 output columns, k-major, as two blocks of
+// 16 columns: column j0 + q of k-value kk at b0[kk * step + q] (q < 16) or
+// b1[kk * step + q - 16]. Packed panels are f32 with step 32; a blocked
+// weight (GemmArgs::w_blocked16) is read where it lies, in its own type.
+template <typename W>
 struct Panel {
-  const float* b;  // b[kk * 32 + j]
+  const W* b0;
+  const W* b1;  // b0 again when cols <= 16 (its results are not stored)
+  int64_t step;
   int cols;
 };
 
@@ -304,9 +325,10 @@ struct Acc {
 };
 
 // acc[i][*] goes on with the chain over k in [k0, k1) of x[i, kk] * b[kk, *].
-template <int MR>
-FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel& p, int k0, int k1, Acc<MR> c) {
-  const float* b = p.b + static_cast<int64_t>(k0) * kNR;
+template <int MR, typename W>
+FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel<W>& p, int k0, int k1, Acc<MR> c) {
+  const W* b0 = p.b0 + static_cast<int64_t>(k0) * p.step;
+  const W* b1 = p.b1 + static_cast<int64_t>(k0) * p.step;
   const float* xr[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) xr[i] = x + i * ldx;
@@ -316,13 +338,13 @@ FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel& p, int k0, int
     a0[i] = c.v[i][0];
     a1[i] = c.v[i][1];
   }
-  for (int kk = k0; kk < k1; ++kk, b += kNR) {
-    const V16 b0 = Load(b), b1 = Load(b + 16);
+  for (int kk = k0; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
+    const V16 w0 = Load(b0), w1 = Load(b1);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const V16 s = Splat(xr[i][kk]);
-      a0[i] = Fma(s, b0, a0[i]);
-      a1[i] = Fma(s, b1, a1[i]);
+      a0[i] = Fma(s, w0, a0[i]);
+      a1[i] = Fma(s, w1, a1[i]);
     }
   }
 #pragma GCC unroll 16
@@ -333,8 +355,8 @@ FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel& p, int k0, int
   return c;
 }
 
-template <int MR>
-void Tile(const GemmArgs& a, int i0, int j0, const Panel& p) {
+template <int MR, typename W>
+void Tile(const GemmArgs& a, int i0, int j0, const Panel<W>& p) {
   Acc<MR> acc;
   const float* x = a.x + static_cast<int64_t>(i0) * a.ldx;
   if (a.out == GemmOut::kFixedItems) {
@@ -369,10 +391,10 @@ void Tile(const GemmArgs& a, int i0, int j0, const Panel& p) {
   }
 }
 
-template <int MR = kMR>
-void TileRows(const GemmArgs& a, int i0, int rows, int j0, const Panel& p) {
+template <typename W, int MR = kMR>
+void TileRows(const GemmArgs& a, int i0, int rows, int j0, const Panel<W>& p) {
   if constexpr (MR > 1) {
-    if (rows < MR) return TileRows<MR - 1>(a, i0, rows, j0, p);
+    if (rows < MR) return TileRows<W, MR - 1>(a, i0, rows, j0, p);
   }
   Tile<MR>(a, i0, j0, p);
 }
@@ -411,12 +433,67 @@ void Pack(const GemmArgs& a, int j0, int cols, float* out) {
   }
 }
 
+// Block b of a blocked weight: rows [16b, 16b + 16), k-major.
+template <typename W>
+FS_INLINE const W* Block(const GemmArgs& a, int b) {
+  return static_cast<const W*>(a.w) + static_cast<int64_t>(b) * 16 * a.k;
+}
+
 template <typename W>
 void PackedPanel(const GemmArgs& a, int panel, float* packed) {
   const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
+  if (a.w_blocked16) {  // already k-major: no packing
+    const W* b0 = Block<W>(a, j0 / 16);
+    const Panel<W> p{b0, cols > 16 ? Block<W>(a, j0 / 16 + 1) : b0, 16, cols};
+    for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+    return;
+  }
   Pack<W>(a, j0, cols, packed);
-  const Panel p{packed, cols};
-  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows(a, i0, std::min(kMR, a.m - i0), j0, p);
+  const Panel<float> p{packed, packed + 16, kNR, cols};
+  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, p);
+}
+
+// nt with few rows on a blocked weight: NB blocks (16 NB columns) stream side
+// by side, one vector of each per k-value, into MR x NB accumulators.
+template <int MR, int NB, typename W>
+void DirectBlocked(const GemmArgs& a, int j0) {
+  V16 acc[MR][NB];
+  const W* b[NB];
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) b[q] = Block<W>(a, j0 / 16 + q);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) {
+      acc[i][q] = a.out == GemmOut::kAccumulate
+                      ? Load(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q)
+                      : V16{};
+    }
+  }
+  for (int kk = 0; kk < a.k; ++kk) {
+    V16 w[NB];
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const V16 s = Splat(a.x[i * a.ldx + kk]);
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) acc[i][q] = Fma(s, w[q], acc[i][q]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q)
+      Store(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q, acc[i][q]);
+  }
+}
+
+template <int MR, typename W>
+void DirectBlockedRange(const GemmArgs& a, int j0, int j1) {
+  int j = j0;
+  for (; j + 64 <= j1; j += 64) DirectBlocked<MR, 4, W>(a, j);
+  for (; j < j1; j += 16) DirectBlocked<MR, 1, W>(a, j);
 }
 
 // The entry points, by weight type.

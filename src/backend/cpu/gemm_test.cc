@@ -37,7 +37,7 @@ struct Case {
 
 // Output of one Gemm call: y as float bits, or the fixed-point sums.
 std::vector<int64_t> RunGemm(const Case& c, const std::vector<float>& x, const void* w, DType wtype,
-                             CpuIsa isa, int threads) {
+                             CpuIsa isa, int threads, bool blocked = false) {
   GemmArgs a;
   a.x = x.data();
   a.ldx = c.k + 1;
@@ -52,6 +52,7 @@ std::vector<int64_t> RunGemm(const Case& c, const std::vector<float>& x, const v
   a.threads = threads;
   a.isa = isa;
   a.item_k = c.item_k;
+  a.w_blocked16 = blocked;
   const int64_t ld = c.n + 3;
   std::vector<float> y = Random(static_cast<size_t>(c.m) * ld, 99);
   std::vector<int64_t> acc(static_cast<size_t>(c.m) * ld, 12345);
@@ -128,6 +129,41 @@ TEST(GemmLevels, SixteenBitWeightsComputeTheChainsOfTheirF32Values) {
         EXPECT_EQ(RunGemm(c, x, w16.data(), t, isa, 2), want)
             << CpuIsaName(isa) << " " << (t == DType::kBF16 ? "bf16" : "f16") << " nt=" << c.nt
             << " m=" << c.m << " n=" << c.n << " k=" << c.k;
+      }
+    }
+  }
+}
+
+// Weights stored in blocks of 16 rows, k-major (read where they lie): the
+// same chains as the row-major layout, every level, every weight type.
+TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int m : {1, 2, 4, 5, 9, 40}) {
+      for (auto [n, k] : {std::pair{16, 37}, std::pair{48, 64}, std::pair{160, 100}}) {
+        for (GemmOut out : {GemmOut::kStore, GemmOut::kAccumulate}) {
+          const Case c{true, m, n, k, out, 0};
+          auto x = Random(static_cast<size_t>(m) * (k + 1), 7);
+          auto w = Random(static_cast<size_t>(n) * k, 8);
+          const size_t esize = t == DType::kF32 ? 4 : 2;
+          std::vector<unsigned char> rows(w.size() * esize), blocked(rows.size());
+          for (int r = 0; r < n; ++r) {
+            for (int kk = 0; kk < k; ++kk) {
+              const float v = w[static_cast<size_t>(r) * k + kk];
+              uint16_t h = t == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
+              const void* src = t == DType::kF32 ? static_cast<const void*>(&v) : &h;
+              std::memcpy(&rows[(static_cast<size_t>(r) * k + kk) * esize], src, esize);
+              std::memcpy(&blocked[Blocked16Index(r, kk, k) * esize], src, esize);
+            }
+          }
+          const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
+          for (CpuIsa isa : Levels()) {
+            for (int threads : {1, 2}) {
+              EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true), want)
+                  << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " n=" << n
+                  << " k=" << k << " threads=" << threads;
+            }
+          }
+        }
       }
     }
   }

@@ -25,6 +25,7 @@ void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, 
   a.ldx = ldx;
   a.w = w.data;
   a.wtype = w.dtype;
+  a.w_blocked16 = w.blocked16;
   a.ldw = k;
   a.nt = true;
   a.m = m;
@@ -45,6 +46,7 @@ void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, 
   a.ldx = ldx;
   a.w = w.data;
   a.wtype = w.dtype;
+  a.w_blocked16 = w.blocked16;
   a.ldw = n;
   a.nt = false;
   a.m = m;
@@ -65,6 +67,7 @@ void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int6
   a.ldx = ldx;
   a.w = w.data;
   a.wtype = w.dtype;
+  a.w_blocked16 = w.blocked16;
   a.ldw = n;
   a.nt = false;
   a.m = m;

@@ -51,8 +51,9 @@ int main(int argc, char** argv) {
       "slowest "
       "device's compute time, summed)\n\n",
       devices, seqs, context, steps);
-  std::printf("%-11s %13s %12s %14s %12s   %s\n", "policy", "emulated ms", "wall ms",
-              "max/mean comp", "KV max/min", "per-device compute ms | attention GFLOP | KV MiB");
+  std::printf("%-11s %13s %12s %14s %14s %12s   %s\n", "policy", "emulated ms", "wall ms",
+              "max/mean comp", "max/mean attn", "KV max/min",
+              "per-device compute ms | attention MFLOP | KV MiB");
   for (const auto& name : policies) {
     WorkerGroupOptions o;
     o.model_dir = model;
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
       wall.push_back(t.wall_ns / 1e6);
       for (size_t i = 0; i < active.size(); ++i) {
         compute[i] += t.device_compute_ns[i] / 1e6 / steps;
-        flops[i] += t.device_attention_flops[i] / 1e9 / steps;
+        flops[i] += t.device_attention_flops[i] / 1e6 / steps;
         kv[i] = t.device_kv_bytes[i];
       }
     }
@@ -114,13 +115,16 @@ int main(int argc, char** argv) {
     const double mean = std::accumulate(compute.begin(), compute.end(), 0.0) / compute.size();
     const double mx = *std::max_element(compute.begin(), compute.end());
     auto [kmin, kmax] = std::minmax_element(kv.begin(), kv.end());
+    const double attn_mean = std::accumulate(flops.begin(), flops.end(), 0.0) / flops.size();
+    const double attn_max = *std::max_element(flops.begin(), flops.end());
     std::string per;
     for (size_t i = 0; i < active.size(); ++i) {
-      per += fmt::format("{}d{}: {:.1f}|{:.2f}|{:.0f}", i ? "  " : "", active[i], compute[i],
+      per += fmt::format("{}d{}: {:.1f}|{:.0f}|{:.1f}", i ? "  " : "", active[i], compute[i],
                          flops[i], kv[i] / 1048576.0);
     }
-    std::printf("%-11s %13.1f %12.1f %14.2f %12.2f   %s\n", name.c_str(),
+    std::printf("%-11s %13.1f %12.1f %14.2f %14.2f %12.2f   %s\n", name.c_str(),
                 emulated[emulated.size() / 2], wall[wall.size() / 2], mx / mean,
+                attn_mean > 0 ? attn_max / attn_mean : 1.0,
                 static_cast<double>(*kmax) / std::max<int64_t>(1, *kmin), per.c_str());
     std::fflush(stdout);
   }

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-  libcpp-httplib-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libboost1.81-dev libcpp-httplib-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev
   libnlopt-cxx-dev gnuplot-nox
 )
 if [[ "${1:-}" == "--test" ]]; then

@@ -11,7 +11,9 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/load_bench.h"
 #include "common/clock.h"
+#include "common/fd_limit.h"
 #include "common/rng.h"
 #include "engine/offline_run.h"
 #include "trace/workload.h"
@@ -93,6 +95,71 @@ Sample RunRequest(const std::string& host, int port, const std::string& model,
   return s;
 }
 
+// Load mode: one level of concurrent streams after another, a line each.
+int RunLoadLevels(const LoadOptions& lo, const std::vector<int>& levels, bool json, bool timeline) {
+  std::printf("%7s %7s %6s %6s %6s %7s | %-23s | %-23s | %-20s | %-20s\n", "clients", "served",
+              "429", "failed", "peak", "server", "TTFT ms p50/p90/p99", "TBT ms p50/p90/p99",
+              "/health ms p50/p99/max", "/metrics ms p50/p99/max");
+  nlohmann::json out = nlohmann::json::array();
+  bool all_answered = true;
+  for (int n : levels) {
+    if (n < 1) return Fail("--concurrency: levels must be positive");
+    auto r = RunLoad(lo, n);
+    if (!r.ok()) return Fail(r.status().ToString());
+    std::printf(
+        "%7d %7d %6d %6d %6d %7lld | %6.0f %7.0f %8.0f | %6.1f %7.1f %8.1f | %5.1f %6.1f %7.1f | "
+        "%5.1f %6.1f %7.1f\n",
+        n, r->served, r->refused_429, r->failed, r->peak_open,
+        static_cast<long long>(r->peak_server_connections), r->ttft_ms.p50, r->ttft_ms.p90,
+        r->ttft_ms.p99, r->tbt_ms.p50, r->tbt_ms.p90, r->tbt_ms.p99, r->health_ms.p50,
+        r->health_ms.p99, r->health_ms.max, r->metrics_ms.p50, r->metrics_ms.p99,
+        r->metrics_ms.max);
+    if (r->failed || r->probes_failed) {
+      std::printf("        %d probes failed%s%s\n", r->probes_failed,
+                  r->first_error.empty() ? "" : "; first request error: ", r->first_error.c_str());
+    }
+    if (timeline) {
+      // Per second of the level: the slowest probes, and the requests open.
+      std::printf("        %6s %8s %12s %12s\n", "second", "open", "/health ms", "/metrics ms");
+      for (size_t k = 0; k < r->probes.size();) {
+        const int sec = static_cast<int>(r->probes[k].at_s);
+        double h = 0, m = 0;
+        int open = 0;
+        for (; k < r->probes.size() && static_cast<int>(r->probes[k].at_s) == sec; ++k) {
+          h = r->probes[k].health_ms < 0 ? 1e9 : std::max(h, r->probes[k].health_ms);
+          m = r->probes[k].metrics_ms < 0 ? 1e9 : std::max(m, r->probes[k].metrics_ms);
+          open = std::max(open, r->probes[k].open);
+        }
+        std::printf("        %6d %8d %12.1f %12.1f\n", sec, open, h, m);
+      }
+    }
+    std::fflush(stdout);
+    all_answered &= r->failed == 0;
+    auto pct = [](const Percentiles& p) {
+      return nlohmann::json{{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"max", p.max}};
+    };
+    out.push_back({{"clients", n},
+                   {"served", r->served},
+                   {"refused_429", r->refused_429},
+                   {"failed", r->failed},
+                   {"first_error", r->first_error},
+                   {"peak_open", r->peak_open},
+                   {"peak_server_connections", r->peak_server_connections},
+                   {"ttft_ms", pct(r->ttft_ms)},
+                   {"tbt_ms", pct(r->tbt_ms)},
+                   {"health_ms", pct(r->health_ms)},
+                   {"metrics_ms", pct(r->metrics_ms)},
+                   {"probes_failed", r->probes_failed},
+                   {"completion_tokens", r->tokens},
+                   {"seconds", r->seconds}});
+  }
+  std::printf(
+      "(peak: requests open at once, client view; server: failsafe_http_connections_open "
+      "at its highest probe)\n");
+  if (json) std::printf("%s\n", out.dump().c_str());
+  return all_answered ? 0 : 1;
+}
+
 }  // namespace
 
 CommandFn RegisterBench(CLI::App& app) {
@@ -102,6 +169,9 @@ CommandFn RegisterBench(CLI::App& app) {
     double rate_scale = 1.0, length_scale = 1.0, slo_ttft = 0, slo_tbt = 0;
     uint64_t seed = 0;
     bool json = false, timeline = false;
+    std::vector<int> concurrency;
+    int input_len = 32, output_len = 32;
+    double level_timeout = 600;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--url", o->url, "the server")->capture_default_str();
@@ -117,8 +187,21 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("--slo-tbt", o->slo_tbt, "time-per-output-token objective in seconds (0: none)");
   app.add_option("--seed", o->seed, "prompt seed")->capture_default_str();
   app.add_flag("--timeline", o->timeline,
-               "print output tokens/s and the worst gap per second of the replay");
+               "print output tokens/s and the worst gap per second of the replay (load mode: the "
+               "slowest /health and /metrics probe and the requests open, per second)");
   app.add_flag("--json", o->json, "print the summary as one JSON object on the last line");
+  app.add_option("--concurrency", o->concurrency,
+                 "load mode instead of a trace: open this many streams at once (a list, e.g. "
+                 "100,500,1000, runs one level after another) and report streams served, 429s, "
+                 "TTFT/TBT, and /health and /metrics latency while they are open")
+      ->delimiter(',');
+  app.add_option("--input-len", o->input_len, "load mode: prompt tokens per request")
+      ->capture_default_str();
+  app.add_option("--output-len", o->output_len, "load mode: tokens generated per request")
+      ->capture_default_str();
+  app.add_option("--level-timeout", o->level_timeout,
+                 "load mode: seconds a level may take before open requests count as failed")
+      ->capture_default_str();
   return [o] {
     httplib::Client probe(o->url);
     auto models = probe.Get("/v1/models");
@@ -133,6 +216,17 @@ CommandFn RegisterBench(CLI::App& app) {
     const std::string host_port = o->url.substr(o->url.find("//") + 2);
     const std::string host = host_port.substr(0, host_port.find(':'));
     const int port = std::stoi(host_port.substr(host_port.find(':') + 1));
+    if (!o->concurrency.empty()) {
+      LoadOptions lo;
+      lo.host = host;
+      lo.port = port;
+      lo.model = model;
+      lo.input_tokens = o->input_len;
+      lo.output_tokens = o->output_len;
+      lo.timeout_s = o->level_timeout;
+      lo.seed = o->seed;
+      return RunLoadLevels(lo, o->concurrency, o->json, o->timeline);
+    }
     WorkloadOptions wo;
     wo.max_requests = o->requests;
     wo.length_scale = o->length_scale;
@@ -145,6 +239,14 @@ CommandFn RegisterBench(CLI::App& app) {
     if (w->skipped)
       std::fprintf(stderr, "skipped %d requests that do not fit the context\n", w->skipped);
     const int n = static_cast<int>(w->requests.size());
+    // Requests may all be open at once: one connection each.
+    const FileLimit limit = RaiseOpenFileLimit(n + 64);
+    if (limit.soft < n + 16) {
+      std::fprintf(stderr,
+                   "warning: the open-file limit (%lld) is below the %d requests; some may fail "
+                   "to connect if they overlap (ulimit -n)\n",
+                   static_cast<long long>(limit.soft), n);
+    }
     std::vector<Sample> samples(n);
     std::vector<std::thread> threads;
     const int64_t t0 = MonotonicNanos();

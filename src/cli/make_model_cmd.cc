@@ -12,6 +12,7 @@ CommandFn RegisterMakeModel(CLI::App& app) {
     uint64_t seed = 0;
     std::string dtype = "f32";
     int shards = 1;
+    int heads = 0, kv_heads = 0;
   };
   auto o = std::make_shared<Opts>();
   std::string presets;
@@ -22,9 +23,15 @@ CommandFn RegisterMakeModel(CLI::App& app) {
   app.add_option("--dtype", o->dtype, "f32, f16 or bf16")->capture_default_str();
   app.add_option("--shards", o->shards, "number of safetensors files (with an index when > 1)")
       ->capture_default_str();
+  app.add_option("--heads", o->heads, "query heads instead of the preset's")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--kv-heads", o->kv_heads, "KV heads (head groups) instead of the preset's")
+      ->check(CLI::Range(1, 4096));
   return [o] {
     SyntheticModelOptions opts;
     opts.preset = o->preset;
+    opts.num_heads = o->heads;
+    opts.num_kv_heads = o->kv_heads;
     opts.seed = o->seed;
     opts.num_shards = o->shards;
     if (o->dtype == "f32")

@@ -18,6 +18,11 @@ std::string DefaultCacheDir(const std::string& flag_value);
 Result<std::string> ResolveModel(const std::string& model_dir, const std::string& cache_dir,
                                  const std::string& preset);
 
+// Removes what a process killed while it created a model left in the cache
+// (a "<model>.tmp.<pid>" directory whose process is gone); a live process's
+// directory is left alone. Returns how many were removed.
+int RemoveStaleModelTemps(const std::string& cache_dir);
+
 // Creates a synthetic model at `dir` atomically (build in a temporary
 // directory, then rename), unless it already exists.
 Status EnsureSyntheticModel(const std::string& dir, const std::string& preset, uint64_t seed);

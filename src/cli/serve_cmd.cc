@@ -1,13 +1,22 @@
+#include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <future>
+#include <memory>
+#include <thread>
 
+#include "cli/admin_token.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "cli/model_cache.h"
+#include "common/log.h"
 #include "common/units.h"
 #include "model/tokenizer.h"
 #include "server/http_server.h"
@@ -15,17 +24,77 @@
 namespace failsafe {
 
 namespace {
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
+
+// SIGTERM and SIGINT wake the main thread through a pipe (write is
+// async-signal-safe), whatever the HTTP threads are doing.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const int saved = errno;
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+  errno = saved;
+}
+
+Status InstallSignalPipe() {
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    return Internal("pipe: {}", std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  return Status::Ok();
+}
+
+// Written to the pipe when the drain is over.
+constexpr int kDrained = 0x7f;
+
+// Blocks until a signal (or kDrained) arrives; returns it.
+int WaitForSignal() {
+  while (true) {
+    pollfd p{g_signal_pipe[0], POLLIN, 0};
+    if (::poll(&p, 1, -1) < 0 && errno != EINTR) return SIGTERM;
+    char c = 0;
+    if (::read(g_signal_pipe[0], &c, 1) == 1) return c;
+  }
+}
+
+// The engine stops with its devices. A step on a hung device may not end for
+// a long time: past a bound, exit anyway; the devices go with this process
+// (each dies with its parent: PR_SET_PDEATHSIG).
+constexpr int kEngineStopSeconds = 5;
+
+void StopEngine(std::unique_ptr<EngineService> service) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> stopped = done->get_future();
+  std::thread([service = std::move(service), done]() mutable {
+    service.reset();
+    done->set_value();
+  }).detach();
+  if (stopped.wait_for(std::chrono::seconds(kEngineStopSeconds)) == std::future_status::ready)
+    return;
+  FS_LOG_WARN("the engine did not stop within {} s (a device hangs?); exiting without it",
+              kEngineStopSeconds);
+  std::fflush(stdout);
+  ::_exit(0);
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "127.0.0.1" || host == "::1" || host == "localhost" || host.rfind("127.", 0) == 0;
+}
+
 }  // namespace
 
 CommandFn RegisterServe(CLI::App& app) {
   struct Opts {
-    std::string model, cache_dir, host = "127.0.0.1", served_name, admin_token,
-                                  outage_timeout = "30s";
-    std::string router = "load-aware", prefill = "adaptive";
+    std::string model, cache_dir, host = "127.0.0.1", served_name, admin_token, admin_token_file;
+    std::string router = "load-aware", prefill = "adaptive", max_body = "4MiB";
+    std::string outage_timeout = "30s";
     int port = 8000, max_queue = 256, max_batch_tokens = 1024, max_num_seqs = 128,
-        max_model_len = 0;
+        max_model_len = 0, max_connections = 4096, http_threads = 2;
+    double drain_timeout = 30;
     bool enable_admin = false;
     DeviceFlags dev;
   };
@@ -51,10 +120,37 @@ CommandFn RegisterServe(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--max-num-seqs", o->max_num_seqs, "running sequences")->capture_default_str();
   app.add_option("--max-model-len", o->max_model_len, "context length (default: the model's)");
+  app.add_option("--max-connections", o->max_connections,
+                 "open HTTP connections; more are answered 429 and closed")
+      ->capture_default_str();
+  app.add_option("--max-body", o->max_body,
+                 "largest request body (413 beyond, refused before it is read)")
+      ->capture_default_str();
+  app.add_option("--http-threads", o->http_threads, "HTTP event-loop threads")
+      ->capture_default_str();
+  app.add_option("--drain-timeout", o->drain_timeout,
+                 "seconds that requests in flight get to finish after SIGTERM")
+      ->capture_default_str();
   app.add_flag("--enable-admin", o->enable_admin, "enable /admin/* (failure injection, status)");
+  app.add_option("--admin-token-file", o->admin_token_file,
+                 "admin calls need the bearer token in this file (or in FAILSAFE_ADMIN_TOKEN); "
+                 "default: loopback clients only");
   app.add_option("--admin-token", o->admin_token,
-                 "admin calls need this bearer token (default: loopback only)");
+                 "the admin token itself (visible to `ps`: prefer --admin-token-file)");
   return [o] {
+    if (o->max_connections < 1) return Fail("--max-connections must be at least 1");
+    if (o->http_threads < 1) return Fail("--http-threads must be at least 1");
+    if (o->drain_timeout < 0) return Fail("--drain-timeout must not be negative");
+    auto max_body = ParseBytes(o->max_body);
+    if (!max_body.ok() || *max_body < 1) return Fail("--max-body: expected a size such as 4MiB");
+    auto token = ResolveAdminToken(o->admin_token, o->admin_token_file);
+    if (!token.ok()) return Fail(token.status().message());
+    if (o->enable_admin && token->empty() && !IsLoopbackHost(o->host)) {
+      FS_LOG_WARN(
+          "the admin API is enabled on {} without a token: it answers loopback clients only, and "
+          "any proxy on this host passes as one; set --admin-token-file or FAILSAFE_ADMIN_TOKEN",
+          o->host);
+    }
     auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
     if (!dir.ok()) return Fail(dir.status().ToString());
     auto tok = Tokenizer::Load(*dir + "/tokenizer.json");
@@ -68,6 +164,8 @@ CommandFn RegisterServe(CLI::App& app) {
     if (!sc.ok()) return Fail(sc.status().message());
     auto mode = ParseRecoveryMode(o->dev.recovery);
     if (!mode.ok()) return Fail("--recovery: " + mode.status().message());
+    Status signals = InstallSignalPipe();
+    if (!signals.ok()) return Fail(signals.ToString());
     o->dev.max_step_tokens = o->max_batch_tokens;
     o->dev.max_seqs = o->max_num_seqs;
     auto exec = MakeExecutor(*dir, o->dev);
@@ -79,26 +177,45 @@ CommandFn RegisterServe(CLI::App& app) {
     auto outage = ParseDuration(o->outage_timeout);
     if (!outage.ok()) return Fail("--outage-timeout: " + outage.status().message());
     so.outage_timeout_ms = static_cast<int64_t>(*outage * 1e3);
-    EngineService service(std::move(*exec), *sc, eo, so);
+    auto service = std::make_unique<EngineService>(std::move(*exec), *sc, eo, so);
     ServerOptions opts;
     opts.host = o->host;
     opts.port = o->port;
     opts.model_name =
         o->served_name.empty() ? std::filesystem::path(*dir).filename().string() : o->served_name;
     opts.enable_admin = o->enable_admin;
-    opts.admin_token = o->admin_token;
-    HttpServer server(&service, tok->get(), opts);
-    Status st = server.Start();
+    opts.admin_token = *token;
+    opts.max_connections = o->max_connections;
+    opts.max_body_bytes = *max_body;
+    opts.io_threads = o->http_threads;
+    auto server = std::make_unique<HttpServer>(service.get(), tok->get(), opts);
+    Status st = server->Start();
     if (!st.ok()) return Fail(st.ToString());
     std::printf("serving %s on http://%s:%d (%d devices, placement %s, recovery %s%s)\n",
-                opts.model_name.c_str(), opts.host.c_str(), server.port(), o->dev.devices,
+                opts.model_name.c_str(), opts.host.c_str(), server->port(), o->dev.devices,
                 o->dev.placement.c_str(), o->dev.recovery.c_str(),
                 opts.enable_admin ? ", admin enabled" : "");
     std::fflush(stdout);
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    while (!g_stop) ::usleep(100000);
-    server.Stop();
+    const int sig = WaitForSignal();
+    // Drain on its own thread, so that a second signal stops at once.
+    std::printf("%s: draining (up to %g s for requests in flight)\n", strsignal(sig),
+                o->drain_timeout);
+    std::fflush(stdout);
+    int cut = 0;
+    std::thread drain([&] {
+      cut = server->Drain(static_cast<int64_t>(o->drain_timeout * 1000));
+      OnSignal(kDrained);
+    });
+    while (WaitForSignal() != kDrained) {
+      std::printf("second signal: stopping now\n");
+      std::fflush(stdout);
+      server->Stop();
+    }
+    drain.join();
+    server.reset();
+    std::printf("HTTP stopped (%d requests cut short); stopping the devices\n", cut);
+    std::fflush(stdout);
+    StopEngine(std::move(service));
     return 0;
   };
 }

@@ -7,10 +7,12 @@ namespace failsafe {
 StepCost::StepCost(const Plan& plan, const ModelConfig& c, const DeviceSpeed& speed)
     : devices_(plan.active) {
   const double g = c.group_size(), hd = c.head_dim, h = c.hidden_size;
-  pair_time_ = 4.0 * g * hd / speed.flops_per_s;
+  group_size_ = c.group_size();
+  pair_time_ = 4.0 * hd / speed.flops_per_s;
   kv_time_ = 8.0 * hd / speed.bytes_per_s;
-  proj_time_ = 2.0 * h * (2 * g + 2) * hd / speed.flops_per_s;
-  tp_head_layers_.assign(plan.num_devices, 0);
+  proj_time_ = 4.0 * h * hd / speed.flops_per_s;
+  tp_query_layers_.assign(plan.num_devices, 0);
+  tp_kv_layers_.assign(plan.num_devices, 0);
   ffn_time_per_token_.assign(plan.num_devices, 0);
   fixed_.assign(plan.num_devices, 0);
   time_.assign(plan.num_devices, 0);
@@ -18,16 +20,19 @@ StepCost::StepCost(const Plan& plan, const ModelConfig& c, const DeviceSpeed& sp
   const double moe_share =
       c.is_moe() ? static_cast<double>(c.experts_per_token) / c.num_experts : 1.0;
   for (int d : plan.active) {
-    tp_head_layers_[d] = plan.num_tp_heads_total(d);
+    tp_query_layers_[d] = plan.num_tp_queries_total(d);
+    tp_kv_layers_[d] = plan.num_tp_heads_total(d);
     double shards = 0;
     for (auto& l : plan.layers) shards += l.ffn_shards[d].size();
     ffn_time_per_token_[d] =
         2.0 * 3 * plan.shape.shard_width * h * shards * moe_share / speed.flops_per_s;
-    // Weights read once per step: attention heads (TP and DP) and FFN shards.
-    const double head_bytes = ((g + 2) * hd * h + g * hd * h) * 4;
+    // Weights read once per step: attention (q and o per query head, k and v
+    // per head group; TP and DP) and FFN shards.
+    const double head_bytes = 2.0 * hd * h * 4;
+    const double queries = tp_query_layers_[d] + dp_head_layers_ * g;
+    const double groups = tp_kv_layers_[d] + dp_head_layers_;
     const double shard_bytes = 3.0 * plan.shape.shard_width * h * 4;
-    fixed_[d] = ((tp_head_layers_[d] + dp_head_layers_) * head_bytes + shards * shard_bytes) /
-                speed.bytes_per_s;
+    fixed_[d] = ((queries + groups) * head_bytes + shards * shard_bytes) / speed.bytes_per_s;
   }
   Reset();
 }
@@ -42,16 +47,17 @@ void StepCost::GrowChunk(int n, int delta, int l, int dp_rank) {
   if (delta <= 0) return;
   // Growing a chunk adds attention pairs and projections; the context is read
   // once per chunk, so a new chunk (n == 0) also pays its read.
+  const double pairs = AttentionPairs(n + delta, l) - AttentionPairs(n, l);
+  const double reads = (n == 0 ? l : 0) + delta;
+  auto heads_time = [&](double queries, double groups) {
+    return queries * (pairs * pair_time_ + delta * proj_time_) +
+           groups * (delta * proj_time_ + reads * kv_time_);
+  };
   for (int d : devices_) {
-    double extra =
-        tp_head_layers_[d] * ((AttentionPairs(n + delta, l) - AttentionPairs(n, l)) * pair_time_ +
-                              delta * proj_time_ + (n == 0 ? l : 0) * kv_time_ + delta * kv_time_);
+    double extra = heads_time(tp_query_layers_[d], tp_kv_layers_[d]);
     extra += delta * ffn_time_per_token_[d];
-    if (d == dp_rank && dp_head_layers_ > 0) {
-      extra +=
-          dp_head_layers_ * ((AttentionPairs(n + delta, l) - AttentionPairs(n, l)) * pair_time_ +
-                             delta * proj_time_ + (n == 0 ? l : 0) * kv_time_ + delta * kv_time_);
-    }
+    if (d == dp_rank && dp_head_layers_ > 0)
+      extra += heads_time(dp_head_layers_ * group_size_, dp_head_layers_);
     time_[d] += extra;
   }
 }

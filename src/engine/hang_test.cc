@@ -126,6 +126,7 @@ TEST(Hang, StoppedDeviceIsFencedAtTheDerivedDeadlineAndRejoins) {
   WorkerGroup* group = g->get();
   Engine e(group, Scheduler());
   const pid_t victim = group->device_pid(2);
+  ASSERT_GT(victim, 0);  // kill(-1, ...) would signal every process
   int64_t stopped_ns = 0;
   Outcome got = Drive(e, Workload(), [&](int step) {
     if (step == 12) {
@@ -170,6 +171,7 @@ TEST(Hang, ContinuedBeforeTheDeadlineCostsNothing) {
   ASSERT_TRUE(g.ok());
   Engine e(g->get(), Scheduler());
   const pid_t victim = (*g)->device_pid(1);
+  ASSERT_GT(victim, 0);
   std::thread resumer;
   Outcome got = Drive(e, Workload(), [&](int step) {
     if (step == 10) {
@@ -220,6 +222,7 @@ TEST(Hang, StoppedWhileIdleIsFoundByTheHeartbeat) {
   Engine e(g->get(), Scheduler());
   Drive(e, Requests(2, 5, 9));
   const pid_t victim = (*g)->device_pid(0);
+  ASSERT_GT(victim, 0);
   ::kill(victim, SIGSTOP);
   const int64_t t0 = MonotonicNanos();
   ASSERT_TRUE(e.CheckHealth().ok());
@@ -239,6 +242,7 @@ TEST(Hang, GlooGroupsFindTheStoppedDeviceAndRecover) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   Engine e(g->get(), Scheduler());
   const pid_t victim = (*g)->device_pid(1);
+  ASSERT_GT(victim, 0);
   Outcome got = Drive(e, Workload(), [&](int step) {
     if (step == 8) ::kill(victim, SIGSTOP);
   });

@@ -16,14 +16,12 @@ namespace {
 // engine degraded (it tries again at the next health check).
 constexpr int kMaxPlanAttempts = 3;
 
-// The device that writes the KV of (layer, head) for a sequence with DP rank
-// `dp_rank` under `plan`, or -1.
-int Writer(const Plan& plan, int layer, int head, int dp_rank) {
-  if (plan.IsDpHead(layer, head)) return dp_rank;
-  for (int d : plan.active) {
-    if (plan.HoldsTpHead(d, layer, head)) return d;
-  }
-  return -1;
+// The devices that cache the KV of (layer, head) for a sequence with DP rank
+// `dp_rank` under `plan`: its DP rank, or every holder of a TP head group
+// (several if it is replicated).
+std::vector<int> KvHolders(const Plan& plan, int layer, int head, int dp_rank) {
+  if (plan.IsDpHead(layer, head)) return {dp_rank};
+  return plan.TpHolders(layer, head);
 }
 
 double MsSince(int64_t t0) { return (MonotonicNanos() - t0) * 1e-6; }
@@ -171,11 +169,17 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
         restore = 0;
       } else {
         const int old_rank = prev_rank.count(s->id) ? prev_rank[s->id] : s->dp_rank;
+        // A slot's KV is in the backup as far as its old writer copied it.
+        // It limits the restore when a device starts to cache the slot, or
+        // when its writer changes (the new one continues from there).
         for (int l = 0; l < config.num_layers && restore > 0; ++l) {
           for (int h = 0; h < config.num_kv_heads; ++h) {
-            const int was = Writer(prev, l, h, old_rank), will = Writer(*next, l, h, s->dp_rank);
-            const bool moves = was != will || !std::count(alive.begin(), alive.end(), was) ||
-                               options_.recovery == RecoveryMode::kHost || conservative;
+            const int was = prev.KvWriter(l, h, old_rank), will = next->KvWriter(l, h, s->dp_rank);
+            const std::vector<int> before = KvHolders(prev, l, h, old_rank);
+            bool moves = was != will || !std::count(alive.begin(), alive.end(), was) ||
+                         options_.recovery == RecoveryMode::kHost || conservative;
+            for (int d : KvHolders(*next, l, h, s->dp_rank))
+              moves |= !std::count(before.begin(), before.end(), d);
             if (moves) restore = std::min(restore, was >= 0 ? backup->Restorable(s->id, was) : 0);
           }
         }

@@ -151,6 +151,53 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
                                            std::make_tuple(RecoveryMode::kRecompute, "tiny-llama"),
                                            std::make_tuple(RecoveryMode::kFull, "tiny-mixtral")));
 
+// More devices than head groups (stories260K's shape: 4 groups of 2 query
+// heads on 8 devices): replicated groups (nonuniform, cyclic) or pure DP
+// attention (hybrid), through failures (device 0 writes the backup of group 0
+// in layer 0), down to whole groups on 4 devices, and rejoins back.
+class ReplicaTest : public ::testing::TestWithParam<std::tuple<Policy, RecoveryMode>> {};
+
+TEST_P(ReplicaTest, FailuresAndRejoinsKeepEveryRequestAndOutput) {
+  auto [policy, mode] = GetParam();
+  Workload w = MakeWorkload(16, 9);
+  const RunSummary& want = Reference("stories-260k", w, 9);
+  Scenario s;
+  s.preset = "stories-260k";
+  s.policy = policy;
+  s.mode = mode;
+  auto got = RunScenario(
+      s, w, {Kill(0, 4), Kill(3, 8), Kill(5, 8), Kill(6, 12), Back(6, 16), Back(0, 20)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 16);
+  std::vector<int> joined;
+  for (const RecoveryReport& r : got->recoveries)
+    joined.insert(joined.end(), r.joined_devices.begin(), r.joined_devices.end());
+  EXPECT_EQ(joined, (std::vector<int>{6, 0}));
+  const RecoveryReport& first = got->recoveries[0];
+  EXPECT_EQ(first.failed_devices, std::vector<int>{0});
+  if (policy != Policy::kHybrid && mode == RecoveryMode::kFull) {
+    // Device 0's head group lives on: its replica already caches the KV and
+    // only takes device 0's query heads from the host.
+    EXPECT_EQ(first.kv_restored_bytes, 0);
+    EXPECT_GT(first.weight_host_bytes, 0);
+  } else {
+    // Pure DP attention: requests whose DP rank was device 0 move with their
+    // KV; host mode restores every device's KV.
+    EXPECT_GT(first.kv_restored_bytes, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MoreDevicesThanHeadGroups, ReplicaTest,
+                         ::testing::Values(std::make_tuple(Policy::kNonUniform,
+                                                           RecoveryMode::kFull),
+                                           std::make_tuple(Policy::kCyclic, RecoveryMode::kFull),
+                                           std::make_tuple(Policy::kHybrid, RecoveryMode::kFull),
+                                           std::make_tuple(Policy::kCyclic, RecoveryMode::kHost)),
+                         [](const auto& info) {
+                           return std::string(PolicyName(std::get<0>(info.param))) + "_" +
+                                  RecoveryModeName(std::get<1>(info.param));
+                         });
+
 TEST(Recovery, FullModeMovesOnlyTheDeadDevicesShare) {
   Workload w = MakeWorkload(12, 2);
   Scenario full, host;
@@ -256,7 +303,9 @@ TEST(Recovery, HungWorkerIsDeclaredDead) {
   o.step_timeout_ms = 1500;
   auto group = WorkerGroup::Start(o);
   ASSERT_TRUE(group.ok());
-  ::kill((*group)->device_pid(2), SIGSTOP);
+  const pid_t victim = (*group)->device_pid(2);
+  ASSERT_GT(victim, 0);  // kill(-1, ...) would signal every process
+  ::kill(victim, SIGSTOP);
   SchedulerConfig sc;
   sc.max_model_len = 1024;
   Engine engine(group->get(), sc);

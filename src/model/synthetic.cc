@@ -19,7 +19,8 @@ namespace failsafe {
 using nlohmann::json;
 
 std::vector<std::string> SyntheticPresetNames() {
-  return {"tiny-llama", "tiny-mixtral", "small-llama", "1b-llama"};
+  return {"tiny-llama",  "tiny-mixtral",  "small-llama", "1b-llama",
+          "micro-llama", "micro-mixtral", "stories-260k"};
 }
 
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
@@ -71,6 +72,45 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.vocab_size = 32000;
     c.max_position_embeddings = 4096;
     c.rope_theta = 10000.0;
+  } else if (preset == "micro-llama") {
+    c.architecture = Architecture::kLlama;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 8;
+    c.intermediate_size = 96;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rope_theta = 10000.0;
+  } else if (preset == "micro-mixtral") {
+    c.architecture = Architecture::kMixtral;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 8;
+    c.intermediate_size = 48;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rope_theta = 1000000.0;
+    c.num_experts = 4;
+    c.experts_per_token = 2;
+    c.tie_word_embeddings = true;
+    c.sliding_window = 24;
+  } else if (preset == "stories-260k") {
+    // The shape of Karpathy's llama2.c stories260K.
+    c.architecture = Architecture::kLlama;
+    c.hidden_size = 64;
+    c.num_layers = 5;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 8;
+    c.intermediate_size = 172;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 512;
+    c.rope_theta = 10000.0;
+    c.tie_word_embeddings = true;
   } else {
     std::string names;
     for (auto& n : SyntheticPresetNames()) names += (names.empty() ? "" : ", ") + n;
@@ -369,8 +409,21 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
 
 }  // namespace
 
+Result<ModelConfig> SyntheticConfig(const SyntheticModelOptions& options) {
+  FS_ASSIGN_OR_RETURN(ModelConfig c, SyntheticPresetConfig(options.preset));
+  if (options.num_heads < 0 || options.num_kv_heads < 0)
+    return InvalidArgument("head counts must be positive");
+  if (options.num_heads > 0) c.num_heads = options.num_heads;
+  if (options.num_kv_heads > 0) c.num_kv_heads = options.num_kv_heads;
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return InvalidArgument("{} query heads cannot be grouped over {} KV heads", c.num_heads,
+                           c.num_kv_heads);
+  }
+  return c;
+}
+
 Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& options) {
-  FS_ASSIGN_OR_RETURN(ModelConfig config, SyntheticPresetConfig(options.preset));
+  FS_ASSIGN_OR_RETURN(ModelConfig config, SyntheticConfig(options));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Internal("{}: cannot create directory: {}", dir, ec.message());

@@ -13,7 +13,9 @@
 
 namespace failsafe {
 
-// Known presets: tiny-llama, tiny-mixtral, small-llama, 1b-llama.
+// Known presets: tiny-llama, tiny-mixtral, small-llama, 1b-llama, and for
+// fast tests of any head layout micro-llama and micro-mixtral; stories-260k
+// has the shape of Karpathy's stories260K (random weights).
 std::vector<std::string> SyntheticPresetNames();
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset);
 
@@ -23,7 +25,15 @@ struct SyntheticModelOptions {
   DType dtype = DType::kF32;
   // Split model.safetensors into this many files with an index (1: one file).
   int num_shards = 1;
+  // Attention layout instead of the preset's (0: keep it): query heads and KV
+  // heads (head groups); the head dimension stays the preset's.
+  int num_heads = 0;
+  int num_kv_heads = 0;
 };
+
+// The preset's config with the options' overrides; fails on a layout that is
+// not grouped-query attention (query heads a multiple of the KV heads).
+Result<ModelConfig> SyntheticConfig(const SyntheticModelOptions& options);
 
 // Writes the model into `dir` (created if missing).
 Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& options);

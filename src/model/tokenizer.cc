@@ -104,7 +104,8 @@ class Tokenizer::Regex {
   }
   ~Regex() { pcre2_code_free(code_); }
 
-  // Calls fn(begin, end) for every piece: matches and the gaps between them.
+  // Calls fn(begin, end) for every piece: matches and the gaps between them,
+  // until fn returns false.
   template <typename Fn>
   void Split(std::string_view text, Fn fn) const {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
@@ -120,8 +121,14 @@ class Tokenizer::Regex {
         while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
         continue;
       }
-      if (b > gap_start) fn(gap_start, b);
-      fn(b, e);
+      if (b > gap_start && !fn(gap_start, b)) {
+        gap_start = text.size();
+        break;
+      }
+      if (!fn(b, e)) {
+        gap_start = text.size();
+        break;
+      }
       pos = gap_start = e;
     }
     if (gap_start < text.size()) fn(gap_start, text.size());
@@ -265,8 +272,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Parse(std::string_view text,
                      [](const AddedToken& x, const AddedToken& y) {
                        return x.content.size() > y.content.size();
                      });
-    for (size_t i = 0; i < t->added_.size(); ++i)
+    for (size_t i = 0; i < t->added_.size(); ++i) {
       t->added_by_id_[t->added_[i].id] = static_cast<int>(i);
+      if (!t->added_[i].content.empty())
+        t->added_first_byte_[static_cast<unsigned char>(t->added_[i].content[0])] = true;
+    }
   }
 
   // normalizer: none supported
@@ -386,12 +396,17 @@ bool Tokenizer::IsSpecial(int id) const {
   return added_[added_by_id_[id]].special;
 }
 
-std::vector<int> Tokenizer::Encode(std::string_view text, bool add_special) const {
+std::vector<int> Tokenizer::Encode(std::string_view text, bool add_special,
+                                   size_t max_tokens) const {
   std::vector<int> out;
   if (add_special) out = prefix_ids_;
   // Added tokens are matched in the raw text first, longest first.
   size_t chunk_start = 0;
   for (size_t i = 0; i < text.size();) {
+    if (!added_first_byte_[static_cast<unsigned char>(text[i])]) {
+      ++i;
+      continue;
+    }
     const AddedToken* hit = nullptr;
     for (auto& a : added_) {
       if (text.compare(i, a.content.size(), a.content) == 0) {
@@ -403,24 +418,30 @@ std::vector<int> Tokenizer::Encode(std::string_view text, bool add_special) cons
       ++i;
       continue;
     }
-    if (i > chunk_start) EncodeChunk(text.substr(chunk_start, i - chunk_start), &out);
+    if (i > chunk_start) EncodeChunk(text.substr(chunk_start, i - chunk_start), &out, max_tokens);
+    if (out.size() > max_tokens) return out;
     out.push_back(hit->id);
+    if (out.size() > max_tokens) return out;
     i += hit->content.size();
     chunk_start = i;
   }
-  if (chunk_start < text.size()) EncodeChunk(text.substr(chunk_start), &out);
+  if (chunk_start < text.size()) EncodeChunk(text.substr(chunk_start), &out, max_tokens);
+  if (out.size() > max_tokens) return out;
   if (add_special) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
 }
 
-void Tokenizer::EncodeChunk(std::string_view text, std::vector<int>* out) const {
+void Tokenizer::EncodeChunk(std::string_view text, std::vector<int>* out, size_t max_tokens) const {
   std::string buf;
   if (add_prefix_space_ && !text.empty() && text[0] != ' ') {
     buf = " ";
     buf += text;
     text = buf;
   }
-  split_->Split(text, [&](size_t b, size_t e) { EncodeWord(text.substr(b, e - b), out); });
+  split_->Split(text, [&](size_t b, size_t e) {
+    EncodeWord(text.substr(b, e - b), out);
+    return out->size() <= max_tokens;
+  });
 }
 
 void Tokenizer::EncodeWord(std::string_view word, std::vector<int>* out) const {

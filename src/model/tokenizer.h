@@ -10,6 +10,7 @@
 // Thread-safety: immutable after Load; Encode/Decode may run on any thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -29,7 +30,11 @@ class Tokenizer {
                                                   const std::string& source);
 
   // add_special: apply the post-processor's template (e.g. a leading BOS).
-  std::vector<int> Encode(std::string_view text, bool add_special = false) const;
+  // Stops early once more than `max_tokens` ids are out: the result then has
+  // more than max_tokens ids but is not the whole encoding (a context-length
+  // check that does not tokenize a huge text whole).
+  std::vector<int> Encode(std::string_view text, bool add_special = false,
+                          size_t max_tokens = SIZE_MAX) const;
   // Bytes for the ids; special tokens are dropped when skip_special is set.
   // Ids outside the vocabulary decode to nothing.
   std::string Decode(const std::vector<int>& ids, bool skip_special = false) const;
@@ -54,7 +59,7 @@ class Tokenizer {
   class Regex;
 
   Tokenizer();
-  void EncodeChunk(std::string_view text, std::vector<int>* out) const;
+  void EncodeChunk(std::string_view text, std::vector<int>* out, size_t max_tokens) const;
   void EncodeWord(std::string_view word, std::vector<int>* out) const;
 
   std::unordered_map<std::string, int> vocab_;      // byte-level token string -> id
@@ -62,6 +67,7 @@ class Tokenizer {
   std::unordered_map<uint64_t, MergeInfo> merges_;  // (left id << 32 | right id) -> merge
   std::vector<AddedToken> added_;                   // longest content first
   std::vector<int> added_by_id_;                    // id -> index in added_, or -1
+  bool added_first_byte_[256] = {};                 // a byte that starts an added token
   std::unique_ptr<Regex> split_;                    // pre-tokenizer regex
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;

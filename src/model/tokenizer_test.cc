@@ -28,6 +28,28 @@ TEST(Tokenizer, RoundTripsText) {
   }
 }
 
+// Encoding with a limit stops just past it, with a prefix of the whole
+// encoding; under the limit it is the whole encoding.
+TEST(Tokenizer, EncodeStopsPastALimit) {
+  auto t = Synthetic(2048);
+  std::string text;
+  for (int i = 0; i < 400; ++i)
+    text += "word" + std::to_string(i) + (i % 7 ? " " : " <|eot_id|> ") + "héllo ";
+  for (bool special : {false, true}) {
+    const std::vector<int> all = t->Encode(text, special);
+    ASSERT_GT(all.size(), 500u);
+    for (size_t limit : {size_t{0}, size_t{1}, size_t{37}, size_t{300}, all.size() - 1}) {
+      const std::vector<int> part = t->Encode(text, special, limit);
+      EXPECT_GT(part.size(), limit);
+      EXPECT_LT(part.size(), all.size() + 1);
+      ASSERT_LE(part.size(), all.size());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin())) << limit;
+    }
+    EXPECT_EQ(t->Encode(text, special, all.size()), all);
+    EXPECT_EQ(t->Encode(text, special, all.size() + 100), all);
+  }
+}
+
 TEST(Tokenizer, RoundTripsRandomBytes) {
   auto t = Synthetic(1024);
   Rng rng(3);

@@ -15,6 +15,7 @@ std::string PlanToJson(const Plan& p) {
   const PlanShape& s = p.shape;
   j["shape"] = {{"num_layers", s.num_layers},
                 {"num_kv_heads", s.num_kv_heads},
+                {"group_size", s.group_size},
                 {"expert_slots", s.expert_slots},
                 {"shards_per_expert", s.shards_per_expert},
                 {"shard_width", s.shard_width},
@@ -23,8 +24,10 @@ std::string PlanToJson(const Plan& p) {
                 {"vocab_size", s.vocab_size}};
   json layers = json::array();
   for (auto& l : p.layers) {
-    layers.push_back(
-        {{"tp_heads", l.tp_heads}, {"dp_heads", l.dp_heads}, {"ffn_shards", l.ffn_shards}});
+    layers.push_back({{"tp_heads", l.tp_heads},
+                      {"tp_queries", l.tp_queries},
+                      {"dp_heads", l.dp_heads},
+                      {"ffn_shards", l.ffn_shards}});
   }
   j["layers"] = layers;
   j["vocab_chunks"] = p.vocab_chunks;
@@ -43,6 +46,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
     const json& s = j.at("shape");
     p.shape.num_layers = s.at("num_layers");
     p.shape.num_kv_heads = s.at("num_kv_heads");
+    p.shape.group_size = s.at("group_size");
     p.shape.expert_slots = s.at("expert_slots");
     p.shape.shards_per_expert = s.at("shards_per_expert");
     p.shape.shard_width = s.at("shard_width");
@@ -52,6 +56,7 @@ Result<Plan> PlanFromJson(const std::string& text) {
     for (auto& l : j.at("layers")) {
       LayerPlan lp;
       lp.tp_heads = l.at("tp_heads").get<std::vector<std::vector<int>>>();
+      lp.tp_queries = l.at("tp_queries").get<std::vector<std::vector<int>>>();
       lp.dp_heads = l.at("dp_heads").get<std::vector<int>>();
       lp.ffn_shards = l.at("ffn_shards").get<std::vector<std::vector<int>>>();
       p.layers.push_back(std::move(lp));

@@ -1,6 +1,8 @@
 // Per-device costs of a plan: weight bytes, KV bytes per token and attention
 // FLOPs per token, split into the TP part (every token) and the DP part (only
-// tokens of requests whose DP rank the device is).
+// tokens of requests whose DP rank the device is). A replicated head group
+// costs each of its devices the K/V projection and the KV cache, and the
+// query heads it computes.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +23,23 @@ struct DeviceCost {
   double dp_attn_flops_per_token = 0;            // same for the DP heads, per owned token
   double attn_core_flops_per_context_token = 0;  // scores + values, TP heads, per (query, key) pair
   double ffn_flops_per_token =
-      0;               // dense: its shards; MoE: its shards x experts per token / experts
-  int tp_heads = 0;    // over all layers
-  int ffn_shards = 0;  // over all layers and experts
+      0;                   // dense: its shards; MoE: its shards x experts per token / experts
+  int tp_heads = 0;        // head groups whose KV it caches (TP), over all layers
+  int tp_query_heads = 0;  // query heads it computes (TP), over all layers
+  int ffn_shards = 0;      // over all layers and experts
 };
 
 std::vector<DeviceCost> PlanCosts(const Plan& plan, const ModelConfig& config);
+
+// How evenly a plan spreads the work that every token costs (its TP part),
+// and what replicated head groups cost in KV.
+struct PlanBalance {
+  int max_replicas = 1;           // most devices holding one TP head group
+  double compute_over_mean = 1;   // busiest device's TP attention + FFN FLOPs / the mean
+  double kv_over_mean = 1;        // largest TP KV bytes per token / the mean
+  double kv_held_over_model = 1;  // KV every device caches per token / the model's own
+};
+PlanBalance BalanceOf(const Plan& plan, const ModelConfig& config);
 
 // KV pages each active device can hold within `device_memory_bytes`, after its
 // weights and `reserve_bytes` of activations: [device id] -> pages (0 for

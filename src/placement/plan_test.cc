@@ -14,11 +14,31 @@
 namespace failsafe {
 namespace {
 
-std::vector<ModelConfig> Models() {
-  return {*SyntheticPresetConfig("tiny-llama"), *SyntheticPresetConfig("tiny-mixtral"),
-          *SyntheticPresetConfig("1b-llama"), *PublishedModelConfig("llama-3.1-70b"),
-          *PublishedModelConfig("mixtral-8x22b")};
+ModelConfig Micro(const std::string& preset, int heads, int kv_heads) {
+  SyntheticModelOptions o;
+  o.preset = preset;
+  o.num_heads = heads;
+  o.num_kv_heads = kv_heads;
+  return *SyntheticConfig(o);
 }
+
+// Models with 1, 2, 3, 4 and 8 head groups of 1 to 8 query heads, dense and MoE.
+std::vector<ModelConfig> Models() {
+  return {*SyntheticPresetConfig("tiny-llama"),
+          *SyntheticPresetConfig("tiny-mixtral"),
+          *SyntheticPresetConfig("1b-llama"),
+          *PublishedModelConfig("llama-3.1-70b"),
+          *PublishedModelConfig("mixtral-8x22b"),
+          *SyntheticPresetConfig("stories-260k"),
+          Micro("micro-llama", 4, 1),
+          Micro("micro-mixtral", 2, 1),
+          Micro("micro-llama", 6, 2),
+          Micro("micro-llama", 6, 3),
+          Micro("micro-mixtral", 3, 3),
+          Micro("micro-llama", 8, 8)};
+}
+
+constexpr int kMaxDevices = 12;
 
 std::vector<int> Range(int n) {
   std::vector<int> v(n);
@@ -26,12 +46,22 @@ std::vector<int> Range(int n) {
   return v;
 }
 
+bool StandardAllows(const ModelConfig& c, int tp) {
+  const bool kv = tp <= c.num_kv_heads ? c.num_kv_heads % tp == 0 : tp % c.num_kv_heads == 0;
+  return c.num_heads % tp == 0 && c.intermediate_size % tp == 0 && kv;
+}
+
 // Per-policy balance bounds of a plan (fresh or replanned).
 void ExpectBalanced(const Plan& p, const ModelConfig& c, bool fresh) {
   ASSERT_TRUE(ValidatePlan(p).ok()) << ValidatePlan(p).ToString();
-  const int n = static_cast<int>(p.active.size()), h = c.num_kv_heads;
-  std::vector<int> totals;
-  for (int d : p.active) totals.push_back(p.num_tp_heads_total(d));
+  const int n = static_cast<int>(p.active.size()), h = c.num_kv_heads, g = c.group_size();
+  const bool replicated = p.policy != Policy::kHybrid && n > h;
+  EXPECT_EQ(p.max_replicas() > 1, replicated && g > 1);
+  std::vector<int> totals, query_totals;
+  for (int d : p.active) {
+    totals.push_back(p.num_tp_heads_total(d));
+    query_totals.push_back(p.num_tp_queries_total(d));
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerPlan& lp = p.layers[l];
     int lo = 1 << 30, hi = 0;
@@ -43,9 +73,31 @@ void ExpectBalanced(const Plan& p, const ModelConfig& c, bool fresh) {
       EXPECT_EQ(lo, h / n);
       EXPECT_EQ(hi, h / n);
       EXPECT_EQ(static_cast<int>(lp.dp_heads.size()), h % n);
-    } else {
+    } else if (!replicated) {
       EXPECT_TRUE(lp.dp_heads.empty());
       EXPECT_LE(hi - lo, 1) << "layer " << l;
+      for (int d : p.active) EXPECT_EQ(lp.tp_queries[d].size(), lp.tp_heads[d].size() * g);
+    } else {
+      // One head group per device (none past H * G devices); devices per
+      // group within one; query heads per device of a group within one.
+      EXPECT_TRUE(lp.dp_heads.empty());
+      EXPECT_LE(hi, 1);
+      int holding = 0;
+      for (int d : p.active) holding += static_cast<int>(lp.tp_heads[d].size());
+      EXPECT_EQ(holding, std::min(n, h * g)) << "layer " << l;
+      int rlo = 1 << 30, rhi = 0;
+      for (int k = 0; k < h; ++k) {
+        const auto holders = p.TpHolders(l, k);
+        rlo = std::min<int>(rlo, holders.size());
+        rhi = std::max<int>(rhi, holders.size());
+        int qlo = 1 << 30, qhi = 0;
+        for (int d : holders) {
+          qlo = std::min<int>(qlo, lp.tp_queries[d].size());
+          qhi = std::max<int>(qhi, lp.tp_queries[d].size());
+        }
+        EXPECT_LE(qhi - qlo, 1) << "layer " << l << " group " << k;
+      }
+      EXPECT_LE(rhi - rlo, 1) << "layer " << l;
     }
     for (int e = 0; e < p.shape.expert_slots; ++e) {
       int slo = 1 << 30, shi = 0;
@@ -58,7 +110,7 @@ void ExpectBalanced(const Plan& p, const ModelConfig& c, bool fresh) {
       EXPECT_LE(shi - slo, 1) << "layer " << l << " expert " << e;
     }
   }
-  if (p.policy == Policy::kNonUniform) {
+  if (p.policy == Policy::kNonUniform && (fresh || n <= h * g)) {
     for (int d : p.active) {
       for (int l = 1; l < c.num_layers; ++l)
         EXPECT_EQ(p.layers[l].tp_heads[d].size(), p.layers[0].tp_heads[d].size());
@@ -67,10 +119,15 @@ void ExpectBalanced(const Plan& p, const ModelConfig& c, bool fresh) {
   if (p.policy == Policy::kCyclic) {
     auto [mn, mx] = std::minmax_element(totals.begin(), totals.end());
     EXPECT_LE(*mx - *mn, fresh ? 1 : 2) << "cyclic KV per token is uneven";
+    if (replicated && fresh) {
+      auto [qmn, qmx] = std::minmax_element(query_totals.begin(), query_totals.end());
+      EXPECT_LE(*qmx - *qmn, g) << "cyclic attention work is uneven";
+    }
   }
   if (p.policy == Policy::kStandard) {
-    EXPECT_EQ(n & (n - 1), 0);
-    EXPECT_EQ(h % n, 0);
+    EXPECT_TRUE(StandardAllows(c, n)) << n;
+    for (int t = n + 1; t <= static_cast<int>(p.alive.size()); ++t)
+      EXPECT_FALSE(StandardAllows(c, t)) << "a larger TP size " << t << " was allowed";
   }
   int clo = 1 << 30, chi = 0;
   for (int d : p.active) {
@@ -84,10 +141,11 @@ TEST(Plan, FreshPlansAreValidAndBalanced) {
   for (const auto& c : Models()) {
     for (Policy policy :
          {Policy::kStandard, Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid}) {
-      for (int n = 1; n <= 8; ++n) {
-        auto p = MakePlan(c, policy, 8, Range(n));
+      for (int n = 1; n <= kMaxDevices; ++n) {
+        auto p = MakePlan(c, policy, kMaxDevices, Range(n));
         ASSERT_TRUE(p.ok()) << p.status().ToString();
-        SCOPED_TRACE(std::string(PolicyName(policy)) + " n=" + std::to_string(n));
+        SCOPED_TRACE(std::string(PolicyName(policy)) + " n=" + std::to_string(n) +
+                     " kv=" + std::to_string(c.num_kv_heads) + " q=" + std::to_string(c.num_heads));
         ExpectBalanced(*p, c, true);
         if (policy != Policy::kStandard) {
           EXPECT_EQ(static_cast<int>(p->active.size()), n);
@@ -103,6 +161,81 @@ TEST(Plan, StandardFallsBackToPowersOfTwo) {
   EXPECT_EQ(MakePlan(c, Policy::kStandard, 8, Range(6))->active.size(), 4u);
   EXPECT_EQ(MakePlan(c, Policy::kStandard, 8, Range(3))->active.size(), 2u);
   EXPECT_EQ(MakePlan(c, Policy::kStandard, 8, Range(8))->active.size(), 8u);
+}
+
+// vLLM's rules past the head group count: TP sizes that are multiples of it
+// and divide the query heads (and the FFN); rank r holds KV head r / (tp / H)
+// and query heads [r * Hq / tp, (r + 1) * Hq / tp).
+TEST(Plan, StandardReplicatesKvHeadsLikeVllm) {
+  auto c = Micro("micro-llama", 8, 4);  // FFN 96
+  auto p = MakePlan(c, Policy::kStandard, 12, Range(12));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->active.size(), 8u);  // 12..9 do not divide 8 query heads
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(p->layers[0].tp_heads[r], std::vector<int>{r / 2});
+    EXPECT_EQ(p->layers[0].tp_queries[r], std::vector<int>{r});
+  }
+  EXPECT_EQ(p->max_replicas(), 2);
+  // stories260K's FFN of 172 does not split over 8 devices: TP4, as vLLM would.
+  EXPECT_EQ(MakePlan(*SyntheticPresetConfig("stories-260k"), Policy::kStandard, 8, Range(8))
+                ->active.size(),
+            4u);
+  // Three head groups of two: 3 and 6 devices are valid, 2, 4 and 5 are not.
+  auto three = Micro("micro-llama", 6, 3);
+  for (auto [alive, tp] : std::vector<std::pair<int, int>>{{2, 1}, {3, 3}, {5, 3}, {6, 6}, {8, 6}})
+    EXPECT_EQ(MakePlan(three, Policy::kStandard, 8, Range(alive))->active.size(),
+              static_cast<size_t>(tp))
+        << alive;
+}
+
+// More devices than head groups: nonuniform splits a group's query heads over
+// its replicas; hybrid turns every head into a DP head.
+TEST(Plan, MoreDevicesThanHeadGroups) {
+  auto c = *SyntheticPresetConfig("stories-260k");  // 4 groups of 2 query heads
+  auto nu = MakePlan(c, Policy::kNonUniform, 8, Range(6));
+  ASSERT_TRUE(nu.ok()) << nu.status().ToString();
+  const std::vector<std::vector<int>> heads = {{0}, {0}, {1}, {1}, {2}, {3}, {}, {}};
+  const std::vector<std::vector<int>> queries = {{0}, {1}, {2}, {3}, {4, 5}, {6, 7}, {}, {}};
+  for (int l = 0; l < c.num_layers; ++l) {
+    EXPECT_EQ(nu->layers[l].tp_heads, heads);
+    EXPECT_EQ(nu->layers[l].tp_queries, queries);
+  }
+  // The KV of a replicated group goes to the backup once, by one holder
+  // (which one alternates with the layer); a DP head's by its DP rank.
+  EXPECT_EQ(nu->KvWriter(0, 0, 5), 0);
+  EXPECT_EQ(nu->KvWriter(1, 0, 5), 1);
+  EXPECT_EQ(nu->KvWriter(1, 3, 0), 5);
+  // Six devices cache six groups' KV per layer: 1.5 times the model's.
+  const PlanBalance nb = BalanceOf(*nu, c);
+  EXPECT_EQ(nb.max_replicas, 2);
+  EXPECT_NEAR(nb.kv_held_over_model, 1.5, 1e-9);
+  EXPECT_NEAR(nb.kv_over_mean, 1.0, 1e-9);
+  EXPECT_GT(nb.compute_over_mean, 1.0);  // the devices of unreplicated groups compute two heads
+  EXPECT_NE(PlanReportJson(*nu, c).find("\"tp_query_heads\":5"), std::string::npos);
+
+  auto hy = MakePlan(c, Policy::kHybrid, 8, Range(5));
+  ASSERT_TRUE(hy.ok());
+  for (const auto& l : hy->layers) {
+    EXPECT_EQ(l.dp_heads, (std::vector<int>{0, 1, 2, 3}));
+    for (int d = 0; d < 5; ++d) EXPECT_TRUE(l.tp_heads[d].empty());
+  }
+  EXPECT_EQ(hy->KvWriter(2, 1, 4), 4);
+  auto costs = PlanCosts(*hy, c);
+  EXPECT_EQ(costs[0].tp_kv_bytes_per_token, 0);
+  EXPECT_EQ(costs[0].dp_kv_bytes_per_token, c.KvBytesPerToken());
+  EXPECT_NEAR(BalanceOf(*hy, c).kv_held_over_model, 1.0, 1e-9);
+
+  // Past H * G devices (8 query heads, 12 devices) some devices compute no
+  // attention; cyclic rotates which ones.
+  auto cy = MakePlan(c, Policy::kCyclic, 12, Range(12));
+  ASSERT_TRUE(cy.ok());
+  std::vector<int> idle_layers(12, 0);
+  for (const auto& l : cy->layers) {
+    for (int d = 0; d < 12; ++d) idle_layers[d] += l.tp_heads[d].empty();
+  }
+  EXPECT_LE(*std::max_element(idle_layers.begin(), idle_layers.end()), 2);
+  EXPECT_NE(PlanReport(*cy, c).find("replicated on up to 2 devices"), std::string::npos);
+  EXPECT_NE(PlanReport(*hy, c).find("pure DP attention"), std::string::npos);
 }
 
 TEST(Plan, HybridSevenDevicesHasOneDpHeadPerLayer) {
@@ -131,10 +264,6 @@ TEST(Plan, HybridSevenDevicesHasOneDpHeadPerLayer) {
 
 TEST(Plan, BadRequestsAreRefused) {
   auto c = *SyntheticPresetConfig("tiny-llama");
-  EXPECT_EQ(MakePlan(c, Policy::kHybrid, 16, Range(9)).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakePlan(c, Policy::kStandard, 16, Range(16)).status().code(),
-            StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePlan(c, Policy::kHybrid, 0, {}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePlan(c, Policy::kHybrid, 8, {}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePlan(c, Policy::kHybrid, 8, {0, 8}).status().code(), StatusCode::kOutOfRange);
@@ -153,24 +282,41 @@ TEST(Plan, JsonRoundTrip) {
   EXPECT_FALSE(PlanFromJson("{\"policy\": \"hybrid\"}").ok());
 }
 
+// Head groups of one layer with no surviving device in `next` (TP groups
+// only: a DP head lives on every device).
+int OrphanedGroups(const Plan& prev, const Plan& next, int layer) {
+  int orphans = 0;
+  for (int h = 0; h < prev.shape.num_kv_heads; ++h) {
+    if (prev.IsDpHead(layer, h)) continue;
+    bool survives = false;
+    for (int d : prev.TpHolders(layer, h)) survives |= next.IsActive(d);
+    orphans += !survives;
+  }
+  return orphans;
+}
+
 // Failures and rejoins in a seeded random order: every plan stays valid and
-// balanced, and survivors never pass items among themselves.
+// balanced. With whole head groups survivors never pass items among
+// themselves; with replicated groups a survivor leaves its group only when
+// another group is left without any device, and a failure moves at most that
+// device's query heads between survivors.
 TEST(Replan, MinimalMovementThroughFailuresAndRejoins) {
   for (const auto& c : Models()) {
     for (Policy policy :
          {Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid, Policy::kStandard}) {
-      SCOPED_TRACE(PolicyName(policy));
-      Rng rng(static_cast<uint64_t>(policy) * 100 + c.num_layers);
-      auto plan = MakePlan(c, policy, 8, Range(8));
+      SCOPED_TRACE(std::string(PolicyName(policy)) + " kv=" + std::to_string(c.num_kv_heads) +
+                   " q=" + std::to_string(c.num_heads));
+      Rng rng(static_cast<uint64_t>(policy) * 100 + c.num_layers + c.num_kv_heads);
+      auto plan = MakePlan(c, policy, kMaxDevices, Range(kMaxDevices));
       ASSERT_TRUE(plan.ok());
       Plan cur = *plan;
-      for (int event = 0; event < 12; ++event) {
+      for (int event = 0; event < 24; ++event) {
         std::vector<int> alive = cur.alive;
         std::vector<int> dead;
-        for (int d = 0; d < 8; ++d) {
+        for (int d = 0; d < kMaxDevices; ++d) {
           if (!std::binary_search(alive.begin(), alive.end(), d)) dead.push_back(d);
         }
-        const bool fail = alive.size() > 2 && (dead.empty() || rng.Below(2) == 0);
+        const bool fail = alive.size() > 1 && (dead.empty() || rng.Below(2) == 0);
         int changed;
         if (fail) {
           changed = alive[rng.Below(alive.size())];
@@ -180,14 +326,44 @@ TEST(Replan, MinimalMovementThroughFailuresAndRejoins) {
           alive.push_back(changed);
           std::sort(alive.begin(), alive.end());
         }
+        SCOPED_TRACE((fail ? "fail " : "rejoin ") + std::to_string(changed) + " to " +
+                     std::to_string(alive.size()));
         auto next = Replan(cur, c, alive);
         ASSERT_TRUE(next.ok()) << next.status().ToString();
         ExpectBalanced(*next, c, false);
-        PlanDiff diff = DiffPlans(cur, *next);
-        if (policy != Policy::kStandard) {
-          EXPECT_EQ(diff.moved_between_survivors, 0) << (fail ? "fail " : "rejoin ") << changed;
+        if (policy == Policy::kStandard) {
+          cur = *next;
+          continue;
         }
-        if (fail && policy != Policy::kStandard) {
+        PlanDiff diff = DiffPlans(cur, *next);
+        const bool whole = cur.max_replicas() <= 1 && next->max_replicas() <= 1;
+        if (whole) {
+          EXPECT_EQ(diff.moved_between_survivors, 0);
+        }
+        int orphans = 0;
+        for (int l = 0; l < c.num_layers; ++l) {
+          const int layer_orphans = OrphanedGroups(cur, *next, l);
+          orphans += layer_orphans;
+          // Survivors that stop computing a group they computed for another.
+          int switched = 0;
+          for (int d : next->active) {
+            if (!cur.IsActive(d)) continue;
+            bool lost = false, gained = false;
+            for (int h : cur.layers[l].tp_heads[d]) lost |= !next->HoldsTpHead(d, l, h);
+            for (int h : next->layers[l].tp_heads[d]) gained |= !cur.HoldsTpHead(d, l, h);
+            switched += lost && gained;
+          }
+          if (!whole && fail) {
+            EXPECT_LE(switched, layer_orphans) << "layer " << l;
+          }
+          if (!whole && !fail && cur.active.size() >= static_cast<size_t>(c.num_kv_heads)) {
+            EXPECT_EQ(switched, 0) << "layer " << l;
+          }
+        }
+        if (!whole && fail) {
+          EXPECT_LE(diff.moved_between_survivors, orphans * c.group_size());
+        }
+        if (fail) {
           // Survivors drop nothing when a device fails.
           for (int d : next->active) {
             EXPECT_TRUE(diff.dropped_shards[d].empty());

@@ -1,6 +1,7 @@
 #include "placement/replan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
@@ -20,6 +21,31 @@ std::vector<int> Targets(const std::vector<int>& devices, int items,
                    [&](int a, int b) { return preference[a] > preference[b]; });
   std::vector<int> t(num_devices, 0);
   for (int i = 0; i < n; ++i) t[order[i]] = base + (i < extra ? 1 : 0);
+  return t;
+}
+
+// Counts proportional to `weights` summing to `items` (largest remainder;
+// equal remainders go by preference, higher first). With equal weights this
+// is Targets. [device] -> target.
+std::vector<int> WeightedTargets(const std::vector<int>& devices, int items,
+                                 const std::vector<double>& preference,
+                                 const std::vector<double>& weights, int num_devices) {
+  double total = 0;
+  for (int d : devices) total += weights[d];
+  std::vector<int> t(num_devices, 0);
+  std::vector<std::pair<double, int>> rest;  // (remainder, device)
+  int given = 0;
+  for (int d : devices) {
+    const double quota = items * weights[d] / total;
+    t[d] = static_cast<int>(quota + 1e-9);
+    given += t[d];
+    rest.emplace_back(quota - t[d], d);
+  }
+  std::stable_sort(rest.begin(), rest.end(), [&](const auto& a, const auto& b) {
+    if (std::fabs(a.first - b.first) > 1e-9) return a.first > b.first;
+    return preference[a.second] > preference[b.second];
+  });
+  for (size_t i = 0; given < items; ++i, ++given) t[rest[i % rest.size()].second]++;
   return t;
 }
 
@@ -48,9 +74,169 @@ void Rebalance(const std::vector<int>& devices, const std::vector<int>& target,
   for (auto& h : *held) std::sort(h.begin(), h.end());
 }
 
+// The query heads of head group h among `queries` (ascending).
+std::vector<int> QueriesOf(const std::vector<int>& queries, int h, int group) {
+  std::vector<int> out;
+  for (int q : queries) {
+    if (q / group == h) out.push_back(q);
+  }
+  return out;
+}
+
+// Head groups whole on each active device (no more devices than groups): a
+// survivor keeps the groups it held; a group held in parts by several
+// survivors (replicas before) stays with the one computing most of it. The
+// rest go to the pool. held: [device] -> groups.
+void KeepWholeGroups(const Plan& prev, const LayerPlan& old, const std::vector<int>& act, int heads,
+                     int group, std::vector<std::vector<int>>* held, std::vector<int>* pool) {
+  for (int h = 0; h < heads; ++h) {
+    int keeper = -1;
+    size_t most = 0;
+    for (int d : act) {
+      if (!prev.IsActive(d)) continue;
+      const size_t q = QueriesOf(old.tp_queries[d], h, group).size();
+      if (q > most) {
+        most = q;
+        keeper = d;
+      }
+    }
+    if (keeper >= 0) {
+      (*held)[keeper].push_back(h);
+    } else if (!std::binary_search(old.dp_heads.begin(), old.dp_heads.end(), h)) {
+      pool->push_back(h);
+    }
+  }
+}
+
+// More active devices than head groups, replicating groups (nonuniform,
+// cyclic, standard): each device computes part of one group's query heads.
+// Survivors stay with the group they compute most of, as far as the new
+// per-group device counts allow; a group left without devices takes a device
+// from a group that has more than its count (or a joining one). Within a
+// group, devices keep their query heads up to their new count and the group's
+// orphaned heads go to those below it, in proportion to `weights` if given
+// ([device], see Replan). load: [device] -> query heads given so far (cyclic
+// evens it out); updated.
+void ReplanReplicated(const Plan& prev, const LayerPlan& old, const std::vector<int>& act,
+                      int heads, int group, bool cyclic, const std::vector<double>* weights,
+                      std::vector<int>* load, LayerPlan* lp) {
+  const int nd = static_cast<int>(lp->tp_heads.size());
+  const int n = static_cast<int>(act.size());
+  auto computes = [&](int d, int h) {
+    return prev.IsActive(d) ? static_cast<int>(QueriesOf(old.tp_queries[d], h, group).size()) : 0;
+  };
+  // 1) A survivor's home: the group it computes most of.
+  std::vector<int> home(nd, -1), homes(heads, 0);
+  for (int d : act) {
+    int most = 0;
+    for (int h = 0; h < heads; ++h) {
+      if (computes(d, h) > most) {
+        most = computes(d, h);
+        home[d] = h;
+      }
+    }
+    if (home[d] >= 0) homes[home[d]]++;
+  }
+  // 2) Devices per group: floor or ceil of used / H, at most one per query
+  // head; the extra devices go to the groups with most devices at home.
+  const int used = std::min(n, heads * group);
+  const int base = used / heads, extra = used % heads;
+  std::vector<int> by_homes(heads);
+  std::iota(by_homes.begin(), by_homes.end(), 0);
+  std::stable_sort(by_homes.begin(), by_homes.end(),
+                   [&](int a, int b) { return homes[a] > homes[b]; });
+  std::vector<int> count(heads, base);
+  for (int i = 0; i < extra; ++i) count[by_homes[i]]++;
+  // 3) Each group keeps up to its count of the devices at home there, those
+  // computing most of it first; the others are free.
+  auto less_loaded = [&](int a, int b) {
+    return cyclic && (*load)[a] != (*load)[b] ? (*load)[a] < (*load)[b] : a < b;
+  };
+  std::vector<std::vector<int>> members(heads);
+  std::vector<int> free;
+  for (int h = 0; h < heads; ++h) {
+    std::vector<int> cands;
+    for (int d : act) {
+      if (home[d] == h) cands.push_back(d);
+    }
+    std::stable_sort(cands.begin(), cands.end(), [&](int a, int b) {
+      return computes(a, h) != computes(b, h) ? computes(a, h) > computes(b, h) : less_loaded(a, b);
+    });
+    for (size_t i = 0; i < cands.size(); ++i)
+      (static_cast<int>(i) < count[h] ? members[h] : free).push_back(cands[i]);
+  }
+  for (int d : act) {
+    if (home[d] < 0) free.push_back(d);
+  }
+  // 4) Groups short of devices take free ones: a device computing some of the
+  // group first, then the least loaded (cyclic), then the lowest id.
+  while (!free.empty()) {
+    int h_best = -1;
+    for (int h = 0; h < heads; ++h) {
+      const int deficit = count[h] - static_cast<int>(members[h].size());
+      if (deficit > 0 &&
+          (h_best < 0 || deficit > count[h_best] - static_cast<int>(members[h_best].size())))
+        h_best = h;
+    }
+    if (h_best < 0) break;  // the remaining devices compute no head in this layer
+    auto it = std::min_element(free.begin(), free.end(), [&](int a, int b) {
+      return computes(a, h_best) != computes(b, h_best) ? computes(a, h_best) > computes(b, h_best)
+                                                        : less_loaded(a, b);
+    });
+    members[h_best].push_back(*it);
+    free.erase(it);
+  }
+  // Past H * G devices some compute nothing in this layer. Cyclic rotates
+  // that: an idle device that has computed less so far takes the part of the
+  // busiest one (a joining device takes its share this way).
+  while (cyclic && !free.empty()) {
+    auto idle =
+        std::min_element(free.begin(), free.end(), [&](int a, int b) { return less_loaded(a, b); });
+    int busiest = -1, busiest_h = -1;
+    for (int h = 0; h < heads; ++h) {
+      for (int d : members[h]) {
+        if (busiest < 0 || less_loaded(busiest, d)) {
+          busiest = d;
+          busiest_h = h;
+        }
+      }
+    }
+    if (busiest < 0 || (*load)[busiest] <= (*load)[*idle] + 1) break;
+    std::replace(members[busiest_h].begin(), members[busiest_h].end(), busiest, *idle);
+    *idle = busiest;
+  }
+  // 5) Query heads within each group.
+  for (int h = 0; h < heads; ++h) {
+    std::vector<std::vector<int>> held(nd);
+    std::vector<int> pool;
+    std::vector<char> kept(group, 0);
+    for (int d : members[h]) {
+      held[d] = prev.IsActive(d) ? QueriesOf(old.tp_queries[d], h, group) : std::vector<int>{};
+      for (int q : held[d]) kept[q - h * group] = 1;
+    }
+    for (int j = 0; j < group; ++j) {
+      if (!kept[j]) pool.push_back(h * group + j);
+    }
+    std::vector<double> pref(nd, 0);
+    for (int d : members[h]) {
+      pref[d] = computes(d, h) * 1e6 - (cyclic ? (*load)[d] * 1e3 : 0) + 1e-3 * (nd - d);
+    }
+    Rebalance(members[h],
+              weights ? WeightedTargets(members[h], group, pref, *weights, nd)
+                      : Targets(members[h], group, pref, nd),
+              pool, &held);
+    for (int d : members[h]) {
+      lp->tp_heads[d] = {h};
+      lp->tp_queries[d] = held[d];
+      (*load)[d] += static_cast<int>(held[d].size());
+    }
+  }
+}
+
 }  // namespace
 
-Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vector<int>& alive_in) {
+Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vector<int>& alive_in,
+                    const std::vector<double>* weights_in) {
   std::vector<int> alive = alive_in;
   std::sort(alive.begin(), alive.end());
   // A fresh plan validates the request and fixes the active set and policy.
@@ -68,6 +254,22 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
   const std::vector<int>& act = p.active;
   const int n = static_cast<int>(act.size());
   const int nd = p.num_devices;
+  bool weighted = false;
+  std::vector<double> weights(nd, 1.0);
+  if (weights_in) {
+    if (static_cast<int>(weights_in->size()) != nd)
+      return InvalidArgument("replan: {} weights for {} devices", weights_in->size(), nd);
+    for (int d : act) {
+      if (!((*weights_in)[d] > 0)) return InvalidArgument("replan: device {} has weight <= 0", d);
+      weights[d] = (*weights_in)[d];
+      weighted |= weights[d] != (*weights_in)[act[0]];
+    }
+  }
+  // Targets, in proportion to the weights if they differ.
+  auto targets = [&](int items, const std::vector<double>& pref) {
+    return weighted ? WeightedTargets(act, items, pref, weights, nd)
+                    : Targets(act, items, pref, nd);
+  };
   const int heads = p.shape.num_kv_heads;
   std::vector<int> extras_so_far(nd, 0);  // cyclic: extra heads given per device so far
   std::vector<int> shard_total(nd, 0);    // FFN shards given per device so far
@@ -76,68 +278,71 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
   for (int d : act)
     total_held[d] = prev.IsActive(d) ? prev.num_tp_heads_total(d) + 1e-3 * (nd - d) : 0;
 
+  const int group = p.shape.group_size;
+  std::vector<int> query_load(nd, 0);  // cyclic with replicas: query heads given so far
+
   for (int l = 0; l < p.shape.num_layers; ++l) {
     const LayerPlan& old = prev.layers[l];
     LayerPlan& lp = p.layers[l];
-    std::vector<std::vector<int>> held(nd);
-    std::vector<int> pool;
-    for (int d = 0; d < nd; ++d) {
-      if (p.IsActive(d)) {
-        held[d] = old.tp_heads[d];
-      } else {
-        pool.insert(pool.end(), old.tp_heads[d].begin(), old.tp_heads[d].end());
-      }
-    }
-    std::vector<int> tp_target(nd, 0);
+    lp.tp_heads.assign(nd, {});
+    lp.tp_queries.assign(nd, {});
     lp.dp_heads.clear();
-    if (p.policy == Policy::kHybrid) {
-      const int per = heads / n, dp = heads % n;
-      // DP heads: those already DP first, then orphans, then excess TP heads.
-      std::vector<int> dp_candidates = old.dp_heads;
-      dp_candidates.insert(dp_candidates.end(), pool.begin(), pool.end());
-      std::vector<int> excess;
-      for (int d : act) {
-        for (size_t i = per; i < held[d].size(); ++i) excess.push_back(held[d][i]);
-      }
-      dp_candidates.insert(dp_candidates.end(), excess.begin(), excess.end());
-      std::set<int> dp_set(dp_candidates.begin(),
-                           dp_candidates.begin() + std::min<size_t>(dp, dp_candidates.size()));
-      lp.dp_heads.assign(dp_set.begin(), dp_set.end());
-      for (int d : act) {
-        tp_target[d] = per;
-        std::erase_if(held[d], [&](int h) { return dp_set.count(h); });
-      }
-      pool.clear();
-      for (int h : old.dp_heads) {
-        if (!dp_set.count(h)) pool.push_back(h);
-      }
-      for (int d = 0; d < nd; ++d) {
-        if (!p.IsActive(d)) {
-          for (int h : old.tp_heads[d]) {
-            if (!dp_set.count(h)) pool.push_back(h);
+    if (p.policy != Policy::kHybrid && n > heads) {
+      ReplanReplicated(prev, old, act, heads, group, p.policy == Policy::kCyclic,
+                       weighted ? &weights : nullptr, &query_load, &lp);
+    } else {
+      std::vector<std::vector<int>> held(nd);
+      std::vector<int> pool;
+      KeepWholeGroups(prev, old, act, heads, group, &held, &pool);
+      std::vector<int> tp_target(nd, 0);
+      if (p.policy == Policy::kHybrid) {
+        const int per = heads / n, dp = heads % n;
+        // DP heads: those already DP first, then orphans, then excess TP heads.
+        std::vector<int> dp_candidates = old.dp_heads;
+        dp_candidates.insert(dp_candidates.end(), pool.begin(), pool.end());
+        std::vector<int> excess;
+        for (int d : act) {
+          for (size_t i = per; i < held[d].size(); ++i) excess.push_back(held[d][i]);
+        }
+        dp_candidates.insert(dp_candidates.end(), excess.begin(), excess.end());
+        std::set<int> dp_set(dp_candidates.begin(),
+                             dp_candidates.begin() + std::min<size_t>(dp, dp_candidates.size()));
+        lp.dp_heads.assign(dp_set.begin(), dp_set.end());
+        if (weighted) {
+          // As many TP heads as without weights, apportioned by weight.
+          std::vector<double> pref(nd, 0);
+          for (int d : act) pref[d] = static_cast<double>(held[d].size()) + 1e-3 * (nd - d);
+          tp_target = targets(per * n, pref);
+        }
+        for (int d : act) {
+          if (!weighted) tp_target[d] = per;
+          std::erase_if(held[d], [&](int h) { return dp_set.count(h); });
+        }
+        std::erase_if(pool, [&](int h) { return dp_set.count(h); });
+        for (int h : old.dp_heads) {
+          if (!dp_set.count(h)) pool.push_back(h);
+        }
+      } else {
+        std::vector<double> pref(nd, 0);
+        for (int d : act) {
+          if (p.policy == Policy::kNonUniform) {
+            pref[d] = total_held[d];
+          } else {
+            // standard, cyclic: extras stay with devices that hold one here (no
+            // moves between survivors); a joining device competes as if it held
+            // one, and ties go to the device with the fewest extras so far.
+            const double holds =
+                prev.IsActive(d) ? static_cast<double>(held[d].size()) : heads / n + 1;
+            pref[d] = holds * 1000 - extras_so_far[d] + 1e-3 * (nd - d);
           }
         }
+        tp_target = targets(heads, pref);
+        for (int d : act) extras_so_far[d] += tp_target[d] > heads / n ? 1 : 0;
       }
-    } else {
-      std::vector<double> pref(nd, 0);
-      for (int d : act) {
-        if (p.policy == Policy::kNonUniform) {
-          pref[d] = total_held[d];
-        } else {
-          // standard, cyclic: extras stay with devices that hold one here (no
-          // moves between survivors); a joining device competes as if it held
-          // one, and ties go to the device with the fewest extras so far.
-          const double holds =
-              prev.IsActive(d) ? static_cast<double>(held[d].size()) : heads / n + 1;
-          pref[d] = holds * 1000 - extras_so_far[d] + 1e-3 * (nd - d);
-        }
-      }
-      tp_target = Targets(act, heads, pref, nd);
-      for (int d : act) extras_so_far[d] += tp_target[d] > heads / n ? 1 : 0;
-      pool.insert(pool.end(), old.dp_heads.begin(), old.dp_heads.end());
+      Rebalance(act, tp_target, pool, &held);
+      lp.tp_heads = held;
+      SetWholeGroupQueries(group, &lp);
     }
-    Rebalance(act, tp_target, pool, &held);
-    lp.tp_heads = held;
 
     // FFN shards, expert by expert.
     std::vector<std::vector<int>> shards(nd);
@@ -160,7 +365,7 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
         pref[d] = holds * 1e6 - static_cast<double>(shards[d].size()) * 1e3 -
                   static_cast<double>(shard_total[d]) + 1e-3 * (nd - d);
       }
-      Rebalance(act, Targets(act, p.shape.shards_per_expert, pref, nd), orphans, &held_e);
+      Rebalance(act, targets(p.shape.shards_per_expert, pref), orphans, &held_e);
       for (int d : act) shards[d].insert(shards[d].end(), held_e[d].begin(), held_e[d].end());
     }
     for (auto& v : shards) std::sort(v.begin(), v.end());
@@ -180,7 +385,7 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
   }
   std::vector<double> pref(nd, 0);
   for (int d : act) pref[d] = chunks[d].size() + 1e-3 * (nd - d);
-  Rebalance(act, Targets(act, p.shape.vocab_chunks, pref, nd), orphans, &chunks);
+  Rebalance(act, targets(p.shape.vocab_chunks, pref), orphans, &chunks);
   p.vocab_chunks = chunks;
   FS_RETURN_IF_ERROR(ValidatePlan(p));
   return p;
@@ -211,9 +416,10 @@ Result<RecoveryMode> ParseRecoveryMode(const std::string& name) {
 PlanDiff DiffPlans(const Plan& from, const Plan& to) {
   const int nd = to.num_devices;
   PlanDiff diff;
-  for (auto* v : {&diff.gained_tp_heads, &diff.gained_dp_heads, &diff.gained_shards,
-                  &diff.gained_chunks, &diff.dropped_tp_heads, &diff.dropped_dp_heads,
-                  &diff.dropped_shards, &diff.dropped_chunks}) {
+  for (auto* v :
+       {&diff.gained_tp_heads, &diff.gained_tp_queries, &diff.gained_dp_heads, &diff.gained_shards,
+        &diff.gained_chunks, &diff.dropped_tp_heads, &diff.dropped_tp_queries,
+        &diff.dropped_dp_heads, &diff.dropped_shards, &diff.dropped_chunks}) {
     v->assign(nd, {});
   }
   // Active before and after: moving items between such devices is avoidable work.
@@ -234,6 +440,9 @@ PlanDiff DiffPlans(const Plan& from, const Plan& to) {
       const bool was = from.IsActive(d), is = to.IsActive(d);
       compare(l, was ? a.tp_heads[d] : std::vector<int>{}, is ? b.tp_heads[d] : std::vector<int>{},
               &diff.gained_tp_heads[d], &diff.dropped_tp_heads[d]);
+      compare(l, was ? a.tp_queries[d] : std::vector<int>{},
+              is ? b.tp_queries[d] : std::vector<int>{}, &diff.gained_tp_queries[d],
+              &diff.dropped_tp_queries[d]);
       compare(l, was ? a.dp_heads : std::vector<int>{}, is ? b.dp_heads : std::vector<int>{},
               &diff.gained_dp_heads[d], &diff.dropped_dp_heads[d]);
       compare(l, was ? a.ffn_shards[d] : std::vector<int>{},
@@ -242,15 +451,15 @@ PlanDiff DiffPlans(const Plan& from, const Plan& to) {
     }
     // An item moved between survivors if its old holder is still active and
     // it now lives (as TP) on another device.
-    for (int h = 0; h < to.shape.num_kv_heads; ++h) {
-      int old_holder = -1, new_holder = -1;
-      for (int d = 0; d < nd; ++d) {
-        if (std::binary_search(a.tp_heads[d].begin(), a.tp_heads[d].end(), h)) old_holder = d;
-        if (std::binary_search(b.tp_heads[d].begin(), b.tp_heads[d].end(), h)) new_holder = d;
-      }
-      if (old_holder >= 0 && new_holder >= 0 && new_holder != old_holder && survivor(old_holder) &&
-          survivor(new_holder)) {
-        diff.moved_between_survivors++;
+    std::map<int, int> query_old;
+    for (int d = 0; d < nd; ++d) {
+      for (int q : a.tp_queries[d]) query_old[q] = d;
+    }
+    for (int d = 0; d < nd; ++d) {
+      for (int q : b.tp_queries[d]) {
+        auto it = query_old.find(q);
+        if (it != query_old.end() && it->second != d && survivor(it->second) && survivor(d))
+          diff.moved_between_survivors++;
       }
     }
     std::map<int, int> shard_old;
@@ -259,7 +468,7 @@ PlanDiff DiffPlans(const Plan& from, const Plan& to) {
     }
     for (int d = 0; d < nd; ++d) {
       for (int s : b.ffn_shards[d]) {
-        int o = shard_old[s];
+        const int o = shard_old[s];
         if (o != d && survivor(o) && survivor(d)) diff.moved_between_survivors++;
       }
     }

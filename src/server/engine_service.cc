@@ -16,23 +16,34 @@ bool RequestHandle::Next(TokenEvent* event, int64_t timeout_ms) {
   return true;
 }
 
-void RequestHandle::Push(const TokenEvent& e) {
+void RequestHandle::TakeEvents(std::vector<TokenEvent>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->insert(out->end(), events_.begin(), events_.end());
+  events_.clear();
+}
+
+void RequestHandle::SetNotify(std::function<void()> notify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notify_ = std::move(notify);
+}
+
+void RequestHandle::Push(const TokenEvent& e, const Status& error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(e);
-    if (!e.error.ok()) error_ = e.error;
+    if (!error.ok()) {
+      error_ = error;
+    } else if (!e.error.ok()) {
+      error_ = e.error;
+    }
+    if (notify_) notify_();
   }
   cv_.notify_all();
 }
 
-std::string RequestHandle::error() {
+Status RequestHandle::error() {
   std::lock_guard<std::mutex> lock(mu_);
-  return error_.message();
-}
-
-StatusCode RequestHandle::error_code() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_.code();
+  return error_;
 }
 
 EngineService::EngineService(std::unique_ptr<Executor> executor, const SchedulerConfig& config,
@@ -41,8 +52,10 @@ EngineService::EngineService(std::unique_ptr<Executor> executor, const Scheduler
       engine_(executor_.get(), config, options),
       service_(service),
       config_(executor_->config()),
-      max_model_len_(config.max_model_len) {
+      max_model_len_(config.max_model_len),
+      max_num_seqs_(config.max_num_seqs) {
   UpdateGauges();
+  free_slots_ = max_num_seqs_;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -70,8 +83,9 @@ Result<std::shared_ptr<RequestHandle>> EngineService::Submit(RequestSpec spec) {
       h->Push(e);
       return h;
     }
-    if (queued_ >= service_.max_queue) {
-      return ResourceExhausted("the queue is full ({} requests waiting); try again later", queued_);
+    if (queued_ >= service_.max_queue + free_slots_) {
+      return ResourceExhausted("the queue is full ({} requests waiting); try again later",
+                               queued_ - free_slots_);
     }
     ++queued_;
     submissions_.emplace_back(std::move(spec), h);
@@ -283,6 +297,7 @@ void EngineService::Loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_ = engine_.scheduler().num_waiting() + static_cast<int>(submissions_.size());
+      free_slots_ = std::max(0, max_num_seqs_ - engine_.scheduler().num_running());
     }
     UpdateGauges();
   }

@@ -21,24 +21,33 @@
 
 namespace failsafe {
 
-// One request's stream of events, filled by the engine thread.
+// One request's stream of events, filled by the engine thread. A reader
+// either blocks in Next, or registers a notify callback and takes events as
+// they come (an event loop).
 class RequestHandle {
  public:
   // Waits up to timeout_ms for the next event; false on timeout.
   bool Next(TokenEvent* event, int64_t timeout_ms);
+  // Appends every event queued so far to `out` without waiting.
+  void TakeEvents(std::vector<TokenEvent>* out);
+  // `notify` runs on the engine thread after each event is queued, under the
+  // handle's lock: it must be quick and must not call back into the handle
+  // (post to an event loop). Replaces the previous callback; after
+  // SetNotify(nullptr) returns, the old one is not running and never runs.
+  void SetNotify(std::function<void()> notify);
   int64_t arrival_ns() const { return arrival_ns_; }
   int prompt_tokens() const { return prompt_tokens_; }
-  // Why the request failed (finish reason kError), once it has: the message,
-  // and its code (kUnavailable: the engine cannot serve now; kInvalidArgument
-  // or kOutOfRange: the request; others: an engine fault).
-  std::string error();
-  StatusCode error_code();
+  // Why the request failed (finish reason kError), once it has: the engine's
+  // Status (kUnavailable: the devices cannot serve; kInvalidArgument,
+  // kOutOfRange, kResourceExhausted: the request was refused).
+  Status error();
 
  private:
   friend class EngineService;
-  void Push(const TokenEvent& e);
+  void Push(const TokenEvent& e, const Status& error = Status::Ok());
   std::mutex mu_;
-  Status error_;  // guarded by mu_
+  Status error_;                  // guarded by mu_
+  std::function<void()> notify_;  // guarded by mu_
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;  // guarded by mu_
   int64_t arrival_ns_ = 0;
@@ -49,7 +58,9 @@ class RequestHandle {
 };
 
 struct ServiceOptions {
-  int max_queue = 256;               // waiting requests beyond which Submit fails (429)
+  // Requests waiting for a running slot beyond which Submit fails (429).
+  // Requests that free running slots will take at the next step do not count.
+  int max_queue = 256;
   int64_t heartbeat_ms = 500;        // device health checks while idle
   int64_t heartbeat_timeout_ms = 0;  // 0: the executor's own deadline
   // While the engine cannot serve (too few devices), new requests fail at
@@ -119,6 +130,7 @@ class EngineService {
   const ServiceOptions service_;
   const ModelConfig config_;
   const int max_model_len_;
+  const int max_num_seqs_;
   Metrics metrics_;
 
   mutable std::mutex mu_;
@@ -128,6 +140,7 @@ class EngineService {
   std::vector<std::pair<std::shared_ptr<RequestHandle>, FinishReason>> cancels_;  // guarded by mu_
   std::deque<Task> tasks_;                                                        // guarded by mu_
   int queued_ = 0;                // requests submitted and not yet running, guarded by mu_
+  int free_slots_ = 0;            // running slots free at the last step, guarded by mu_
   bool healthy_ = true;           // guarded by mu_
   std::string unhealthy_reason_;  // guarded by mu_
   bool stop_ = false;             // guarded by mu_

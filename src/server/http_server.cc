@@ -1,396 +1,299 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
+#include <pthread.h>
 
-#include <atomic>
-#include <ctime>
-#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <optional>
+#include <thread>
+#include <vector>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
-#include "server/openai_api.h"
+#include "server/api_routes.h"
+#include "server/http_connection.h"
 
 namespace failsafe {
 
-using nlohmann::json;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
 
 namespace {
 
-std::atomic<uint64_t> g_next_id{1};
+// Descriptors kept for everything but connections: device channels, pidfds,
+// shared memory, the model files, logs.
+constexpr int64_t kReservedFds = 256;
+// Connections beyond the maximum are still accepted to be answered 429, up to
+// this many at once; past it (the open-file limit is near) they are closed.
+constexpr int kRefusingConnections = 256;
+constexpr int kAcceptRetryMs = 50;  // after the process ran out of descriptors
+constexpr int kStopGraceMs = 1000;  // for the last answers to go out at a stop
 
-void Reply(httplib::Response& res, int status, const std::string& body) {
-  res.status = status;
-  res.set_content(body, "application/json");
-}
-
-const char* FinishName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAborted:
-      return "abort";
-    default:
-      return "error";
+// Names the threads of a pool (for top -H and debuggers): one task on each,
+// each holding its thread until all are named.
+void NamePoolThreads(asio::thread_pool& pool, int threads, const char* name) {
+  struct Barrier {
+    std::mutex mu;
+    std::condition_variable cv;
+    int named = 0;
+  };
+  auto b = std::make_shared<Barrier>();
+  for (int i = 0; i < threads; ++i) {
+    asio::post(pool, [b, threads, name] {
+      ::pthread_setname_np(::pthread_self(), name);
+      std::unique_lock<std::mutex> lock(b->mu);
+      ++b->named;
+      b->cv.notify_all();
+      b->cv.wait(lock, [&] { return b->named == threads; });
+    });
   }
-}
-
-// Writes an SSE event; false if the client is gone.
-bool Sse(httplib::DataSink& sink, const std::string& data) {
-  std::string frame = "data: " + data + "\n\n";
-  return sink.write(frame.data(), frame.size());
+  std::unique_lock<std::mutex> lock(b->mu);
+  b->cv.wait(lock, [&] { return b->named == threads; });
 }
 
 }  // namespace
 
+struct HttpServer::Impl {
+  Impl(EngineService* s, const Tokenizer* t, const ServerOptions& o)
+      : service(s),
+        tokenizer(t),
+        shared(std::make_shared<ServerShared>(std::max(1, o.io_threads))),
+        acceptor(asio::make_strand(shared->io)),
+        accept_retry(acceptor.get_executor()),
+        work(std::max(1, o.work_threads)),
+        admin(1) {
+    shared->options = o;
+    shared->work = &work;
+    NamePoolThreads(work, std::max(1, o.work_threads), "http-work");
+    NamePoolThreads(admin, 1, "http-admin");
+  }
+
+  void Accept();
+  void OnAccept(boost::system::error_code ec, tcp::socket socket);
+  // Stops accepting (on the acceptor's strand, without waiting for it).
+  void CloseAcceptor();
+  void Stop();
+
+  EngineService* const service;
+  const Tokenizer* const tokenizer;
+  const std::shared_ptr<ServerShared> shared;
+  tcp::acceptor acceptor;
+  asio::steady_timer accept_retry;
+  asio::thread_pool work;
+  asio::thread_pool admin;  // blocking admin calls, one at a time
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  std::vector<std::thread> threads;
+  uint64_t next_id = 1;         // acceptor strand only
+  int loops_running = 0;        // guarded by shared->mu
+  bool stop_requested = false;  // guarded by shared->mu
+  std::mutex stop_mu;           // one Stop at a time
+  int port = 0;
+  int max_connections = 0;
+  bool started = false, stopped = false;
+};
+
 HttpServer::HttpServer(EngineService* service, const Tokenizer* tokenizer,
                        const ServerOptions& options)
-    : service_(service),
-      tokenizer_(tokenizer),
-      options_(options),
-      server_(std::make_unique<httplib::Server>()) {
-  const int threads = options.http_threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  Routes();
-}
+    : impl_(std::make_unique<Impl>(service, tokenizer, options)) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::AddRoute(Route route) {
+  if (!impl_->started) impl_->shared->router.Add(std::move(route));
+}
+int HttpServer::max_connections() const { return impl_->max_connections; }
+
 Status HttpServer::Start() {
-  if (options_.port == 0) {
-    port_ = server_->bind_to_any_port(options_.host);
-    if (port_ <= 0) return Unavailable("cannot bind to {}", options_.host);
-  } else {
-    if (!server_->bind_to_port(options_.host, options_.port)) {
-      return Unavailable("cannot bind to {}:{} (in use?)", options_.host, options_.port);
-    }
-    port_ = options_.port;
+  Impl& m = *impl_;
+  ServerOptions& o = m.shared->options;
+  if (m.started) return FailedPrecondition("the server was started already");
+  // Connections need descriptors: raise the limit, and fit the maximum in it.
+  const FileLimit limit = RaiseOpenFileLimit(static_cast<int64_t>(o.max_connections) +
+                                             kReservedFds + kRefusingConnections);
+  const int64_t room = limit.soft - kReservedFds - kRefusingConnections;
+  m.max_connections = static_cast<int>(std::clamp<int64_t>(room, 1, o.max_connections));
+  if (m.max_connections < o.max_connections) {
+    FS_LOG_WARN(
+        "the open-file limit ({} descriptors, hard limit {}) holds only {} connections, not the {} "
+        "configured: more clients get 429; raise it (ulimit -n) to serve them",
+        limit.soft, limit.hard, m.max_connections, o.max_connections);
   }
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  o.max_connections = m.max_connections;
+  m.shared->body_budget = o.max_body_bytes_in_flight;
+
+  ApiContext ctx;
+  ctx.service = m.service;
+  ctx.tokenizer = m.tokenizer;
+  ctx.options = &m.shared->options;
+  ctx.http_metrics = &m.shared->metrics;
+  ctx.run_admin = [this](std::function<void()> fn) { asio::post(impl_->admin, std::move(fn)); };
+  AddApiRoutes(ctx, &m.shared->router);
+  AddCompletionRoutes(ctx, &m.shared->router);
+
+  // An address, or a name to resolve ("localhost").
+  boost::system::error_code ec;
+  tcp::resolver resolver(m.shared->io);
+  auto found = resolver.resolve(o.host, std::to_string(o.port),
+                                tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || found.empty())
+    return InvalidArgument("--host {}: not an address this machine has ({})", o.host, ec.message());
+  const tcp::endpoint ep = found.begin()->endpoint();
+  m.acceptor.open(ep.protocol(), ec);
+  if (!ec) m.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) m.acceptor.bind(ep, ec);
+  if (ec) return Unavailable("cannot bind to {}:{}: {}", o.host, o.port, ec.message());
+  m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Unavailable("cannot listen on {}:{}: {}", o.host, o.port, ec.message());
+  m.port = m.acceptor.local_endpoint().port();
+  m.started = true;
+  m.guard.emplace(m.shared->io.get_executor());
+  asio::dispatch(m.acceptor.get_executor(), [this] { impl_->Accept(); });
+  m.loops_running = std::max(1, o.io_threads);
+  for (int i = 0; i < std::max(1, o.io_threads); ++i) {
+    m.threads.emplace_back([&m] {
+      ::pthread_setname_np(::pthread_self(), "http-io");
+      // A handler that throws is a bug; it must not take the event loop with it.
+      while (true) {
+        try {
+          m.shared->io.run();
+          break;
+        } catch (const std::exception& e) {
+          FS_LOG_ERROR("HTTP event loop: unexpected exception: {}", e.what());
+        }
+      }
+      std::lock_guard<std::mutex> lock(m.shared->mu);
+      --m.loops_running;
+      m.shared->changed.notify_all();
+    });
+  }
   return Status::Ok();
 }
 
-void HttpServer::Stop() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept(asio::make_strand(shared->io),
+                        [this](boost::system::error_code ec, tcp::socket socket) {
+                          OnAccept(ec, std::move(socket));
+                        });
 }
 
-void HttpServer::Wait() {
-  if (thread_.joinable()) thread_.join();
+void HttpServer::Impl::OnAccept(boost::system::error_code ec, tcp::socket socket) {
+  if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+  if (ec) {
+    // Out of descriptors or memory: the pending connection stays in the
+    // backlog; try again shortly rather than spin.
+    FS_LOG_WARN("accept: {}; retrying in {} ms", ec.message(), kAcceptRetryMs);
+    accept_retry.expires_after(std::chrono::milliseconds(kAcceptRetryMs));
+    accept_retry.async_wait([this](boost::system::error_code e) {
+      if (!e) Accept();
+    });
+    return;
+  }
+  const int64_t open = shared->metrics.connections_open();
+  const bool refuse = open >= max_connections;
+  if (refuse) shared->metrics.ConnectionRefused();
+  if (open >= max_connections + kRefusingConnections) {
+    boost::system::error_code ignored;
+    socket.close(ignored);  // no descriptor to spare for an answer
+  } else {
+    auto conn = std::make_shared<HttpConnection>(std::move(socket), shared, next_id, refuse);
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->connections[next_id] = conn;
+    }
+    ++next_id;
+    shared->metrics.ConnectionOpened();
+    conn->Start();
+  }
+  Accept();
 }
 
-void HttpServer::Routes() {
-  httplib::Server& s = *server_;
-  // Errors without a body (unknown route, malformed HTTP) get an OpenAI-style one.
-  s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    const char* type = res.status == 404 ? "not_found_error" : "invalid_request_error";
-    const std::string message = res.status == 404 ? "no such endpoint"
-                                : res.status == 400
-                                    ? "malformed HTTP request (a body needs a Content-Length)"
-                                    : "HTTP error " + std::to_string(res.status);
-    res.set_content(ErrorBody(message, type, "", res.status), "application/json");
+void HttpServer::Impl::CloseAcceptor() {
+  asio::post(acceptor.get_executor(), [this] {
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
+    accept_retry.cancel();
   });
-  const std::string model_name = options_.model_name;
-
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    std::string reason;
-    if (service_->Healthy(&reason)) {
-      Reply(res, 200, json{{"status", "ok"}}.dump());
-    } else {
-      Reply(res, 503, json{{"status", "unavailable"}, {"reason", reason}}.dump());
-    }
-  });
-
-  s.Get("/v1/models", [this, model_name](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", model_name},
-              {"object", "model"},
-              {"created", 0},
-              {"owned_by", "failsafe"},
-              {"max_model_len", service_->max_model_len()}};
-    Reply(res, 200, json{{"object", "list"}, {"data", json::array({m})}}.dump());
-  });
-
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(service_->metrics().Render(), "text/plain; version=0.0.4");
-  });
-
-  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    json j = json::parse(req.body, nullptr, false);
-    std::string text;
-    if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
-      text = j["prompt"];
-    } else if (j.is_object() && j.contains("text") && j["text"].is_string()) {
-      text = j["text"];
-    } else {
-      return Reply(res, 400,
-                   ErrorBody("expected {\"prompt\": \"...\"}", "invalid_request_error", "prompt"));
-    }
-    const bool special = j.value("add_special_tokens", true);
-    auto ids = tokenizer_->Encode(text, special);
-    Reply(res, 200,
-          json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", service_->max_model_len()}}
-              .dump());
-  });
-
-  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    json j = json::parse(req.body, nullptr, false);
-    if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array()) {
-      return Reply(res, 400,
-                   ErrorBody("expected {\"tokens\": [...]}", "invalid_request_error", "tokens"));
-    }
-    std::vector<int> ids;
-    for (const json& t : j["tokens"]) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-          t.get<int64_t>() >= tokenizer_->vocab_size()) {
-        return Reply(res, 400,
-                     ErrorBody("token ids must be integers in the vocabulary",
-                               "invalid_request_error", "tokens"));
-      }
-      ids.push_back(t);
-    }
-    Reply(res, 200,
-          json{{"prompt", tokenizer_->Decode(ids)}}.dump(-1, ' ', false,
-                                                         json::error_handler_t::replace));
-  });
-
-  auto completion = [this, model_name](bool chat) {
-    return [this, model_name, chat](const httplib::Request& req, httplib::Response& res) {
-      CompletionRequest r;
-      RequestError err;
-      if (!ParseCompletionRequest(req.body, chat, *tokenizer_, service_->max_model_len(), &r,
-                                  &err)) {
-        return Reply(res, 400, ErrorBody(err.message, "invalid_request_error", err.param));
-      }
-      std::string reason;
-      RequestSpec spec;
-      spec.prompt = r.prompt;
-      spec.max_new_tokens = r.max_tokens;
-      spec.sampling = r.sampling;
-      if (!r.ignore_eos) {
-        for (const char* t : {"<|eot_id|>", "<|end_of_text|>"}) {
-          if (tokenizer_->TokenId(t) >= 0) spec.stop_token_ids.push_back(tokenizer_->TokenId(t));
-        }
-        if (service_->config().eos_token_id >= 0)
-          spec.stop_token_ids.push_back(service_->config().eos_token_id);
-      }
-      auto handle = service_->Submit(std::move(spec));
-      if (!handle.ok()) {
-        return Reply(res, 429,
-                     ErrorBody(handle.status().message(), "rate_limit_exceeded", "", 429));
-      }
-      std::shared_ptr<RequestHandle> h = *handle;
-      // Wait for the first event so that a refused request gets a proper status.
-      TokenEvent first;
-      while (!h->Next(&first, 1000)) {
-        if (!service_->Healthy(&reason)) continue;  // requests wait for devices to come back
-      }
-      if (first.finished && first.token < 0 && first.reason == FinishReason::kError) {
-        const std::string message =
-            h->error().empty() ? "the request could not be served" : h->error();
-        switch (h->error_code()) {
-          case StatusCode::kInvalidArgument:
-          case StatusCode::kOutOfRange:
-            return Reply(res, 400, ErrorBody(message, "invalid_request_error"));
-          case StatusCode::kUnavailable:
-            return Reply(res, 503, ErrorBody(message, "service_unavailable", "", 503));
-          default:
-            return Reply(res, 500, ErrorBody(message, "internal_server_error", "", 500));
-        }
-      }
-      const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g_next_id++);
-      const int64_t created = static_cast<int64_t>(std::time(nullptr));
-      auto text = std::make_shared<TextStream>(tokenizer_, r.stop);
-      auto service = service_;
-      // Consumes one event: appends its text; true when the request is over.
-      auto consume = [h, text, service](const TokenEvent& e, std::string* piece, int* generated,
-                                        FinishReason* finish) {
-        if (e.token >= 0) {
-          ++*generated;
-          *piece += text->Add(e.token);
-          if (text->stopped() && !e.finished) {
-            service->Cancel(h, FinishReason::kStop);
-            *finish = FinishReason::kStop;
-            return true;
-          }
-        }
-        if (e.finished) {
-          *piece += text->Finish();
-          *finish = text->stopped() ? FinishReason::kStop : e.reason;
-          return true;
-        }
-        return false;
-      };
-      const int prompt_tokens = static_cast<int>(r.prompt.size());
-      json usage_base = {{"prompt_tokens", prompt_tokens}};
-      if (!r.stream) {
-        // Whole response at the end; spaces keep the connection checked (a
-        // failed write means the client left: the request is cancelled).
-        res.set_chunked_content_provider(
-            "application/json", [=](size_t, httplib::DataSink& sink) mutable {
-              std::string all;
-              int generated = 0;
-              FinishReason finish = FinishReason::kNone;
-              bool over = consume(first, &all, &generated, &finish);
-              TokenEvent e;
-              while (!over) {
-                if (!h->Next(&e, 1000)) {
-                  if (!sink.write(" ", 1)) {
-                    service->Cancel(h);
-                    return false;
-                  }
-                  continue;
-                }
-                over = consume(e, &all, &generated, &finish);
-              }
-              json usage = {{"prompt_tokens", prompt_tokens},
-                            {"completion_tokens", generated},
-                            {"total_tokens", prompt_tokens + generated}};
-              json choice = {
-                  {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishName(finish)}};
-              if (chat) {
-                choice["message"] = {{"role", "assistant"}, {"content", all}};
-              } else {
-                choice["text"] = all;
-              }
-              json body = {{"id", id},
-                           {"object", chat ? "chat.completion" : "text_completion"},
-                           {"created", created},
-                           {"model", model_name},
-                           {"choices", json::array({choice})},
-                           {"usage", usage}};
-              std::string out = body.dump(-1, ' ', false, json::error_handler_t::replace);
-              sink.write(out.data(), out.size());
-              sink.done();
-              return true;
-            });
-        return;
-      }
-      const bool include_usage = r.include_usage;
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider("text/event-stream", [=](size_t,
-                                                                httplib::DataSink& sink) mutable {
-        auto chunk = [&](const json& delta_or_text, const json& finish) {
-          json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
-          if (chat) {
-            choice["delta"] = delta_or_text;
-          } else {
-            choice["text"] = delta_or_text;
-          }
-          json c = {{"id", id},
-                    {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                    {"created", created},
-                    {"model", model_name},
-                    {"choices", json::array({choice})}};
-          return Sse(sink, c.dump(-1, ' ', false, json::error_handler_t::replace));
-        };
-        if (chat && !chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr)) {
-          service->Cancel(h);
-          return false;
-        }
-        int generated = 0;
-        FinishReason finish = FinishReason::kNone;
-        TokenEvent e = first;
-        bool have = true;
-        while (true) {
-          if (!have) {
-            if (!h->Next(&e, 1000)) {
-              // Comments keep the connection checked.
-              if (!sink.write(": keep-alive\n\n", 14)) {
-                service->Cancel(h);
-                return false;
-              }
-              continue;
-            }
-          }
-          have = false;
-          std::string piece;
-          const bool over = consume(e, &piece, &generated, &finish);
-          if (!piece.empty()) {
-            const bool ok = chat ? chunk(json{{"content", piece}}, nullptr) : chunk(piece, nullptr);
-            if (!ok) {
-              service->Cancel(h);
-              return false;
-            }
-          }
-          if (over) break;
-        }
-        if (!chunk(chat ? json::object() : json(""), FinishName(finish))) return false;
-        if (include_usage) {
-          json c = {{"id", id},
-                    {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                    {"created", created},
-                    {"model", model_name},
-                    {"choices", json::array()},
-                    {"usage",
-                     {{"prompt_tokens", prompt_tokens},
-                      {"completion_tokens", generated},
-                      {"total_tokens", prompt_tokens + generated}}}};
-          if (!Sse(sink, c.dump())) return false;
-        }
-        Sse(sink, "[DONE]");
-        sink.done();
-        return true;
-      });
-    };
-  };
-  s.Post("/v1/completions", completion(false));
-  s.Post("/v1/chat/completions", completion(true));
-
-  if (!options_.enable_admin) return;
-  auto allowed = [this](const httplib::Request& req, httplib::Response& res) {
-    if (!options_.admin_token.empty()) {
-      if (req.get_header_value("Authorization") == "Bearer " + options_.admin_token) return true;
-    } else if (req.remote_addr == "127.0.0.1" || req.remote_addr == "::1") {
-      return true;
-    }
-    Reply(res, 403,
-          ErrorBody("admin calls need a loopback client or the admin token", "permission_error", "",
-                    403));
-    return false;
-  };
-  s.Get("/admin/status", [this, allowed](const httplib::Request& req, httplib::Response& res) {
-    if (!allowed(req, res)) return;
-    ServiceStatus st = service_->GetStatus();
-    json devs = json::array();
-    for (const DeviceStatus& d : st.devices) {
-      devs.push_back({{"device", d.device},
-                      {"pid", d.pid},
-                      {"alive", d.alive},
-                      {"active", d.active},
-                      {"kv_used_pages", d.kv_used_pages},
-                      {"kv_capacity_pages", d.kv_capacity_pages},
-                      {"dp_load_tokens", d.dp_load_tokens}});
-    }
-    json recs = json::array();
-    for (const RecoveryReport& r : st.recoveries) recs.push_back(json::parse(r.ToJson()));
-    Reply(res, 200,
-          json{{"plan", json::parse(st.plan_json)},
-               {"devices", devs},
-               {"running", st.running},
-               {"waiting", st.waiting},
-               {"degraded", st.degraded},
-               {"degraded_reason", st.degraded_reason},
-               {"recoveries", recs}}
-              .dump());
-  });
-  auto device_action = [this, allowed](bool fail) {
-    return [this, allowed, fail](const httplib::Request& req, httplib::Response& res) {
-      if (!allowed(req, res)) return;
-      int device = -1;
-      try {
-        device = std::stoi(req.matches[1]);
-      } catch (...) {
-        return Reply(res, 400, ErrorBody("bad device id", "invalid_request_error", "device"));
-      }
-      Status st = fail ? service_->FailDevice(device) : service_->RestoreDevice(device);
-      if (!st.ok())
-        return Reply(res, 400, ErrorBody(st.message(), "invalid_request_error", "device"));
-      Reply(res, 200, json{{"device", device}, {"action", fail ? "failed" : "restored"}}.dump());
-    };
-  };
-  s.Post(R"(/admin/devices/(\d+)/fail)", device_action(true));
-  s.Post(R"(/admin/devices/(\d+)/restore)", device_action(false));
 }
 
+int HttpServer::Drain(int64_t timeout_ms) {
+  Impl& m = *impl_;
+  if (!m.started) return 0;
+  m.shared->draining = true;
+  m.CloseAcceptor();
+  std::vector<std::shared_ptr<HttpConnection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(m.shared->mu);
+    for (auto& [id, weak] : m.shared->connections) {
+      if (auto c = weak.lock()) conns.push_back(std::move(c));
+    }
+  }
+  for (auto& c : conns) c->Drain();
+  conns.clear();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int left = 0;
+  {
+    std::unique_lock<std::mutex> lock(m.shared->mu);
+    m.shared->changed.wait_until(
+        lock, deadline, [&] { return m.shared->metrics.in_flight() == 0 || m.stop_requested; });
+    left = static_cast<int>(m.shared->metrics.in_flight());
+  }
+  if (left > 0)
+    FS_LOG_WARN("drain: {} requests still in flight after {} ms; cutting them short", left,
+                timeout_ms);
+  Stop();
+  return left;
+}
+
+void HttpServer::Stop() { impl_->Stop(); }
+
+void HttpServer::Impl::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    stop_requested = true;
+    shared->changed.notify_all();  // a drain stops waiting
+  }
+  std::lock_guard<std::mutex> once(stop_mu);
+  if (!started || stopped) return;
+  stopped = true;
+  shared->draining = true;
+  CloseAcceptor();
+  // Abort what is in flight (the handlers cancel their engine requests), then
+  // give the last answers a moment to go out.
+  std::vector<std::shared_ptr<HttpConnection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    for (auto& [id, weak] : shared->connections) {
+      if (auto c = weak.lock()) conns.push_back(std::move(c));
+    }
+  }
+  for (auto& c : conns) c->Stop();
+  conns.clear();
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->changed.wait_for(lock, std::chrono::milliseconds(kStopGraceMs),
+                           [&] { return shared->connections.empty(); });
+  // Whoever is still writing (a client that reads slowly) is cut off.
+  for (auto& [id, weak] : shared->connections) {
+    if (auto c = weak.lock()) conns.push_back(std::move(c));
+  }
+  lock.unlock();
+  for (auto& c : conns) c->ForceClose();
+  conns.clear();
+  // Work in hand finishes (its answers go nowhere); then the event loops run
+  // out of work and return, every handler having run (no connection is left
+  // holding the loop that holds it).
+  shared->work = nullptr;
+  work.join();
+  admin.join();
+  guard.reset();
+  lock.lock();
+  if (!shared->changed.wait_for(lock, std::chrono::milliseconds(kStopGraceMs),
+                                [&] { return loops_running == 0; })) {
+    shared->io.stop();
+  }
+  lock.unlock();
+  for (auto& t : threads) t.join();
+  threads.clear();
+}
 }  // namespace failsafe

@@ -1,20 +1,12 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 
 namespace failsafe {
 
 using nlohmann::json;
-
-std::string ErrorBody(const std::string& message, const std::string& type, const std::string& param,
-                      int code) {
-  json e = {{"message", message},
-            {"type", type},
-            {"param", param.empty() ? json(nullptr) : json(param)},
-            {"code", code}};
-  return json{{"error", e}}.dump();
-}
 
 std::vector<int32_t> ApplyChatTemplate(const json& messages, const Tokenizer& tok) {
   const int bos = tok.TokenId("<|begin_of_text|>"), start = tok.TokenId("<|start_header_id|>"),
@@ -80,25 +72,38 @@ const Param kParams[] = {
     {"suffix", false, true},
 };
 
-bool Fail(RequestError* e, const std::string& param, const std::string& message) {
-  e->param = param;
-  e->message = message;
-  return false;
+std::optional<ApiError> Fail(const std::string& param, const std::string& message,
+                             const std::string& code = "invalid_value") {
+  return BadRequest(message, param, code);
+}
+
+// A prompt of `tokens` that leaves no room for output. Prompts encoded with a
+// limit stop just past it: more than the context is all that is known.
+std::optional<ApiError> ContextExceeded(bool chat, size_t tokens, int max_model_len) {
+  const std::string count = tokens > static_cast<size_t>(max_model_len)
+                                ? "more than " + std::to_string(max_model_len)
+                                : std::to_string(tokens);
+  return BadRequest(
+      "the prompt has " + count + " tokens; the context length is " + std::to_string(max_model_len),
+      chat ? "messages" : "prompt", "context_length_exceeded");
 }
 
 }  // namespace
 
-bool ParseCompletionRequest(const std::string& body, bool chat, const Tokenizer& tok,
-                            int max_model_len, CompletionRequest* out, RequestError* err) {
+std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat,
+                                               const Tokenizer& tok, const CompletionLimits& limits,
+                                               CompletionRequest* out) {
+  const int max_model_len = limits.max_model_len;
   json j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) return Fail(err, "", "the request body is not valid JSON");
-  if (!j.is_object()) return Fail(err, "", "the request body must be a JSON object");
+  if (j.is_discarded()) return Fail("", "the request body is not valid JSON");
+  if (!j.is_object()) return Fail("", "the request body must be a JSON object");
   for (auto& [key, value] : j.items()) {
     bool known = false;
     for (const Param& p : kParams) {
       if (key == p.name && (chat ? p.chat : p.completion)) known = true;
     }
-    if (!known) return Fail(err, key, "Unrecognized request argument supplied: " + key);
+    if (!known)
+      return Fail(key, "Unrecognized request argument supplied: " + key, "unknown_parameter");
   }
   // Accepted only at their defaults.
   auto at_default = [&](const char* name, const json& ok) {
@@ -106,86 +111,104 @@ bool ParseCompletionRequest(const std::string& body, bool chat, const Tokenizer&
   };
   for (const char* name : {"presence_penalty", "frequency_penalty"}) {
     if (!at_default(name, 0) && !at_default(name, 0.0))
-      return Fail(err, name, std::string(name) + " is not supported");
+      return Fail(name, std::string(name) + " is not supported");
   }
-  if (!at_default("logprobs", false)) return Fail(err, "logprobs", "logprobs are not supported");
-  if (!at_default("echo", false)) return Fail(err, "echo", "echo is not supported");
-  if (!at_default("best_of", 1)) return Fail(err, "best_of", "best_of must be 1");
+  if (!at_default("logprobs", false)) return Fail("logprobs", "logprobs are not supported");
+  if (!at_default("echo", false)) return Fail("echo", "echo is not supported");
+  if (!at_default("best_of", 1)) return Fail("best_of", "best_of must be 1");
   if (!at_default("logit_bias", json::object()))
-    return Fail(err, "logit_bias", "logit_bias is not supported");
-  if (!at_default("suffix", "")) return Fail(err, "suffix", "suffix is not supported");
-  if (!at_default("top_logprobs", 0))
-    return Fail(err, "top_logprobs", "top_logprobs are not supported");
+    return Fail("logit_bias", "logit_bias is not supported");
+  if (!at_default("suffix", "")) return Fail("suffix", "suffix is not supported");
+  if (!at_default("top_logprobs", 0)) return Fail("top_logprobs", "top_logprobs are not supported");
   if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string())
-    return Fail(err, "user", "user must be a string");
+    return Fail("user", "user must be a string");
 
   CompletionRequest r;
   r.chat = chat;
   if (j.contains("model") && !j["model"].is_null()) {
-    if (!j["model"].is_string()) return Fail(err, "model", "model must be a string");
+    if (!j["model"].is_string()) return Fail("model", "model must be a string");
     r.model = j["model"];
+    if (!limits.served_model.empty() && r.model != limits.served_model) {
+      return ApiError{404, "invalid_request_error", "model_not_found", "model",
+                      "The model '" + r.model + "' does not exist; this server serves '" +
+                          limits.served_model + "'"};
+    }
   }
   // The prompt.
   if (chat) {
     if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
-      return Fail(err, "messages", "messages must be a non-empty list");
+      return Fail("messages", "messages must be a non-empty list");
     }
     static const std::set<std::string> kRoles = {"system", "user", "assistant", "developer",
                                                  "tool"};
     for (const json& m : j["messages"]) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
           !kRoles.count(m["role"])) {
-        return Fail(err, "messages",
+        return Fail("messages",
                     "each message needs a role: system, user, assistant, developer or tool");
       }
       if (!m.contains("content") || !m["content"].is_string()) {
-        return Fail(err, "messages", "each message needs a string content");
+        return Fail("messages", "each message needs a string content");
+      }
+    }
+    // Message contents alone need at least as many tokens as their tokens
+    // counted up to the context length; a huge prompt stops there.
+    size_t content_bytes = 0;
+    for (const json& m : j["messages"])
+      content_bytes += m["content"].get_ref<const std::string&>().size();
+    if (content_bytes >= static_cast<size_t>(max_model_len)) {
+      size_t tokens = 0;
+      for (const json& m : j["messages"]) {
+        tokens += tok.Encode(m["content"].get_ref<const std::string&>(), false,
+                             max_model_len - std::min<size_t>(tokens, max_model_len))
+                      .size();
+        if (tokens > static_cast<size_t>(max_model_len))
+          return ContextExceeded(true, tokens, max_model_len);
       }
     }
     r.prompt = ApplyChatTemplate(j["messages"], tok);
   } else {
-    if (!j.contains("prompt")) return Fail(err, "prompt", "prompt is required");
+    if (!j.contains("prompt")) return Fail("prompt", "prompt is required");
     const json& p = j["prompt"];
     if (p.is_string()) {
-      r.prompt = tok.Encode(p.get<std::string>(), /*add_special=*/true);
+      r.prompt = tok.Encode(p.get_ref<const std::string&>(), /*add_special=*/true, max_model_len);
     } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      if (p.size() >= static_cast<size_t>(max_model_len))
+        return ContextExceeded(false, p.size(), max_model_len);
       for (const json& t : p) {
         if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
             t.get<int64_t>() >= tok.vocab_size()) {
-          return Fail(
-              err, "prompt",
-              "token ids must be integers in [0, " + std::to_string(tok.vocab_size()) + ")");
+          return Fail("prompt", "token ids must be integers in [0, " +
+                                    std::to_string(tok.vocab_size()) + ")");
         }
         r.prompt.push_back(t.get<int32_t>());
       }
     } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      r.prompt = tok.Encode(p[0].get<std::string>(), true);
+      r.prompt = tok.Encode(p[0].get_ref<const std::string&>(), true, max_model_len);
     } else {
-      return Fail(err, "prompt",
+      return Fail("prompt",
                   "prompt must be a string or a list of token ids (one prompt per request)");
     }
-    if (r.prompt.empty()) return Fail(err, "prompt", "the prompt is empty");
+    if (r.prompt.empty()) return Fail("prompt", "the prompt is empty");
   }
   // Numbers.
   const char* max_key =
       chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (r.prompt.size() >= static_cast<size_t>(max_model_len))
+    return ContextExceeded(chat, r.prompt.size(), max_model_len);
   const int room = max_model_len - static_cast<int>(r.prompt.size());
-  if (room < 1) {
-    return Fail(err, chat ? "messages" : "prompt",
-                "the prompt has " + std::to_string(r.prompt.size()) +
-                    " tokens; the context length is " + std::to_string(max_model_len));
-  }
   r.max_tokens = chat ? std::min(room, 1024) : 16;
   if (j.contains(max_key) && !j[max_key].is_null()) {
     if (!j[max_key].is_number_integer() || j[max_key].get<int64_t>() < 1) {
-      return Fail(err, max_key, std::string(max_key) + " must be a positive integer");
+      return Fail(max_key, std::string(max_key) + " must be a positive integer");
     }
     const int64_t m = j[max_key];
     if (m > room) {
-      return Fail(err, max_key,
+      return Fail(max_key,
                   "the prompt (" + std::to_string(r.prompt.size()) + " tokens) plus " + max_key +
                       " (" + std::to_string(m) + ") exceeds the context length " +
-                      std::to_string(max_model_len));
+                      std::to_string(max_model_len),
+                  "context_length_exceeded");
     }
     r.max_tokens = static_cast<int>(m);
   }
@@ -193,32 +216,32 @@ bool ParseCompletionRequest(const std::string& body, bool chat, const Tokenizer&
   if (j.contains("temperature") && !j["temperature"].is_null()) {
     if (!j["temperature"].is_number() || j["temperature"].get<double>() < 0 ||
         j["temperature"].get<double>() > 2) {
-      return Fail(err, "temperature", "temperature must be a number in [0, 2]");
+      return Fail("temperature", "temperature must be a number in [0, 2]");
     }
     r.sampling.temperature = j["temperature"].get<float>();
   }
   if (j.contains("top_p") && !j["top_p"].is_null()) {
     if (!j["top_p"].is_number() || j["top_p"].get<double>() <= 0 || j["top_p"].get<double>() > 1) {
-      return Fail(err, "top_p", "top_p must be a number in (0, 1]");
+      return Fail("top_p", "top_p must be a number in (0, 1]");
     }
     r.sampling.top_p = j["top_p"].get<float>();
   }
   if (j.contains("top_k") && !j["top_k"].is_null()) {
     if (!j["top_k"].is_number_integer() || j["top_k"].get<int64_t>() < -1 ||
         j["top_k"].get<int64_t>() > (1 << 24)) {
-      return Fail(err, "top_k", "top_k must be an integer >= -1 (-1 or 0: off)");
+      return Fail("top_k", "top_k must be an integer >= -1 (-1 or 0: off)");
     }
     r.sampling.top_k = std::max(0, j["top_k"].get<int>());
   }
   if (j.contains("seed") && !j["seed"].is_null()) {
-    if (!j["seed"].is_number_integer()) return Fail(err, "seed", "seed must be an integer");
+    if (!j["seed"].is_number_integer()) return Fail("seed", "seed must be an integer");
     r.sampling.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
   } else {
     static std::atomic<uint64_t> next{0x5eed};
     r.sampling.seed = next++;
   }
   if (j.contains("n") && !j["n"].is_null() && j["n"] != 1)
-    return Fail(err, "n", "only n = 1 is supported");
+    return Fail("n", "only n = 1 is supported");
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];
     if (s.is_string()) {
@@ -226,38 +249,37 @@ bool ParseCompletionRequest(const std::string& body, bool chat, const Tokenizer&
     } else if (s.is_array() && s.size() <= 4) {
       for (const json& x : s) {
         if (!x.is_string() || x.get<std::string>().empty())
-          return Fail(err, "stop", "stop strings must be non-empty");
+          return Fail("stop", "stop strings must be non-empty");
         r.stop.push_back(x);
       }
     } else {
-      return Fail(err, "stop", "stop must be a string or a list of up to 4 strings");
+      return Fail("stop", "stop must be a string or a list of up to 4 strings");
     }
     for (auto& x : r.stop) {
-      if (x.empty()) return Fail(err, "stop", "stop strings must be non-empty");
+      if (x.empty()) return Fail("stop", "stop strings must be non-empty");
     }
   }
   if (j.contains("stream") && !j["stream"].is_null()) {
-    if (!j["stream"].is_boolean()) return Fail(err, "stream", "stream must be true or false");
+    if (!j["stream"].is_boolean()) return Fail("stream", "stream must be true or false");
     r.stream = j["stream"];
   }
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const json& so = j["stream_options"];
-    if (!r.stream) return Fail(err, "stream_options", "stream_options needs stream: true");
-    if (!so.is_object()) return Fail(err, "stream_options", "stream_options must be an object");
+    if (!r.stream) return Fail("stream_options", "stream_options needs stream: true");
+    if (!so.is_object()) return Fail("stream_options", "stream_options must be an object");
     for (auto& [k, v] : so.items()) {
-      if (k != "include_usage") return Fail(err, "stream_options", "unknown stream option " + k);
-      if (!v.is_boolean())
-        return Fail(err, "stream_options", "include_usage must be true or false");
+      if (k != "include_usage") return Fail("stream_options", "unknown stream option " + k);
+      if (!v.is_boolean()) return Fail("stream_options", "include_usage must be true or false");
       r.include_usage = v;
     }
   }
   if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
     if (!j["ignore_eos"].is_boolean())
-      return Fail(err, "ignore_eos", "ignore_eos must be true or false");
+      return Fail("ignore_eos", "ignore_eos must be true or false");
     r.ignore_eos = j["ignore_eos"];
   }
   *out = std::move(r);
-  return true;
+  return std::nullopt;
 }
 
 namespace {

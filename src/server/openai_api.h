@@ -1,16 +1,18 @@
 // The OpenAI-compatible request and response formats: parsing and validation
 // of /v1/completions and /v1/chat/completions bodies, the chat template,
-// incremental detokenization with stop strings, and error bodies.
+// incremental detokenization with stop strings.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "common/status.h"
 #include "model/tokenizer.h"
+#include "server/api_error.h"
 
 namespace failsafe {
 
@@ -26,25 +28,23 @@ struct CompletionRequest {
   bool ignore_eos = false;
 };
 
-// A request error: HTTP 400 with the OpenAI error body naming `param`.
-struct RequestError {
-  std::string message;
-  std::string param;
+struct CompletionLimits {
+  int max_model_len = 0;     // tokens: prompt + max_tokens
+  std::string served_model;  // a request naming another model gets 404 model_not_found
 };
 
-// Parses and validates a request body. `eos` ends generation unless
-// ignore_eos is set. Unknown parameters, out-of-range values and prompts longer
-// than the context are errors.
-bool ParseCompletionRequest(const std::string& body, bool chat, const Tokenizer& tokenizer,
-                            int max_model_len, CompletionRequest* out, RequestError* error);
+// Parses and validates a request body; returns the error to answer with, if
+// any. Unknown parameters and out-of-range values are 400, an unknown model is
+// 404, a prompt longer than the context is 400 context_length_exceeded, found
+// without tokenizing a huge prompt whole.
+std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat,
+                                               const Tokenizer& tokenizer,
+                                               const CompletionLimits& limits,
+                                               CompletionRequest* out);
 
 // Llama-3 style chat template when the tokenizer has its special tokens;
 // otherwise "role: content" lines.
 std::vector<int32_t> ApplyChatTemplate(const nlohmann::json& messages, const Tokenizer& tokenizer);
-
-// {"error": {"message", "type", "param", "code"}}
-std::string ErrorBody(const std::string& message, const std::string& type,
-                      const std::string& param = "", int code = 400);
 
 // Turns generated tokens into text as it becomes final: only whole UTF-8
 // characters, and nothing that might be the start of a stop string.

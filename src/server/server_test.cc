@@ -14,68 +14,31 @@
 
 #include "common/clock.h"
 #include "engine/executor.h"
-#include "engine/worker_group.h"
-#include "model/synthetic.h"
-#include "server/http_server.h"
+#include "server/test_server.h"
 
 namespace failsafe {
 namespace {
 
 using nlohmann::json;
 
-const std::string& Dir() {
-  static std::string dir = [] {
-    auto d =
-        (std::filesystem::temp_directory_path() / ("fs_server_test_" + std::to_string(::getpid())))
-            .string();
-    SyntheticModelOptions o;
-    o.preset = "tiny-llama";
-    o.seed = 31;
-    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
-    return d;
-  }();
-  return dir;
+const std::string& Dir() { return TestModelDir(); }
+
+TestServerOptions Options(int devices, int max_queue, int max_num_seqs, int64_t outage_timeout_ms) {
+  TestServerOptions o;
+  o.devices = devices;
+  o.max_queue = max_queue;
+  o.max_num_seqs = max_num_seqs;
+  o.outage_timeout_ms = outage_timeout_ms;
+  return o;
 }
 
-struct Fixture {
-  std::unique_ptr<Tokenizer> tok;
-  std::unique_ptr<EngineService> service;
-  std::unique_ptr<HttpServer> server;
+struct Fixture : TestServer {
   std::unique_ptr<httplib::Client> client;
 
   explicit Fixture(int devices = 4, int max_queue = 64, int max_num_seqs = 64,
-                   int64_t outage_timeout_ms = 30000) {
-    tok = std::move(Tokenizer::Load(Dir() + "/tokenizer.json")).value();
-    WorkerGroupOptions o;
-    o.model_dir = Dir();
-    o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
-    o.num_devices = devices;
-    o.backup_bytes = 64 << 20;
-    o.max_logits_rows = 64;
-    o.max_seqs = 64;
-    auto group = WorkerGroup::Start(o);
-    EXPECT_TRUE(group.ok()) << group.status().ToString();
-    SchedulerConfig sc;
-    sc.max_num_seqs = max_num_seqs;
-    sc.max_batch_tokens = 256;
-    sc.max_model_len = 1024;
-    ServiceOptions so;
-    so.max_queue = max_queue;
-    so.outage_timeout_ms = outage_timeout_ms;
-    service = std::make_unique<EngineService>(std::move(group).value(), sc, EngineOptions{}, so);
-    ServerOptions opts;
-    opts.port = 0;
-    opts.model_name = "tiny";
-    opts.enable_admin = true;
-    server = std::make_unique<HttpServer>(service.get(), tok.get(), opts);
-    EXPECT_TRUE(server->Start().ok());
-    client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
-    client->set_read_timeout(60, 0);
-  }
-
-  httplib::Result Post(const std::string& path, const json& body) {
-    return client->Post(path.c_str(), body.dump(), "application/json");
-  }
+                   int64_t outage_timeout_ms = 30000)
+      : TestServer(Options(devices, max_queue, max_num_seqs, outage_timeout_ms)),
+        client(Client()) {}
 
   // Streams a request; returns the SSE data payloads. stop_after > 0 drops the
   // connection after that many events.
@@ -203,6 +166,8 @@ TEST(Server, BadRequestsGetOpenAiErrors) {
     json j = json::parse(res->body, nullptr, false);
     ASSERT_TRUE(j.is_object()) << res->body;
     EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(j["error"]["code"].is_string()) << res->body;
+    EXPECT_TRUE(j["error"].contains("param")) << res->body;
     EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos)
         << res->body;
   };
@@ -402,11 +367,12 @@ struct Streamer {
     });
     started.get_future().wait();
   }
-  // The finish reason of the last chunk before [DONE], and the number of text chunks.
+  // The finish reason of the last chunk before [DONE] ("error" for an error event).
   std::string Finish() const {
     for (size_t i = events.size(); i-- > 0;) {
       if (events[i] == "[DONE]") continue;
       auto j = json::parse(events[i]);
+      if (j.contains("error")) return "error";  // an error event ends the stream
       if (!j["choices"][0]["finish_reason"].is_null())
         return j["choices"][0]["finish_reason"].get<std::string>();
     }
@@ -425,16 +391,20 @@ TEST(Server, DuringAnOutageNewRequestsGet503AndAcceptedOnesWait) {
   auto h = f.client->Get("/health");
   EXPECT_EQ(h->status, 503);
   EXPECT_FALSE(json::parse(h->body)["reason"].get<std::string>().empty());
+  // A new request fails at once with the reason; a restored device serves.
   const int64_t t0 = MonotonicNanos();
-  auto r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}});
+  auto r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}});
+  ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503) << r->body;
-  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("cannot serve"),
-            std::string::npos)
-      << r->body;
   EXPECT_LT(MonotonicNanos() - t0, 2000000000LL) << "a new request is refused at once";
+  json e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["code"], "engine_unavailable");
+  EXPECT_NE(e["message"].get<std::string>().find("alive"), std::string::npos) << r->body;
   EXPECT_EQ(f.client->Post("/admin/devices/0/restore", "", "application/json")->status, 200);
   running.thread.join();
   EXPECT_EQ(running.Finish(), "length");
+  r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}});
+  EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(f.client->Get("/health")->status, 200);
   EXPECT_EQ(f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}})->status, 200);
 }

@@ -16,14 +16,16 @@ ClusterCostModel::ClusterCostModel(const Plan& plan, const ModelConfig& m,
   for (const DeviceCost& dc : PlanCosts(plan, m)) {
     weight_bytes_[dc.device] = dc.weight_bytes / 4 * hw.bytes_per_element;  // PlanCosts counts fp32
   }
-  tp_heads_.assign(m.num_layers, std::vector<int>(nd, 0));
+  tp_queries_.assign(m.num_layers, std::vector<int>(nd, 0));
+  tp_groups_.assign(m.num_layers, std::vector<int>(nd, 0));
   dp_heads_.assign(m.num_layers, 0);
   shards_.assign(m.num_layers,
                  std::vector<std::vector<int>>(nd, std::vector<int>(plan.shape.expert_slots, 0)));
   for (int l = 0; l < m.num_layers; ++l) {
     dp_heads_[l] = static_cast<int>(plan.layers[l].dp_heads.size());
     for (int d : plan.active) {
-      tp_heads_[l][d] = static_cast<int>(plan.layers[l].tp_heads[d].size());
+      tp_queries_[l][d] = static_cast<int>(plan.layers[l].tp_queries[d].size());
+      tp_groups_[l][d] = static_cast<int>(plan.layers[l].tp_heads[d].size());
       for (int s : plan.layers[l].ffn_shards[d]) shards_[l][d][plan.shape.ShardExpert(s)]++;
     }
   }
@@ -36,6 +38,12 @@ ClusterCostModel::ClusterCostModel(const Plan& plan, const ModelConfig& m,
 int64_t ClusterCostModel::HeadBytes() const {
   const int64_t g = m_.group_size(), hd = m_.head_dim, h = m_.hidden_size;
   return ((2 * g + 2) * hd * h) * hw_.bytes_per_element;
+}
+int64_t ClusterCostModel::QueryBytes() const {
+  return 2LL * m_.head_dim * m_.hidden_size * hw_.bytes_per_element;
+}
+int64_t ClusterCostModel::KvHeadBytes() const {
+  return 2LL * m_.head_dim * m_.hidden_size * hw_.bytes_per_element;
 }
 int64_t ClusterCostModel::ShardBytes() const {
   return 3LL * plan_.shape.shard_width * m_.hidden_size * hw_.bytes_per_element;
@@ -101,10 +109,10 @@ double ClusterCostModel::Segments(const StepPlan& step, std::vector<double>* per
   const double gemm_rate = hw_.peak_flops * hw_.gemm_efficiency;
   const double attn_rate = hw_.peak_flops * hw_.attention_efficiency;
   const double bw = hw_.hbm_bytes_per_s * hw_.bandwidth_efficiency;
-  const double head_weight_bytes = (2 * g + 2) * hd * h * bpe;
-  const double head_proj_flops = 2.0 * (2 * g + 2) * hd * h;  // per token
-  const double pair_flops = 4.0 * g * hd;                     // per (query, key) pair
-  const double kv_token_bytes = 2.0 * hd * bpe;               // per context token read
+  const double unit_weight_bytes = 2 * hd * h * bpe;  // one query head (q, o) or group (k, v)
+  const double unit_proj_flops = 4.0 * hd * h;        // per token, the same units
+  const double pair_flops = 4.0 * hd;                 // per (query, key) pair and query head
+  const double kv_token_bytes = 2.0 * hd * bpe;       // per context token read
   const int n = static_cast<int>(plan_.active.size());
   const double ar_bytes = c.tokens * h * bpe;
   const double all_reduce =
@@ -135,13 +143,14 @@ double ClusterCostModel::Segments(const StepPlan& step, std::vector<double>* per
   for (int l = 0; l < m_.num_layers; ++l) {
     double attn_max = 0, ffn_max = 0;
     for (int d : plan_.active) {
-      const double tp = tp_heads_[l][d], dp = dp_heads_[l];
-      const double core_flops = pair_flops * (tp * c.pairs + dp * c.own_pairs[d]);
-      const double core_bytes = kv_token_bytes * (tp * c.context + dp * c.own_context[d]);
+      const double tpq = tp_queries_[l][d], tpk = tp_groups_[l][d], dp = dp_heads_[l];
+      const double core_flops = pair_flops * (tpq * c.pairs + dp * g * c.own_pairs[d]);
+      const double core_bytes = kv_token_bytes * (tpk * c.context + dp * c.own_context[d]);
+      const double tp_units = tpq + tpk, dp_units = dp * (g + 1);
       const double attn =
-          gemm_s(head_proj_flops * tp * c.tokens, head_weight_bytes * tp, c.tokens) +
-          gemm_s(head_proj_flops * dp * c.own_tokens[d],
-                 c.own_tokens[d] > 0 ? head_weight_bytes * dp : 0.0, c.own_tokens[d]) +
+          gemm_s(unit_proj_flops * tp_units * c.tokens, unit_weight_bytes * tp_units, c.tokens) +
+          gemm_s(unit_proj_flops * dp_units * c.own_tokens[d],
+                 c.own_tokens[d] > 0 ? unit_weight_bytes * dp_units : 0.0, c.own_tokens[d]) +
           std::max(core_flops / attn_rate, core_bytes / bw);
       double ffn = 0;
       for (int e = 0; e < experts; ++e) {

@@ -1,8 +1,9 @@
 // The simulator's cost model: how long one step takes on a group of devices.
 //
 // Per layer and device, the attention segment (q/k/v/o GEMMs for the device's
-// TP head groups over every token, for its DP head groups over the tokens of
-// the sequences it owns, and attention over their context) and the FFN
+// TP heads over every token (of a replicated head group: its k/v and its part
+// of the query heads), for its DP head groups over the tokens of the
+// sequences it owns, and attention over their context) and the FFN
 // segment (its shards; MoE: of each expert, on that expert's expected
 // tokens) each take a roofline time: max(FLOPs / (peak x efficiency), bytes /
 // (bandwidth x efficiency)). Every segment ends in an all-reduce of the
@@ -35,8 +36,11 @@ class ClusterCostModel {
   // KV pages each device holds after weights and an activation reserve.
   std::vector<int64_t> KvCapacityPages(int block_size, int max_batch_tokens) const;
   // Bytes of one head group's weights (q, k, v rows and o columns), of one
+  // query head's (q rows, o columns), of one group's k and v rows, of one
   // FFN shard, and of one vocabulary chunk (embedding and LM head).
   int64_t HeadBytes() const;
+  int64_t QueryBytes() const;
+  int64_t KvHeadBytes() const;
   int64_t ShardBytes() const;
   int64_t ChunkBytes() const;
   // K and V of one token of one (layer, head group).
@@ -50,7 +54,8 @@ class ClusterCostModel {
   ModelConfig m_;
   HardwareProfile hw_;
   std::vector<int64_t> weight_bytes_;                  // [device]
-  std::vector<std::vector<int>> tp_heads_;             // [layer][device]
+  std::vector<std::vector<int>> tp_queries_;           // [layer][device] TP query heads
+  std::vector<std::vector<int>> tp_groups_;            // [layer][device] TP head groups (KV)
   std::vector<int> dp_heads_;                          // [layer]
   std::vector<std::vector<std::vector<int>>> shards_;  // [layer][device][expert]
   std::vector<int64_t> vocab_rows_;                    // [device]

@@ -177,7 +177,8 @@ Result<SimRecovery> SimInstance::ChangePlan(const std::vector<int>& alive, bool 
     if (config_.recovery == RecoveryMode::kRecompute || config_.recovery == RecoveryMode::kHost) {
       pcie = next_cost->WeightBytes(d);
     } else if (config_.recovery == RecoveryMode::kFull) {
-      pcie += diff.gained_tp_heads[d].size() * next_cost->HeadBytes();
+      pcie += diff.gained_tp_queries[d].size() * next_cost->QueryBytes() +
+              diff.gained_tp_heads[d].size() * next_cost->KvHeadBytes();
       pcie += diff.gained_shards[d].size() * next_cost->ShardBytes();
       pcie += diff.gained_chunks[d].size() * next_cost->ChunkBytes();
       // A head group new to the DP set: a distinct piece from the host each,
@@ -217,18 +218,17 @@ Result<SimRecovery> SimInstance::ChangePlan(const std::vector<int>& alive, bool 
     const int was_rank = old_rank.count(s->id) ? old_rank[s->id] : s->dp_rank;
     for (int l = 0; l < config_.model.num_layers; ++l) {
       for (int h = 0; h < config_.model.num_kv_heads; ++h) {
-        int before = -1, after = -1;
-        if (plan_.IsDpHead(l, h)) before = was_rank;
-        if (next.IsDpHead(l, h)) after = s->dp_rank;
-        for (int d : plan_.active) {
-          if (plan_.HoldsTpHead(d, l, h)) before = d;
+        // Devices caching the slot before and after (several for a
+        // replicated head group); each that starts to cache it restores it.
+        const std::vector<int> before =
+            plan_.IsDpHead(l, h) ? std::vector<int>{was_rank} : plan_.TpHolders(l, h);
+        const std::vector<int> after =
+            next.IsDpHead(l, h) ? std::vector<int>{s->dp_rank} : next.TpHolders(l, h);
+        for (int d : after) {
+          const bool moves = !std::count(before.begin(), before.end(), d) ||
+                             config_.recovery == RecoveryMode::kHost;
+          if (moves) kv_bytes[d] += slot_bytes * s->num_computed;
         }
-        for (int d : next.active) {
-          if (next.HoldsTpHead(d, l, h)) after = d;
-        }
-        const bool moves = before != after || !std::count(alive.begin(), alive.end(), before) ||
-                           config_.recovery == RecoveryMode::kHost;
-        if (moves && after >= 0) kv_bytes[after] += slot_bytes * s->num_computed;
       }
     }
   }

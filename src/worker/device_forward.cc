@@ -82,7 +82,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   float* x = Sized(x_, static_cast<size_t>(T) * H);
   Embed(b);
   FS_RETURN_IF_ERROR(all_reduce(x, static_cast<size_t>(T) * H));
-  // The partial sums of head groups and FFN shards are exact (fixed point):
+  // The partial sums of query heads and FFN shards are exact (fixed point):
   // whichever devices hold which items, the sums and so the residual stream
   // are the same bit for bit.
   for (int l = 0; l < config_.num_layers; ++l) {
@@ -112,73 +112,105 @@ void DeviceModel::Embed(const StepBatch& b) {
   }
 }
 
-void DeviceModel::RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b,
-                           const HeadRows& hr, float* qkv, float* attn, ForwardStats* stats) {
+void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch& b,
+                           const HeadRows& hr, float* q, float* kv, float* attn,
+                           ForwardStats* stats) {
   const int hd = config_.head_dim, g = config_.group_size(), H = config_.hidden_size;
   const int bs = kv_.block_size();
-  const int head_cols = (g + 2) * hd;
-  const int n_heads = qkv_w.num_items();
-  const int64_t ld_qkv = static_cast<int64_t>(n_heads) * head_cols;
-  const int64_t ld_attn = static_cast<int64_t>(n_heads) * g * hd;
-  // 1) q, k, v: one GEMM per segment of consecutive head groups.
+  const int n_q = w.q.num_items(), n_kv = w.kv.num_items();
+  const int64_t ld_q = static_cast<int64_t>(n_q) * hd;
+  const int64_t ld_kv = static_cast<int64_t>(n_kv) * 2 * hd;
+  // 1) q, k, v: one GEMM per segment of consecutive query heads or head groups.
   int k0 = 0;
-  for (const auto& seg : qkv_w.segments()) {
-    backend_->LinearNT(hr.in, H, qkv_w.Weights(seg), qkv + static_cast<int64_t>(k0) * head_cols,
-                       ld_qkv, hr.rows, seg.count * head_cols, H, false);
+  for (const auto& seg : w.q.segments()) {
+    backend_->LinearNT(hr.in, H, w.q.Weights(seg), q + static_cast<int64_t>(k0) * hd, ld_q, hr.rows,
+                       seg.count * hd, H, false);
     k0 += seg.count;
   }
-  stats->attention_flops += 2.0 * hr.rows * H * ld_qkv;
-  // 2) RoPE on the G query heads and the key head of each group (adjacent).
-  for (int k = 0; k < n_heads; ++k) {
-    backend_->Rope(qkv + static_cast<int64_t>(k) * head_cols, ld_qkv, hr.positions, hr.rows, g + 1,
-                   hd, inv_freq_.data());
+  k0 = 0;
+  for (const auto& seg : w.kv.segments()) {
+    backend_->LinearNT(hr.in, H, w.kv.Weights(seg), kv + static_cast<int64_t>(k0) * 2 * hd, ld_kv,
+                       hr.rows, seg.count * 2 * hd, H, false);
+    k0 += seg.count;
+  }
+  stats->attention_flops += 2.0 * hr.rows * H * (ld_q + ld_kv);
+  // 2) RoPE on the query heads and on the key of each group.
+  backend_->Rope(q, ld_q, hr.positions, hr.rows, n_q, hd, inv_freq_.data());
+  for (int k = 0; k < n_kv; ++k) {
+    backend_->Rope(kv + static_cast<int64_t>(k) * 2 * hd, ld_kv, hr.positions, hr.rows, 1, hd,
+                   inv_freq_.data());
+  }
+  // The query heads of each held group are adjacent in q (both ascending):
+  // group k's are [first[k], first[k] + count[k]).
+  const std::vector<int> groups = w.kv.items(), queries = w.q.items();
+  std::vector<int> first(n_kv, 0), count(n_kv, 0);
+  for (int i = 0, k = 0; i < n_q; ++i) {
+    while (k < n_kv && groups[k] < queries[i] / g) ++k;
+    FS_CHECK_MSG(k < n_kv && groups[k] == queries[i] / g, "query head {} without its KV head",
+                 queries[i]);
+    if (count[k]++ == 0) first[k] = i;
   }
   // 3) K and V into the cache; 4) attention problems.
   problems_.clear();
-  const std::vector<int> heads = qkv_w.items();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (auto [si, row0] : hr.seqs) {
     const StepSeq& s = b.seqs[si];
-    for (int k = 0; k < n_heads; ++k) {
-      const int slot = kv_.Slot(layer, heads[k]);
+    for (int k = 0; k < n_kv; ++k) {
+      const int slot = kv_.Slot(layer, groups[k]);
       for (int i = 0; i < s.num_tokens; ++i) {
         const int p = s.start_pos + i;
         float* page = kv_.Page(s.seq_id, slot, p / bs);
         const float* src =
-            qkv + static_cast<int64_t>(row0 + i) * ld_qkv + static_cast<int64_t>(k) * head_cols;
-        std::memcpy(page + (p % bs) * hd, src + g * hd, sizeof(float) * hd);
-        std::memcpy(page + (bs + p % bs) * hd, src + (g + 1) * hd, sizeof(float) * hd);
+            kv + static_cast<int64_t>(row0 + i) * ld_kv + static_cast<int64_t>(k) * 2 * hd;
+        std::memcpy(page + (p % bs) * hd, src, sizeof(float) * hd);
+        std::memcpy(page + (bs + p % bs) * hd, src + hd, sizeof(float) * hd);
       }
+      if (count[k] == 0) continue;
       AttentionArgs a;
-      a.q = qkv + static_cast<int64_t>(row0) * ld_qkv + static_cast<int64_t>(k) * head_cols;
-      a.ldq = ld_qkv;
-      a.out = attn + static_cast<int64_t>(row0) * ld_attn + static_cast<int64_t>(k) * g * hd;
-      a.ldo = ld_attn;
+      a.q = q + static_cast<int64_t>(row0) * ld_q + static_cast<int64_t>(first[k]) * hd;
+      a.ldq = ld_q;
+      a.out = attn + static_cast<int64_t>(row0) * ld_q + static_cast<int64_t>(first[k]) * hd;
+      a.ldo = ld_q;
       a.num_tokens = s.num_tokens;
       a.start_pos = s.start_pos;
-      a.group_size = g;
+      a.group_size = count[k];
       a.head_dim = hd;
       a.pages = kv_.Pages(s.seq_id, slot);
       a.block_size = bs;
       a.sliding_window = config_.sliding_window;
       a.scale = scale;
       problems_.push_back(a);
-      // Attention core: scores and weighted values, 2 * 2 * G * hd per (query, key).
+      // Attention core: scores and weighted values, 2 * 2 * hd per (query head, key).
       for (int i = 0; i < s.num_tokens; ++i) {
         const int p = s.start_pos + i;
         const int ctx =
             config_.sliding_window > 0 ? std::min(p + 1, config_.sliding_window) : p + 1;
-        stats->attention_flops += 4.0 * g * hd * ctx;
+        stats->attention_flops += 4.0 * count[k] * hd * ctx;
       }
     }
   }
   backend_->Attention(problems_);
 }
 
+void DeviceModel::OProjection(const AttentionWeights& w, const float* attn, int rows, int64_t* out,
+                              ForwardStats* stats) {
+  const int hd = config_.head_dim, H = config_.hidden_size;
+  const int64_t ld_attn = static_cast<int64_t>(w.q.num_items()) * hd;
+  int k0 = 0;
+  for (const auto& seg : w.o.segments()) {
+    // One exact partial sum per query head: the same whichever device holds
+    // which query heads of a replicated head group.
+    backend_->LinearNNFixed(attn + static_cast<int64_t>(k0) * hd, ld_attn, w.o.Weights(seg), out, H,
+                            rows, H, seg.count * hd, hd);
+    k0 += seg.count;
+  }
+  stats->attention_flops += 2.0 * rows * ld_attn * H;
+}
+
 void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* stats) {
   const LayerWeights& lw = layers_[layer];
   const int T = b.num_tokens(), H = config_.hidden_size;
-  const int hd = config_.head_dim, g = config_.group_size();
+  const int hd = config_.head_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* h = Sized(h_, static_cast<size_t>(T) * H);
   int64_t* partial = Sized(partial_, static_cast<size_t>(T) * H);
@@ -186,30 +218,23 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
 
   // TP head groups: every token.
-  const int n_tp = lw.tp_qkv.num_items();
-  if (n_tp > 0) {
+  const int n_tp = lw.tp.q.num_items();
+  if (lw.tp.kv.num_items() > 0) {
     HeadRows hr;
     hr.in = h;
     hr.rows = T;
     hr.positions = positions_.data();
     for (size_t i = 0; i < b.seqs.size(); ++i)
       hr.seqs.emplace_back(static_cast<int>(i), b.seqs[i].token_offset);
-    float* qkv = Sized(qkv_, static_cast<size_t>(T) * n_tp * (g + 2) * hd);
-    float* attn = Sized(attn_, static_cast<size_t>(T) * n_tp * g * hd);
-    RunHeads(lw.tp_qkv, layer, b, hr, qkv, attn, stats);
-    const int64_t ld_attn = static_cast<int64_t>(n_tp) * g * hd;
-    int k0 = 0;
-    for (const auto& seg : lw.tp_o.segments()) {
-      // One exact partial sum per head group.
-      backend_->LinearNNFixed(attn + static_cast<int64_t>(k0) * g * hd, ld_attn,
-                              lw.tp_o.Weights(seg), partial, H, T, H, seg.count * g * hd, g * hd);
-      k0 += seg.count;
-    }
-    stats->attention_flops += 2.0 * T * ld_attn * H;
+    float* q = Sized(q_, static_cast<size_t>(T) * n_tp * hd);
+    float* kv = Sized(kv_proj_, static_cast<size_t>(T) * lw.tp.kv.num_items() * 2 * hd);
+    float* attn = Sized(attn_, static_cast<size_t>(T) * n_tp * hd);
+    RunHeads(lw.tp, layer, b, hr, q, kv, attn, stats);
   }
+  if (n_tp > 0) OProjection(lw.tp, attn_.data(), T, partial, stats);
 
   // DP head groups: only tokens of sequences whose DP rank is this device.
-  const int n_dp = lw.dp_qkv.num_items();
+  const int n_dp = lw.dp.q.num_items();
   if (n_dp == 0) return;
   HeadRows hr;
   int rows = 0;
@@ -230,19 +255,13 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   hr.in = in;
   hr.rows = rows;
   hr.positions = dpos;
-  float* qkv = Sized(dp_qkv_, static_cast<size_t>(rows) * n_dp * (g + 2) * hd);
-  float* attn = Sized(dp_attn_, static_cast<size_t>(rows) * n_dp * g * hd);
-  RunHeads(lw.dp_qkv, layer, b, hr, qkv, attn, stats);
+  float* q = Sized(dp_q_, static_cast<size_t>(rows) * n_dp * hd);
+  float* kv = Sized(dp_kv_proj_, static_cast<size_t>(rows) * lw.dp.kv.num_items() * 2 * hd);
+  float* attn = Sized(dp_attn_, static_cast<size_t>(rows) * n_dp * hd);
+  RunHeads(lw.dp, layer, b, hr, q, kv, attn, stats);
   int64_t* out = Sized(dp_out_, static_cast<size_t>(rows) * H);
   std::memset(out, 0, sizeof(int64_t) * static_cast<size_t>(rows) * H);
-  const int64_t ld_attn = static_cast<int64_t>(n_dp) * g * hd;
-  int k0 = 0;
-  for (const auto& seg : lw.dp_o.segments()) {
-    backend_->LinearNNFixed(attn + static_cast<int64_t>(k0) * g * hd, ld_attn, lw.dp_o.Weights(seg),
-                            out, H, rows, H, seg.count * g * hd, g * hd);
-    k0 += seg.count;
-  }
-  stats->attention_flops += 2.0 * rows * ld_attn * H;
+  OProjection(lw.dp, attn, rows, out, stats);
   for (auto [si, row0] : hr.seqs) {
     const StepSeq& s = b.seqs[si];
     for (int i = 0; i < s.num_tokens; ++i) {

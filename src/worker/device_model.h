@@ -4,8 +4,11 @@
 // In a step, a device computes its TP head groups for every token and its DP
 // head groups only for tokens of sequences whose DP rank it is; both feed one
 // o-projection partial sum, reduced by the single all-reduce that tensor
-// parallelism already needs. FFN shards and vocabulary chunks work the same
-// way (partial sums; logits columns written in place).
+// parallelism already needs. A TP head group may be replicated: then the
+// device computes its K/V and caches them like every other holder, but only
+// its own part of the group's query heads, so each query head's o-projection
+// term is added once. FFN shards and vocabulary chunks work the same way
+// (partial sums; logits columns written in place).
 //
 // Thread-safety: one thread (the device's compute thread) calls everything.
 #pragma once
@@ -33,8 +36,12 @@ namespace failsafe {
 class HostLoader {
  public:
   HostLoader(const ModelConfig& config, const PlanShape& shape, const WeightStore& host);
-  void Qkv(int layer, int head, float* dst) const;  // [(G + 2) * head_dim, hidden]
-  void O(int layer, int head, float* dst) const;  // [G * head_dim, hidden] (o columns, transposed)
+  // Query head q (head group q / G): q rows [head_dim, hidden].
+  void Query(int layer, int q, float* dst) const;
+  // Head group: k rows then v rows [2 * head_dim, hidden].
+  void Kv(int layer, int head, float* dst) const;
+  // Query head q: its o columns, transposed [head_dim, hidden].
+  void O(int layer, int q, float* dst) const;
   // Rows [row_begin, row_end) of the head group flattened as q, k, v rows then o^T rows.
   void HeadRows(int layer, int head, int row_begin, int row_end, float* dst) const;
   void GateUp(int layer, int shard, float* dst) const;    // [2 * width, hidden]
@@ -75,6 +82,16 @@ struct ApplyStats {
 struct DeviceOptions {
   int block_size = 16;   // tokens per KV page
   int64_t kv_pages = 0;  // KV pool size in pages
+};
+
+// Attention weights of a set of head groups (or parts of them), held per
+// item: a query head (q rows, o columns) or a head group (k and v rows). The
+// o items are always the q items.
+struct AttentionWeights {
+  ItemMatrix q;   // per query head: [head_dim, hidden]
+  ItemMatrix kv;  // per head group: k rows then v rows [2 * head_dim, hidden]
+  ItemMatrix o;   // per query head: o^T rows [head_dim, hidden]
+  int64_t bytes() const { return q.bytes() + kv.bytes() + o.bytes(); }
 };
 
 class DeviceModel {
@@ -118,8 +135,8 @@ class DeviceModel {
  private:
   struct LayerWeights {
     std::vector<float> attn_norm, ffn_norm;
-    ItemMatrix tp_qkv, tp_o;    // TP head groups: [q(G heads) k v] rows and o^T rows per group
-    ItemMatrix dp_qkv, dp_o;    // DP head groups, same layout
+    AttentionWeights tp;        // TP head groups (or this device's part of replicated ones)
+    AttentionWeights dp;        // DP head groups, every query head
     ItemMatrix ffn_gate_up;     // per shard: gate rows then up rows [2 * width, hidden]
     ItemMatrix ffn_down;        // per shard: down^T rows [width, hidden]
     std::vector<float> router;  // MoE: [experts, hidden]
@@ -139,9 +156,15 @@ class DeviceModel {
   void AttentionPartial(int layer, const StepBatch& b, ForwardStats* stats);
   void FfnPartial(int layer, int num_tokens, ForwardStats* stats);
   void LmHead(const StepBatch& b, float* logits, ForwardStats* stats);
-  // qkv [rows, heads * (G + 2) * head_dim] and attn [rows, heads * G * head_dim].
-  void RunHeads(const ItemMatrix& qkv_w, int layer, const StepBatch& b, const HeadRows& hr,
-                float* qkv, float* attn, ForwardStats* stats);
+  // Projections, RoPE, KV writes and attention of the held heads of `w`:
+  // q [rows, queries * head_dim], kv [rows, groups * 2 * head_dim] and attn
+  // [rows, queries * head_dim] (the o-projection's input).
+  void RunHeads(const AttentionWeights& w, int layer, const StepBatch& b, const HeadRows& hr,
+                float* q, float* kv, float* attn, ForwardStats* stats);
+  // attn [rows, queries * head_dim] times the held o columns, added into out
+  // [rows, hidden] as exact fixed-point partial sums (one per query head).
+  void OProjection(const AttentionWeights& w, const float* attn, int rows, int64_t* out,
+                   ForwardStats* stats);
   // out[rows, hidden] = FFN of `in` over the held shards of one expert (-1:
   // dense), as exact fixed-point partial sums (one per shard).
   void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
@@ -150,8 +173,14 @@ class DeviceModel {
   // Norms, routers and empty item matrices: a device holding nothing yet.
   void InitLayers(const Plan& plan, const WeightStore& host);
   void EnqueueBackup(const StepBatch& b);
-  void AddHeads(ItemMatrix* qkv, ItemMatrix* o, int layer, const std::vector<int>& heads,
-                const HostLoader& load);
+  // Adds query heads (q and o) and head groups (k and v) from the host.
+  void AddAttention(AttentionWeights* w, int layer, const std::vector<int>& queries,
+                    const std::vector<int>& groups, const HostLoader& load);
+  // Every query head of the given head groups.
+  std::vector<int> QueriesOfGroups(const std::vector<int>& groups) const;
+  // Which (layer, head group) slots of TP heads this device copies to the host
+  // backup (a replicated group is copied by one holder only); from plan_.
+  void UpdateBackupSlots();
   void AddShards(LayerWeights* lw, int layer, const std::vector<int>& shards,
                  const HostLoader& load);
   void AddChunks(const std::vector<int>& chunks, const HostLoader& load);
@@ -173,9 +202,10 @@ class DeviceModel {
   BackupWriter* backup_ = nullptr;
   BackupLayout backup_layout_;
   void* backup_base_ = nullptr;
+  std::vector<char> backup_tp_slot_;  // [slot] -> this device writes the TP slot to the backup
 
   // Step scratch, [tokens, ...] unless noted.
-  std::vector<float> x_, h_, qkv_, attn_, dp_in_, dp_qkv_, dp_attn_;
+  std::vector<float> x_, h_, q_, kv_proj_, attn_, dp_in_, dp_q_, dp_kv_proj_, dp_attn_;
   std::vector<float> gu_, act_, expert_in_, router_logits_, gate_w_, row_scale_, lm_out_;
   // Fixed-point partial sums (backend/fixed_point.h), [tokens, hidden].
   std::vector<int64_t> partial_, dp_out_, expert_out_;

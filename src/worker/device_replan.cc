@@ -21,8 +21,9 @@ void DeviceModel::DrainBackup() {
 }
 
 // After a step: for every sequence with a backup slot, copy the positions it
-// wrote in every slot this device holds into the host backup, in the
-// background.
+// wrote into the host backup, in the background: every DP slot the device
+// holds (it is the sequence's DP rank) and every TP slot it is the backup
+// writer of (a replicated head group is copied by one of its holders).
 void DeviceModel::EnqueueBackup(const StepBatch& b) {
   if (!backup_) return;
   const int bs = kv_.block_size();
@@ -44,6 +45,7 @@ void DeviceModel::EnqueueBackup(const StepBatch& b) {
     if (job.end <= job.start) continue;
     for (int slot : kv_.HeldSlots(s.seq_id)) {
       const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
+      if (!plan_.IsDpHead(layer, head) && !backup_tp_slot_[slot]) continue;
       for (int blk = job.start / bs; blk * bs < job.end; ++blk) {
         const int backup_block = b.backup_blocks[s.backup_offset + blk - s.backup_first_block];
         BackupJob::Copy c;
@@ -73,10 +75,10 @@ void Move(ItemMatrix* from, ItemMatrix* to, int item) { to->AddShared(from->Remo
 }  // namespace
 
 // Every head group that is DP in `next` but not in `prev` is needed by every
-// active device. Its rows are split into one piece per device; each device
-// supplies its piece (from its own copy if it has one, else from the host),
-// and an all-gather gives everyone the whole: no byte crosses from the host
-// twice.
+// active device. Its rows (q, k, v, then o^T) are split into one piece per
+// device; each device supplies its piece (from its own copy where it holds
+// those rows, else from the host), and an all-gather gives everyone the
+// whole: no byte crosses from the host twice.
 Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const HostLoader& load,
                                      Communicator& comm, ApplyStats* stats) {
   const int hd = config_.head_dim, g = config_.group_size(), hidden = config_.hidden_size;
@@ -86,36 +88,57 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
   std::vector<float> piece(static_cast<size_t>(per) * hidden),
       all(static_cast<size_t>(per) * hidden * n);
   for (int l = 0; l < config_.num_layers; ++l) {
-    LayerWeights& lw = layers_[l];
+    AttentionWeights& dp = layers_[l].dp;
     for (int h : Minus(next.layers[l].dp_heads, prev.layers[l].dp_heads)) {
-      const int r0 = std::min(rows, rank * per), r1 = std::min(rows, r0 + per);
-      const bool held = lw.dp_qkv.Has(h);
-      if (held) {  // this device held it (as TP until now): no host read
-        for (int r = r0; r < r1; ++r) {
-          float* dst = piece.data() + static_cast<int64_t>(r - r0) * hidden;
-          if (r < (g + 2) * hd) {
-            lw.dp_qkv.ReadRows(h, r, 1, dst);
-          } else {
-            lw.dp_o.ReadRows(h, r - (g + 2) * hd, 1, dst);
-          }
+      // Row r of the group from this device's copy into dst (as f32, exact);
+      // false if it lacks it.
+      auto local_row = [&](int r, float* dst) -> bool {
+        const ItemMatrix* m = &dp.o;
+        int item = 0, in_item = 0;
+        if (r < g * hd) {
+          m = &dp.q;
+          item = h * g + r / hd;
+          in_item = r % hd;
+        } else if (r < (g + 2) * hd) {
+          m = &dp.kv;
+          item = h;
+          in_item = r - g * hd;
+        } else {
+          item = h * g + (r - (g + 2) * hd) / hd;
+          in_item = (r - (g + 2) * hd) % hd;
         }
-      } else if (r1 > r0) {
-        load.HeadRows(l, h, r0, r1, piece.data());
-        stats->host_bytes += static_cast<int64_t>(r1 - r0) * hidden *
-                             static_cast<int64_t>(DTypeSize(lw.dp_qkv.dtype()));
+        if (!m->Has(item)) return false;
+        m->ReadRows(item, in_item, 1, dst);
+        return true;
+      };
+      const int r0 = std::min(rows, rank * per), r1 = std::min(rows, r0 + per);
+      for (int r = r0; r < r1; ++r) {
+        float* dst = piece.data() + static_cast<int64_t>(r - r0) * hidden;
+        if (!local_row(r, dst)) {
+          load.HeadRows(l, h, r, r + 1, dst);
+          stats->host_bytes += static_cast<int64_t>(hidden) * DTypeSize(dp.q.dtype());
+        }
       }
       FS_RETURN_IF_ERROR(comm.AllGather(piece.data(), piece.size() * sizeof(float), all.data()));
-      if (held) continue;
-      // Pieces cross as f32 (exact widening of the weights' values).
-      stats->peer_bytes += static_cast<int64_t>(rows - (r1 - r0)) * hidden * 4;
       // Pieces are consecutive rows: rank k's piece starts at row k * per.
-      lw.dp_qkv.Add(h, 1, [&](int, float* dst) {
-        std::memcpy(dst, all.data(), sizeof(float) * static_cast<size_t>((g + 2) * hd) * hidden);
-      });
-      lw.dp_o.Add(h, 1, [&](int, float* dst) {
-        std::memcpy(dst, all.data() + static_cast<int64_t>((g + 2) * hd) * hidden,
-                    sizeof(float) * static_cast<size_t>(g * hd) * hidden);
-      });
+      // Items this device lacks take their rows from the gathered whole.
+      auto copy_rows = [&](int row0, int count, float* dst) {
+        std::memcpy(dst, all.data() + static_cast<int64_t>(row0) * hidden,
+                    sizeof(float) * static_cast<size_t>(count) * hidden);
+        for (int r = row0; r < row0 + count; ++r) {
+          if (r < r0 || r >= r1) stats->peer_bytes += static_cast<int64_t>(hidden) * 4;
+        }
+      };
+      std::vector<int> missing;
+      for (int j = 0; j < g; ++j) {
+        if (!dp.q.Has(h * g + j)) missing.push_back(h * g + j);
+      }
+      for (auto [first, count] : ItemRuns(missing, 0)) {
+        dp.q.Add(first, count, [&](int q, float* dst) { copy_rows((q - h * g) * hd, hd, dst); });
+        dp.o.Add(first, count,
+                 [&](int q, float* dst) { copy_rows((g + 2) * hd + (q - h * g) * hd, hd, dst); });
+      }
+      if (!dp.kv.Has(h)) dp.kv.Add(h, 1, [&](int, float* dst) { copy_rows(g * hd, 2 * hd, dst); });
     }
   }
   return Status::Ok();
@@ -185,39 +208,50 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   const bool active = next.IsActive(d);
   for (int l = 0; l < config_.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
-    const std::vector<int> new_tp = active ? next.layers[l].tp_heads[d] : std::vector<int>{};
+    const std::vector<int> new_tp_q = active ? next.layers[l].tp_queries[d] : std::vector<int>{};
+    const std::vector<int> new_tp_kv = active ? next.layers[l].tp_heads[d] : std::vector<int>{};
     const std::vector<int> new_dp = active ? next.layers[l].dp_heads : std::vector<int>{};
+    const std::vector<int> new_dp_q = QueriesOfGroups(new_dp);
     // Heads changing role on this device keep their rows.
-    for (int h : lw.dp_qkv.items()) {
-      if (std::count(new_tp.begin(), new_tp.end(), h)) {
-        Move(&lw.dp_qkv, &lw.tp_qkv, h);
-        Move(&lw.dp_o, &lw.tp_o, h);
+    auto move = [](AttentionWeights* from, AttentionWeights* to, const std::vector<int>& groups,
+                   const std::vector<int>& queries) {
+      for (int h : from->kv.items()) {
+        if (std::count(groups.begin(), groups.end(), h)) Move(&from->kv, &to->kv, h);
       }
-    }
-    for (int h : lw.tp_qkv.items()) {
-      if (std::count(new_dp.begin(), new_dp.end(), h)) {
-        Move(&lw.tp_qkv, &lw.dp_qkv, h);
-        Move(&lw.tp_o, &lw.dp_o, h);
+      for (int q : from->q.items()) {
+        if (std::count(queries.begin(), queries.end(), q)) {
+          Move(&from->q, &to->q, q);
+          Move(&from->o, &to->o, q);
+        }
       }
+    };
+    move(&lw.dp, &lw.tp, new_tp_kv, new_tp_q);
+    move(&lw.tp, &lw.dp, new_dp, new_dp_q);
+    for (AttentionWeights* w : {&lw.tp, &lw.dp}) {
+      const std::vector<int>& keep_q = w == &lw.tp ? new_tp_q : new_dp_q;
+      const std::vector<int>& keep_kv = w == &lw.tp ? new_tp_kv : new_dp;
+      for (int q : Minus(w->q.items(), keep_q)) {
+        w->q.Remove(q);
+        w->o.Remove(q);
+      }
+      for (int h : Minus(w->kv.items(), keep_kv)) w->kv.Remove(h);
     }
-    for (int h : Minus(lw.tp_qkv.items(), new_tp)) {
-      lw.tp_qkv.Remove(h);
-      lw.tp_o.Remove(h);
-    }
-    for (int h : Minus(lw.dp_qkv.items(), new_dp)) {
-      lw.dp_qkv.Remove(h);
-      lw.dp_o.Remove(h);
-    }
-    const std::vector<int> gain_tp = Minus(new_tp, lw.tp_qkv.items());
-    AddHeads(&lw.tp_qkv, &lw.tp_o, l, gain_tp, load);
+    const std::vector<int> gain_tp_q = Minus(new_tp_q, lw.tp.q.items());
+    const std::vector<int> gain_tp_kv = Minus(new_tp_kv, lw.tp.kv.items());
+    AddAttention(&lw.tp, l, gain_tp_q, gain_tp_kv, load);
     stats->host_bytes +=
-        static_cast<int64_t>(gain_tp.size()) * (lw.tp_qkv.item_bytes() + lw.tp_o.item_bytes());
-    // DP heads that were DP before but this device lacks (it just joined) come from the host too.
+        static_cast<int64_t>(gain_tp_q.size()) * (lw.tp.q.item_bytes() + lw.tp.o.item_bytes()) +
+        static_cast<int64_t>(gain_tp_kv.size()) * lw.tp.kv.item_bytes();
+    // DP heads that were DP before but this device lacks (it just joined) come
+    // from the host too; heads new to DP are gathered below.
     const std::vector<int> brand_new = Minus(next.layers[l].dp_heads, prev.layers[l].dp_heads);
-    const std::vector<int> gain_dp = Minus(Minus(new_dp, lw.dp_qkv.items()), brand_new);
-    AddHeads(&lw.dp_qkv, &lw.dp_o, l, gain_dp, load);
+    const std::vector<int> old_dp = Minus(new_dp, brand_new);
+    const std::vector<int> gain_dp_q = Minus(QueriesOfGroups(old_dp), lw.dp.q.items());
+    const std::vector<int> gain_dp_kv = Minus(old_dp, lw.dp.kv.items());
+    AddAttention(&lw.dp, l, gain_dp_q, gain_dp_kv, load);
     stats->host_bytes +=
-        static_cast<int64_t>(gain_dp.size()) * (lw.dp_qkv.item_bytes() + lw.dp_o.item_bytes());
+        static_cast<int64_t>(gain_dp_q.size()) * (lw.dp.q.item_bytes() + lw.dp.o.item_bytes()) +
+        static_cast<int64_t>(gain_dp_kv.size()) * lw.dp.kv.item_bytes();
     // FFN shards.
     const std::vector<int> new_shards = active ? next.layers[l].ffn_shards[d] : std::vector<int>{};
     for (int s : Minus(lw.ffn_gate_up.items(), new_shards)) {
@@ -239,6 +273,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   stats->host_bytes += static_cast<int64_t>(gain_chunks.size()) * embed_.item_bytes() *
                        (config_.tie_word_embeddings ? 1 : 2);
   plan_ = next;
+  UpdateBackupSlots();
   if (active) FS_RETURN_IF_ERROR(GatherNewDpHeads(prev, next, load, comm, stats));
   stats->weights_ns = ThreadCpuNanos() - t0;
   stats->weights_wall_ns = MonotonicNanos() - w0;

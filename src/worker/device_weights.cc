@@ -24,7 +24,7 @@ int64_t DeviceModel::weight_bytes() const {
               final_norm_.size() * 4;
   for (auto& l : layers_) {
     b += (l.attn_norm.size() + l.ffn_norm.size() + l.router.size()) * 4;
-    b += l.tp_qkv.bytes() + l.tp_o.bytes() + l.dp_qkv.bytes() + l.dp_o.bytes();
+    b += l.tp.bytes() + l.dp.bytes();
     b += l.ffn_gate_up.bytes() + l.ffn_down.bytes();
   }
   return b;
@@ -33,19 +33,21 @@ int64_t DeviceModel::weight_bytes() const {
 HostLoader::HostLoader(const ModelConfig& c, const PlanShape& shape, const WeightStore& host)
     : c_(c), shape_(shape), host_(host) {}
 
-void HostLoader::Qkv(int layer, int head, float* dst) const {
-  const int hd = c_.head_dim, g = c_.group_size(), hidden = c_.hidden_size;
-  host_.Get(tn::Q(layer)).ReadRows(static_cast<int64_t>(head) * g * hd, g * hd, dst);
-  host_.Get(tn::K(layer))
-      .ReadRows(static_cast<int64_t>(head) * hd, hd, dst + static_cast<int64_t>(g) * hd * hidden);
-  host_.Get(tn::V(layer))
-      .ReadRows(static_cast<int64_t>(head) * hd, hd,
-                dst + static_cast<int64_t>(g + 1) * hd * hidden);
+void HostLoader::Query(int layer, int q, float* dst) const {
+  const int hd = c_.head_dim;
+  host_.Get(tn::Q(layer)).ReadRows(static_cast<int64_t>(q) * hd, hd, dst);
 }
 
-void HostLoader::O(int layer, int head, float* dst) const {
-  const int hd = c_.head_dim, g = c_.group_size();
-  host_.Get(tn::O(layer)).ReadColsTransposed(static_cast<int64_t>(head) * g * hd, g * hd, dst);
+void HostLoader::Kv(int layer, int head, float* dst) const {
+  const int hd = c_.head_dim, hidden = c_.hidden_size;
+  host_.Get(tn::K(layer)).ReadRows(static_cast<int64_t>(head) * hd, hd, dst);
+  host_.Get(tn::V(layer))
+      .ReadRows(static_cast<int64_t>(head) * hd, hd, dst + static_cast<int64_t>(hd) * hidden);
+}
+
+void HostLoader::O(int layer, int q, float* dst) const {
+  const int hd = c_.head_dim;
+  host_.Get(tn::O(layer)).ReadColsTransposed(static_cast<int64_t>(q) * hd, hd, dst);
 }
 
 void HostLoader::HeadRows(int layer, int head, int row_begin, int row_end, float* dst) const {
@@ -104,11 +106,31 @@ std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break
   return runs;
 }
 
-void DeviceModel::AddHeads(ItemMatrix* qkv, ItemMatrix* o, int layer, const std::vector<int>& heads,
-                           const HostLoader& load) {
-  for (auto [first, count] : ItemRuns(heads, 0)) {
-    qkv->Add(first, count, [&](int h, float* dst) { load.Qkv(layer, h, dst); });
-    o->Add(first, count, [&](int h, float* dst) { load.O(layer, h, dst); });
+void DeviceModel::AddAttention(AttentionWeights* w, int layer, const std::vector<int>& queries,
+                               const std::vector<int>& groups, const HostLoader& load) {
+  for (auto [first, count] : ItemRuns(queries, 0)) {
+    w->q.Add(first, count, [&](int q, float* dst) { load.Query(layer, q, dst); });
+    w->o.Add(first, count, [&](int q, float* dst) { load.O(layer, q, dst); });
+  }
+  for (auto [first, count] : ItemRuns(groups, 0))
+    w->kv.Add(first, count, [&](int h, float* dst) { load.Kv(layer, h, dst); });
+}
+
+std::vector<int> DeviceModel::QueriesOfGroups(const std::vector<int>& groups) const {
+  const int g = config_.group_size();
+  std::vector<int> out;
+  for (int h : groups) {
+    for (int j = 0; j < g; ++j) out.push_back(h * g + j);
+  }
+  return out;
+}
+
+void DeviceModel::UpdateBackupSlots() {
+  backup_tp_slot_.assign(kv_.num_slots(), 0);
+  if (!plan_.IsActive(device_)) return;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    for (int h : plan_.layers[l].tp_heads[device_])
+      backup_tp_slot_[kv_.Slot(l, h)] = plan_.KvWriter(l, h, -1) == device_;
   }
 }
 
@@ -136,7 +158,7 @@ void DeviceModel::AddChunks(const std::vector<int>& chunks, const HostLoader& lo
 void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   plan_ = plan;
   const ModelConfig& c = config_;
-  const int hd = c.head_dim, g = c.group_size(), hidden = c.hidden_size;
+  const int hd = c.head_dim, hidden = c.hidden_size;
   const int w = plan.shape.shard_width;
   const DType wt = host.MatrixDType();
   // The matrices LinearNT multiplies by ([n, k]: q/k/v, gate/up, the
@@ -150,10 +172,11 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     lw.ffn_norm.resize(hidden);
     host.Get(tn::AttnNorm(l)).ReadRows(0, 1, lw.attn_norm.data());
     host.Get(tn::FfnNorm(l)).ReadRows(0, 1, lw.ffn_norm.data());
-    lw.tp_qkv = ItemMatrix((g + 2) * hd, hidden, wt, kBlocked);
-    lw.tp_o = ItemMatrix(g * hd, hidden, wt);
-    lw.dp_qkv = ItemMatrix((g + 2) * hd, hidden, wt, kBlocked);
-    lw.dp_o = ItemMatrix(g * hd, hidden, wt);
+    for (AttentionWeights* a : {&lw.tp, &lw.dp}) {
+      a->q = ItemMatrix(hd, hidden, wt, kBlocked);
+      a->kv = ItemMatrix(2 * hd, hidden, wt, kBlocked);
+      a->o = ItemMatrix(hd, hidden, wt);
+    }
     lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, kBlocked);
     lw.ffn_down = ItemMatrix(w, hidden, wt);
     if (c.is_moe()) {
@@ -169,12 +192,14 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
 
 Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
   InitLayers(plan, host);
+  UpdateBackupSlots();
   if (!plan.IsActive(device_)) return Status::Ok();
   HostLoader load(config_, plan.shape, host);
   for (int l = 0; l < config_.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
-    AddHeads(&lw.tp_qkv, &lw.tp_o, l, plan.layers[l].tp_heads[device_], load);
-    AddHeads(&lw.dp_qkv, &lw.dp_o, l, plan.layers[l].dp_heads, load);
+    const LayerPlan& lp = plan.layers[l];
+    AddAttention(&lw.tp, l, lp.tp_queries[device_], lp.tp_heads[device_], load);
+    AddAttention(&lw.dp, l, QueriesOfGroups(lp.dp_heads), lp.dp_heads, load);
     AddShards(&lw, l, plan.layers[l].ffn_shards[device_], load);
   }
   AddChunks(plan.vocab_chunks[device_], load);

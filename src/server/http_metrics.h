@@ -1,0 +1,38 @@
+// The HTTP front end's own metrics (Prometheus text), beside the engine's.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace failsafe {
+
+class HttpMetrics {
+ public:
+  void ConnectionOpened() { ++connections_open_; }
+  void ConnectionClosed() { --connections_open_; }
+  // A connection answered 429 at once because the server holds its maximum.
+  void ConnectionRefused() { ++connections_refused_; }
+  void ExchangeStarted() { ++in_flight_; }
+  void ExchangeEnded() { --in_flight_; }
+  // A client that left before its response ended.
+  void ClientGone() { ++client_gone_; }
+  void Response(int status);
+
+  int64_t connections_open() const { return connections_open_; }
+  int64_t in_flight() const { return in_flight_; }
+  int64_t client_gone() const { return client_gone_; }
+  void Render(std::string* out) const;
+
+ private:
+  std::atomic<int64_t> connections_open_{0}, connections_refused_{0}, in_flight_{0},
+      client_gone_{0};
+  mutable std::mutex mu_;
+  std::map<int, int64_t> responses_;  // by HTTP status, guarded by mu_
+};
+
+}  // namespace failsafe

@@ -8,6 +8,7 @@
 // of fused multiply-adds is the one the same values in f32 would give.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cpu/gemm_kernels.h"
@@ -442,10 +443,22 @@ FS_INLINE const W* Block(const GemmArgs& a, int b) {
 template <typename W>
 void PackedPanel(const GemmArgs& a, int panel, float* packed) {
   const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
-  if (a.w_blocked16) {  // already k-major: no packing
+  if (a.w_blocked16) {  // already k-major: no transposing
     const W* b0 = Block<W>(a, j0 / 16);
     const Panel<W> p{b0, cols > 16 ? Block<W>(a, j0 / 16 + 1) : b0, 16, cols};
-    for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+    if (std::is_same_v<W, float> || a.m <= kMR) {
+      for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+      return;
+    }
+    // 16-bit weights under several tiles: widened once into the panel (the
+    // same values), not once per tile.
+    for (int kk = 0; kk < a.k; ++kk) {
+      Store(packed + static_cast<int64_t>(kk) * kNR, Load(p.b0 + static_cast<int64_t>(kk) * 16));
+      Store(packed + static_cast<int64_t>(kk) * kNR + 16,
+            Load(p.b1 + static_cast<int64_t>(kk) * 16));
+    }
+    const Panel<float> wide{packed, packed + 16, kNR, cols};
+    for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, wide);
     return;
   }
   Pack<W>(a, j0, cols, packed);

@@ -18,6 +18,7 @@ CommandFn RegisterRun(CLI::App& app);
 CommandFn RegisterAblation(CLI::App& app);
 CommandFn RegisterChaos(CLI::App& app);
 CommandFn RegisterRecoveryBench(CLI::App& app);
+CommandFn RegisterSlowBench(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterSimulate(CLI::App& app);

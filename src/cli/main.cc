@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
   add("recovery-bench",
       "the paper's recovery experiment: one failure mid-run under each recovery mode",
       RegisterRecoveryBench);
+  add("slow-bench",
+      "a device throttled to a fraction of its speed: throughput without and with "
+      "rebalancing",
+      RegisterSlowBench);
   add("simulate",
       "the paper's experiments on the cluster simulator (8xH100 scale), or its validation against "
       "this engine",

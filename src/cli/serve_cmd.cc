@@ -95,7 +95,7 @@ CommandFn RegisterServe(CLI::App& app) {
     int port = 8000, max_queue = 256, max_batch_tokens = 1024, max_num_seqs = 128,
         max_model_len = 0, max_connections = 4096, http_threads = 2;
     double drain_timeout = 30;
-    bool enable_admin = false;
+    bool enable_admin = false, rebalance_slow = false;
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
@@ -116,6 +116,9 @@ CommandFn RegisterServe(CLI::App& app) {
                  "while too few devices can serve, new requests get 503 at once; accepted ones "
                  "wait this long for a device to come back, then fail")
       ->capture_default_str();
+  app.add_flag("--rebalance-slow", o->rebalance_slow,
+               "re-plan so that a device that stays slower than its peers on the same work gets a "
+               "smaller share of heads and FFN shards (and its share back once it is well)");
   app.add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per step")
       ->capture_default_str();
   app.add_option("--max-num-seqs", o->max_num_seqs, "running sequences")->capture_default_str();
@@ -172,6 +175,7 @@ CommandFn RegisterServe(CLI::App& app) {
     if (!exec.ok()) return Fail(exec.status().ToString());
     EngineOptions eo;
     eo.recovery = *mode;
+    eo.rebalance_slow = o->rebalance_slow;
     ServiceOptions so;
     so.max_queue = o->max_queue;
     auto outage = ParseDuration(o->outage_timeout);

@@ -20,7 +20,8 @@ Engine::Engine(Executor* executor, const SchedulerConfig& config, const EngineOp
       scheduler_(std::make_unique<Scheduler>(config, executor->plan(), executor->config(),
                                              executor->block_size(), executor->kv_capacity_pages(),
                                              options.speed)),
-      sampler_(MakeCpuBackend(1)) {}
+      sampler_(MakeCpuBackend(1)),
+      slow_(executor->plan().num_devices, options.slow) {}
 
 Result<int64_t> Engine::Submit(RequestSpec spec) {
   const int vocab = executor_->config().vocab_size;
@@ -166,6 +167,7 @@ Result<StepOutcome> Engine::Step() {
                                   vocab, sampling_[s->id], static_cast<uint64_t>(s->len()));
   }
   AfterStep(plan, started);
+  WatchSpeeds(out.timing);
   scheduler_->Update(plan, sampled);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (sampled[i] >= 0)

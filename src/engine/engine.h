@@ -25,6 +25,7 @@
 #include "core/scheduler.h"
 #include "engine/executor.h"
 #include "engine/recovery_report.h"
+#include "engine/slow_devices.h"
 
 namespace failsafe {
 
@@ -60,6 +61,11 @@ struct EngineOptions {
   // Fault injection: called before each attempt to apply a new plan (tests
   // use it to kill a device in the middle of a recovery).
   std::function<void(int attempt)> before_apply;
+  // Slow devices are always measured (slow_devices.h); with rebalance_slow a
+  // device that stays slow gets a smaller share of heads and FFN shards (and
+  // its share back once it runs at normal speed again).
+  bool rebalance_slow = false;
+  SlowDeviceOptions slow;
 };
 
 class Engine {
@@ -97,6 +103,8 @@ class Engine {
   const std::string& degraded_reason() const { return degraded_reason_; }
   // Every recovery so far; the last one may still wait for its first step.
   const std::vector<RecoveryReport>& recoveries() const { return recoveries_; }
+  // Measured speed and share of work per device id.
+  std::vector<MeasuredSpeed> device_speeds() const { return slow_.speeds(); }
   Scheduler& scheduler() { return *scheduler_; }
   Executor& executor() { return *executor_; }
   const ModelConfig& config() const { return executor_->config(); }
@@ -119,6 +127,11 @@ class Engine {
   // The report a new recovery extends: the last one if no step ran since.
   RecoveryReport* OpenReport(int64_t now_ns);
   void AfterStep(const StepPlan& plan, int64_t started_ns);
+  // After a step: measure device speeds; with rebalance_slow, re-plan with
+  // new shares when the measurements call for it.
+  void WatchSpeeds(const StepTiming& timing);
+  // The plan for the alive devices, with the shares in force.
+  Result<Plan> NextPlan(const Plan& prev, const std::vector<int>& alive) const;
   void SetDegraded(const std::string& why);
 
   Executor* const executor_;
@@ -138,6 +151,7 @@ class Engine {
   bool report_open_ = false;  // recoveries_.back() waits for its first step
   // Lost KV being recomputed: sequence -> tokens it had before the failure.
   std::unordered_map<int64_t, int> recompute_target_;
+  SlowDeviceMonitor slow_;
 };
 
 }  // namespace failsafe

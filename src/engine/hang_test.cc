@@ -1,7 +1,8 @@
 // Hung devices with real processes and SIGSTOP: found at the derived step
 // deadline, fenced and recovered from with the outputs unchanged; continued
 // before the deadline at no cost; healthy devices on a busy machine are
-// never declared dead; gloo groups abort waiting peers too.
+// never declared dead; gloo groups abort waiting peers too. A throttled
+// device is slow, not dead: it gets a smaller share with rebalance_slow.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -251,6 +252,67 @@ TEST(Hang, GlooGroupsFindTheStoppedDeviceAndRecover) {
   EXPECT_EQ(e.recoveries()[0].failed_devices, std::vector<int>{1});
   EXPECT_LT(e.recoveries()[0].stall_ms(), 3000);
   EXPECT_EQ((*g)->alive_devices(), (std::vector<int>{0, 2}));
+}
+
+// A device throttled by a SIGSTOP/SIGCONT duty cycle (it runs 30% of every
+// 20 ms) is slow, not hung: it is measured as slow, and with rebalance_slow
+// the engine re-plans to give it a smaller share.
+// Once it runs at full speed again it gets its share back.
+TEST(SlowDevice, AThrottledDeviceGetsASmallerShareAndItsShareBack) {
+  const auto reqs = Requests(8, 150, 17);
+  std::vector<std::vector<int32_t>> want;
+  {
+    auto g = WorkerGroup::Start(Options(3));
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    Engine e(g->get(), Scheduler());
+    want = Drive(e, reqs).tokens;
+  }
+  auto g = WorkerGroup::Start(Options(3));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EngineOptions eo;
+  eo.rebalance_slow = true;
+  eo.slow.window_ms = 400;
+  eo.slow.min_steps = 10;
+  Engine e(g->get(), Scheduler(), eo);
+  const pid_t victim = (*g)->device_pid(1);
+  ASSERT_GT(victim, 0);
+  std::atomic<bool> done{false};
+  std::thread throttle([&] {
+    while (!done) {
+      ::kill(victim, SIGSTOP);
+      ::usleep(14000);
+      ::kill(victim, SIGCONT);
+      ::usleep(6000);
+    }
+  });
+  Outcome got = Drive(e, reqs);
+  done = true;
+  throttle.join();
+  ::kill(victim, SIGCONT);
+  // Known gap: after a rebalance the tokens are not yet those of the even
+  // plan (see docs/RECOVERY.md); every request still finishes in full.
+  ASSERT_EQ(got.tokens.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got.tokens[i].size(), want[i].size());
+  EXPECT_EQ((*g)->alive_devices(), (std::vector<int>{0, 1, 2}));  // slow, never declared dead
+  const RecoveryReport* rebalance = nullptr;
+  for (const RecoveryReport& r : e.recoveries()) {
+    EXPECT_TRUE(r.failed_devices.empty()) << r.ToText();
+    if (r.rebalance && !rebalance) rebalance = &r;
+  }
+  ASSERT_NE(rebalance, nullptr) << "no rebalance";
+  ASSERT_EQ(rebalance->shares.size(), 3u);
+  EXPECT_LT(rebalance->shares[1], 1.0);
+  EXPECT_NE(rebalance->causes[0].find("device 1"), std::string::npos) << rebalance->causes[0];
+  EXPECT_LT(e.device_speeds()[1].share, 1.0);
+  // The plan gives it fewer FFN shards than each of the others.
+  const Plan& p = (*g)->plan();
+  for (int l = 0; l < static_cast<int>(p.layers.size()); ++l) {
+    EXPECT_LT(p.layers[l].ffn_shards[1].size(), p.layers[l].ffn_shards[0].size());
+    EXPECT_LT(p.layers[l].ffn_shards[1].size(), p.layers[l].ffn_shards[2].size());
+  }
+  // Full speed again: within a few windows its share is back to 1.
+  for (int round = 0; round < 20 && e.device_speeds()[1].share < 1.0; ++round) Drive(e, reqs);
+  EXPECT_EQ(e.device_speeds()[1].share, 1.0);
 }
 
 }  // namespace

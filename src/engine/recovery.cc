@@ -42,6 +42,7 @@ Status Engine::Rejoin(int device) {
   if (!executor_->supports_recovery())
     return FailedPrecondition("this engine has no device processes");
   FS_RETURN_IF_ERROR(executor_->SpawnDevice(device));
+  slow_.DeviceReplaced(device);
   return Recover({device}, 0);
 }
 
@@ -80,6 +81,34 @@ Status Engine::Recover(const std::vector<int>& joined, int64_t step_failed_ns) {
   return RecoverOnce(r);
 }
 
+Result<Plan> Engine::NextPlan(const Plan& prev, const std::vector<int>& alive) const {
+  const ModelConfig& config = executor_->config();
+  const std::vector<double>* shares = slow_.uneven() ? &slow_.shares() : nullptr;
+  if (options_.recovery == RecoveryMode::kFull) return Replan(prev, config, alive, shares);
+  FS_ASSIGN_OR_RETURN(Plan fresh, MakePlan(config, prev.policy, prev.num_devices, alive));
+  if (!shares) return fresh;
+  return Replan(fresh, config, alive, shares);
+}
+
+void Engine::WatchSpeeds(const StepTiming& timing) {
+  slow_.Observe(timing, MonotonicNanos());
+  if (!options_.rebalance_slow || degraded_ || !executor_->supports_recovery()) return;
+  std::vector<double> shares;
+  std::string why;
+  if (!slow_.ProposeShares(&shares, &why)) return;
+  FS_LOG_WARN("rebalancing: {}", why);
+  const std::vector<double> before = slow_.shares();
+  slow_.PlanChanged(shares);
+  RecoveryReport* r = OpenReport(MonotonicNanos());
+  r->rebalance = true;
+  r->causes.push_back(why);
+  r->shares = shares;
+  if (Status st = RecoverOnce(r); !st.ok()) {
+    FS_LOG_WARN("rebalancing failed: {}", st.ToString());
+    slow_.PlanChanged(before);
+  }
+}
+
 Status Engine::RecoverOnce(RecoveryReport* r) {
   const ModelConfig& config = executor_->config();
   HostKvBackup* backup = executor_->backup();
@@ -112,9 +141,7 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
     const int64_t t0 = MonotonicNanos();
     const Plan prev = executor_->plan();
     const std::vector<int> alive = executor_->alive_devices();
-    Result<Plan> next = options_.recovery == RecoveryMode::kFull
-                            ? Replan(prev, config, alive)
-                            : MakePlan(config, prev.policy, prev.num_devices, alive);
+    Result<Plan> next = NextPlan(prev, alive);
     Result<std::vector<int64_t>> capacity =
         next.ok() ? executor_->KvCapacityFor(*next) : next.status();
     if (capacity.ok()) {
@@ -241,6 +268,7 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
     degraded_reason_.clear();
     degraded_alive_.clear();
     r->recovered_ns = MonotonicNanos();
+    slow_.PlanChanged(slow_.shares());
     FS_LOG_INFO("recovered ({}): {} devices active, {} tokens to recompute",
                 RecoveryModeName(r->mode), next->active.size(), r->tokens_recomputed);
     return Status::Ok();

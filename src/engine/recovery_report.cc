@@ -32,6 +32,7 @@ std::string RecoveryReport::ToText() const {
   std::string who;
   if (!failed_devices.empty()) who += ", failed " + List(failed_devices);
   if (!joined_devices.empty()) who += ", joined " + List(joined_devices);
+  if (rebalance) who += ", rebalance for slow devices";
   return fmt::format(
       "recovery ({}{}) stall {:.1f} ms, {:.1f} ms from detection: detect {:.1f}, abort {:.1f}, "
       "replan {:.1f}, group {:.1f}, weights {:.1f} ({:.1f} MiB host, {:.1f} MiB peer), KV restore "
@@ -48,6 +49,8 @@ std::string RecoveryReport::ToJson() const {
                       {"failed_devices", failed_devices},
                       {"joined_devices", joined_devices},
                       {"causes", causes},
+                      {"rebalance", rebalance},
+                      {"shares", shares},
                       {"attempts", attempts},
                       {"resumed", resumed()},
                       {"stall_ms", stall_ms()},

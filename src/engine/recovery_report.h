@@ -24,7 +24,11 @@ struct RecoveryReport {
   std::vector<int> failed_devices;  // every device lost, in the order found
   std::vector<int> joined_devices;
   std::vector<std::string> causes;  // per failed device: why it was declared dead
-  int attempts = 0;                 // > 1: devices failed (or a plan change failed) meanwhile
+  // A plan change for slow devices (no device lost): `causes` says which and
+  // how slow, `shares` the weights the plan was made with ([device]).
+  bool rebalance = false;
+  std::vector<double> shares;
+  int attempts = 0;  // > 1: devices failed (or a plan change failed) meanwhile
 
   // Wall-clock instants (MonotonicNanos); 0: not (yet) known.
   int64_t failed_ns = 0;     // the earliest failure (or the rejoin request)

@@ -37,6 +37,20 @@ std::vector<int> Range(int n) {
 // Per layer and expert, each device holds its quota of FFN shards rounded up
 // or down; likewise vocabulary chunks.
 void ExpectProportional(const Plan& p, const std::vector<double>& w) {
+  // Every FFN shard and vocabulary chunk on exactly one device.
+  for (int l = 0; l < p.shape.num_layers; ++l) {
+    std::vector<int> seen(p.shape.num_shards(), 0);
+    for (int d : p.active) {
+      for (int s : p.layers[l].ffn_shards[d]) seen[s]++;
+    }
+    for (int s = 0; s < p.shape.num_shards(); ++s)
+      EXPECT_EQ(seen[s], 1) << "layer " << l << " shard " << s;
+  }
+  std::vector<int> chunks(p.shape.vocab_chunks, 0);
+  for (int d : p.active) {
+    for (int c : p.vocab_chunks[d]) chunks[c]++;
+  }
+  for (int c = 0; c < p.shape.vocab_chunks; ++c) EXPECT_EQ(chunks[c], 1) << "chunk " << c;
   double total = 0;
   for (int d : p.active) total += w[d];
   const int spe = p.shape.shards_per_expert;
@@ -71,7 +85,7 @@ TEST(ReplanWeights, ASlowDeviceGetsItsShareAndGivesItBackWhenWell) {
         if (!fresh.ok()) continue;  // e.g. standard on a TP size it does not allow
         const int slow = fresh->active.back();
         std::vector<double> w(n, 1.0);
-        w[slow] = 0.5;
+        w[slow] = n == 3 ? 0.375 : 0.5;
         auto weighted = Replan(*fresh, c, Range(n), &w);
         ASSERT_TRUE(weighted.ok()) << weighted.status().ToString();
         ASSERT_TRUE(ValidatePlan(*weighted).ok());

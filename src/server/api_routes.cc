@@ -79,7 +79,14 @@ json StatusJson(const ServiceStatus& st) {
                     {"active", d.active},
                     {"kv_used_pages", d.kv_used_pages},
                     {"kv_capacity_pages", d.kv_capacity_pages},
-                    {"dp_load_tokens", d.dp_load_tokens}});
+                    {"dp_load_tokens", d.dp_load_tokens},
+                    {"speed",
+                     {{"measured", d.speed.measured},
+                      {"relative_speed", d.speed.relative_speed},
+                      {"slow", d.speed.slow},
+                      {"share", d.speed.share},
+                      {"work_fraction", d.speed.work_fraction},
+                      {"gflops_per_s", d.speed.gflops_per_s}}}});
   }
   json recs = json::array();
   for (const RecoveryReport& r : st.recoveries) recs.push_back(json::parse(r.ToJson()));

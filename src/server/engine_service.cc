@@ -143,6 +143,7 @@ ServiceStatus EngineService::GetStatus() {
     s.plan_json = PlanToJson(plan);
     const auto alive = executor_->alive_devices();
     const auto load = engine_.scheduler().DpLoad();
+    const std::vector<MeasuredSpeed> speeds = engine_.device_speeds();
     for (int d = 0; d < plan.num_devices; ++d) {
       DeviceStatus ds;
       ds.device = d;
@@ -152,6 +153,7 @@ ServiceStatus EngineService::GetStatus() {
       ds.kv_used_pages = ds.active ? engine_.scheduler().kv().used(d) : 0;
       ds.kv_capacity_pages = ds.active ? engine_.scheduler().kv().capacity(d) : 0;
       ds.dp_load_tokens = d < static_cast<int>(load.size()) ? load[d] : 0;
+      if (d < static_cast<int>(speeds.size())) ds.speed = speeds[d];
       s.devices.push_back(ds);
     }
     s.running = engine_.scheduler().num_running();
@@ -177,12 +179,21 @@ void EngineService::UpdateGauges() {
   const auto alive = executor_->alive_devices();
   g.devices_alive = static_cast<int>(alive.size());
   g.devices_total = plan.num_devices;
+  const std::vector<MeasuredSpeed> speeds = engine_.device_speeds();
   for (int d = 0; d < plan.num_devices; ++d) {
     DeviceGauge dg;
     dg.device = d;
     dg.alive = std::count(alive.begin(), alive.end(), d) > 0;
     const int64_t cap = plan.IsActive(d) ? engine_.scheduler().kv().capacity(d) : 0;
     dg.kv_usage = cap > 0 ? static_cast<double>(engine_.scheduler().kv().used(d)) / cap : 0;
+    if (d < static_cast<int>(speeds.size())) {
+      const MeasuredSpeed& s = speeds[d];
+      dg.speed_measured = s.measured || s.gflops_per_s > 0;
+      dg.relative_speed = s.relative_speed;
+      dg.slow = s.slow;
+      dg.share = s.share;
+      dg.work_fraction = s.work_fraction;
+    }
     g.devices.push_back(dg);
   }
   metrics_.SetGauges(std::move(g));

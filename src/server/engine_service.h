@@ -77,6 +77,7 @@ struct DeviceStatus {
   int64_t kv_used_pages = 0;
   int64_t kv_capacity_pages = 0;
   int64_t dp_load_tokens = 0;
+  MeasuredSpeed speed;  // speed on its work relative to its peers, and its share
 };
 
 struct ServiceStatus {

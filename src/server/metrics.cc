@@ -44,6 +44,11 @@ void Metrics::AddRequest(const std::string& finish_reason) {
 }
 
 void Metrics::AddRecovery(const RecoveryReport& r) {
+  if (r.rebalance && r.failed_devices.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    rebalances_++;
+    return;
+  }
   recovery_stall_s.Observe(r.stall_ms() * 1e-3);
   std::lock_guard<std::mutex> lock(mu_);
   recoveries_[RecoveryModeName(r.mode)]++;
@@ -88,6 +93,36 @@ std::string Metrics::Render() const {
   for (const DeviceGauge& d : gauges_.devices) {
     out += fmt::format("failsafe_device_alive{{device=\"{}\"}} {}\n", d.device, d.alive ? 1 : 0);
   }
+  out +=
+      "# HELP failsafe_device_relative_speed A device's work per compute second over its "
+      "peers', over the last measured window (1: as fast).\n"
+      "# TYPE failsafe_device_relative_speed gauge\n";
+  for (const DeviceGauge& d : gauges_.devices) {
+    if (d.speed_measured)
+      out += fmt::format("failsafe_device_relative_speed{{device=\"{}\"}} {}\n", d.device,
+                         d.relative_speed);
+  }
+  out +=
+      "# HELP failsafe_device_slow 1 if the device stayed slower than its peers over the last "
+      "window.\n# TYPE failsafe_device_slow gauge\n";
+  for (const DeviceGauge& d : gauges_.devices)
+    out += fmt::format("failsafe_device_slow{{device=\"{}\"}} {}\n", d.device, d.slow ? 1 : 0);
+  out +=
+      "# HELP failsafe_device_share The device's share of work in the plan (1: an equal share; "
+      "less after --rebalance-slow gave it less).\n# TYPE failsafe_device_share gauge\n";
+  for (const DeviceGauge& d : gauges_.devices)
+    out += fmt::format("failsafe_device_share{{device=\"{}\"}} {}\n", d.device, d.share);
+  out +=
+      "# HELP failsafe_device_work_fraction The device's part of the FLOPs of the last measured "
+      "window.\n# TYPE failsafe_device_work_fraction gauge\n";
+  for (const DeviceGauge& d : gauges_.devices) {
+    out += fmt::format("failsafe_device_work_fraction{{device=\"{}\"}} {}\n", d.device,
+                       d.work_fraction);
+  }
+  out += fmt::format(
+      "# HELP failsafe_rebalances_total Plan changes that gave slow devices another share.\n"
+      "# TYPE failsafe_rebalances_total counter\nfailsafe_rebalances_total {}\n",
+      rebalances_);
   out += fmt::format(
       "# HELP failsafe_prompt_tokens_total Prompt tokens processed.\n# TYPE "
       "failsafe_prompt_tokens_total counter\n"

@@ -33,6 +33,14 @@ struct DeviceGauge {
   int device = 0;
   bool alive = false;
   double kv_usage = 0;  // fraction of its KV pages in use
+  // Slow devices (engine/slow_devices.h): speed on its work relative to its
+  // peers', whether that makes it slow, its share of work (Replan's weight)
+  // and its part of the work done, over the last measured window.
+  bool speed_measured = false;
+  double relative_speed = 1;
+  bool slow = false;
+  double share = 1;
+  double work_fraction = 0;
 };
 
 // Latest values of the engine's gauges, set by the engine thread.
@@ -50,7 +58,8 @@ class Metrics {
   Histogram ttft_s, itl_s, e2e_s, recovery_stall_s;
   void AddTokens(int64_t prompt, int64_t generated);
   void AddRequest(const std::string& finish_reason);
-  // A recovery whose first step has run.
+  // A recovery whose first step has run (a rebalance for slow devices only
+  // counts as one).
   void AddRecovery(const RecoveryReport& r);
   void SetGauges(EngineGauges g);
   std::string Render() const;
@@ -63,6 +72,7 @@ class Metrics {
   std::map<std::string, double> last_recovery_s_;      // stall, by mode, guarded by mu_
   RecoveryReport last_recovery_;                       // guarded by mu_
   bool any_recovery_ = false;                          // guarded by mu_
+  int64_t rebalances_ = 0;                             // guarded by mu_
   EngineGauges gauges_;                                // guarded by mu_
 };
 

@@ -205,8 +205,18 @@ TEST(Server, ModelsHealthTokenizeMetrics) {
        {"failsafe_time_to_first_token_seconds_bucket", "failsafe_inter_token_latency_seconds_count",
         "failsafe_e2e_request_latency_seconds_sum", "failsafe_num_requests_running",
         "failsafe_kv_cache_usage{device=\"3\"}", "failsafe_devices_alive 4",
-        "failsafe_generation_tokens_total 3", "failsafe_recoveries_total{mode=\"full\"} 0"}) {
+        "failsafe_generation_tokens_total 3", "failsafe_recoveries_total{mode=\"full\"} 0",
+        "failsafe_device_share{device=\"2\"} 1", "failsafe_device_slow{device=\"2\"} 0",
+        "failsafe_device_work_fraction{device=\"1\"}", "failsafe_rebalances_total 0"}) {
     EXPECT_NE(m.find(needle), std::string::npos) << needle;
+  }
+  // Each device's measured speed and share in /admin/status.
+  const json status = f.Status();
+  ASSERT_EQ(status["devices"].size(), 4u);
+  for (const json& d : status["devices"]) {
+    EXPECT_EQ(d["speed"]["share"], 1.0) << d;
+    EXPECT_FALSE(d["speed"]["slow"].get<bool>()) << d;
+    EXPECT_TRUE(d["speed"].contains("relative_speed")) << d;
   }
 }
 

@@ -1,0 +1,173 @@
+// A slow device's cost, with and without rebalancing: the same offline
+// workload on worker processes, one device throttled to a fraction of its
+// speed, run without --rebalance-slow and with it (and unthrottled, as the
+// reference), interleaved over several rounds so that load on the machine
+// hits every configuration alike. Prints wall-clock throughput per run, the
+// ratios, and checks that every run produced the same outputs.
+//
+// The throttle is a SIGSTOP/SIGCONT duty cycle on the device's worker
+// process: it runs `speed` of every period and is stopped for the rest, as a
+// CPU quota (cgroup cpu.max) would hold it, without needing a cgroup to be
+// set up. Each stop is far shorter than the step deadline's floor, so the
+// device is slow, never hung.
+#include <signal.h>
+#include <time.h>
+
+#include <atomic>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "cli/model_cache.h"
+#include "common/clock.h"
+#include "engine/offline_run.h"
+#include "trace/workload.h"
+
+namespace failsafe {
+
+namespace {
+
+void SleepNs(int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  while (::nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+// Stops and continues `pid` in a duty cycle until destroyed (then leaves it
+// running).
+class Throttle {
+ public:
+  Throttle(pid_t pid, double speed, int64_t period_ms) : pid_(pid) {
+    if (pid_ <= 0 || speed >= 1) return;
+    const int64_t run_ns = static_cast<int64_t>(period_ms * 1e6 * speed);
+    const int64_t stop_ns = period_ms * 1000000 - run_ns;
+    thread_ = std::thread([this, run_ns, stop_ns] {
+      while (!done_) {
+        ::kill(pid_, SIGSTOP);
+        SleepNs(stop_ns);
+        ::kill(pid_, SIGCONT);
+        SleepNs(run_ns);
+      }
+    });
+  }
+  ~Throttle() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (pid_ > 0) ::kill(pid_, SIGCONT);
+  }
+
+ private:
+  const pid_t pid_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+CommandFn RegisterSlowBench(CLI::App& app) {
+  struct Opts {
+    std::string model, cache_dir, placement = "nonuniform";
+    int requests = 24, device = 1, devices = 2, rounds = 2, period_ms = 20;
+    double length_scale = 0.05, speed = 0.5;
+    bool json = false;
+    DeviceFlags timeouts;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--model", o->model, "model directory (default: the synthetic small-llama)");
+  app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
+  app.add_option("--devices", o->devices)->capture_default_str();
+  app.add_option("--placement", o->placement)->capture_default_str();
+  app.add_option("--device", o->device, "device to throttle")->capture_default_str();
+  app.add_option("--speed", o->speed, "fraction of each period the throttled device runs")
+      ->capture_default_str();
+  app.add_option("--period-ms", o->period_ms, "throttle period")->capture_default_str();
+  app.add_option("--requests", o->requests, "requests (OpenThoughts-like lengths), all at once")
+      ->capture_default_str();
+  app.add_option("--length-scale", o->length_scale, "length scale of the workload")
+      ->capture_default_str();
+  app.add_option("--rounds", o->rounds, "rounds of the three configurations, interleaved")
+      ->capture_default_str();
+  app.add_flag("--json", o->json, "print the runs as one JSON object on the last line");
+  AddTimeoutFlags(app, &o->timeouts);
+  return [o] {
+    if (o->speed <= 0 || o->speed > 1) return Fail("--speed must be in (0, 1]");
+    if (o->device < 0 || o->device >= o->devices) return Fail("--device is not one of --devices");
+    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
+    if (!dir.ok()) return Fail(dir.status().ToString());
+    auto config = ModelConfig::Load(*dir);
+    if (!config.ok()) return Fail(config.status().ToString());
+    WorkloadOptions wo;
+    wo.length_scale = o->length_scale;
+    wo.max_context = config->max_position_embeddings;
+    Workload w = OpenThoughtsWorkload(o->requests, wo);
+    for (auto& r : w.requests) r.arrival_s = 0;
+    std::printf(
+        "%d devices (%s), %zu requests; device %d throttled to %.2f of each %d ms "
+        "(SIGSTOP/SIGCONT)\n\n",
+        o->devices, o->placement.c_str(), w.requests.size(), o->device, o->speed, o->period_ms);
+    std::printf("%-6s %-14s %10s %10s %11s %8s %s\n", "round", "run", "wall s", "tokens/s",
+                "rebalances", "share", "outputs");
+    struct Run {
+      const char* name;
+      bool throttled, rebalance;
+    };
+    const Run runs[] = {
+        {"unthrottled", false, false}, {"slow", true, false}, {"slow+rebalance", true, true}};
+    nlohmann::json rows = nlohmann::json::array();
+    std::string digest;
+    std::vector<double> sum_tps(3, 0);
+    for (int round = 0; round < o->rounds; ++round) {
+      for (int k = 0; k < 3; ++k) {
+        const Run& run = runs[k];
+        DeviceFlags df;
+        df.devices = o->devices;
+        df.placement = o->placement;
+        df.max_step_tokens = 1024;
+        df.max_seqs = 256;
+        CopyTimeoutFlags(o->timeouts, &df);
+        auto exec = MakeExecutor(*dir, df);
+        if (!exec.ok()) return Fail(exec.status().ToString());
+        SchedulerConfig sc;
+        sc.max_batch_tokens = 1024;
+        sc.max_model_len = config->max_position_embeddings;
+        EngineOptions eo;
+        eo.rebalance_slow = run.rebalance;
+        Engine engine(exec->get(), sc, eo);
+        const pid_t pid = (*exec)->device_pid(o->device);
+        if (pid <= 0) return Fail("the devices are not worker processes");
+        Result<RunSummary> s = [&] {
+          Throttle throttle(pid, run.throttled ? o->speed : 1.0, o->period_ms);
+          return RunOffline(engine, w, {});
+        }();
+        if (!s.ok()) return Fail(s.status().ToString());
+        if (digest.empty()) digest = s->output_digest;
+        const bool same = s->output_digest == digest;
+        int rebalances = 0;
+        for (const RecoveryReport& r : s->recoveries) rebalances += r.rebalance;
+        const double share = engine.device_speeds()[o->device].share;
+        sum_tps[k] += s->tokens_per_s();
+        std::printf("%-6d %-14s %10.2f %10.1f %11d %8.3g %s\n", round, run.name, s->wall_s,
+                    s->tokens_per_s(), rebalances, share, same ? "same" : "DIFFER");
+        std::fflush(stdout);
+        rows.push_back({{"round", round},
+                        {"run", run.name},
+                        {"wall_s", s->wall_s},
+                        {"tokens_per_s", s->tokens_per_s()},
+                        {"rebalances", rebalances},
+                        {"share", share},
+                        {"same_outputs", same}});
+      }
+    }
+    std::printf(
+        "\nmean tokens/s: unthrottled %.1f, slow %.1f (%.2fx), slow+rebalance %.1f (%.2fx); "
+        "rebalancing recovers %.2fx over not rebalancing\n",
+        sum_tps[0] / o->rounds, sum_tps[1] / o->rounds, sum_tps[1] / sum_tps[0],
+        sum_tps[2] / o->rounds, sum_tps[2] / sum_tps[0], sum_tps[2] / sum_tps[1]);
+    if (o->json) std::printf("%s\n", nlohmann::json{{"slow_device", rows}}.dump().c_str());
+    return 0;
+  };
+}
+
+}  // namespace failsafe

@@ -1,25 +1,30 @@
-// Single-device engine benchmark: decode and prefill speed on one model,
-// against the machine's measured memory bandwidth and the BLAS's own SGEMM
-// rate on the same shapes. A program that prints figures, not a test.
+// Single-device engine benchmark: decode and prefill speed on one model, f32
+// and bf16 weights, against the machine's measured memory bandwidth and the
+// GEMM rate on the same shapes (the engine's own kernel, and OpenBLAS,
+// oneDNN and BLIS where installed). A program that prints figures, not a
+// test.
 //
-//   failsafe_bench_engine [--model DIR | --preset 1b-llama] [--threads 1,2]
-#include <cblas.h>
+//   failsafe_bench_engine [--model DIR | --preset 1b-llama] [--dtypes f32,bf16]
+//                         [--threads 1,2] [--isa avx512|avx2|generic]
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
+#include "backend/cpu_features.h"
 #include "common/clock.h"
 #include "common/rng.h"
 #include "engine/executor.h"
+#include "gemm_libs.h"
 #include "model/synthetic.h"
 #include "worker/item_matrix.h"
-
-extern "C" void openblas_set_num_threads(int num_threads);
 
 using namespace failsafe;
 
@@ -126,100 +131,235 @@ double RunPrefill(Executor& exec, int tokens, int reps) {
   return Median(times);
 }
 
-// Time of the model's linear layers for `m` tokens done by plain SGEMMs.
-double SgemmTime(const ModelConfig& c, int m, int reps) {
-  struct Shape {
-    int n, k;
-    bool nt;
-  };
+// The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down.
+struct Shape {
+  int n, k;
+  bool nt;
+};
+std::vector<Shape> LinearShapes(const ModelConfig& c) {
   const int g = c.group_size(), hd = c.head_dim, h = c.hidden_size;
-  std::vector<Shape> shapes = {{c.num_kv_heads * (g + 2) * hd, h, true},
-                               {h, c.q_dim(), false},
-                               {2 * c.intermediate_size, h, true},
-                               {h, c.intermediate_size, false}};
+  return {{c.num_kv_heads * (g + 2) * hd, h, true},
+          {h, c.q_dim(), false},
+          {2 * c.intermediate_size, h, true},
+          {h, c.intermediate_size, false}};
+}
+
+// Median over reps of the time of one layer's linear shapes for m rows, times
+// the number of layers. run(shape, x, w, y) does one product. The weights are
+// allocated once, as the engine allocates them (transparent huge pages), and
+// are far larger than the caches, as the model's are.
+template <typename Run>
+double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
+  int64_t w_floats = 0, x_floats = 0, y_floats = 0;
+  for (const Shape& s : LinearShapes(c)) {
+    w_floats = std::max<int64_t>(w_floats, int64_t(s.n) * s.k);
+    x_floats = std::max<int64_t>(x_floats, int64_t(m) * s.k);
+    y_floats = std::max<int64_t>(y_floats, int64_t(m) * s.n);
+  }
+  static std::unique_ptr<AlignedFloats> w;
+  if (!w || static_cast<int64_t>(w->size) < w_floats) {
+    w.reset();
+    w = std::make_unique<AlignedFloats>(w_floats);
+    for (int64_t i = 0; i < w_floats; ++i) w->data[i] = 0.25f;  // also 0x3e80 as bf16: 0.25
+  }
+  std::vector<float> x(x_floats, 0.5f), y(y_floats);
   std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
+  for (int r = 0; r < reps + 1; ++r) {
     double total = 0;
-    for (auto& s : shapes) {
-      std::vector<float> x(static_cast<size_t>(m) * s.k, 0.5f),
-          w(static_cast<size_t>(s.n) * s.k, 0.25f), y(static_cast<size_t>(m) * s.n);
+    for (const Shape& s : LinearShapes(c)) {
       int64_t t0 = MonotonicNanos();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, s.nt ? CblasTrans : CblasNoTrans, m, s.n, s.k, 1.0f,
-                  x.data(), s.k, w.data(), s.nt ? s.k : s.n, 0.0f, y.data(), s.n);
+      run(s, x.data(), static_cast<const void*>(w->data), y.data());
       total += (MonotonicNanos() - t0) * 1e-9;
     }
-    times.push_back(total * c.num_layers);
+    if (r > 0) times.push_back(total * c.num_layers);  // the first warms up
   }
   return Median(times);
+}
+
+// The engine's own GEMM on the layers' shapes (weights of `dtype`).
+double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
+                      std::optional<CpuIsa> isa, int reps) {
+  return LayersTime(c, m, reps, [&](const Shape& s, const float* x, const void* w, float* y) {
+    cpu::GemmArgs a;
+    a.x = x;
+    a.ldx = s.k;
+    a.w = w;
+    a.wtype = dtype;
+    a.ldw = s.nt ? s.k : s.n;
+    a.nt = s.nt;
+    a.m = m;
+    a.n = s.n;
+    a.k = s.k;
+    a.y = y;
+    a.ldy = s.n;
+    a.threads = threads;
+    a.isa = isa;
+    cpu::Gemm(a);
+  });
+}
+
+double LibraryGemmTime(const ModelConfig& c, int m, int threads, bench::LibraryGemm& lib,
+                       int reps) {
+  lib.SetThreads(threads);
+  return LayersTime(c, m, reps, [&](const Shape& s, const float* x, const void* w, float* y) {
+    lib.Run(s.nt, m, s.n, s.k, x, static_cast<const float*>(w), y);
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"FailSafe single-device benchmark"};
-  std::string model, preset = "1b-llama", cache = "/tmp/failsafe-bench";
+  std::string model, preset = "1b-llama", cache = "/tmp/failsafe-bench", isa_name;
   std::vector<int> thread_counts = {1, 2};
-  int steps = 24, prefill_tokens = 512;
+  std::vector<std::string> dtype_names = {"f32", "bf16"};
+  int steps = 24, prefill_tokens = 512, batch = 16;
+  bool skip_libraries = false;
   app.add_option("--model", model, "model directory (default: make --preset in --cache)");
   app.add_option("--preset", preset, "synthetic preset when no --model")->capture_default_str();
-  app.add_option("--cache", cache, "where the synthetic model is made")->capture_default_str();
+  app.add_option("--cache", cache, "where the synthetic models are made")->capture_default_str();
+  app.add_option("--dtypes", dtype_names, "weight types of the synthetic models (f32, bf16, f16)")
+      ->delimiter(',');
   app.add_option("--threads", thread_counts, "thread counts")->delimiter(',');
   app.add_option("--steps", steps, "decode steps timed")->capture_default_str();
+  app.add_option("--batch", batch, "the batched decode's batch size")->capture_default_str();
   app.add_option("--prefill-tokens", prefill_tokens, "prompt length for prefill")
       ->capture_default_str();
+  app.add_option("--isa", isa_name, "force the kernels' level: avx512, avx2 or generic");
+  app.add_flag("--no-libraries", skip_libraries, "skip the library GEMM comparison");
   CLI11_PARSE(app, argc, argv);
-  if (model.empty()) {
-    model = cache + "/" + preset;
-    if (!std::filesystem::exists(model + "/config.json")) {
-      std::printf("making %s in %s ...\n", preset.c_str(), model.c_str());
-      SyntheticModelOptions o;
-      o.preset = preset;
-      Status st = WriteSyntheticModel(model, o);
-      if (!st.ok()) {
-        std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
-        return 1;
-      }
-    }
-  }
-  auto cfg = ModelConfig::Load(model);
-  if (!cfg.ok()) {
-    std::fprintf(stderr, "error: %s\n", cfg.status().ToString().c_str());
-    return 1;
-  }
-  const ModelConfig& c = *cfg;
-  // Bytes a decode step reads: every weight but the embedding table.
-  const int64_t weight_bytes =
-      (c.NumParameters() - int64_t(c.vocab_size) * c.hidden_size) * 4 +
-      (c.tie_word_embeddings ? int64_t(c.vocab_size) * c.hidden_size * 4 : 0);
-  const double flops_per_token = 2.0 * weight_bytes / 4;
-  std::printf("model %s: %.2fB parameters, %.2f GiB read per decode step\n", model.c_str(),
-              c.NumParameters() / 1e9, weight_bytes / double(1ull << 30));
-  std::printf("%-8s %12s %10s %12s %12s %10s %12s %12s %9s\n", "threads", "bandwidth", "dec b=1",
-              "of limit", "dec b=16", "prefill", "engine", "sgemm", "of sgemm");
-  std::printf("%-8s %12s %10s %12s %12s %10s %12s %12s %9s\n", "", "GB/s", "tok/s", "", "tok/s",
-              "tok/s", "GFLOP/s", "GFLOP/s", "");
-  for (int threads : thread_counts) {
-    LocalExecutorOptions eo;
-    eo.threads = threads;
-    auto exec = LocalExecutor::Create(model, eo);
-    if (!exec.ok()) {
-      std::fprintf(stderr, "error: %s\n", exec.status().ToString().c_str());
+  std::optional<CpuIsa> isa;
+  if (!isa_name.empty()) {
+    isa = ParseCpuIsa(isa_name);
+    if (!isa) {
+      std::fprintf(stderr, "error: --isa must be avx512, avx2 or generic, not '%s'\n",
+                   isa_name.c_str());
       return 1;
     }
-    double bw = MeasureReadBandwidth(threads);
-    Decode d1 = RunDecode(**exec, 1, steps);
-    Decode d16 = RunDecode(**exec, 16, std::max(4, steps / 3));
-    double prefill_s = RunPrefill(**exec, prefill_tokens, 3);
-    openblas_set_num_threads(threads);
-    double sgemm_s = SgemmTime(c, prefill_tokens, 3);
-    // Engine GFLOP/s counts the same linear-layer FLOPs the SGEMM row does.
-    const double linear_flops = flops_per_token * prefill_tokens -
-                                2.0 * prefill_tokens * double(c.vocab_size) * c.hidden_size;
-    double limit = bw / weight_bytes;  // tokens/s if a step cost only its weight reads
-    std::printf("%-8d %12.1f %10.2f %11.1f%% %12.2f %10.1f %12.1f %12.1f %8.1f%%\n", threads,
-                bw / 1e9, d1.tokens_per_s, 100.0 * d1.tokens_per_s / limit, d16.tokens_per_s,
-                prefill_tokens / prefill_s, linear_flops / prefill_s / 1e9,
-                linear_flops / sgemm_s / 1e9, 100.0 * sgemm_s / prefill_s);
+  }
+  const CpuFeatures& f = HostCpuFeatures();
+  const CpuIsa level = cpu::GemmIsaFor(isa);
+  std::printf("cpu: %s (family %d model %d)\n", f.model.c_str(), f.family, f.model_id);
+  std::printf("features: %s\n", f.ToString().c_str());
+  std::printf(
+      "kernel: %s (register tile %d x 32, fma chains over k; f32 activations, 16-bit "
+      "weights widened in registers)\n",
+      CpuIsaName(level), cpu::GemmTileRows(level));
+
+  // One model directory per weight type.
+  std::vector<std::pair<DType, std::string>> models;
+  if (!model.empty()) {
+    models.push_back({DType::kF32, model});
+  } else {
+    for (const std::string& name : dtype_names) {
+      DType t;
+      if (name == "f32") {
+        t = DType::kF32;
+      } else if (name == "bf16") {
+        t = DType::kBF16;
+      } else if (name == "f16") {
+        t = DType::kF16;
+      } else {
+        std::fprintf(stderr, "error: --dtypes: unknown type '%s'\n", name.c_str());
+        return 1;
+      }
+      const std::string dir = cache + "/" + preset + (t == DType::kF32 ? "" : "-" + name);
+      if (!std::filesystem::exists(dir + "/config.json")) {
+        std::printf("making %s (%s) in %s ...\n", preset.c_str(), name.c_str(), dir.c_str());
+        SyntheticModelOptions o;
+        o.preset = preset;
+        o.dtype = t;
+        Status st = WriteSyntheticModel(dir, o);
+        if (!st.ok()) {
+          std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+          return 1;
+        }
+      }
+      models.push_back({t, dir});
+    }
+  }
+
+  for (auto& [dtype_hint, dir] : models) {
+    auto cfg = ModelConfig::Load(dir);
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "error: %s\n", cfg.status().ToString().c_str());
+      return 1;
+    }
+    const ModelConfig& c = *cfg;
+    auto store = WeightStore::Open(dir, c);
+    if (!store.ok()) {
+      std::fprintf(stderr, "error: %s\n", store.status().ToString().c_str());
+      return 1;
+    }
+    const DType dtype = (*store)->MatrixDType();
+    const int64_t bytes_per = static_cast<int64_t>(DTypeSize(dtype));
+    // Bytes a decode step reads: every weight but the embedding table.
+    const int64_t params_read = c.NumParameters() - int64_t(c.vocab_size) * c.hidden_size +
+                                (c.tie_word_embeddings ? int64_t(c.vocab_size) * c.hidden_size : 0);
+    const int64_t weight_bytes = params_read * bytes_per;
+    // FLOPs of the linear layers without the lm head, per token.
+    const double linear_flops_per_token =
+        2.0 * (params_read - double(c.vocab_size) * c.hidden_size);
+    std::printf("\nmodel %s: %.2fB parameters, %s weights, %.2f GiB read per decode step\n",
+                dir.c_str(), c.NumParameters() / 1e9, DTypeName(dtype),
+                weight_bytes / double(1ull << 30));
+    std::printf("%-7s %9s %9s %8s %9s %9s %8s %9s %9s %8s\n", "threads", "bandwidth", "dec b=1",
+                "of bw", "dec b=B", "GEMM b=B", "of GEMM", "prefill", "GEMM pre", "of GEMM");
+    std::printf("%-7s %9s %9s %8s %9s %9s %8s %9s %9s %8s\n", "", "GB/s", "tok/s", "limit", "tok/s",
+                "GFLOP/s", "", "tok/s", "GFLOP/s", "");
+    for (int threads : thread_counts) {
+      LocalExecutorOptions eo;
+      eo.threads = threads;
+      eo.isa = isa;
+      auto exec = LocalExecutor::Create(dir, eo);
+      if (!exec.ok()) {
+        std::fprintf(stderr, "error: %s\n", exec.status().ToString().c_str());
+        return 1;
+      }
+      const double bw = MeasureReadBandwidth(threads);
+      const Decode d1 = RunDecode(**exec, 1, steps);
+      const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3));
+      const double prefill_s = RunPrefill(**exec, prefill_tokens, 3);
+      const double gemm_b = EngineGemmTime(c, batch, threads, dtype, isa, 3);
+      const double gemm_p = EngineGemmTime(c, prefill_tokens, threads, dtype, isa, 3);
+      const double limit = bw / weight_bytes;  // tokens/s if a step cost only its weight reads
+      // Shares: the engine's whole step against the GEMMs of its linear layers alone.
+      std::printf("%-7d %9.1f %9.2f %7.1f%% %9.2f %9.1f %7.1f%% %9.1f %9.1f %7.1f%%\n", threads,
+                  bw / 1e9, d1.tokens_per_s, 100.0 * d1.tokens_per_s / limit, db.tokens_per_s,
+                  linear_flops_per_token * batch / gemm_b / 1e9, 100.0 * gemm_b / db.step_s,
+                  prefill_tokens / prefill_s,
+                  linear_flops_per_token * prefill_tokens / gemm_p / 1e9,
+                  100.0 * gemm_p / prefill_s);
+    }
+  }
+
+  if (skip_libraries) return 0;
+  // The linear layers' GEMMs alone: the engine's kernel (f32 and bf16
+  // weights) against the libraries' SGEMM, same shapes, GFLOP/s.
+  auto cfg = ModelConfig::Load(models.front().second);
+  if (!cfg.ok()) return 1;
+  const ModelConfig& c = *cfg;
+  const double flops_per_row = [&] {
+    double f = 0;
+    for (const Shape& s : LinearShapes(c)) f += 2.0 * s.n * s.k;
+    return f * c.num_layers;
+  }();
+  auto libs = bench::FindLibraryGemms();
+  std::printf("\nGEMM on the model's linear shapes (GFLOP/s)\n%-8s %-5s %12s %12s", "threads",
+              "rows", "engine f32", "engine bf16");
+  for (auto& lib : libs) std::printf(" %20s", lib->name().c_str());
+  std::printf("\n");
+  for (int threads : thread_counts) {
+    for (int m : {1, batch, prefill_tokens}) {
+      const int reps = m == 1 ? 5 : 3;
+      std::printf("%-8d %-5d %12.1f %12.1f", threads, m,
+                  m * flops_per_row / EngineGemmTime(c, m, threads, DType::kF32, isa, reps) / 1e9,
+                  m * flops_per_row / EngineGemmTime(c, m, threads, DType::kBF16, isa, reps) / 1e9);
+      for (auto& lib : libs)
+        std::printf(" %20.1f",
+                    m * flops_per_row / LibraryGemmTime(c, m, threads, *lib, reps) / 1e9);
+      std::printf("\n");
+    }
   }
   return 0;
 }

@@ -8,12 +8,30 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/cpu_features.h"
 #include "model/config.h"
+#include "model/safetensors.h"
 
 namespace failsafe {
+
+// A weight matrix in device memory: elements of `dtype`, row-major or (for
+// LinearNT, n a multiple of 16) in blocks of 16 rows stored k-major
+// (backend/cpu/gemm.h: Blocked16Index), which the kernels read as it lies.
+// bf16 and f16 weights stay 16-bit; the kernels widen them exactly in
+// registers.
+struct WeightsRef {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  bool blocked16 = false;
+  WeightsRef() = default;
+  WeightsRef(const void* d, DType t, bool blocked = false)
+      : data(d), dtype(t), blocked16(blocked) {}
+  WeightsRef(const float* f32) : data(f32) {}  // NOLINT: f32 weights convert implicitly
+};
 
 struct AttentionArgs {
   // Queries of one head group for num_tokens consecutive positions of one
@@ -55,18 +73,18 @@ class Backend {
   // a row's result depends only on that row and the weights.
   //
   // y[m, n] (+)= x[m, k] * w[n, k]^T   (w in Hugging Face Linear layout)
-  virtual void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m,
+  virtual void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m,
                         int n, int k, bool accumulate) = 0;
   // y[m, n] (+)= x[m, k] * w[k, n]     (transposed-stored projections)
-  virtual void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m,
+  virtual void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m,
                         int n, int k, bool accumulate) = 0;
   // Partial sums of items, exactly: k is cut into items of item_k rows of w
   // (head groups, FFN shards); each item's product x[:, item] * w[item, :] is
   // added to acc in fixed point (backend/fixed_point.h), so the sum over
   // items is the same whatever their grouping or order.
   // acc[m, n] += sum over items of ToFixed(x[m, item] * w[item, n])
-  virtual void LinearNNFixed(const float* x, int64_t ldx, const float* w, int64_t* acc,
-                             int64_t ldacc, int m, int n, int k, int item_k) = 0;
+  virtual void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc,
+                             int m, int n, int k, int item_k) = 0;
   // y[r] = x[r] / rms(x[r]) * weight, rows of `dim`.
   virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy,
                        int rows, int dim, float eps) = 0;
@@ -91,8 +109,17 @@ class Backend {
                      uint64_t counter) = 0;
 };
 
-// The CPU backend: hand-written batch-invariant kernels (register-tiled GEMM,
-// paged attention), OpenMP threads.
+struct CpuBackendOptions {
+  int threads = 1;
+  // The instruction-set level of the GEMM kernels. Unset: the best the CPU
+  // supports (HostCpuFeatures()); a level the CPU lacks is lowered to the
+  // best it has. Every level computes the same results (backend/cpu/gemm.h).
+  std::optional<CpuIsa> isa;
+};
+
+// The CPU backend: hand-written batch-invariant kernels (register-tiled GEMM
+// built per instruction-set level, paged attention), OpenMP threads.
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);
 std::unique_ptr<Backend> MakeCpuBackend(int num_threads);
 
 // RoPE inverse frequencies [head_dim / 2] with Llama-3 scaling if configured.

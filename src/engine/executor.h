@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,8 @@ struct LocalExecutorOptions {
   int threads = 1;
   int block_size = 16;
   int64_t kv_pages = 0;  // 0: enough for 64K tokens
+  // The CPU kernels' instruction-set level; unset: the best the CPU has.
+  std::optional<CpuIsa> isa;
 };
 
 // One device, in this process.

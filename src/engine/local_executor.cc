@@ -12,7 +12,10 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   FS_ASSIGN_OR_RETURN(e->config_, ModelConfig::Load(model_dir));
   FS_ASSIGN_OR_RETURN(e->host_, WeightStore::Open(model_dir, e->config_));
   FS_ASSIGN_OR_RETURN(Plan plan, MakePlan(e->config_, Policy::kNonUniform, 1, {0}));
-  e->backend_ = MakeCpuBackend(options.threads);
+  CpuBackendOptions bo;
+  bo.threads = options.threads;
+  bo.isa = options.isa;
+  e->backend_ = MakeCpuBackend(bo);
   DeviceOptions d;
   d.block_size = options.block_size;
   const int64_t slots = static_cast<int64_t>(e->config_.num_layers) * e->config_.num_kv_heads;

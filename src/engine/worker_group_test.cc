@@ -1,8 +1,9 @@
 // The distributed engine against the single-device engine: for 1 to 8 device
 // processes (12 for a model with 4 head groups), every placement policy, dense
-// and MoE, shared memory and gloo, the logits are bit for bit those of the
-// single device (exact partial sums, batch-invariant kernels: the placement
-// changes nothing). Plus
+// and MoE, shared memory and gloo, f32 weights and bf16 / f16 weights held
+// 16-bit on every device, the logits are bit for bit those of the single
+// device (exact partial sums, batch-invariant kernels: the placement changes
+// nothing). Plus
 // failure behaviour: a killed device fails the step fast and the coordinator
 // lives on.
 #include <gtest/gtest.h>
@@ -33,18 +34,23 @@ std::string Binary() {
   return b;
 }
 
-const std::string& ModelDir(const std::string& preset) {
+// A synthetic model: "preset" (f32 weights) or "preset@bf16" / "preset@f16".
+const std::string& ModelDir(const std::string& name) {
   static std::map<std::string, std::string> dirs;
-  auto it = dirs.find(preset);
+  auto it = dirs.find(name);
   if (it != dirs.end()) return it->second;
+  const size_t at = name.find('@');
+  const std::string preset = name.substr(0, at);
+  const std::string type = at == std::string::npos ? "" : name.substr(at + 1);
   std::string dir = (std::filesystem::temp_directory_path() /
-                     ("fs_group_test_" + std::to_string(::getpid()) + "_" + preset))
+                     ("fs_group_test_" + std::to_string(::getpid()) + "_" + preset + type))
                         .string();
   SyntheticModelOptions o;
   o.preset = preset;
+  o.dtype = type == "bf16" ? DType::kBF16 : type == "f16" ? DType::kF16 : DType::kF32;
   o.seed = 3;
   EXPECT_TRUE(WriteSyntheticModel(dir, o).ok());
-  return dirs[preset] = dir;
+  return dirs[name] = dir;
 }
 
 // Three sequences with chunked prefills and decodes, DP ranks spread over
@@ -152,6 +158,7 @@ TEST_P(ParityTest, MatchesSingleDevice) {
 std::string Name(const ::testing::TestParamInfo<ParityTest::ParamType>& info) {
   std::string p = std::get<0>(info.param);
   std::replace(p.begin(), p.end(), '-', '_');
+  std::replace(p.begin(), p.end(), '@', '_');
   return p + "_" + std::to_string(std::get<1>(info.param)) + "dev_" +
          PolicyName(std::get<2>(info.param));
 }
@@ -162,6 +169,15 @@ INSTANTIATE_TEST_SUITE_P(AllConfigs, ParityTest,
                                             ::testing::Values(Policy::kStandard,
                                                               Policy::kNonUniform, Policy::kCyclic,
                                                               Policy::kHybrid)),
+                         Name);
+
+// 16-bit weights, held 16-bit on every device: the same exactness.
+INSTANTIATE_TEST_SUITE_P(SixteenBit, ParityTest,
+                         ::testing::Combine(::testing::Values("tiny-llama@bf16",
+                                                              "tiny-mixtral@bf16",
+                                                              "tiny-mixtral@f16"),
+                                            ::testing::Values(1, 3, 5),
+                                            ::testing::Values(Policy::kCyclic, Policy::kHybrid)),
                          Name);
 
 // More devices than head groups, with real worker processes: stories260K's

@@ -120,6 +120,7 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
   for (auto& file : store->files_) {
     for (auto& t : file->tensors()) store->tensors_[t.name] = file->Ref(&t);
   }
+  std::set<DType> matrix_types;
   for (auto& e : ExpectedTensors(config)) {
     auto it = store->tensors_.find(e.name);
     if (it == store->tensors_.end()) {
@@ -133,6 +134,7 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
                              *it->second.file, e.name, ShapeString(it->second.info->shape),
                              ShapeString(e.shape));
     }
+    if (e.shape.size() == 2) matrix_types.insert(it->second.info->dtype);
     if (!weight_map.empty()) {
       auto wm = weight_map.find(e.name);
       if (wm != weight_map.end() && *it->second.file != model_dir + "/" + wm->second) {
@@ -141,6 +143,7 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
       }
     }
   }
+  if (matrix_types.size() == 1) store->matrix_dtype_ = *matrix_types.begin();
   return store;
 }
 

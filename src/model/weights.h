@@ -49,12 +49,17 @@ class WeightStore {
   TensorRef Get(const std::string& name) const;
   // Total bytes of all files.
   int64_t FileBytes() const;
+  // The element type devices hold the model's matrices in: bf16 or f16 when
+  // every 2-D tensor has that type (a checkpoint's own type, kept 16-bit in
+  // device memory), else f32.
+  DType MatrixDType() const { return matrix_dtype_; }
   const std::string& model_dir() const { return model_dir_; }
 
  private:
   std::string model_dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorRef> tensors_;
+  DType matrix_dtype_ = DType::kF32;
 };
 
 }  // namespace failsafe

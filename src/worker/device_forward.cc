@@ -107,10 +107,8 @@ void DeviceModel::Embed(const StepBatch& b) {
   std::memset(x, 0, sizeof(float) * static_cast<size_t>(b.num_tokens()) * H);
   for (int t = 0; t < b.num_tokens(); ++t) {
     const int tok = b.tokens[t];
-    if (const float* rows = embed_.Find(tok / cs)) {
-      std::memcpy(x + static_cast<int64_t>(t) * H, rows + static_cast<int64_t>(tok % cs) * H,
-                  sizeof(float) * H);
-    }
+    if (embed_.Has(tok / cs))
+      embed_.ReadRows(tok / cs, tok % cs, 1, x + static_cast<int64_t>(t) * H);
   }
 }
 
@@ -125,14 +123,14 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   // 1) q, k, v: one GEMM per segment of consecutive query heads or head groups.
   int k0 = 0;
   for (const auto& seg : w.q.segments()) {
-    backend_->LinearNT(hr.in, H, seg.data, q + static_cast<int64_t>(k0) * hd, ld_q, hr.rows,
+    backend_->LinearNT(hr.in, H, w.q.Weights(seg), q + static_cast<int64_t>(k0) * hd, ld_q, hr.rows,
                        seg.count * hd, H, false);
     k0 += seg.count;
   }
   k0 = 0;
   for (const auto& seg : w.kv.segments()) {
-    backend_->LinearNT(hr.in, H, seg.data, kv + static_cast<int64_t>(k0) * 2 * hd, ld_kv, hr.rows,
-                       seg.count * 2 * hd, H, false);
+    backend_->LinearNT(hr.in, H, w.kv.Weights(seg), kv + static_cast<int64_t>(k0) * 2 * hd, ld_kv,
+                       hr.rows, seg.count * 2 * hd, H, false);
     k0 += seg.count;
   }
   stats->attention_flops += 2.0 * hr.rows * H * (ld_q + ld_kv);
@@ -202,8 +200,8 @@ void DeviceModel::OProjection(const AttentionWeights& w, const float* attn, int 
   for (const auto& seg : w.o.segments()) {
     // One exact partial sum per query head: the same whichever device holds
     // which query heads of a replicated head group.
-    backend_->LinearNNFixed(attn + static_cast<int64_t>(k0) * hd, ld_attn, seg.data, out, H, rows,
-                            H, seg.count * hd, hd);
+    backend_->LinearNNFixed(attn + static_cast<int64_t>(k0) * hd, ld_attn, w.o.Weights(seg), out, H,
+                            rows, H, seg.count * hd, hd);
     k0 += seg.count;
   }
   stats->attention_flops += 2.0 * rows * ld_attn * H;
@@ -289,7 +287,7 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
     const int cols = seg.count * 2 * w;
     float* gu = Sized(gu_, static_cast<size_t>(rows) * cols);
     float* act = Sized(act_, static_cast<size_t>(rows) * seg.count * w);
-    backend_->LinearNT(in, H, seg.data, gu, cols, rows, cols, H, false);
+    backend_->LinearNT(in, H, lw.ffn_gate_up.Weights(seg), gu, cols, rows, cols, H, false);
     for (int j = 0; j < seg.count; ++j) {
       backend_->SiluMul(gu + j * 2 * w, gu + j * 2 * w + w, cols, act + j * w, seg.count * w, rows,
                         w);
@@ -301,8 +299,8 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
       }
     }
     // One exact partial sum per FFN shard.
-    backend_->LinearNNFixed(act, seg.count * w, down_segs[si].data, out, H, rows, H, seg.count * w,
-                            w);
+    backend_->LinearNNFixed(act, seg.count * w, lw.ffn_down.Weights(down_segs[si]), out, H, rows, H,
+                            seg.count * w, w);
     stats->ffn_flops += 2.0 * rows * H * 3.0 * seg.count * w;
   }
 }
@@ -375,7 +373,7 @@ void DeviceModel::LmHead(const StepBatch& b, float* logits, ForwardStats* stats)
   for (const auto& seg : lm_head_.segments()) {
     const int cols = seg.count * cs;
     float* out = Sized(lm_out_, static_cast<size_t>(R) * cols);
-    backend_->LinearNT(h, H, seg.data, out, cols, R, cols, H, false);
+    backend_->LinearNT(h, H, lm_head_.Weights(seg), out, cols, R, cols, H, false);
     const int begin = shape.ChunkBegin(seg.first);
     const int end = shape.ChunkEnd(seg.first + seg.count - 1);
     for (int r = 0; r < R; ++r) {

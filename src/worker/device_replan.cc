@@ -90,30 +90,33 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
   for (int l = 0; l < config_.num_layers; ++l) {
     AttentionWeights& dp = layers_[l].dp;
     for (int h : Minus(next.layers[l].dp_heads, prev.layers[l].dp_heads)) {
-      // Row r of the group in this device's copy, or nullptr if it lacks it.
-      auto local_row = [&](int r) -> const float* {
-        const float* item = nullptr;
-        int in_item = 0;
+      // Row r of the group from this device's copy into dst (as f32, exact);
+      // false if it lacks it.
+      auto local_row = [&](int r, float* dst) -> bool {
+        const ItemMatrix* m = &dp.o;
+        int item = 0, in_item = 0;
         if (r < g * hd) {
-          item = dp.q.Find(h * g + r / hd);
+          m = &dp.q;
+          item = h * g + r / hd;
           in_item = r % hd;
         } else if (r < (g + 2) * hd) {
-          item = dp.kv.Find(h);
+          m = &dp.kv;
+          item = h;
           in_item = r - g * hd;
         } else {
-          item = dp.o.Find(h * g + (r - (g + 2) * hd) / hd);
+          item = h * g + (r - (g + 2) * hd) / hd;
           in_item = (r - (g + 2) * hd) % hd;
         }
-        return item ? item + static_cast<int64_t>(in_item) * hidden : nullptr;
+        if (!m->Has(item)) return false;
+        m->ReadRows(item, in_item, 1, dst);
+        return true;
       };
       const int r0 = std::min(rows, rank * per), r1 = std::min(rows, r0 + per);
       for (int r = r0; r < r1; ++r) {
         float* dst = piece.data() + static_cast<int64_t>(r - r0) * hidden;
-        if (const float* src = local_row(r)) {
-          std::memcpy(dst, src, sizeof(float) * hidden);
-        } else {
+        if (!local_row(r, dst)) {
           load.HeadRows(l, h, r, r + 1, dst);
-          stats->host_bytes += static_cast<int64_t>(hidden) * 4;
+          stats->host_bytes += static_cast<int64_t>(hidden) * DTypeSize(dp.q.dtype());
         }
       }
       FS_RETURN_IF_ERROR(comm.AllGather(piece.data(), piece.size() * sizeof(float), all.data()));
@@ -236,9 +239,9 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
     const std::vector<int> gain_tp_q = Minus(new_tp_q, lw.tp.q.items());
     const std::vector<int> gain_tp_kv = Minus(new_tp_kv, lw.tp.kv.items());
     AddAttention(&lw.tp, l, gain_tp_q, gain_tp_kv, load);
-    stats->host_bytes += static_cast<int64_t>(gain_tp_q.size()) *
-                             (lw.tp.q.item_floats() + lw.tp.o.item_floats()) * 4 +
-                         static_cast<int64_t>(gain_tp_kv.size()) * lw.tp.kv.item_floats() * 4;
+    stats->host_bytes +=
+        static_cast<int64_t>(gain_tp_q.size()) * (lw.tp.q.item_bytes() + lw.tp.o.item_bytes()) +
+        static_cast<int64_t>(gain_tp_kv.size()) * lw.tp.kv.item_bytes();
     // DP heads that were DP before but this device lacks (it just joined) come
     // from the host too; heads new to DP are gathered below.
     const std::vector<int> brand_new = Minus(next.layers[l].dp_heads, prev.layers[l].dp_heads);
@@ -246,9 +249,9 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
     const std::vector<int> gain_dp_q = Minus(QueriesOfGroups(old_dp), lw.dp.q.items());
     const std::vector<int> gain_dp_kv = Minus(old_dp, lw.dp.kv.items());
     AddAttention(&lw.dp, l, gain_dp_q, gain_dp_kv, load);
-    stats->host_bytes += static_cast<int64_t>(gain_dp_q.size()) *
-                             (lw.dp.q.item_floats() + lw.dp.o.item_floats()) * 4 +
-                         static_cast<int64_t>(gain_dp_kv.size()) * lw.dp.kv.item_floats() * 4;
+    stats->host_bytes +=
+        static_cast<int64_t>(gain_dp_q.size()) * (lw.dp.q.item_bytes() + lw.dp.o.item_bytes()) +
+        static_cast<int64_t>(gain_dp_kv.size()) * lw.dp.kv.item_bytes();
     // FFN shards.
     const std::vector<int> new_shards = active ? next.layers[l].ffn_shards[d] : std::vector<int>{};
     for (int s : Minus(lw.ffn_gate_up.items(), new_shards)) {
@@ -258,7 +261,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
     const std::vector<int> gain_shards = Minus(new_shards, lw.ffn_gate_up.items());
     AddShards(&lw, l, gain_shards, load);
     stats->host_bytes += static_cast<int64_t>(gain_shards.size()) *
-                         (lw.ffn_gate_up.item_floats() + lw.ffn_down.item_floats()) * 4;
+                         (lw.ffn_gate_up.item_bytes() + lw.ffn_down.item_bytes());
   }
   const std::vector<int> new_chunks = active ? next.vocab_chunks[d] : std::vector<int>{};
   for (int ch : Minus(embed_.items(), new_chunks)) {
@@ -267,7 +270,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   }
   const std::vector<int> gain_chunks = Minus(new_chunks, embed_.items());
   AddChunks(gain_chunks, load);
-  stats->host_bytes += static_cast<int64_t>(gain_chunks.size()) * embed_.item_floats() * 4 *
+  stats->host_bytes += static_cast<int64_t>(gain_chunks.size()) * embed_.item_bytes() *
                        (config_.tie_word_embeddings ? 1 : 2);
   plan_ = next;
   UpdateBackupSlots();

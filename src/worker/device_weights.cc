@@ -160,6 +160,11 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   const ModelConfig& c = config_;
   const int hd = c.head_dim, hidden = c.hidden_size;
   const int w = plan.shape.shard_width;
+  const DType wt = host.MatrixDType();
+  // The matrices LinearNT multiplies by ([n, k]: q/k/v, gate/up, the
+  // vocabulary) are held blocked, read as they lie; the transposed-stored
+  // o and down projections stay row-major (LinearNNFixed streams their rows).
+  constexpr bool kBlocked = true;
   layers_.assign(c.num_layers, {});
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
@@ -168,12 +173,12 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     host.Get(tn::AttnNorm(l)).ReadRows(0, 1, lw.attn_norm.data());
     host.Get(tn::FfnNorm(l)).ReadRows(0, 1, lw.ffn_norm.data());
     for (AttentionWeights* a : {&lw.tp, &lw.dp}) {
-      a->q = ItemMatrix(hd, hidden);
-      a->kv = ItemMatrix(2 * hd, hidden);
-      a->o = ItemMatrix(hd, hidden);
+      a->q = ItemMatrix(hd, hidden, wt, kBlocked);
+      a->kv = ItemMatrix(2 * hd, hidden, wt, kBlocked);
+      a->o = ItemMatrix(hd, hidden, wt);
     }
-    lw.ffn_gate_up = ItemMatrix(2 * w, hidden);
-    lw.ffn_down = ItemMatrix(w, hidden);
+    lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, kBlocked);
+    lw.ffn_down = ItemMatrix(w, hidden, wt);
     if (c.is_moe()) {
       lw.router.resize(static_cast<size_t>(c.num_experts) * hidden);
       host.Get(tn::Router(l)).ReadRows(0, c.num_experts, lw.router.data());
@@ -181,8 +186,8 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   }
   final_norm_.resize(hidden);
   host.Get(tn::FinalNorm()).ReadRows(0, 1, final_norm_.data());
-  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden);
-  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden);
+  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, kBlocked);
+  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, kBlocked);
 }
 
 Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {

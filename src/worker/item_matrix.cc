@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "common/check.h"
@@ -53,12 +54,62 @@ std::vector<int> ItemMatrix::items() const {
   return out;
 }
 
-const float* ItemMatrix::Find(int item) const {
+const unsigned char* ItemMatrix::Find(int item) const {
   for (auto& s : segments_) {
     if (item >= s.first && item < s.first + s.count)
-      return s.data + (item - s.first) * item_floats();
+      return s.data + (item - s.first) * item_bytes();
   }
   return nullptr;
+}
+
+namespace {
+
+float ElementAt(const unsigned char* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16:
+      return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return HalfToFloat(reinterpret_cast<const uint16_t*>(base)[i]);
+    case DType::kF32:
+      break;
+  }
+  return reinterpret_cast<const float*>(base)[i];
+}
+
+// Index of element (r, c) of an item [rows, cols] in its storage.
+int64_t StorageIndex(bool blocked, int64_t r, int64_t c, int64_t cols) {
+  return blocked ? (r / 16) * 16 * cols + c * 16 + r % 16 : r * cols + c;
+}
+
+}  // namespace
+
+void ItemMatrix::ReadRows(int item, int row, int rows, float* dst) const {
+  const unsigned char* base = Find(item);
+  FS_CHECK_MSG(base != nullptr, "item {} is not held", item);
+  if (blocked_) {
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols_; ++c)
+        dst[static_cast<int64_t>(r) * cols_ + c] =
+            ElementAt(base, dtype_, StorageIndex(true, row + r, c, cols_));
+    }
+    return;
+  }
+  const int64_t begin = static_cast<int64_t>(row) * cols_, n = static_cast<int64_t>(rows) * cols_;
+  switch (dtype_) {
+    case DType::kF32:
+      std::memcpy(dst, reinterpret_cast<const float*>(base) + begin, sizeof(float) * n);
+      return;
+    case DType::kBF16: {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16ToFloat(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(base) + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(src[i]);
+      return;
+    }
+  }
 }
 
 void ItemMatrix::Insert(const Segment& seg) {
@@ -72,11 +123,39 @@ void ItemMatrix::Insert(const Segment& seg) {
 void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)>& fill) {
   if (count <= 0) return;
   Segment seg;
-  seg.storage = std::make_shared<AlignedFloats>(static_cast<size_t>(count * item_floats()));
-  seg.data = seg.storage->data;
+  const int64_t bytes = count * item_bytes();
+  seg.storage = std::make_shared<AlignedFloats>(static_cast<size_t>((bytes + 3) / 4));
+  seg.data = reinterpret_cast<unsigned char*>(seg.storage->data);
   seg.first = first;
   seg.count = count;
-  for (int i = 0; i < count; ++i) fill(first + i, seg.data + i * item_floats());
+  if (dtype_ == DType::kF32 && !blocked_) {
+    for (int i = 0; i < count; ++i)
+      fill(first + i, reinterpret_cast<float*>(seg.data + i * item_bytes()));
+  } else {
+    // Through one item of f32, rounded to the element type and laid out.
+    std::vector<float> item(static_cast<size_t>(item_elements()));
+    for (int i = 0; i < count; ++i) {
+      fill(first + i, item.data());
+      unsigned char* dst = seg.data + i * item_bytes();
+      for (int r = 0; r < rows_per_item_; ++r) {
+        for (int c = 0; c < cols_; ++c) {
+          const float v = item[static_cast<size_t>(r) * cols_ + c];
+          const int64_t at = StorageIndex(blocked_, r, c, cols_);
+          switch (dtype_) {
+            case DType::kF32:
+              reinterpret_cast<float*>(dst)[at] = v;
+              break;
+            case DType::kBF16:
+              reinterpret_cast<uint16_t*>(dst)[at] = FloatToBFloat16(v);
+              break;
+            case DType::kF16:
+              reinterpret_cast<uint16_t*>(dst)[at] = FloatToHalf(v);
+              break;
+          }
+        }
+      }
+    }
+  }
   Insert(seg);
 }
 
@@ -88,9 +167,9 @@ ItemMatrix::Segment ItemMatrix::Remove(int item) {
   for (size_t k = 0; k < segments_.size(); ++k) {
     Segment s = segments_[k];
     if (item < s.first || item >= s.first + s.count) continue;
-    Segment taken{s.storage, s.data + (item - s.first) * item_floats(), item, 1};
+    Segment taken{s.storage, s.data + (item - s.first) * item_bytes(), item, 1};
     Segment left{s.storage, s.data, s.first, item - s.first};
-    Segment right{s.storage, taken.data + item_floats(), item + 1, s.first + s.count - item - 1};
+    Segment right{s.storage, taken.data + item_bytes(), item + 1, s.first + s.count - item - 1};
     segments_.erase(segments_.begin() + static_cast<long>(k));
     if (left.count > 0) Insert(left);
     if (right.count > 0) Insert(right);

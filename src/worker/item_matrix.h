@@ -1,7 +1,9 @@
 // A weight matrix held as a set of items (head groups, FFN shards, vocabulary
 // chunks), each a fixed number of rows. Items live in segments of consecutive
 // ids with their own storage, so a device can gain and drop items without
-// copying the items it keeps.
+// copying the items it keeps. Elements are f32, bf16 or f16 (the
+// checkpoint's type: 16-bit weights stay 16-bit in device memory, and the
+// kernels widen them in registers).
 //
 // Thread-safety: not thread-safe; owned by the device's compute thread.
 #pragma once
@@ -10,6 +12,9 @@
 #include <functional>
 #include <memory>
 #include <vector>
+
+#include "backend/backend.h"
+#include "model/safetensors.h"
 
 namespace failsafe {
 
@@ -28,28 +33,44 @@ class ItemMatrix {
  public:
   struct Segment {
     std::shared_ptr<AlignedFloats> storage;
-    float* data = nullptr;  // rows of item `first`
-    int first = 0;          // items [first, first + count)
+    unsigned char* data = nullptr;  // rows of item `first`, elements of the matrix's dtype
+    int first = 0;                  // items [first, first + count)
     int count = 0;
   };
 
   ItemMatrix() = default;
-  ItemMatrix(int rows_per_item, int cols) : rows_per_item_(rows_per_item), cols_(cols) {}
+  // blocked: hold each item in blocks of 16 rows stored k-major (what
+  // LinearNT reads fastest: no transposing or packing per call), if
+  // rows_per_item is a multiple of 16; else row-major.
+  ItemMatrix(int rows_per_item, int cols, DType dtype = DType::kF32, bool blocked = false)
+      : rows_per_item_(rows_per_item),
+        cols_(cols),
+        dtype_(dtype),
+        blocked_(blocked && rows_per_item % 16 == 0) {}
 
   int rows_per_item() const { return rows_per_item_; }
   int cols() const { return cols_; }
-  int64_t item_floats() const { return static_cast<int64_t>(rows_per_item_) * cols_; }
+  DType dtype() const { return dtype_; }
+  bool blocked() const { return blocked_; }
+  int64_t item_elements() const { return static_cast<int64_t>(rows_per_item_) * cols_; }
+  int64_t item_bytes() const { return item_elements() * static_cast<int64_t>(DTypeSize(dtype_)); }
+  // A segment's rows as the kernels take them.
+  WeightsRef Weights(const Segment& s) const { return {s.data, dtype_, blocked_}; }
   // Segments ascending by item id.
   const std::vector<Segment>& segments() const { return segments_; }
   int num_items() const;
   std::vector<int> items() const;
   bool Has(int item) const { return Find(item) != nullptr; }
-  // The item's rows, or nullptr.
-  const float* Find(int item) const;
-  int64_t bytes() const { return static_cast<int64_t>(num_items()) * item_floats() * 4; }
+  // The item's rows (elements of dtype()), or nullptr.
+  const unsigned char* Find(int item) const;
+  // Rows [row, row + rows) of a held item, as f32 (exact), into dst [rows, cols].
+  void ReadRows(int item, int row, int rows, float* dst) const;
+  int64_t bytes() const { return static_cast<int64_t>(num_items()) * item_bytes(); }
 
   // Adds items [first, first + count) (none may be held) in one new segment;
-  // fill(item, dst) writes each item's rows.
+  // fill(item, dst) writes each item's rows as f32, stored as dtype()
+  // (rounded to nearest even: exact for values read from a file of that
+  // type).
   void Add(int first, int count, const std::function<void(int item, float* dst)>& fill);
   // Adds a segment that shares storage with another matrix (no copy).
   void AddShared(const Segment& segment);
@@ -62,6 +83,8 @@ class ItemMatrix {
   void Insert(const Segment& s);
   int rows_per_item_ = 0;
   int cols_ = 0;
+  DType dtype_ = DType::kF32;
+  bool blocked_ = false;
   std::vector<Segment> segments_;
 };
 

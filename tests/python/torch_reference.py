@@ -7,7 +7,11 @@ Llama / Mixtral forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
-max |reference| over the vocabulary. It must be at most 1e-4.
+max |reference| over the vocabulary. It must be at most TOLERANCE[dtype] of
+the model's weights. The bound is the same for every type: 16-bit weights are
+held 16-bit on the devices and widened exactly to f32 in registers, so the
+engine computes in f32 on the weights' exact values whatever their type, and
+the reference computes in float64 on the same exact values.
 
 With --llama2c BIN --converted DIR it also checks a converted llama2.c model:
 the reference then runs llama2.c's own forward pass (adjacent-pair RoPE,
@@ -27,7 +31,7 @@ import tempfile
 import numpy as np
 import torch
 
-TOLERANCE = 1e-4
+TOLERANCE = {"f32": 1e-4, "bf16": 1e-4, "f16": 1e-4}
 
 
 def read_safetensors(path):
@@ -211,7 +215,7 @@ def llama2c_forward(path, ids):
     return rms_norm(x, rms_final, 1e-5) @ wcls.T
 
 
-def check(failsafe, model_dir, prompt, chunk, threads, label, reference=None):
+def check(failsafe, model_dir, prompt, chunk, threads, label, dtype, reference=None):
     cmd = [failsafe, "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
            "--decode", "16", "--prefill-chunk", str(chunk), "--threads", str(threads)]
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -235,7 +239,7 @@ def check(failsafe, model_dir, prompt, chunk, threads, label, reference=None):
             if chosen != int(want.argmax()) and (top2[0] - top2[1]).item() > 1e-3:
                 mismatched += 1
     n = len(res["positions"])
-    ok = worst <= TOLERANCE and mismatched == 0
+    ok = worst <= TOLERANCE[dtype] and mismatched == 0
     print(f"{'ok  ' if ok else 'FAIL'} {label}: {n} positions, max relative error {worst:.2e}, "
           f"greedy mismatches {mismatched}")
     return ok
@@ -257,13 +261,13 @@ def main():
                             "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)
             rng = random.Random(preset)
             prompt = [rng.randrange(0, 500) for _ in range(120)]
-            ok &= check(args.failsafe, d, prompt, 50, 1, f"{preset} {dtype} prefill 50+50+20, 1 thread")
-            if dtype == "f32":
-                ok &= check(args.failsafe, d, prompt[:37], 5, 2, f"{preset} {dtype} prefill in chunks of 5, 2 threads")
+            ok &= check(args.failsafe, d, prompt, 50, 1, f"{preset} {dtype} prefill 50+50+20, 1 thread", dtype)
+            if dtype != "f16":
+                ok &= check(args.failsafe, d, prompt[:37], 5, 2, f"{preset} {dtype} prefill in chunks of 5, 2 threads", dtype)
     if args.llama2c:
         prompt = [1] + [random.Random(5).randrange(3, 500) for _ in range(40)]
         ok &= check(args.failsafe, args.converted, prompt, 16, 1,
-                    "llama2.c checkpoint vs its conversion, prefill 16+16+9",
+                    "llama2.c checkpoint vs its conversion, prefill 16+16+9", "f32",
                     reference=lambda ids: llama2c_forward(args.llama2c, ids))
     sys.exit(0 if ok else 1)
 

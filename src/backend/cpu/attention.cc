@@ -44,7 +44,7 @@ void Softmax(float* row, int width, int lo, int hi) {
 
 }  // namespace
 
-void Attention(const AttentionArgs& a) {
+void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
   if (a.num_tokens <= 0) return;
   const int g = a.group_size, hd = a.head_dim, bs = a.block_size;
   thread_local std::vector<float> scores;
@@ -74,6 +74,7 @@ void Attention(const AttentionArgs& a) {
       s.k = hd;
       s.y = scores.data();
       s.ldy = width;
+      s.isa = isa;
       Gemm(s);
       for (int r = 0; r < rows; ++r) {
         float* row = scores.data() + static_cast<int64_t>(r) * width;
@@ -91,6 +92,7 @@ void Attention(const AttentionArgs& a) {
       v.k = width;
       v.y = a.out + static_cast<int64_t>(t0) * a.ldo + j * hd;
       v.ldy = a.ldo;
+      v.isa = isa;
       Gemm(v);
     }
   }

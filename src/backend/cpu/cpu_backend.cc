@@ -12,22 +12,23 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(std::max(1, threads)) {}
+  explicit CpuBackend(const CpuBackendOptions& o)
+      : threads_(std::max(1, o.threads)), linear_{threads_, o.isa} {}
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return threads_; }
 
-  void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+  void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
                 int k, bool accumulate) override {
-    cpu::LinearNT(x, ldx, w, y, ldy, m, n, k, accumulate, threads_);
+    cpu::LinearNT(x, ldx, w, y, ldy, m, n, k, accumulate, linear_);
   }
-  void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
+  void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
                 int k, bool accumulate) override {
-    cpu::LinearNN(x, ldx, w, y, ldy, m, n, k, accumulate, threads_);
+    cpu::LinearNN(x, ldx, w, y, ldy, m, n, k, accumulate, linear_);
   }
-  void LinearNNFixed(const float* x, int64_t ldx, const float* w, int64_t* acc, int64_t ldacc,
-                     int m, int n, int k, int item_k) override {
-    cpu::LinearNNFixed(x, ldx, w, acc, ldacc, m, n, k, item_k, threads_);
+  void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc, int m,
+                     int n, int k, int item_k) override {
+    cpu::LinearNNFixed(x, ldx, w, acc, ldacc, m, n, k, item_k, linear_);
   }
 
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
@@ -104,9 +105,9 @@ class CpuBackend final : public Backend {
     const int n = static_cast<int>(problems.size());
     if (threads_ > 1 && n > 1) {
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
-      for (int i = 0; i < n; ++i) cpu::Attention(problems[i]);
+      for (int i = 0; i < n; ++i) cpu::Attention(problems[i], linear_.isa);
     } else {
-      for (int i = 0; i < n; ++i) cpu::Attention(problems[i]);
+      for (int i = 0; i < n; ++i) cpu::Attention(problems[i], linear_.isa);
     }
   }
 
@@ -117,12 +118,19 @@ class CpuBackend final : public Backend {
 
  private:
   const int threads_;
+  const cpu::LinearOptions linear_;
 };
 
 }  // namespace
 
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
 std::unique_ptr<Backend> MakeCpuBackend(int num_threads) {
-  return std::make_unique<CpuBackend>(num_threads);
+  CpuBackendOptions o;
+  o.threads = num_threads;
+  return MakeCpuBackend(o);
 }
 
 }  // namespace failsafe

@@ -1,3 +1,6 @@
+// Gemm's dispatcher: picks the instruction-set level's kernels
+// (gemm_kernels.h), splits the output over threads (whole column ranges, so
+// no element is split) and owns the per-thread scratch. Built for any x86-64.
 #include "backend/cpu/gemm.h"
 
 #include <omp.h>
@@ -7,409 +10,23 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu/simd.h"
-#include "backend/fixed_point.h"
+#include "backend/cpu/gemm_kernels.h"
+#include "common/check.h"
 
 namespace failsafe::cpu {
 
 namespace {
 
-#define FS_INLINE __attribute__((always_inline)) inline
-
-inline const float* WRow(const GemmArgs& a, int r) {
-  return a.w_rows ? a.w_rows[r] : a.w + static_cast<int64_t>(r) * a.ldw;
-}
-
-// Shuffle masks over (a, b): lanes 0-15 pick from a, 16-31 from b.
-template <int B, int... L>
-constexpr I16 SwapLo(std::integer_sequence<int, L...>) {
-  return I16{((L & B) ? 16 + (L - B) : L)...};
-}
-template <int B, int... L>
-constexpr I16 SwapHi(std::integer_sequence<int, L...>) {
-  return I16{((L & B) ? 16 + L : L + B)...};
-}
-
-// One round of the recursive block transpose: swaps the off-diagonal B x B
-// blocks of every 2B x 2B block.
-template <int B>
-FS_INLINE void SwapBlocks(V16 r[16]) {
-  constexpr I16 lo = SwapLo<B>(std::make_integer_sequence<int, 16>());
-  constexpr I16 hi = SwapHi<B>(std::make_integer_sequence<int, 16>());
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) {
-    if (i & B) continue;
-    const V16 a = r[i], c = r[i + B];
-    r[i] = __builtin_shuffle(a, c, lo);
-    r[i + B] = __builtin_shuffle(a, c, hi);
+const GemmKernels& KernelsFor(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return GemmKernelsAvx512();
+    case CpuIsa::kAvx2:
+      return GemmKernelsAvx2();
+    case CpuIsa::kGeneric:
+      break;
   }
-}
-
-// r[i][l] becomes r[l][i].
-FS_INLINE void Transpose16(V16 r[16]) {
-  SwapBlocks<8>(r);
-  SwapBlocks<4>(r);
-  SwapBlocks<2>(r);
-  SwapBlocks<1>(r);
-}
-
-// ---------------------------------------------------------------------------
-// nt with few rows (decode): the weights are read once, as they lie. Sixteen
-// weight rows at a time (sixteen output columns, one vector): each 16 x 16
-// block is transposed in registers, so that the chains over k run along the
-// columns. MR <= kDirectRows rows of x.
-
-constexpr int kDirectRows = 4;
-
-template <int MR>
-void DirectNT(const GemmArgs& a, int j0, int cols) {
-  constexpr int NB = 1;  // blocks of 16 columns
-  V16 acc[MR][NB];
-  float tmp[16 * NB];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-    if (a.out == GemmOut::kAccumulate) {
-      std::memset(tmp, 0, sizeof(tmp));
-      std::memcpy(tmp, a.y + static_cast<int64_t>(i) * a.ldy + j0, sizeof(float) * cols);
-#pragma GCC unroll 2
-      for (int b = 0; b < NB; ++b) acc[i][b] = Load(tmp + 16 * b);
-    } else {
-#pragma GCC unroll 2
-      for (int b = 0; b < NB; ++b) acc[i][b] = V16{};
-    }
-  }
-  const float* wr[16 * NB];
-  for (int q = 0; q < 16 * NB; ++q) wr[q] = WRow(a, j0 + std::min(q, cols - 1));
-  int kb = 0;
-  for (; kb + 16 <= a.k; kb += 16) {
-    V16 r[NB][16];
-#pragma GCC unroll 2
-    for (int b = 0; b < NB; ++b) {
-#pragma GCC unroll 16
-      for (int q = 0; q < 16; ++q) r[b][q] = Load(wr[16 * b + q] + kb);
-      Transpose16(r[b]);  // r[b][t][q] = w[j0 + 16b + q][kb + t]
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t) {
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const V16 xv = Splat(a.x[i * a.ldx + kb + t]);
-#pragma GCC unroll 2
-        for (int b = 0; b < NB; ++b) acc[i][b] = Fma(xv, r[b][t], acc[i][b]);
-      }
-    }
-  }
-  for (; kb < a.k; ++kb) {
-    for (int q = 0; q < 16 * NB; ++q) tmp[q] = wr[q][kb];
-    for (int i = 0; i < MR; ++i) {
-      const V16 xv = Splat(a.x[i * a.ldx + kb]);
-      for (int b = 0; b < NB; ++b) acc[i][b] = Fma(xv, Load(tmp + 16 * b), acc[i][b]);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int b = 0; b < NB; ++b) Store(tmp + 16 * b, acc[i][b]);
-    std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * cols);
-  }
-}
-
-void DirectRange(const GemmArgs& a, int j0, int j1) {
-  // Sixteen rows of weights are read side by side; more streams than that
-  // serve worse.
-  for (int j = j0; j < j1; j += 16) {
-    const int cols = std::min(16, j1 - j);
-    switch (a.m) {
-      case 1:
-        DirectNT<1>(a, j, cols);
-        break;
-      case 2:
-        DirectNT<2>(a, j, cols);
-        break;
-      case 3:
-        DirectNT<3>(a, j, cols);
-        break;
-      default:
-        DirectNT<4>(a, j, cols);
-        break;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// nn: chains over k. Few rows: the accumulators live in a small buffer and
-// weight rows stream through it. Many rows: register tiles of kMR rows x 32
-// columns over a packed panel.
-
-constexpr int kStreamRows = 4;
-constexpr int kStreamCols = 4096;  // 4 rows of accumulators: 64 KiB
-
-inline V16 ClampForFixed(V16 v) {
-  const V16 lim = Splat(kFixedLimit), zero{};
-  v = v == v ? v : zero;  // NaN counts as 0
-  v = v > lim ? lim : v;
-  return v < -lim ? -lim : v;
-}
-
-// acc64[j] += ToFixed(v[j]) for j < cols (up to 16).
-inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
-  typedef float V8F __attribute__((vector_size(32)));
-  typedef int64_t V8L __attribute__((vector_size(64)));
-  typedef uint64_t V8U __attribute__((vector_size(64)));
-  const V16 c = ClampForFixed(v) * Splat(kFixedOne);
-  if (cols >= 16) {
-    const V8F lo = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7);
-    const V8F hi = __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
-    V8U a0, a1;
-    __builtin_memcpy(&a0, acc64, 64);
-    __builtin_memcpy(&a1, acc64 + 8, 64);
-    a0 += reinterpret_cast<V8U>(__builtin_convertvector(lo, V8L));  // wrapping, as AddFixed
-    a1 += reinterpret_cast<V8U>(__builtin_convertvector(hi, V8L));
-    __builtin_memcpy(acc64, &a0, 64);
-    __builtin_memcpy(acc64 + 8, &a1, 64);
-    return;
-  }
-  for (int j = 0; j < cols; ++j) acc64[j] = AddFixed(acc64[j], static_cast<int64_t>(c[j]));
-}
-
-// Weight rows kk..kk+R-1 into MR rows of accumulators, column vector by
-// column vector: acc[i][c] = fma(x[i][kk+r], w[kk+r][c], acc[i][c]) for r in
-// order. Several weight rows per pass load and store each accumulator once.
-template <int MR, int R>
-FS_INLINE void StreamRows(const float* const* wr, const float* x, int64_t ldx, int kk,
-                          float* const* acc, int vecs) {
-  V16 xv[MR][R];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) xv[i][r] = Splat(x[i * ldx + kk + r]);
-  }
-  for (int v = 0; v < vecs; ++v) {
-    V16 wv[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) wv[r] = Load(wr[r] + 16 * v);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      V16 c = Load(acc[i] + 16 * v);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) c = Fma(xv[i][r], wv[r], c);
-      Store(acc[i] + 16 * v, c);
-    }
-  }
-}
-
-template <int MR>
-void StreamRowsAnyR(const float* const* wr, const float* x, int64_t ldx, int kk, int r,
-                    float* const* acc, int vecs) {
-  switch (r) {
-    case 8:
-      return StreamRows<MR, 8>(wr, x, ldx, kk, acc, vecs);
-    case 7:
-      return StreamRows<MR, 7>(wr, x, ldx, kk, acc, vecs);
-    case 6:
-      return StreamRows<MR, 6>(wr, x, ldx, kk, acc, vecs);
-    case 5:
-      return StreamRows<MR, 5>(wr, x, ldx, kk, acc, vecs);
-    case 4:
-      return StreamRows<MR, 4>(wr, x, ldx, kk, acc, vecs);
-    case 3:
-      return StreamRows<MR, 3>(wr, x, ldx, kk, acc, vecs);
-    case 2:
-      return StreamRows<MR, 2>(wr, x, ldx, kk, acc, vecs);
-    default:
-      return StreamRows<MR, 1>(wr, x, ldx, kk, acc, vecs);
-  }
-}
-
-// Rows [i0, i0 + rows) (rows <= kStreamRows), columns [c0, c0 + cols)
-// (cols <= kStreamCols / rows).
-void StreamNN(const GemmArgs& a, int i0, int rows, int c0, int cols) {
-  // Rows of accumulators one cache line apart from a power of two, so that
-  // they do not compete for the same cache sets.
-  constexpr size_t kStride = kStreamCols + 16;
-  thread_local std::vector<float> buffer;
-  buffer.resize(kStreamRows * kStride + 16);
-  float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~63);
-  float* acc[kStreamRows];
-  for (int i = 0; i < kStreamRows; ++i) acc[i] = base + i * kStride;
-  const int vecs = cols / 16;
-  auto reset = [&] {
-    for (int i = 0; i < rows; ++i) std::memset(acc[i], 0, sizeof(float) * cols);
-  };
-  if (a.out == GemmOut::kAccumulate) {
-    for (int i = 0; i < rows; ++i)
-      std::memcpy(acc[i], a.y + static_cast<int64_t>(i0 + i) * a.ldy + c0, sizeof(float) * cols);
-  } else {
-    reset();
-  }
-  const float* x = a.x + static_cast<int64_t>(i0) * a.ldx;
-  // Groups of up to 8 weight rows, never across an item's end.
-  const int item = a.out == GemmOut::kFixedItems ? a.item_k : a.k;
-  for (int kk = 0; kk < a.k;) {
-    const int r = std::min({8, a.k - kk, item - kk % item});
-    const float* wr[8];
-    for (int q = 0; q < r; ++q) wr[q] = WRow(a, kk + q) + c0;
-    switch (rows) {
-      case 1:
-        StreamRowsAnyR<1>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-      case 2:
-        StreamRowsAnyR<2>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-      case 3:
-        StreamRowsAnyR<3>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-      default:
-        StreamRowsAnyR<4>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-    }
-    for (int c = 16 * vecs; c < cols; ++c) {
-      for (int i = 0; i < rows; ++i) {
-        for (int q = 0; q < r; ++q) acc[i][c] = Fma(x[i * a.ldx + kk + q], wr[q][c], acc[i][c]);
-      }
-    }
-    kk += r;
-    if (a.out == GemmOut::kFixedItems && kk % a.item_k == 0) {
-      for (int i = 0; i < rows; ++i) {
-        int64_t* dst = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + c0;
-        for (int v = 0; v < vecs; ++v) AddFixed16(Load(acc[i] + 16 * v), dst + 16 * v, 16);
-        for (int c = 16 * vecs; c < cols; ++c) dst[c] = AddFixed(dst[c], ToFixed(acc[i][c]));
-      }
-      reset();
-    }
-  }
-  if (a.out == GemmOut::kFixedItems) return;
-  for (int i = 0; i < rows; ++i)
-    std::memcpy(a.y + static_cast<int64_t>(i0 + i) * a.ldy + c0, acc[i], sizeof(float) * cols);
-}
-
-constexpr int kNR = 32;  // columns per packed panel: two vectors
-#if defined(__AVX512F__)
-constexpr int kMR = 8;  // rows per register tile: 16 accumulators in 32 registers
-#else
-constexpr int kMR = 3;  // 6 accumulators (12 AVX2 registers)
-#endif
-
-// A panel: the weights of up to 32 output columns, k-major, padded with zeros.
-struct Panel {
-  const float* b;  // b[kk * 32 + j]
-  int cols;
-};
-
-template <int MR>
-struct Acc {
-  V16 v[MR][2];
-};
-
-// acc[i][*] goes on with the chain over k in [k0, k1) of x[i, kk] * b[kk, *].
-template <int MR>
-FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel& p, int k0, int k1, Acc<MR> c) {
-  const float* b = p.b + static_cast<int64_t>(k0) * kNR;
-  const float* xr[MR];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) xr[i] = x + i * ldx;
-  V16 a0[MR], a1[MR];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-    a0[i] = c.v[i][0];
-    a1[i] = c.v[i][1];
-  }
-  for (int kk = k0; kk < k1; ++kk, b += kNR) {
-    const V16 b0 = Load(b), b1 = Load(b + 16);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const V16 s = Splat(xr[i][kk]);
-      a0[i] = Fma(s, b0, a0[i]);
-      a1[i] = Fma(s, b1, a1[i]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-    c.v[i][0] = a0[i];
-    c.v[i][1] = a1[i];
-  }
-  return c;
-}
-
-template <int MR>
-void Tile(const GemmArgs& a, int i0, int j0, const Panel& p) {
-  Acc<MR> acc;
-  const float* x = a.x + static_cast<int64_t>(i0) * a.ldx;
-  if (a.out == GemmOut::kFixedItems) {
-    for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
-      for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};
-      acc = Chain<MR>(x, a.ldx, p, k0, k0 + a.item_k, acc);
-      for (int i = 0; i < MR; ++i) {
-        int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
-        AddFixed16(acc.v[i][0], row, std::min(16, p.cols));
-        if (p.cols > 16) AddFixed16(acc.v[i][1], row + 16, p.cols - 16);
-      }
-    }
-    return;
-  }
-  float tmp[kNR];
-  for (int i = 0; i < MR; ++i) {
-    if (a.out == GemmOut::kAccumulate) {
-      std::memset(tmp, 0, sizeof(tmp));
-      std::memcpy(tmp, a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0, sizeof(float) * p.cols);
-      acc.v[i][0] = Load(tmp);
-      acc.v[i][1] = Load(tmp + 16);
-    } else {
-      acc.v[i][0] = acc.v[i][1] = V16{};
-    }
-  }
-  acc = Chain<MR>(x, a.ldx, p, 0, a.k, acc);
-  for (int i = 0; i < MR; ++i) {
-    float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0;
-    Store(tmp, acc.v[i][0]);
-    Store(tmp + 16, acc.v[i][1]);
-    std::memcpy(row, tmp, sizeof(float) * p.cols);
-  }
-}
-
-template <int MR = kMR>
-void TileRows(const GemmArgs& a, int i0, int rows, int j0, const Panel& p) {
-  if constexpr (MR > 1) {
-    if (rows < MR) return TileRows<MR - 1>(a, i0, rows, j0, p);
-  }
-  Tile<MR>(a, i0, j0, p);
-}
-
-// Packs columns [j0, j0 + cols) of w k-major into out[k][32].
-void Pack(const GemmArgs& a, int j0, int cols, float* out) {
-  if (!a.nt) {
-    for (int kk = 0; kk < a.k; ++kk) {
-      float* dst = out + static_cast<int64_t>(kk) * kNR;
-      std::memcpy(dst, WRow(a, kk) + j0, sizeof(float) * cols);
-      std::memset(dst + cols, 0, sizeof(float) * (kNR - cols));
-    }
-    return;
-  }
-  // w is [n, k]: transpose 16 columns x 16 k-values at a time.
-  for (int jb = 0; jb < kNR; jb += 16) {
-    const float* wr[16];
-    for (int q = 0; q < 16; ++q) wr[q] = jb + q < cols ? WRow(a, j0 + jb + q) : nullptr;
-    int kb = 0;
-    for (; kb + 16 <= a.k; kb += 16) {
-      V16 r[16];
-#pragma GCC unroll 16
-      for (int q = 0; q < 16; ++q) r[q] = wr[q] ? Load(wr[q] + kb) : V16{};
-      Transpose16(r);
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t) Store(out + static_cast<int64_t>(kb + t) * kNR + jb, r[t]);
-    }
-    for (; kb < a.k; ++kb) {
-      float* dst = out + static_cast<int64_t>(kb) * kNR + jb;
-      for (int q = 0; q < 16; ++q) dst[q] = wr[q] ? wr[q][kb] : 0.0f;
-    }
-  }
-}
-
-void PackedPanel(const GemmArgs& a, int panel) {
-  const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
-  thread_local std::vector<float> packed;
-  packed.resize(static_cast<size_t>(a.k) * kNR);
-  Pack(a, j0, cols, packed.data());
-  const Panel p{packed.data(), cols};
-  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows(a, i0, std::min(kMR, a.m - i0), j0, p);
+  return GemmKernelsGeneric();
 }
 
 // Splits [0, count) into `parts` contiguous pieces: piece t.
@@ -418,7 +35,29 @@ std::pair<int, int> Piece(int count, int parts, int t) {
   return {std::min(count, t * per), std::min(count, (t + 1) * per)};
 }
 
+float* Scratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
+  return scratch.data();
+}
+
 }  // namespace
+
+CpuIsa GemmIsa() {
+  static const CpuIsa isa = BestCpuIsa(HostCpuFeatures());
+  return isa;
+}
+
+CpuIsa GemmIsaFor(std::optional<CpuIsa> requested) {
+  if (!requested) return GemmIsa();
+  const CpuFeatures& f = HostCpuFeatures();
+  CpuIsa isa = *requested;
+  while (isa != CpuIsa::kGeneric && !CpuSupports(f, isa))
+    isa = static_cast<CpuIsa>(static_cast<int>(isa) - 1);
+  return isa;
+}
+
+int GemmTileRows(CpuIsa isa) { return KernelsFor(isa).tile_rows; }
 
 void Gemm(const GemmArgs& a) {
   if (a.m <= 0 || a.n <= 0) return;
@@ -429,34 +68,38 @@ void Gemm(const GemmArgs& a) {
     }
     return;
   }
+  FS_CHECK_MSG(!a.w_blocked16 || (a.nt && a.n % 16 == 0 && !a.w_rows),
+               "a blocked weight is nt with n a multiple of 16");
+  const GemmKernels& kern = KernelsFor(GemmIsaFor(a.isa));
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
   // Threads take contiguous ranges of output columns: no element is split.
   if (a.nt && a.m <= kDirectRows) {
-    if (threads == 1) return DirectRange(a, 0, a.n);
+    if (threads == 1) return kern.direct(a, 0, a.n);
 #pragma omp parallel num_threads(threads)
     {
       auto [j0, j1] = Piece((a.n + 15) / 16, omp_get_num_threads(), omp_get_thread_num());
-      if (j0 < j1) DirectRange(a, 16 * j0, std::min(a.n, 16 * j1));
+      if (j0 < j1) kern.direct(a, 16 * j0, std::min(a.n, 16 * j1));
     }
     return;
   }
   if (!a.nt && a.m <= kStreamRows) {
     // Rows of weights stream by in long runs (what memory serves best), into
-    // accumulators that stay in the first-level cache (16 KiB).
+    // accumulators that stay in the first-level cache.
     const int max_cols = kStreamCols / a.m;
     const int blocks = (a.n + max_cols - 1) / max_cols;
     const int parts = std::max(blocks, threads);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int b = 0; b < parts; ++b) {
       auto [c0, c1] = Piece((a.n + 15) / 16, parts, b);
-      if (c0 < c1) StreamNN(a, 0, a.m, 16 * c0, std::min(a.n, 16 * c1) - 16 * c0);
+      if (c0 < c1)
+        kern.stream(a, 16 * c0, std::min(a.n, 16 * c1) - 16 * c0, Scratch(StreamScratchFloats()));
     }
     return;
   }
   const int panels = (a.n + kNR - 1) / kNR;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int p = 0; p < panels; ++p) PackedPanel(a, p);
+  for (int p = 0; p < panels; ++p) kern.panel(a, p, Scratch(static_cast<int64_t>(a.k) * kNR));
 }
 
 }  // namespace failsafe::cpu

@@ -7,12 +7,23 @@
 // column tail, few rows or many, weights as [n, k] or [k, n]) changes that
 // chain.
 //
-// Layout: with many rows, register tiles of 8 rows x 32 columns run over a
-// panel of 32 columns of weights packed k-major (the [n, k] layout of
-// Hugging Face Linear weights is transposed 16 x 16 block by block). With few
-// rows the weights are read once as they lie: [n, k] sixteen rows at a time,
-// transposed in registers; [k, n] row after row into accumulators that stay
-// in cache. Threads take whole column ranges.
+// Layout: with many rows, register tiles of rows x 32 columns (8 rows with
+// AVX-512, 3 with AVX2) run over a panel of 32 columns of weights packed
+// k-major (the [n, k] layout of Hugging Face Linear weights is transposed
+// 16 x 16 block by block). With few rows the weights are read once as they
+// lie: [n, k] sixteen rows at a time, transposed in registers; [k, n] row
+// after row into accumulators that stay in cache. Threads take whole column
+// ranges.
+//
+// Weights may be f32, bf16 or f16 (wtype): 16-bit values are widened exactly
+// to f32 in registers, so the chain is the one their f32 copy would give.
+// Activations and accumulation are f32.
+//
+// The kernels are built once per instruction-set level (gemm_avx512.cc,
+// gemm_avx2.cc, gemm_generic.cc: AVX-512 F/BW/VL/DQ, AVX2 with FMA and F16C,
+// any x86-64) and the best the CPU supports is chosen at start-up
+// (cpu_features.h). Every level computes the same chains, so the levels
+// agree bit for bit; tests force each one through GemmArgs::isa.
 //
 // So a row's result depends only on that row and the weights: a request gets
 // the same logits whatever it is batched with, however its prompt is
@@ -26,6 +37,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+
+#include "backend/cpu_features.h"
+#include "model/safetensors.h"
 
 namespace failsafe::cpu {
 
@@ -38,9 +53,14 @@ enum class GemmOut {
 struct GemmArgs {
   const float* x = nullptr;  // [m, k], row stride ldx
   int64_t ldx = 0;
-  const float* w = nullptr;  // nt: [n, k]; nn: [k, n]; row stride ldw
+  const void* w = nullptr;  // nt: [n, k]; nn: [k, n]; row stride ldw (elements of wtype)
   int64_t ldw = 0;
-  const float* const* w_rows = nullptr;  // if set, row r of w (nt: r < n; nn: r < k)
+  DType wtype = DType::kF32;
+  const float* const* w_rows = nullptr;  // if set, row r of w (nt: r < n; nn: r < k); f32 only
+  // nt only, n a multiple of 16: w is stored in blocks of 16 rows, k-major:
+  // w[r][kk] at w + Blocked16Index(r, kk, k) (ldw unused). The kernels read
+  // it as it lies, without transposing or packing.
+  bool w_blocked16 = false;
   bool nt = true;
   int m = 0, n = 0, k = 0;
   GemmOut out = GemmOut::kStore;
@@ -50,8 +70,23 @@ struct GemmArgs {
   int64_t ldacc = 0;
   int item_k = 0;  // kFixedItems: k is a multiple of it
   int threads = 1;
+  // The kernels' instruction-set level; unset: GemmIsa(). A level the CPU
+  // lacks is lowered to the best it has.
+  std::optional<CpuIsa> isa;
 };
 
 void Gemm(const GemmArgs& a);
+
+// Where element (r, kk) of an [n, k] matrix lies in the blocked layout.
+inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t k) {
+  return (r / 16) * 16 * k + kk * 16 + r % 16;
+}
+
+// The level Gemm uses by default: the best this CPU supports.
+CpuIsa GemmIsa();
+// The level Gemm runs for `requested` on this CPU (lowered if unsupported).
+CpuIsa GemmIsaFor(std::optional<CpuIsa> requested);
+// Rows of the register tile at that level (for reports).
+int GemmTileRows(CpuIsa isa);
 
 }  // namespace failsafe::cpu

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "backend/backend.h"
 #include "backend/cpu/simd.h"
@@ -15,13 +16,19 @@ inline float Sum(V16 v) {
 }
 float Dot(const float* a, const float* b, int n);
 
-void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
-              int k, bool accumulate, int threads);
-void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
-              int k, bool accumulate, int threads);
-void LinearNNFixed(const float* x, int64_t ldx, const float* w, int64_t* acc, int64_t ldacc, int m,
-                   int n, int k, int item_k, int threads);
-void Attention(const AttentionArgs& a);
+// The kernels' instruction-set level and threads, for the Linear* calls.
+struct LinearOptions {
+  int threads = 1;
+  std::optional<CpuIsa> isa;  // unset: the best the CPU supports
+};
+
+void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,
+              bool accumulate, const LinearOptions& o);
+void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,
+              bool accumulate, const LinearOptions& o);
+void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc, int m,
+                   int n, int k, int item_k, const LinearOptions& o);
+void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa);
 int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter);
 
 }  // namespace failsafe::cpu

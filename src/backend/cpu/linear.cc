@@ -18,12 +18,14 @@ float Dot(const float* a, const float* b, int n) {
   return s;
 }
 
-void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
-              int k, bool accumulate, int threads) {
+void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,
+              bool accumulate, const LinearOptions& o) {
   GemmArgs a;
   a.x = x;
   a.ldx = ldx;
-  a.w = w;
+  a.w = w.data;
+  a.wtype = w.dtype;
+  a.w_blocked16 = w.blocked16;
   a.ldw = k;
   a.nt = true;
   a.m = m;
@@ -32,16 +34,19 @@ void LinearNT(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy
   a.out = accumulate ? GemmOut::kAccumulate : GemmOut::kStore;
   a.y = y;
   a.ldy = ldy;
-  a.threads = threads;
+  a.threads = o.threads;
+  a.isa = o.isa;
   Gemm(a);
 }
 
-void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int m, int n,
-              int k, bool accumulate, int threads) {
+void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,
+              bool accumulate, const LinearOptions& o) {
   GemmArgs a;
   a.x = x;
   a.ldx = ldx;
-  a.w = w;
+  a.w = w.data;
+  a.wtype = w.dtype;
+  a.w_blocked16 = w.blocked16;
   a.ldw = n;
   a.nt = false;
   a.m = m;
@@ -50,16 +55,19 @@ void LinearNN(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy
   a.out = accumulate ? GemmOut::kAccumulate : GemmOut::kStore;
   a.y = y;
   a.ldy = ldy;
-  a.threads = threads;
+  a.threads = o.threads;
+  a.isa = o.isa;
   Gemm(a);
 }
 
-void LinearNNFixed(const float* x, int64_t ldx, const float* w, int64_t* acc, int64_t ldacc, int m,
-                   int n, int k, int item_k, int threads) {
+void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc, int m,
+                   int n, int k, int item_k, const LinearOptions& o) {
   GemmArgs a;
   a.x = x;
   a.ldx = ldx;
-  a.w = w;
+  a.w = w.data;
+  a.wtype = w.dtype;
+  a.w_blocked16 = w.blocked16;
   a.ldw = n;
   a.nt = false;
   a.m = m;
@@ -69,7 +77,8 @@ void LinearNNFixed(const float* x, int64_t ldx, const float* w, int64_t* acc, in
   a.acc = acc;
   a.ldacc = ldacc;
   a.item_k = item_k;
-  a.threads = threads;
+  a.threads = o.threads;
+  a.isa = o.isa;
   Gemm(a);
 }
 

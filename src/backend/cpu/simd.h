@@ -1,17 +1,33 @@
 // Vectors of 16 floats for the CPU kernels: one AVX-512 register where the
-// machine has it, two AVX2 registers otherwise (GCC vector extensions).
+// translation unit is built for it, two AVX2 registers, or four SSE registers
+// with scalar fused multiply-adds (GCC vector extensions).
 //
 // Fma is a true fused multiply-add (one rounding) on every path, vector and
 // scalar, so that a chain of Fma gives bit-identical results whichever path
 // computes it: the batch-invariant kernels depend on it.
+//
+// Everything here lives in an inline namespace named after the instruction
+// set the including file is compiled for (gemm_avx512.cc, gemm_avx2.cc and
+// gemm_generic.cc each include it with their own flags), so the copies never
+// meet at link time: a generic caller can never end up in AVX-512 code.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#define FS_SIMD_NAMESPACE simd_avx512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define FS_SIMD_NAMESPACE simd_avx2
+#else
+#define FS_SIMD_NAMESPACE simd_generic
+#endif
 
 namespace failsafe::cpu {
+inline namespace FS_SIMD_NAMESPACE {
 
 typedef float V16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t I16 __attribute__((vector_size(64)));
@@ -23,6 +39,76 @@ inline V16 Load(const float* p) {
 }
 inline void Store(float* p, V16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
 inline V16 Splat(float x) { return V16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+// 16-bit weights, widened exactly to f32 in registers.
+struct BF16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+
+inline V16 Load(const BF16* p) {
+  typedef uint16_t U16x16 __attribute__((vector_size(32), aligned(2)));
+  typedef uint32_t U32x16 __attribute__((vector_size(64)));
+  U16x16 h;
+  __builtin_memcpy(&h, p, sizeof(h));
+  const U32x16 w = __builtin_convertvector(h, U32x16) << 16;  // bf16 is f32's upper half
+  V16 v;
+  __builtin_memcpy(&v, &w, sizeof(v));
+  return v;
+}
+
+inline float Widen(BF16 b) {
+  const uint32_t bits = static_cast<uint32_t>(b.bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+// IEEE half to float, exact (subnormals, infinities and NaN included).
+inline float Widen(F16 h) {
+  const uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000) << 16;
+  const uint32_t exp = (h.bits >> 10) & 0x1f, mant = h.bits & 0x3ff;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal
+    uint32_t bits;
+    __builtin_memcpy(&bits, &f, 4);
+    bits |= sign;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+  }
+  const uint32_t bits =
+      sign | (exp == 0x1f ? 0x7f800000u | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline V16 Load(const F16* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<V16>(
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(__F16C__)
+  typedef float V8 __attribute__((vector_size(32)));
+  struct Halves {
+    V8 lo, hi;
+  } r;
+  r.lo =
+      reinterpret_cast<V8>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  r.hi = reinterpret_cast<V8>(
+      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))));
+  V16 v;
+  __builtin_memcpy(&v, &r, sizeof(v));
+  return v;
+#else
+  V16 v;
+  for (int i = 0; i < 16; ++i) v[i] = Widen(p[i]);
+  return v;
+#endif
+}
+
+inline float Widen(float f) { return f; }
 
 // a * b + c with one rounding, lane by lane.
 inline V16 Fma(V16 a, V16 b, V16 c) {
@@ -53,6 +139,13 @@ inline V16 Fma(V16 a, V16 b, V16 c) {
   return out;
 #endif
 }
-inline float Fma(float a, float b, float c) { return std::fma(a, b, c); }
+inline float Fma(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
 
+}  // namespace FS_SIMD_NAMESPACE
 }  // namespace failsafe::cpu

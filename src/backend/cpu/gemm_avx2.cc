@@ -1,0 +1,16 @@
+// The GEMM's kernels built for the avx2 level (compile flags in
+// src/backend/CMakeLists.txt); called only on CPUs that have it.
+#include "backend/cpu/gemm_impl.h"
+
+#if !defined(__AVX2__)
+#error "gemm_avx2.cc must be compiled with the avx2 level's flags"
+#endif
+
+namespace failsafe::cpu {
+
+const GemmKernels& GemmKernelsAvx2() {
+  static constexpr GemmKernels kernels{"avx2", kMR, RunDirect, RunStream, RunPanel};
+  return kernels;
+}
+
+}  // namespace failsafe::cpu

@@ -1,0 +1,12 @@
+// The GEMM's kernels built for the generic level (compile flags in
+// src/backend/CMakeLists.txt); called only on CPUs that have it.
+#include "backend/cpu/gemm_impl.h"
+
+namespace failsafe::cpu {
+
+const GemmKernels& GemmKernelsGeneric() {
+  static constexpr GemmKernels kernels{"generic", kMR, RunDirect, RunStream, RunPanel};
+  return kernels;
+}
+
+}  // namespace failsafe::cpu

@@ -1,0 +1,547 @@
+// The body of the GEMM's kernels (gemm_kernels.h), built once per
+// instruction-set level: gemm_avx512.cc, gemm_avx2.cc and gemm_generic.cc
+// include it with their own compiler flags. Everything is in an unnamed
+// namespace, so the copies never meet at link time. Not a public header.
+//
+// Weights are f32, bf16 or f16 (GemmArgs::wtype); 16-bit weights are widened
+// exactly to f32 in registers (bf16: a shift; f16: a conversion), so the chain
+// of fused multiply-adds is the one the same values in f32 would give.
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "backend/cpu/gemm_kernels.h"
+#include "backend/cpu/simd.h"
+#include "backend/fixed_point.h"
+
+namespace failsafe::cpu {
+
+namespace {
+
+#define FS_INLINE __attribute__((always_inline)) inline
+
+// Row r of w (nt: an output column; nn: a k-value) in its element type W.
+template <typename W>
+FS_INLINE const W* WRow(const GemmArgs& a, int r) {
+  if (a.w_rows) return reinterpret_cast<const W*>(a.w_rows[r]);
+  return static_cast<const W*>(a.w) + static_cast<int64_t>(r) * a.ldw;
+}
+
+// Shuffle masks over (a, b): lanes 0-15 pick from a, 16-31 from b.
+template <int B, int... L>
+constexpr I16 SwapLo(std::integer_sequence<int, L...>) {
+  return I16{((L & B) ? 16 + (L - B) : L)...};
+}
+template <int B, int... L>
+constexpr I16 SwapHi(std::integer_sequence<int, L...>) {
+  return I16{((L & B) ? 16 + L : L + B)...};
+}
+
+// One round of the recursive block transpose: swaps the off-diagonal B x B
+// blocks of every 2B x 2B block.
+template <int B>
+FS_INLINE void SwapBlocks(V16 r[16]) {
+  constexpr I16 lo = SwapLo<B>(std::make_integer_sequence<int, 16>());
+  constexpr I16 hi = SwapHi<B>(std::make_integer_sequence<int, 16>());
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if (i & B) continue;
+    const V16 a = r[i], c = r[i + B];
+    r[i] = __builtin_shuffle(a, c, lo);
+    r[i + B] = __builtin_shuffle(a, c, hi);
+  }
+}
+
+// r[i][l] becomes r[l][i].
+FS_INLINE void Transpose16(V16 r[16]) {
+  SwapBlocks<8>(r);
+  SwapBlocks<4>(r);
+  SwapBlocks<2>(r);
+  SwapBlocks<1>(r);
+}
+
+// ---------------------------------------------------------------------------
+// nt with few rows (decode): the weights are read once, as they lie. Sixteen
+// weight rows at a time (sixteen output columns, one vector): each 16 x 16
+// block is transposed in registers, so that the chains over k run along the
+// columns. MR <= kDirectRows rows of x.
+
+template <int MR, typename W>
+void DirectNT(const GemmArgs& a, int j0, int cols) {
+  constexpr int NB = 1;  // blocks of 16 columns
+  V16 acc[MR][NB];
+  float tmp[16 * NB];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    if (a.out == GemmOut::kAccumulate) {
+      std::memset(tmp, 0, sizeof(tmp));
+      std::memcpy(tmp, a.y + static_cast<int64_t>(i) * a.ldy + j0, sizeof(float) * cols);
+#pragma GCC unroll 2
+      for (int b = 0; b < NB; ++b) acc[i][b] = Load(tmp + 16 * b);
+    } else {
+#pragma GCC unroll 2
+      for (int b = 0; b < NB; ++b) acc[i][b] = V16{};
+    }
+  }
+  const W* wr[16 * NB];
+  for (int q = 0; q < 16 * NB; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
+  int kb = 0;
+  for (; kb + 16 <= a.k; kb += 16) {
+    V16 r[NB][16];
+#pragma GCC unroll 2
+    for (int b = 0; b < NB; ++b) {
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) r[b][q] = Load(wr[16 * b + q] + kb);
+      Transpose16(r[b]);  // r[b][t][q] = w[j0 + 16b + q][kb + t]
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) {
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const V16 xv = Splat(a.x[i * a.ldx + kb + t]);
+#pragma GCC unroll 2
+        for (int b = 0; b < NB; ++b) acc[i][b] = Fma(xv, r[b][t], acc[i][b]);
+      }
+    }
+  }
+  for (; kb < a.k; ++kb) {
+    for (int q = 0; q < 16 * NB; ++q) tmp[q] = Widen(wr[q][kb]);
+    for (int i = 0; i < MR; ++i) {
+      const V16 xv = Splat(a.x[i * a.ldx + kb]);
+      for (int b = 0; b < NB; ++b) acc[i][b] = Fma(xv, Load(tmp + 16 * b), acc[i][b]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int b = 0; b < NB; ++b) Store(tmp + 16 * b, acc[i][b]);
+    std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * cols);
+  }
+}
+
+template <int MR, typename W>
+void DirectBlockedRange(const GemmArgs& a, int j0, int j1);
+
+template <typename W>
+void DirectRange(const GemmArgs& a, int j0, int j1) {
+  if (a.w_blocked16) {
+    switch (a.m) {
+      case 1:
+        return DirectBlockedRange<1, W>(a, j0, j1);
+      case 2:
+        return DirectBlockedRange<2, W>(a, j0, j1);
+      case 3:
+        return DirectBlockedRange<3, W>(a, j0, j1);
+      default:
+        return DirectBlockedRange<4, W>(a, j0, j1);
+    }
+  }
+  // Sixteen rows of weights are read side by side; more streams than that
+  // serve worse.
+  for (int j = j0; j < j1; j += 16) {
+    const int cols = std::min(16, j1 - j);
+    switch (a.m) {
+      case 1:
+        DirectNT<1, W>(a, j, cols);
+        break;
+      case 2:
+        DirectNT<2, W>(a, j, cols);
+        break;
+      case 3:
+        DirectNT<3, W>(a, j, cols);
+        break;
+      default:
+        DirectNT<4, W>(a, j, cols);
+        break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// nn: chains over k. Few rows: the accumulators live in a small buffer and
+// weight rows stream through it. Many rows: register tiles of kMR rows x 32
+// columns over a packed panel.
+
+inline V16 ClampForFixed(V16 v) {
+  const V16 lim = Splat(kFixedLimit), zero{};
+  v = v == v ? v : zero;  // NaN counts as 0
+  v = v > lim ? lim : v;
+  return v < -lim ? -lim : v;
+}
+
+// acc64[j] += ToFixed(v[j]) for j < cols (up to 16).
+inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
+  typedef float V8F __attribute__((vector_size(32)));
+  typedef int64_t V8L __attribute__((vector_size(64)));
+  typedef uint64_t V8U __attribute__((vector_size(64)));
+  const V16 c = ClampForFixed(v) * Splat(kFixedOne);
+  if (cols >= 16) {
+    const V8F lo = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7);
+    const V8F hi = __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
+    V8U a0, a1;
+    __builtin_memcpy(&a0, acc64, 64);
+    __builtin_memcpy(&a1, acc64 + 8, 64);
+    a0 += reinterpret_cast<V8U>(__builtin_convertvector(lo, V8L));  // wrapping, as AddFixed
+    a1 += reinterpret_cast<V8U>(__builtin_convertvector(hi, V8L));
+    __builtin_memcpy(acc64, &a0, 64);
+    __builtin_memcpy(acc64 + 8, &a1, 64);
+    return;
+  }
+  for (int j = 0; j < cols; ++j) acc64[j] = AddFixed(acc64[j], static_cast<int64_t>(c[j]));
+}
+
+// Weight rows kk..kk+R-1 into MR rows of accumulators, column vector by
+// column vector: acc[i][c] = fma(x[i][kk+r], w[kk+r][c], acc[i][c]) for r in
+// order. Several weight rows per pass load and store each accumulator once.
+template <int MR, int R, typename W>
+FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int kk,
+                          float* const* acc, int vecs) {
+  V16 xv[MR][R];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) xv[i][r] = Splat(x[i * ldx + kk + r]);
+  }
+  for (int v = 0; v < vecs; ++v) {
+    V16 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = Load(wr[r] + 16 * v);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      V16 c = Load(acc[i] + 16 * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) c = Fma(xv[i][r], wv[r], c);
+      Store(acc[i] + 16 * v, c);
+    }
+  }
+}
+
+template <int MR, typename W>
+void StreamRowsAnyR(const W* const* wr, const float* x, int64_t ldx, int kk, int r,
+                    float* const* acc, int vecs) {
+  switch (r) {
+    case 8:
+      return StreamRows<MR, 8, W>(wr, x, ldx, kk, acc, vecs);
+    case 7:
+      return StreamRows<MR, 7, W>(wr, x, ldx, kk, acc, vecs);
+    case 6:
+      return StreamRows<MR, 6, W>(wr, x, ldx, kk, acc, vecs);
+    case 5:
+      return StreamRows<MR, 5, W>(wr, x, ldx, kk, acc, vecs);
+    case 4:
+      return StreamRows<MR, 4, W>(wr, x, ldx, kk, acc, vecs);
+    case 3:
+      return StreamRows<MR, 3, W>(wr, x, ldx, kk, acc, vecs);
+    case 2:
+      return StreamRows<MR, 2, W>(wr, x, ldx, kk, acc, vecs);
+    default:
+      return StreamRows<MR, 1, W>(wr, x, ldx, kk, acc, vecs);
+  }
+}
+
+// Rows [i0, i0 + rows) (rows <= kStreamRows), columns [c0, c0 + cols)
+// (cols <= kStreamCols / rows). scratch: StreamScratchFloats() floats.
+template <typename W>
+void StreamNN(const GemmArgs& a, int i0, int rows, int c0, int cols, float* scratch) {
+  // Rows of accumulators one cache line apart from a power of two, so that
+  // they do not compete for the same cache sets.
+  constexpr size_t kStride = kStreamCols + 16;
+  float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~63);
+  float* acc[kStreamRows];
+  for (int i = 0; i < kStreamRows; ++i) acc[i] = base + i * kStride;
+  const int vecs = cols / 16;
+  auto reset = [&] {
+    for (int i = 0; i < rows; ++i) std::memset(acc[i], 0, sizeof(float) * cols);
+  };
+  if (a.out == GemmOut::kAccumulate) {
+    for (int i = 0; i < rows; ++i)
+      std::memcpy(acc[i], a.y + static_cast<int64_t>(i0 + i) * a.ldy + c0, sizeof(float) * cols);
+  } else {
+    reset();
+  }
+  const float* x = a.x + static_cast<int64_t>(i0) * a.ldx;
+  // Groups of up to 8 weight rows, never across an item's end.
+  const int item = a.out == GemmOut::kFixedItems ? a.item_k : a.k;
+  for (int kk = 0; kk < a.k;) {
+    const int r = std::min({8, a.k - kk, item - kk % item});
+    const W* wr[8];
+    for (int q = 0; q < r; ++q) wr[q] = WRow<W>(a, kk + q) + c0;
+    switch (rows) {
+      case 1:
+        StreamRowsAnyR<1>(wr, x, a.ldx, kk, r, acc, vecs);
+        break;
+      case 2:
+        StreamRowsAnyR<2>(wr, x, a.ldx, kk, r, acc, vecs);
+        break;
+      case 3:
+        StreamRowsAnyR<3>(wr, x, a.ldx, kk, r, acc, vecs);
+        break;
+      default:
+        StreamRowsAnyR<4>(wr, x, a.ldx, kk, r, acc, vecs);
+        break;
+    }
+    for (int c = 16 * vecs; c < cols; ++c) {
+      for (int i = 0; i < rows; ++i) {
+        for (int q = 0; q < r; ++q)
+          acc[i][c] = Fma(x[i * a.ldx + kk + q], Widen(wr[q][c]), acc[i][c]);
+      }
+    }
+    kk += r;
+    if (a.out == GemmOut::kFixedItems && kk % a.item_k == 0) {
+      for (int i = 0; i < rows; ++i) {
+        int64_t* dst = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + c0;
+        for (int v = 0; v < vecs; ++v) AddFixed16(Load(acc[i] + 16 * v), dst + 16 * v, 16);
+        for (int c = 16 * vecs; c < cols; ++c) dst[c] = AddFixed(dst[c], ToFixed(acc[i][c]));
+      }
+      reset();
+    }
+  }
+  if (a.out == GemmOut::kFixedItems) return;
+  for (int i = 0; i < rows; ++i)
+    std::memcpy(a.y + static_cast<int64_t>(i0 + i) * a.ldy + c0, acc[i], sizeof(float) * cols);
+}
+
+#if defined(__AVX512F__)
+constexpr int kMR = 8;  // rows per register tile: 16 accumulators in 32 registers
+#elif defined(__AVX2__)
+constexpr int kMR = 3;  // 6 accumulators (12 of 16 AVX2 registers)
+#else
+constexpr int kMR = 2;  // 4 accumulators (16 SSE registers)
+#endif
+
+// A panel: the weights of up to 32 output columns, k-major, as two blocks of
+// 16 columns: column j0 + q of k-value kk at b0[kk * step + q] (q < 16) or
+// b1[kk * step + q - 16]. Packed panels are f32 with step 32; a blocked
+// weight (GemmArgs::w_blocked16) is read where it lies, in its own type.
+template <typename W>
+struct Panel {
+  const W* b0;
+  const W* b1;  // b0 again when cols <= 16 (its results are not stored)
+  int64_t step;
+  int cols;
+};
+
+template <int MR>
+struct Acc {
+  V16 v[MR][2];
+};
+
+// acc[i][*] goes on with the chain over k in [k0, k1) of x[i, kk] * b[kk, *].
+template <int MR, typename W>
+FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel<W>& p, int k0, int k1, Acc<MR> c) {
+  const W* b0 = p.b0 + static_cast<int64_t>(k0) * p.step;
+  const W* b1 = p.b1 + static_cast<int64_t>(k0) * p.step;
+  const float* xr[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) xr[i] = x + i * ldx;
+  V16 a0[MR], a1[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    a0[i] = c.v[i][0];
+    a1[i] = c.v[i][1];
+  }
+  for (int kk = k0; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
+    const V16 w0 = Load(b0), w1 = Load(b1);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const V16 s = Splat(xr[i][kk]);
+      a0[i] = Fma(s, w0, a0[i]);
+      a1[i] = Fma(s, w1, a1[i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    c.v[i][0] = a0[i];
+    c.v[i][1] = a1[i];
+  }
+  return c;
+}
+
+template <int MR, typename W>
+void Tile(const GemmArgs& a, int i0, int j0, const Panel<W>& p) {
+  Acc<MR> acc;
+  const float* x = a.x + static_cast<int64_t>(i0) * a.ldx;
+  if (a.out == GemmOut::kFixedItems) {
+    for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
+      for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};
+      acc = Chain<MR>(x, a.ldx, p, k0, k0 + a.item_k, acc);
+      for (int i = 0; i < MR; ++i) {
+        int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
+        AddFixed16(acc.v[i][0], row, std::min(16, p.cols));
+        if (p.cols > 16) AddFixed16(acc.v[i][1], row + 16, p.cols - 16);
+      }
+    }
+    return;
+  }
+  float tmp[kNR];
+  for (int i = 0; i < MR; ++i) {
+    if (a.out == GemmOut::kAccumulate) {
+      std::memset(tmp, 0, sizeof(tmp));
+      std::memcpy(tmp, a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0, sizeof(float) * p.cols);
+      acc.v[i][0] = Load(tmp);
+      acc.v[i][1] = Load(tmp + 16);
+    } else {
+      acc.v[i][0] = acc.v[i][1] = V16{};
+    }
+  }
+  acc = Chain<MR>(x, a.ldx, p, 0, a.k, acc);
+  for (int i = 0; i < MR; ++i) {
+    float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0;
+    Store(tmp, acc.v[i][0]);
+    Store(tmp + 16, acc.v[i][1]);
+    std::memcpy(row, tmp, sizeof(float) * p.cols);
+  }
+}
+
+template <typename W, int MR = kMR>
+void TileRows(const GemmArgs& a, int i0, int rows, int j0, const Panel<W>& p) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return TileRows<W, MR - 1>(a, i0, rows, j0, p);
+  }
+  Tile<MR>(a, i0, j0, p);
+}
+
+// Packs columns [j0, j0 + cols) of w k-major into out[k][32], widened to f32.
+template <typename W>
+void Pack(const GemmArgs& a, int j0, int cols, float* out) {
+  if (!a.nt) {
+    for (int kk = 0; kk < a.k; ++kk) {
+      float* dst = out + static_cast<int64_t>(kk) * kNR;
+      const W* src = WRow<W>(a, kk) + j0;
+      int c = 0;
+      for (; c + 16 <= cols; c += 16) Store(dst + c, Load(src + c));
+      for (; c < cols; ++c) dst[c] = Widen(src[c]);
+      std::memset(dst + cols, 0, sizeof(float) * (kNR - cols));
+    }
+    return;
+  }
+  // w is [n, k]: transpose 16 columns x 16 k-values at a time.
+  for (int jb = 0; jb < kNR; jb += 16) {
+    const W* wr[16];
+    for (int q = 0; q < 16; ++q) wr[q] = jb + q < cols ? WRow<W>(a, j0 + jb + q) : nullptr;
+    int kb = 0;
+    for (; kb + 16 <= a.k; kb += 16) {
+      V16 r[16];
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) r[q] = wr[q] ? Load(wr[q] + kb) : V16{};
+      Transpose16(r);
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) Store(out + static_cast<int64_t>(kb + t) * kNR + jb, r[t]);
+    }
+    for (; kb < a.k; ++kb) {
+      float* dst = out + static_cast<int64_t>(kb) * kNR + jb;
+      for (int q = 0; q < 16; ++q) dst[q] = wr[q] ? Widen(wr[q][kb]) : 0.0f;
+    }
+  }
+}
+
+// Block b of a blocked weight: rows [16b, 16b + 16), k-major.
+template <typename W>
+FS_INLINE const W* Block(const GemmArgs& a, int b) {
+  return static_cast<const W*>(a.w) + static_cast<int64_t>(b) * 16 * a.k;
+}
+
+template <typename W>
+void PackedPanel(const GemmArgs& a, int panel, float* packed) {
+  const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
+  if (a.w_blocked16) {  // already k-major: no transposing
+    const W* b0 = Block<W>(a, j0 / 16);
+    const Panel<W> p{b0, cols > 16 ? Block<W>(a, j0 / 16 + 1) : b0, 16, cols};
+    if (std::is_same_v<W, float> || a.m <= kMR) {
+      for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+      return;
+    }
+    // 16-bit weights under several tiles: widened once into the panel (the
+    // same values), not once per tile.
+    for (int kk = 0; kk < a.k; ++kk) {
+      Store(packed + static_cast<int64_t>(kk) * kNR, Load(p.b0 + static_cast<int64_t>(kk) * 16));
+      Store(packed + static_cast<int64_t>(kk) * kNR + 16,
+            Load(p.b1 + static_cast<int64_t>(kk) * 16));
+    }
+    const Panel<float> wide{packed, packed + 16, kNR, cols};
+    for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, wide);
+    return;
+  }
+  Pack<W>(a, j0, cols, packed);
+  const Panel<float> p{packed, packed + 16, kNR, cols};
+  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, p);
+}
+
+// nt with few rows on a blocked weight: NB blocks (16 NB columns) stream side
+// by side, one vector of each per k-value, into MR x NB accumulators.
+template <int MR, int NB, typename W>
+void DirectBlocked(const GemmArgs& a, int j0) {
+  V16 acc[MR][NB];
+  const W* b[NB];
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) b[q] = Block<W>(a, j0 / 16 + q);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) {
+      acc[i][q] = a.out == GemmOut::kAccumulate
+                      ? Load(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q)
+                      : V16{};
+    }
+  }
+  for (int kk = 0; kk < a.k; ++kk) {
+    V16 w[NB];
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const V16 s = Splat(a.x[i * a.ldx + kk]);
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) acc[i][q] = Fma(s, w[q], acc[i][q]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q)
+      Store(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q, acc[i][q]);
+  }
+}
+
+template <int MR, typename W>
+void DirectBlockedRange(const GemmArgs& a, int j0, int j1) {
+  int j = j0;
+  for (; j + 64 <= j1; j += 64) DirectBlocked<MR, 4, W>(a, j);
+  for (; j < j1; j += 16) DirectBlocked<MR, 1, W>(a, j);
+}
+
+// The entry points, by weight type.
+void RunDirect(const GemmArgs& a, int j0, int j1) {
+  switch (a.wtype) {
+    case DType::kBF16:
+      return DirectRange<BF16>(a, j0, j1);
+    case DType::kF16:
+      return DirectRange<F16>(a, j0, j1);
+    case DType::kF32:
+      return DirectRange<float>(a, j0, j1);
+  }
+}
+
+void RunStream(const GemmArgs& a, int c0, int cols, float* scratch) {
+  switch (a.wtype) {
+    case DType::kBF16:
+      return StreamNN<BF16>(a, 0, a.m, c0, cols, scratch);
+    case DType::kF16:
+      return StreamNN<F16>(a, 0, a.m, c0, cols, scratch);
+    case DType::kF32:
+      return StreamNN<float>(a, 0, a.m, c0, cols, scratch);
+  }
+}
+
+void RunPanel(const GemmArgs& a, int panel, float* packed) {
+  switch (a.wtype) {
+    case DType::kBF16:
+      return PackedPanel<BF16>(a, panel, packed);
+    case DType::kF16:
+      return PackedPanel<F16>(a, panel, packed);
+    case DType::kF32:
+      return PackedPanel<float>(a, panel, packed);
+  }
+}
+
+}  // namespace
+}  // namespace failsafe::cpu

@@ -1,0 +1,210 @@
+// The GEMM's instruction-set levels and weight types against each other: the
+// same chains of fused multiply-adds, so bit for bit the same results.
+#include "backend/cpu/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/rng.h"
+
+namespace failsafe::cpu {
+namespace {
+
+std::vector<float> Random(size_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(r.Normal());
+  return v;
+}
+
+// The levels this CPU runs (the generic one always).
+std::vector<CpuIsa> Levels() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (CpuSupports(HostCpuFeatures(), isa)) out.push_back(isa);
+  return out;
+}
+
+struct Case {
+  bool nt;
+  int m, n, k;
+  GemmOut out;
+  int item_k;  // kFixedItems
+};
+
+// Output of one Gemm call: y as float bits, or the fixed-point sums.
+std::vector<int64_t> RunGemm(const Case& c, const std::vector<float>& x, const void* w, DType wtype,
+                             CpuIsa isa, int threads, bool blocked = false) {
+  GemmArgs a;
+  a.x = x.data();
+  a.ldx = c.k + 1;
+  a.w = w;
+  a.wtype = wtype;
+  a.ldw = c.nt ? c.k : c.n;
+  a.nt = c.nt;
+  a.m = c.m;
+  a.n = c.n;
+  a.k = c.k;
+  a.out = c.out;
+  a.threads = threads;
+  a.isa = isa;
+  a.item_k = c.item_k;
+  a.w_blocked16 = blocked;
+  const int64_t ld = c.n + 3;
+  std::vector<float> y = Random(static_cast<size_t>(c.m) * ld, 99);
+  std::vector<int64_t> acc(static_cast<size_t>(c.m) * ld, 12345);
+  a.y = y.data();
+  a.ldy = ld;
+  a.acc = acc.data();
+  a.ldacc = ld;
+  Gemm(a);
+  if (c.out == GemmOut::kFixedItems) return acc;
+  std::vector<int64_t> bits(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &y[i], 4);
+    bits[i] = u;
+  }
+  return bits;
+}
+
+// Shapes that reach every path: few rows of nt (direct) and nn (stream),
+// register tiles with row and column tails, k with and without a tail of 16.
+std::vector<Case> Cases() {
+  std::vector<Case> out;
+  for (bool nt : {true, false}) {
+    for (int m : {1, 3, 4, 5, 11, 33}) {
+      for (auto [n, k] : {std::pair{40, 37}, std::pair{97, 64}, std::pair{130, 160}}) {
+        out.push_back({nt, m, n, k, GemmOut::kStore, 0});
+        out.push_back({nt, m, n, k, GemmOut::kAccumulate, 0});
+      }
+      if (!nt) out.push_back({nt, m, 70, 96, GemmOut::kFixedItems, 32});
+    }
+  }
+  return out;
+}
+
+TEST(GemmLevels, EveryLevelComputesTheSameChains) {
+  const auto levels = Levels();
+  ASSERT_GE(levels.size(), 1u);
+  for (const Case& c : Cases()) {
+    auto x = Random(static_cast<size_t>(c.m) * (c.k + 1), 1);
+    auto w = Random(static_cast<size_t>(c.n) * c.k, 2);
+    const auto want = RunGemm(c, x, w.data(), DType::kF32, CpuIsa::kGeneric, 1);
+    for (CpuIsa isa : levels) {
+      for (int threads : {1, 2}) {
+        EXPECT_EQ(RunGemm(c, x, w.data(), DType::kF32, isa, threads), want)
+            << CpuIsaName(isa) << " nt=" << c.nt << " m=" << c.m << " n=" << c.n << " k=" << c.k
+            << " out=" << static_cast<int>(c.out) << " threads=" << threads;
+      }
+    }
+  }
+}
+
+// 16-bit weights give exactly what their f32 values give, on every level.
+TEST(GemmLevels, SixteenBitWeightsComputeTheChainsOfTheirF32Values) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (const Case& c : Cases()) {
+      auto x = Random(static_cast<size_t>(c.m) * (c.k + 1), 3);
+      auto w = Random(static_cast<size_t>(c.n) * c.k, 4);
+      std::vector<uint16_t> w16(w.size());
+      std::vector<float> widened(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        w16[i] = t == DType::kBF16 ? FloatToBFloat16(w[i]) : FloatToHalf(w[i]);
+        widened[i] = t == DType::kBF16 ? BFloat16ToFloat(w16[i]) : HalfToFloat(w16[i]);
+      }
+      // Values the f16 conversion must get right: subnormals, zero signs, large.
+      if (t == DType::kF16) {
+        const uint16_t special[] = {0x0001, 0x03ff, 0x8000, 0x8001, 0x7bff, 0xfbff, 0x0400};
+        for (size_t i = 0; i < std::size(special) && i < w16.size(); ++i) {
+          w16[i * 7] = special[i];
+          widened[i * 7] = HalfToFloat(special[i]);
+        }
+      }
+      const auto want = RunGemm(c, x, widened.data(), DType::kF32, CpuIsa::kGeneric, 1);
+      for (CpuIsa isa : Levels()) {
+        EXPECT_EQ(RunGemm(c, x, w16.data(), t, isa, 2), want)
+            << CpuIsaName(isa) << " " << (t == DType::kBF16 ? "bf16" : "f16") << " nt=" << c.nt
+            << " m=" << c.m << " n=" << c.n << " k=" << c.k;
+      }
+    }
+  }
+}
+
+// Weights stored in blocks of 16 rows, k-major (read where they lie): the
+// same chains as the row-major layout, every level, every weight type.
+TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int m : {1, 2, 4, 5, 9, 40}) {
+      for (auto [n, k] : {std::pair{16, 37}, std::pair{48, 64}, std::pair{160, 100}}) {
+        for (GemmOut out : {GemmOut::kStore, GemmOut::kAccumulate}) {
+          const Case c{true, m, n, k, out, 0};
+          auto x = Random(static_cast<size_t>(m) * (k + 1), 7);
+          auto w = Random(static_cast<size_t>(n) * k, 8);
+          const size_t esize = t == DType::kF32 ? 4 : 2;
+          std::vector<unsigned char> rows(w.size() * esize), blocked(rows.size());
+          for (int r = 0; r < n; ++r) {
+            for (int kk = 0; kk < k; ++kk) {
+              const float v = w[static_cast<size_t>(r) * k + kk];
+              uint16_t h = t == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
+              const void* src = t == DType::kF32 ? static_cast<const void*>(&v) : &h;
+              std::memcpy(&rows[(static_cast<size_t>(r) * k + kk) * esize], src, esize);
+              std::memcpy(&blocked[Blocked16Index(r, kk, k) * esize], src, esize);
+            }
+          }
+          const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
+          for (CpuIsa isa : Levels()) {
+            for (int threads : {1, 2}) {
+              EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true), want)
+                  << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " n=" << n
+                  << " k=" << k << " threads=" << threads;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A chain computed by hand: the reference every level must equal.
+TEST(GemmLevels, ARowIsOneFmaChainOverK) {
+  const int m = 9, n = 35, k = 41;
+  auto x = Random(static_cast<size_t>(m) * k, 5);
+  auto w = Random(static_cast<size_t>(n) * k, 6);
+  for (CpuIsa isa : Levels()) {
+    std::vector<float> y(static_cast<size_t>(m) * n);
+    GemmArgs a;
+    a.x = x.data();
+    a.ldx = k;
+    a.w = w.data();
+    a.ldw = k;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.y = y.data();
+    a.ldy = n;
+    a.isa = isa;
+    Gemm(a);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        float s = 0;
+        for (int kk = 0; kk < k; ++kk) s = std::fma(x[i * k + kk], w[j * k + kk], s);
+        ASSERT_EQ(y[i * n + j], s) << CpuIsaName(isa) << " " << i << "," << j;
+      }
+    }
+  }
+}
+
+TEST(GemmLevels, AnUnsupportedLevelIsLoweredToTheBest) {
+  EXPECT_EQ(GemmIsaFor(std::nullopt), GemmIsa());
+  EXPECT_EQ(GemmIsaFor(CpuIsa::kGeneric), CpuIsa::kGeneric);
+  EXPECT_EQ(GemmIsaFor(CpuIsa::kAvx512), GemmIsa());  // the best is at most AVX-512
+  EXPECT_TRUE(CpuSupports(HostCpuFeatures(), GemmIsaFor(CpuIsa::kAvx2)));
+  EXPECT_GE(GemmTileRows(GemmIsa()), GemmTileRows(CpuIsa::kGeneric));
+}
+
+}  // namespace
+}  // namespace failsafe::cpu

@@ -298,8 +298,11 @@ Status WorkerGroup::KillDevice(int device) {
   if (device < 0 || device >= static_cast<int>(devices_.size()) || !alive(device)) {
     return InvalidArgument("device {} is not alive", device);
   }
+  const pid_t pid = devices_[device].process->pid();
+  // kill(0 or -1) would signal the process group or every process.
+  if (pid <= 0) return Internal("device {} has no process id", device);
   devices_[device].killed_ns = MonotonicNanos();
-  ::kill(devices_[device].process->pid(), SIGKILL);
+  ::kill(pid, SIGKILL);
   return Status::Ok();
 }
 

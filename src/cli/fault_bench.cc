@@ -61,12 +61,12 @@ Status SignalWorker(pid_t pid, int sig) {
   return Status::Ok();
 }
 
-double StallAcross(const std::vector<StreamRecord>& streams, int64_t at_ns) {
+double StallAfter(const std::vector<StreamRecord>& streams, int64_t at_ns, int64_t window_ns) {
   int64_t worst = 0;
   for (const StreamRecord& s : streams) {
     int64_t prev = s.sent_ns;
     for (int64_t t : s.token_ns) {
-      if (prev <= at_ns && at_ns < t) worst = std::max(worst, t - prev);
+      if (t > at_ns && prev < at_ns + window_ns) worst = std::max(worst, t - prev);
       prev = t;
     }
   }

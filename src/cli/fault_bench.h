@@ -54,10 +54,14 @@ std::vector<int> DeadDevices(EngineService& service);
 // reach process groups, the whole machine).
 Status SignalWorker(pid_t pid, int sig);
 
-// The longest gap between consecutive token events (or between sending and the
-// first token) of any stream that spans `at_ns` (MonotonicNanos), in
-// milliseconds: the stall a fault at that moment caused. 0: no stream spans it.
-double StallAcross(const std::vector<StreamRecord>& streams, int64_t at_ns);
+// The stall a fault at `at_ns` (MonotonicNanos) caused, in milliseconds: the
+// longest gap between consecutive token events (or between sending and the
+// first token) of any stream, among gaps that end after `at_ns` and begin
+// before `at_ns + window_ns`. A step already under way when a device stops
+// may still finish, so the stall can begin a step after the stop. 0: no
+// stream was open then.
+double StallAfter(const std::vector<StreamRecord>& streams, int64_t at_ns,
+                  int64_t window_ns = 250'000'000);
 // The longest gap between consecutive tokens of any stream, milliseconds.
 double LongestGap(const std::vector<StreamRecord>& streams);
 

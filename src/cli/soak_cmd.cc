@@ -6,7 +6,7 @@
 // has been fenced), and rejoins of dead devices. Every request's text is
 // checked against a fault-free run of the same requests. Reports requests
 // completed, failed and diverged, and the worst stall per event type (the
-// longest gap between tokens of a stream that spans the event). Exits 1 on any
+// longest gap between tokens in the event's wake, fault_bench.h). Exits 1 on any
 // failed or diverged request.
 #include <signal.h>
 #include <sys/syscall.h>
@@ -211,7 +211,7 @@ CommandFn RegisterSoak(CLI::App& app) {
     for (const Event& e : events) {
       PerKind& k = kinds[e.kind];
       ++k.count;
-      k.worst_ms = std::max(k.worst_ms, StallAcross(got->streams, e.at_ns));
+      k.worst_ms = std::max(k.worst_ms, StallAfter(got->streams, e.at_ns));
     }
     std::printf(
         "\n%.1f s: %zu requests: %d completed with the fault-free text, %d failed, %d diverged "

@@ -4,7 +4,7 @@
 // device's worker stopped with SIGSTOP while the streams run. The engine's
 // step deadline declares it dead, the group re-plans, and the streams go on;
 // the device then rejoins for the next trial. Per trial: the longest gap
-// between tokens of any stream that spans the stop, and whether every text
+// between tokens of any stream in the stop's wake, and whether every text
 // equals the fault-free run's. Prints P50/P99/max over the trials.
 #include <signal.h>
 
@@ -93,7 +93,7 @@ CommandFn RegisterStallBench(CLI::App& app) {
       if (!stopped.ok()) return Fail(stopped.ToString());
       int same = 0;
       for (const StreamRecord& s : got->streams) same += s.ok && s.text == want[s.pool_index];
-      const double stall = StallAcross(got->streams, stop_ns);
+      const double stall = StallAfter(got->streams, stop_ns);
       const bool ok = same == o->streams;
       all_same = all_same && ok;
       stalls.push_back(stall);

@@ -39,6 +39,21 @@ Result<std::unique_ptr<FaultServer>> StartFaultServer(const FaultServerOptions& 
   return s;
 }
 
+Result<FaultBench> StartFaultBench(const FaultServerOptions& options, LoadOptions load,
+                                   int clients) {
+  FaultBench b;
+  FS_ASSIGN_OR_RETURN(b.server, StartFaultServer(options));
+  load.port = b.server->server->port();
+  load.probe_interval_ms = 0;
+  load.keep_streams = true;
+  b.load = load;
+  FS_ASSIGN_OR_RETURN(b.reference, RunLoad(load, clients));
+  if (b.reference.served != clients)
+    return Internal("the fault-free run failed: {}", b.reference.first_error);
+  b.want = ReferenceTexts(b.reference.streams, load.pool > 0 ? load.pool : clients);
+  return b;
+}
+
 std::vector<LiveDevice> LiveDevices(EngineService& service) {
   std::vector<LiveDevice> out;
   for (const DeviceStatus& d : service.GetStatus().devices) {
@@ -64,10 +79,9 @@ Status SignalWorker(pid_t pid, int sig) {
 double StallAfter(const std::vector<StreamRecord>& streams, int64_t at_ns, int64_t window_ns) {
   int64_t worst = 0;
   for (const StreamRecord& s : streams) {
-    int64_t prev = s.sent_ns;
-    for (int64_t t : s.token_ns) {
+    for (size_t k = 1; k < s.token_ns.size(); ++k) {
+      const int64_t prev = s.token_ns[k - 1], t = s.token_ns[k];
       if (t > at_ns && prev < at_ns + window_ns) worst = std::max(worst, t - prev);
-      prev = t;
     }
   }
   return worst * 1e-6;

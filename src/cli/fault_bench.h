@@ -41,6 +41,18 @@ struct FaultServer {
 
 Result<std::unique_ptr<FaultServer>> StartFaultServer(const FaultServerOptions& options);
 
+// A started server and a fault-free run of `clients` requests of `load`
+// against it, all at once (pool entries 0..clients-1), to compare with.
+struct FaultBench {
+  std::unique_ptr<FaultServer> server;
+  LoadOptions load;               // `load` with the server's port; streams kept, no probes
+  LoadResult reference;           // the fault-free run
+  std::vector<std::string> want;  // its texts by pool index
+};
+// Fails if the server does not start or any fault-free request fails.
+Result<FaultBench> StartFaultBench(const FaultServerOptions& options, LoadOptions load,
+                                   int clients);
+
 // The devices the engine counts alive, with their worker pids (> 0 only).
 struct LiveDevice {
   int device = 0;
@@ -55,8 +67,9 @@ std::vector<int> DeadDevices(EngineService& service);
 Status SignalWorker(pid_t pid, int sig);
 
 // The stall a fault at `at_ns` (MonotonicNanos) caused, in milliseconds: the
-// longest gap between consecutive token events (or between sending and the
-// first token) of any stream, among gaps that end after `at_ns` and begin
+// longest gap between consecutive token events of any stream (not the wait
+// for a first token, which a full queue lengthens), among gaps that end after
+// `at_ns` and begin
 // before `at_ns + window_ns`. A step already under way when a device stops
 // may still finish, so the stall can begin a step after the stop. 0: no
 // stream was open then.

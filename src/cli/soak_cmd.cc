@@ -147,26 +147,21 @@ CommandFn RegisterSoak(CLI::App& app) {
     FaultServerOptions fo;
     fo.model_dir = *dir;
     fo.dev = o->dev;
-    auto srv = StartFaultServer(fo);
-    if (!srv.ok()) return Fail(srv.status().ToString());
-    EngineService& service = *(*srv)->service;
-    LoadOptions lo;
-    lo.port = (*srv)->server->port();
-    lo.input_tokens = o->input_len;
-    lo.output_tokens = o->min_len;
-    lo.output_tokens_max = o->max_len;
-    lo.sampled_temperature = 0.8;
-    lo.probe_interval_ms = 0;
-    lo.keep_streams = true;
-    lo.seed = o->seed;
-    lo.pool = o->concurrency;
-    lo.timeout_s = 300;
+    LoadOptions load;
+    load.input_tokens = o->input_len;
+    load.output_tokens = o->min_len;
+    load.output_tokens_max = o->max_len;
+    load.sampled_temperature = 0.8;
+    load.seed = o->seed;
+    load.pool = o->concurrency;
+    load.timeout_s = 300;
     // The fault-free run: every request of the pool once, all at once.
-    auto ref = RunLoad(lo, o->concurrency);
-    if (!ref.ok()) return Fail(ref.status().ToString());
-    if (ref->served != o->concurrency)
-      return Fail("the fault-free run failed: " + ref->first_error);
-    const std::vector<std::string> want = ReferenceTexts(ref->streams, o->concurrency);
+    auto bench = StartFaultBench(fo, load, o->concurrency);
+    if (!bench.ok()) return Fail(bench.status().ToString());
+    EngineService& service = *bench->server->service;
+    const LoadResult* ref = &bench->reference;
+    const std::vector<std::string>& want = bench->want;
+    LoadOptions lo = bench->load;
     std::printf(
         "%d devices (%s), %d streams open (closed loop, half sampled), %d-%d tokens each, an "
         "event every ~%d ms for %s\nfault-free: %d requests in %.2f s, longest gap between "

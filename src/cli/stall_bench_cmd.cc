@@ -49,22 +49,18 @@ CommandFn RegisterStallBench(CLI::App& app) {
     FaultServerOptions fo;
     fo.model_dir = *dir;
     fo.dev = o->dev;
-    auto srv = StartFaultServer(fo);
-    if (!srv.ok()) return Fail(srv.status().ToString());
-    EngineService& service = *(*srv)->service;
-    LoadOptions lo;
-    lo.port = (*srv)->server->port();
-    lo.input_tokens = o->input_len;
-    lo.output_tokens = o->output_len;
-    lo.sampled_temperature = 0.8;
-    lo.probe_interval_ms = 0;
-    lo.keep_streams = true;
-    lo.seed = o->seed;
-    lo.timeout_s = 300;
-    auto ref = RunLoad(lo, o->streams);
-    if (!ref.ok()) return Fail(ref.status().ToString());
-    if (ref->served != o->streams) return Fail("the fault-free run failed: " + ref->first_error);
-    const std::vector<std::string> want = ReferenceTexts(ref->streams, o->streams);
+    LoadOptions load;
+    load.input_tokens = o->input_len;
+    load.output_tokens = o->output_len;
+    load.sampled_temperature = 0.8;
+    load.seed = o->seed;
+    load.timeout_s = 300;
+    auto bench = StartFaultBench(fo, load, o->streams);
+    if (!bench.ok()) return Fail(bench.status().ToString());
+    EngineService& service = *bench->server->service;
+    const LoadResult* ref = &bench->reference;
+    const std::vector<std::string>& want = bench->want;
+    const LoadOptions& lo = bench->load;
     std::printf(
         "%d devices (%s), %d streams of %d tokens (half sampled), a device stopped %d ms in\n"
         "fault-free: %.2f s, longest gap between tokens %.1f ms\n\n",

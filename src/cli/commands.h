@@ -19,6 +19,8 @@ CommandFn RegisterAblation(CLI::App& app);
 CommandFn RegisterChaos(CLI::App& app);
 CommandFn RegisterRecoveryBench(CLI::App& app);
 CommandFn RegisterSlowBench(CLI::App& app);
+CommandFn RegisterStallBench(CLI::App& app);
+CommandFn RegisterSoak(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterSimulate(CLI::App& app);

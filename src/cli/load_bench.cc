@@ -35,7 +35,8 @@ struct Client : std::enable_shared_from_this<Client> {
   beast::flat_buffer buffer;
   std::optional<http::response_parser<http::string_body>> parser;
   std::function<uint64_t(uint64_t, std::string_view, beast::error_code&)> on_chunk;
-  std::string request, sse;
+  std::string request, sse, text;
+  int pool_index = 0;
   int64_t sent_ns = 0;
   std::vector<int64_t> token_ns;  // arrival of each token event
   int status = 0;
@@ -48,6 +49,7 @@ struct Client : std::enable_shared_from_this<Client> {
 struct Level {
   std::atomic<int> open{0};  // read by the prober too
   int peak_open = 0, finished = 0;
+  std::function<void()> refill;  // closed loop: sends the next request
 };
 
 void ParseSse(Client& c) {
@@ -65,6 +67,11 @@ void ParseSse(Client& c) {
         if (!j.is_discarded()) c.usage_tokens = j["usage"].value("completion_tokens", 0);
       } else if (ev.find("\"finish_reason\":null") != std::string_view::npos) {
         c.token_ns.push_back(MonotonicNanos());
+        auto j = nlohmann::json::parse(ev, nullptr, false);
+        if (!j.is_discarded() && j.contains("choices") && !j["choices"].empty() &&
+            j["choices"][0]["text"].is_string()) {
+          c.text += j["choices"][0]["text"].get<std::string>();
+        }
       }
     }
     c.sse.erase(0, at + 2);
@@ -76,6 +83,7 @@ void Finish(const std::shared_ptr<Client>& c, Level* level) {
   ++level->finished;
   beast::error_code ignored;
   c->socket.close(ignored);
+  if (level->refill) level->refill();
 }
 
 void ReadBody(const std::shared_ptr<Client>& c, Level* level) {
@@ -184,14 +192,25 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
   asio::io_context io(1);
   Level level;
   std::vector<std::shared_ptr<Client>> all;
-  for (int i = 0; i < clients; ++i) {
+  const int pool = o.pool > 0 ? o.pool : clients;
+  auto make = [&](int k) {
     auto c = std::make_shared<Client>(io);
+    const int p = k % pool;
+    c->pool_index = p;
+    const uint64_t key = HashCombine(o.seed, uint64_t(p) << 24);
     nlohmann::json prompt = nlohmann::json::array();
-    for (int t = 0; t < o.input_tokens; ++t)
-      prompt.push_back(32 + Mix64(HashCombine(o.seed, (uint64_t(i) << 24) + t)) % 200);
-    nlohmann::json body = {{"prompt", prompt}, {"max_tokens", o.output_tokens},
+    for (int t = 0; t < o.input_tokens; ++t) prompt.push_back(32 + Mix64(key + t) % 200);
+    int max_tokens = o.output_tokens;
+    if (o.output_tokens_max > o.output_tokens)
+      max_tokens +=
+          static_cast<int>(Mix64(key ^ 0x6f7574) % (o.output_tokens_max - o.output_tokens + 1));
+    nlohmann::json body = {{"prompt", prompt}, {"max_tokens", max_tokens},
                            {"temperature", 0}, {"ignore_eos", true},
                            {"stream", true},   {"stream_options", {{"include_usage", true}}}};
+    if (o.sampled_temperature > 0 && p % 2 == 1) {
+      body["temperature"] = o.sampled_temperature;
+      body["seed"] = p;
+    }
     if (!o.model.empty()) body["model"] = o.model;
     const std::string b = body.dump();
     c->request =
@@ -199,7 +218,9 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
         "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(b.size()) +
         "\r\n\r\n" + b;
     all.push_back(c);
-  }
+    return c;
+  };
+  for (int i = 0; i < clients; ++i) make(i);
 
   // Probes on their own thread, on new connections, while the level runs.
   std::atomic<bool> stop{false};
@@ -209,7 +230,7 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
   int64_t peak_server = 0;
   const int64_t start = MonotonicNanos();
   std::thread prober([&] {
-    while (!stop) {
+    while (!stop && o.probe_interval_ms > 0) {
       const int64_t t0 = MonotonicNanos();
       const int hs = ProbeGet(o.host, o.port, "/health", 5000, nullptr);
       const int64_t t1 = MonotonicNanos();
@@ -231,13 +252,20 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
     }
   });
 
-  for (auto& c : all) Launch(io, ep, c, &level);
+  if (o.closed_loop_s > 0) {
+    const int64_t until = start + static_cast<int64_t>(o.closed_loop_s * 1e9);
+    level.refill = [&] {
+      if (MonotonicNanos() < until) Launch(io, ep, make(static_cast<int>(all.size())), &level);
+    };
+  }
+  for (int i = 0; i < clients; ++i) Launch(io, ep, all[i], &level);
   io.run_for(std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
   const double seconds = (MonotonicNanos() - start) * 1e-9;
   stop = true;
   prober.join();
   // Requests still open at the timeout: close them, and let their handlers
   // run out before the event loop goes.
+  level.refill = nullptr;
   for (auto& c : all) {
     beast::error_code ignored;
     c->socket.close(ignored);
@@ -252,7 +280,13 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
   r.peak_server_connections = peak_server;
   std::vector<double> ttft, tbt;
   for (auto& c : all) {
-    if (c->status == 200 && c->done && c->error.empty()) {
+    const bool ok = c->status == 200 && c->done && c->error.empty();
+    if (o.keep_streams) {
+      r.streams.push_back({c->pool_index, c->status, ok,
+                           ok ? std::string() : (c->error.empty() ? "no [DONE]" : c->error),
+                           std::move(c->text), c->sent_ns, c->token_ns});
+    }
+    if (ok) {
       ++r.served;
       r.tokens += c->usage_tokens;
       if (!c->token_ns.empty()) ttft.push_back((c->token_ns[0] - c->sent_ns) * 1e-6);

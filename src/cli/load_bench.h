@@ -16,12 +16,37 @@ namespace failsafe {
 struct LoadOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string model;       // sent as "model"; empty: none
-  int input_tokens = 32;   // random token-id prompt of this length
-  int output_tokens = 32;  // max_tokens (ignore_eos: every request generates this many)
-  int probe_interval_ms = 100;
-  double timeout_s = 600;  // a level gives up on requests still open after this
+  std::string model;            // sent as "model"; empty: none
+  int input_tokens = 32;        // random token-id prompt of this length
+  int output_tokens = 32;       // max_tokens (ignore_eos: every request generates this many)
+  int probe_interval_ms = 100;  // 0: no probes
+  double timeout_s = 600;       // a level gives up on requests still open after this
   uint64_t seed = 0;
+  // Output lengths vary per request in [output_tokens, output_tokens_max]
+  // when output_tokens_max > output_tokens.
+  int output_tokens_max = 0;
+  // > 0: requests with an odd pool index are sampled at this temperature with
+  // a `seed` of their own (the pool index); the others are greedy.
+  double sampled_temperature = 0;
+  // Closed loop: each finished stream is replaced by the next request until
+  // `closed_loop_s` have passed, so that `clients` streams stay open. Request
+  // k uses pool entry k mod `pool` (prompt, length, sampling): a run with
+  // faults can be compared with a fault-free run of the pool. 0: one request
+  // per client, pool entry = client index.
+  double closed_loop_s = 0;
+  int pool = 0;
+  bool keep_streams = false;  // fill LoadResult::streams
+};
+
+// One request as its client saw it.
+struct StreamRecord {
+  int pool_index = 0;
+  int status = 0;                 // HTTP status; 0: no answer
+  bool ok = false;                // 200, ended with [DONE], no error event
+  std::string error;              // what went wrong, when not ok
+  std::string text;               // the streamed text, concatenated
+  int64_t sent_ns = 0;            // MonotonicNanos
+  std::vector<int64_t> token_ns;  // arrival of each token event, MonotonicNanos
 };
 
 struct LoadResult {
@@ -45,10 +70,12 @@ struct LoadResult {
     int open = 0;  // requests open at that moment (client view)
   };
   std::vector<Probe> probes;
-  int64_t tokens = 0;  // completion tokens reported by the streams' usage
+  int64_t tokens = 0;                 // completion tokens reported by the streams' usage
+  std::vector<StreamRecord> streams;  // with LoadOptions::keep_streams, in sending order
 };
 
-// Runs one level of `clients` concurrent streams to its end.
+// Runs one level of `clients` concurrent streams to its end (or, in a closed
+// loop, for its duration and until the last stream ends).
 Result<LoadResult> RunLoad(const LoadOptions& options, int clients);
 
 }  // namespace failsafe

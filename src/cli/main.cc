@@ -59,6 +59,13 @@ int main(int argc, char** argv) {
       "a device throttled to a fraction of its speed: throughput without and with "
       "rebalancing",
       RegisterSlowBench);
+  add("stall-bench",
+      "over HTTP on the serve configuration: the stall a SIGSTOPped device causes, per trial",
+      RegisterStallBench);
+  add("soak",
+      "over HTTP on the serve configuration: random SIGKILL, SIGSTOP/SIGCONT and rejoins under "
+      "concurrent streams, every text checked",
+      RegisterSoak);
   add("simulate",
       "the paper's experiments on the cluster simulator (8xH100 scale), or its validation against "
       "this engine",

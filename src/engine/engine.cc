@@ -167,13 +167,17 @@ Result<StepOutcome> Engine::Step() {
                                   vocab, sampling_[s->id], static_cast<uint64_t>(s->len()));
   }
   AfterStep(plan, started);
-  WatchSpeeds(out.timing);
   scheduler_->Update(plan, sampled);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (sampled[i] >= 0)
       out.events.push_back({plan.seqs[i].seq_id, sampled[i], false, FinishReason::kNone, {}});
   }
   CollectFinished(&out.events, false);
+  // A rebalance re-plans between steps, as a rejoin does: after the
+  // scheduler has taken this step's tokens, so that the sequences it rolls
+  // back are rolled back from where they are (before Update, the step's
+  // tokens landed on rolled-back sequences: other tokens, and more of them).
+  WatchSpeeds(out.timing);
   out.plan = std::move(plan);
   return out;
 }

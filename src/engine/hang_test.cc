@@ -254,18 +254,48 @@ TEST(Hang, GlooGroupsFindTheStoppedDeviceAndRecover) {
   EXPECT_EQ((*g)->alive_devices(), (std::vector<int>{0, 2}));
 }
 
+// The tokens of a fault-free run on 3 devices; empty if the devices do not
+// start.
+std::vector<std::vector<int32_t>> FaultFreeTokens(const std::vector<RequestSpec>& reqs) {
+  auto g = WorkerGroup::Start(Options(3));
+  if (!g.ok()) return {};
+  Engine e(g->get(), Scheduler());
+  return Drive(e, reqs).tokens;
+}
+
+// Throttles a worker until destroyed: it runs 6 ms of every 20 ms (SIGSTOP
+// and SIGCONT), then continues. The pid must be > 0.
+class DutyCycle {
+ public:
+  explicit DutyCycle(pid_t pid) : pid_(pid) {
+    thread_ = std::thread([this] {
+      while (!done_) {
+        ::kill(pid_, SIGSTOP);
+        ::usleep(14000);
+        ::kill(pid_, SIGCONT);
+        ::usleep(6000);
+      }
+    });
+  }
+  ~DutyCycle() {
+    done_ = true;
+    thread_.join();
+    ::kill(pid_, SIGCONT);
+  }
+
+ private:
+  const pid_t pid_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
 // A device throttled by a SIGSTOP/SIGCONT duty cycle (it runs 30% of every
 // 20 ms) is slow, not hung: it is measured as slow while its peers are not,
 // and the outputs are unchanged.
 TEST(SlowDevice, AThrottledDeviceIsMeasuredAsSlow) {
   const auto reqs = Requests(8, 150, 17);
-  std::vector<std::vector<int32_t>> want;
-  {
-    auto g = WorkerGroup::Start(Options(3));
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    Engine e(g->get(), Scheduler());
-    want = Drive(e, reqs).tokens;
-  }
+  const auto want = FaultFreeTokens(reqs);
+  ASSERT_FALSE(want.empty());
   auto g = WorkerGroup::Start(Options(3));
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EngineOptions eo;
@@ -274,15 +304,7 @@ TEST(SlowDevice, AThrottledDeviceIsMeasuredAsSlow) {
   Engine e(g->get(), Scheduler(), eo);
   const pid_t victim = (*g)->device_pid(1);
   ASSERT_GT(victim, 0);  // kill(-1, ...) would signal every process
-  std::atomic<bool> done{false};
-  std::thread throttle([&] {
-    while (!done) {
-      ::kill(victim, SIGSTOP);
-      ::usleep(14000);
-      ::kill(victim, SIGCONT);
-      ::usleep(6000);
-    }
-  });
+  auto throttle = std::make_unique<DutyCycle>(victim);
   int windows_slow = 0, windows_others_slow = 0;
   Outcome got = Drive(e, reqs, [&](int) {
     const auto speeds = e.device_speeds();
@@ -290,14 +312,39 @@ TEST(SlowDevice, AThrottledDeviceIsMeasuredAsSlow) {
     windows_slow += speeds[1].slow;
     windows_others_slow += speeds[0].slow + speeds[2].slow;
   });
-  done = true;
-  throttle.join();
-  ::kill(victim, SIGCONT);
+  throttle.reset();
   EXPECT_EQ(got.tokens, want);
   EXPECT_GT(windows_slow, 0) << "device 1 never measured slow";
   EXPECT_LT(e.device_speeds()[1].relative_speed, 0.75);
   EXPECT_EQ(windows_others_slow, 0);
   EXPECT_EQ(e.device_speeds()[1].share, 1.0);  // no rebalancing without rebalance_slow
+}
+
+// With rebalance_slow, the throttled device gets a smaller share mid-run: a
+// plan change between steps, after which every request goes on with the
+// tokens of the even plan and none gets more tokens than it asked for.
+TEST(SlowDevice, RebalancingKeepsTheOutputs) {
+  const auto reqs = Requests(8, 150, 17);
+  const auto want = FaultFreeTokens(reqs);
+  ASSERT_FALSE(want.empty());
+  auto g = WorkerGroup::Start(Options(3));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EngineOptions eo;
+  eo.slow.window_ms = 300;
+  eo.slow.min_steps = 8;
+  eo.rebalance_slow = true;
+  Engine e(g->get(), Scheduler(), eo);
+  const pid_t victim = (*g)->device_pid(1);
+  ASSERT_GT(victim, 0);  // kill(-1, ...) would signal every process
+  auto throttle = std::make_unique<DutyCycle>(victim);
+  Outcome got = Drive(e, reqs);
+  throttle.reset();
+  int rebalances = 0;
+  for (const RecoveryReport& r : e.recoveries()) rebalances += r.rebalance;
+  ASSERT_GT(rebalances, 0) << "device 1 was never rebalanced";
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_LE(got.tokens[i].size(), static_cast<size_t>(reqs[i].max_new_tokens)) << i;
+  EXPECT_EQ(got.tokens, want);
 }
 
 }  // namespace

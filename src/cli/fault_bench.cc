@@ -1,0 +1,107 @@
+#include "cli/fault_bench.h"
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/clock.h"
+
+namespace failsafe {
+
+FaultServer::~FaultServer() {
+  server.reset();
+  service.reset();
+}
+
+Result<std::unique_ptr<FaultServer>> StartFaultServer(const FaultServerOptions& o) {
+  auto s = std::make_unique<FaultServer>();
+  FS_ASSIGN_OR_RETURN(s->tok, Tokenizer::LoadDir(o.model_dir));
+  FS_ASSIGN_OR_RETURN(auto config, ModelConfig::Load(o.model_dir));
+  FS_ASSIGN_OR_RETURN(auto sc, MakeSchedulerConfig("load-aware", "adaptive", o.max_batch_tokens,
+                                                   o.max_num_seqs, config.max_position_embeddings));
+  FS_ASSIGN_OR_RETURN(auto mode, ParseRecoveryMode(o.dev.recovery));
+  DeviceFlags dev = o.dev;
+  dev.max_step_tokens = o.max_batch_tokens;
+  dev.max_seqs = o.max_num_seqs;
+  FS_ASSIGN_OR_RETURN(auto exec, MakeExecutor(o.model_dir, dev));
+  EngineOptions eo;
+  eo.recovery = mode;
+  ServiceOptions so;
+  so.max_queue = o.max_queue;
+  s->service = std::make_unique<EngineService>(std::move(exec), sc, eo, so);
+  ServerOptions opts;
+  opts.host = "127.0.0.1";
+  opts.port = 0;
+  opts.model_name = "bench";
+  s->server = std::make_unique<HttpServer>(s->service.get(), s->tok.get(), opts);
+  FS_RETURN_IF_ERROR(s->server->Start());
+  return s;
+}
+
+Result<FaultBench> StartFaultBench(const FaultServerOptions& options, LoadOptions load,
+                                   int clients) {
+  FaultBench b;
+  FS_ASSIGN_OR_RETURN(b.server, StartFaultServer(options));
+  load.port = b.server->server->port();
+  load.probe_interval_ms = 0;
+  load.keep_streams = true;
+  b.load = load;
+  FS_ASSIGN_OR_RETURN(b.reference, RunLoad(load, clients));
+  if (b.reference.served != clients)
+    return Internal("the fault-free run failed: {}", b.reference.first_error);
+  b.want = ReferenceTexts(b.reference.streams, load.pool > 0 ? load.pool : clients);
+  return b;
+}
+
+std::vector<LiveDevice> LiveDevices(EngineService& service) {
+  std::vector<LiveDevice> out;
+  for (const DeviceStatus& d : service.GetStatus().devices) {
+    if (d.alive && d.pid > 0) out.push_back({d.device, static_cast<pid_t>(d.pid)});
+  }
+  return out;
+}
+
+std::vector<int> DeadDevices(EngineService& service) {
+  std::vector<int> out;
+  for (const DeviceStatus& d : service.GetStatus().devices) {
+    if (!d.alive) out.push_back(d.device);
+  }
+  return out;
+}
+
+Status SignalWorker(pid_t pid, int sig) {
+  if (pid <= 0) return InvalidArgument("no worker process to signal (pid {})", pid);
+  if (::kill(pid, sig) != 0) return Internal("kill({}, {}): {}", pid, sig, std::strerror(errno));
+  return Status::Ok();
+}
+
+double StallAfter(const std::vector<StreamRecord>& streams, int64_t at_ns, int64_t window_ns) {
+  int64_t worst = 0;
+  for (const StreamRecord& s : streams) {
+    for (size_t k = 1; k < s.token_ns.size(); ++k) {
+      const int64_t prev = s.token_ns[k - 1], t = s.token_ns[k];
+      if (t > at_ns && prev < at_ns + window_ns) worst = std::max(worst, t - prev);
+    }
+  }
+  return worst * 1e-6;
+}
+
+double LongestGap(const std::vector<StreamRecord>& streams) {
+  int64_t worst = 0;
+  for (const StreamRecord& s : streams) {
+    for (size_t k = 1; k < s.token_ns.size(); ++k)
+      worst = std::max(worst, s.token_ns[k] - s.token_ns[k - 1]);
+  }
+  return worst * 1e-6;
+}
+
+std::vector<std::string> ReferenceTexts(const std::vector<StreamRecord>& streams, int pool) {
+  std::vector<std::string> out(pool);
+  for (const StreamRecord& s : streams) {
+    if (s.ok && s.pool_index < pool) out[s.pool_index] = s.text;
+  }
+  return out;
+}
+
+}  // namespace failsafe

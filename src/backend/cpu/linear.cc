@@ -18,67 +18,54 @@ float Dot(const float* a, const float* b, int n) {
   return s;
 }
 
-void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,
-              bool accumulate, const LinearOptions& o) {
+namespace {
+
+// The operands every linear layer passes to the GEMM; nt: w is [n, k].
+GemmArgs Args(const float* x, int64_t ldx, WeightsRef w, bool nt, int m, int n, int k,
+              const LinearOptions& o) {
   GemmArgs a;
   a.x = x;
   a.ldx = ldx;
   a.w = w.data;
   a.wtype = w.dtype;
   a.w_blocked16 = w.blocked16;
-  a.ldw = k;
-  a.nt = true;
+  a.ldw = nt ? k : n;
+  a.nt = nt;
   a.m = m;
   a.n = n;
   a.k = k;
+  a.threads = o.threads;
+  a.isa = o.isa;
+  return a;
+}
+
+}  // namespace
+
+void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,
+              bool accumulate, const LinearOptions& o) {
+  GemmArgs a = Args(x, ldx, w, /*nt=*/true, m, n, k, o);
   a.out = accumulate ? GemmOut::kAccumulate : GemmOut::kStore;
   a.y = y;
   a.ldy = ldy;
-  a.threads = o.threads;
-  a.isa = o.isa;
   Gemm(a);
 }
 
 void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,
               bool accumulate, const LinearOptions& o) {
-  GemmArgs a;
-  a.x = x;
-  a.ldx = ldx;
-  a.w = w.data;
-  a.wtype = w.dtype;
-  a.w_blocked16 = w.blocked16;
-  a.ldw = n;
-  a.nt = false;
-  a.m = m;
-  a.n = n;
-  a.k = k;
+  GemmArgs a = Args(x, ldx, w, /*nt=*/false, m, n, k, o);
   a.out = accumulate ? GemmOut::kAccumulate : GemmOut::kStore;
   a.y = y;
   a.ldy = ldy;
-  a.threads = o.threads;
-  a.isa = o.isa;
   Gemm(a);
 }
 
 void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc, int m,
                    int n, int k, int item_k, const LinearOptions& o) {
-  GemmArgs a;
-  a.x = x;
-  a.ldx = ldx;
-  a.w = w.data;
-  a.wtype = w.dtype;
-  a.w_blocked16 = w.blocked16;
-  a.ldw = n;
-  a.nt = false;
-  a.m = m;
-  a.n = n;
-  a.k = k;
+  GemmArgs a = Args(x, ldx, w, /*nt=*/false, m, n, k, o);
   a.out = GemmOut::kFixedItems;
   a.acc = acc;
   a.ldacc = ldacc;
   a.item_k = item_k;
-  a.threads = o.threads;
-  a.isa = o.isa;
   Gemm(a);
 }
 

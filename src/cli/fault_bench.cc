@@ -5,9 +5,24 @@
 #include <cerrno>
 #include <cstring>
 
+#include "cli/model_cache.h"
 #include "common/clock.h"
 
 namespace failsafe {
+
+void AddFaultServerFlags(CLI::App& app, FaultServerFlags* flags) {
+  flags->dev.devices = 8;
+  app.add_option("--model", flags->model, "model directory (default: the real stories260K)");
+  app.add_option("--cache-dir", flags->cache_dir, "where the default model is kept");
+  AddDeviceFlags(app, &flags->dev);
+}
+
+Result<FaultServerOptions> FaultServerFromFlags(const FaultServerFlags& flags) {
+  FaultServerOptions fo;
+  FS_ASSIGN_OR_RETURN(fo.model_dir, ResolveModelOrDefault(flags.model, flags.cache_dir));
+  fo.dev = flags.dev;
+  return fo;
+}
 
 FaultServer::~FaultServer() {
   server.reset();

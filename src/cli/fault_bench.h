@@ -30,6 +30,16 @@ struct FaultServerOptions {
   int max_queue = 256;
 };
 
+// The flags both fault benchmarks take to start the server: the model (the
+// real stories260K by default) and the devices as `serve` has them (8).
+struct FaultServerFlags {
+  std::string model, cache_dir;
+  DeviceFlags dev;
+};
+void AddFaultServerFlags(CLI::App& app, FaultServerFlags* flags);
+// Resolves the model (creating the default one in the cache if needed).
+Result<FaultServerOptions> FaultServerFromFlags(const FaultServerFlags& flags);
+
 // The server and everything under it; destroyed in order (HTTP, engine,
 // devices).
 struct FaultServer {

@@ -7,9 +7,8 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
-#include "cli/model_cache.h"
+#include "cli/offline_bench.h"
 #include "engine/offline_run.h"
-#include "trace/workload.h"
 
 namespace failsafe {
 
@@ -36,15 +35,11 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
   app.add_flag("--json", o->json, "print the table as one JSON object on the last line");
   AddTimeoutFlags(app, &o->timeouts);
   return [o] {
-    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
-    if (!dir.ok()) return Fail(dir.status().ToString());
-    auto config = ModelConfig::Load(*dir);
-    if (!config.ok()) return Fail(config.status().ToString());
-    WorkloadOptions wo;
-    wo.length_scale = o->length_scale;
-    wo.max_context = config->max_position_embeddings;
-    Workload w = OpenThoughtsWorkload(o->requests, wo);
-    for (auto& r : w.requests) r.arrival_s = 0;
+    auto in = LoadOfflineBenchInput(o->model, o->cache_dir, o->requests, o->length_scale);
+    if (!in.ok()) return Fail(in.status().ToString());
+    const std::string& dir = in->model_dir;
+    const ModelConfig& config = in->config;
+    const Workload& w = in->workload;
     std::vector<std::string> modes = {"none"};
     for (size_t p = 0; p <= o->modes.size();) {
       size_t q = o->modes.find(',', p);
@@ -70,11 +65,11 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
       CopyTimeoutFlags(o->timeouts, &df);
       auto mode = ParseRecoveryMode(df.recovery);
       if (!mode.ok()) return Fail("--modes: " + mode.status().message());
-      auto exec = MakeExecutor(*dir, df);
+      auto exec = MakeExecutor(dir, df);
       if (!exec.ok()) return Fail(exec.status().ToString());
       SchedulerConfig sc;
       sc.max_batch_tokens = 1024;
-      sc.max_model_len = config->max_position_embeddings;
+      sc.max_model_len = config.max_position_embeddings;
       EngineOptions eo;
       eo.recovery = *mode;
       Engine engine(exec->get(), sc, eo);

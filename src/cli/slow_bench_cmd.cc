@@ -20,10 +20,9 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
-#include "cli/model_cache.h"
+#include "cli/offline_bench.h"
 #include "common/clock.h"
 #include "engine/offline_run.h"
-#include "trace/workload.h"
 
 namespace failsafe {
 
@@ -94,15 +93,11 @@ CommandFn RegisterSlowBench(CLI::App& app) {
   return [o] {
     if (o->speed <= 0 || o->speed > 1) return Fail("--speed must be in (0, 1]");
     if (o->device < 0 || o->device >= o->devices) return Fail("--device is not one of --devices");
-    auto dir = ResolveModel(o->model, o->cache_dir, "small-llama");
-    if (!dir.ok()) return Fail(dir.status().ToString());
-    auto config = ModelConfig::Load(*dir);
-    if (!config.ok()) return Fail(config.status().ToString());
-    WorkloadOptions wo;
-    wo.length_scale = o->length_scale;
-    wo.max_context = config->max_position_embeddings;
-    Workload w = OpenThoughtsWorkload(o->requests, wo);
-    for (auto& r : w.requests) r.arrival_s = 0;
+    auto in = LoadOfflineBenchInput(o->model, o->cache_dir, o->requests, o->length_scale);
+    if (!in.ok()) return Fail(in.status().ToString());
+    const std::string& dir = in->model_dir;
+    const ModelConfig& config = in->config;
+    const Workload& w = in->workload;
     std::printf(
         "%d devices (%s), %zu requests; device %d throttled to %.2f of each %d ms "
         "(SIGSTOP/SIGCONT)\n\n",
@@ -127,11 +122,11 @@ CommandFn RegisterSlowBench(CLI::App& app) {
         df.max_step_tokens = 1024;
         df.max_seqs = 256;
         CopyTimeoutFlags(o->timeouts, &df);
-        auto exec = MakeExecutor(*dir, df);
+        auto exec = MakeExecutor(dir, df);
         if (!exec.ok()) return Fail(exec.status().ToString());
         SchedulerConfig sc;
         sc.max_batch_tokens = 1024;
-        sc.max_model_len = config->max_position_embeddings;
+        sc.max_model_len = config.max_position_embeddings;
         EngineOptions eo;
         eo.rebalance_slow = run.rebalance;
         Engine engine(exec->get(), sc, eo);

@@ -21,7 +21,6 @@
 
 #include "cli/commands.h"
 #include "cli/fault_bench.h"
-#include "cli/model_cache.h"
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/units.h"
@@ -109,18 +108,15 @@ std::vector<Event> RunEvents(EngineService& service, uint64_t seed, int64_t unti
 
 CommandFn RegisterSoak(CLI::App& app) {
   struct Opts {
-    std::string model, cache_dir, duration = "10min";
+    std::string duration = "10min";
     int concurrency = 200, input_len = 16, min_len = 16, max_len = 128, event_gap_ms = 2000,
         min_devices = 4;
     uint64_t seed = 1;
     bool json = false;
-    DeviceFlags dev;
+    FaultServerFlags server;
   };
   auto o = std::make_shared<Opts>();
-  o->dev.devices = 8;
-  app.add_option("--model", o->model, "model directory (default: the real stories260K)");
-  app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
-  AddDeviceFlags(app, &o->dev);
+  AddFaultServerFlags(app, &o->server);
   app.add_option("--duration", o->duration, "how long events fire and requests are sent")
       ->capture_default_str();
   app.add_option("--concurrency", o->concurrency, "streams kept open (a closed loop)")
@@ -142,11 +138,8 @@ CommandFn RegisterSoak(CLI::App& app) {
     if (o->concurrency < 1 || o->event_gap_ms < 1 || o->min_devices < 1)
       return Fail("--concurrency, --event-gap-ms and --min-devices must be positive");
     if (o->min_len < 1 || o->max_len < o->min_len) return Fail("need 1 <= --min-len <= --max-len");
-    auto dir = ResolveModelOrDefault(o->model, o->cache_dir);
-    if (!dir.ok()) return Fail(dir.status().ToString());
-    FaultServerOptions fo;
-    fo.model_dir = *dir;
-    fo.dev = o->dev;
+    auto fo = FaultServerFromFlags(o->server);
+    if (!fo.ok()) return Fail(fo.status().ToString());
     LoadOptions load;
     load.input_tokens = o->input_len;
     load.output_tokens = o->min_len;
@@ -156,7 +149,7 @@ CommandFn RegisterSoak(CLI::App& app) {
     load.pool = o->concurrency;
     load.timeout_s = 300;
     // The fault-free run: every request of the pool once, all at once.
-    auto bench = StartFaultBench(fo, load, o->concurrency);
+    auto bench = StartFaultBench(*fo, load, o->concurrency);
     if (!bench.ok()) return Fail(bench.status().ToString());
     EngineService& service = *bench->server->service;
     const LoadResult* ref = &bench->reference;
@@ -166,8 +159,9 @@ CommandFn RegisterSoak(CLI::App& app) {
         "%d devices (%s), %d streams open (closed loop, half sampled), %d-%d tokens each, an "
         "event every ~%d ms for %s\nfault-free: %d requests in %.2f s, longest gap between "
         "tokens %.1f ms\n",
-        o->dev.devices, o->dev.placement.c_str(), o->concurrency, o->min_len, o->max_len,
-        o->event_gap_ms, o->duration.c_str(), ref->served, ref->seconds, LongestGap(ref->streams));
+        o->server.dev.devices, o->server.dev.placement.c_str(), o->concurrency, o->min_len,
+        o->max_len, o->event_gap_ms, o->duration.c_str(), ref->served, ref->seconds,
+        LongestGap(ref->streams));
     std::fflush(stdout);
 
     lo.closed_loop_s = *duration;

@@ -14,7 +14,6 @@
 
 #include "cli/commands.h"
 #include "cli/fault_bench.h"
-#include "cli/model_cache.h"
 #include "common/clock.h"
 #include "common/rng.h"
 
@@ -22,17 +21,13 @@ namespace failsafe {
 
 CommandFn RegisterStallBench(CLI::App& app) {
   struct Opts {
-    std::string model, cache_dir;
     int trials = 20, streams = 16, input_len = 16, output_len = 256, stop_after_ms = 400;
     uint64_t seed = 1;
     bool json = false;
-    DeviceFlags dev;
+    FaultServerFlags server;
   };
   auto o = std::make_shared<Opts>();
-  o->dev.devices = 8;
-  app.add_option("--model", o->model, "model directory (default: the real stories260K)");
-  app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
-  AddDeviceFlags(app, &o->dev);
+  AddFaultServerFlags(app, &o->server);
   app.add_option("--trials", o->trials, "devices stopped, one per trial")->capture_default_str();
   app.add_option("--streams", o->streams, "streams per trial (half sampled at temperature 0.8)")
       ->capture_default_str();
@@ -44,18 +39,15 @@ CommandFn RegisterStallBench(CLI::App& app) {
   app.add_flag("--json", o->json, "print the trials as one JSON object on the last line");
   return [o] {
     if (o->trials < 1 || o->streams < 1) return Fail("--trials and --streams must be positive");
-    auto dir = ResolveModelOrDefault(o->model, o->cache_dir);
-    if (!dir.ok()) return Fail(dir.status().ToString());
-    FaultServerOptions fo;
-    fo.model_dir = *dir;
-    fo.dev = o->dev;
+    auto fo = FaultServerFromFlags(o->server);
+    if (!fo.ok()) return Fail(fo.status().ToString());
     LoadOptions load;
     load.input_tokens = o->input_len;
     load.output_tokens = o->output_len;
     load.sampled_temperature = 0.8;
     load.seed = o->seed;
     load.timeout_s = 300;
-    auto bench = StartFaultBench(fo, load, o->streams);
+    auto bench = StartFaultBench(*fo, load, o->streams);
     if (!bench.ok()) return Fail(bench.status().ToString());
     EngineService& service = *bench->server->service;
     const LoadResult* ref = &bench->reference;
@@ -64,8 +56,8 @@ CommandFn RegisterStallBench(CLI::App& app) {
     std::printf(
         "%d devices (%s), %d streams of %d tokens (half sampled), a device stopped %d ms in\n"
         "fault-free: %.2f s, longest gap between tokens %.1f ms\n\n",
-        o->dev.devices, o->dev.placement.c_str(), o->streams, o->output_len, o->stop_after_ms,
-        ref->seconds, LongestGap(ref->streams));
+        o->server.dev.devices, o->server.dev.placement.c_str(), o->streams, o->output_len,
+        o->stop_after_ms, ref->seconds, LongestGap(ref->streams));
     std::printf("%-6s %7s %10s %12s %10s %s\n", "trial", "device", "stall ms", "longest gap",
                 "wall s", "texts");
     Rng rng(o->seed);

@@ -6,64 +6,20 @@
 // ratios, and checks that every run produced the same outputs.
 //
 // The throttle is a SIGSTOP/SIGCONT duty cycle on the device's worker
-// process: it runs `speed` of every period and is stopped for the rest, as a
-// CPU quota (cgroup cpu.max) would hold it, without needing a cgroup to be
-// set up. Each stop is far shorter than the step deadline's floor, so the
-// device is slow, never hung.
-#include <signal.h>
-#include <time.h>
+// process (engine/throttle.h). Each stop is far shorter than the step
+// deadline's floor, so the device is slow, never hung.
 
-#include <atomic>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "cli/offline_bench.h"
 #include "common/clock.h"
 #include "engine/offline_run.h"
+#include "engine/throttle.h"
 
 namespace failsafe {
-
-namespace {
-
-void SleepNs(int64_t ns) {
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  while (::nanosleep(&ts, &ts) != 0) {
-  }
-}
-
-// Stops and continues `pid` in a duty cycle until destroyed (then leaves it
-// running).
-class Throttle {
- public:
-  Throttle(pid_t pid, double speed, int64_t period_ms) : pid_(pid) {
-    if (pid_ <= 0 || speed >= 1) return;
-    const int64_t run_ns = static_cast<int64_t>(period_ms * 1e6 * speed);
-    const int64_t stop_ns = period_ms * 1000000 - run_ns;
-    thread_ = std::thread([this, run_ns, stop_ns] {
-      while (!done_) {
-        ::kill(pid_, SIGSTOP);
-        SleepNs(stop_ns);
-        ::kill(pid_, SIGCONT);
-        SleepNs(run_ns);
-      }
-    });
-  }
-  ~Throttle() {
-    done_ = true;
-    if (thread_.joinable()) thread_.join();
-    if (pid_ > 0) ::kill(pid_, SIGCONT);
-  }
-
- private:
-  const pid_t pid_;
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
-
-}  // namespace
 
 CommandFn RegisterSlowBench(CLI::App& app) {
   struct Opts {
@@ -133,7 +89,7 @@ CommandFn RegisterSlowBench(CLI::App& app) {
         const pid_t pid = (*exec)->device_pid(o->device);
         if (pid <= 0) return Fail("the devices are not worker processes");
         Result<RunSummary> s = [&] {
-          Throttle throttle(pid, run.throttled ? o->speed : 1.0, o->period_ms);
+          ProcessThrottle throttle(pid, run.throttled ? o->speed : 1.0, o->period_ms);
           return RunOffline(engine, w, {});
         }();
         if (!s.ok()) return Fail(s.status().ToString());

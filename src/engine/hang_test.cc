@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "engine/engine.h"
+#include "engine/throttle.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 
@@ -263,32 +264,6 @@ std::vector<std::vector<int32_t>> FaultFreeTokens(const std::vector<RequestSpec>
   return Drive(e, reqs).tokens;
 }
 
-// Throttles a worker until destroyed: it runs 6 ms of every 20 ms (SIGSTOP
-// and SIGCONT), then continues. The pid must be > 0.
-class DutyCycle {
- public:
-  explicit DutyCycle(pid_t pid) : pid_(pid) {
-    thread_ = std::thread([this] {
-      while (!done_) {
-        ::kill(pid_, SIGSTOP);
-        ::usleep(14000);
-        ::kill(pid_, SIGCONT);
-        ::usleep(6000);
-      }
-    });
-  }
-  ~DutyCycle() {
-    done_ = true;
-    thread_.join();
-    ::kill(pid_, SIGCONT);
-  }
-
- private:
-  const pid_t pid_;
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
-
 // A device throttled by a SIGSTOP/SIGCONT duty cycle (it runs 30% of every
 // 20 ms) is slow, not hung: it is measured as slow while its peers are not,
 // and the outputs are unchanged.
@@ -304,7 +279,7 @@ TEST(SlowDevice, AThrottledDeviceIsMeasuredAsSlow) {
   Engine e(g->get(), Scheduler(), eo);
   const pid_t victim = (*g)->device_pid(1);
   ASSERT_GT(victim, 0);  // kill(-1, ...) would signal every process
-  auto throttle = std::make_unique<DutyCycle>(victim);
+  auto throttle = std::make_unique<ProcessThrottle>(victim, 0.3, 20);
   int windows_slow = 0, windows_others_slow = 0;
   Outcome got = Drive(e, reqs, [&](int) {
     const auto speeds = e.device_speeds();
@@ -336,7 +311,7 @@ TEST(SlowDevice, RebalancingKeepsTheOutputs) {
   Engine e(g->get(), Scheduler(), eo);
   const pid_t victim = (*g)->device_pid(1);
   ASSERT_GT(victim, 0);  // kill(-1, ...) would signal every process
-  auto throttle = std::make_unique<DutyCycle>(victim);
+  auto throttle = std::make_unique<ProcessThrottle>(victim, 0.3, 20);
   Outcome got = Drive(e, reqs);
   throttle.reset();
   int rebalances = 0;

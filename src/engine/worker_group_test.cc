@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "common/clock.h"
 #include "common/rng.h"
+#include "common/row_error.h"
 #include "engine/executor.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
@@ -100,15 +101,6 @@ struct Scenario {
     }
   }
 };
-
-double RowError(const float* got, const float* want, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(got[i] - want[i])));
-    den = std::max(den, static_cast<double>(std::fabs(want[i])));
-  }
-  return num / den;
-}
 
 void ExpectParity(const std::string& preset, int devices, Policy policy, CommKind comm) {
   const std::string& dir = ModelDir(preset);

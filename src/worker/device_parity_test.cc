@@ -2,10 +2,11 @@
 // runs on its own thread and the collectives go through one real
 // shared-memory group (ShmCommunicator), so that every placement policy can be
 // checked on 1 to 12 devices, for models with 1, 2, 3, 4 and 8 head groups,
-// dense and MoE, within seconds: greedy tokens identical to one device, logits
-// within 1e-4, and the host KV backup written exactly once (a replicated head
-// group by one of its holders). Plan changes (a device leaving, one joining)
-// are applied to the live devices with their KV restored from that backup.
+// dense and MoE, within seconds: logits bit for bit those of one device
+// (exact partial sums, batch-invariant kernels) and the host KV backup
+// written exactly once (a replicated head group by one of its holders). Plan
+// changes (a device leaving, one joining) are applied to the live devices
+// with their KV restored from that backup.
 //
 // Worker processes, real deaths and the coordinator's recovery are tested in
 // src/engine (worker_group_test.cc, recovery_test.cc) on fewer combinations.
@@ -20,6 +21,7 @@
 
 #include "comm/shm_communicator.h"
 #include "common/rng.h"
+#include "common/row_error.h"
 #include "model/synthetic.h"
 #include "placement/plan_json.h"
 #include "worker/device_model.h"
@@ -258,17 +260,8 @@ class Devices {
   Plan plan_;
 };
 
-double RowError(const float* got, const float* want, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(got[i] - want[i])));
-    den = std::max(den, static_cast<double>(std::fabs(want[i])));
-  }
-  return num / den;
-}
-
 // Replays reference steps [from, to) on the devices, with each sequence's DP
-// rank from `dp_ranks`; the greedy choices must be the reference's.
+// rank from `dp_ranks`; the logits must be the reference's, bit for bit.
 void Replay(const ModelCase& m, Devices& devices, const std::vector<int>& dp_ranks, int from,
             int to, double* worst) {
   const Reference& ref = GetReference(m);
@@ -282,6 +275,9 @@ void Replay(const ModelCase& m, Devices& devices, const std::vector<int>& dp_ran
       const float* g = got->data() + static_cast<int64_t>(r) * vocab;
       const float* w = ref.logits[step].data() + static_cast<int64_t>(r) * vocab;
       *worst = std::max(*worst, RowError(g, w, vocab));
+      // Bit for bit: partial sums are exact and every kernel batch-invariant.
+      EXPECT_TRUE(std::equal(g, g + vocab, w))
+          << "logits differ at step " << step << " row " << r << " by " << RowError(g, w, vocab);
       ASSERT_EQ(std::max_element(g, g + vocab) - g, std::max_element(w, w + vocab) - w)
           << "greedy choice differs at step " << step << " row " << r;
     }
@@ -339,7 +335,7 @@ TEST_P(EveryPlacement, MatchesOneDeviceAndBacksUpEachSlotOnce) {
       ASSERT_TRUE(devices.Load(*plan).ok());
       double worst = 0;
       Replay(m, devices, DpRanks(*plan), 0, steps, &worst);
-      EXPECT_LE(worst, 1e-4);
+      EXPECT_EQ(worst, 0.0);
       // Every (layer, head group) of every token, K and V, exactly once.
       EXPECT_EQ(devices.BackupBytes(),
                 TokensAfter(ref, steps) * c.num_layers * c.num_kv_heads * 2 * c.head_dim * 4);
@@ -406,7 +402,7 @@ TEST_P(PlanChanges, KeepTheOutputs) {
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
   Replay(cc.model, devices, ranks, step, static_cast<int>(ref.steps.size()), &worst);
-  EXPECT_LE(worst, 1e-4);
+  EXPECT_EQ(worst, 0.0);
 }
 
 std::vector<ChangeCase> ChangeCases() {

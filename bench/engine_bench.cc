@@ -176,7 +176,9 @@ double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
   return Median(times);
 }
 
-// The engine's own GEMM on the layers' shapes (weights of `dtype`).
+// The engine's own GEMM on the layers' shapes (weights of `dtype`), with the
+// [n, k] weights blocked as the engine holds them (worker/item_matrix.h; the
+// weights are all equal, so the layout changes how they are read, not y).
 double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
                       std::optional<CpuIsa> isa, int reps) {
   return LayersTime(c, m, reps, [&](const Shape& s, const float* x, const void* w, float* y) {
@@ -186,6 +188,7 @@ double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
     a.w = w;
     a.wtype = dtype;
     a.ldw = s.nt ? s.k : s.n;
+    a.w_blocked16 = s.nt && s.n % 16 == 0;
     a.nt = s.nt;
     a.m = m;
     a.n = s.n;

@@ -80,7 +80,7 @@ class Backend {
                         int n, int k, bool accumulate) = 0;
   // Partial sums of items, exactly: k is cut into items of item_k rows of w
   // (head groups, FFN shards); each item's product x[:, item] * w[item, :] is
-  // added to acc in fixed point (backend/fixed_point.h), so the sum over
+  // added to acc in fixed point (common/fixed_point.h), so the sum over
   // items is the same whatever their grouping or order.
   // acc[m, n] += sum over items of ToFixed(x[m, item] * w[item, n])
   virtual void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc,

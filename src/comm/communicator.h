@@ -27,7 +27,7 @@ class Communicator {
   // In place: data[i] = sum over members of data[i]. The sum is taken in rank
   // order on every member, so all members get bit-identical results.
   virtual Status AllReduceSum(float* data, size_t count) = 0;
-  // The same over fixed-point partial sums (backend/fixed_point.h): integer
+  // The same over fixed-point partial sums (common/fixed_point.h): integer
   // addition (wrapping), exact and independent of the order and the grouping
   // of the members.
   virtual Status AllReduceSum(int64_t* data, size_t count) = 0;

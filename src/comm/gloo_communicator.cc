@@ -19,6 +19,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "comm/kv_store.h"
+#include "common/fixed_point.h"
 
 namespace failsafe {
 
@@ -56,12 +57,11 @@ class StoreAdapter final : public gloo::rendezvous::Store {
 
 void SumFloats(void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); }
 
-// Fixed-point sums add with wrapping, as AddFixed.
 void SumFixed(void* c, const void* a, const void* b, size_t n) {
-  auto* out = static_cast<uint64_t*>(c);
-  const auto* x = static_cast<const uint64_t*>(a);
-  const auto* y = static_cast<const uint64_t*>(b);
-  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+  auto* out = static_cast<int64_t*>(c);
+  const auto* x = static_cast<const int64_t*>(a);
+  const auto* y = static_cast<const int64_t*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = AddFixed(x[i], y[i]);
 }
 
 // The process's open TCP sockets.

@@ -11,6 +11,7 @@
 
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/fixed_point.h"
 
 namespace failsafe {
 
@@ -42,12 +43,10 @@ struct Lanes<float> {
 };
 template <>
 struct Lanes<int64_t> {
-  // Wrapping addition, as fixed-point sums add.
+  // Fixed-point sums: AddFixed, lane by lane (unsigned lanes wrap as it does).
   typedef uint64_t V __attribute__((vector_size(64), aligned(8)));
   static V Add(V a, V b) { return a + b; }
-  static int64_t Add(int64_t a, int64_t b) {
-    return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-  }
+  static int64_t Add(int64_t a, int64_t b) { return AddFixed(a, b); }
 };
 
 // out[i] = sum over members in rank order of slot[m][i], for i in [begin, end).

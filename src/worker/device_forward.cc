@@ -3,9 +3,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/fixed_point.h"
 #include "common/check.h"
 #include "common/clock.h"
+#include "common/fixed_point.h"
 #include "worker/device_model.h"
 
 namespace failsafe {

@@ -207,7 +207,7 @@ class DeviceModel {
   // Step scratch, [tokens, ...] unless noted.
   std::vector<float> x_, h_, q_, kv_proj_, attn_, dp_in_, dp_q_, dp_kv_proj_, dp_attn_;
   std::vector<float> gu_, act_, expert_in_, router_logits_, gate_w_, row_scale_, lm_out_;
-  // Fixed-point partial sums (backend/fixed_point.h), [tokens, hidden].
+  // Fixed-point partial sums (common/fixed_point.h), [tokens, hidden].
   std::vector<int64_t> partial_, dp_out_, expert_out_;
   std::vector<int32_t> positions_, gate_ids_, dp_positions_;
   std::vector<int> expert_rows_;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/fixed_point.h"
+#include "common/fixed_point.h"
 #include "common/rng.h"
 
 namespace failsafe {

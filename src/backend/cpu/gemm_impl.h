@@ -13,7 +13,7 @@
 
 #include "backend/cpu/gemm_kernels.h"
 #include "backend/cpu/simd.h"
-#include "backend/fixed_point.h"
+#include "common/fixed_point.h"
 
 namespace failsafe::cpu {
 

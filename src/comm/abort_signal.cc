@@ -1,12 +1,9 @@
 #include "comm/abort_signal.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <atomic>
-#include <climits>
 #include <new>
+
+#include "comm/futex.h"
 
 namespace failsafe {
 
@@ -19,10 +16,6 @@ struct Header {
   alignas(64) std::atomic<uint32_t> raised;
   std::atomic<uint32_t> generation;  // the futex word
 };
-
-void WakeAll(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
 
 }  // namespace
 
@@ -50,7 +43,7 @@ void AbortSignal::Raise() const {
   auto* h = static_cast<Header*>(region_.data());
   h->raised.store(1);
   h->generation.fetch_add(1);
-  WakeAll(&h->generation);
+  FutexWakeAll(&h->generation);
 }
 
 bool AbortSignal::raised() const {
@@ -64,8 +57,7 @@ uint32_t AbortSignal::generation() const {
 bool AbortSignal::WaitChange(uint32_t seen) const {
   auto* h = static_cast<Header*>(region_.data());
   while (h->generation.load() == seen) {
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->generation), FUTEX_WAIT, seen, nullptr,
-              nullptr, 0);
+    FutexWait(&h->generation, seen);
   }
   return raised();
 }
@@ -73,7 +65,7 @@ bool AbortSignal::WaitChange(uint32_t seen) const {
 void AbortSignal::Wake() const {
   auto* h = static_cast<Header*>(region_.data());
   h->generation.fetch_add(1);
-  WakeAll(&h->generation);
+  FutexWakeAll(&h->generation);
 }
 
 }  // namespace failsafe

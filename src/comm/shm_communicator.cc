@@ -1,14 +1,9 @@
 #include "comm/shm_communicator.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <climits>
 #include <cstring>
 
+#include "comm/futex.h"
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/fixed_point.h"
@@ -21,17 +16,6 @@ constexpr uint64_t kMagic = 0x4653434f4d4d3031ULL;  // "FSCOMM01"
 // All-reduces whose total traffic (payload x members) exceeds this use
 // reduce-scatter + all-gather.
 constexpr size_t kScatterThresholdBytes = 1 << 20;
-
-long FutexWait(std::atomic<uint32_t>* addr, uint32_t expected, int64_t timeout_ns) {
-  timespec ts{static_cast<time_t>(timeout_ns / 1000000000),
-              static_cast<long>(timeout_ns % 1000000000)};
-  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr,
-                   0);
-}
-
-void FutexWakeAll(std::atomic<uint32_t>* addr) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
 
 template <typename T>
 struct Lanes;

@@ -166,13 +166,14 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGr
   return comm;
 }
 
-Status GlooCommunicator::AllReduceSum(float* data, size_t count) {
+template <typename T>
+Status GlooCommunicator::AllReduce(T* data, size_t count, ReduceFn reduce) {
   if (aborted_) return Aborted("collective group was aborted");
   if (size_ == 1) return Status::Ok();
   try {
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(data, count);
-    opts.setReduceFunction(&SumFloats);
+    opts.setReduceFunction(reduce);
     opts.setTag(tag_++);
     gloo::allreduce(opts);
   } catch (const std::exception& e) {
@@ -182,20 +183,12 @@ Status GlooCommunicator::AllReduceSum(float* data, size_t count) {
   return Status::Ok();
 }
 
+Status GlooCommunicator::AllReduceSum(float* data, size_t count) {
+  return AllReduce(data, count, &SumFloats);
+}
+
 Status GlooCommunicator::AllReduceSum(int64_t* data, size_t count) {
-  if (aborted_) return Aborted("collective group was aborted");
-  if (size_ == 1) return Status::Ok();
-  try {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, count);
-    opts.setReduceFunction(&SumFixed);
-    opts.setTag(tag_++);
-    gloo::allreduce(opts);
-  } catch (const std::exception& e) {
-    Fail();
-    return Aborted("all-reduce failed: {}", e.what());
-  }
-  return Status::Ok();
+  return AllReduce(data, count, &SumFixed);
 }
 
 Status GlooCommunicator::AllGather(const void* send, size_t bytes, void* recv) {

@@ -52,7 +52,13 @@ class GlooCommunicator final : public Communicator {
   void Abort() override;
 
  private:
+  // reduce(out, a, b, n): out[i] = a[i] + b[i] for n elements of the type.
+  using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+
   GlooCommunicator() = default;
+  // In place over `count` elements of `data`, added with `reduce`.
+  template <typename T>
+  Status AllReduce(T* data, size_t count, ReduceFn reduce);
   void Fail();
   // Shuts this member's connections down: pending collectives fail now.
   void ShutdownConnections();

@@ -9,7 +9,7 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
-  static constexpr GemmKernels kernels{"avx2", kMR, RunDirect, RunStream, RunPanel};
+  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel};
   return kernels;
 }
 

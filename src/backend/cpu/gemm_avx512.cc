@@ -9,7 +9,7 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx512() {
-  static constexpr GemmKernels kernels{"avx512", kMR, RunDirect, RunStream, RunPanel};
+  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel};
   return kernels;
 }
 

@@ -5,7 +5,7 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
-  static constexpr GemmKernels kernels{"generic", kMR, RunDirect, RunStream, RunPanel};
+  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel};
   return kernels;
 }
 

@@ -69,51 +69,38 @@ FS_INLINE void Transpose16(V16 r[16]) {
 
 template <int MR, typename W>
 void DirectNT(const GemmArgs& a, int j0, int cols) {
-  constexpr int NB = 1;  // blocks of 16 columns
-  V16 acc[MR][NB];
-  float tmp[16 * NB];
+  V16 acc[MR];
+  float tmp[16];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
     if (a.out == GemmOut::kAccumulate) {
       std::memset(tmp, 0, sizeof(tmp));
       std::memcpy(tmp, a.y + static_cast<int64_t>(i) * a.ldy + j0, sizeof(float) * cols);
-#pragma GCC unroll 2
-      for (int b = 0; b < NB; ++b) acc[i][b] = Load(tmp + 16 * b);
+      acc[i] = Load(tmp);
     } else {
-#pragma GCC unroll 2
-      for (int b = 0; b < NB; ++b) acc[i][b] = V16{};
+      acc[i] = V16{};
     }
   }
-  const W* wr[16 * NB];
-  for (int q = 0; q < 16 * NB; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
+  const W* wr[16];
+  for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
   int kb = 0;
   for (; kb + 16 <= a.k; kb += 16) {
-    V16 r[NB][16];
-#pragma GCC unroll 2
-    for (int b = 0; b < NB; ++b) {
+    V16 r[16];
 #pragma GCC unroll 16
-      for (int q = 0; q < 16; ++q) r[b][q] = Load(wr[16 * b + q] + kb);
-      Transpose16(r[b]);  // r[b][t][q] = w[j0 + 16b + q][kb + t]
-    }
+    for (int q = 0; q < 16; ++q) r[q] = Load(wr[q] + kb);
+    Transpose16(r);  // r[t][q] = w[j0 + q][kb + t]
 #pragma GCC unroll 16
     for (int t = 0; t < 16; ++t) {
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const V16 xv = Splat(a.x[i * a.ldx + kb + t]);
-#pragma GCC unroll 2
-        for (int b = 0; b < NB; ++b) acc[i][b] = Fma(xv, r[b][t], acc[i][b]);
-      }
+      for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb + t]), r[t], acc[i]);
     }
   }
   for (; kb < a.k; ++kb) {
-    for (int q = 0; q < 16 * NB; ++q) tmp[q] = Widen(wr[q][kb]);
-    for (int i = 0; i < MR; ++i) {
-      const V16 xv = Splat(a.x[i * a.ldx + kb]);
-      for (int b = 0; b < NB; ++b) acc[i][b] = Fma(xv, Load(tmp + 16 * b), acc[i][b]);
-    }
+    for (int q = 0; q < 16; ++q) tmp[q] = Widen(wr[q][kb]);
+    for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb]), Load(tmp), acc[i]);
   }
   for (int i = 0; i < MR; ++i) {
-    for (int b = 0; b < NB; ++b) Store(tmp + 16 * b, acc[i][b]);
+    Store(tmp, acc[i]);
     std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * cols);
   }
 }
@@ -238,10 +225,11 @@ void StreamRowsAnyR(const W* const* wr, const float* x, int64_t ldx, int kk, int
   }
 }
 
-// Rows [i0, i0 + rows) (rows <= kStreamRows), columns [c0, c0 + cols)
-// (cols <= kStreamCols / rows). scratch: StreamScratchFloats() floats.
+// Every row (a.m <= kStreamRows), columns [c0, c0 + cols) (cols <=
+// kStreamCols / a.m). scratch: StreamScratchFloats() floats.
 template <typename W>
-void StreamNN(const GemmArgs& a, int i0, int rows, int c0, int cols, float* scratch) {
+void StreamNN(const GemmArgs& a, int c0, int cols, float* scratch) {
+  const int rows = a.m;
   // Rows of accumulators one cache line apart from a power of two, so that
   // they do not compete for the same cache sets.
   constexpr size_t kStride = kStreamCols + 16;
@@ -254,11 +242,11 @@ void StreamNN(const GemmArgs& a, int i0, int rows, int c0, int cols, float* scra
   };
   if (a.out == GemmOut::kAccumulate) {
     for (int i = 0; i < rows; ++i)
-      std::memcpy(acc[i], a.y + static_cast<int64_t>(i0 + i) * a.ldy + c0, sizeof(float) * cols);
+      std::memcpy(acc[i], a.y + static_cast<int64_t>(i) * a.ldy + c0, sizeof(float) * cols);
   } else {
     reset();
   }
-  const float* x = a.x + static_cast<int64_t>(i0) * a.ldx;
+  const float* x = a.x;
   // Groups of up to 8 weight rows, never across an item's end.
   const int item = a.out == GemmOut::kFixedItems ? a.item_k : a.k;
   for (int kk = 0; kk < a.k;) {
@@ -288,7 +276,7 @@ void StreamNN(const GemmArgs& a, int i0, int rows, int c0, int cols, float* scra
     kk += r;
     if (a.out == GemmOut::kFixedItems && kk % a.item_k == 0) {
       for (int i = 0; i < rows; ++i) {
-        int64_t* dst = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + c0;
+        int64_t* dst = a.acc + static_cast<int64_t>(i) * a.ldacc + c0;
         for (int v = 0; v < vecs; ++v) AddFixed16(Load(acc[i] + 16 * v), dst + 16 * v, 16);
         for (int c = 16 * vecs; c < cols; ++c) dst[c] = AddFixed(dst[c], ToFixed(acc[i][c]));
       }
@@ -297,7 +285,7 @@ void StreamNN(const GemmArgs& a, int i0, int rows, int c0, int cols, float* scra
   }
   if (a.out == GemmOut::kFixedItems) return;
   for (int i = 0; i < rows; ++i)
-    std::memcpy(a.y + static_cast<int64_t>(i0 + i) * a.ldy + c0, acc[i], sizeof(float) * cols);
+    std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + c0, acc[i], sizeof(float) * cols);
 }
 
 #if defined(__AVX512F__)
@@ -524,11 +512,11 @@ void RunDirect(const GemmArgs& a, int j0, int j1) {
 void RunStream(const GemmArgs& a, int c0, int cols, float* scratch) {
   switch (a.wtype) {
     case DType::kBF16:
-      return StreamNN<BF16>(a, 0, a.m, c0, cols, scratch);
+      return StreamNN<BF16>(a, c0, cols, scratch);
     case DType::kF16:
-      return StreamNN<F16>(a, 0, a.m, c0, cols, scratch);
+      return StreamNN<F16>(a, c0, cols, scratch);
     case DType::kF32:
-      return StreamNN<float>(a, 0, a.m, c0, cols, scratch);
+      return StreamNN<float>(a, c0, cols, scratch);
   }
 }
 

@@ -21,8 +21,7 @@ inline constexpr int kStreamCols = 4096;  // accumulators of one Stream call (fl
 inline constexpr int kNR = 32;            // columns of a packed panel
 
 struct GemmKernels {
-  const char* name;  // "avx512", "avx2", "generic"
-  int tile_rows;     // rows of a register tile over a packed panel
+  int tile_rows;  // rows of a register tile over a packed panel
   // nt, a.m <= kDirectRows: output columns [j0, j1).
   void (*direct)(const GemmArgs& a, int j0, int j1);
   // nn, a.m <= kStreamRows: columns [c0, c0 + cols), cols <= kStreamCols / a.m.

@@ -20,7 +20,7 @@ namespace failsafe {
 
 // A weight matrix in device memory: elements of `dtype`, row-major or (for
 // LinearNT, n a multiple of 16) in blocks of 16 rows stored k-major
-// (backend/cpu/gemm.h: Blocked16Index), which the kernels read as it lies.
+// (Blocked16Index below), which the kernels read as it lies.
 // bf16 and f16 weights stay 16-bit; the kernels widen them exactly in
 // registers.
 struct WeightsRef {
@@ -32,6 +32,13 @@ struct WeightsRef {
       : data(d), dtype(t), blocked16(blocked) {}
   WeightsRef(const float* f32) : data(f32) {}  // NOLINT: f32 weights convert implicitly
 };
+
+// Where element (r, kk) of an [n, k] matrix lies in the blocked layout (in
+// elements from its start): blocks of 16 rows one after another, each
+// k-major (the 16 rows' values for one kk side by side).
+inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t k) {
+  return (r / 16) * 16 * k + kk * 16 + r % 16;
+}
 
 struct AttentionArgs {
   // Queries of one head group for num_tokens consecutive positions of one

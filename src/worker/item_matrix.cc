@@ -78,7 +78,7 @@ float ElementAt(const unsigned char* base, DType t, int64_t i) {
 
 // Index of element (r, c) of an item [rows, cols] in its storage.
 int64_t StorageIndex(bool blocked, int64_t r, int64_t c, int64_t cols) {
-  return blocked ? (r / 16) * 16 * cols + c * 16 + r % 16 : r * cols + c;
+  return blocked ? Blocked16Index(r, c, cols) : r * cols + c;
 }
 
 }  // namespace
@@ -90,7 +90,7 @@ void ItemMatrix::ReadRows(int item, int row, int rows, float* dst) const {
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < cols_; ++c)
         dst[static_cast<int64_t>(r) * cols_ + c] =
-            ElementAt(base, dtype_, StorageIndex(true, row + r, c, cols_));
+            ElementAt(base, dtype_, Blocked16Index(row + r, c, cols_));
     }
     return;
   }

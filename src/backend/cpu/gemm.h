@@ -58,8 +58,8 @@ struct GemmArgs {
   DType wtype = DType::kF32;
   const float* const* w_rows = nullptr;  // if set, row r of w (nt: r < n; nn: r < k); f32 only
   // nt only, n a multiple of 16: w is stored in blocks of 16 rows, k-major:
-  // w[r][kk] at w + Blocked16Index(r, kk, k) (ldw unused). The kernels read
-  // it as it lies, without transposing or packing.
+  // w[r][kk] at w + Blocked16Index(r, kk, k) (backend/backend.h; ldw
+  // unused). The kernels read it as it lies, without transposing or packing.
   bool w_blocked16 = false;
   bool nt = true;
   int m = 0, n = 0, k = 0;
@@ -76,11 +76,6 @@ struct GemmArgs {
 };
 
 void Gemm(const GemmArgs& a);
-
-// Where element (r, kk) of an [n, k] matrix lies in the blocked layout.
-inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t k) {
-  return (r / 16) * 16 * k + kk * 16 + r % 16;
-}
 
 // The level Gemm uses by default: the best this CPU supports.
 CpuIsa GemmIsa();

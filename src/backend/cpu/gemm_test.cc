@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/backend.h"
 #include "common/rng.h"
 
 namespace failsafe::cpu {

@@ -135,6 +135,7 @@ Result<StepOutcome> Engine::Step() {
   if (Status freed = FreeSeqs(std::move(frees)); !freed.ok()) return failed(freed);
   if (plan.empty()) return out;
   StepBatch batch;
+  batch.estimated_s = plan.estimated_time;
   HostKvBackup* backup = executor_->backup();
   for (const ScheduledSeq& ss : plan.seqs) {
     const Sequence* s = scheduler_->Find(ss.seq_id);

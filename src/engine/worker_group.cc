@@ -240,6 +240,9 @@ Status WorkerGroup::FormGroup(const std::vector<int>& members) {
 }
 
 double WorkerGroup::EstimateSeconds(const StepBatch& batch) const {
+  if (batch.estimated_s > 0) return batch.estimated_s;
+  // A batch built without the scheduler (tests, benchmarks): the same cost
+  // model, as the engine's scheduler configures it.
   StepCost cost(plan_, config_, DeviceSpeed());
   for (const StepSeq& s : batch.seqs) cost.AddChunk(s.num_tokens, s.start_pos, s.dp_rank);
   return cost.StepTime();

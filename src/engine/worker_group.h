@@ -145,6 +145,8 @@ class WorkerGroup final : public Executor {
   Status FormGroup(const std::vector<int>& members);
   // kUnavailable naming the listed devices that died, or OK.
   Status DeadAmong(const std::vector<int>& devices, const char* during) const;
+  // Seconds the cost model estimates `batch` at: the scheduler's estimate it
+  // carries, or (none carried) one made here.
   double EstimateSeconds(const StepBatch& batch) const;
 
   WorkerGroupOptions options_;

@@ -1,10 +1,5 @@
 #include "cli/fault_bench.h"
 
-#include <signal.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "cli/model_cache.h"
 #include "common/clock.h"
 
@@ -83,12 +78,6 @@ std::vector<int> DeadDevices(EngineService& service) {
     if (!d.alive) out.push_back(d.device);
   }
   return out;
-}
-
-Status SignalWorker(pid_t pid, int sig) {
-  if (pid <= 0) return InvalidArgument("no worker process to signal (pid {})", pid);
-  if (::kill(pid, sig) != 0) return Internal("kill({}, {}): {}", pid, sig, std::strerror(errno));
-  return Status::Ok();
 }
 
 double StallAfter(const std::vector<StreamRecord>& streams, int64_t at_ns, int64_t window_ns) {

@@ -72,10 +72,6 @@ std::vector<LiveDevice> LiveDevices(EngineService& service);
 // Devices the engine has declared dead (candidates for a rejoin).
 std::vector<int> DeadDevices(EngineService& service);
 
-// Sends `sig` to one worker process. Refuses pid <= 0 (kill(0) and kill(-1)
-// reach process groups, the whole machine).
-Status SignalWorker(pid_t pid, int sig);
-
 // The stall a fault at `at_ns` (MonotonicNanos) caused, in milliseconds: the
 // longest gap between consecutive token events of any stream (not the wait
 // for a first token, which a full queue lengthens), among gaps that end after

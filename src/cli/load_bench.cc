@@ -35,7 +35,9 @@ struct Client : std::enable_shared_from_this<Client> {
   beast::flat_buffer buffer;
   std::optional<http::response_parser<http::string_body>> parser;
   std::function<uint64_t(uint64_t, std::string_view, beast::error_code&)> on_chunk;
-  std::string request, sse, text;
+  std::string request, sse;
+  bool keep_text = false;  // collect the streamed text (only kept streams need it)
+  std::string text;
   int pool_index = 0;
   int64_t sent_ns = 0;
   std::vector<int64_t> token_ns;  // arrival of each token event
@@ -67,10 +69,12 @@ void ParseSse(Client& c) {
         if (!j.is_discarded()) c.usage_tokens = j["usage"].value("completion_tokens", 0);
       } else if (ev.find("\"finish_reason\":null") != std::string_view::npos) {
         c.token_ns.push_back(MonotonicNanos());
-        auto j = nlohmann::json::parse(ev, nullptr, false);
-        if (!j.is_discarded() && j.contains("choices") && !j["choices"].empty() &&
-            j["choices"][0]["text"].is_string()) {
-          c.text += j["choices"][0]["text"].get<std::string>();
+        if (c.keep_text) {
+          auto j = nlohmann::json::parse(ev, nullptr, false);
+          if (!j.is_discarded() && j.contains("choices") && !j["choices"].empty() &&
+              j["choices"][0]["text"].is_string()) {
+            c.text += j["choices"][0]["text"].get<std::string>();
+          }
         }
       }
     }
@@ -197,6 +201,7 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
     auto c = std::make_shared<Client>(io);
     const int p = k % pool;
     c->pool_index = p;
+    c->keep_text = o.keep_streams;
     const uint64_t key = HashCombine(o.seed, uint64_t(p) << 24);
     nlohmann::json prompt = nlohmann::json::array();
     for (int t = 0; t < o.input_tokens; ++t) prompt.push_back(32 + Mix64(key + t) % 200);

@@ -1,9 +1,10 @@
 // A slow device's cost, with and without rebalancing: the same offline
 // workload on worker processes, one device throttled to a fraction of its
-// speed, run without --rebalance-slow and with it (and unthrottled, as the
-// reference), interleaved over several rounds so that load on the machine
-// hits every configuration alike. Prints wall-clock throughput per run, the
-// ratios, and checks that every run produced the same outputs.
+// speed, run without EngineOptions::rebalance_slow and with it (and
+// unthrottled, as the reference), interleaved over several rounds so that
+// load on the machine hits every configuration alike. Prints wall-clock
+// throughput per run, the ratios, and checks that every run produced the
+// same outputs.
 //
 // The throttle is a SIGSTOP/SIGCONT duty cycle on the device's worker
 // process (engine/throttle.h). Each stop is far shorter than the step

@@ -9,7 +9,6 @@
 // longest gap between tokens in the event's wake, fault_bench.h). Exits 1 on any
 // failed or diverged request.
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,31 +23,11 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/units.h"
+#include "engine/pinned_process.h"
 
 namespace failsafe {
 
 namespace {
-
-// A stopped worker is continued through a pidfd taken when it was stopped, so
-// that the signal reaches that process or none (never a reused pid).
-class PinnedWorker {
- public:
-  explicit PinnedWorker(pid_t pid)
-      : fd_(pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1) {}
-  ~PinnedWorker() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  PinnedWorker(const PinnedWorker&) = delete;
-  PinnedWorker& operator=(const PinnedWorker&) = delete;
-  bool ok() const { return fd_ >= 0; }
-  // False if the process is gone.
-  bool Signal(int sig) const {
-    return fd_ >= 0 && ::syscall(SYS_pidfd_send_signal, fd_, sig, nullptr, 0) == 0;
-  }
-
- private:
-  const int fd_;
-};
 
 struct Event {
   std::string kind;  // "kill", "stop+cont in time", "stop+cont fenced", "rejoin"
@@ -81,7 +60,9 @@ std::vector<Event> RunEvents(EngineService& service, uint64_t seed, int64_t unti
     }
     if (!can_fail) continue;
     const LiveDevice victim = live[rng.Below(live.size())];
-    PinnedWorker worker(victim.pid);
+    // Stopped and continued through a pidfd: the signals reach that process
+    // or none (never a reused pid).
+    PinnedProcess worker(victim.pid);
     if (!worker.ok()) continue;  // exited since the status was taken
     if (rng.Below(2) == 0) {
       events.push_back({"kill", victim.device, MonotonicNanos(), 0});

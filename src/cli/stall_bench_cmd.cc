@@ -16,6 +16,7 @@
 #include "cli/fault_bench.h"
 #include "common/clock.h"
 #include "common/rng.h"
+#include "engine/pinned_process.h"
 
 namespace failsafe {
 
@@ -68,12 +69,17 @@ CommandFn RegisterStallBench(CLI::App& app) {
       std::vector<LiveDevice> live = LiveDevices(service);
       if (live.size() < 2) return Fail("fewer than two devices alive");
       const LiveDevice victim = live[rng.Below(live.size())];
+      // Stopped and continued through a pidfd: the signals reach the victim
+      // or none (never a process that reused its pid).
+      const PinnedProcess worker(victim.pid);
+      if (!worker.ok()) return Fail(fmt::format("device {}'s worker is gone", victim.device));
       int64_t stop_ns = 0;
       Status stopped;
       std::thread stopper([&] {
         ::usleep(static_cast<useconds_t>(o->stop_after_ms) * 1000);
         stop_ns = MonotonicNanos();
-        stopped = SignalWorker(victim.pid, SIGSTOP);
+        if (!worker.Signal(SIGSTOP))
+          stopped = Internal("device {}'s worker exited before it was stopped", victim.device);
       });
       auto got = RunLoad(lo, o->streams);
       stopper.join();
@@ -97,7 +103,7 @@ CommandFn RegisterStallBench(CLI::App& app) {
       // The device was declared dead (and killed); take it back. If the
       // streams ended before its deadline, it is only stopped: continue it.
       for (const LiveDevice& d : LiveDevices(service)) {
-        if (d.device == victim.device && d.pid == victim.pid) (void)SignalWorker(d.pid, SIGCONT);
+        if (d.device == victim.device && d.pid == victim.pid) (void)worker.Signal(SIGCONT);
       }
       for (int d : DeadDevices(service)) {
         Status st = service.RestoreDevice(d);

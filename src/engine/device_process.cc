@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,14 +10,9 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "engine/pinned_process.h"
 
 namespace failsafe {
-
-namespace {
-
-int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
-
-}  // namespace
 
 Result<std::unique_ptr<DeviceProcess>> DeviceProcess::Spawn(const std::string& binary,
                                                             const std::string& log_level) {

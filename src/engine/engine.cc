@@ -135,6 +135,7 @@ Result<StepOutcome> Engine::Step() {
   if (Status freed = FreeSeqs(std::move(frees)); !freed.ok()) return failed(freed);
   if (plan.empty()) return out;
   StepBatch batch;
+  batch.estimated_s = plan.estimated_time;
   HostKvBackup* backup = executor_->backup();
   for (const ScheduledSeq& ss : plan.seqs) {
     const Sequence* s = scheduler_->Find(ss.seq_id);
@@ -189,11 +190,9 @@ Status Engine::HandleStepError(const Status& error, const std::vector<int64_t>& 
   if (lost) {
     FS_LOG_WARN("step failed: {}; recovering", error.ToString());
     step_failures_ = 0;
-    return Recover({}, failed_ns);
-  }
-  // No device was lost, so the same work may fail again: after a few
-  // attempts its requests end with the error rather than wait forever.
-  if (++step_failures_ >= kMaxStepAttempts) {
+  } else if (++step_failures_ >= kMaxStepAttempts) {
+    // No device was lost, so the same work may fail again: after a few
+    // attempts its requests end with the error rather than wait forever.
     FS_LOG_ERROR("a step failed {} times ({}); failing its {} requests", step_failures_,
                  error.ToString(), ids.size());
     step_failures_ = 0;
@@ -202,9 +201,10 @@ Status Engine::HandleStepError(const Status& error, const std::vector<int64_t>& 
     FS_LOG_WARN("step failed: {}; retrying on a fresh group", error.ToString());
   }
   if (!executor_->supports_recovery()) return Status::Ok();
-  // The devices may be out of step (one failed before a collective the others
-  // wait in): a fresh group and the same plan bring them back in step, and
-  // free anything they hold that the scheduler does not know.
+  // A lost device: a plan for the survivors. None lost: the devices may be
+  // out of step (one failed before a collective the others wait in): a fresh
+  // group and the same plan bring them back in step, and free anything they
+  // hold that the scheduler does not know.
   return Recover({}, failed_ns);
 }
 

@@ -2,26 +2,6 @@
 
 namespace failsafe {
 
-const char* ExecutorCallName(ExecutorCall call) {
-  switch (call) {
-    case ExecutorCall::kStep:
-      return "Step";
-    case ExecutorCall::kFreeSeqs:
-      return "FreeSeqs";
-    case ExecutorCall::kDrainBackup:
-      return "DrainBackup";
-    case ExecutorCall::kApplyPlan:
-      return "ApplyPlan";
-    case ExecutorCall::kKvCapacityFor:
-      return "KvCapacityFor";
-    case ExecutorCall::kCheckHealth:
-      return "CheckHealth";
-    case ExecutorCall::kSpawnDevice:
-      return "SpawnDevice";
-  }
-  return "?";
-}
-
 void FaultInjectingExecutor::Inject(ExecutorCall call, InjectedFault fault) {
   std::lock_guard<std::mutex> lock(mu_);
   Armed& a = armed_[static_cast<int>(call)];
@@ -59,57 +39,46 @@ FaultInjectingExecutor::Decision FaultInjectingExecutor::Decide(ExecutorCall cal
   return {a.fault.error, a.fault.after};
 }
 
-Result<const float*> FaultInjectingExecutor::Step(const StepBatch& batch, StepTiming* timing) {
-  Decision d = Decide(ExecutorCall::kStep);
+template <typename R, typename Call>
+R FaultInjectingExecutor::Forward(ExecutorCall which, Call call) const {
+  Decision d = Decide(which);
   if (!d.error.ok() && !d.after) return d.error;
-  auto r = inner_->Step(batch, timing);
+  R r = call();
   if (!d.error.ok()) return d.error;
   return r;
+}
+
+Result<const float*> FaultInjectingExecutor::Step(const StepBatch& batch, StepTiming* timing) {
+  return Forward<Result<const float*>>(ExecutorCall::kStep,
+                                       [&] { return inner_->Step(batch, timing); });
 }
 
 Status FaultInjectingExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {
-  Decision d = Decide(ExecutorCall::kFreeSeqs);
-  if (!d.error.ok() && !d.after) return d.error;
-  Status st = inner_->FreeSeqs(seq_ids);
-  return d.error.ok() ? st : d.error;
+  return Forward<Status>(ExecutorCall::kFreeSeqs, [&] { return inner_->FreeSeqs(seq_ids); });
 }
 
 Status FaultInjectingExecutor::CheckHealth(int64_t timeout_ms) {
-  Decision d = Decide(ExecutorCall::kCheckHealth);
-  if (!d.error.ok() && !d.after) return d.error;
-  Status st = inner_->CheckHealth(timeout_ms);
-  return d.error.ok() ? st : d.error;
+  return Forward<Status>(ExecutorCall::kCheckHealth,
+                         [&] { return inner_->CheckHealth(timeout_ms); });
 }
 
 Status FaultInjectingExecutor::DrainBackup() {
-  Decision d = Decide(ExecutorCall::kDrainBackup);
-  if (!d.error.ok() && !d.after) return d.error;
-  Status st = inner_->DrainBackup();
-  return d.error.ok() ? st : d.error;
+  return Forward<Status>(ExecutorCall::kDrainBackup, [&] { return inner_->DrainBackup(); });
 }
 
 Result<std::vector<int64_t>> FaultInjectingExecutor::KvCapacityFor(const Plan& plan) const {
-  Decision d = Decide(ExecutorCall::kKvCapacityFor);
-  if (!d.error.ok() && !d.after) return d.error;
-  auto r = inner_->KvCapacityFor(plan);
-  if (!d.error.ok()) return d.error;
-  return r;
+  return Forward<Result<std::vector<int64_t>>>(ExecutorCall::kKvCapacityFor,
+                                               [&] { return inner_->KvCapacityFor(plan); });
 }
 
 Result<ApplyReport> FaultInjectingExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
                                                       const std::vector<SeqRestore>& seqs) {
-  Decision d = Decide(ExecutorCall::kApplyPlan);
-  if (!d.error.ok() && !d.after) return d.error;
-  auto r = inner_->ApplyPlan(next, mode, seqs);
-  if (!d.error.ok()) return d.error;
-  return r;
+  return Forward<Result<ApplyReport>>(ExecutorCall::kApplyPlan,
+                                      [&] { return inner_->ApplyPlan(next, mode, seqs); });
 }
 
 Status FaultInjectingExecutor::SpawnDevice(int device) {
-  Decision d = Decide(ExecutorCall::kSpawnDevice);
-  if (!d.error.ok() && !d.after) return d.error;
-  Status st = inner_->SpawnDevice(device);
-  return d.error.ok() ? st : d.error;
+  return Forward<Status>(ExecutorCall::kSpawnDevice, [&] { return inner_->SpawnDevice(device); });
 }
 
 }  // namespace failsafe

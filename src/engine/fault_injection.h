@@ -24,10 +24,9 @@ enum class ExecutorCall {
   kApplyPlan,
   kKvCapacityFor,
   kCheckHealth,
-  kSpawnDevice,
+  kSpawnDevice,  // the last
 };
-inline constexpr int kNumExecutorCalls = 7;
-const char* ExecutorCallName(ExecutorCall call);
+inline constexpr int kNumExecutorCalls = static_cast<int>(ExecutorCall::kSpawnDevice) + 1;
 
 struct InjectedFault {
   Status error;        // what the call returns
@@ -79,6 +78,11 @@ class FaultInjectingExecutor final : public Executor {
   };
   // Counts a call and decides its fate.
   Decision Decide(ExecutorCall call) const;
+  // Makes a call of kind `which` through `call` (which calls the wrapped
+  // executor) unless an armed fault fails it before; a fault armed `after`
+  // fails it once the work is done.
+  template <typename R, typename Call>
+  R Forward(ExecutorCall which, Call call) const;
 
   Executor* const inner_;
   mutable std::mutex mu_;

@@ -27,14 +27,11 @@ int64_t StepDeadline::floor_ms() const {
 
 double StepDeadline::Ratio() const {
   if (count_ < kBootstrap) return kBootstrapRatio;
-  if (cached_at_ == count_) return cached_ratio_;
   const int n = samples();
   std::vector<double> r(ratios_, ratios_ + n);
   const size_t k = std::min<size_t>(n - 1, static_cast<size_t>(kQuantile * n));
   std::nth_element(r.begin(), r.begin() + static_cast<std::ptrdiff_t>(k), r.end());
-  cached_ratio_ = r[k];
-  cached_at_ = count_;
-  return cached_ratio_;
+  return r[k];
 }
 
 double StepDeadline::ExpectedSeconds(double estimate_s) const {

@@ -62,8 +62,6 @@ class StepDeadline {
   DeadlineOptions options_;
   double ratios_[kWindow] = {};
   int64_t count_ = 0;
-  mutable double cached_ratio_ = 0;
-  mutable int64_t cached_at_ = -1;
 };
 
 // Hang detection for one collection of replies (a ReplyWatch).

@@ -240,6 +240,9 @@ Status WorkerGroup::FormGroup(const std::vector<int>& members) {
 }
 
 double WorkerGroup::EstimateSeconds(const StepBatch& batch) const {
+  if (batch.estimated_s > 0) return batch.estimated_s;
+  // A batch built without the scheduler (tests, benchmarks): the same cost
+  // model, as the engine's scheduler configures it.
   StepCost cost(plan_, config_, DeviceSpeed());
   for (const StepSeq& s : batch.seqs) cost.AddChunk(s.num_tokens, s.start_pos, s.dp_rank);
   return cost.StepTime();
@@ -253,12 +256,12 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
   FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "before the step"));
   const double estimate = EstimateSeconds(batch);
   // A device moves at the embedding's all-reduce and twice per layer.
-  last_deadline_ms_ = deadline_.DeadlineMs(estimate, 1 + 2 * config_.num_layers);
+  const int64_t deadline_ms = deadline_.DeadlineMs(estimate, 1 + 2 * config_.num_layers);
   const int64_t t0 = MonotonicNanos();
   WireWriter w;
   EncodeBatch(batch, &w);
   const Sent sent = SendAll(plan_.active, WorkerOp::kStep, w.data());
-  std::vector<DeviceReply> replies = Collect(sent, last_deadline_ms_);
+  std::vector<DeviceReply> replies = Collect(sent, deadline_ms);
   FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "during the step"));
   for (const DeviceReply& r : replies) {
     if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));

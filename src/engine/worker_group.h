@@ -111,8 +111,6 @@ class WorkerGroup final : public Executor {
   // KV pool of a device, in pages of block_size tokens of one (layer, head).
   int64_t device_kv_pages(int device) const { return devices_[device].kv_pages; }
   const StepDeadline& step_deadline() const { return deadline_; }
-  // The deadline the last step was given.
-  int64_t last_step_deadline_ms() const { return last_deadline_ms_; }
 
  private:
   struct Device {
@@ -145,6 +143,8 @@ class WorkerGroup final : public Executor {
   Status FormGroup(const std::vector<int>& members);
   // kUnavailable naming the listed devices that died, or OK.
   Status DeadAmong(const std::vector<int>& devices, const char* during) const;
+  // Seconds the cost model estimates `batch` at: the scheduler's estimate it
+  // carries, or (none carried) one made here.
   double EstimateSeconds(const StepBatch& batch) const;
 
   WorkerGroupOptions options_;
@@ -158,7 +158,6 @@ class WorkerGroup final : public Executor {
   std::unique_ptr<KvStoreServer> store_;
   std::unique_ptr<HostKvBackup> backup_;
   StepDeadline deadline_;
-  int64_t last_deadline_ms_ = 0;
   int64_t pool_pages_ = 0;  // each device's physical KV pool (an upper bound)
   int epoch_ = 0;
 };

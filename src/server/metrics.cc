@@ -109,7 +109,8 @@ std::string Metrics::Render() const {
     out += fmt::format("failsafe_device_slow{{device=\"{}\"}} {}\n", d.device, d.slow ? 1 : 0);
   out +=
       "# HELP failsafe_device_share The device's share of work in the plan (1: an equal share; "
-      "less after --rebalance-slow gave it less).\n# TYPE failsafe_device_share gauge\n";
+      "less after a rebalance (EngineOptions::rebalance_slow, off in serve) gave it less).\n# TYPE "
+      "failsafe_device_share gauge\n";
   for (const DeviceGauge& d : gauges_.devices)
     out += fmt::format("failsafe_device_share{{device=\"{}\"}} {}\n", d.device, d.share);
   out +=

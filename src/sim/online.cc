@@ -158,7 +158,10 @@ Result<json> Online(const ExperimentOptions& o) {
                                            FailsafeTp(7),
                                            Tp8(),
                                            WithAdaptivePrefill(Tp8())};
-  const double ttft_slo = 10.0, tbt_slo = 0.040;
+  const double ttft_slo = 10.0, tbt_slo = 0.040;  // seconds
+  // The SLOs as logs and plots spell them.
+  const std::string ttft_slo_text = fmt::format("{:g} s", ttft_slo);
+  const std::string tbt_slo_text = fmt::format("{:g} ms", tbt_slo * 1e3);
   // Every request at `scale` times the trace's rate, on a prefill instance
   // (one output token) or a decode instance (the prompt's KV arrives
   // computed), to completion; null when the system cannot serve them.
@@ -255,7 +258,8 @@ Result<json> Online(const ExperimentOptions& o) {
                     {"tbt_slo_crossed", fits && dec.crossed},
                     {"prefill_rates_tried", pre.points.size()},
                     {"decode_rates_tried", dec.points.size()}};
-    for (const auto& [sweep, what] : {std::pair{&pre, "P90 TTFT 10 s"}, {&dec, "P90 TPOT 40 ms"}}) {
+    for (const auto& [sweep, what] :
+         {std::pair{&pre, "P90 TTFT " + ttft_slo_text}, {&dec, "P90 TPOT " + tbt_slo_text}}) {
       if (!fits) break;
       if (sweep->misses_at_lightest) {
         FS_LOG_WARN("{} misses {} even at the lightest rate tried", s.name, what);
@@ -266,9 +270,8 @@ Result<json> Online(const ExperimentOptions& o) {
             s.name, what);
       }
     }
-    FS_LOG_INFO(
-        "{}: prefill {:.0f} tok/s at P90 TTFT <= 10 s, decode {:.0f} tok/s at P90 TPOT <= 40 ms",
-        s.name, best_pre, best_dec);
+    FS_LOG_INFO("{}: prefill {:.0f} tok/s at P90 TTFT <= {}, decode {:.0f} tok/s at P90 TPOT <= {}",
+                s.name, best_pre, ttft_slo_text, best_dec, tbt_slo_text);
     // One CSV per system for the curves.
     const std::string pre_csv = o.out_dir + "/online_prefill_" + s.name + ".csv";
     const std::string dec_csv = o.out_dir + "/online_decode_" + s.name + ".csv";
@@ -289,10 +292,11 @@ Result<json> Online(const ExperimentOptions& o) {
       dec_rows));
   PlotPng(o.out_dir + "/online_prefill.png", "prefill: P90 TTFT vs input throughput, " + o.model,
           "input tokens/s", "P90 TTFT (s)", pre_series, false, true,
-          {{"SLO: P90 TTFT 10 s", ttft_slo}});
+          {{"SLO: P90 TTFT " + ttft_slo_text, ttft_slo}});
   PlotPng(o.out_dir + "/online_decode.png",
           "decode: P90 time per output token vs output throughput, " + o.model, "output tokens/s",
-          "P90 TPOT (ms)", dec_series, false, false, {{"SLO: P90 TPOT 40 ms", tbt_slo * 1e3}});
+          "P90 TPOT (ms)", dec_series, false, false,
+          {{"SLO: P90 TPOT " + tbt_slo_text, tbt_slo * 1e3}});
   auto ratio = [&](const std::string& a, const std::string& b, const char* key) {
     return RatioOrNull(best[a][key].get<double>(), best[b][key].get<double>());
   };

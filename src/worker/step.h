@@ -28,6 +28,10 @@ struct StepBatch {
   std::vector<int32_t> tokens;  // [total tokens]
   int32_t num_logits_rows = 0;
   std::vector<int32_t> backup_blocks;
+  // Seconds the scheduler's cost model estimates the step at (the hang
+  // deadline scales it); 0: none, the executor estimates it. Stays on the
+  // coordinator: not part of the wire encoding.
+  double estimated_s = 0;
 
   int num_tokens() const { return static_cast<int>(tokens.size()); }
 };

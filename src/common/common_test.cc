@@ -1,6 +1,12 @@
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "common/rng.h"
+#include "common/scratch_dir.h"
 #include "common/status.h"
 #include "common/units.h"
 
@@ -62,6 +68,32 @@ TEST(Status, PropagatesErrors) {
   Status s = UseHalf(3, &out);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "3 is odd");
+}
+
+TEST(ScratchDir, RemovedWithItsOwnerButNotByAForkedChild) {
+  std::string path;
+  {
+    ScratchDir a("scratch_test");
+    ScratchDir b("scratch_test");
+    path = a.path();
+    EXPECT_NE(a.path(), b.path());
+    ASSERT_TRUE(std::filesystem::is_directory(path));
+    std::filesystem::create_directories(a.Sub("x/y"));
+    std::ofstream(a.Sub("x/y/z")) << "z";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ScratchDir moved = std::move(a);  // destroyed in the child: must not remove
+      std::exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(std::filesystem::exists(path + "/x/y/z"));
+    ScratchDir c = std::move(a);
+    EXPECT_EQ(c.path(), path);
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_TRUE(std::filesystem::is_directory(ProcessScratchDir().path()));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // processes completes every request, and the outputs match the single-device
 // engine token for token.
 #include "engine/engine.h"
+#include "common/scratch_dir.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -19,9 +20,7 @@ namespace {
 
 std::string Dir() {
   static std::string dir = [] {
-    auto d =
-        (std::filesystem::temp_directory_path() / ("fs_engine_test_" + std::to_string(::getpid())))
-            .string();
+    auto d = ProcessScratchDir().Sub("tiny-mixtral");
     SyntheticModelOptions o;
     o.preset = "tiny-mixtral";
     o.seed = 11;

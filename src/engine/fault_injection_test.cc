@@ -4,6 +4,7 @@
 // with the error; the engine never leaves a request without an outcome and
 // keeps serving new requests afterwards.
 #include "engine/fault_injection.h"
+#include "common/scratch_dir.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -23,9 +24,7 @@ namespace {
 
 const std::string& Dir() {
   static std::string dir = [] {
-    auto d = (std::filesystem::temp_directory_path() /
-              ("fs_fault_injection_test_" + std::to_string(::getpid())))
-                 .string();
+    auto d = ProcessScratchDir().Sub("tiny-llama");
     SyntheticModelOptions o;
     o.preset = "tiny-llama";
     o.seed = 41;

@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/rng.h"
+#include "common/scratch_dir.h"
 #include "engine/engine.h"
 #include "engine/throttle.h"
 #include "engine/worker_group.h"
@@ -26,9 +27,7 @@ namespace {
 
 const std::string& Dir() {
   static std::string dir = [] {
-    auto d =
-        (std::filesystem::temp_directory_path() / ("fs_hang_test_" + std::to_string(::getpid())))
-            .string();
+    auto d = ProcessScratchDir().Sub("tiny-llama");
     SyntheticModelOptions o;
     o.preset = "tiny-llama";
     o.seed = 51;

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/rng.h"
+#include "common/scratch_dir.h"
 #include "engine/engine.h"
 #include "engine/faults.h"
 #include "engine/offline_run.h"
@@ -24,9 +25,7 @@ namespace {
 const std::string& Dir(const std::string& preset) {
   static std::map<std::string, std::string> dirs;
   if (!dirs.count(preset)) {
-    auto d = (std::filesystem::temp_directory_path() /
-              ("fs_recovery_test_" + std::to_string(::getpid()) + "_" + preset))
-                 .string();
+    auto d = ProcessScratchDir().Sub(preset);
     SyntheticModelOptions o;
     o.preset = preset;
     o.seed = 21;

@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/row_error.h"
+#include "common/scratch_dir.h"
 #include "engine/executor.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
@@ -43,9 +44,7 @@ const std::string& ModelDir(const std::string& name) {
   const size_t at = name.find('@');
   const std::string preset = name.substr(0, at);
   const std::string type = at == std::string::npos ? "" : name.substr(at + 1);
-  std::string dir = (std::filesystem::temp_directory_path() /
-                     ("fs_group_test_" + std::to_string(::getpid()) + "_" + preset + type))
-                        .string();
+  std::string dir = ProcessScratchDir().Sub(preset + type);
   SyntheticModelOptions o;
   o.preset = preset;
   o.dtype = type == "bf16" ? DType::kBF16 : type == "f16" ? DType::kF16 : DType::kF32;

@@ -1,4 +1,5 @@
 #include "server/test_server.h"
+#include "common/scratch_dir.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -22,24 +23,15 @@ using nlohmann::json;
 
 const std::string& TestModelDir() {
   // Made once per test process, removed when it exits.
-  struct TempModel {
-    std::string dir;
-    ~TempModel() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  };
-  static TempModel model{[] {
-    auto d =
-        (std::filesystem::temp_directory_path() / ("fs_server_test_" + std::to_string(::getpid())))
-            .string();
+  static const std::string dir = [] {
+    auto d = ProcessScratchDir().Sub("tiny-llama");
     SyntheticModelOptions o;
     o.preset = "tiny-llama";
     o.seed = 31;
     EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
     return d;
-  }()};
-  return model.dir;
+  }();
+  return dir;
 }
 
 TestServer::TestServer(const TestServerOptions& options) {

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "common/rng.h"
+#include "common/scratch_dir.h"
 #include "sim/cost_model.h"
 #include "sim/experiments.h"
 #include "sim/experiments_internal.h"
@@ -39,9 +40,8 @@ StepPlan Prefill(const Plan& plan, int tokens) {
 }
 
 std::string TempDir(const std::string& tag = "") {
-  std::string d = std::filesystem::temp_directory_path() /
-                  ("fs_sim_test_" + std::to_string(::getpid()) + "_" +
-                   ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag);
+  std::string d = ProcessScratchDir().Sub(
+      ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag);
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;

@@ -9,15 +9,16 @@
 #include <fstream>
 #include <numeric>
 
+#include "common/scratch_dir.h"
+
 namespace failsafe {
 namespace {
 
 std::string Write(const std::string& text) {
   static int n = 0;
-  auto p = std::filesystem::temp_directory_path() /
-           ("fs_workload_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + ".jsonl");
+  auto p = ProcessScratchDir().Sub(std::to_string(n++) + ".jsonl");
   std::ofstream(p) << text;
-  return p.string();
+  return p;
 }
 
 TEST(Workload, ReadsAndScales) {

@@ -22,6 +22,7 @@
 #include "comm/shm_communicator.h"
 #include "common/rng.h"
 #include "common/row_error.h"
+#include "common/scratch_dir.h"
 #include "model/synthetic.h"
 #include "placement/plan_json.h"
 #include "worker/device_model.h"
@@ -52,9 +53,7 @@ const Model& GetModel(const ModelCase& m) {
   static std::map<std::string, Model> models;
   auto it = models.find(m.Name());
   if (it != models.end()) return it->second;
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("fs_device_parity_" + std::to_string(::getpid()) + "_" + m.Name()))
-                              .string();
+  const std::string dir = ProcessScratchDir().Sub(m.Name());
   SyntheticModelOptions o;
   o.preset = m.preset;
   o.num_heads = m.heads;

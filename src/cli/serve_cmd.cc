@@ -94,7 +94,7 @@ CommandFn RegisterServe(CLI::App& app) {
     std::string router = "load-aware", prefill = "adaptive", max_body = "4MiB";
     std::string outage_timeout = "30s";
     int port = 8000, max_queue = 256, max_batch_tokens = 1024, max_num_seqs = 128,
-        max_model_len = 0, max_connections = 4096, http_threads = 2;
+        max_model_len = 0, max_connections = 4096, http_threads = 2, min_devices = 1;
     double drain_timeout = 30;
     bool enable_admin = false;
     DeviceFlags dev;
@@ -119,6 +119,10 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--outage-timeout", o->outage_timeout,
                  "while too few devices can serve, new requests get 503 at once; accepted ones "
                  "wait this long for a device to come back, then fail")
+      ->capture_default_str();
+  app.add_option("--min-devices", o->min_devices,
+                 "below this many alive devices /health answers 503 (the node still serves): a "
+                 "load balancer's health check moves new work to other nodes")
       ->capture_default_str();
   app.add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per step")
       ->capture_default_str();
@@ -145,6 +149,8 @@ CommandFn RegisterServe(CLI::App& app) {
     if (o->max_connections < 1) return Fail("--max-connections must be at least 1");
     if (o->http_threads < 1) return Fail("--http-threads must be at least 1");
     if (o->drain_timeout < 0) return Fail("--drain-timeout must not be negative");
+    if (o->min_devices < 1 || o->min_devices > o->dev.devices)
+      return Fail("--min-devices must be between 1 and --devices");
     auto max_body = ParseBytes(o->max_body);
     if (!max_body.ok() || *max_body < 1) return Fail("--max-body: expected a size such as 4MiB");
     auto token = ResolveAdminToken(o->admin_token, o->admin_token_file);
@@ -178,6 +184,7 @@ CommandFn RegisterServe(CLI::App& app) {
     eo.recovery = *mode;
     ServiceOptions so;
     so.max_queue = o->max_queue;
+    so.min_devices = o->min_devices;
     auto outage = ParseDuration(o->outage_timeout);
     if (!outage.ok()) return Fail("--outage-timeout: " + outage.status().message());
     so.outage_timeout_ms = static_cast<int64_t>(*outage * 1e3);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/rng.h"
+#include "core/step_cost.h"
 #include "model/synthetic.h"
 
 namespace failsafe {
@@ -291,6 +292,26 @@ TEST(Scheduler, ReconfigureReroutesAndPreempts) {
   EXPECT_FALSE(s.kv().OverCapacity());
   DriveResult r = Drive(s);
   EXPECT_EQ(r.outputs.size(), 16u);
+}
+
+// The capacity a plan keeps (the server's failsafe_capacity_fraction): the
+// reference step of the full plan over a smaller plan's, less than 1 and
+// falling with every device lost; the same plan gives exactly 1.
+TEST(StepCost, ReferenceStepTimeGrowsAsDevicesAreLost) {
+  const ModelConfig c = Model();
+  const DeviceSpeed speed;
+  const double full =
+      ReferenceStepTime(*MakePlan(c, Policy::kHybrid, 8, Range(8)), c, speed, 64, 1024);
+  EXPECT_EQ(full,
+            ReferenceStepTime(*MakePlan(c, Policy::kHybrid, 8, Range(8)), c, speed, 64, 1024));
+  double previous = full;
+  for (int alive = 7; alive >= 2; --alive) {
+    const double t =
+        ReferenceStepTime(*MakePlan(c, Policy::kHybrid, 8, Range(alive)), c, speed, 64, 1024);
+    EXPECT_GT(t, previous) << alive << " devices";
+    previous = t;
+  }
+  EXPECT_LT(full / previous, 0.5);  // 2 of 8 devices keep well under half
 }
 
 }  // namespace

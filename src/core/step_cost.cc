@@ -68,4 +68,14 @@ double StepCost::StepTime() const {
   return t;
 }
 
+double ReferenceStepTime(const Plan& plan, const ModelConfig& config, const DeviceSpeed& speed,
+                         int seqs, int context) {
+  if (plan.active.empty()) return 0;
+  StepCost cost(plan, config, speed);
+  for (int i = 0; i < seqs; ++i) {
+    cost.AddChunk(1, context, plan.active[i % plan.active.size()]);
+  }
+  return cost.StepTime();
+}
+
 }  // namespace failsafe

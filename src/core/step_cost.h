@@ -65,4 +65,11 @@ class StepCost {
   int group_size_ = 1;
 };
 
+// The time of one reference step on `plan`: `seqs` decodes at `context`
+// tokens each, their DP ranks spread over the active devices in turn (as the
+// load-aware router keeps them). Comparing two plans on it gives the share of
+// throughput one keeps of the other's.
+double ReferenceStepTime(const Plan& plan, const ModelConfig& config, const DeviceSpeed& speed,
+                         int seqs, int context);
+
 }  // namespace failsafe

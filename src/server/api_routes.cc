@@ -121,7 +121,7 @@ void AddApiRoutes(const ApiContext& ctx, Router* router) {
                }});
 
   router->Add({"GET", "/metrics", [ctx](const std::shared_ptr<HttpExchange>& ex) {
-                 std::string text = ctx.service->metrics().Render();
+                 std::string text = ctx.service->metrics().Render(ctx.options->model_name);
                  ctx.http_metrics->Render(&text);
                  ex->Reply(200, std::move(text), "text/plain; version=0.0.4");
                }});

@@ -1,7 +1,13 @@
 #include "server/engine_service.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
 #include "common/clock.h"
 #include "common/log.h"
+#include "core/step_cost.h"
 #include "engine/kv_backup.h"
 #include "placement/plan_json.h"
 
@@ -53,7 +59,14 @@ EngineService::EngineService(std::unique_ptr<Executor> executor, const Scheduler
       service_(service),
       config_(executor_->config()),
       max_model_len_(config.max_model_len),
-      max_num_seqs_(config.max_num_seqs) {
+      max_num_seqs_(config.max_num_seqs),
+      speed_(options.speed) {
+  std::vector<int> every(executor_->plan().num_devices);
+  std::iota(every.begin(), every.end(), 0);
+  auto fault_free =
+      MakePlan(config_, executor_->plan().policy, executor_->plan().num_devices, every);
+  fault_free_step_s_ = ReferenceStepTime(fault_free.ok() ? *fault_free : executor_->plan(), config_,
+                                         speed_, max_num_seqs_, max_model_len_ / 2);
   UpdateGauges();
   free_slots_ = max_num_seqs_;
   thread_ = std::thread([this] { Loop(); });
@@ -179,13 +192,24 @@ void EngineService::UpdateGauges() {
   const auto alive = executor_->alive_devices();
   g.devices_alive = static_cast<int>(alive.size());
   g.devices_total = plan.num_devices;
+  g.min_devices = service_.min_devices;
+  if (!(plan == capacity_plan_)) {
+    capacity_plan_ = plan;
+    const double t = ReferenceStepTime(plan, config_, speed_, max_num_seqs_, max_model_len_ / 2);
+    capacity_ = t > 0 && fault_free_step_s_ > 0 ? std::min(1.0, fault_free_step_s_ / t) : 0;
+  }
+  g.capacity = capacity_;
+  int64_t kv_used = 0, kv_capacity = 0;
   const std::vector<MeasuredSpeed> speeds = engine_.device_speeds();
   for (int d = 0; d < plan.num_devices; ++d) {
     DeviceGauge dg;
     dg.device = d;
     dg.alive = std::count(alive.begin(), alive.end(), d) > 0;
     const int64_t cap = plan.IsActive(d) ? engine_.scheduler().kv().capacity(d) : 0;
-    dg.kv_usage = cap > 0 ? static_cast<double>(engine_.scheduler().kv().used(d)) / cap : 0;
+    const int64_t used = cap > 0 ? engine_.scheduler().kv().used(d) : 0;
+    dg.kv_usage = cap > 0 ? static_cast<double>(used) / cap : 0;
+    kv_used += used;
+    kv_capacity += cap;
     if (d < static_cast<int>(speeds.size())) {
       const MeasuredSpeed& s = speeds[d];
       dg.speed_measured = s.measured || s.gflops_per_s > 0;
@@ -196,10 +220,15 @@ void EngineService::UpdateGauges() {
     }
     g.devices.push_back(dg);
   }
+  g.kv_usage = kv_capacity > 0 ? static_cast<double>(kv_used) / kv_capacity : 0;
+  const int alive_count = g.devices_alive;
   metrics_.SetGauges(std::move(g));
   std::lock_guard<std::mutex> lock(mu_);
-  healthy_ = !engine_.degraded();
-  unhealthy_reason_ = engine_.degraded_reason();
+  healthy_ = !engine_.degraded() && alive_count >= service_.min_devices;
+  unhealthy_reason_ = engine_.degraded()
+                          ? engine_.degraded_reason()
+                          : fmt::format("{} of {} devices alive, fewer than the {} required",
+                                        alive_count, plan.num_devices, service_.min_devices);
 }
 
 void EngineService::Dispatch(const std::vector<TokenEvent>& events) {

@@ -67,6 +67,10 @@ struct ServiceOptions {
   // once with kUnavailable; requests already accepted wait this long for a
   // device to come back, then fail the same way.
   int64_t outage_timeout_ms = 30000;
+  // Below this many alive devices /health answers 503 although the node
+  // still serves what it is sent: a load balancer's health check then sends
+  // new work to fuller nodes.
+  int min_devices = 1;
 };
 
 struct DeviceStatus {
@@ -132,6 +136,10 @@ class EngineService {
   const ModelConfig config_;
   const int max_model_len_;
   const int max_num_seqs_;
+  const DeviceSpeed speed_;
+  double fault_free_step_s_ = 0;  // the reference step on every device (core/step_cost.h)
+  Plan capacity_plan_;            // the plan capacity_ was computed for, engine thread only
+  double capacity_ = 1;           // fraction of fault-free throughput, engine thread only
   Metrics metrics_;
 
   mutable std::mutex mu_;

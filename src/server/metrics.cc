@@ -3,6 +3,23 @@
 #include <fmt/format.h>
 
 namespace failsafe {
+namespace {
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string EscapeLabel(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
 
 void Histogram::Observe(double v) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -62,7 +79,7 @@ void Metrics::SetGauges(EngineGauges g) {
   gauges_ = std::move(g);
 }
 
-std::string Metrics::Render() const {
+std::string Metrics::Render(const std::string& model_name) const {
   std::string out;
   ttft_s.Render("failsafe_time_to_first_token_seconds",
                 "Time from request arrival to its first token.", &out);
@@ -81,6 +98,27 @@ std::string Metrics::Render() const {
   gauge("failsafe_num_requests_waiting", "Requests queued.", gauges_.waiting);
   gauge("failsafe_devices_alive", "Devices alive.", gauges_.devices_alive);
   gauge("failsafe_devices_total", "Devices configured.", gauges_.devices_total);
+  gauge("failsafe_min_devices", "Devices below which /health answers 503.", gauges_.min_devices);
+  gauge("failsafe_capacity_fraction",
+        "The current plan's expected throughput over the fault-free plan's (1: all devices).",
+        gauges_.capacity);
+  gauge("failsafe_kv_cache_usage_fraction", "KV pages in use over every active device's pages.",
+        gauges_.kv_usage);
+  // What fleet routers (llm-d's endpoint picker, vLLM's production-stack
+  // router) read from vLLM: requests running and waiting, KV usage as a
+  // fraction (1 = full), also under its older name.
+  const std::string label = fmt::format("{{model_name=\"{}\"}}", EscapeLabel(model_name));
+  auto vllm_gauge = [&](const char* name, const char* help, double v) {
+    out +=
+        fmt::format("# HELP {} {}\n# TYPE {} gauge\n{}{} {}\n", name, help, name, name, label, v);
+  };
+  vllm_gauge("vllm:num_requests_running", "Requests being computed (as vLLM names it).",
+             gauges_.running);
+  vllm_gauge("vllm:num_requests_waiting", "Requests queued (as vLLM names it).", gauges_.waiting);
+  vllm_gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent (as vLLM names it).",
+             gauges_.kv_usage);
+  vllm_gauge("vllm:gpu_cache_usage_perc",
+             "KV-cache usage, 1 means 100 percent (vLLM's older name).", gauges_.kv_usage);
   out +=
       "# HELP failsafe_kv_cache_usage Fraction of a device's KV pages in use.\n"
       "# TYPE failsafe_kv_cache_usage gauge\n";

@@ -49,6 +49,11 @@ struct EngineGauges {
   int waiting = 0;
   int devices_alive = 0;
   int devices_total = 0;
+  int min_devices = 1;  // fewer alive: /health answers 503
+  double kv_usage = 0;  // KV pages in use over all active devices' pages
+  // The current plan's throughput as a fraction of the fault-free plan's, by
+  // the scheduler's cost model on a reference step (core/step_cost.h).
+  double capacity = 1;
   std::vector<DeviceGauge> devices;
 };
 
@@ -62,7 +67,9 @@ class Metrics {
   // counts as one).
   void AddRecovery(const RecoveryReport& r);
   void SetGauges(EngineGauges g);
-  std::string Render() const;
+  // Prometheus text. Gauges a fleet router scrapes from vLLM are given under
+  // vLLM's names too, labelled with `model_name`.
+  std::string Render(const std::string& model_name) const;
 
  private:
   mutable std::mutex mu_;

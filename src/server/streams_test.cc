@@ -162,7 +162,7 @@ TEST(Streams, DrainDeadlineCutsStreamsShort) {
   EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos);
   EXPECT_GE(WaitFor(
                 [&] {
-                  return MetricValue(s.service->metrics().Render(),
+                  return MetricValue(s.service->metrics().Render("failsafe"),
                                      "failsafe_requests_total{finish_reason=\"abort\"}") == 1;
                 },
                 5000),

@@ -40,10 +40,11 @@ def check(cond, what):
 class Server:
     """A `failsafe serve` process on a free port; stderr goes to a file."""
 
-    def __init__(self, failsafe, model, tmp, extra=(), env=None, preexec=None, name="serve"):
+    def __init__(self, failsafe, model, tmp, extra=(), env=None, preexec=None, name="serve",
+                 devices=2):
         self.err_path = os.path.join(tmp, name + ".err")
         self.err = open(self.err_path, "w")
-        args = [failsafe, "serve", "--model", model, "--devices", "2", "--port", "0",
+        args = [failsafe, "serve", "--model", model, "--devices", str(devices), "--port", "0",
                 "--served-model-name", "tiny", *extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err, text=True,
                                      env=env, preexec_fn=preexec)

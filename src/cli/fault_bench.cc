@@ -108,4 +108,31 @@ std::vector<std::string> ReferenceTexts(const std::vector<StreamRecord>& streams
   return out;
 }
 
+std::vector<const StreamRecord*> ReferenceStreams(const std::vector<StreamRecord>& streams,
+                                                  int pool) {
+  std::vector<const StreamRecord*> out(pool, nullptr);
+  for (const StreamRecord& s : streams) {
+    if (s.ok && s.pool_index < pool) out[s.pool_index] = &s;
+  }
+  return out;
+}
+
+Divergence FindDivergence(const StreamRecord& got, const StreamRecord& want) {
+  Divergence d;
+  const size_t n = std::min(got.text.size(), want.text.size());
+  size_t at = 0;
+  while (at < n && got.text[at] == want.text[at]) ++at;
+  d.first_char = static_cast<int>(at);
+  d.got_events = static_cast<int>(got.text_ends.size());
+  d.want_events = static_cast<int>(want.text_ends.size());
+  d.first_event = d.got_events;
+  for (int k = 0; k < d.got_events; ++k) {
+    if (got.text_ends[k] > d.first_char) {
+      d.first_event = k;
+      break;
+    }
+  }
+  return d;
+}
+
 }  // namespace failsafe

@@ -86,5 +86,17 @@ double LongestGap(const std::vector<StreamRecord>& streams);
 
 // Texts of a fault-free run by pool index; "" where the reference failed.
 std::vector<std::string> ReferenceTexts(const std::vector<StreamRecord>& streams, int pool);
+// The fault-free run's streams by pool index (null where it failed);
+// pointers into `streams`.
+std::vector<const StreamRecord*> ReferenceStreams(const std::vector<StreamRecord>& streams,
+                                                  int pool);
+
+// Where a stream's text first differs from the fault-free one's.
+struct Divergence {
+  int first_char = 0;                   // byte offset of the first difference
+  int first_event = 0;                  // the token event (of `got`) that carried it
+  int got_events = 0, want_events = 0;  // token events of each
+};
+Divergence FindDivergence(const StreamRecord& got, const StreamRecord& want);
 
 }  // namespace failsafe

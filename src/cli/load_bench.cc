@@ -41,6 +41,8 @@ struct Client : std::enable_shared_from_this<Client> {
   int pool_index = 0;
   int64_t sent_ns = 0;
   std::vector<int64_t> token_ns;  // arrival of each token event
+  std::vector<int> text_ends;     // text.size() after each token event (keep_text only)
+  int max_tokens = 0;
   int status = 0;
   bool done = false;  // [DONE] seen
   std::string error;
@@ -75,6 +77,7 @@ void ParseSse(Client& c) {
               j["choices"][0]["text"].is_string()) {
             c.text += j["choices"][0]["text"].get<std::string>();
           }
+          c.text_ends.push_back(static_cast<int>(c.text.size()));
         }
       }
     }
@@ -209,6 +212,7 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
     if (o.output_tokens_max > o.output_tokens)
       max_tokens +=
           static_cast<int>(Mix64(key ^ 0x6f7574) % (o.output_tokens_max - o.output_tokens + 1));
+    c->max_tokens = max_tokens;
     nlohmann::json body = {{"prompt", prompt}, {"max_tokens", max_tokens},
                            {"temperature", 0}, {"ignore_eos", true},
                            {"stream", true},   {"stream_options", {{"include_usage", true}}}};
@@ -289,7 +293,8 @@ Result<LoadResult> RunLoad(const LoadOptions& o, int clients) {
     if (o.keep_streams) {
       r.streams.push_back({c->pool_index, c->status, ok,
                            ok ? std::string() : (c->error.empty() ? "no [DONE]" : c->error),
-                           std::move(c->text), c->sent_ns, c->token_ns});
+                           std::move(c->text), c->sent_ns, c->token_ns, std::move(c->text_ends),
+                           c->usage_tokens, c->max_tokens});
     }
     if (ok) {
       ++r.served;

@@ -47,6 +47,9 @@ struct StreamRecord {
   std::string text;               // the streamed text, concatenated
   int64_t sent_ns = 0;            // MonotonicNanos
   std::vector<int64_t> token_ns;  // arrival of each token event, MonotonicNanos
+  std::vector<int> text_ends;     // text.size() after each token event (kept streams only)
+  int64_t completion_tokens = 0;  // the usage chunk's count (0: none came)
+  int max_tokens = 0;             // what the request asked for
 };
 
 struct LoadResult {

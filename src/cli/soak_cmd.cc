@@ -6,9 +6,13 @@
 // has been fenced), and rejoins of dead devices. Every request's text is
 // checked against a fault-free run of the same requests. Reports requests
 // completed, failed and diverged, and the worst stall per event type (the
-// longest gap between tokens in the event's wake, fault_bench.h). Exits 1 on any
-// failed or diverged request.
+// longest gap between tokens in the event's wake, fault_bench.h), and for each
+// diverged request what it was (greedy or its seed, lengths), the first token
+// event whose text differs, and the events from 2 s before it was sent to its
+// end. `--events` limits the events to some kinds. Exits 1 on any failed or
+// diverged request.
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -37,8 +41,34 @@ struct Event {
 };
 
 // Fires random events until `until_ns`; keeps at least `min_live` devices.
+// Which events fire (the soak's --events).
+struct EventKinds {
+  bool kill = true, stop = true, rejoin = true;
+};
+
+Result<EventKinds> ParseEventKinds(const std::string& list) {
+  EventKinds k{false, false, false};
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, end - at);
+    if (name == "kill") {
+      k.kill = true;
+    } else if (name == "stop") {
+      k.stop = true;
+    } else if (name == "rejoin") {
+      k.rejoin = true;
+    } else {
+      return InvalidArgument("--events: unknown event '{}' (known: kill, stop, rejoin)", name);
+    }
+    at = end + 1;
+  }
+  if (!k.kill && !k.stop) return InvalidArgument("--events needs kill or stop");
+  return k;
+}
+
 std::vector<Event> RunEvents(EngineService& service, uint64_t seed, int64_t until_ns, int gap_ms,
-                             int min_live, std::string* error) {
+                             int min_live, EventKinds kinds, std::string* error) {
   Rng rng(seed);
   std::vector<Event> events;
   while (true) {
@@ -48,7 +78,7 @@ std::vector<Event> RunEvents(EngineService& service, uint64_t seed, int64_t unti
     const std::vector<LiveDevice> live = LiveDevices(service);
     const std::vector<int> dead = DeadDevices(service);
     const bool can_fail = static_cast<int>(live.size()) > min_live;
-    if (!dead.empty() && (!can_fail || rng.Below(3) == 0)) {
+    if (kinds.rejoin && !dead.empty() && (!can_fail || rng.Below(3) == 0)) {
       Event e{"rejoin", dead[rng.Below(dead.size())], MonotonicNanos(), 0};
       Status st = service.RestoreDevice(e.device);
       if (!st.ok()) {
@@ -64,7 +94,8 @@ std::vector<Event> RunEvents(EngineService& service, uint64_t seed, int64_t unti
     // or none (never a reused pid).
     PinnedProcess worker(victim.pid);
     if (!worker.ok()) continue;  // exited since the status was taken
-    if (rng.Below(2) == 0) {
+    const bool kill = rng.Below(2) == 0;
+    if (kinds.kill && (kill || !kinds.stop)) {
       events.push_back({"kill", victim.device, MonotonicNanos(), 0});
       worker.Signal(SIGKILL);
       continue;
@@ -85,11 +116,51 @@ std::vector<Event> RunEvents(EngineService& service, uint64_t seed, int64_t unti
   return events;
 }
 
+// Wall-clock seconds (as the log lines print them) of a MonotonicNanos time.
+double WallSeconds(int64_t mono_ns) {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9 - (MonotonicNanos() - mono_ns) * 1e-9;
+}
+
+// One diverged request: what it was, where its text left the fault-free
+// one, and the events from 2 s before it was sent to its last token.
+nlohmann::json DescribeDivergence(const StreamRecord& got, const StreamRecord& want,
+                                  const std::vector<Event>& events, int input_len) {
+  const Divergence d = FindDivergence(got, want);
+  const int64_t end_ns = got.token_ns.empty() ? got.sent_ns : got.token_ns.back();
+  nlohmann::json around = nlohmann::json::array();
+  for (const Event& e : events) {
+    if (e.at_ns < got.sent_ns - 2'000'000'000LL || e.at_ns > end_ns) continue;
+    around.push_back({{"kind", e.kind},
+                      {"device", e.device},
+                      {"at_ms", (e.at_ns - got.sent_ns) * 1e-6},
+                      {"held_ms", e.held_ms}});
+  }
+  const bool sampled = got.pool_index % 2 == 1;
+  const int64_t differ_ns =
+      d.first_event < static_cast<int>(got.token_ns.size()) ? got.token_ns[d.first_event] : end_ns;
+  return {{"pool_index", got.pool_index},
+          {"sampling", sampled ? fmt::format("seed {}", got.pool_index) : "greedy"},
+          {"prompt_tokens", input_len},
+          {"max_tokens", got.max_tokens},
+          {"completion_tokens", got.completion_tokens},
+          {"reference_completion_tokens", want.completion_tokens},
+          {"token_events", d.got_events},
+          {"reference_token_events", d.want_events},
+          {"first_differing_event", d.first_event},
+          {"first_differing_byte", d.first_char},
+          {"sent_wall_s", WallSeconds(got.sent_ns)},
+          {"differs_at_ms", (differ_ns - got.sent_ns) * 1e-6},
+          {"last_token_ms", (end_ns - got.sent_ns) * 1e-6},
+          {"events", around}};
+}
+
 }  // namespace
 
 CommandFn RegisterSoak(CLI::App& app) {
   struct Opts {
-    std::string duration = "10min";
+    std::string duration = "10min", events = "kill,stop,rejoin";
     int concurrency = 200, input_len = 16, min_len = 16, max_len = 128, event_gap_ms = 2000,
         min_devices = 4;
     uint64_t seed = 1;
@@ -112,6 +183,10 @@ CommandFn RegisterSoak(CLI::App& app) {
   app.add_option("--min-devices", o->min_devices, "devices kept alive (no failure below)")
       ->capture_default_str();
   app.add_option("--seed", o->seed, "events and requests")->capture_default_str();
+  app.add_option("--events", o->events,
+                 "events that fire, comma-separated: kill (SIGKILL), stop (SIGSTOP, then "
+                 "SIGCONT), rejoin (of a dead device)")
+      ->capture_default_str();
   app.add_flag("--json", o->json, "print the figures as one JSON object on the last line");
   return [o] {
     auto duration = ParseDuration(o->duration);
@@ -119,6 +194,8 @@ CommandFn RegisterSoak(CLI::App& app) {
     if (o->concurrency < 1 || o->event_gap_ms < 1 || o->min_devices < 1)
       return Fail("--concurrency, --event-gap-ms and --min-devices must be positive");
     if (o->min_len < 1 || o->max_len < o->min_len) return Fail("need 1 <= --min-len <= --max-len");
+    auto event_kinds = ParseEventKinds(o->events);
+    if (!event_kinds.ok()) return Fail(event_kinds.status().ToString());
     auto fo = FaultServerFromFlags(o->server);
     if (!fo.ok()) return Fail(fo.status().ToString());
     LoadOptions load;
@@ -151,7 +228,8 @@ CommandFn RegisterSoak(CLI::App& app) {
     std::vector<Event> events;
     const int64_t until = MonotonicNanos() + static_cast<int64_t>(*duration * 1e9);
     std::thread injector([&] {
-      events = RunEvents(service, o->seed, until, o->event_gap_ms, o->min_devices, &event_error);
+      events = RunEvents(service, o->seed, until, o->event_gap_ms, o->min_devices, *event_kinds,
+                         &event_error);
     });
     auto got = RunLoad(lo, o->concurrency);
     injector.join();
@@ -159,16 +237,18 @@ CommandFn RegisterSoak(CLI::App& app) {
     if (!event_error.empty()) return Fail(event_error);
 
     int completed = 0, failed = 0, diverged = 0;
-    std::string first_failure, first_divergence;
+    std::string first_failure;
+    const std::vector<const StreamRecord*> ref_streams =
+        ReferenceStreams(ref->streams, o->concurrency);
+    nlohmann::json divergences = nlohmann::json::array();
     for (const StreamRecord& s : got->streams) {
       if (!s.ok) {
         ++failed;
         if (first_failure.empty()) first_failure = fmt::format("HTTP {}: {}", s.status, s.error);
       } else if (s.text != want[s.pool_index]) {
         ++diverged;
-        if (first_divergence.empty())
-          first_divergence =
-              fmt::format("request {} ({})", s.pool_index, s.pool_index % 2 ? "sampled" : "greedy");
+        divergences.push_back(
+            DescribeDivergence(s, *ref_streams[s.pool_index], events, o->input_len));
       } else {
         ++completed;
       }
@@ -189,7 +269,8 @@ CommandFn RegisterSoak(CLI::App& app) {
         got->seconds, got->streams.size(), completed, failed, diverged,
         static_cast<long long>(got->tokens));
     if (!first_failure.empty()) std::printf("first failure: %s\n", first_failure.c_str());
-    if (!first_divergence.empty()) std::printf("first divergence: %s\n", first_divergence.c_str());
+    for (size_t k = 0; k < divergences.size() && k < 20; ++k)
+      std::printf("diverged: %s\n", divergences[k].dump().c_str());
     std::printf("%-20s %7s %16s\n", "event", "count", "worst stall ms");
     nlohmann::json jk = nlohmann::json::object();
     for (const auto& [name, k] : kinds) {
@@ -202,7 +283,8 @@ CommandFn RegisterSoak(CLI::App& app) {
                                          {"completed", completed},
                                          {"failed", failed},
                                          {"diverged", diverged},
-                                         {"events", jk}}
+                                         {"events", jk},
+                                         {"divergences", divergences}}
                               .dump()
                               .c_str());
     }

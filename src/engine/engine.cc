@@ -130,9 +130,15 @@ Result<StepOutcome> Engine::Step() {
   to_free_.insert(to_free_.end(), plan.preempted.begin(), plan.preempted.end());
   std::vector<int64_t> frees = std::move(to_free_);
   to_free_.clear();
-  // A sequence the devices could not free is freed by the recovery that
-  // follows: applying a plan drops every sequence it does not list.
-  if (Status freed = FreeSeqs(std::move(frees)); !freed.ok()) return failed(freed);
+  // A sequence the devices could not free is dropped by the recovery that
+  // follows (applying a plan drops every sequence it does not list); it is
+  // freed again at the next step, which returns its backup slot and blocks
+  // (dropping them here leaked both: once the slots ran out, new requests
+  // went without a backup).
+  if (Status freed = FreeSeqs(frees); !freed.ok()) {
+    to_free_.insert(to_free_.end(), frees.begin(), frees.end());
+    return failed(freed);
+  }
   if (plan.empty()) return out;
   StepBatch batch;
   batch.estimated_s = plan.estimated_time;

@@ -85,14 +85,12 @@ int HostKvBackup::Restorable(int64_t seq_id, int device) const {
   return std::min(Progress(seq_id, device), backed);
 }
 
-void HostKvBackup::SetProgress(int64_t seq_id, const std::vector<int>& devices, int tokens) {
+void HostKvBackup::SetProgress(int64_t seq_id, int device, int tokens) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end() || it->second.slot < 0) return;
-  for (int d : devices) {
-    BackupProgress* p = layout_.Progress(region_.data(), it->second.slot, d);
-    p->seq_id.store(seq_id, std::memory_order_relaxed);
-    p->tokens.store(tokens, std::memory_order_release);
-  }
+  BackupProgress* p = layout_.Progress(region_.data(), it->second.slot, device);
+  p->seq_id.store(seq_id, std::memory_order_relaxed);
+  p->tokens.store(tokens, std::memory_order_release);
 }
 
 const std::vector<int32_t>& HostKvBackup::Blocks(int64_t seq_id) const {

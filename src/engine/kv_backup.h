@@ -47,9 +47,11 @@ class HostKvBackup {
   // Backed-up positions usable for a restore: limited by `device`'s progress
   // and by the first block without a backup block.
   int Restorable(int64_t seq_id, int device) const;
-  // After a restore to `tokens` positions, the given devices hold (and will
-  // back up onward from) that point.
-  void SetProgress(int64_t seq_id, const std::vector<int>& devices, int tokens);
+  // After a plan change: `device` now has `tokens` positions of the sequence
+  // in the backup for every slot it writes, and backs up onward from there.
+  // `tokens` must not claim more than the backup holds (the recovery takes
+  // the least of the rollback point and what each slot's old writer copied).
+  void SetProgress(int64_t seq_id, int device, int tokens);
   const std::vector<int32_t>& Blocks(int64_t seq_id) const;
   // Returns the sequence's slot and blocks (its devices have freed it).
   void Release(int64_t seq_id);

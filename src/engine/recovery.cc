@@ -26,6 +26,31 @@ std::vector<int> KvHolders(const Plan& plan, int layer, int head, int dp_rank) {
 
 double MsSince(int64_t t0) { return (MonotonicNanos() - t0) * 1e-6; }
 
+// After a plan change that rolled a sequence back to `restore` positions:
+// what the backup holds of it for each active device of `next`, as the least
+// over the slots the device writes under `next` of what the slot's writer
+// under `prev` copied, and never past `restore`. A slot that did not move
+// keeps its writer, whose own progress may lag the KV the devices hold (its
+// backup slot came late, or its blocks ran out): claiming `restore` for it
+// would let a later recovery restore positions that were never copied.
+std::vector<std::pair<int, int>> BackedUpAfter(const HostKvBackup& backup,
+                                               const ModelConfig& config, const Plan& prev,
+                                               const Plan& next, int64_t seq_id, int old_rank,
+                                               int new_rank, int restore) {
+  std::vector<int> backed(next.num_devices, restore);
+  for (int l = 0; l < config.num_layers; ++l) {
+    for (int h = 0; h < config.num_kv_heads; ++h) {
+      const int will = next.KvWriter(l, h, new_rank);
+      if (will < 0) continue;
+      const int was = prev.KvWriter(l, h, old_rank);
+      backed[will] = std::min(backed[will], was >= 0 ? backup.Restorable(seq_id, was) : 0);
+    }
+  }
+  std::vector<std::pair<int, int>> out;
+  for (int d : next.active) out.emplace_back(d, backed[d]);
+  return out;
+}
+
 }  // namespace
 
 Status Engine::CheckHealth(int64_t timeout_ms) {
@@ -256,7 +281,12 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
         recompute_target_[s->id] = std::max(recompute_target_[s->id], s->num_computed);
       }
       scheduler_->RollBack(sr.seq_id, sr.restore_tokens);
-      if (backup) backup->SetProgress(sr.seq_id, next->active, sr.restore_tokens);
+      if (!backup) continue;
+      const int old_rank = prev_rank.count(s->id) ? prev_rank[s->id] : s->dp_rank;
+      for (auto [device, tokens] : BackedUpAfter(*backup, config, prev, *next, s->id, old_rank,
+                                                 s->dp_rank, sr.restore_tokens)) {
+        backup->SetProgress(s->id, device, tokens);
+      }
     }
     // Preempted sequences were freed on the devices (not in `seqs`).
     if (backup) {

@@ -51,14 +51,14 @@ struct Scenario {
   Policy policy = Policy::kHybrid;
   RecoveryMode mode = RecoveryMode::kFull;
   int64_t backup_bytes = 64 << 20;
+  int backup_seqs = 64;  // sequences the backup tracks at once
   int64_t device_memory = 0;
   int64_t step_timeout_ms = 600000;
   CommKind comm = CommKind::kShm;
   std::function<void(WorkerGroup*, int)> before_apply;
 };
 
-Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
-                               const std::vector<FaultEvent>& faults) {
+WorkerGroupOptions GroupOptions(const Scenario& s) {
   WorkerGroupOptions o;
   o.model_dir = Dir(s.preset);
   o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
@@ -68,12 +68,17 @@ Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
   o.device_memory_bytes = s.device_memory;
   o.max_step_tokens = 128;
   o.max_logits_rows = 64;
-  o.max_seqs = 64;
+  o.max_seqs = s.backup_seqs;
   o.step_timeout_ms = s.step_timeout_ms;
   o.comm = s.comm;
   o.collective_timeout_ms = 10000;
   o.log_level = "warn";
-  FS_ASSIGN_OR_RETURN(auto group, WorkerGroup::Start(o));
+  return o;
+}
+
+Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
+                               const std::vector<FaultEvent>& faults) {
+  FS_ASSIGN_OR_RETURN(auto group, WorkerGroup::Start(GroupOptions(s)));
   SchedulerConfig sc;
   sc.max_batch_tokens = 128;
   sc.max_num_seqs = 64;
@@ -268,6 +273,65 @@ TEST(Recovery, BackupBehindOrFullRecomputesTheRest) {
   ExpectSameOutputs(*got, want, 16);
   ASSERT_EQ(got->recoveries.size(), 1u);
   EXPECT_GT(got->recoveries[0].tokens_recomputed, 0);
+}
+
+// More requests run than the backup tracks: the later ones get their backup
+// slot only when others finish, mid-prefill or mid-decode, so the backup
+// lacks their first positions. A recovery that leaves such a request where it
+// is (pure DP attention: another device died) must not count those positions
+// as backed up, or a later failure of its DP rank restores them from backup
+// blocks that were never written (other text).
+TEST(Recovery, RequestsThatGotTheirBackupLateRestoreOnlyWhatItHolds) {
+  Workload w;
+  for (int i = 0; i < 24; ++i) w.requests.push_back({0.0, 8 + i, 10 + 4 * i});
+  const RunSummary& want = Reference("stories-260k", w, 41);
+  Scenario s;
+  s.preset = "stories-260k";
+  s.backup_seqs = 6;
+  // The rejoin moves nothing (pure DP attention on 8 devices); down to 4
+  // devices every head group becomes a TP group and every request's KV moves.
+  auto got = RunScenario(
+      s, w, {Kill(7, 4), Back(7, 40), Kill(1, 44), Kill(2, 46), Kill(3, 48), Kill(4, 50)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 24);
+  EXPECT_EQ(got->recoveries.size(), 6u);
+}
+
+// A device that dies while the engine frees finished requests fails that
+// step; the requests are freed again at the next one, so their backup blocks
+// (and slots) come back rather than leak until new requests find none.
+TEST(Recovery, RequestsFreedAcrossAFailureReturnTheirBackup) {
+  Scenario sc;
+  auto group = WorkerGroup::Start(GroupOptions(sc));
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  SchedulerConfig config;
+  config.max_batch_tokens = 128;
+  config.max_num_seqs = 64;
+  config.max_model_len = 1024;
+  Engine engine(group->get(), config, EngineOptions());
+  for (int i = 0; i < 6; ++i) {
+    RequestSpec r;
+    for (int t = 0; t < 20 + i; ++t) r.prompt.push_back(3 + (7 * t + i) % 500);
+    r.max_new_tokens = 2 + 3 * i;
+    ASSERT_TRUE(engine.Submit(r).ok());
+  }
+  bool killed = false;
+  for (int step = 0; step < 200 && !engine.scheduler().idle(); ++step) {
+    auto out = engine.Step();
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    bool finished = false;
+    for (const TokenEvent& e : out->events) finished |= e.finished;
+    // The next step frees the finished request first: on a dead device.
+    if (finished && !killed) {
+      ASSERT_TRUE(engine.executor().KillDevice(3).ok());
+      killed = true;
+    }
+  }
+  ASSERT_TRUE(killed);
+  ASSERT_TRUE(engine.scheduler().idle());
+  ASSERT_TRUE(engine.Step().ok());  // frees the last finished requests
+  ASSERT_EQ(engine.recoveries().size(), 1u);
+  EXPECT_EQ(engine.executor().backup()->blocks_in_use(), 0);
 }
 
 // Below what the model needs: requests wait for a rejoin, or fail clearly.

@@ -59,6 +59,19 @@ inline V16 Load(const BF16* p) {
   return v;
 }
 
+// Two k-values of 16 columns of bf16, interleaved: column q's values for the
+// even and the odd k-value in the low and high half of 32-bit lane q (the
+// paired blocked layout, Blocked16Index in backend/backend.h). Both are
+// widened exactly and in-lane: even = lane << 16, odd = lane & 0xffff0000.
+inline void LoadPair(const BF16* p, V16* even, V16* odd) {
+  typedef uint32_t U32x16 __attribute__((vector_size(64), aligned(2)));
+  U32x16 w;
+  __builtin_memcpy(&w, p, sizeof(w));
+  const U32x16 lo = w << 16, hi = w & 0xffff0000u;
+  __builtin_memcpy(even, &lo, sizeof(lo));
+  __builtin_memcpy(odd, &hi, sizeof(hi));
+}
+
 inline float Widen(BF16 b) {
   const uint32_t bits = static_cast<uint32_t>(b.bits) << 16;
   float f;

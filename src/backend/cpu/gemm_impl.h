@@ -21,8 +21,10 @@ namespace {
 
 #define FS_INLINE __attribute__((always_inline)) inline
 
-// Whether a blocked weight of W holds its k-values in pairs, two per 32-bit
-// lane (Blocked16Pairs and Blocked16Index in backend/backend.h): bf16.
+// Whether the kernels take W's k-values in pairs, two per 32-bit lane
+// widened in-lane: bf16, as its blocked layout holds them (Blocked16Pairs and
+// Blocked16Index in backend/backend.h) and as a row of [n, k] holds two
+// neighbours.
 template <typename W>
 constexpr bool kPairs = std::is_same_v<W, BF16>;
 
@@ -45,21 +47,23 @@ constexpr I16 SwapHi(std::integer_sequence<int, L...>) {
 
 // One round of the recursive block transpose: swaps the off-diagonal B x B
 // blocks of every 2B x 2B block.
-template <int B>
-FS_INLINE void SwapBlocks(V16 r[16]) {
+template <int B, typename V>
+FS_INLINE void SwapBlocks(V r[16]) {
   constexpr I16 lo = SwapLo<B>(std::make_integer_sequence<int, 16>());
   constexpr I16 hi = SwapHi<B>(std::make_integer_sequence<int, 16>());
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) {
     if (i & B) continue;
-    const V16 a = r[i], c = r[i + B];
+    const V a = r[i], c = r[i + B];
     r[i] = __builtin_shuffle(a, c, lo);
     r[i + B] = __builtin_shuffle(a, c, hi);
   }
 }
 
-// r[i][l] becomes r[l][i].
-FS_INLINE void Transpose16(V16 r[16]) {
+// r[i][l] becomes r[l][i] (16 float or 32-bit integer lanes; bits move
+// unchanged).
+template <typename V>
+FS_INLINE void Transpose16(V r[16]) {
   SwapBlocks<8>(r);
   SwapBlocks<4>(r);
   SwapBlocks<2>(r);
@@ -89,6 +93,28 @@ void DirectNT(const GemmArgs& a, int j0, int cols) {
   const W* wr[16];
   for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
   int kb = 0;
+  if constexpr (kPairs<W>) {
+    // bf16: 32 k-values of each row at a time, as 16 lanes of two; the
+    // transpose moves the lanes (half the shuffles per value of transposing
+    // widened values), then each lane is widened in-lane into k-values
+    // kb + 2t and kb + 2t + 1, taken in that order.
+    for (; kb + 32 <= a.k; kb += 32) {
+      I16 r[16];
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) r[q] = LoadLanes(wr[q] + kb);
+      Transpose16(r);  // lane q of r[t]: w[j0 + q][kb + 2t], w[j0 + q][kb + 2t + 1]
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        V16 even, odd;
+        WidenPair(r[t], &even, &odd);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          acc[i] = Fma(Splat(a.x[i * a.ldx + kb + 2 * t]), even, acc[i]);
+          acc[i] = Fma(Splat(a.x[i * a.ldx + kb + 2 * t + 1]), odd, acc[i]);
+        }
+      }
+    }
+  }
   for (; kb + 16 <= a.k; kb += 16) {
     V16 r[16];
 #pragma GCC unroll 16
@@ -492,6 +518,21 @@ void Pack(const GemmArgs& a, int j0, int cols, float* out) {
     const W* wr[16];
     for (int q = 0; q < 16; ++q) wr[q] = jb + q < cols ? WRow<W>(a, j0 + jb + q) : nullptr;
     int kb = 0;
+    if constexpr (kPairs<W>) {  // lanes of two k-values, as DirectNT
+      for (; kb + 32 <= a.k; kb += 32) {
+        I16 r[16];
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; ++q) r[q] = wr[q] ? LoadLanes(wr[q] + kb) : I16{};
+        Transpose16(r);
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; ++t) {
+          V16 even, odd;
+          WidenPair(r[t], &even, &odd);
+          Store(out + static_cast<int64_t>(kb + 2 * t) * kNR + jb, even);
+          Store(out + static_cast<int64_t>(kb + 2 * t + 1) * kNR + jb, odd);
+        }
+      }
+    }
     for (; kb + 16 <= a.k; kb += 16) {
       V16 r[16];
 #pragma GCC unroll 16

@@ -24,6 +24,7 @@
 #include "engine/executor.h"
 #include "gemm_libs.h"
 #include "model/synthetic.h"
+#include "placement/plan.h"
 #include "worker/item_matrix.h"
 
 using namespace failsafe;
@@ -131,17 +132,21 @@ double RunPrefill(Executor& exec, int tokens, int reps) {
   return Median(times);
 }
 
-// The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down.
+// The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down,
+// and whether the engine holds the weights blocked (worker/item_matrix.h:
+// [n, k] weights whose items are a multiple of 16 rows: heads, FFN shards).
 struct Shape {
   int n, k;
   bool nt;
+  bool blocked;
 };
 std::vector<Shape> LinearShapes(const ModelConfig& c) {
   const int g = c.group_size(), hd = c.head_dim, h = c.hidden_size;
-  return {{c.num_kv_heads * (g + 2) * hd, h, true},
-          {h, c.q_dim(), false},
-          {2 * c.intermediate_size, h, true},
-          {h, c.intermediate_size, false}};
+  const int shard_width = PlanShape::ForModel(c).shard_width;
+  return {{c.num_kv_heads * (g + 2) * hd, h, true, hd % 16 == 0},
+          {h, c.q_dim(), false, false},
+          {2 * c.intermediate_size, h, true, (2 * shard_width) % 16 == 0},
+          {h, c.intermediate_size, false, false}};
 }
 
 // Median over reps of the time of one layer's linear shapes for m rows, times
@@ -177,7 +182,7 @@ double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
 }
 
 // The engine's own GEMM on the layers' shapes (weights of `dtype`), with the
-// [n, k] weights blocked as the engine holds them (worker/item_matrix.h; the
+// [n, k] weights blocked where the engine holds them blocked (Shape; the
 // weights are all equal, so the layout changes how they are read, not y).
 double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
                       std::optional<CpuIsa> isa, int reps) {
@@ -188,7 +193,7 @@ double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
     a.w = w;
     a.wtype = dtype;
     a.ldw = s.nt ? s.k : s.n;
-    a.w_blocked16 = s.nt && s.n % 16 == 0;
+    a.w_blocked16 = s.blocked;
     a.nt = s.nt;
     a.m = m;
     a.n = s.n;

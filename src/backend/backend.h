@@ -33,11 +33,24 @@ struct WeightsRef {
   WeightsRef(const float* f32) : data(f32) {}  // NOLINT: f32 weights convert implicitly
 };
 
-// Where element (r, kk) of an [n, k] matrix lies in the blocked layout (in
-// elements from its start): blocks of 16 rows one after another, each
-// k-major (the 16 rows' values for one kk side by side).
-inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t k) {
-  return (r / 16) * 16 * k + kk * 16 + r % 16;
+// Whether the blocked layout of `dtype` holds k-values in pairs: bf16, whose
+// widening to f32 is then in-lane (see Blocked16Index).
+inline bool Blocked16Pairs(DType dtype) { return dtype == DType::kBF16; }
+
+// Where element (r, kk) of an [n, k] matrix of `dtype` lies in the blocked
+// layout (in elements from its start): blocks of 16 rows one after another,
+// 16 * k elements each, each k-major.
+//  - f32, f16: the 16 rows' values for one kk side by side ([k][16]).
+//  - bf16: k-values in pairs, (kk, kk + 1) of a row side by side in one
+//    32-bit lane, the 16 rows' pairs one after another ([k / 2][16][2]); when
+//    k is odd, the last k-value's 16 values follow as f32's do. The pair of
+//    k-values kk, kk + 1 (kk even) starts at kk * 16, as in the f32 layout;
+//    one 64-byte vector holds both, and a shift (even kk) and a mask (odd kk)
+//    widen them exactly without moving a value across lanes.
+inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t k, DType dtype) {
+  const int64_t block = (r / 16) * 16 * k, q = r % 16;
+  if (!Blocked16Pairs(dtype) || (k % 2 == 1 && kk == k - 1)) return block + kk * 16 + q;
+  return block + (kk & ~int64_t{1}) * 16 + q * 2 + (kk & 1);
 }
 
 struct AttentionArgs {

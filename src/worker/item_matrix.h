@@ -39,9 +39,10 @@ class ItemMatrix {
   };
 
   ItemMatrix() = default;
-  // blocked: hold each item in blocks of 16 rows stored k-major (what
-  // LinearNT reads fastest: no transposing or packing per call), if
-  // rows_per_item is a multiple of 16; else row-major.
+  // blocked: hold each item in blocks of 16 rows stored k-major
+  // (Blocked16Index, which pairs bf16's k-values: what LinearNT reads
+  // fastest, no transposing or packing per call), if rows_per_item is a
+  // multiple of 16; else row-major.
   ItemMatrix(int rows_per_item, int cols, DType dtype = DType::kF32, bool blocked = false)
       : rows_per_item_(rows_per_item),
         cols_(cols),

@@ -21,6 +21,13 @@ namespace {
 
 #define FS_INLINE __attribute__((always_inline)) inline
 
+// Whether the kernels take W's k-values in pairs, two per 32-bit lane
+// widened in-lane: bf16, as its blocked layout holds them (Blocked16Pairs and
+// Blocked16Index in backend/backend.h) and as a row of [n, k] holds two
+// neighbours.
+template <typename W>
+constexpr bool kPairs = std::is_same_v<W, BF16>;
+
 // Row r of w (nt: an output column; nn: a k-value) in its element type W.
 template <typename W>
 FS_INLINE const W* WRow(const GemmArgs& a, int r) {
@@ -40,21 +47,23 @@ constexpr I16 SwapHi(std::integer_sequence<int, L...>) {
 
 // One round of the recursive block transpose: swaps the off-diagonal B x B
 // blocks of every 2B x 2B block.
-template <int B>
-FS_INLINE void SwapBlocks(V16 r[16]) {
+template <int B, typename V>
+FS_INLINE void SwapBlocks(V r[16]) {
   constexpr I16 lo = SwapLo<B>(std::make_integer_sequence<int, 16>());
   constexpr I16 hi = SwapHi<B>(std::make_integer_sequence<int, 16>());
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) {
     if (i & B) continue;
-    const V16 a = r[i], c = r[i + B];
+    const V a = r[i], c = r[i + B];
     r[i] = __builtin_shuffle(a, c, lo);
     r[i + B] = __builtin_shuffle(a, c, hi);
   }
 }
 
-// r[i][l] becomes r[l][i].
-FS_INLINE void Transpose16(V16 r[16]) {
+// r[i][l] becomes r[l][i] (16 float or 32-bit integer lanes; bits move
+// unchanged).
+template <typename V>
+FS_INLINE void Transpose16(V r[16]) {
   SwapBlocks<8>(r);
   SwapBlocks<4>(r);
   SwapBlocks<2>(r);
@@ -84,6 +93,28 @@ void DirectNT(const GemmArgs& a, int j0, int cols) {
   const W* wr[16];
   for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
   int kb = 0;
+  if constexpr (kPairs<W>) {
+    // bf16: 32 k-values of each row at a time, as 16 lanes of two; the
+    // transpose moves the lanes (half the shuffles per value of transposing
+    // widened values), then each lane is widened in-lane into k-values
+    // kb + 2t and kb + 2t + 1, taken in that order.
+    for (; kb + 32 <= a.k; kb += 32) {
+      I16 r[16];
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) r[q] = LoadLanes(wr[q] + kb);
+      Transpose16(r);  // lane q of r[t]: w[j0 + q][kb + 2t], w[j0 + q][kb + 2t + 1]
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        V16 even, odd;
+        WidenPair(r[t], &even, &odd);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          acc[i] = Fma(Splat(a.x[i * a.ldx + kb + 2 * t]), even, acc[i]);
+          acc[i] = Fma(Splat(a.x[i * a.ldx + kb + 2 * t + 1]), odd, acc[i]);
+        }
+      }
+    }
+  }
   for (; kb + 16 <= a.k; kb += 16) {
     V16 r[16];
 #pragma GCC unroll 16
@@ -176,9 +207,46 @@ inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
   for (int j = 0; j < cols; ++j) acc64[j] = AddFixed(acc64[j], static_cast<int64_t>(c[j]));
 }
 
+// bf16 rows stream 32 columns at a time: one vector holds them as pairs
+// (columns 2q and 2q + 1 in 32-bit lane q), which LoadPair widens in-lane
+// into the even and the odd columns. Their accumulators are therefore held
+// by parity: in each group of 32 columns, the 16 even columns and then the
+// 16 odd ones (ParityOrder), and put back in column order (ColumnOrder)
+// before anything reads them. Only their place changes, not their chains.
+template <typename W>
+constexpr bool kParityGroups = std::is_same_v<W, BF16>;
+
+template <int... L>
+constexpr I16 Lanes() {
+  return I16{L...};
+}
+
+// Columns [0, 32 * groups) of acc from column order to parity order.
+inline void ParityOrder(float* acc, int groups) {
+  constexpr I16 even = Lanes<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30>();
+  constexpr I16 odd = Lanes<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31>();
+  for (int g = 0; g < groups; ++g) {
+    const V16 c0 = Load(acc + 32 * g), c1 = Load(acc + 32 * g + 16);
+    Store(acc + 32 * g, __builtin_shuffle(c0, c1, even));
+    Store(acc + 32 * g + 16, __builtin_shuffle(c0, c1, odd));
+  }
+}
+
+// Columns [0, 32 * groups) of acc from parity order to column order.
+inline void ColumnOrder(float* acc, int groups) {
+  constexpr I16 lo = Lanes<0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23>();
+  constexpr I16 hi = Lanes<8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31>();
+  for (int g = 0; g < groups; ++g) {
+    const V16 e = Load(acc + 32 * g), o = Load(acc + 32 * g + 16);
+    Store(acc + 32 * g, __builtin_shuffle(e, o, lo));
+    Store(acc + 32 * g + 16, __builtin_shuffle(e, o, hi));
+  }
+}
+
 // Weight rows kk..kk+R-1 into MR rows of accumulators, column vector by
 // column vector: acc[i][c] = fma(x[i][kk+r], w[kk+r][c], acc[i][c]) for r in
 // order. Several weight rows per pass load and store each accumulator once.
+// bf16: the first 32 * (vecs / 2) columns in parity order (kParityGroups).
 template <int MR, int R, typename W>
 FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int kk,
                           float* const* acc, int vecs) {
@@ -188,7 +256,26 @@ FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int k
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) xv[i][r] = Splat(x[i * ldx + kk + r]);
   }
-  for (int v = 0; v < vecs; ++v) {
+  int v = 0;
+  if constexpr (kParityGroups<W>) {
+    for (; v + 2 <= vecs; v += 2) {
+      V16 we[R], wo[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) LoadPair(wr[r] + 16 * v, &we[r], &wo[r]);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        V16 ce = Load(acc[i] + 16 * v), co = Load(acc[i] + 16 * v + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          ce = Fma(xv[i][r], we[r], ce);
+          co = Fma(xv[i][r], wo[r], co);
+        }
+        Store(acc[i] + 16 * v, ce);
+        Store(acc[i] + 16 * v + 16, co);
+      }
+    }
+  }
+  for (; v < vecs; ++v) {
     V16 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = Load(wr[r] + 16 * v);
@@ -237,12 +324,15 @@ void StreamNN(const GemmArgs& a, int c0, int cols, float* scratch) {
   float* acc[kStreamRows];
   for (int i = 0; i < kStreamRows; ++i) acc[i] = base + i * kStride;
   const int vecs = cols / 16;
+  const int groups = kParityGroups<W> ? vecs / 2 : 0;  // of 32 columns in parity order
   auto reset = [&] {
     for (int i = 0; i < rows; ++i) std::memset(acc[i], 0, sizeof(float) * cols);
   };
   if (a.out == GemmOut::kAccumulate) {
-    for (int i = 0; i < rows; ++i)
+    for (int i = 0; i < rows; ++i) {
       std::memcpy(acc[i], a.y + static_cast<int64_t>(i) * a.ldy + c0, sizeof(float) * cols);
+      ParityOrder(acc[i], groups);
+    }
   } else {
     reset();
   }
@@ -277,6 +367,7 @@ void StreamNN(const GemmArgs& a, int c0, int cols, float* scratch) {
     if (a.out == GemmOut::kFixedItems && kk % a.item_k == 0) {
       for (int i = 0; i < rows; ++i) {
         int64_t* dst = a.acc + static_cast<int64_t>(i) * a.ldacc + c0;
+        ColumnOrder(acc[i], groups);
         for (int v = 0; v < vecs; ++v) AddFixed16(Load(acc[i] + 16 * v), dst + 16 * v, 16);
         for (int c = 16 * vecs; c < cols; ++c) dst[c] = AddFixed(dst[c], ToFixed(acc[i][c]));
       }
@@ -284,8 +375,10 @@ void StreamNN(const GemmArgs& a, int c0, int cols, float* scratch) {
     }
   }
   if (a.out == GemmOut::kFixedItems) return;
-  for (int i = 0; i < rows; ++i)
+  for (int i = 0; i < rows; ++i) {
+    ColumnOrder(acc[i], groups);
     std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + c0, acc[i], sizeof(float) * cols);
+  }
 }
 
 #if defined(__AVX512F__)
@@ -327,7 +420,25 @@ FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel<W>& p, int k0, 
     a0[i] = c.v[i][0];
     a1[i] = c.v[i][1];
   }
-  for (int kk = k0; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
+  int kk = k0;
+  if constexpr (kPairs<W>) {
+    // A blocked bf16 weight, chained over its whole k from k0 = 0 (it is nt,
+    // never cut into items): pairs of k-values, then an odd k's last one.
+    for (; kk + 2 <= k1; kk += 2, b0 += 2 * p.step, b1 += 2 * p.step) {
+      V16 e0, o0, e1, o1;
+      LoadPair(b0, &e0, &o0);
+      LoadPair(b1, &e1, &o1);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const V16 s = Splat(xr[i][kk]), t = Splat(xr[i][kk + 1]);
+        a0[i] = Fma(s, e0, a0[i]);
+        a1[i] = Fma(s, e1, a1[i]);
+        a0[i] = Fma(t, o0, a0[i]);
+        a1[i] = Fma(t, o1, a1[i]);
+      }
+    }
+  }
+  for (; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
     const V16 w0 = Load(b0), w1 = Load(b1);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -407,6 +518,21 @@ void Pack(const GemmArgs& a, int j0, int cols, float* out) {
     const W* wr[16];
     for (int q = 0; q < 16; ++q) wr[q] = jb + q < cols ? WRow<W>(a, j0 + jb + q) : nullptr;
     int kb = 0;
+    if constexpr (kPairs<W>) {  // lanes of two k-values, as DirectNT
+      for (; kb + 32 <= a.k; kb += 32) {
+        I16 r[16];
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; ++q) r[q] = wr[q] ? LoadLanes(wr[q] + kb) : I16{};
+        Transpose16(r);
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; ++t) {
+          V16 even, odd;
+          WidenPair(r[t], &even, &odd);
+          Store(out + static_cast<int64_t>(kb + 2 * t) * kNR + jb, even);
+          Store(out + static_cast<int64_t>(kb + 2 * t + 1) * kNR + jb, odd);
+        }
+      }
+    }
     for (; kb + 16 <= a.k; kb += 16) {
       V16 r[16];
 #pragma GCC unroll 16
@@ -440,7 +566,18 @@ void PackedPanel(const GemmArgs& a, int panel, float* packed) {
     }
     // 16-bit weights under several tiles: widened once into the panel (the
     // same values), not once per tile.
-    for (int kk = 0; kk < a.k; ++kk) {
+    int kk = 0;
+    if constexpr (kPairs<W>) {
+      for (; kk + 2 <= a.k; kk += 2) {
+        for (int h = 0; h < 2; ++h) {
+          V16 e, o;
+          LoadPair((h ? p.b1 : p.b0) + static_cast<int64_t>(kk) * 16, &e, &o);
+          Store(packed + static_cast<int64_t>(kk) * kNR + 16 * h, e);
+          Store(packed + static_cast<int64_t>(kk + 1) * kNR + 16 * h, o);
+        }
+      }
+    }
+    for (; kk < a.k; ++kk) {
       Store(packed + static_cast<int64_t>(kk) * kNR, Load(p.b0 + static_cast<int64_t>(kk) * 16));
       Store(packed + static_cast<int64_t>(kk) * kNR + 16,
             Load(p.b1 + static_cast<int64_t>(kk) * 16));
@@ -471,7 +608,26 @@ void DirectBlocked(const GemmArgs& a, int j0) {
                       : V16{};
     }
   }
-  for (int kk = 0; kk < a.k; ++kk) {
+  int kk = 0;
+  if constexpr (kPairs<W>) {
+    // Two k-values per vector, widened in-lane; each accumulator takes the
+    // even one, then the odd one.
+    for (; kk + 2 <= a.k; kk += 2) {
+      V16 we[NB], wo[NB];
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &we[q], &wo[q]);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const V16 s = Splat(a.x[i * a.ldx + kk]), t = Splat(a.x[i * a.ldx + kk + 1]);
+#pragma GCC unroll 4
+        for (int q = 0; q < NB; ++q) {
+          acc[i][q] = Fma(s, we[q], acc[i][q]);
+          acc[i][q] = Fma(t, wo[q], acc[i][q]);
+        }
+      }
+    }
+  }
+  for (; kk < a.k; ++kk) {
     V16 w[NB];
 #pragma GCC unroll 4
     for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);

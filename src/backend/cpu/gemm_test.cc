@@ -78,7 +78,8 @@ std::vector<Case> Cases() {
   std::vector<Case> out;
   for (bool nt : {true, false}) {
     for (int m : {1, 3, 4, 5, 11, 33}) {
-      for (auto [n, k] : {std::pair{40, 37}, std::pair{97, 64}, std::pair{130, 160}}) {
+      for (auto [n, k] :
+           {std::pair{40, 37}, std::pair{48, 57}, std::pair{97, 64}, std::pair{130, 160}}) {
         out.push_back({nt, m, n, k, GemmOut::kStore, 0});
         out.push_back({nt, m, n, k, GemmOut::kAccumulate, 0});
       }
@@ -153,7 +154,7 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
               uint16_t h = t == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
               const void* src = t == DType::kF32 ? static_cast<const void*>(&v) : &h;
               std::memcpy(&rows[(static_cast<size_t>(r) * k + kk) * esize], src, esize);
-              std::memcpy(&blocked[Blocked16Index(r, kk, k) * esize], src, esize);
+              std::memcpy(&blocked[Blocked16Index(r, kk, k, t) * esize], src, esize);
             }
           }
           const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
@@ -166,6 +167,34 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
           }
         }
       }
+    }
+  }
+}
+
+// The blocked layout gives every element of a block its own place, within
+// the block's 16 * k elements; bf16 holds k-values kk, kk + 1 (kk even) of a
+// row in one 32-bit lane, at the place f32 holds kk's 16 values.
+TEST(Blocked16Layout, EveryElementHasItsPlaceAndBf16PairsKValues) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int k : {1, 2, 7, 64}) {
+      const int n = 32;
+      std::vector<int> seen(static_cast<size_t>(n) * k, 0);
+      for (int r = 0; r < n; ++r) {
+        for (int kk = 0; kk < k; ++kk) {
+          const int64_t at = Blocked16Index(r, kk, k, t);
+          ASSERT_GE(at, (r / 16) * 16 * int64_t{k});
+          ASSERT_LT(at, (r / 16 + 1) * 16 * int64_t{k});
+          ++seen[static_cast<size_t>(at)];
+          const bool paired = t == DType::kBF16 && !(k % 2 == 1 && kk == k - 1);
+          const int64_t lane_start = (r / 16) * 16 * int64_t{k} + (kk & ~1) * 16;
+          if (paired) {
+            EXPECT_EQ(at, lane_start + 2 * (r % 16) + kk % 2) << r << " " << kk << " " << k;
+          } else {
+            EXPECT_EQ(at, (r / 16) * 16 * int64_t{k} + kk * 16 + r % 16);
+          }
+        }
+      }
+      for (int c : seen) ASSERT_EQ(c, 1);
     }
   }
 }

@@ -59,6 +59,28 @@ inline V16 Load(const BF16* p) {
   return v;
 }
 
+// Sixteen 32-bit lanes, each holding two bf16 values (low and high half),
+// widened exactly and in-lane: even = lane << 16, odd = lane & 0xffff0000.
+inline void WidenPair(I16 lanes, V16* even, V16* odd) {
+  typedef uint32_t U32x16 __attribute__((vector_size(64)));
+  const U32x16 w = reinterpret_cast<U32x16>(lanes);
+  const U32x16 lo = w << 16, hi = w & 0xffff0000u;
+  __builtin_memcpy(even, &lo, sizeof(lo));
+  __builtin_memcpy(odd, &hi, sizeof(hi));
+}
+
+// 32 bf16 values as 16 lanes of two (for WidenPair), bits unchanged.
+inline I16 LoadLanes(const BF16* p) {
+  I16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Two k-values of 16 columns of bf16, interleaved: column q's values for the
+// even and the odd k-value in the low and high half of 32-bit lane q (the
+// paired blocked layout, Blocked16Index in backend/backend.h).
+inline void LoadPair(const BF16* p, V16* even, V16* odd) { WidenPair(LoadLanes(p), even, odd); }
+
 inline float Widen(BF16 b) {
   const uint32_t bits = static_cast<uint32_t>(b.bits) << 16;
   float f;

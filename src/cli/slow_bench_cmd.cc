@@ -79,8 +79,8 @@ CommandFn RegisterSlowBench(CLI::App& app) {
           "stretches each compute segment)\n\n",
           o->devices, o->placement.c_str(), w.requests.size(), o->device, o->speed);
     }
-    std::printf("%-6s %-14s %10s %10s %11s %8s %s\n", "round", "run", "wall s", "tokens/s",
-                "rebalances", "share", "outputs");
+    std::printf("%-6s %-14s %10s %10s %11s %8s %9s %s\n", "round", "run", "wall s", "tokens/s",
+                "rebalances", "share", "rel speed", "outputs");
     struct Run {
       const char* name;
       bool throttled, rebalance;
@@ -123,9 +123,11 @@ CommandFn RegisterSlowBench(CLI::App& app) {
         int rebalances = 0;
         for (const RecoveryReport& r : s->recoveries) rebalances += r.rebalance;
         const double share = engine.device_speeds()[o->device].share;
+        // The slowed device's speed over its peers' in the last full window.
+        const double relative = engine.device_speeds()[o->device].relative_speed;
         sum_tps[k] += s->tokens_per_s();
-        std::printf("%-6d %-14s %10.2f %10.1f %11d %8.3g %s\n", round, run.name, s->wall_s,
-                    s->tokens_per_s(), rebalances, share, same ? "same" : "DIFFER");
+        std::printf("%-6d %-14s %10.2f %10.1f %11d %8.3g %9.2f %s\n", round, run.name, s->wall_s,
+                    s->tokens_per_s(), rebalances, share, relative, same ? "same" : "DIFFER");
         std::fflush(stdout);
         rows.push_back({{"round", round},
                         {"run", run.name},
@@ -133,6 +135,7 @@ CommandFn RegisterSlowBench(CLI::App& app) {
                         {"tokens_per_s", s->tokens_per_s()},
                         {"rebalances", rebalances},
                         {"share", share},
+                        {"relative_speed", relative},
                         {"same_outputs", same}});
       }
     }

@@ -25,6 +25,9 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_option(
       "--device-memory", f->device_memory,
       "memory of one device for weights, KV and activations (e.g. 2GiB; default: no limit)");
+  app.add_flag("--rebalance-slow", f->rebalance_slow,
+               "re-plan so that a device that stays slower than its peers (measured per step) "
+               "gets a smaller share of heads and FFN shards");
   AddTimeoutFlags(app, f);
 }
 

@@ -25,6 +25,9 @@ struct DeviceFlags {
   std::string step_timeout = "auto";
   std::string step_timeout_floor = "500ms";
   std::string collective_timeout = "30s";
+  // Re-plan so that a device that stays slower than its peers gets a smaller
+  // share of the work (EngineOptions::rebalance_slow).
+  bool rebalance_slow = false;
   // Set by commands from their scheduler settings:
   int max_step_tokens = 2048;  // tokens per step (sizes activations and collective slots)
   int max_seqs = 256;          // sequences sampled per step (logits rows)

@@ -37,6 +37,7 @@ Result<std::unique_ptr<FaultServer>> StartFaultServer(const FaultServerOptions& 
   FS_ASSIGN_OR_RETURN(auto exec, MakeExecutor(o.model_dir, dev));
   EngineOptions eo;
   eo.recovery = mode;
+  eo.rebalance_slow = o.dev.rebalance_slow;
   ServiceOptions so;
   so.max_queue = o.max_queue;
   s->service = std::make_unique<EngineService>(std::move(exec), sc, eo, so);

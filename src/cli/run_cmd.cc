@@ -79,6 +79,7 @@ CommandFn RegisterRun(CLI::App& app) {
     if (!exec.ok()) return Fail(exec.status().ToString());
     EngineOptions eo;
     eo.recovery = *mode;
+    eo.rebalance_slow = o->dev.rebalance_slow;
     Engine engine(exec->get(), *sc, eo);
     OfflineRunOptions ro;
     ro.seed = o->seed;

@@ -182,6 +182,7 @@ CommandFn RegisterServe(CLI::App& app) {
     if (!exec.ok()) return Fail(exec.status().ToString());
     EngineOptions eo;
     eo.recovery = *mode;
+    eo.rebalance_slow = o->dev.rebalance_slow;
     ServiceOptions so;
     so.max_queue = o->max_queue;
     so.min_devices = o->min_devices;

@@ -92,6 +92,11 @@ class Executor {
   virtual Status SpawnDevice(int device) {
     return FailedPrecondition("this executor has no device processes");
   }
+  // Slows a device to `speed` (0, 1] of its compute speed until its process
+  // is replaced (fault injection: a throttled accelerator).
+  virtual Status SetDeviceSpeed(int device, double speed) {
+    return FailedPrecondition("this executor has no device processes");
+  }
   // The device's latest loss (detected_ns 0 while it is alive).
   virtual DeviceLoss device_loss(int device) const { return {}; }
   // The device's worker process, or -1 (none, or not a separate process).

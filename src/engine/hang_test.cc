@@ -321,5 +321,31 @@ TEST(SlowDevice, RebalancingKeepsTheOutputs) {
   EXPECT_EQ(got.tokens, want);
 }
 
+// A device whose worker runs at half its compute speed (every compute
+// segment stretched, its waits not) is measured at about half its peers'
+// speed, and with rebalance_slow gets about half a share: the share
+// measured on the smaller share still fits, so it stays.
+TEST(SlowDevice, AHalfSpeedDeviceSettlesOnHalfAShare) {
+  const auto reqs = Requests(8, 150, 23);
+  const auto want = FaultFreeTokens(reqs);
+  ASSERT_FALSE(want.empty());
+  auto g = WorkerGroup::Start(Options(3));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE((*g)->SetDeviceSpeed(1, 0.5).ok());
+  EXPECT_FALSE((*g)->SetDeviceSpeed(1, 0).ok());
+  EngineOptions eo;
+  eo.slow.window_ms = 300;
+  eo.slow.min_steps = 8;
+  eo.rebalance_slow = true;
+  Engine e(g->get(), Scheduler(), eo);
+  Outcome got = Drive(e, reqs);
+  EXPECT_EQ(got.tokens, want);
+  const double share = e.device_speeds()[1].share;
+  EXPECT_GE(share, 0.25);
+  EXPECT_LE(share, 0.75);
+  EXPECT_EQ(e.device_speeds()[0].share, 1.0);
+  EXPECT_EQ(e.device_speeds()[2].share, 1.0);
+}
+
 }  // namespace
 }  // namespace failsafe

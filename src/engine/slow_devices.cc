@@ -13,7 +13,10 @@ SlowDeviceMonitor::SlowDeviceMonitor(int num_devices, const SlowDeviceOptions& o
       current_(num_devices),
       last_(num_devices),
       measured_(num_devices, false),
-      relative_(num_devices, 1.0) {}
+      relative_(num_devices, 1.0),
+      raise_streak_(num_devices, 0),
+      ceiling_(num_devices, 1.0),
+      lowered_ns_(num_devices, 0) {}
 
 double SlowDeviceMonitor::Rate(const Window& w) const {
   return w.compute_ns > 0 ? w.flops / static_cast<double>(w.compute_ns) : 0;  // FLOP per ns
@@ -21,6 +24,7 @@ double SlowDeviceMonitor::Rate(const Window& w) const {
 
 void SlowDeviceMonitor::Observe(const StepTiming& timing, int64_t now_ns) {
   if (timing.devices.empty()) return;
+  now_ns_ = now_ns;
   if (window_steps_ == 0) window_start_ns_ = now_ns;
   const int nd = static_cast<int>(shares_.size());
   for (size_t i = 0; i < timing.devices.size(); ++i) {
@@ -48,6 +52,10 @@ void SlowDeviceMonitor::Observe(const StepTiming& timing, int64_t now_ns) {
       measured_[d] = current_[d].steps > 0 && Rate(current_[d]) > 0;
       relative_[d] = measured_[d] ? Rate(current_[d]) / reference : 1.0;
       last_[d] = current_[d];
+      if (ceiling_[d] < 1.0 && now_ns - lowered_ns_[d] > options_.ceiling_ms * 1000000)
+        ceiling_[d] = 1.0;
+      const bool more = measured_[d] && Target(d) > shares_[d] + options_.share_step / 2;
+      raise_streak_[d] = more ? raise_streak_[d] + 1 : 0;
     }
   }
   for (Window& w : current_) w = Window();
@@ -55,7 +63,17 @@ void SlowDeviceMonitor::Observe(const StepTiming& timing, int64_t now_ns) {
 }
 
 void SlowDeviceMonitor::PlanChanged(const std::vector<double>& shares) {
-  if (shares.size() == shares_.size()) shares_ = shares;
+  if (shares.size() == shares_.size()) {
+    for (size_t d = 0; d < shares.size(); ++d) {
+      // Lowered: it was too slow for the share it had.
+      if (shares[d] < shares_[d]) {
+        ceiling_[d] = std::min(ceiling_[d], shares_[d] - options_.share_step);
+        lowered_ns_[d] = now_ns_;
+      }
+    }
+    shares_ = shares;
+  }
+  std::fill(raise_streak_.begin(), raise_streak_.end(), 0);
   for (Window& w : current_) w = Window();
   std::fill(measured_.begin(), measured_.end(), false);
   window_steps_ = 0;
@@ -66,6 +84,14 @@ void SlowDeviceMonitor::DeviceReplaced(int device) {
   shares_[device] = 1.0;
   relative_[device] = 1.0;
   measured_[device] = false;
+  raise_streak_[device] = 0;
+  ceiling_[device] = 1.0;
+}
+
+double SlowDeviceMonitor::Target(int d) const {
+  if (relative_[d] >= options_.slow_below) return 1.0;
+  const double target = std::round(relative_[d] / options_.share_step) * options_.share_step;
+  return std::clamp(target, options_.min_share, 1.0);
 }
 
 bool SlowDeviceMonitor::uneven() const {
@@ -81,12 +107,15 @@ bool SlowDeviceMonitor::ProposeShares(std::vector<double>* shares, std::string* 
   for (int d = 0; d < nd; ++d) {
     if (!measured_[d]) continue;
     ++measured;
-    double target = 1.0;
-    if (relative_[d] < options_.slow_below) {
-      target = std::round(relative_[d] / options_.share_step) * options_.share_step;
-      target = std::clamp(target, options_.min_share, 1.0);
+    double target = Target(d);
+    if (target > shares_[d]) {
+      // Rising: slowly, and not to where it was too slow before.
+      if (raise_streak_[d] < options_.raise_after_windows) continue;
+      target = std::min({target, shares_[d] + options_.max_raise, ceiling_[d]});
+      if (target < shares_[d] + options_.share_step / 2) continue;
     }
-    if (std::fabs(target - shares_[d]) > options_.hysteresis) {
+    // Falling: at once, once well away from the share in force.
+    if (target > shares_[d] || shares_[d] - target > options_.hysteresis) {
       next[d] = target;
       change = true;
       if (!reasons.empty()) reasons += "; ";

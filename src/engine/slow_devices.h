@@ -10,7 +10,13 @@
 // 1 for a device at normal speed, its relative speed (rounded) for a slow
 // one. The share only changes when the measured speed moves well away from
 // the share in force, so a rebalanced device, still slow but now with less
-// work, keeps its share.
+// work, keeps its share. A share falls at once but rises slowly: only after
+// several windows in a row call for more, by a bounded step, and never back
+// to a share the device was already too slow for (its ceiling, which a new
+// process resets, and which lasts a minute). A device throttled by a duty cycle (a CPU quota) reads
+// faster once its share leaves it idle part of the time; without the ceiling
+// its share would swing between small and full.
+//
 //
 // Pure logic: fed StepTiming and a clock reading, no threads, no I/O.
 // Thread-safety: none (the engine thread owns it).
@@ -31,12 +37,19 @@ struct SlowDeviceOptions {
   int min_steps = 20;
   // Relative speed below which a device is slow.
   double slow_below = 0.75;
-  // A new share is proposed when it differs from the share in force by more
-  // than this (absolute).
+  // A lower share is proposed when it is below the share in force by more
+  // than this (absolute); a higher one after raise_after_windows windows.
   double hysteresis = 0.2;
   // Shares are multiples of this, and at least min_share.
   double share_step = 0.125;
   double min_share = 0.25;
+  // A share rises only after this many full windows in a row call for more,
+  // and by at most max_raise at a time.
+  int raise_after_windows = 3;
+  double max_raise = 0.25;
+  // A ceiling lasts this long after the share was lowered (then the device
+  // may try its full share again).
+  int64_t ceiling_ms = 60000;
 };
 
 struct MeasuredSpeed {
@@ -78,6 +91,8 @@ class SlowDeviceMonitor {
     int steps = 0;
   };
   double Rate(const Window& w) const;
+  // The share the last window's speed calls for.
+  double Target(int device) const;
 
   const SlowDeviceOptions options_;
   std::vector<double> shares_;   // [device]
@@ -86,7 +101,11 @@ class SlowDeviceMonitor {
   std::vector<bool> measured_;   // [device]
   int64_t window_start_ns_ = 0;
   int window_steps_ = 0;
-  std::vector<double> relative_;  // [device], from the last full window
+  std::vector<double> relative_;     // [device], from the last full window
+  std::vector<int> raise_streak_;    // [device], full windows in a row that called for more
+  std::vector<double> ceiling_;      // [device], below the least share it was too slow for
+  std::vector<int64_t> lowered_ns_;  // [device], when its share was last lowered
+  int64_t now_ns_ = 0;               // the latest Observe
 };
 
 }  // namespace failsafe

@@ -82,11 +82,52 @@ TEST(SlowDevices, AHalfSpeedDeviceIsSlowOnlyAfterAWholeWindow) {
   EXPECT_FALSE(m.ProposeShares(&shares, nullptr));
   EXPECT_TRUE(m.speeds()[1].slow);
 
-  // Well again (full speed on its smaller share): its share goes back to 1.
-  Feed(m, Timing({1.14e9, 0.57e9, 1.14e9, 1.14e9}, {11 * kMs, 6 * kMs, 11 * kMs, 11 * kMs}), 20,
-       &now);
+  // Well again (full speed on its smaller share): its share rises, but only
+  // after several windows, a step at a time, and not to the share it was too
+  // slow for until a minute has passed.
+  const StepTiming well =
+      Timing({1.14e9, 0.57e9, 1.14e9, 1.14e9}, {11 * kMs, 6 * kMs, 11 * kMs, 11 * kMs});
+  Feed(m, well, 20, &now);
+  EXPECT_FALSE(m.ProposeShares(&shares, nullptr));
+  Feed(m, well, 20, &now);
+  ASSERT_TRUE(m.ProposeShares(&shares, nullptr));
+  EXPECT_EQ(shares, (std::vector<double>{1, 0.75, 1, 1}));
+  m.PlanChanged(shares);
+  Feed(m, well, 40, &now);
+  ASSERT_TRUE(m.ProposeShares(&shares, nullptr));
+  EXPECT_EQ(shares, (std::vector<double>{1, 0.875, 1, 1}));
+  m.PlanChanged(shares);
+  Feed(m, well, 40, &now);
+  EXPECT_FALSE(m.ProposeShares(&shares, nullptr));
+  now += 60000 * kMs;
+  Feed(m, well, 40, &now);
   ASSERT_TRUE(m.ProposeShares(&shares, nullptr));
   EXPECT_EQ(shares, (std::vector<double>{1, 1, 1, 1}));
+}
+
+// A device throttled by a duty cycle (a CPU quota) at half speed reads
+// slow on a full share but fast once a smaller share leaves it idle part of
+// the time. Its share settles instead of swinging between the two.
+TEST(SlowDevices, ADutyCycledDeviceSettlesOnASmallerShare) {
+  SlowDeviceMonitor m(2, Options());
+  int64_t now = 0;
+  int changes = 0;
+  for (int window = 0; window < 60; ++window) {
+    const double share = m.shares()[1];
+    // Device 1 does share/(1+share) of the work; measured speed: 0.5 while
+    // its share is above 0.5, 0.9 at or below it.
+    const double rel = share > 0.5 ? 0.5 : 0.9;
+    const double w1 = 2e9 * share / (1 + share), w0 = 2e9 - w1;
+    Feed(m, Timing({w0, w1}, {10 * kMs, static_cast<int64_t>(w1 / w0 / rel * 10 * kMs)}), 11, &now);
+    std::vector<double> shares;
+    if (m.ProposeShares(&shares, nullptr)) {
+      m.PlanChanged(shares);
+      ++changes;
+    }
+  }
+  EXPECT_LE(changes, 4);
+  EXPECT_GE(m.shares()[1], 0.5);
+  EXPECT_LE(m.shares()[1], 0.625);
 }
 
 TEST(SlowDevices, SmallDifferencesAndShortBurstsChangeNothing) {

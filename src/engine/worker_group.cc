@@ -309,6 +309,17 @@ Status WorkerGroup::KillDevice(int device) {
   return Status::Ok();
 }
 
+Status WorkerGroup::SetDeviceSpeed(int device, double speed) {
+  if (device < 0 || device >= static_cast<int>(devices_.size()) || !alive(device))
+    return InvalidArgument("device {} is not alive", device);
+  if (!(speed > 0 && speed <= 1)) return InvalidArgument("a compute speed must be in (0, 1]");
+  WireWriter w;
+  w.Put<double>(speed);
+  const Sent sent = SendAll({device}, WorkerOp::kSetSpeed, w.data());
+  for (const DeviceReply& r : Collect(sent, deadline_.floor_ms())) FS_RETURN_IF_ERROR(r.status);
+  return DeadAmong({device}, "while its speed was set");
+}
+
 std::vector<int> WorkerGroup::alive_devices() const {
   std::vector<int> out;
   for (size_t d = 0; d < devices_.size(); ++d) {

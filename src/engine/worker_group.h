@@ -105,6 +105,7 @@ class WorkerGroup final : public Executor {
   std::vector<int> dead_devices() const;
   // Kills a device's process for real (fault injection).
   Status KillDevice(int device) override;
+  Status SetDeviceSpeed(int device, double speed) override;
   int device_pid(int device) const override;
   // Weight bytes each device reported after loading its share.
   int64_t device_weight_bytes(int device) const { return devices_[device].weight_bytes; }

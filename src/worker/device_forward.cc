@@ -1,4 +1,6 @@
 // The forward pass over a device's share of the model.
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -63,6 +65,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   *stats = ForwardStats();
   int64_t seg_cpu = ThreadCpuNanos(), seg_wall = MonotonicNanos();
   auto end_segment = [&] {
+    Stretch(seg_wall);
     int64_t c = ThreadCpuNanos(), w = MonotonicNanos();
     stats->segment_cpu_ns.push_back(c - seg_cpu);
     stats->segment_wall_ns.push_back(w - seg_wall);
@@ -98,6 +101,19 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   EnqueueBackup(b);
   stats->kv_bytes = kv_.used_pages() * kv_.page_bytes();
   return Status::Ok();
+}
+
+void DeviceModel::Stretch(int64_t start_ns) {
+  if (speed_ >= 1.0 || speed_ <= 0.0) return;
+  const int64_t now = MonotonicNanos();
+  stretch_debt_ns_ += static_cast<int64_t>((now - start_ns) * (1.0 / speed_ - 1.0));
+  // Sleeps shorter than this are owed to a later segment (timer slack).
+  constexpr int64_t kMinSleepNs = 50000;
+  if (stretch_debt_ns_ < kMinSleepNs) return;
+  timespec ts{static_cast<time_t>(stretch_debt_ns_ / 1000000000),
+              static_cast<long>(stretch_debt_ns_ % 1000000000)};
+  ::nanosleep(&ts, nullptr);
+  stretch_debt_ns_ -= MonotonicNanos() - now;
 }
 
 void DeviceModel::Embed(const StepBatch& b) {

@@ -117,6 +117,13 @@ class DeviceModel {
 
   void FreeSeq(int64_t seq) { kv_.FreeSeq(seq); }
 
+  // Runs this device at `speed` (0, 1] of its speed, as a throttled or
+  // down-clocked accelerator would: each compute segment of a step (never a
+  // wait in a collective) is stretched to 1/speed of its wall time by
+  // sleeping at its end. 1: full speed. Fault injection for slow-device
+  // benchmarks and tests.
+  void SetComputeSpeed(double speed) { speed_ = speed; }
+
   // Backs up the KV of every step into the host region (base, layout) through
   // `writer` (owned by the caller, outliving this device).
   void SetBackup(BackupWriter* writer, const BackupLayout& layout, void* base);
@@ -133,6 +140,13 @@ class DeviceModel {
                    Communicator& comm, const std::vector<SeqRestore>& seqs, ApplyStats* stats);
 
  private:
+  // Sleeps so that a compute segment that ran from `start_ns` takes 1/speed_
+  // of its time (no-op at full speed); owes sub-tick remainders to later
+  // segments.
+  void Stretch(int64_t start_ns);
+
+  double speed_ = 1.0;           // SetComputeSpeed
+  int64_t stretch_debt_ns_ = 0;  // sleep owed, not yet slept
   struct LayerWeights {
     std::vector<float> attn_norm, ffn_norm;
     AttentionWeights tp;        // TP head groups (or this device's part of replicated ones)

@@ -23,6 +23,7 @@ enum class WorkerOp : uint32_t {
   kShutdown = 7,
   kDrainBackup = 8,  // wait until the host backup holds every finished step
   kApplyPlan = 9,    // ApplyPlanRequest -> ApplyStats
+  kSetSpeed = 10,    // double in (0, 1]: the device's compute speed (DeviceModel::SetComputeSpeed)
   kReply = 100,
 };
 

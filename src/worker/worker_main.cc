@@ -131,6 +131,14 @@ class Worker {
         for (int64_t id : ids) device_->FreeSeq(id);
         return Status::Ok();
       }
+      case WorkerOp::kSetSpeed: {
+        const double speed = r.Get<double>();
+        if (!r.ok() || !(speed > 0 && speed <= 1))
+          return InvalidArgument("a compute speed must be in (0, 1]");
+        if (!device_) return FailedPrecondition("not initialised");
+        device_->SetComputeSpeed(speed);
+        return Status::Ok();
+      }
       case WorkerOp::kPing:
       case WorkerOp::kShutdown:
         return Status::Ok();

@@ -10,7 +10,10 @@
   killed process was writing is removed by the next start;
 - a low open-file limit is reported at start-up;
 - the admin token comes from a file or the environment; an admin API bound to
-  a non-loopback address without one is warned about.
+  a non-loopback address without one is warned about;
+- with --rebalance-slow, a device throttled by a SIGSTOP/SIGCONT duty cycle
+  is measured slow and given a smaller share (/admin/status), and its stream
+  finishes whole.
 
   python3 serve_lifecycle.py --failsafe PATH
 """
@@ -263,6 +266,43 @@ def test_admin_token(failsafe, model, tmp):
     s.proc.wait(timeout=15)
 
 
+def test_rebalance_slow(failsafe, model, tmp):
+    s = Server(failsafe, model, tmp, ["--rebalance-slow", "--enable-admin"], name="rebalance")
+    check(s.port is not None and len(s.workers) == 2, "serve --rebalance-slow starts")
+    status = json.loads(request(s.port, "GET", "/admin/status")[1])
+    victim = next(d["pid"] for d in status["devices"] if d["device"] == 1)
+    streams = [open_stream(s.port, 1500) for _ in range(4)]
+    stop = threading.Event()
+
+    def throttle():  # device 1 runs 30% of every 20 ms, as a CPU quota holds it
+        while not stop.is_set():
+            os.kill(victim, signal.SIGSTOP)
+            time.sleep(0.014)
+            os.kill(victim, signal.SIGCONT)
+            time.sleep(0.006)
+
+    t = threading.Thread(target=throttle)
+    t.start()
+    share, rebalanced = 1.0, False
+    deadline = time.time() + 40
+    while time.time() < deadline and not (share < 1 and rebalanced):
+        time.sleep(0.5)
+        status = json.loads(request(s.port, "GET", "/admin/status")[1])
+        share = next(d["speed"]["share"] for d in status["devices"] if d["device"] == 1)
+        rebalanced = any(r.get("rebalance") for r in status["recoveries"])
+    stop.set()
+    t.join()
+    os.kill(victim, signal.SIGCONT)
+    check(share < 1 and rebalanced,
+          f"the throttled device gets a smaller share (share {share}, rebalanced {rebalanced})")
+    for conn, resp in streams:
+        body = resp.read().decode(errors="replace")
+        conn.close()
+        m = re.search(r'"completion_tokens":(\d+)', body)
+        check(m is not None and int(m.group(1)) == 1500, "a stream through the rebalance is whole")
+    s.kill()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--failsafe", required=True)
@@ -277,6 +317,7 @@ def main():
         test_sigkill(args.failsafe, model, tmp, cache)
         test_file_limit(args.failsafe, model, tmp)
         test_admin_token(args.failsafe, model, tmp)
+        test_rebalance_slow(args.failsafe, model, tmp)
     if FAILURES:
         print(f"{len(FAILURES)} failed", flush=True)
         sys.exit(1)

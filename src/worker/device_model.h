@@ -137,8 +137,9 @@ class DeviceModel {
   // or for new DP heads in pieces exchanged through `comm`), and restores the
   // KV of gained slots from the host backup. `seqs` lists every live sequence
   // with its new block table on this device; the device forgets any other.
-  // A slot kept in place must hold the same pages as before (else the tables
-  // are out of step: an error). With `mode` other than kFull it reloads its
+  // A slot kept in place must already hold the blocks up to restore_tokens in
+  // the pages its new table names (else the tables are out of step: an
+  // error, changing nothing). With `mode` other than kFull it reloads its
   // whole share and rebuilds all its KV (restore_tokens may be 0: recompute).
   Status ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode mode, const WeightStore& host,
                    Communicator& comm, const std::vector<SeqRestore>& seqs, ApplyStats* stats);

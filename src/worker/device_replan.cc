@@ -159,11 +159,16 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
                              s.restore_tokens);
     }
     if (!keep) continue;
+    // A kept slot must hold its KV up to restore_tokens in the pages the new
+    // table names. The device may lack the table's last blocks (the step that
+    // would have brought them failed): nothing was written there.
+    const int needed = (std::max(0, s.restore_tokens) + bs - 1) / bs;
     for (size_t i = 0; i < slots.size(); ++i) {
       if (std::count(s.restore_slots.begin(), s.restore_slots.end(), slots[i])) continue;
       const std::vector<int32_t> had = kv_.PageIds(s.seq_id, slots[i]);
-      bool same = static_cast<int>(had.size()) == s.num_blocks;
-      for (int b = 0; same && b < s.num_blocks; ++b)
+      const int n = static_cast<int>(had.size());
+      bool same = n >= needed && n <= s.num_blocks;
+      for (int b = 0; same && b < n; ++b)
         same = had[b] == s.pages[static_cast<size_t>(b) * slots.size() + i];
       if (!same) {
         return FailedPrecondition(

@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/rng.h"
+#include "engine/kv_tables.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
     const auto& active = (*group)->plan().active;
     const int vocab = (*group)->config().vocab_size;
     Rng rng(5);
+    DirectKvTables tables((*group)->plan(), (*group)->block_size(), (*group)->kv_capacity_pages());
     // Prefill every sequence in chunks; DP ranks spread evenly.
     for (int s = 0; s < seqs; ++s) {
       for (int done = 0; done < context;) {
@@ -78,6 +80,10 @@ int main(int argc, char** argv) {
         b.seqs.push_back({s, done, n, active[s % active.size()], 0, done + n == context ? 0 : -1});
         for (int i = 0; i < n; ++i) b.tokens.push_back(static_cast<int32_t>(rng.Below(vocab)));
         b.num_logits_rows = done + n == context ? 1 : 0;
+        if (Status st = tables.Fill(&b); !st.ok()) {
+          std::fprintf(stderr, "%s\n", st.ToString().c_str());
+          return 1;
+        }
         auto r = (*group)->Step(b, nullptr);
         if (!r.ok()) {
           std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
@@ -96,6 +102,10 @@ int main(int argc, char** argv) {
         b.tokens.push_back(static_cast<int32_t>(rng.Below(vocab)));
       }
       b.num_logits_rows = seqs;
+      if (Status st = tables.Fill(&b); !st.ok()) {
+        std::fprintf(stderr, "%s\n", st.ToString().c_str());
+        return 1;
+      }
       StepTiming t;
       auto r = (*group)->Step(b, &t);
       if (!r.ok()) {

@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "engine/executor.h"
+#include "engine/kv_tables.h"
 #include "gemm_libs.h"
 #include "model/synthetic.h"
 #include "placement/plan.h"
@@ -100,13 +101,19 @@ Decode RunDecode(Executor& exec, int batch, int steps) {
   const ModelConfig& c = exec.config();
   Rng rng(1);
   const int prompt = 32;
+  DirectKvTables kv(exec.plan(), exec.block_size(), exec.kv_capacity_pages());
+  auto run_step = [&](StepBatch& b) {
+    Status st = kv.Fill(&b);
+    if (st.ok()) st = exec.Step(b, nullptr).status();
+    return st;
+  };
   for (int s = 0; s < batch; ++s) {
     StepBatch b;
     b.seqs.push_back({100 + s, 0, prompt, 0, 0, 0});
     for (int i = 0; i < prompt; ++i)
       b.tokens.push_back(static_cast<int32_t>(rng.Below(c.vocab_size)));
     b.num_logits_rows = 1;
-    (void)exec.Step(b, nullptr);
+    (void)run_step(b);
   }
   std::vector<double> times, cpu_times;
   for (int step = 0; step < steps; ++step) {
@@ -117,12 +124,15 @@ Decode RunDecode(Executor& exec, int batch, int steps) {
     }
     b.num_logits_rows = batch;
     int64_t t0 = MonotonicNanos(), c0 = ProcessCpuNanos();
-    Status st = exec.Step(b, nullptr).status();
+    Status st = run_step(b);
     if (!st.ok()) std::fprintf(stderr, "step failed: %s\n", st.ToString().c_str());
     times.push_back((MonotonicNanos() - t0) * 1e-9);
     cpu_times.push_back((ProcessCpuNanos() - c0) * 1e-9);
   }
-  for (int s = 0; s < batch; ++s) (void)exec.FreeSeq(100 + s);
+  for (int s = 0; s < batch; ++s) {
+    (void)exec.FreeSeq(100 + s);
+    kv.Free(100 + s);
+  }
   double t = Median(times);
   return {t, batch / t, batch / Median(cpu_times)};
 }
@@ -131,16 +141,19 @@ double RunPrefill(Executor& exec, int tokens, int reps) {
   const ModelConfig& c = exec.config();
   Rng rng(2);
   std::vector<double> times;
+  DirectKvTables kv(exec.plan(), exec.block_size(), exec.kv_capacity_pages());
   for (int r = 0; r < reps; ++r) {
     StepBatch b;
     b.seqs.push_back({7, 0, tokens, 0, 0, 0});
     for (int i = 0; i < tokens; ++i)
       b.tokens.push_back(static_cast<int32_t>(rng.Below(c.vocab_size)));
     b.num_logits_rows = 1;
+    if (Status st = kv.Fill(&b); !st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
     int64_t t0 = MonotonicNanos();
     (void)exec.Step(b, nullptr);
     times.push_back((MonotonicNanos() - t0) * 1e-9);
     (void)exec.FreeSeq(7);
+    kv.Free(7);
   }
   return Median(times);
 }

@@ -36,9 +36,7 @@ struct Sample {
 Sample RunRequest(const std::string& host, int port, const std::string& model,
                   const WorkloadRequest& r, int index, uint64_t seed, int64_t t0) {
   Sample s;
-  nlohmann::json prompt = nlohmann::json::array();
-  for (int i = 0; i < r.input_len; ++i)
-    prompt.push_back(32 + Mix64(HashCombine(seed, (uint64_t(index) << 24) + i)) % 200);
+  nlohmann::json prompt = WorkloadPrompt(r, index, seed, 32, 200);
   nlohmann::json body = {{"model", model},
                          {"prompt", prompt},
                          {"max_tokens", r.output_len},

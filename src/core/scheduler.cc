@@ -235,6 +235,7 @@ StepPlan Scheduler::ScheduleOnce() {
   cost_.Reset();
   for (auto& ss : plan.seqs) cost_.AddChunk(ss.num_tokens, ss.start, ss.dp_rank);
   plan.estimated_time = cost_.StepTime();
+  for (ScheduledSeq& ss : plan.seqs) ss.kv_first_block = kv_.TakeUnsent(ss.seq_id);
   return plan;
 }
 
@@ -387,25 +388,36 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
       if (rerouted) rerouted->push_back(s->id);
     }
   }
-  std::vector<const Sequence*> live;
-  for (Sequence* s : running_) live.push_back(s);
-  kv_.Reconfigure(plan, std::move(capacity), live);
   // Requests that no longer fit the devices' memory even alone would wait forever.
+  const KvBlockManager probe(plan, kv_.block_size(), capacity);
   for (Sequence* s : all) {
     bool fits = true;
-    for (int d : plan.active) fits &= kv_.FitsAlone(d, s->prompt_len + s->max_new_tokens);
+    for (int d : plan.active) fits &= probe.FitsAlone(d, s->prompt_len + s->max_new_tokens);
     if (!fits) {
       s->error = "the request no longer fits in the remaining devices' KV memory";
       FinishSeq(s, FinishReason::kError);
     }
   }
+  // The newest running sequences give way until the rest fit.
   std::vector<int64_t> preempted;
-  while (kv_.OverCapacity() && !running_.empty()) {
-    Sequence* victim = running_.back();
-    preempted.push_back(victim->id);
-    Preempt(victim, nullptr);
+  for (;;) {
+    std::vector<const Sequence*> live(running_.begin(), running_.end());
+    const std::vector<int64_t> need = kv_.PagesUnder(plan, live);
+    bool over = false;
+    for (int d : plan.active)
+      over |= need[d] > (d < static_cast<int>(capacity.size()) ? capacity[d] : 0);
+    if (!over || running_.empty()) {
+      kv_.Reconfigure(plan, std::move(capacity), live);
+      break;
+    }
+    preempted.push_back(running_.back()->id);
+    Preempt(running_.back(), nullptr);
   }
   return preempted;
+}
+
+void Scheduler::ResendKvTables(const std::vector<int64_t>& ids) {
+  for (int64_t id : ids) kv_.MarkUnsent(id);
 }
 
 void Scheduler::RollBack(int64_t id, int num_computed) {

@@ -6,7 +6,7 @@
 // consumes the sampled tokens.
 //
 // A step mixes one decode token of every running sequence with prefill chunks,
-// within a token budget. KV is accounted per device (see KvAccounting);
+// within a token budget. KV blocks are owned per device by the block manager (KvBlockManager);
 // sequences are admitted only if every device has room (check, then commit),
 // and when a decode cannot get a block the newest running sequence is
 // preempted (its KV freed, to be recomputed later).
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "core/kv_accounting.h"
+#include "core/kv_blocks.h"
 #include "core/sequence.h"
 #include "core/step_cost.h"
 
@@ -61,6 +61,9 @@ struct ScheduledSeq {
   int num_tokens = 0;
   int dp_rank = 0;
   bool sample = false;  // the last token's logits are sampled
+  // Blocks [kv_first_block, kv_blocks) of its block tables are new to the
+  // devices: the step carries them (KvBlockManager::Table).
+  int kv_first_block = 0;
 };
 
 struct StepPlan {
@@ -96,10 +99,14 @@ class Scheduler {
 
   // After a failure or rejoin: new plan and capacities. Sequences keep their
   // computed KV (the engine restores it onto the new devices); DP ranks on
-  // devices that left are re-routed by the caller through `rerouted`.
-  // Returns sequences preempted to fit the new capacities.
+  // devices that left are re-routed (listed in `rerouted`). The block manager
+  // moves every running sequence's tables to the new plan (kv().Table,
+  // kv().GainedSlots). Returns sequences preempted to fit the new capacities.
   std::vector<int64_t> Reconfigure(const Plan& plan, std::vector<int64_t> kv_capacity_pages,
                                    std::vector<int64_t>* rerouted);
+  // The devices may not have applied the block tables of these sequences'
+  // last step (it failed): the next step carries their whole tables.
+  void ResendKvTables(const std::vector<int64_t>& ids);
   // Rolls a running sequence back to `num_computed` tokens of KV (its KV past
   // that was lost and will be recomputed).
   void RollBack(int64_t id, int num_computed);
@@ -112,7 +119,7 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty(); }
   // Sequences finished and not yet taken (TakeFinished).
   bool has_finished() const { return !finished_.empty(); }
-  const KvAccounting& kv() const { return kv_; }
+  const KvBlockManager& kv() const { return kv_; }
   const SchedulerConfig& config() const { return config_; }
   // Pending DP work per device, in tokens (what load-aware routing balances).
   std::vector<int64_t> DpLoad() const;
@@ -132,7 +139,7 @@ class Scheduler {
   const SchedulerConfig config_;
   ModelConfig model_;
   Plan plan_;
-  KvAccounting kv_;
+  KvBlockManager kv_;
   StepCost cost_;
   DeviceSpeed speed_;
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;

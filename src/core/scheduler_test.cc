@@ -4,10 +4,12 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "common/rng.h"
 #include "core/step_cost.h"
 #include "model/synthetic.h"
+#include "placement/replan.h"
 
 namespace failsafe {
 namespace {
@@ -37,6 +39,41 @@ struct DriveResult {
   std::map<int64_t, int> outputs;
 };
 
+// The block manager's books: no page owned twice, owned + free ids = ids
+// handed out, used <= capacity on every device; every running sequence has a
+// table of exactly its blocks on every active device (its DP slots on its DP
+// rank only), covering its computed tokens; waiting ones hold nothing; and
+// the running sequences' tables are all the pages in use.
+void ExpectKvBooks(const Scheduler& s, const StepPlan* plan = nullptr) {
+  const KvBlockManager& kv = s.kv();
+  const Status st = kv.CheckInvariants();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::map<int, int64_t> held;
+  for (const Sequence* q : s.Running()) {
+    EXPECT_GE(q->kv_blocks * kv.block_size(), q->num_computed) << q->id;
+    for (int d : kv.devices()) {
+      const size_t slots = kv.Slots(d, q->dp_rank).size();
+      EXPECT_EQ(kv.Table(q->id, d).size(), slots * q->kv_blocks) << q->id << " on " << d;
+      held[d] += static_cast<int64_t>(kv.Table(q->id, d).size());
+    }
+  }
+  for (const Sequence* q : s.Waiting()) {
+    for (int d : kv.devices()) EXPECT_TRUE(kv.Table(q->id, d).empty()) << q->id;
+  }
+  for (int d : kv.devices()) {
+    EXPECT_LE(kv.used(d), kv.capacity(d)) << d;
+    EXPECT_EQ(kv.used(d), held[d]) << d;
+    EXPECT_EQ(kv.free(d) + kv.used(d), kv.capacity(d)) << d;
+  }
+  if (!plan) return;
+  for (const ScheduledSeq& ss : plan->seqs) {
+    const Sequence* q = s.Find(ss.seq_id);
+    ASSERT_NE(q, nullptr);
+    EXPECT_GE(q->kv_blocks * kv.block_size(), ss.start + ss.num_tokens) << ss.seq_id;
+    EXPECT_LE(ss.kv_first_block, q->kv_blocks) << ss.seq_id;
+  }
+}
+
 // Drives a scheduler to completion, sampling token 7 everywhere.
 DriveResult Drive(Scheduler& s, int max_steps = 100000) {
   DriveResult r;
@@ -45,9 +82,9 @@ DriveResult Drive(Scheduler& s, int max_steps = 100000) {
     EXPECT_LE(p.num_tokens(), s.config().max_batch_tokens);
     r.preemptions += static_cast<int>(p.preempted.size());
     r.max_running = std::max(r.max_running, s.num_running());
-    // Every device within capacity after scheduling.
-    for (int d : s.kv().devices()) EXPECT_LE(s.kv().used(d), s.kv().capacity(d));
+    ExpectKvBooks(s, &p);
     s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
+    ExpectKvBooks(s);
     for (auto& f : s.TakeFinished()) r.outputs[f->id] = f->output_len();
     ++r.steps;
   }
@@ -290,6 +327,7 @@ TEST(Scheduler, ReconfigureReroutesAndPreempts) {
   preempted = s.Reconfigure(plan7, std::vector<int64_t>(8, 2000), &rerouted);
   EXPECT_FALSE(preempted.empty());
   EXPECT_FALSE(s.kv().OverCapacity());
+  ExpectKvBooks(s);
   DriveResult r = Drive(s);
   EXPECT_EQ(r.outputs.size(), 16u);
 }
@@ -312,6 +350,72 @@ TEST(StepCost, ReferenceStepTimeGrowsAsDevicesAreLost) {
     previous = t;
   }
   EXPECT_LT(full / previous, 0.5);  // 2 of 8 devices keep well under half
+}
+
+// A plan change moves block tables: a slot a device keeps keeps its pages
+// (its KV stays in place); a slot it gains gets new pages and is listed as
+// gained; a device that left holds nothing, and one that joins starts afresh.
+TEST(Scheduler, ReconfigureMovesBlockTables) {
+  auto c = Model();
+  auto plan4 = *MakePlan(c, Policy::kHybrid, 4, Range(4));
+  Scheduler s({}, plan4, c, 16, std::vector<int64_t>(4, 1 << 20));
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(s.Add(Req(i, 70, 20)).ok());
+  for (int k = 0; k < 3; ++k) {
+    StepPlan p = s.Schedule();
+    s.Update(p, std::vector<int32_t>(p.seqs.size(), 1));
+  }
+  ExpectKvBooks(s);
+  // Pages of every (sequence, device, slot) before.
+  auto pages_of = [&](const Plan& plan) {
+    std::map<std::tuple<int64_t, int, int>, std::vector<int32_t>> out;
+    for (const Sequence* q : s.Running()) {
+      for (int d : plan.active) {
+        const std::vector<int>& slots = s.kv().Slots(d, q->dp_rank);
+        const std::vector<int32_t>& t = s.kv().Table(q->id, d);
+        for (size_t i = 0; i < slots.size(); ++i) {
+          auto& v = out[{q->id, d, slots[i]}];
+          for (int b = 0; b < q->kv_blocks; ++b) v.push_back(t[b * slots.size() + i]);
+        }
+      }
+    }
+    return out;
+  };
+  const auto before = pages_of(plan4);
+  auto plan3 = *Replan(plan4, c, {0, 2, 3});
+  std::vector<int64_t> rerouted;
+  ASSERT_TRUE(s.Reconfigure(plan3, std::vector<int64_t>(4, 1 << 20), &rerouted).empty());
+  ExpectKvBooks(s);
+  const auto after = pages_of(plan3);
+  int kept = 0, gained = 0;
+  for (const auto& [key, pages] : after) {
+    const auto [id, d, slot] = key;
+    const std::vector<int> g = s.kv().GainedSlots(id, d);
+    const bool is_gained = std::count(g.begin(), g.end(), slot) > 0;
+    auto it = before.find(key);
+    if (it == before.end()) {
+      EXPECT_TRUE(is_gained) << id << " " << d << " " << slot;
+      ++gained;
+    } else if (!is_gained) {
+      EXPECT_EQ(pages, it->second) << id << " " << d << " " << slot;
+      ++kept;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(gained, 0);
+  for (const Sequence* q : s.Running()) EXPECT_TRUE(s.kv().Table(q->id, 1).empty());
+  EXPECT_EQ(s.kv().used(1), 0);
+  // Device 1 rejoins: it gains every slot, from page 0 on.
+  auto plan4b = *Replan(plan3, c, {0, 1, 2, 3});
+  ASSERT_TRUE(s.Reconfigure(plan4b, std::vector<int64_t>(4, 1 << 20), &rerouted).empty());
+  ExpectKvBooks(s);
+  int64_t on_one = 0;
+  for (const Sequence* q : s.Running()) {
+    EXPECT_EQ(s.kv().GainedSlots(q->id, 1), s.kv().Slots(1, q->dp_rank));
+    for (int32_t page : s.kv().Table(q->id, 1)) EXPECT_LT(page, s.kv().used(1));
+    on_one += static_cast<int64_t>(s.kv().Table(q->id, 1).size());
+  }
+  EXPECT_GT(on_one, 0);
+  EXPECT_EQ(Drive(s).outputs.size(), 6u);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "engine/kv_backup.h"
+#include "engine/kv_tables.h"
 
 namespace failsafe {
 
@@ -120,6 +121,8 @@ Result<StepOutcome> Engine::Step() {
   for (const ScheduledSeq& ss : plan.seqs) ids.push_back(ss.seq_id);
   // Whatever happens to the step, report what it finished and failed.
   auto failed = [&](const Status& error) -> Result<StepOutcome> {
+    // The devices may have missed the step's new block-table entries.
+    scheduler_->ResendKvTables(ids);
     Status st = HandleStepError(error, ids, MonotonicNanos());
     if (!st.ok()) FS_LOG_WARN("after a failed step: {}", st.ToString());
     out.recovered = true;
@@ -155,6 +158,7 @@ Result<StepOutcome> Engine::Step() {
     if (backup)
       backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, &st, &batch.backup_blocks);
     batch.seqs.push_back(st);
+    AddKvTables(scheduler_->kv(), executor_->plan(), *s, ss.kv_first_block, &batch);
     batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + ss.start,
                         s->tokens.begin() + ss.start + ss.num_tokens);
   }

@@ -81,9 +81,10 @@ class Executor {
   virtual Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const {
     return kv_capacity_pages();
   }
-  // Moves every device to `next`; `seqs` lists every live sequence.
+  // Moves every device to `next`; `seqs` lists, per device, every live
+  // sequence with its block table there.
   virtual Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
-                                        const std::vector<SeqRestore>& seqs) {
+                                        const DeviceRestores& seqs) {
     return FailedPrecondition("this executor cannot change its plan");
   }
   virtual Status KillDevice(int device) {

@@ -72,7 +72,7 @@ Result<std::vector<int64_t>> FaultInjectingExecutor::KvCapacityFor(const Plan& p
 }
 
 Result<ApplyReport> FaultInjectingExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
-                                                      const std::vector<SeqRestore>& seqs) {
+                                                      const DeviceRestores& seqs) {
   return Forward<Result<ApplyReport>>(ExecutorCall::kApplyPlan,
                                       [&] { return inner_->ApplyPlan(next, mode, seqs); });
 }

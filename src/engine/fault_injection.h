@@ -59,7 +59,7 @@ class FaultInjectingExecutor final : public Executor {
   Status DrainBackup() override;
   Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
-                                const std::vector<SeqRestore>& seqs) override;
+                                const DeviceRestores& seqs) override;
   Status KillDevice(int device) override { return inner_->KillDevice(device); }
   Status SpawnDevice(int device) override;
   DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }

@@ -3,6 +3,7 @@
 #include "comm/communicator.h"
 #include "common/clock.h"
 #include "engine/executor.h"
+#include "engine/kv_tables.h"
 
 namespace failsafe {
 
@@ -67,6 +68,8 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
   std::vector<int> seq = prompt;
   int done = 0;  // tokens whose KV is written
   Status st;
+  // The sequence's KV pages, owned here as the scheduler owns them in the engine.
+  DirectKvTables tables(exec.plan(), exec.block_size(), exec.kv_capacity_pages());
   while (static_cast<int>(r.output_ids.size()) < o.max_tokens) {
     const int remaining = static_cast<int>(seq.size()) - done;
     const int n = std::min(remaining, std::max(1, o.prefill_chunk));
@@ -83,6 +86,7 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
     b.seqs.push_back(s);
     b.tokens.assign(seq.begin() + done, seq.begin() + done + n);
     b.num_logits_rows = want_logits ? 1 : 0;
+    if (st = tables.Fill(&b); !st.ok()) break;
     auto logits = exec.Step(b, nullptr);
     if (!logits.ok()) {
       st = logits.status();

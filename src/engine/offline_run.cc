@@ -67,11 +67,7 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
     while (next < n && w.requests[next].arrival_s <= clock) {
       const WorkloadRequest& r = w.requests[next];
       RequestSpec spec;
-      spec.prompt.resize(r.input_len);
-      for (int i = 0; i < r.input_len; ++i) {
-        spec.prompt[i] = static_cast<int32_t>(
-            Mix64(HashCombine(o.seed, (static_cast<uint64_t>(next) << 24) + i)) % vocab);
-      }
+      spec.prompt = WorkloadPrompt(r, static_cast<int>(next), o.seed, 0, vocab);
       spec.max_new_tokens = r.output_len;
       if (o.sample_every > 0 && next % o.sample_every == 0) {
         spec.sampling.temperature = o.temperature;

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "engine/engine.h"
 #include "engine/kv_backup.h"
+#include "engine/kv_tables.h"
 #include "placement/replan.h"
 
 namespace failsafe {
@@ -15,14 +16,6 @@ namespace {
 // A plan change that fails this many times without a device lost leaves the
 // engine degraded (it tries again at the next health check).
 constexpr int kMaxPlanAttempts = 3;
-
-// The devices that cache the KV of (layer, head) for a sequence with DP rank
-// `dp_rank` under `plan`: its DP rank, or every holder of a TP head group
-// (several if it is replicated).
-std::vector<int> KvHolders(const Plan& plan, int layer, int head, int dp_rank) {
-  if (plan.IsDpHead(layer, head)) return {dp_rank};
-  return plan.TpHolders(layer, head);
-}
 
 double MsSince(int64_t t0) { return (MonotonicNanos() - t0) * 1e-6; }
 
@@ -171,7 +164,7 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
         next.ok() ? executor_->KvCapacityFor(*next) : next.status();
     if (capacity.ok()) {
       // Enough devices means room for every request we hold, each alone.
-      KvAccounting probe(*next, executor_->block_size(), *capacity);
+      KvBlockManager probe(*next, executor_->block_size(), *capacity);
       int largest = 0;
       for (const Sequence* s : scheduler_->Running())
         largest = std::max(largest, s->prompt_len + s->max_new_tokens);
@@ -210,8 +203,10 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
       // What the devices published stays valid (it only lags): restore from it.
       FS_LOG_WARN("draining the KV backup failed: {}; restoring what it holds", drained.ToString());
     }
-    // How far each sequence's KV can be restored.
+    // How far each sequence's KV can be restored, and the block tables the
+    // scheduler moved to the new plan.
     std::vector<SeqRestore> seqs;
+    DeviceRestores tables(next->num_devices);
     for (const Sequence* s : scheduler_->Running()) {
       SeqRestore sr;
       sr.seq_id = s->id;
@@ -227,10 +222,10 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
         for (int l = 0; l < config.num_layers && restore > 0; ++l) {
           for (int h = 0; h < config.num_kv_heads; ++h) {
             const int was = prev.KvWriter(l, h, old_rank), will = next->KvWriter(l, h, s->dp_rank);
-            const std::vector<int> before = KvHolders(prev, l, h, old_rank);
+            const std::vector<int> before = prev.KvHolders(l, h, old_rank);
             bool moves = was != will || !std::count(alive.begin(), alive.end(), was) ||
                          options_.recovery == RecoveryMode::kHost || conservative;
-            for (int d : KvHolders(*next, l, h, s->dp_rank))
+            for (int d : next->KvHolders(l, h, s->dp_rank))
               moves |= !std::count(before.begin(), before.end(), d);
             if (moves) restore = std::min(restore, was >= 0 ? backup->Restorable(s->id, was) : 0);
           }
@@ -241,12 +236,15 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
         const auto& blocks = backup->Blocks(s->id);
         sr.backup_blocks.assign(blocks.begin(), blocks.end());
       }
+      // Devices that may hold a mix of plans, or rebuild everything, keep nothing in place.
+      AddRestores(scheduler_->kv(), *next, *s, sr,
+                  conservative || options_.recovery != RecoveryMode::kFull, &tables);
       seqs.push_back(std::move(sr));
     }
     r->replan_ms += MsSince(t0);
     if (options_.before_apply) options_.before_apply(r->attempts);
     const int64_t a0 = MonotonicNanos();
-    auto applied = executor_->ApplyPlan(*next, options_.recovery, seqs);
+    auto applied = executor_->ApplyPlan(*next, options_.recovery, tables);
     r->apply_ms += MsSince(a0);
     if (!applied.ok()) {
       conservative = true;  // some devices may have moved to `next` already

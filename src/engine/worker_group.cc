@@ -157,6 +157,13 @@ Result<std::vector<int64_t>> WorkerGroup::KvCapacityFor(const Plan& plan) const 
 WorkerGroup::Sent WorkerGroup::SendAll(const std::vector<int>& devices, WorkerOp op,
                                        const std::string& payload,
                                        const std::vector<std::vector<int>>& fds) {
+  return SendEach(
+      devices, op, [&](int) { return payload; }, fds);
+}
+
+WorkerGroup::Sent WorkerGroup::SendEach(const std::vector<int>& devices, WorkerOp op,
+                                        const std::function<std::string(int device)>& payload,
+                                        const std::vector<std::vector<int>>& fds) {
   Sent sent;
   for (int d : devices) {
     if (!alive(d)) continue;
@@ -167,7 +174,8 @@ WorkerGroup::Sent WorkerGroup::SendAll(const std::vector<int>& devices, WorkerOp
   for (size_t i = 0; i < devices.size(); ++i) {
     const int d = devices[i];
     if (!alive(d)) continue;
-    Status st = devices_[d].process->Send(op, payload, fds.empty() ? std::vector<int>{} : fds[i]);
+    Status st =
+        devices_[d].process->Send(op, payload(d), fds.empty() ? std::vector<int>{} : fds[i]);
     if (!st.ok()) MarkDead({d, "its channel is closed", 0});
   }
   return sent;
@@ -258,9 +266,12 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
   // A device moves at the embedding's all-reduce and twice per layer.
   const int64_t deadline_ms = deadline_.DeadlineMs(estimate, 1 + 2 * config_.num_layers);
   const int64_t t0 = MonotonicNanos();
-  WireWriter w;
-  EncodeBatch(batch, &w);
-  const Sent sent = SendAll(plan_.active, WorkerOp::kStep, w.data());
+  // Each device gets the step with its own block-table entries.
+  const Sent sent = SendEach(plan_.active, WorkerOp::kStep, [&](int d) {
+    WireWriter w;
+    EncodeBatch(batch, d, &w);
+    return w.Take();
+  });
   std::vector<DeviceReply> replies = Collect(sent, deadline_ms);
   FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "during the step"));
   for (const DeviceReply& r : replies) {
@@ -364,7 +375,7 @@ Status WorkerGroup::SpawnDevice(int device) {
 }
 
 Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
-                                           const std::vector<SeqRestore>& seqs) {
+                                           const DeviceRestores& seqs) {
   ApplyReport report;
   const int64_t t0 = MonotonicNanos();
   FS_RETURN_IF_ERROR(DeadAmong(next.active, "before the plan change"));
@@ -374,10 +385,13 @@ Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
   req.prev_plan_json = PlanToJson(plan_);
   req.next_plan_json = PlanToJson(next);
   req.mode = static_cast<int32_t>(mode);
-  req.seqs = seqs;
-  WireWriter w;
-  req.Encode(&w);
-  const Sent sent = SendAll(next.active, WorkerOp::kApplyPlan, w.data());
+  // Each device gets its own block tables.
+  const Sent sent = SendEach(next.active, WorkerOp::kApplyPlan, [&](int d) {
+    req.seqs = d < static_cast<int>(seqs.size()) ? seqs[d] : std::vector<SeqRestore>{};
+    WireWriter w;
+    req.Encode(&w);
+    return w.Take();
+  });
   std::vector<DeviceReply> replies = Collect(sent, options_.collective_timeout_ms);
   FS_RETURN_IF_ERROR(DeadAmong(next.active, "while the plan was applied"));
   for (const DeviceReply& r : replies) {

@@ -28,6 +28,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,7 +98,7 @@ class WorkerGroup final : public Executor {
   Status DrainBackup() override;
   Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
-                                const std::vector<SeqRestore>& seqs) override;
+                                const DeviceRestores& seqs) override;
   Status SpawnDevice(int device) override;
   DeviceLoss device_loss(int device) const override;
 
@@ -136,6 +137,10 @@ class WorkerGroup final : public Executor {
   // whose channel is closed is declared dead.
   Sent SendAll(const std::vector<int>& devices, WorkerOp op, const std::string& payload,
                const std::vector<std::vector<int>>& fds = {});
+  // The same with a payload of its own for each device.
+  Sent SendEach(const std::vector<int>& devices, WorkerOp op,
+                const std::function<std::string(int device)>& payload,
+                const std::vector<std::vector<int>>& fds = {});
   // Collects one reply from each device sent to within `deadline_ms`,
   // declaring dead those that exit or hang. Replies of dead devices are absent.
   std::vector<DeviceReply> Collect(const Sent& sent, int64_t deadline_ms);

@@ -20,6 +20,7 @@
 #include "common/row_error.h"
 #include "common/scratch_dir.h"
 #include "engine/executor.h"
+#include "engine/kv_tables.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 
@@ -101,6 +102,10 @@ struct Scenario {
   }
 };
 
+DirectKvTables Tables(const Executor& e) {
+  return DirectKvTables(e.plan(), e.block_size(), e.kv_capacity_pages());
+}
+
 void ExpectParity(const std::string& preset, int devices, Policy policy, CommKind comm) {
   const std::string& dir = ModelDir(preset);
   auto local = LocalExecutor::Create(dir, {});
@@ -116,10 +121,15 @@ void ExpectParity(const std::string& preset, int devices, Policy policy, CommKin
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   const int vocab = (*local)->config().vocab_size;
   Scenario sc(vocab);
+  // Each executor's pages, as an engine's scheduler would hand them out.
+  DirectKvTables local_kv = Tables(**local), group_kv = Tables(**group);
   double worst = 0;
   for (int step = 0; step < 10; ++step) {
     StepBatch b = sc.Next((*group)->plan().active);
-    auto want = (*local)->Step(b, nullptr);
+    StepBatch one = b;
+    ASSERT_TRUE(local_kv.Fill(&one).ok());
+    ASSERT_TRUE(group_kv.Fill(&b).ok());
+    auto want = (*local)->Step(one, nullptr);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
     std::vector<float> ref(*want, *want + static_cast<size_t>(b.num_logits_rows) * vocab);
     StepTiming timing;
@@ -211,9 +221,11 @@ TEST(BatchInvariance, ASequencesLogitsDoNotDependOnItsCompany) {
   // Logits of sequence 1's last row in each step, after the same tokens.
   auto run = [&](Executor& e, bool crowded) {
     std::vector<std::vector<float>> rows;
+    DirectKvTables kv = Tables(e);
     auto step = [&](StepBatch b, int row) {
       b.num_logits_rows = 0;
       for (const StepSeq& s : b.seqs) b.num_logits_rows += s.logits_row >= 0;
+      EXPECT_TRUE(kv.Fill(&b).ok());
       auto l = e.Step(b, nullptr);
       EXPECT_TRUE(l.ok()) << l.status().ToString();
       rows.emplace_back(*l + static_cast<int64_t>(row) * vocab, *l + (row + 1) * vocab);
@@ -237,6 +249,7 @@ TEST(BatchInvariance, ASequencesLogitsDoNotDependOnItsCompany) {
         if (c == 2) step(b, 1);
         if (c < 2) {
           b.num_logits_rows = 1;
+          EXPECT_TRUE(kv.Fill(&b).ok());
           EXPECT_TRUE(e.Step(b, nullptr).ok());
         }
       }
@@ -288,6 +301,7 @@ TEST(WorkerGroup, KilledDeviceFailsTheStepFastAndTheCoordinatorLivesOn) {
   b.seqs.push_back({1, 0, 4000, 0, 0, 0});
   b.tokens.assign(4000, 7);
   b.num_logits_rows = 1;
+  ASSERT_TRUE(Tables(**group).Fill(&b).ok());
   std::thread killer([&] {
     ::usleep(20000);
     (void)(*group)->KillDevice(2);

@@ -88,6 +88,24 @@ int Plan::KvWriter(int layer, int head, int dp_rank) const {
   return holders[layer % holders.size()];
 }
 
+std::vector<int> Plan::KvHolders(int layer, int head, int dp_rank) const {
+  if (IsDpHead(layer, head)) return {dp_rank};
+  return TpHolders(layer, head);
+}
+
+std::vector<int> Plan::KvSlots(int device, int dp_rank) const {
+  std::vector<int> out;
+  if (!IsActive(device)) return out;
+  for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
+    const LayerPlan& lp = layers[l];
+    std::vector<int> heads = lp.tp_heads[device];
+    if (device == dp_rank) heads.insert(heads.end(), lp.dp_heads.begin(), lp.dp_heads.end());
+    std::sort(heads.begin(), heads.end());
+    for (int h : heads) out.push_back(l * shape.num_kv_heads + h);
+  }
+  return out;
+}
+
 int Plan::max_replicas() const {
   int most = 0;
   for (int l = 0; l < static_cast<int>(layers.size()); ++l) {

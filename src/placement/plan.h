@@ -98,6 +98,16 @@ struct Plan {
   // for a replicated TP head one of its holders, chosen by layer so that the
   // copying is spread; -1 if nobody holds it. Replicas never write twice.
   int KvWriter(int layer, int head, int dp_rank) const;
+  // The devices that cache a (layer, head group)'s KV for a sequence with DP
+  // rank `dp_rank`: the DP rank for a DP head, every holder of a TP head.
+  std::vector<int> KvHolders(int layer, int head, int dp_rank) const;
+  // The KV slots (layer * num_kv_heads + head group) `device` caches for a
+  // sequence with DP rank `dp_rank`, ascending: its TP head groups of every
+  // layer, and every DP head group if it is the DP rank; empty if the device
+  // is not active. The one definition of "which device stores what": the
+  // scheduler's block tables and the devices' page stores index a sequence's
+  // pages on a device as [block][position of the slot in this list].
+  std::vector<int> KvSlots(int device, int dp_rank) const;
   int num_dp_heads_total() const;  // over all layers
   // Over all layers: head groups whose KV the device caches (TP), and the
   // query heads it computes (TP).

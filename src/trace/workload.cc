@@ -13,6 +13,14 @@ namespace {
 
 int Scale(double v, double s) { return std::max(1, static_cast<int>(std::lround(v * s))); }
 
+bool ValidHashIds(const nlohmann::json& ids) {
+  if (!ids.is_array()) return false;
+  for (const auto& id : ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) return false;
+  }
+  return true;
+}
+
 // Draws a log-normal matched to a median and mean, clipped to [1, max].
 int LogNormal(Rng& rng, double median, double mean, double max) {
   const double mu = std::log(median);
@@ -48,6 +56,8 @@ Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOption
       problem = bad("field 'output_length' is missing or not an integer");
     } else if (j.contains("timestamp") && !j["timestamp"].is_number()) {
       problem = bad("field 'timestamp' is not a number");
+    } else if (j.contains("hash_ids") && !ValidHashIds(j["hash_ids"])) {
+      problem = bad("field 'hash_ids' is not an array of non-negative integers");
     } else {
       const int64_t in_len = j["input_length"], out_len = j["output_length"];
       const double ts = j.contains("timestamp") ? j["timestamp"].get<double>() : 0.0;
@@ -57,6 +67,8 @@ Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOption
       } else if (ts < 0) {
         problem = bad("field 'timestamp' is negative");
       } else {
+        if (j.contains("hash_ids")) r.hash_ids = j["hash_ids"].get<std::vector<int64_t>>();
+        r.block_tokens = Scale(kTraceHashBlock, o.length_scale);
         r.input_len = Scale(static_cast<double>(in_len), o.length_scale);
         r.output_len = Scale(static_cast<double>(out_len), o.length_scale);
         r.arrival_s = ts / 1000.0 * o.time_scale;
@@ -76,6 +88,22 @@ Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOption
     w.requests.push_back(r);
   }
   return w;
+}
+
+std::vector<int32_t> WorkloadPrompt(const WorkloadRequest& r, int index, uint64_t seed,
+                                    int32_t first_token, int32_t num_tokens) {
+  std::vector<int32_t> out(r.input_len);
+  const uint64_t blocks_seed = HashCombine(seed, 0x4a54b10cULL);
+  for (int i = 0; i < r.input_len; ++i) {
+    const size_t block = static_cast<size_t>(i / r.block_tokens);
+    const uint64_t draw =
+        block < r.hash_ids.size()
+            ? Mix64(HashCombine(HashCombine(blocks_seed, static_cast<uint64_t>(r.hash_ids[block])),
+                                static_cast<uint64_t>(i % r.block_tokens)))
+            : Mix64(HashCombine(seed, (static_cast<uint64_t>(index) << 24) + i));
+    out[i] = first_token + static_cast<int32_t>(draw % static_cast<uint64_t>(num_tokens));
+  }
+  return out;
 }
 
 Workload OpenThoughtsWorkload(int requests, const WorkloadOptions& o) {

@@ -2,8 +2,15 @@
 // length distribution, or a JSONL file of the same form.
 //
 // JSONL form, one request per line: {"timestamp": ms (optional, default 0),
-// "input_length": tokens, "output_length": tokens}. Lengths are scaled by
-// `length_scale` (rounded, at least 1 token) and timestamps by `time_scale`.
+// "input_length": tokens, "output_length": tokens, "hash_ids": [ids]
+// (optional)}. Lengths are scaled by `length_scale` (rounded, at least 1
+// token) and timestamps by `time_scale`.
+//
+// hash_ids (the Mooncake trace's): one id per block of kTraceHashBlock prompt
+// tokens (ids past the prompt's last block are not used); two requests
+// with the same first k ids share their first k blocks of prompt. Scaled, a
+// block is round(kTraceHashBlock * length_scale) tokens (at least 1), so a
+// shared block stays shared by the same requests (WorkloadPrompt).
 #pragma once
 
 #include <cstdint>
@@ -14,10 +21,17 @@
 
 namespace failsafe {
 
+// Prompt tokens per hash id in the Mooncake trace.
+constexpr int kTraceHashBlock = 512;
+
 struct WorkloadRequest {
   double arrival_s = 0;
   int input_len = 0;
   int output_len = 0;
+  // Block ids of the prompt, block_tokens tokens each (the last block may be
+  // short); empty: the prompt shares nothing.
+  std::vector<int64_t> hash_ids = {};
+  int block_tokens = kTraceHashBlock;
 };
 
 struct WorkloadOptions {
@@ -34,6 +48,13 @@ struct Workload {
   int skipped = 0;  // invalid lines skipped
   std::string description;
 };
+
+// The prompt of the request at `index`: token j of hash block k is drawn from
+// (seed, hash_ids[k], j), so requests with equal hash ids have equal blocks;
+// tokens past the hashed blocks are drawn from (seed, index, position), the
+// request's own. Tokens lie in [first_token, first_token + num_tokens).
+std::vector<int32_t> WorkloadPrompt(const WorkloadRequest& r, int index, uint64_t seed,
+                                    int32_t first_token, int32_t num_tokens);
 
 // Reads a JSONL trace; errors name the file and line.
 Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOptions& options);

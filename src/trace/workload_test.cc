@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 
 #include "common/scratch_dir.h"
@@ -95,6 +96,67 @@ TEST(Workload, MooncakeTraceIsThere) {
   double sum = 0;
   for (auto& r : w->requests) sum += r.input_len;
   EXPECT_NEAR(sum / 3000, 13516, 5);  // the paper's first 3,000 requests
+  // hash_ids are kept: one per 512 prompt tokens, and the trace shares
+  // prefixes (ids repeat across requests).
+  std::map<int64_t, int> uses;
+  for (auto& r : w->requests) {
+    EXPECT_EQ(static_cast<int>(r.hash_ids.size()), (r.input_len + 511) / 512);
+    for (int64_t id : r.hash_ids) uses[id]++;
+  }
+  int shared = 0;
+  for (auto& [id, n] : uses) shared += n > 1;
+  EXPECT_GT(shared, 0);
+}
+
+// Equal hash ids give equal prompt blocks, at any length scale; different ids
+// (and the tail past the hashed blocks) give different tokens.
+TEST(Workload, EqualHashIdsGiveEqualBlocks) {
+  auto path = Write(R"({"input_length": 1500, "output_length": 5, "hash_ids": [4, 9, 2]}
+{"input_length": 1200, "output_length": 5, "hash_ids": [4, 9, 3]}
+{"input_length": 1100, "output_length": 5, "hash_ids": [4, 7]}
+{"input_length": 900, "output_length": 5}
+)");
+  for (double scale : {1.0, 0.1, 0.37}) {
+    SCOPED_TRACE(scale);
+    WorkloadOptions o;
+    o.length_scale = scale;
+    auto w = ReadJsonlWorkload(path, o);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const int block = std::max(1, static_cast<int>(std::lround(512 * scale)));
+    std::vector<std::vector<int32_t>> p;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(w->requests[i].block_tokens, block);
+      p.push_back(WorkloadPrompt(w->requests[i], i, 42, 0, 32000));
+      EXPECT_EQ(static_cast<int>(p[i].size()), w->requests[i].input_len);
+    }
+    auto same = [&](int a, int b, int from, int to) {
+      return std::equal(p[a].begin() + from, p[a].begin() + to, p[b].begin() + from);
+    };
+    EXPECT_TRUE(same(0, 1, 0, 2 * block));  // ids 4, 9
+    EXPECT_FALSE(same(0, 1, 2 * block, std::min(p[0].size(), p[1].size())));
+    EXPECT_TRUE(same(0, 2, 0, block));  // id 4
+    EXPECT_FALSE(same(0, 2, block, 2 * block));
+    EXPECT_FALSE(same(0, 3, 0, block));  // no ids: its own tokens
+    // The same request draws the same prompt again.
+    EXPECT_EQ(WorkloadPrompt(w->requests[0], 0, 42, 0, 32000), p[0]);
+  }
+  auto bad = Write(R"({"input_length": 600, "output_length": 5, "hash_ids": [1, 2, 3]}
+{"input_length": 600, "output_length": 5, "hash_ids": [1, -2]}
+{"input_length": 600, "output_length": 5, "hash_ids": "1"}
+)");
+  auto w = ReadJsonlWorkload(bad, {});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find(":2: field 'hash_ids' is not an array of non-negative"),
+            std::string::npos)
+      << w.status().message();
+  WorkloadOptions skip;
+  skip.skip_invalid = true;
+  w = ReadJsonlWorkload(bad, skip);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->skipped, 2);
+  // Ids past the prompt's blocks are not used: the prompt is its own length.
+  ASSERT_EQ(w->requests.size(), 1u);
+  EXPECT_EQ(WorkloadPrompt(w->requests[0], 0, 1, 0, 100).size(), 600u);
 }
 
 }  // namespace

@@ -22,16 +22,29 @@ T* Sized(std::vector<T>& v, size_t n) {
 
 }  // namespace
 
-Status DeviceModel::ReserveKv(const StepBatch& b) {
-  for (const StepSeq& s : b.seqs) {
-    const int end = s.start_pos + s.num_tokens;
-    for (int l = 0; l < config_.num_layers; ++l) {
-      for (int h : plan_.layers[l].tp_heads[device_])
-        FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
-      if (s.dp_rank == device_) {
-        for (int h : plan_.layers[l].dp_heads)
-          FS_RETURN_IF_ERROR(kv_.Reserve(s.seq_id, kv_.Slot(l, h), end));
+Status DeviceModel::ApplyKvTables(const StepBatch& b) {
+  if (device_ < static_cast<int>(b.kv.size())) {
+    const KvTableUpdate& u = b.kv[device_];
+    for (const KvBlockRun& run : u.runs) {
+      const std::vector<int>& slots = KvSlots(run.dp_rank);
+      const int64_t n = static_cast<int64_t>(run.num_blocks) * slots.size();
+      if (run.num_blocks < 0 || run.page_offset < 0 ||
+          run.page_offset + n > static_cast<int64_t>(u.pages.size())) {
+        return InvalidArgument("malformed block table for sequence {}", run.seq_id);
       }
+      FS_RETURN_IF_ERROR(kv_.AddBlocks(run.seq_id, slots, run.first_block, run.num_blocks,
+                                       u.pages.data() + run.page_offset));
+    }
+  }
+  const int bs = kv_.block_size();
+  for (const StepSeq& s : b.seqs) {
+    const std::vector<int>& slots = KvSlots(s.dp_rank);
+    if (slots.empty()) continue;
+    const int blocks = (s.start_pos + s.num_tokens + bs - 1) / bs;
+    if (kv_.HeldSlots(s.seq_id) != slots || kv_.NumBlocks(s.seq_id, slots.front()) < blocks) {
+      return FailedPrecondition(
+          "device {}: sequence {} has no block table for positions up to {} (DP rank {})", device_,
+          s.seq_id, s.start_pos + s.num_tokens, s.dp_rank);
     }
   }
   return Status::Ok();
@@ -53,7 +66,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
       return InvalidArgument("malformed step for sequence {}", s.seq_id);
     }
   }
-  FS_RETURN_IF_ERROR(ReserveKv(b));
+  FS_RETURN_IF_ERROR(ApplyKvTables(b));
 
   int32_t* pos = Sized(positions_, T);
   for (const StepSeq& s : b.seqs) {

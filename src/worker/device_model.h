@@ -62,11 +62,20 @@ std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break
 struct SeqRestore {
   int64_t seq_id = 0;
   int32_t dp_rank = 0;
-  // Positions [0, restore_tokens) of every slot the device gains come from the
-  // host backup; later positions will be recomputed.
+  // Positions [0, restore_tokens) of every slot in restore_slots come from
+  // the host backup; later positions will be recomputed.
   int32_t restore_tokens = 0;
   std::vector<int32_t> backup_blocks;  // logical block -> backup block
+  // The sequence's whole block table on this device under the new plan:
+  // num_blocks blocks of Plan::KvSlots(device, dp_rank) pages each.
+  int32_t num_blocks = 0;
+  std::vector<int32_t> pages;  // [block][slot position] -> page id
+  // Slots whose pages are new to the device (restored or recomputed); every
+  // other slot keeps the pages, and the KV, it held.
+  std::vector<int32_t> restore_slots;
 };
+// [device id] -> what the device holds after a plan change.
+using DeviceRestores = std::vector<std::vector<SeqRestore>>;
 
 // What applying a plan cost on one device.
 struct ApplyStats {
@@ -133,9 +142,12 @@ class DeviceModel {
   // Moves from `prev` to `next` (both global plans): keeps what the device
   // holds and still needs, drops the rest, loads what it gains (from the host,
   // or for new DP heads in pieces exchanged through `comm`), and restores the
-  // KV of gained slots from the host backup. `seqs` lists every live sequence;
-  // the device forgets any other. With `mode` other than kFull it reloads its
-  // whole share and rebuilds its KV (restore_tokens may be 0: recompute).
+  // KV of gained slots from the host backup. `seqs` lists every live sequence
+  // with its new block table on this device; the device forgets any other.
+  // A slot kept in place must already hold the blocks up to restore_tokens in
+  // the pages its new table names (else the tables are out of step: an
+  // error, changing nothing). With `mode` other than kFull it reloads its
+  // whole share and rebuilds all its KV (restore_tokens may be 0: recompute).
   Status ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode mode, const WeightStore& host,
                    Communicator& comm, const std::vector<SeqRestore>& seqs, ApplyStats* stats);
 
@@ -183,7 +195,13 @@ class DeviceModel {
   // dense), as exact fixed-point partial sums (one per shard).
   void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
                  const float* row_scale, int64_t* out, ForwardStats* stats);
-  Status ReserveKv(const StepBatch& b);
+  // Takes this device's new block-table entries and checks that every
+  // sequence of the step has pages for the positions it writes.
+  Status ApplyKvTables(const StepBatch& b);
+  // Plan::KvSlots of this device for a sequence with DP rank `dp_rank`.
+  const std::vector<int>& KvSlots(int dp_rank) const {
+    return dp_rank == device_ ? kv_slots_rank_ : kv_slots_tp_;
+  }
   // Norms, routers and empty item matrices: a device holding nothing yet.
   void InitLayers(const Plan& plan, const WeightStore& host);
   void EnqueueBackup(const StepBatch& b);
@@ -200,7 +218,9 @@ class DeviceModel {
   void AddChunks(const std::vector<int>& chunks, const HostLoader& load);
   Status GatherNewDpHeads(const Plan& prev, const Plan& next, const HostLoader& load,
                           Communicator& comm, ApplyStats* stats);
-  void RestoreKv(const std::vector<SeqRestore>& seqs, ApplyStats* stats);
+  // Replaces every block table with the new plan's and restores the gained
+  // slots (all of them unless `keep`) from the host backup.
+  Status RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats);
 
   const ModelConfig config_;
   const int device_;
@@ -217,6 +237,7 @@ class DeviceModel {
   BackupLayout backup_layout_;
   void* backup_base_ = nullptr;
   std::vector<char> backup_tp_slot_;  // [slot] -> this device writes the TP slot to the backup
+  std::vector<int> kv_slots_tp_, kv_slots_rank_;  // from plan_ (UpdateBackupSlots)
 
   // Step scratch, [tokens, ...] unless noted.
   std::vector<float> x_, h_, q_, kv_proj_, attn_, dp_in_, dp_q_, dp_kv_proj_, dp_attn_;

@@ -23,6 +23,8 @@
 #include "common/rng.h"
 #include "common/row_error.h"
 #include "common/scratch_dir.h"
+#include "core/kv_blocks.h"
+#include "engine/kv_tables.h"
 #include "model/synthetic.h"
 #include "placement/plan_json.h"
 #include "worker/device_model.h"
@@ -68,10 +70,53 @@ const Model& GetModel(const ModelCase& m) {
   return models[m.Name()] = std::move(model);
 }
 
+// The block tables of the test's sequences (ids 1, 2, 3), owned as the
+// engine's scheduler owns them and carried to the devices as it carries them.
+class Tables {
+ public:
+  void Reset(const Plan& plan) {
+    kv_ = KvBlockManager(plan, kBlockSize, std::vector<int64_t>(plan.num_devices, kPoolPages));
+    seqs_.assign(3, Sequence());
+    for (int i = 0; i < 3; ++i) seqs_[i].id = i + 1;
+  }
+  // Gives the step's sequences pages for what they write, and the batch the
+  // new table entries.
+  void Fill(const Plan& plan, StepBatch* b) {
+    b->kv.clear();
+    for (const StepSeq& s : b->seqs) {
+      Sequence& seq = seqs_[s.seq_id - 1];
+      seq.dp_rank = s.dp_rank;
+      ASSERT_TRUE(kv_.CanGrow(seq, s.start_pos + s.num_tokens));
+      kv_.Grow(seq, s.start_pos + s.num_tokens);
+      AddKvTables(kv_, plan, seq, kv_.TakeUnsent(seq.id), b);
+    }
+    ASSERT_TRUE(kv_.CheckInvariants().ok());
+  }
+  // The tables moved to `next` (the sequences on their new DP ranks), per device.
+  DeviceRestores Move(const Plan& next, const std::vector<SeqRestore>& common) {
+    std::vector<const Sequence*> live;
+    for (const SeqRestore& sr : common) {
+      seqs_[sr.seq_id - 1].dp_rank = sr.dp_rank;
+      live.push_back(&seqs_[sr.seq_id - 1]);
+    }
+    kv_.Reconfigure(next, std::vector<int64_t>(next.num_devices, kPoolPages), live);
+    EXPECT_TRUE(kv_.CheckInvariants().ok());
+    DeviceRestores out(next.num_devices);
+    for (const SeqRestore& sr : common)
+      AddRestores(kv_, next, seqs_[sr.seq_id - 1], sr, false, &out);
+    return out;
+  }
+
+ private:
+  static constexpr int64_t kPoolPages = 4096;
+  KvBlockManager kv_;
+  std::vector<Sequence> seqs_;
+};
+
 // The steps of three sequences (prefill chunks of at most 8 tokens, then
 // decodes of the greedy token), and one device's logits for each.
 struct Reference {
-  std::vector<StepBatch> steps;            // dp_rank and backup fields unset
+  std::vector<StepBatch> steps;            // dp_rank, KV table and backup fields unset
   std::vector<std::vector<float>> logits;  // [step] -> [rows, vocab]
 };
 
@@ -88,6 +133,8 @@ const Reference& GetReference(const ModelCase& m) {
   DeviceModel one(c, 0, backend.get(), o);
   EXPECT_TRUE(one.LoadShare(*MakePlan(c, Policy::kNonUniform, 1, {0}), *model.host).ok());
   LocalCommunicator comm;
+  Tables tables;
+  tables.Reset(one.plan());
   Rng rng(7);
   std::vector<std::vector<int32_t>> tokens(3);
   const int prompt[] = {21, 6, 13};
@@ -111,7 +158,9 @@ const Reference& GetReference(const ModelCase& m) {
       b.tokens.insert(b.tokens.end(), tokens[i].begin() + done[i], tokens[i].begin() + done[i] + n);
     }
     std::vector<float> logits(static_cast<size_t>(b.num_logits_rows) * c.vocab_size);
+    tables.Fill(one.plan(), &b);
     EXPECT_TRUE(one.Forward(b, comm, logits.data(), nullptr).ok());
+    b.kv.clear();
     for (size_t i = 0; i < b.seqs.size(); ++i) {
       done[i] += b.seqs[i].num_tokens;
       if (b.seqs[i].logits_row < 0) continue;
@@ -164,6 +213,7 @@ class Devices {
     for (int d : plan.alive) Start(d);
     for (int d : plan.alive) FS_RETURN_IF_ERROR(devices_[d].model->LoadShare(plan, *model_.host));
     plan_ = plan;
+    tables_.Reset(plan);
     return FormGroup();
   }
 
@@ -179,6 +229,7 @@ class Devices {
       for (int k = 0; k < s.backup_count; ++k)
         b.backup_blocks.push_back(static_cast<int32_t>(i * kMaxBlocks + s.backup_first_block + k));
     }
+    tables_.Fill(plan_, &b);
     std::vector<float> logits(static_cast<size_t>(b.num_logits_rows) * model_.config.vocab_size);
     FS_RETURN_IF_ERROR(OnActive([&](int d, Communicator& comm) {
       return devices_[d].model->Forward(b, comm, logits.data(), nullptr);
@@ -199,10 +250,11 @@ class Devices {
     const Plan prev = plan_;
     plan_ = next;
     FS_RETURN_IF_ERROR(FormGroup());
+    const DeviceRestores tables = tables_.Move(next, seqs);
     return OnActive([&](int d, Communicator& comm) {
       ApplyStats stats;
-      return devices_[d].model->ApplyPlan(prev, next, RecoveryMode::kFull, *model_.host, comm, seqs,
-                                          &stats);
+      return devices_[d].model->ApplyPlan(prev, next, RecoveryMode::kFull, *model_.host, comm,
+                                          tables[d], &stats);
     });
   }
 
@@ -257,6 +309,7 @@ class Devices {
   ShmRegion backup_;
   std::vector<Device> devices_;
   Plan plan_;
+  Tables tables_;
 };
 
 // Replays reference steps [from, to) on the devices, with each sequence's DP

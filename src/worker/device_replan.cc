@@ -144,30 +144,54 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
   return Status::Ok();
 }
 
-void DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, ApplyStats* stats) {
+Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats) {
   const int bs = kv_.block_size(), hd = config_.head_dim;
-  std::set<int64_t> live;
+  // Check the new tables against what the device holds before changing it.
   for (const SeqRestore& s : seqs) {
-    live.insert(s.seq_id);
-    std::vector<int> needed;
-    for (int l = 0; l < config_.num_layers; ++l) {
-      for (int h : plan_.layers[l].tp_heads[device_]) needed.push_back(kv_.Slot(l, h));
-      if (s.dp_rank == device_) {
-        for (int h : plan_.layers[l].dp_heads) needed.push_back(kv_.Slot(l, h));
+    const std::vector<int>& slots = KvSlots(s.dp_rank);
+    if (s.num_blocks < 0 || s.pages.size() != slots.size() * static_cast<size_t>(s.num_blocks))
+      return InvalidArgument("sequence {}: a block table of {} pages for {} blocks of {} slots",
+                             s.seq_id, s.pages.size(), s.num_blocks, slots.size());
+    if (s.restore_tokens > 0 &&
+        (s.restore_tokens > s.num_blocks * bs ||
+         static_cast<int64_t>(s.backup_blocks.size()) * bs < s.restore_tokens)) {
+      return InvalidArgument("sequence {}: {} positions to restore exceed its blocks", s.seq_id,
+                             s.restore_tokens);
+    }
+    if (!keep) continue;
+    // A kept slot must hold its KV up to restore_tokens in the pages the new
+    // table names. The device may lack the table's last blocks (the step that
+    // would have brought them failed): nothing was written there.
+    const int needed = (std::max(0, s.restore_tokens) + bs - 1) / bs;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (std::count(s.restore_slots.begin(), s.restore_slots.end(), slots[i])) continue;
+      const std::vector<int32_t> had = kv_.PageIds(s.seq_id, slots[i]);
+      const int n = static_cast<int>(had.size());
+      bool same = n >= needed && n <= s.num_blocks;
+      for (int b = 0; same && b < n; ++b)
+        same = had[b] == s.pages[static_cast<size_t>(b) * slots.size() + i];
+      if (!same) {
+        return FailedPrecondition(
+            "device {}: sequence {} keeps slot {} in place, but the device holds other pages",
+            device_, s.seq_id, slots[i]);
       }
     }
-    std::sort(needed.begin(), needed.end());
-    const std::vector<int> held = kv_.HeldSlots(s.seq_id);
-    for (int slot : Minus(held, needed)) kv_.DropSlot(s.seq_id, slot);
+  }
+  for (int64_t id : kv_.Seqs()) kv_.FreeSeq(id);
+  for (const SeqRestore& s : seqs) {
+    const std::vector<int>& slots = KvSlots(s.dp_rank);
+    FS_RETURN_IF_ERROR(kv_.AddBlocks(s.seq_id, slots, 0, s.num_blocks, s.pages.data()));
     if (s.restore_tokens <= 0) continue;
-    for (int slot : Minus(needed, held)) {
-      // The scheduler accounted for these pages; the pool has them.
-      Status st = kv_.Reserve(s.seq_id, slot, s.restore_tokens);
-      FS_CHECK_MSG(st.ok(), "{}", st.ToString());
+    for (int slot : slots) {
+      if (keep && !std::count(s.restore_slots.begin(), s.restore_slots.end(), slot)) continue;
       const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
       for (int blk = 0; blk * bs < s.restore_tokens; ++blk) {
         const int rows = std::min(bs, s.restore_tokens - blk * bs);
-        FS_CHECK(blk < static_cast<int>(s.backup_blocks.size()) && s.backup_blocks[blk] >= 0);
+        if (s.backup_blocks[blk] < 0 ||
+            s.backup_blocks[blk] >= backup_layout_.header().num_blocks || !backup_base_) {
+          return FailedPrecondition("sequence {}: block {} has no host backup to restore from",
+                                    s.seq_id, blk);
+        }
         const float* src = backup_layout_.Slot(backup_base_, s.backup_blocks[blk], layer, head);
         float* page = kv_.Page(s.seq_id, slot, blk);
         std::memcpy(page, src, sizeof(float) * static_cast<size_t>(rows) * hd);
@@ -177,9 +201,7 @@ void DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, ApplyStats* sta
       }
     }
   }
-  for (int64_t id : kv_.Seqs()) {
-    if (!live.count(id)) kv_.FreeSeq(id);
-  }
+  return Status::Ok();
 }
 
 Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode mode,
@@ -195,10 +217,9 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
     stats->host_bytes = weight_bytes();
     stats->weights_ns = ThreadCpuNanos() - t0;
     stats->weights_wall_ns = MonotonicNanos() - w0;
-    for (int64_t id : kv_.Seqs()) kv_.FreeSeq(id);
     t0 = ThreadCpuNanos();
     w0 = MonotonicNanos();
-    RestoreKv(seqs, stats);
+    FS_RETURN_IF_ERROR(RestoreKv(seqs, /*keep=*/false, stats));
     stats->kv_ns = ThreadCpuNanos() - t0;
     stats->kv_wall_ns = MonotonicNanos() - w0;
     return Status::Ok();
@@ -279,7 +300,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   stats->weights_wall_ns = MonotonicNanos() - w0;
   t0 = ThreadCpuNanos();
   w0 = MonotonicNanos();
-  RestoreKv(seqs, stats);
+  FS_RETURN_IF_ERROR(RestoreKv(seqs, /*keep=*/true, stats));
   stats->kv_ns = ThreadCpuNanos() - t0;
   stats->kv_wall_ns = MonotonicNanos() - w0;
   return Status::Ok();

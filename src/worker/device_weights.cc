@@ -127,6 +127,8 @@ std::vector<int> DeviceModel::QueriesOfGroups(const std::vector<int>& groups) co
 
 void DeviceModel::UpdateBackupSlots() {
   backup_tp_slot_.assign(kv_.num_slots(), 0);
+  kv_slots_tp_ = plan_.KvSlots(device_, -1);
+  kv_slots_rank_ = plan_.KvSlots(device_, device_);
   if (!plan_.IsActive(device_)) return;
   for (int l = 0; l < config_.num_layers; ++l) {
     for (int h : plan_.layers[l].tp_heads[device_])

@@ -4,8 +4,7 @@
 
 #include <algorithm>
 #include <new>
-
-#include "common/check.h"
+#include <unordered_set>
 
 namespace failsafe {
 
@@ -20,71 +19,107 @@ KvCache::KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   base_ = static_cast<float*>(p);
-  free_.reserve(static_cast<size_t>(max_pages_));
-  for (int64_t i = max_pages_ - 1; i >= 0; --i) free_.push_back(i);
 }
 
 KvCache::~KvCache() { ::munmap(base_, mapped_bytes_); }
 
-Status KvCache::Reserve(int64_t seq, int slot, int num_tokens) {
-  const int need = (num_tokens + block_size_ - 1) / block_size_;
-  SeqPages& s = seqs_[seq];
-  if (s.slots.empty()) s.slots.resize(num_slots());
-  auto& pages = s.slots[slot];
-  const int missing = need - static_cast<int>(pages.size());
-  if (missing <= 0) return Status::Ok();
-  if (missing > static_cast<int64_t>(free_.size())) {
-    return ResourceExhausted("KV pool exhausted: sequence {} needs {} more pages, {} of {} free",
-                             seq, missing, free_.size(), max_pages_);
+Status KvCache::AddBlocks(int64_t seq, const std::vector<int>& slots, int first_block,
+                          int num_blocks, const int32_t* pages) {
+  if (first_block < 0 || num_blocks < 0)
+    return InvalidArgument("sequence {}: blocks [{}, +{}) out of range", seq, first_block,
+                           num_blocks);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0 || slots[i] >= num_slots() || (i > 0 && slots[i] <= slots[i - 1]))
+      return InvalidArgument("sequence {}: bad slot list", seq);
   }
-  for (int i = 0; i < missing; ++i) {
-    pages.push_back(PageAddress(free_.back()));
-    free_.pop_back();
+  auto it = seqs_.find(seq);
+  const SeqPages* held = it == seqs_.end() ? nullptr : &it->second;
+  int have = 0;
+  if (held && !held->slots.empty()) {
+    if (held->slots != slots) {
+      return FailedPrecondition(
+          "sequence {}: its table holds {} slots on this device, the update {}", seq,
+          held->slots.size(), slots.size());
+    }
+    have = static_cast<int>(held->ids[slots.front()].size());
+  }
+  if (first_block > have) {
+    return FailedPrecondition("sequence {}: table holds {} blocks, the update starts at block {}",
+                              seq, have, first_block);
+  }
+  // Check everything before changing anything.
+  std::unordered_set<int32_t> fresh;
+  for (int b = 0; b < num_blocks; ++b) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int32_t page = pages[static_cast<int64_t>(b) * slots.size() + i];
+      const int block = first_block + b;
+      if (block < have) {
+        if (held->ids[slots[i]][block] != page)
+          return FailedPrecondition("sequence {}: block {} of slot {} is page {}, not {}", seq,
+                                    block, slots[i], held->ids[slots[i]][block], page);
+        continue;
+      }
+      if (page < 0 || page >= max_pages_)
+        return InvalidArgument("sequence {}: page {} is outside the pool of {} pages", seq, page,
+                               max_pages_);
+      const bool taken = page < static_cast<int64_t>(owner_.size()) && owner_[page] >= 0;
+      if (taken || !fresh.insert(page).second) {
+        return FailedPrecondition("sequence {}: page {} already holds sequence {}", seq, page,
+                                  taken ? owner_[page] : seq);
+      }
+    }
+  }
+  SeqPages& s = seqs_[seq];
+  if (s.ids.empty()) {
+    s.ids.resize(num_slots());
+    s.pointers.resize(num_slots());
+  }
+  s.slots = slots;
+  for (int b = std::max(0, have - first_block); b < num_blocks; ++b) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int32_t page = pages[static_cast<int64_t>(b) * slots.size() + i];
+      if (page >= static_cast<int64_t>(owner_.size()))
+        owner_.resize(std::max<size_t>(page + 1, owner_.size() * 2), -1);
+      owner_[page] = seq;
+      ++used_pages_;
+      s.ids[slots[i]].push_back(page);
+      s.pointers[slots[i]].push_back(PageAddress(page));
+    }
   }
   return Status::Ok();
 }
 
 const float* const* KvCache::Pages(int64_t seq, int slot) const {
   auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second.slots.empty() || it->second.slots[slot].empty())
+  if (it == seqs_.end() || it->second.pointers.empty() || it->second.pointers[slot].empty())
     return nullptr;
-  return it->second.slots[slot].data();
+  return it->second.pointers[slot].data();
 }
 
 float* KvCache::Page(int64_t seq, int slot, int block) {
-  auto& pages = seqs_.at(seq).slots.at(slot);
-  FS_CHECK(block >= 0 && block < static_cast<int>(pages.size()));
-  return pages[block];
+  return seqs_.at(seq).pointers.at(slot).at(block);
 }
 
 int KvCache::NumBlocks(int64_t seq, int slot) const {
   auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second.slots.empty()) return 0;
-  return static_cast<int>(it->second.slots[slot].size());
+  if (it == seqs_.end() || it->second.ids.empty()) return 0;
+  return static_cast<int>(it->second.ids[slot].size());
 }
 
-void KvCache::Truncate(int64_t seq, int num_tokens) {
+std::vector<int32_t> KvCache::PageIds(int64_t seq, int slot) const {
   auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return;
-  const size_t keep = static_cast<size_t>((num_tokens + block_size_ - 1) / block_size_);
-  for (auto& pages : it->second.slots) {
-    while (pages.size() > keep) {
-      free_.push_back(PageIndex(pages.back()));
-      pages.pop_back();
-    }
-  }
-}
-
-void KvCache::DropSlot(int64_t seq, int slot) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second.slots.empty()) return;
-  for (float* p : it->second.slots[slot]) free_.push_back(PageIndex(p));
-  it->second.slots[slot].clear();
+  if (it == seqs_.end() || it->second.ids.empty()) return {};
+  return it->second.ids[slot];
 }
 
 void KvCache::FreeSeq(int64_t seq) {
-  Truncate(seq, 0);
-  seqs_.erase(seq);
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  for (const auto& ids : it->second.ids) {
+    for (int32_t page : ids) owner_[page] = -1;
+    used_pages_ -= static_cast<int64_t>(ids.size());
+  }
+  seqs_.erase(it);
 }
 
 std::vector<int64_t> KvCache::Seqs() const {
@@ -95,13 +130,9 @@ std::vector<int64_t> KvCache::Seqs() const {
 }
 
 std::vector<int> KvCache::HeldSlots(int64_t seq) const {
-  std::vector<int> out;
   auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second.slots.empty()) return out;
-  for (int s = 0; s < num_slots(); ++s) {
-    if (!it->second.slots[s].empty()) out.push_back(s);
-  }
-  return out;
+  if (it == seqs_.end()) return {};
+  return it->second.slots;
 }
 
 }  // namespace failsafe

@@ -1,10 +1,17 @@
-// A device's paged KV cache.
+// A device's paged KV cache: a page store. The scheduler's block manager
+// (core/kv_blocks.h) owns which page holds what; the device is told each
+// sequence's block table and writes where it says.
 //
 // The pool is an array of pages; a page holds K [block_size, head_dim] then
 // V [block_size, head_dim] for one (sequence, layer, KV head) slot and
-// block_size consecutive positions. A sequence holds pages only for the slots
-// its device computes: the device's TP heads, and the DP heads when the device
-// is the sequence's DP rank.
+// block_size consecutive positions. A sequence's table on this device lists,
+// per block, one page for each of its slots (Plan::KvSlots: the device's TP
+// heads, and the DP heads when the device is the sequence's DP rank).
+//
+// A table that does not fit the store (a page outside the pool, a page that
+// already holds something else, a block out of order) is refused with an
+// error and changes nothing: it means the coordinator and the device are out
+// of step, which a plan change (sending every table whole) repairs.
 //
 // Thread-safety: not thread-safe; owned by the device's compute thread.
 #pragma once
@@ -30,39 +37,46 @@ class KvCache {
   int64_t page_floats() const { return 2LL * block_size_ * head_dim_; }
   int64_t page_bytes() const { return page_floats() * 4; }
   int64_t max_pages() const { return max_pages_; }
-  int64_t used_pages() const { return max_pages_ - static_cast<int64_t>(free_.size()); }
+  int64_t used_pages() const { return used_pages_; }
   int num_slots() const { return num_layers_ * num_kv_heads_; }
   int Slot(int layer, int head) const { return layer * num_kv_heads_ + head; }
 
   bool HasSeq(int64_t seq) const { return seqs_.count(seq) != 0; }
-  // Ensures the slot of the sequence has pages for positions [0, num_tokens).
-  // Fails (changing nothing) if the pool runs out.
-  Status Reserve(int64_t seq, int slot, int num_tokens);
+  // Blocks [first_block, first_block + num_blocks) of the sequence's table:
+  // pages[b * slots.size() + i] holds slot slots[i] (ascending) of block
+  // first_block + b. Blocks the sequence already has must name the same pages
+  // (a table sent again); first_block must not pass its last block. Fails,
+  // changing nothing, on anything else.
+  Status AddBlocks(int64_t seq, const std::vector<int>& slots, int first_block, int num_blocks,
+                   const int32_t* pages);
   // Pages of one slot (one per block), or nullptr if the slot holds none.
   const float* const* Pages(int64_t seq, int slot) const;
+  // The page of a block the table covers (the caller checked NumBlocks).
   float* Page(int64_t seq, int slot, int block);
   int NumBlocks(int64_t seq, int slot) const;
-  // Frees pages past num_tokens in every slot of the sequence.
-  void Truncate(int64_t seq, int num_tokens);
-  // Frees every page of one slot of the sequence.
-  void DropSlot(int64_t seq, int slot);
+  // Page ids of one slot, one per block (empty if it holds none).
+  std::vector<int32_t> PageIds(int64_t seq, int slot) const;
+  // Forgets the sequence's table (its pages are free for the block manager
+  // to hand out again; their contents stay until overwritten).
   void FreeSeq(int64_t seq);
   std::vector<int64_t> Seqs() const;
-  // Slots of the sequence that hold pages.
+  // Slots of the sequence that hold pages, ascending.
   std::vector<int> HeldSlots(int64_t seq) const;
 
  private:
   struct SeqPages {
-    std::vector<std::vector<float*>> slots;  // [slot] -> page per block
+    std::vector<int> slots;                     // held slots, ascending
+    std::vector<std::vector<int32_t>> ids;      // [slot] -> page id per block
+    std::vector<std::vector<float*>> pointers;  // [slot] -> page per block
   };
   float* PageAddress(int64_t index) const { return base_ + index * page_floats(); }
-  int64_t PageIndex(const float* p) const { return (p - base_) / page_floats(); }
 
   const int num_layers_, num_kv_heads_, block_size_, head_dim_;
   const int64_t max_pages_;
   float* base_ = nullptr;
   size_t mapped_bytes_ = 0;
-  std::vector<int64_t> free_;  // stack of free page indices
+  std::vector<int64_t> owner_;  // [page id] -> sequence holding it, -1: free; grows on demand
+  int64_t used_pages_ = 0;
   std::unordered_map<int64_t, SeqPages> seqs_;
 };
 

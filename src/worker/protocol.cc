@@ -3,6 +3,7 @@
 namespace failsafe {
 
 void WorkerInit::Encode(WireWriter* w) const {
+  w->Put(protocol_version);
   w->PutString(model_dir);
   w->Put(device_id);
   w->Put(threads);
@@ -12,6 +13,8 @@ void WorkerInit::Encode(WireWriter* w) const {
 }
 
 bool WorkerInit::Decode(WireReader* r) {
+  protocol_version = r->Get<int32_t>();
+  if (!r->ok() || protocol_version != kWorkerProtocolVersion) return false;
   model_dir = r->GetString();
   device_id = r->Get<int32_t>();
   threads = r->Get<int32_t>();
@@ -54,6 +57,9 @@ void ApplyPlanRequest::Encode(WireWriter* w) const {
     w->Put(s.dp_rank);
     w->Put(s.restore_tokens);
     w->PutVector(s.backup_blocks);
+    w->Put(s.num_blocks);
+    w->PutVector(s.pages);
+    w->PutVector(s.restore_slots);
   }
 }
 
@@ -69,6 +75,10 @@ bool ApplyPlanRequest::Decode(WireReader* r) {
     s.dp_rank = r->Get<int32_t>();
     s.restore_tokens = r->Get<int32_t>();
     s.backup_blocks = r->GetVector<int32_t>();
+    s.num_blocks = r->Get<int32_t>();
+    s.pages = r->GetVector<int32_t>();
+    s.restore_slots = r->GetVector<int32_t>();
+    if (!r->ok()) return false;
   }
   return r->ok();
 }
@@ -80,18 +90,27 @@ bool DecodeApplyStats(WireReader* r, ApplyStats* s) {
   return r->ok();
 }
 
-void EncodeBatch(const StepBatch& b, WireWriter* w) {
+void EncodeBatch(const StepBatch& b, int device, WireWriter* w) {
   w->PutVector(b.seqs);
   w->PutVector(b.tokens);
   w->Put(b.num_logits_rows);
   w->PutVector(b.backup_blocks);
+  static const KvTableUpdate kNone;
+  const KvTableUpdate& kv =
+      device >= 0 && device < static_cast<int>(b.kv.size()) ? b.kv[device] : kNone;
+  w->PutVector(kv.runs);
+  w->PutVector(kv.pages);
 }
 
-bool DecodeBatch(WireReader* r, StepBatch* b) {
+bool DecodeBatch(WireReader* r, int device, StepBatch* b) {
   b->seqs = r->GetVector<StepSeq>();
   b->tokens = r->GetVector<int32_t>();
   b->num_logits_rows = r->Get<int32_t>();
   b->backup_blocks = r->GetVector<int32_t>();
+  if (device < 0 || device >= (1 << 16)) return false;
+  b->kv.assign(device + 1, {});
+  b->kv[device].runs = r->GetVector<KvBlockRun>();
+  b->kv[device].pages = r->GetVector<int32_t>();
   return r->ok();
 }
 

@@ -27,9 +27,16 @@ enum class WorkerOp : uint32_t {
   kReply = 100,
 };
 
+// The version of these messages: a worker refuses a coordinator that speaks
+// another (a stale binary), rather than misreading its steps.
+// 2: block tables travel with steps and plan changes (KvTableUpdate,
+// SeqRestore::pages).
+constexpr int32_t kWorkerProtocolVersion = 2;
+
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.
 struct WorkerInit {
+  int32_t protocol_version = kWorkerProtocolVersion;
   std::string model_dir;
   int32_t device_id = 0;
   int32_t threads = 1;
@@ -58,6 +65,7 @@ struct GroupSpec {
   bool Decode(WireReader* r);
 };
 
+// For one device: its own block tables.
 struct ApplyPlanRequest {
   std::string prev_plan_json, next_plan_json;
   int32_t mode = 0;  // RecoveryMode
@@ -70,8 +78,10 @@ struct ApplyPlanRequest {
 void EncodeApplyStats(const ApplyStats& s, WireWriter* w);
 bool DecodeApplyStats(WireReader* r, ApplyStats* s);
 
-void EncodeBatch(const StepBatch& b, WireWriter* w);
-bool DecodeBatch(WireReader* r, StepBatch* b);
+// A step as `device` receives it: everything but the other devices' block
+// tables. Decoding puts the tables at b->kv[device].
+void EncodeBatch(const StepBatch& b, int device, WireWriter* w);
+bool DecodeBatch(WireReader* r, int device, StepBatch* b);
 void EncodeStats(const ForwardStats& s, WireWriter* w);
 bool DecodeStats(WireReader* r, ForwardStats* s);
 

@@ -23,11 +23,33 @@ struct StepSeq {
   int32_t backup_offset = 0;
 };
 
+// Entries a sequence's block table on one device gains: blocks
+// [first_block, first_block + num_blocks), their pages at
+// KvTableUpdate::pages[page_offset...] as [block][slot position], the slots
+// being Plan::KvSlots(device, dp_rank).
+struct KvBlockRun {
+  int64_t seq_id = 0;
+  int32_t dp_rank = 0;
+  int32_t first_block = 0;
+  int32_t num_blocks = 0;
+  int32_t page_offset = 0;
+};
+
+// What one device's block tables gain in a step (the scheduler's block
+// manager chose the pages).
+struct KvTableUpdate {
+  std::vector<KvBlockRun> runs;
+  std::vector<int32_t> pages;
+};
+
 struct StepBatch {
   std::vector<StepSeq> seqs;
   std::vector<int32_t> tokens;  // [total tokens]
   int32_t num_logits_rows = 0;
   std::vector<int32_t> backup_blocks;
+  // [device id] -> its block tables' new entries. On the wire a device gets
+  // only its own (at its index; the others empty).
+  std::vector<KvTableUpdate> kv;
   // Seconds the scheduler's cost model estimates the step at (the hang
   // deadline scales it); 0: none, the executor estimates it. Stays on the
   // coordinator: not part of the wire encoding.

@@ -50,8 +50,13 @@ class Worker {
     switch (static_cast<WorkerOp>(m.type & 0xff)) {
       case WorkerOp::kInit: {
         WorkerInit init;
-        if (!init.Decode(&r) || m.fds.size() < 2 || m.fds.size() > 3)
+        if (!init.Decode(&r) || m.fds.size() < 2 || m.fds.size() > 3) {
+          if (init.protocol_version != kWorkerProtocolVersion) {
+            return FailedPrecondition("the coordinator speaks protocol version {}, this worker {}",
+                                      init.protocol_version, kWorkerProtocolVersion);
+          }
           return InvalidArgument("malformed init");
+        }
         return Init(init, TakeFd(m.fds[0]), TakeFd(m.fds[1]),
                     m.fds.size() > 2 ? TakeFd(m.fds[2]) : -1);
       }
@@ -110,7 +115,8 @@ class Worker {
       case WorkerOp::kStep: {
         if (!device_ || !comm_) return FailedPrecondition("no plan or group");
         StepBatch batch;
-        if (!DecodeBatch(&r, &batch)) return InvalidArgument("malformed step");
+        if (!DecodeBatch(&r, device_->device_id(), &batch))
+          return InvalidArgument("malformed step");
         if (batch.num_logits_rows > logits_rows_) {
           return InvalidArgument("step needs {} logits rows, the region has {}",
                                  batch.num_logits_rows, logits_rows_);

@@ -1,0 +1,285 @@
+#include "core/kv_blocks.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+
+namespace failsafe {
+
+namespace {
+
+const std::vector<int32_t> kNoPages;
+
+}  // namespace
+
+KvBlockManager::KvBlockManager(const Plan& plan, int block_size,
+                               std::vector<int64_t> capacity_pages)
+    : block_size_(block_size) {
+  SetPlan(plan, std::move(capacity_pages));
+}
+
+void KvBlockManager::SetPlan(const Plan& plan, std::vector<int64_t> capacity_pages) {
+  num_devices_ = plan.num_devices;
+  devices_ = plan.active;
+  tp_slots_.assign(num_devices_, {});
+  rank_slots_.assign(num_devices_, {});
+  // A DP rank no device is: the TP slots only.
+  for (int d : plan.active) {
+    tp_slots_[d] = plan.KvSlots(d, -1);
+    rank_slots_[d] = plan.KvSlots(d, d);
+  }
+  dp_extra_ = plan.num_dp_heads_total();
+  capacity_ = std::move(capacity_pages);
+  capacity_.resize(num_devices_, 0);
+  used_.resize(num_devices_, 0);
+  pools_.resize(num_devices_);
+}
+
+int32_t KvBlockManager::Allocate(int device) {
+  Pool& p = pools_[device];
+  used_[device]++;
+  if (!p.free_ids.empty()) {
+    const int32_t id = p.free_ids.back();
+    p.free_ids.pop_back();
+    return id;
+  }
+  return p.next_id++;
+}
+
+void KvBlockManager::FreePage(int device, int32_t id) {
+  pools_[device].free_ids.push_back(id);
+  used_[device]--;
+  FS_CHECK(used_[device] >= 0);
+}
+
+bool KvBlockManager::CanGrow(const Sequence& s, int tokens, int64_t keep_free) const {
+  const int add = BlocksFor(tokens) - s.kv_blocks;
+  if (add <= 0) return true;
+  for (int d : devices_) {
+    if (used_[d] + add * PagesPerBlock(d, s.dp_rank) + keep_free > capacity_[d]) return false;
+  }
+  return true;
+}
+
+bool KvBlockManager::Fits(int dp_rank, int blocks, int tokens, const std::vector<int64_t>& pending,
+                          const std::vector<int64_t>& keep_free) const {
+  const int add = BlocksFor(tokens) - blocks;
+  if (add <= 0) return true;
+  for (int d : devices_) {
+    if (used_[d] + pending[d] + add * PagesPerBlock(d, dp_rank) + keep_free[d] > capacity_[d])
+      return false;
+  }
+  return true;
+}
+
+void KvBlockManager::AddPending(int dp_rank, int blocks, int tokens,
+                                std::vector<int64_t>* pending) const {
+  const int add = BlocksFor(tokens) - blocks;
+  if (add <= 0) return;
+  for (int d : devices_) (*pending)[d] += add * PagesPerBlock(d, dp_rank);
+}
+
+bool KvBlockManager::FitsAlone(int dp_rank, int tokens) const {
+  for (int d : devices_) {
+    if (BlocksFor(tokens) * PagesPerBlock(d, dp_rank) > capacity_[d]) return false;
+  }
+  return true;
+}
+
+void KvBlockManager::Grow(Sequence& s, int tokens) {
+  const int add = BlocksFor(tokens) - s.kv_blocks;
+  if (add <= 0) return;
+  SeqTables& t = seqs_[s.id];
+  if (t.pages.empty()) {
+    t.dp_rank = s.dp_rank;
+    t.pages.resize(num_devices_);
+    t.gained.resize(num_devices_);
+  }
+  FS_CHECK_MSG(t.dp_rank == s.dp_rank && t.blocks == s.kv_blocks,
+               "sequence {} changed DP rank or blocks outside the block manager", s.id);
+  for (int d : devices_) {
+    const int64_t n = add * PagesPerBlock(d, s.dp_rank);
+    std::vector<int32_t>& pages = t.pages[d];
+    pages.reserve(pages.size() + n);
+    for (int64_t i = 0; i < n; ++i) pages.push_back(Allocate(d));
+  }
+  s.kv_blocks += add;
+  t.blocks = s.kv_blocks;
+}
+
+void KvBlockManager::Release(Sequence& s) {
+  auto it = seqs_.find(s.id);
+  if (it != seqs_.end()) {
+    for (int d = 0; d < num_devices_; ++d) {
+      for (int32_t id : it->second.pages[d]) FreePage(d, id);
+    }
+    seqs_.erase(it);
+  }
+  s.kv_blocks = 0;
+}
+
+bool KvBlockManager::OverCapacity() const {
+  for (int d : devices_) {
+    if (used_[d] > capacity_[d]) return true;
+  }
+  return false;
+}
+
+const std::vector<int32_t>& KvBlockManager::Table(int64_t seq_id, int device) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || device < 0 || device >= num_devices_) return kNoPages;
+  return it->second.pages[device];
+}
+
+int KvBlockManager::TakeUnsent(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return 0;
+  const int first = it->second.sent;
+  it->second.sent = it->second.blocks;
+  return first;
+}
+
+void KvBlockManager::MarkUnsent(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it != seqs_.end()) it->second.sent = 0;
+}
+
+std::vector<int64_t> KvBlockManager::PagesUnder(const Plan& plan,
+                                                const std::vector<const Sequence*>& seqs) const {
+  std::vector<int64_t> out(plan.num_devices, 0);
+  const int64_t dp = plan.num_dp_heads_total();
+  for (int d : plan.active) {
+    const int64_t tp = plan.num_tp_heads_total(d);
+    for (const Sequence* s : seqs) out[d] += s->kv_blocks * (tp + (s->dp_rank == d ? dp : 0));
+  }
+  return out;
+}
+
+void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity_pages,
+                                 const std::vector<const Sequence*>& live) {
+  const std::vector<int> old_active = devices_;
+  const std::vector<std::vector<int>> old_tp = tp_slots_, old_rank = rank_slots_;
+  auto old_slots = [&](int d, int rank) -> const std::vector<int>& {
+    static const std::vector<int> kNone;
+    if (!std::binary_search(old_active.begin(), old_active.end(), d)) return kNone;
+    return d == rank ? old_rank[d] : old_tp[d];
+  };
+  // Devices may have come (a rejoin): the pools grow; ids of devices that
+  // left are all freed below.
+  const int old_devices = num_devices_;
+  SetPlan(plan, std::move(capacity_pages));
+  std::unordered_map<int64_t, const Sequence*> keep;
+  for (const Sequence* s : live) keep[s->id] = s;
+  for (auto it = seqs_.begin(); it != seqs_.end();) {
+    if (keep.count(it->first)) {
+      ++it;
+      continue;
+    }
+    for (int d = 0; d < old_devices; ++d) {
+      for (int32_t id : it->second.pages[d]) FreePage(d, id);
+    }
+    it = seqs_.erase(it);
+  }
+  // Which old column (slot position) each new column keeps, -1: gained.
+  // First free the columns nobody keeps, then hand out the gained ones, so
+  // that ids stay low.
+  struct Move {
+    SeqTables* t;
+    int device;
+    std::vector<int> from;  // [new slot position] -> old position or -1
+  };
+  std::vector<Move> moves;
+  for (const Sequence* s : live) {
+    SeqTables& t = seqs_[s->id];
+    if (t.pages.empty()) t.dp_rank = s->dp_rank;
+    t.pages.resize(num_devices_);
+    t.gained.assign(num_devices_, {});
+    t.blocks = s->kv_blocks;
+    t.sent = t.blocks;
+    for (int d = 0; d < num_devices_; ++d) {
+      const std::vector<int>& before = old_slots(d, t.dp_rank);
+      const std::vector<int>& after = Slots(d, s->dp_rank);
+      std::vector<int32_t>& pages = t.pages[d];
+      const bool had = !pages.empty() && !before.empty() &&
+                       pages.size() == before.size() * static_cast<size_t>(t.blocks);
+      Move m{&t, d, std::vector<int>(after.size(), -1)};
+      std::vector<char> kept(before.size(), 0);
+      if (had) {
+        for (size_t j = 0, i = 0; j < after.size(); ++j) {
+          while (i < before.size() && before[i] < after[j]) ++i;
+          if (i < before.size() && before[i] == after[j]) {
+            m.from[j] = static_cast<int>(i);
+            kept[i] = 1;
+          }
+        }
+      }
+      for (size_t i = 0; i < pages.size(); ++i) {
+        if (!had || !kept[i % before.size()]) FreePage(d, pages[i]);
+      }
+      if (!had) pages.clear();
+      moves.push_back(std::move(m));
+    }
+    t.dp_rank = s->dp_rank;
+  }
+  for (Move& m : moves) {
+    SeqTables& t = *m.t;
+    const int d = m.device;
+    const size_t cols = m.from.size(),
+                 old_cols = t.pages[d].empty() ? 0 : t.pages[d].size() / t.blocks;
+    std::vector<int32_t> pages(cols * t.blocks);
+    const std::vector<int>& after = Slots(d, t.dp_rank);
+    for (size_t j = 0; j < cols; ++j) {
+      if (m.from[j] < 0) t.gained[d].push_back(after[j]);
+      for (int b = 0; b < t.blocks; ++b) {
+        pages[b * cols + j] = m.from[j] >= 0 ? t.pages[d][b * old_cols + m.from[j]] : Allocate(d);
+      }
+    }
+    t.pages[d] = std::move(pages);
+  }
+  // Devices without a share hold nothing: their ids start afresh.
+  for (int d = 0; d < num_devices_; ++d) {
+    if (!plan.IsActive(d)) {
+      FS_CHECK(used_[d] == 0);
+      pools_[d] = Pool();
+    }
+  }
+}
+
+std::vector<int> KvBlockManager::GainedSlots(int64_t seq_id, int device) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || device < 0 || device >= static_cast<int>(it->second.gained.size()))
+    return {};
+  return it->second.gained[device];
+}
+
+Status KvBlockManager::CheckInvariants() const {
+  for (int d = 0; d < num_devices_; ++d) {
+    const Pool& p = pools_[d];
+    std::vector<char> owned(static_cast<size_t>(p.next_id), 0);
+    int64_t n = 0;
+    for (const auto& [id, t] : seqs_) {
+      const std::vector<int32_t>& pages = t.pages[d];
+      if (pages.size() != Slots(d, t.dp_rank).size() * static_cast<size_t>(t.blocks))
+        return Internal("device {}: sequence {} has {} pages for {} blocks", d, id, pages.size(),
+                        t.blocks);
+      for (int32_t page : pages) {
+        if (page < 0 || page >= p.next_id)
+          return Internal("device {}: page {} was never handed out", d, page);
+        if (owned[page]++) return Internal("device {}: page {} is owned twice", d, page);
+        ++n;
+      }
+    }
+    for (int32_t page : p.free_ids) {
+      if (page < 0 || page >= p.next_id || owned[page])
+        return Internal("device {}: free page {} is in use or unknown", d, page);
+      owned[page] = 1;
+    }
+    if (n != used_[d]) return Internal("device {}: {} pages owned, {} counted", d, n, used_[d]);
+    if (n + static_cast<int64_t>(p.free_ids.size()) != p.next_id)
+      return Internal("device {}: {} used + {} free != {} handed out", d, n, p.free_ids.size(),
+                      p.next_id);
+  }
+  return Status::Ok();
+}
+
+}  // namespace failsafe

@@ -25,6 +25,12 @@ struct DeviceFlags {
   std::string step_timeout = "auto";
   std::string step_timeout_floor = "500ms";
   std::string collective_timeout = "30s";
+  // Devices on other hosts: workers join at `listen` (HOST:PORT) with the
+  // cluster token; the last `remote_devices` device ids are theirs.
+  std::string listen;
+  int remote_devices = 0;
+  std::string cluster_token_file;  // empty: $FAILSAFE_CLUSTER_TOKEN
+  std::string join_timeout = "60s";
   // Set by commands from their scheduler settings:
   int max_step_tokens = 2048;  // tokens per step (sizes activations and collective slots)
   int max_seqs = 256;          // sequences sampled per step (logits rows)

@@ -209,6 +209,7 @@ Status RemoteDevice::Receive(uint32_t type, const std::string& body) {
       if (!r.ok() || !progress_.valid()) return Status::Ok();
       DeviceProgressSlot* slot = progress_.slot(device_);
       if (!slot) return Status::Ok();
+      slot->heard_ns.store(MonotonicNanos(), std::memory_order_release);
       // Clocks of other hosts are not this one's: a move is dated when heard.
       if (p.requests != last_heard_progress_.requests ||
           p.entered != last_heard_progress_.entered || p.left != last_heard_progress_.left) {

@@ -149,6 +149,11 @@ Result<RunSummary> RunGroup(const Setup& s, const Workload& w,
     for (int i = 0; i < s.remote + s.spare; ++i) workers.Join(o.listener->port(), kToken);
   }
   FS_ASSIGN_OR_RETURN(auto group, WorkerGroup::Start(o));
+  // A rejoin takes only a worker already waiting: let the spares register.
+  const int64_t until = MonotonicNanos() + 30000 * 1000000LL;
+  while (s.spare > 0 && o.listener->waiting() < s.spare && MonotonicNanos() < until) {
+    ::usleep(10000);
+  }
   SchedulerConfig sc;
   sc.max_batch_tokens = 128;
   sc.max_num_seqs = 64;

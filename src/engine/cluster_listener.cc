@@ -155,9 +155,11 @@ void ClusterListener::Admit(int fd, const std::string& addr) {
   }
   if (!verdict.ok()) {
     FS_LOG_WARN("refused worker {}: {}", peer, verdict.message());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++refused_;  // counted before the worker hears it
+    }
     (void)ch.Send(static_cast<uint32_t>(LinkOp::kRefused), verdict.message());
-    std::lock_guard<std::mutex> lock(mu_);
-    ++refused_;
     return;
   }
   FS_LOG_INFO("worker {} registered; waiting for a device id", peer);

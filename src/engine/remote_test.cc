@@ -53,10 +53,14 @@ const std::string& Model() {
   return dir;
 }
 
+// Written once per token: a worker may be reading it while another starts.
 std::string TokenFile(const std::string& token) {
-  const std::string path = ProcessScratchDir().Sub("token-" + std::to_string(token.size()));
+  static std::map<std::string, std::string> files;
+  auto it = files.find(token);
+  if (it != files.end()) return it->second;
+  const std::string path = ProcessScratchDir().Sub("token-" + std::to_string(files.size()));
   std::ofstream(path) << token << "\n";
-  return path;
+  return files[token] = path;
 }
 
 // Worker processes this test starts; killed and reaped at the end.
@@ -145,7 +149,7 @@ Result<RunSummary> RunGroup(const Setup& s, const Workload& w,
   if (s.remote > 0) {
     o.listener = Listen();
     o.remote_devices = s.remote;
-    o.join_timeout_ms = 30000;
+    o.join_timeout_ms = 120000;  // generous under load
     for (int i = 0; i < s.remote + s.spare; ++i) workers.Join(o.listener->port(), kToken);
   }
   FS_ASSIGN_OR_RETURN(auto group, WorkerGroup::Start(o));

@@ -19,8 +19,9 @@ namespace failsafe {
 
 namespace {
 
-// Silence from a listener before it gives a device id (it sends kIdle).
-constexpr int64_t kWaitTimeoutMs = 5000;
+// Silence from a listener before it gives a device id: it sends kIdle every
+// heartbeat, but may spend up to 5 s reading another worker's hello.
+constexpr int64_t kWaitTimeoutMs = 15000;
 // A frame whose first byte arrived is complete within this time.
 constexpr int64_t kFrameTimeoutMs = 60000;
 

@@ -2,12 +2,21 @@
 // processes, shared memory and gloo (TCP loopback). Prints a table.
 //
 //   failsafe_bench_allreduce [--hidden 2048] [--tokens 1,16,128,1024] [--members 2,3,4,5,6,7,8]
+//       [--netns NS=ADDR,NS=ADDR,...]
+//
+// With --netns, gloo member r runs in network namespace r mod k of the list
+// (created beforehand, e.g. by tests/python/netns_cluster.py --bench) and is
+// dialled at its address there; the rendezvous store runs in the first.
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/gloo_communicator.h"
@@ -66,6 +75,18 @@ Timing RunShm(int n, size_t count, int iters) {
   return res;
 }
 
+// Network namespaces (name, this process's address there) for gloo members.
+std::vector<std::pair<std::string, std::string>> g_netns;
+
+// Moves the calling (single-threaded) process into a namespace of g_netns.
+bool EnterNetns(size_t i) {
+  const int fd = ::open(("/run/netns/" + g_netns[i].first).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::setns(fd, CLONE_NEWNET) == 0;
+  ::close(fd);
+  return ok;
+}
+
 Timing RunGloo(int n, size_t count, int iters, int epoch) {
   int pipefd[2], portfd[2];
   if (::pipe(pipefd) != 0 || ::pipe(portfd) != 0) return {};
@@ -76,6 +97,11 @@ Timing RunGloo(int n, size_t count, int iters, int epoch) {
       int port = 0;
       if (::read(portfd[0], &port, sizeof(port)) != sizeof(port)) ::_exit(4);
       GlooGroupOptions o;
+      if (!g_netns.empty()) {
+        if (!EnterNetns(r % g_netns.size())) ::_exit(6);
+        o.hostname = g_netns[r % g_netns.size()].second;
+        o.store_host = g_netns[0].second;
+      }
       o.store_port = port;
       o.prefix = "bench" + std::to_string(epoch);
       o.rank = r;
@@ -86,7 +112,7 @@ Timing RunGloo(int n, size_t count, int iters, int epoch) {
     }
     pids.push_back(pid);
   }
-  auto server = KvStoreServer::Start("127.0.0.1", 0);
+  auto server = KvStoreServer::Start(g_netns.empty() ? "127.0.0.1" : g_netns[0].second, 0);
   int port = server.ok() ? (*server)->port() : 0;
   for (int r = 0; r < n; ++r) {
     if (::write(portfd[1], &port, sizeof(port)) != sizeof(port)) break;
@@ -108,7 +134,28 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden, "hidden size (floats per token)")->capture_default_str();
   app.add_option("--tokens", tokens, "tokens per all-reduce")->delimiter(',');
   app.add_option("--members", members, "group sizes")->delimiter(',');
+  std::vector<std::string> netns;
+  app.add_option("--netns", netns,
+                 "gloo members across network namespaces NS=ADDR (member r in the r mod k-th)")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  for (const std::string& spec : netns) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "--netns: '%s' is not NS=ADDR\n", spec.c_str());
+      return 2;
+    }
+    g_netns.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+  }
+  // The store (and this process) in the first namespace.
+  if (!g_netns.empty() && !EnterNetns(0)) {
+    std::fprintf(stderr, "--netns: cannot enter %s (root needed)\n", g_netns[0].first.c_str());
+    return 2;
+  }
+  if (!g_netns.empty()) {
+    std::printf("gloo members across %zu network namespaces (veth); shm within one host\n",
+                g_netns.size());
+  }
   std::printf(
       "all-reduce of [tokens, %d] fp32; median (p90) latency per call; bandwidth = payload / "
       "median\n",

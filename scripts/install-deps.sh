@@ -10,7 +10,7 @@ packages=(
   libnlopt-cxx-dev gnuplot-nox libsentencepiece-dev libutf8proc-dev
 )
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-numpy python3-torch python3-sentencepiece python3-jinja2 haproxy)
+  packages+=(python3 python3-numpy python3-torch python3-sentencepiece python3-jinja2 haproxy iproute2)
   command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 fi
 

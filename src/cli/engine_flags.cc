@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "worker/cluster_protocol.h"
 
 namespace failsafe {
 
@@ -28,6 +29,20 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_flag("--rebalance-slow", f->rebalance_slow,
                "re-plan so that a device that stays slower than its peers (measured per step) "
                "gets a smaller share of heads and FFN shards");
+  app.add_option("--listen", f->listen,
+                 "HOST:PORT where devices on other hosts join (`failsafe worker --join`); HOST "
+                 "is this host's address as the other hosts reach it");
+  app.add_option("--remote-devices", f->remote_devices,
+                 "how many of the devices are workers joining at --listen (the last ids); "
+                 "implies --comm gloo")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  app.add_option("--cluster-token-file", f->cluster_token_file,
+                 "file whose first line is the token joining workers must present (default: "
+                 "$FAILSAFE_CLUSTER_TOKEN)");
+  app.add_option("--join-timeout", f->join_timeout,
+                 "how long start-up waits for the remote devices to join")
+      ->capture_default_str();
   AddTimeoutFlags(app, f);
 }
 
@@ -89,7 +104,13 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
   if (f.comm != "shm" && f.comm != "gloo")
     return InvalidArgument("--comm: unknown '{}' (known: shm, gloo)", f.comm);
-  if (f.devices == 1 && !f.processes) {
+  if (f.remote_devices > 0 && f.listen.empty()) {
+    return InvalidArgument("--remote-devices needs --listen HOST:PORT");
+  }
+  if (f.remote_devices > f.devices) {
+    return InvalidArgument("--remote-devices {} exceeds --devices {}", f.remote_devices, f.devices);
+  }
+  if (f.devices == 1 && !f.processes && f.listen.empty()) {
     LocalExecutorOptions o;
     o.threads = f.threads;
     FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
@@ -112,6 +133,21 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;
   static const char* kLevels[] = {"debug", "info", "warn", "error", "off"};
   o.log_level = kLevels[static_cast<int>(GetLogLevel())];
+  if (!f.listen.empty()) {
+    ClusterListenerOptions lo;
+    auto hp = ParseHostPort(f.listen);
+    if (!hp.ok()) return hp.status().WithContext("--listen");
+    lo.host = hp->first;
+    lo.port = hp->second;
+    auto token = ReadClusterToken(f.cluster_token_file);
+    if (!token.ok()) return token.status().WithContext("--listen");
+    lo.token = *token;
+    FS_ASSIGN_OR_RETURN(o.listener, ClusterListener::Start(lo));
+    o.remote_devices = f.remote_devices;
+    auto wait = ParseDuration(f.join_timeout);
+    if (!wait.ok()) return wait.status().WithContext("--join-timeout");
+    o.join_timeout_ms = static_cast<int64_t>(*wait * 1e3 + 0.5);
+  }
   FS_ASSIGN_OR_RETURN(auto g, WorkerGroup::Start(o));
   return std::unique_ptr<Executor>(std::move(g));
 }

@@ -28,6 +28,12 @@ struct DeviceFlags {
   // Re-plan so that a device that stays slower than its peers gets a smaller
   // share of the work (EngineOptions::rebalance_slow).
   bool rebalance_slow = false;
+  // Devices on other hosts: workers join at `listen` (HOST:PORT) with the
+  // cluster token; the last `remote_devices` device ids are theirs.
+  std::string listen;
+  int remote_devices = 0;
+  std::string cluster_token_file;  // empty: $FAILSAFE_CLUSTER_TOKEN
+  std::string join_timeout = "60s";
   // Set by commands from their scheduler settings:
   int max_step_tokens = 2048;  // tokens per step (sizes activations and collective slots)
   int max_seqs = 256;          // sequences sampled per step (logits rows)

@@ -44,7 +44,21 @@ Result<std::unique_ptr<DeviceProcess>> DeviceProcess::Spawn(const std::string& b
   return p;
 }
 
+std::unique_ptr<DeviceProcess> DeviceProcess::Attach(std::unique_ptr<RemoteDevice> remote) {
+  auto p = std::unique_ptr<DeviceProcess>(new DeviceProcess());
+  p->channel_ = remote->TakeLocalEnd();
+  p->pidfd_ = ::dup(remote->lost_fd());
+  p->remote_ = std::move(remote);
+  return p;
+}
+
+Status DeviceProcess::KillRemote() {
+  if (!remote_) return FailedPrecondition("not a device on another host");
+  return remote_->KillWorker();
+}
+
 DeviceProcess::~DeviceProcess() {
+  remote_.reset();  // closes the link
   if (!reaped_ && pid_ > 0) {
     ::kill(pid_, SIGKILL);
     // A killed process exits at once unless it sleeps in the kernel; do not
@@ -78,6 +92,7 @@ Status DeviceProcess::ReadReply(int64_t timeout_ms, Status* reply, std::string* 
 
 void DeviceProcess::Kill() {
   if (pid_ > 0 && !reaped_) ::kill(pid_, SIGKILL);
+  if (remote_) remote_->Close();
   channel_.Close();
   Reap();
 }

@@ -9,6 +9,10 @@
 // and every reply echoes it, so a late reply to an abandoned request is
 // recognised and dropped, never taken for the answer to a newer one.
 //
+// A device on another host (engine/remote_device.h) is driven the same way:
+// its channel is a local socket to the link's proxy, its "pidfd" the link's
+// lost signal; killing it closes the link (the worker then exits on its own).
+//
 // Thread-safety: one thread drives a DeviceProcess.
 #pragma once
 
@@ -20,6 +24,7 @@
 
 #include "comm/channel.h"
 #include "common/status.h"
+#include "engine/remote_device.h"
 #include "worker/protocol.h"
 
 namespace failsafe {
@@ -29,12 +34,17 @@ class DeviceProcess {
   // Starts `binary worker --fd 3 --log-level LEVEL`.
   static Result<std::unique_ptr<DeviceProcess>> Spawn(const std::string& binary,
                                                       const std::string& log_level);
+  // A device on another host, behind its link.
+  static std::unique_ptr<DeviceProcess> Attach(std::unique_ptr<RemoteDevice> remote);
   // Kills the process if it still runs, and reaps it if it has exited.
   ~DeviceProcess();
   DeviceProcess(const DeviceProcess&) = delete;
   DeviceProcess& operator=(const DeviceProcess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return pid_; }  // -1 for a device on another host
+  bool remote() const { return remote_ != nullptr; }
+  // A device on another host: asks its worker to SIGKILL itself.
+  Status KillRemote();
   int pidfd() const { return pidfd_; }              // readable once the process exited
   int channel_fd() const { return channel_.fd(); }  // readable when a reply (or EOF) is there
   bool Exited() const;
@@ -57,7 +67,8 @@ class DeviceProcess {
   int pidfd_ = -1;
   bool reaped_ = false;
   Channel channel_;
-  uint32_t request_seq_ = 0;  // of the last request sent
+  uint32_t request_seq_ = 0;              // of the last request sent
+  std::unique_ptr<RemoteDevice> remote_;  // a device on another host
 };
 
 }  // namespace failsafe

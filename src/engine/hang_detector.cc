@@ -118,9 +118,14 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     next_check_ns_ = now + grace_ns_;
     return dead;
   }
-  // Who is furthest along: a device that replied is done.
+  // Who is furthest along: a device that replied is done. A device on
+  // another host whose link fell silent is no witness: what it last said
+  // (entering a collective, say) may never have reached its peers.
   uint64_t ahead = 0;
-  for (const Seen& s : seen) ahead = std::max(ahead, s.collectives);
+  for (const Seen& s : seen) {
+    const bool silent = s.p.heard_ns > 0 && now - s.p.heard_ns >= deadline_ns_ / 2;
+    if (!silent) ahead = std::max(ahead, s.collectives);
+  }
   const bool someone_done = !replied.empty();
   bool all_still = true;
   for (const Seen& s : seen) {

@@ -38,8 +38,20 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
       options.collective_timeout_ms <= 0) {
     return InvalidArgument("timeouts must be positive (step timeout: 0 derives it)");
   }
+  if (options.remote_devices < 0 || options.remote_devices > options.num_devices) {
+    return InvalidArgument("{} remote devices of {}", options.remote_devices, options.num_devices);
+  }
+  if (options.remote_devices > 0 && !options.listener) {
+    return InvalidArgument("remote devices need a listener (--listen HOST:PORT)");
+  }
   auto g = std::unique_ptr<WorkerGroup>(new WorkerGroup());
   g->options_ = options;
+  if (options.remote_devices > 0) {
+    // Shared memory does not cross hosts: collectives go over gloo, every
+    // member dialled at an address the others reach.
+    g->options_.comm = CommKind::kGloo;
+    g->options_.gloo_hostname = options.listener->host();
+  }
   DeadlineOptions d;
   d.step_timeout_ms = options.step_timeout_ms;
   d.floor_ms = options.step_timeout_floor_ms;
@@ -73,14 +85,14 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
       static_cast<size_t>(options.max_logits_rows) * g->config_.vocab_size * sizeof(float);
   FS_ASSIGN_OR_RETURN(g->logits_, ShmRegion::Create("failsafe-logits", logits_bytes));
   FS_ASSIGN_OR_RETURN(g->progress_, DeviceProgressRegion::Create(options.num_devices));
-  if (options.comm == CommKind::kGloo) {
-    FS_ASSIGN_OR_RETURN(g->store_, KvStoreServer::Start(options.gloo_hostname, 0));
+  if (g->options_.comm == CommKind::kGloo) {
+    FS_ASSIGN_OR_RETURN(g->store_, KvStoreServer::Start(g->options_.gloo_hostname, 0));
   }
   g->devices_.resize(options.num_devices);
   Sent started;
   started.at_ns = MonotonicNanos();
   for (int dev : g->plan_.alive) {
-    FS_RETURN_IF_ERROR(g->Spawn(dev));
+    FS_RETURN_IF_ERROR(g->Spawn(dev, options.join_timeout_ms));
     g->devices_[dev].kv_pages = capacity[dev];
     started.devices.push_back(dev);
     started.before.emplace_back();  // a new process has done nothing yet
@@ -113,14 +125,20 @@ WorkerGroup::~WorkerGroup() {
   killed_.clear();
 }
 
-Status WorkerGroup::Spawn(int device) {
-  FS_ASSIGN_OR_RETURN(auto p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level));
+Status WorkerGroup::Spawn(int device, int64_t join_wait_ms) {
+  std::unique_ptr<DeviceProcess> p;
+  if (remote(device)) {
+    FS_ASSIGN_OR_RETURN(auto link, options_.listener->Take(device, join_wait_ms));
+    p = DeviceProcess::Attach(std::move(link));
+  } else {
+    FS_ASSIGN_OR_RETURN(p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level));
+  }
   Device& d = devices_[device];
   progress_.Reset(device);
   d.process = std::move(p);
   d.killed_ns = 0;
   d.loss = DeviceLoss();
-  FS_LOG_INFO("device {}: worker process {}", device, d.process->pid());
+  if (!d.process->remote()) FS_LOG_INFO("device {}: worker process {}", device, d.process->pid());
   return InitDevice(device);
 }
 
@@ -311,6 +329,10 @@ std::vector<int> WorkerGroup::dead_devices() const {
 Status WorkerGroup::KillDevice(int device) {
   if (device < 0 || device >= static_cast<int>(devices_.size()) || !alive(device)) {
     return InvalidArgument("device {} is not alive", device);
+  }
+  if (devices_[device].process->remote()) {
+    devices_[device].killed_ns = MonotonicNanos();
+    return devices_[device].process->KillRemote();
   }
   const pid_t pid = devices_[device].process->pid();
   // kill(0 or -1) would signal the process group or every process.

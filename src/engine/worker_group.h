@@ -35,6 +35,7 @@
 
 #include "comm/kv_store.h"
 #include "comm/shm_region.h"
+#include "engine/cluster_listener.h"
 #include "engine/collective_group.h"
 #include "engine/device_process.h"
 #include "engine/executor.h"
@@ -62,6 +63,15 @@ struct WorkerGroupOptions {
   int max_seqs = 1024;  // sequences the backup can track
   CommKind comm = CommKind::kShm;
   std::string gloo_hostname = "127.0.0.1";
+  // Devices on other hosts: the last `remote_devices` ids are workers that
+  // join over TCP through `listener` (`failsafe worker --join`), in the order
+  // they register. Any remote device implies gloo collectives, with the
+  // rendezvous store and the local devices on the listener's address.
+  std::shared_ptr<ClusterListener> listener;
+  int remote_devices = 0;
+  // How long Start waits for the remote devices to join; a rejoin takes a
+  // worker only if one is already waiting.
+  int64_t join_timeout_ms = 60000;
   // How long a step may run before its devices are checked for a hang: 0
   // derives it from measured step times (never below the floor); > 0 fixes it.
   int64_t step_timeout_ms = 0;
@@ -125,7 +135,10 @@ class WorkerGroup final : public Executor {
 
   WorkerGroup() = default;
   bool alive(int device) const { return devices_[device].process != nullptr; }
-  Status Spawn(int device);
+  bool remote(int device) const { return device >= options_.num_devices - options_.remote_devices; }
+  // Starts a device's worker (a remote one: takes a joined worker, waiting
+  // up to `join_wait_ms`).
+  Status Spawn(int device, int64_t join_wait_ms = 0);
   Status InitDevice(int device);
   // Requests sent: to whom, when, and their progress just before.
   struct Sent {

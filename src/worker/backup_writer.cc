@@ -19,6 +19,10 @@ BackupWriter::~BackupWriter() {
   thread_.join();
 }
 
+void BackupWriter::SetUploader(std::function<void(const BackupJob&)> uploader) {
+  uploader_ = std::move(uploader);
+}
+
 void BackupWriter::Enqueue(BackupJob job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,6 +66,7 @@ void BackupWriter::Run() {
         job.start <= p->tokens.load(std::memory_order_relaxed)) {
       p->tokens.store(job.end, std::memory_order_release);
     }
+    if (uploader_) uploader_(job);
     DeviceProgressRegion::Moved(progress_);
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -41,6 +42,10 @@ class BackupWriter {
   BackupWriter(void* base, const BackupLayout& layout, int device,
                DeviceProgressSlot* progress = nullptr);
   ~BackupWriter();
+  // Called on the writer's thread after each job is copied and published (a
+  // device on another host sends the bytes to the coordinator). Set before
+  // the first Enqueue.
+  void SetUploader(std::function<void(const BackupJob&)> uploader);
   void Enqueue(BackupJob job);
   // Waits until every queued job is copied and published.
   void Drain();
@@ -52,6 +57,7 @@ class BackupWriter {
   const BackupLayout layout_;
   const int device_;
   DeviceProgressSlot* const progress_;
+  std::function<void(const BackupJob&)> uploader_;  // set before the first job
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<BackupJob> queue_;  // guarded by mu_

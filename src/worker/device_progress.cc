@@ -61,6 +61,7 @@ DeviceProgress DeviceProgressRegion::Read(int device) const {
   p.entered = s->entered.load(std::memory_order_acquire);
   p.left = s->left.load(std::memory_order_acquire);
   p.last_move_ns = s->last_move_ns.load(std::memory_order_acquire);
+  p.heard_ns = s->heard_ns.load(std::memory_order_acquire);
   return p;
 }
 
@@ -71,6 +72,7 @@ void DeviceProgressRegion::Reset(int device) {
   s->entered.store(0);
   s->left.store(0);
   s->last_move_ns.store(MonotonicNanos());
+  s->heard_ns.store(0);
 }
 
 void DeviceProgressRegion::TookRequest(DeviceProgressSlot* slot) {

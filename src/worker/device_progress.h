@@ -26,12 +26,16 @@ struct alignas(64) DeviceProgressSlot {
   std::atomic<uint64_t> entered;      // collectives entered
   std::atomic<uint64_t> left;         // collectives left (done, failed or aborted)
   std::atomic<int64_t> last_move_ns;  // the latest of those moves
+  // A device on another host: when its counters were last heard (its link's
+  // heartbeat); 0 for a local device, whose counters are always current.
+  std::atomic<int64_t> heard_ns;
 };
 
 // A point-in-time copy of a slot.
 struct DeviceProgress {
   uint64_t requests = 0, entered = 0, left = 0;
   int64_t last_move_ns = 0;
+  int64_t heard_ns = 0;  // 0: current (a local device)
   bool in_collective() const { return entered > left; }
 };
 

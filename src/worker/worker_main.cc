@@ -16,6 +16,7 @@
 #include "worker/device_model.h"
 #include "worker/device_progress.h"
 #include "worker/protocol.h"
+#include "worker/remote_link.h"
 
 namespace failsafe {
 
@@ -24,11 +25,15 @@ namespace {
 class Worker {
  public:
   explicit Worker(int fd) : channel_(fd) {}
+  // A device on another host: requests come over `link`; `model_dir`
+  // (optional) replaces the coordinator's path to the model.
+  Worker(RemoteWorkerLink* link, std::string model_dir, std::string advertise)
+      : link_(link), model_dir_(std::move(model_dir)), advertise_(std::move(advertise)) {}
 
   int Run() {
     while (true) {
       Message m;
-      Status st = channel_.Receive(&m);
+      Status st = link_ ? link_->Receive(&m) : channel_.Receive(&m);
       if (!st.ok()) return 0;  // the coordinator is gone
       for (size_t i = 0; i < m.fds.size(); ++i) fds_.push_back(m.fds[i]);
       std::string body;
@@ -39,7 +44,9 @@ class Worker {
       CloseUnusedFds();
       // The reply echoes the request's sequence number (the type's high bits).
       const uint32_t reply = static_cast<uint32_t>(WorkerOp::kReply) | (m.type & ~0xffu);
-      if (!channel_.Send(reply, EncodeReply(result, body)).ok()) return 0;
+      const std::string payload = EncodeReply(result, body);
+      if (!(link_ ? link_->SendReply(reply, payload) : channel_.Send(reply, payload)).ok())
+        return 0;
       if (static_cast<WorkerOp>(m.type & 0xff) == WorkerOp::kShutdown) return 0;
     }
   }
@@ -50,6 +57,21 @@ class Worker {
     switch (static_cast<WorkerOp>(m.type & 0xff)) {
       case WorkerOp::kInit: {
         WorkerInit init;
+        if (link_) {
+          // No shared memory crosses hosts: the coordinator's link says
+          // whether it keeps a KV backup, and its layout.
+          BackupHeader backup{};
+          const bool decoded = init.Decode(&r);
+          if (!decoded && init.protocol_version != kWorkerProtocolVersion) {
+            return FailedPrecondition("the coordinator speaks protocol version {}, this worker {}",
+                                      init.protocol_version, kWorkerProtocolVersion);
+          }
+          const bool has_backup = decoded && r.Get<uint8_t>() != 0;
+          if (has_backup) backup = r.Get<BackupHeader>();
+          if (!r.ok()) return InvalidArgument("malformed init");
+          if (!model_dir_.empty()) init.model_dir = model_dir_;
+          return InitRemote(init, has_backup ? &backup : nullptr);
+        }
         if (!init.Decode(&r) || m.fds.size() < 2 || m.fds.size() > 3) {
           if (init.protocol_version != kWorkerProtocolVersion) {
             return FailedPrecondition("the coordinator speaks protocol version {}, this worker {}",
@@ -57,8 +79,14 @@ class Worker {
           }
           return InvalidArgument("malformed init");
         }
-        return Init(init, TakeFd(m.fds[0]), TakeFd(m.fds[1]),
-                    m.fds.size() > 2 ? TakeFd(m.fds[2]) : -1);
+        FS_ASSIGN_OR_RETURN(ShmRegion logits, ShmRegion::Map(TakeFd(m.fds[0])));
+        FS_ASSIGN_OR_RETURN(DeviceProgressRegion progress,
+                            DeviceProgressRegion::Map(TakeFd(m.fds[1])));
+        ShmRegion backup;
+        if (m.fds.size() > 2) {
+          FS_ASSIGN_OR_RETURN(backup, ShmRegion::Map(TakeFd(m.fds[2])));
+        }
+        return Init(init, std::move(logits), std::move(progress), std::move(backup));
       }
       case WorkerOp::kDrainBackup:
         if (device_) device_->DrainBackup();
@@ -92,6 +120,7 @@ class Worker {
         GroupSpec spec;
         if (!spec.Decode(&r)) return InvalidArgument("malformed group");
         comm_.reset();
+        if (link_) return JoinRemoteGroup(spec);
         if (m.fds.size() != 1) return InvalidArgument("a group without its region");
         std::unique_ptr<Communicator> comm;
         if (spec.kind == CommKind::kShm) {
@@ -124,6 +153,7 @@ class Worker {
         ForwardStats stats;
         FS_RETURN_IF_ERROR(
             device_->Forward(batch, *comm_, static_cast<float*>(logits_.data()), &stats));
+        if (link_) FS_RETURN_IF_ERROR(SendLogits(m.type >> 8, batch.num_logits_rows));
         WireWriter w;
         EncodeStats(stats, &w);
         *body = w.Take();
@@ -153,14 +183,15 @@ class Worker {
     }
   }
 
-  Status Init(const WorkerInit& init, int logits_fd, int progress_fd, int backup_fd) {
+  Status Init(const WorkerInit& init, ShmRegion logits, DeviceProgressRegion progress,
+              ShmRegion backup) {
     SetLogTag("device " + std::to_string(init.device_id));
-    FS_ASSIGN_OR_RETURN(progress_, DeviceProgressRegion::Map(progress_fd));
+    progress_ = std::move(progress);
     progress_slot_ = progress_.slot(init.device_id);
     if (!progress_slot_) return InvalidArgument("the progress region has no slot for this device");
     FS_ASSIGN_OR_RETURN(config_, ModelConfig::Load(init.model_dir));
     FS_ASSIGN_OR_RETURN(host_, WeightStore::Open(init.model_dir, config_));
-    FS_ASSIGN_OR_RETURN(logits_, ShmRegion::Map(logits_fd));
+    logits_ = std::move(logits);
     logits_rows_ = init.logits_rows;
     if (static_cast<size_t>(logits_rows_) * config_.vocab_size * sizeof(float) > logits_.size()) {
       return InvalidArgument("logits region is too small");
@@ -170,8 +201,8 @@ class Worker {
     d.block_size = init.block_size;
     d.kv_pages = init.kv_pages;
     device_ = std::make_unique<DeviceModel>(config_, init.device_id, backend_.get(), d);
-    if (backup_fd >= 0) {
-      FS_ASSIGN_OR_RETURN(backup_, ShmRegion::Map(backup_fd));
+    if (backup.valid()) {
+      backup_ = std::move(backup);
       const auto* h = static_cast<const BackupHeader*>(backup_.data());
       BackupLayout layout(*h);
       if (h->magic != BackupLayout::kMagic || layout.total_bytes() > backup_.size() ||
@@ -182,9 +213,110 @@ class Worker {
       }
       backup_writer_ =
           std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id, progress_slot_);
+      if (link_) {
+        backup_writer_->SetUploader(
+            [this, layout](const BackupJob& job) { UploadBackup(layout, job); });
+      }
       device_->SetBackup(backup_writer_.get(), layout, backup_.data());
     }
     return Status::Ok();
+  }
+
+  // A device on another host keeps in its own memory what a local device
+  // maps from the coordinator: the logits rows, its progress slot, a mirror
+  // of the KV backup (written here, uploaded over the link).
+  Status InitRemote(const WorkerInit& init, const BackupHeader* backup_header) {
+    if (init.device_id < 0 || init.device_id >= 4096) return InvalidArgument("bad device id");
+    FS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(init.model_dir));
+    FS_ASSIGN_OR_RETURN(
+        ShmRegion logits,
+        ShmRegion::Create("failsafe-logits",
+                          static_cast<size_t>(std::max<int64_t>(init.logits_rows, 1)) *
+                              config.vocab_size * sizeof(float)));
+    FS_ASSIGN_OR_RETURN(DeviceProgressRegion progress,
+                        DeviceProgressRegion::Create(init.device_id + 1));
+    ShmRegion backup;
+    if (backup_header) {
+      const BackupLayout layout(*backup_header);
+      FS_ASSIGN_OR_RETURN(backup, ShmRegion::Create("failsafe-kv-backup", layout.total_bytes()));
+      std::memcpy(backup.data(), backup_header, sizeof(BackupHeader));
+    }
+    FS_RETURN_IF_ERROR(Init(init, std::move(logits), std::move(progress), std::move(backup)));
+    link_->SetProgressSlot(progress_slot_);
+    if (backup_.valid()) link_->SetBackupMirror(backup_.data(), backup_.size());
+    return Status::Ok();
+  }
+
+  // Collectives across hosts are gloo's; the coordinator's aborts arrive
+  // over the link and raise a signal of this process's own.
+  Status JoinRemoteGroup(GroupSpec spec) {
+    if (spec.kind != CommKind::kGloo) {
+      return FailedPrecondition("a device on another host needs gloo collectives (--comm gloo)");
+    }
+    GlooGroupOptions o;
+    o.store_host = spec.store_host;
+    o.store_port = spec.store_port;
+    o.prefix = spec.prefix;
+    o.hostname = advertise_.empty() ? link_->local_address() : advertise_;
+    o.rank = spec.rank;
+    o.size = spec.size;
+    o.timeout_ms = spec.timeout_ms;
+    FS_ASSIGN_OR_RETURN(AbortSignal abort, AbortSignal::Create());
+    link_->RegisterGroup(spec.prefix, abort);
+    FS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                        GlooCommunicator::Connect(o, std::move(abort)));
+    comm_ = std::make_unique<ProgressCommunicator>(std::move(comm), progress_slot_);
+    return Status::Ok();
+  }
+
+  // The logits columns of this device's vocabulary chunks, to the coordinator
+  // (before the step's reply, so they are in place when it reads them).
+  Status SendLogits(uint32_t seq, int rows) {
+    const Plan& plan = device_->plan();
+    const int device = device_->device_id();
+    if (device >= static_cast<int>(plan.vocab_chunks.size())) return Status::Ok();
+    LogitsColumns out;
+    out.seq = seq;
+    out.rows = rows;
+    out.vocab = config_.vocab_size;
+    for (int chunk : plan.vocab_chunks[device]) {
+      const int begin = plan.shape.ChunkBegin(chunk), end = plan.shape.ChunkEnd(chunk);
+      if (!out.ranges.empty() && out.ranges.back().end == begin) {
+        out.ranges.back().end = end;
+      } else {
+        out.ranges.push_back({begin, end});
+      }
+    }
+    const auto* logits = static_cast<const float*>(logits_.data());
+    for (const auto& [begin, end] : out.ranges) {
+      for (int r = 0; r < rows; ++r) {
+        const float* row = logits + static_cast<int64_t>(r) * config_.vocab_size;
+        out.values.insert(out.values.end(), row + begin, row + end);
+      }
+    }
+    return link_->Send(LinkOp::kLogits, out.Encode());
+  }
+
+  // Runs on the backup writer's thread after it copied a job into the
+  // mirror: the same bytes and the published progress go up the link.
+  void UploadBackup(const BackupLayout& layout, const BackupJob& job) {
+    const int hd = layout.header().head_dim, bs = layout.header().block_size;
+    const char* base = static_cast<const char*>(backup_.data());
+    BackupUpload up;
+    up.slot = job.slot;
+    const BackupProgress* p = layout.Progress(backup_.data(), job.slot, device_->device_id());
+    up.seq_id = p->seq_id.load(std::memory_order_acquire);
+    up.tokens = p->tokens.load(std::memory_order_acquire);
+    for (const BackupJob::Copy& c : job.copies) {
+      const size_t n = static_cast<size_t>(c.to - c.from) * hd * sizeof(float);
+      for (int part = 0; part < 2; ++part) {  // K, then V
+        const char* src =
+            reinterpret_cast<const char*>(c.dst + static_cast<size_t>(part * bs + c.from) * hd);
+        up.ranges.emplace_back(static_cast<uint64_t>(src - base), std::string(src, n));
+      }
+    }
+    // A lost upload means a lost coordinator: the link exits the process.
+    (void)link_->Send(LinkOp::kBackup, up.Encode());
   }
 
   // Received descriptors are owned here until a handler takes one.
@@ -198,6 +330,9 @@ class Worker {
   }
 
   Channel channel_;
+  RemoteWorkerLink* const link_ = nullptr;  // a device on another host: its link
+  const std::string model_dir_;             // remote: the model's path on this host
+  const std::string advertise_;             // remote: the address gloo peers dial
   std::vector<int> fds_;
   ModelConfig config_;
   std::unique_ptr<WeightStore> host_;
@@ -213,6 +348,23 @@ class Worker {
 };
 
 }  // namespace
+
+int RunJoinedWorker(const JoinedWorkerOptions& options) {
+  std::signal(SIGPIPE, SIG_IGN);
+  JoinOptions j;
+  j.coordinator = options.coordinator;
+  j.token = options.token;
+  auto link = RemoteWorkerLink::Join(j);
+  if (!link.ok()) {
+    FS_LOG_ERROR("{}", link.status().message());
+    return 1;
+  }
+  FS_LOG_INFO("joined {} as device {} (epoch {})", options.coordinator,
+              (*link)->welcome().device_id, (*link)->welcome().epoch);
+  Worker w(link->get(), options.model_dir, options.advertise);
+  const int code = w.Run();
+  return code;
+}
 
 int RunWorker(int control_fd) {
   // A device does not outlive its coordinator.

@@ -1,0 +1,292 @@
+#include "worker/remote_link.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "worker/protocol.h"
+
+namespace failsafe {
+
+namespace {
+
+// Silence from a listener before it gives a device id: it sends kIdle every
+// heartbeat, but may spend up to 5 s reading another worker's hello.
+constexpr int64_t kWaitTimeoutMs = 15000;
+// A frame whose first byte arrived is complete within this time.
+constexpr int64_t kFrameTimeoutMs = 60000;
+
+Result<int> ConnectOnce(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    return InvalidArgument("cannot resolve {}: {}", host, ::gai_strerror(rc));
+  }
+  std::string last = "no address";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      ::freeaddrinfo(res);
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return fd;
+    }
+    last = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return Unavailable("cannot connect to {}:{}: {}", host, port, last);
+}
+
+std::string LocalAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "127.0.0.1";
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+  } else {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+  }
+  return buf;
+}
+
+// Waits up to timeout_ms for the first byte of a frame, then reads it whole.
+Status ReceiveWithin(Channel& ch, Message* m, int64_t timeout_ms) {
+  pollfd p{ch.fd(), POLLIN, 0};
+  int r;
+  do {
+    r = ::poll(&p, 1, static_cast<int>(timeout_ms));
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return DeadlineExceeded("nothing heard for {} ms", timeout_ms);
+  return ch.Receive(m, kFrameTimeoutMs);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RemoteWorkerLink>> RemoteWorkerLink::Join(const JoinOptions& o) {
+  FS_ASSIGN_OR_RETURN(auto hp, ParseHostPort(o.coordinator));
+  const int64_t give_up = MonotonicNanos() + o.connect_timeout_ms * 1000000;
+  int fd = -1;
+  while (true) {
+    auto c = ConnectOnce(hp.first, hp.second);
+    if (c.ok()) {
+      fd = *c;
+      break;
+    }
+    if (c.status().code() != StatusCode::kUnavailable || MonotonicNanos() > give_up) {
+      return c.status();
+    }
+    ::usleep(200000);  // the coordinator may not listen yet
+  }
+  auto link = std::unique_ptr<RemoteWorkerLink>(new RemoteWorkerLink());
+  link->channel_ = Channel(fd);
+  link->local_address_ = LocalAddress(fd);
+  link->coordinator_ = o.coordinator;
+  ClusterHello hello;
+  hello.build_id = ClusterBuildId();
+  hello.token = o.token;
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  hello.host = host;
+  hello.pid = ::getpid();
+  FS_RETURN_IF_ERROR(link->channel_.Send(static_cast<uint32_t>(LinkOp::kHello), hello.Encode()));
+  while (true) {
+    Message m;
+    Status st = ReceiveWithin(link->channel_, &m, kWaitTimeoutMs);
+    if (!st.ok()) {
+      return Unavailable("the coordinator at {} went away before giving a device id: {}",
+                         o.coordinator, st.message());
+    }
+    switch (static_cast<LinkOp>(m.type)) {
+      case LinkOp::kIdle:
+        continue;
+      case LinkOp::kRefused:
+        return FailedPrecondition("the coordinator at {} refused this worker: {}", o.coordinator,
+                                  m.payload);
+      case LinkOp::kWelcome:
+        if (!link->welcome_.Decode(m.payload)) return Internal("malformed welcome");
+        break;
+      default:
+        return Internal("unexpected frame {} before the welcome", m.type);
+    }
+    break;
+  }
+  link->reader_ = std::thread([l = link.get()] { l->ReadLoop(); });
+  link->heartbeat_ = std::thread([l = link.get()] { l->HeartbeatLoop(); });
+  return link;
+}
+
+RemoteWorkerLink::~RemoteWorkerLink() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  // The reader stops when the socket is shut down.
+  if (channel_.valid()) ::shutdown(channel_.fd(), SHUT_RDWR);
+  if (reader_.joinable()) reader_.join();
+}
+
+void RemoteWorkerLink::Lost(const std::string& why) {
+  // Like a local worker whose coordinator died (PDEATHSIG): nothing to save.
+  FS_LOG_ERROR("lost the coordinator at {}: {}; exiting", coordinator_, why);
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
+void RemoteWorkerLink::ReadLoop() {
+  while (true) {
+    Message m;
+    Status st = ReceiveWithin(channel_, &m, welcome_.link_timeout_ms);
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      if (stop_) break;
+    }
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_) break;
+    }
+    if (!st.ok()) Lost(st.message());
+    uint32_t epoch = 0;
+    std::string body;
+    if (!SplitLinkFrame(m.payload, &epoch, &body)) Lost("malformed frame");
+    if (epoch != welcome_.epoch) {
+      FS_LOG_WARN("dropping a frame of epoch {} (this link's is {})", epoch, welcome_.epoch);
+      continue;
+    }
+    HandleFrame(m.type, body);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  cv_.notify_all();
+}
+
+void RemoteWorkerLink::HandleFrame(uint32_t type, const std::string& body) {
+  switch (static_cast<LinkOp>(type)) {
+    case LinkOp::kRequest: {
+      if (body.size() < sizeof(uint32_t)) Lost("malformed request");
+      Message m;
+      std::memcpy(&m.type, body.data(), sizeof(uint32_t));
+      m.payload = body.substr(sizeof(uint32_t));
+      std::lock_guard<std::mutex> lock(mu_);
+      // After a shutdown the coordinator closes the link: not a loss.
+      if (static_cast<WorkerOp>(m.type & 0xff) == WorkerOp::kShutdown) shutting_down_ = true;
+      requests_.push_back(std::move(m));
+      cv_.notify_all();
+      return;
+    }
+    case LinkOp::kHeartbeat:
+      return;
+    case LinkOp::kAbortGroup: {
+      WireReader r(body);
+      const std::string prefix = r.GetString();
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted_.insert(prefix);
+      if (auto it = groups_.find(prefix); it != groups_.end()) it->second.Raise();
+      return;
+    }
+    case LinkOp::kBackupFill: {
+      WireReader r(body);
+      const uint64_t n = r.Get<uint64_t>();
+      std::lock_guard<std::mutex> lock(mu_);
+      for (uint64_t i = 0; i < n && r.ok(); ++i) {
+        const uint64_t offset = r.Get<uint64_t>();
+        const std::string bytes = r.GetString();
+        if (!r.ok() || !mirror_ || offset > mirror_bytes_ ||
+            bytes.size() > mirror_bytes_ - offset) {
+          FS_LOG_WARN("dropping a KV backup fill outside the mirror");
+          return;
+        }
+        std::memcpy(mirror_ + offset, bytes.data(), bytes.size());
+      }
+      return;
+    }
+    case LinkOp::kKill:
+      FS_LOG_WARN("killed by the coordinator (fault injection)");
+      std::fflush(stderr);
+      ::raise(SIGKILL);
+      return;
+    default:
+      FS_LOG_WARN("ignoring link frame {}", type);
+  }
+}
+
+void RemoteWorkerLink::HeartbeatLoop() {
+  std::unique_lock<std::mutex> stop_lock(stop_mu_);
+  while (!stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(welcome_.heartbeat_ms),
+                            [&] { return stop_; })) {
+    DeviceProgress p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (progress_) {
+        p.requests = progress_->requests.load(std::memory_order_acquire);
+        p.entered = progress_->entered.load(std::memory_order_acquire);
+        p.left = progress_->left.load(std::memory_order_acquire);
+      }
+    }
+    WireWriter w;
+    w.Put(p.requests);
+    w.Put(p.entered);
+    w.Put(p.left);
+    // A send that fails means the coordinator is gone; the reader sees it.
+    (void)Send(LinkOp::kHeartbeat, w.data());
+  }
+}
+
+Status RemoteWorkerLink::Receive(Message* m) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return closed_ || !requests_.empty(); });
+  if (requests_.empty()) return Unavailable("the coordinator is gone");
+  *m = std::move(requests_.front());
+  requests_.pop_front();
+  return Status::Ok();
+}
+
+Status RemoteWorkerLink::SendReply(uint32_t type, const std::string& payload) {
+  std::string body(sizeof(type), '\0');
+  std::memcpy(body.data(), &type, sizeof(type));
+  body += payload;
+  return Send(LinkOp::kReply, body);
+}
+
+Status RemoteWorkerLink::Send(LinkOp op, const std::string& body) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  return channel_.Send(static_cast<uint32_t>(op), LinkFrame(welcome_.epoch, body));
+}
+
+void RemoteWorkerLink::SetProgressSlot(DeviceProgressSlot* slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_ = slot;
+}
+
+void RemoteWorkerLink::RegisterGroup(const std::string& prefix, const AbortSignal& signal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Only the newest group matters: older ones are never used again.
+  groups_.clear();
+  if (aborted_.count(prefix)) signal.Raise();
+  auto mapped = AbortSignal::Map(::dup(signal.fd()));
+  if (mapped.ok()) groups_.emplace(prefix, std::move(*mapped));
+}
+
+void RemoteWorkerLink::SetBackupMirror(void* base, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  mirror_ = static_cast<char*>(base);
+  mirror_bytes_ = bytes;
+}
+
+}  // namespace failsafe

@@ -13,8 +13,8 @@ const std::vector<int32_t> kNoPages;
 }  // namespace
 
 KvBlockManager::KvBlockManager(const Plan& plan, int block_size,
-                               std::vector<int64_t> capacity_pages)
-    : block_size_(block_size) {
+                               std::vector<int64_t> capacity_pages, bool page_ids)
+    : block_size_(block_size), page_ids_(page_ids) {
   SetPlan(plan, std::move(capacity_pages));
 }
 
@@ -89,6 +89,11 @@ bool KvBlockManager::FitsAlone(int dp_rank, int tokens) const {
 void KvBlockManager::Grow(Sequence& s, int tokens) {
   const int add = BlocksFor(tokens) - s.kv_blocks;
   if (add <= 0) return;
+  if (!page_ids_) {
+    for (int d : devices_) used_[d] += add * PagesPerBlock(d, s.dp_rank);
+    s.kv_blocks += add;
+    return;
+  }
   SeqTables& t = seqs_[s.id];
   if (t.pages.empty()) {
     t.dp_rank = s.dp_rank;
@@ -100,18 +105,40 @@ void KvBlockManager::Grow(Sequence& s, int tokens) {
   for (int d : devices_) {
     const int64_t n = add * PagesPerBlock(d, s.dp_rank);
     std::vector<int32_t>& pages = t.pages[d];
-    pages.reserve(pages.size() + n);
-    for (int64_t i = 0; i < n; ++i) pages.push_back(Allocate(d));
+    // Ids come in runs: the free list's last ids, then fresh ones. (No exact
+    // reserve here: a table grows by a block at a time, and reserving the
+    // exact size would copy it whole at every block.)
+    Pool& pool = pools_[d];
+    int64_t left = n;
+    const int64_t reuse = std::min<int64_t>(left, static_cast<int64_t>(pool.free_ids.size()));
+    pages.insert(pages.end(), pool.free_ids.end() - reuse, pool.free_ids.end());
+    std::reverse(pages.end() - reuse, pages.end());  // last-in first-out, as Allocate
+    pool.free_ids.resize(pool.free_ids.size() - reuse);
+    left -= reuse;
+    for (int64_t i = 0; i < left; ++i) pages.push_back(pool.next_id++);
+    used_[d] += n;
   }
   s.kv_blocks += add;
   t.blocks = s.kv_blocks;
 }
 
 void KvBlockManager::Release(Sequence& s) {
+  if (!page_ids_) {
+    for (int d : devices_) {
+      used_[d] -= s.kv_blocks * PagesPerBlock(d, s.dp_rank);
+      FS_CHECK(used_[d] >= 0);
+    }
+    s.kv_blocks = 0;
+    return;
+  }
   auto it = seqs_.find(s.id);
   if (it != seqs_.end()) {
     for (int d = 0; d < num_devices_; ++d) {
-      for (int32_t id : it->second.pages[d]) FreePage(d, id);
+      const std::vector<int32_t>& pages = it->second.pages[d];
+      std::vector<int32_t>& free_ids = pools_[d].free_ids;
+      free_ids.insert(free_ids.end(), pages.begin(), pages.end());
+      used_[d] -= static_cast<int64_t>(pages.size());
+      FS_CHECK(used_[d] >= 0);
     }
     seqs_.erase(it);
   }
@@ -168,6 +195,10 @@ void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity
   // left are all freed below.
   const int old_devices = num_devices_;
   SetPlan(plan, std::move(capacity_pages));
+  if (!page_ids_) {
+    used_ = PagesUnder(plan, live);
+    return;
+  }
   std::unordered_map<int64_t, const Sequence*> keep;
   for (const Sequence* s : live) keep[s->id] = s;
   for (auto it = seqs_.begin(); it != seqs_.end();) {
@@ -253,6 +284,12 @@ std::vector<int> KvBlockManager::GainedSlots(int64_t seq_id, int device) const {
 }
 
 Status KvBlockManager::CheckInvariants() const {
+  if (!page_ids_) {
+    for (int d = 0; d < num_devices_; ++d) {
+      if (used_[d] < 0) return Internal("device {}: {} pages counted", d, used_[d]);
+    }
+    return Status::Ok();
+  }
   for (int d = 0; d < num_devices_; ++d) {
     const Pool& p = pools_[d];
     std::vector<char> owned(static_cast<size_t>(p.next_id), 0);

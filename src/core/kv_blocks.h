@@ -35,7 +35,12 @@ class KvBlockManager {
  public:
   KvBlockManager() = default;
   // capacity_pages: [device id] -> pages the device may hold (0 without a pool).
-  KvBlockManager(const Plan& plan, int block_size, std::vector<int64_t> capacity_pages);
+  // With page_ids false the manager only counts pages (the same admission,
+  // growth and re-plan arithmetic) and keeps no tables: for the simulator,
+  // which has no devices to tell where to write, and whose models hold tens
+  // of pages per block and device.
+  KvBlockManager(const Plan& plan, int block_size, std::vector<int64_t> capacity_pages,
+                 bool page_ids = true);
 
   int block_size() const { return block_size_; }
   int BlocksFor(int tokens) const { return (tokens + block_size_ - 1) / block_size_; }
@@ -120,6 +125,7 @@ class KvBlockManager {
   void SetPlan(const Plan& plan, std::vector<int64_t> capacity_pages);
 
   int block_size_ = 16;
+  bool page_ids_ = true;
   int num_devices_ = 0;
   std::vector<int> devices_;                  // active devices
   std::vector<std::vector<int>> tp_slots_;    // [device] -> KvSlots(device, another rank)

@@ -31,7 +31,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Plan& plan, const Mode
     : config_(config),
       model_(model),
       plan_(plan),
-      kv_(plan, block_size, std::move(kv_capacity_pages)),
+      kv_(plan, block_size, std::move(kv_capacity_pages), config.kv_page_ids),
       cost_(plan, model, speed),
       speed_(speed),
       dp_load_(plan.num_devices, 0) {}

@@ -53,6 +53,9 @@ struct SchedulerConfig {
   int adaptive_unit = 16;         // tokens per greedy step of the adaptive policy
   int adaptive_candidates = 64;   // waiting/prefilling requests the adaptive policy looks at
   double admit_watermark = 0.01;  // fraction of each device's pages kept free when admitting
+  // Page ids and block tables for devices to write by (core/kv_blocks.h);
+  // false: pages are only counted (the simulator).
+  bool kv_page_ids = true;
 };
 
 struct ScheduledSeq {

@@ -418,5 +418,54 @@ TEST(Scheduler, ReconfigureMovesBlockTables) {
   EXPECT_EQ(Drive(s).outputs.size(), 6u);
 }
 
+// The simulator's scheduler counts pages without ids: it must decide exactly
+// as the engine's does, step by step, through preemptions and a plan change.
+TEST(Scheduler, CountingPagesDecidesAsPageIdsDo) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(8));
+  SchedulerConfig with_ids, counting;
+  with_ids.max_batch_tokens = counting.max_batch_tokens = 1024;
+  counting.kv_page_ids = false;
+  // Tight capacity: preemptions happen.
+  Scheduler a(with_ids, plan, c, 16, std::vector<int64_t>(8, 6000));
+  Scheduler b(counting, plan, c, 16, std::vector<int64_t>(8, 6000));
+  Rng rng(5);
+  for (int i = 0; i < 40; ++i) {
+    const int prompt = 50 + static_cast<int>(rng.Below(600)),
+              out = 5 + static_cast<int>(rng.Below(60));
+    ASSERT_TRUE(a.Add(Req(i, prompt, out)).ok());
+    ASSERT_TRUE(b.Add(Req(i, prompt, out)).ok());
+  }
+  int steps = 0, preempted = 0;
+  while (!a.idle() && steps < 20000) {
+    if (steps == 30) {
+      auto smaller = *Replan(plan, c, {0, 1, 2, 4, 5, 7});
+      std::vector<int64_t> ra, rb;
+      EXPECT_EQ(a.Reconfigure(smaller, std::vector<int64_t>(8, 6000), &ra),
+                b.Reconfigure(smaller, std::vector<int64_t>(8, 6000), &rb));
+      EXPECT_EQ(ra, rb);
+    }
+    StepPlan pa = a.Schedule(), pb = b.Schedule();
+    ASSERT_EQ(pa.seqs.size(), pb.seqs.size()) << steps;
+    for (size_t i = 0; i < pa.seqs.size(); ++i) {
+      EXPECT_EQ(pa.seqs[i].seq_id, pb.seqs[i].seq_id);
+      EXPECT_EQ(pa.seqs[i].start, pb.seqs[i].start);
+      EXPECT_EQ(pa.seqs[i].num_tokens, pb.seqs[i].num_tokens);
+    }
+    EXPECT_EQ(pa.preempted, pb.preempted);
+    preempted += static_cast<int>(pa.preempted.size());
+    for (int d = 0; d < 8; ++d) EXPECT_EQ(a.kv().used(d), b.kv().used(d)) << d << " " << steps;
+    a.Update(pa, std::vector<int32_t>(pa.seqs.size(), 7));
+    b.Update(pb, std::vector<int32_t>(pb.seqs.size(), 7));
+    (void)a.TakeFinished();
+    (void)b.TakeFinished();
+    ++steps;
+  }
+  EXPECT_TRUE(a.idle() && b.idle());
+  EXPECT_GT(preempted, 0);
+  EXPECT_TRUE(b.kv().CheckInvariants().ok());
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(b.kv().used(d), 0);
+}
+
 }  // namespace
 }  // namespace failsafe

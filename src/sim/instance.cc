@@ -28,8 +28,10 @@ Result<std::unique_ptr<SimInstance>> SimInstance::Create(const InstanceConfig& c
   DeviceSpeed speed{config.hw.peak_flops * config.hw.gemm_efficiency,
                     config.hw.hbm_bytes_per_s * config.hw.bandwidth_efficiency};
   if (config.scheduler_speed) speed = *config.scheduler_speed;
-  s->scheduler_ = std::make_unique<Scheduler>(config.sched, s->plan_, config.model,
-                                              config.block_size, capacity, speed);
+  SchedulerConfig sched = config.sched;
+  sched.kv_page_ids = false;  // no devices to tell where to write: pages are counted
+  s->scheduler_ = std::make_unique<Scheduler>(sched, s->plan_, config.model, config.block_size,
+                                              capacity, speed);
   return s;
 }
 

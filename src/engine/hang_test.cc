@@ -289,7 +289,9 @@ TEST(SlowDevice, AThrottledDeviceIsMeasuredAsSlow) {
   throttle.reset();
   EXPECT_EQ(got.tokens, want);
   EXPECT_GT(windows_slow, 0) << "device 1 never measured slow";
-  EXPECT_LT(e.device_speeds()[1].relative_speed, 0.75);
+  // Runs 30% of the time; measured near 0.5 on a quiet machine, up to 0.8
+  // when the other processes wait for cores too.
+  EXPECT_LT(e.device_speeds()[1].relative_speed, 0.9);
   EXPECT_EQ(windows_others_slow, 0);
   EXPECT_EQ(e.device_speeds()[1].share, 1.0);  // no rebalancing without rebalance_slow
 }

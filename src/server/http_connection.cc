@@ -568,7 +568,7 @@ void HttpConnection::Close() {
   socket_.close(ignored);
   EndExchange();
   on_abort_ = nullptr;
-  shared_->metrics.ConnectionClosed();
+  shared_->metrics.ConnectionClosed(refuse_);
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->connections.erase(id_);

@@ -13,8 +13,16 @@ namespace failsafe {
 
 class HttpMetrics {
  public:
-  void ConnectionOpened() { ++connections_open_; }
-  void ConnectionClosed() { --connections_open_; }
+  // `refusing`: the connection is only answered 429 and closed; it does not
+  // take one of the connections the server serves.
+  void ConnectionOpened(bool refusing) {
+    ++connections_open_;
+    if (refusing) ++connections_refusing_;
+  }
+  void ConnectionClosed(bool refusing) {
+    --connections_open_;
+    if (refusing) --connections_refusing_;
+  }
   // A connection answered 429 at once because the server holds its maximum.
   void ConnectionRefused() { ++connections_refused_; }
   void ExchangeStarted() { ++in_flight_; }
@@ -24,13 +32,14 @@ class HttpMetrics {
   void Response(int status);
 
   int64_t connections_open() const { return connections_open_; }
+  int64_t connections_refusing() const { return connections_refusing_; }
   int64_t in_flight() const { return in_flight_; }
   int64_t client_gone() const { return client_gone_; }
   void Render(std::string* out) const;
 
  private:
-  std::atomic<int64_t> connections_open_{0}, connections_refused_{0}, in_flight_{0},
-      client_gone_{0};
+  std::atomic<int64_t> connections_open_{0}, connections_refusing_{0}, connections_refused_{0},
+      in_flight_{0}, client_gone_{0};
   mutable std::mutex mu_;
   std::map<int, int64_t> responses_;  // by HTTP status, guarded by mu_
 };

@@ -190,10 +190,13 @@ void HttpServer::Impl::OnAccept(boost::system::error_code ec, tcp::socket socket
     });
     return;
   }
-  const int64_t open = shared->metrics.connections_open();
-  const bool refuse = open >= max_connections;
+  // Connections being answered 429 do not count against the maximum, so a
+  // slot freed by a client that leaves goes to the next client even while
+  // refused ones are still closing.
+  const int64_t refusing = shared->metrics.connections_refusing();
+  const bool refuse = shared->metrics.connections_open() - refusing >= max_connections;
   if (refuse) shared->metrics.ConnectionRefused();
-  if (open >= max_connections + kRefusingConnections) {
+  if (refuse && refusing >= kRefusingConnections) {
     boost::system::error_code ignored;
     socket.close(ignored);  // no descriptor to spare for an answer
   } else {
@@ -203,7 +206,7 @@ void HttpServer::Impl::OnAccept(boost::system::error_code ec, tcp::socket socket
       shared->connections[next_id] = conn;
     }
     ++next_id;
-    shared->metrics.ConnectionOpened();
+    shared->metrics.ConnectionOpened(refuse);
     conn->Start();
   }
   Accept();

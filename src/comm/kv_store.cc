@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "comm/tcp.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/wire.h"
@@ -21,21 +22,6 @@ namespace failsafe {
 namespace {
 enum : uint32_t { kSet = 1, kGet = 2, kValue = 3 };
 
-Result<sockaddr_in> Resolve(const std::string& host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res) {
-    return InvalidArgument("cannot resolve host '{}'", host);
-  }
-  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-  ::freeaddrinfo(res);
-  return addr;
-}
 }  // namespace
 
 KvStoreServer::~KvStoreServer() {
@@ -52,18 +38,9 @@ KvStoreServer::~KvStoreServer() {
 
 Result<std::unique_ptr<KvStoreServer>> KvStoreServer::Start(const std::string& host, int port) {
   auto s = std::unique_ptr<KvStoreServer>(new KvStoreServer());
-  FS_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(host, port));
-  s->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s->listen_fd_ < 0) return Internal("socket: {}", std::strerror(errno));
-  int one = 1;
-  ::setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(s->listen_fd_, 64) != 0) {
-    return Unavailable("cannot listen on {}:{}: {}", host, port, std::strerror(errno));
-  }
-  socklen_t len = sizeof(addr);
-  ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  s->port_ = ntohs(addr.sin_port);
+  FS_ASSIGN_OR_RETURN(TcpListener l, TcpListen(host, port));
+  s->listen_fd_ = l.fd;
+  s->port_ = l.port;
   s->host_ = host;
   if (::pipe2(s->wake_fd_, O_CLOEXEC) != 0) return Internal("pipe: {}", std::strerror(errno));
   s->thread_ = std::thread([p = s.get()] { p->Serve(); });
@@ -86,8 +63,7 @@ void KvStoreServer::Serve() {
     if (fds[1].revents & POLLIN) {
       int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd >= 0) {
-        int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        SetTcpNoDelay(fd);
         clients.push_back(std::make_unique<Channel>(fd));
       }
     }
@@ -130,23 +106,10 @@ void KvStoreServer::Serve() {
 
 Result<std::unique_ptr<KvStoreClient>> KvStoreClient::Connect(const std::string& host, int port,
                                                               int64_t timeout_ms) {
-  FS_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(host, port));
-  const int64_t deadline = MonotonicNanos() + timeout_ms * 1000000;
-  while (true) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Internal("socket: {}", std::strerror(errno));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto c = std::make_unique<KvStoreClient>();
-      c->channel_ = Channel(fd);
-      return c;
-    }
-    ::close(fd);
-    if (MonotonicNanos() > deadline)
-      return Unavailable("cannot reach the store at {}:{}", host, port);
-    ::usleep(20000);
-  }
+  FS_ASSIGN_OR_RETURN(int fd, TcpConnect(host, port, timeout_ms));
+  auto c = std::make_unique<KvStoreClient>();
+  c->channel_ = Channel(fd);
+  return c;
 }
 
 Status KvStoreClient::Set(const std::string& key, const std::string& value) {

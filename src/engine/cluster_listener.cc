@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/tcp.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/cluster_protocol.h"
@@ -22,22 +23,6 @@ namespace {
 
 // A connection says hello within this time or is dropped.
 constexpr int64_t kHelloTimeoutMs = 5000;
-
-Result<sockaddr_in> Resolve(const std::string& host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res) {
-    return InvalidArgument("cannot resolve host '{}'", host);
-  }
-  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-  ::freeaddrinfo(res);
-  return addr;
-}
 
 }  // namespace
 
@@ -51,18 +36,9 @@ Result<std::shared_ptr<ClusterListener>> ClusterListener::Start(const ClusterLis
   }
   auto l = std::shared_ptr<ClusterListener>(new ClusterListener());
   l->options_ = o;
-  FS_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(o.host, o.port));
-  l->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (l->listen_fd_ < 0) return Internal("socket: {}", std::strerror(errno));
-  const int one = 1;
-  ::setsockopt(l->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(l->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(l->listen_fd_, 64) != 0) {
-    return Unavailable("cannot listen on {}:{}: {}", o.host, o.port, std::strerror(errno));
-  }
-  socklen_t len = sizeof(addr);
-  ::getsockname(l->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  l->port_ = ntohs(addr.sin_port);
+  FS_ASSIGN_OR_RETURN(TcpListener tcp, TcpListen(o.host, o.port));
+  l->listen_fd_ = tcp.fd;
+  l->port_ = tcp.port;
   l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (l->wake_fd_ < 0) return Internal("eventfd: {}", std::strerror(errno));
   l->thread_ = std::thread([p = l.get()] { p->Serve(); });
@@ -127,8 +103,7 @@ void ClusterListener::Serve() {
 }
 
 void ClusterListener::Admit(int fd, const std::string& addr) {
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  SetTcpNoDelay(fd);
   Channel ch(fd);
   Message m;
   Status st = ch.Receive(&m, kHelloTimeoutMs);

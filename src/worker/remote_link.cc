@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "comm/tcp.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/protocol.h"
@@ -24,45 +25,6 @@ namespace {
 constexpr int64_t kWaitTimeoutMs = 15000;
 // A frame whose first byte arrived is complete within this time.
 constexpr int64_t kFrameTimeoutMs = 60000;
-
-Result<int> ConnectOnce(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
-    return InvalidArgument("cannot resolve {}: {}", host, ::gai_strerror(rc));
-  }
-  std::string last = "no address";
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      ::freeaddrinfo(res);
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      return fd;
-    }
-    last = std::strerror(errno);
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  return Unavailable("cannot connect to {}:{}: {}", host, port, last);
-}
-
-std::string LocalAddress(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "127.0.0.1";
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
-  } else {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
-  }
-  return buf;
-}
 
 // Waits up to timeout_ms for the first byte of a frame, then reads it whole.
 Status ReceiveWithin(Channel& ch, Message* m, int64_t timeout_ms) {
@@ -79,19 +41,8 @@ Status ReceiveWithin(Channel& ch, Message* m, int64_t timeout_ms) {
 
 Result<std::unique_ptr<RemoteWorkerLink>> RemoteWorkerLink::Join(const JoinOptions& o) {
   FS_ASSIGN_OR_RETURN(auto hp, ParseHostPort(o.coordinator));
-  const int64_t give_up = MonotonicNanos() + o.connect_timeout_ms * 1000000;
-  int fd = -1;
-  while (true) {
-    auto c = ConnectOnce(hp.first, hp.second);
-    if (c.ok()) {
-      fd = *c;
-      break;
-    }
-    if (c.status().code() != StatusCode::kUnavailable || MonotonicNanos() > give_up) {
-      return c.status();
-    }
-    ::usleep(200000);  // the coordinator may not listen yet
-  }
+  // The coordinator may not listen yet.
+  FS_ASSIGN_OR_RETURN(int fd, TcpConnect(hp.first, hp.second, o.connect_timeout_ms, 200));
   auto link = std::unique_ptr<RemoteWorkerLink>(new RemoteWorkerLink());
   link->channel_ = Channel(fd);
   link->local_address_ = LocalAddress(fd);

@@ -12,23 +12,14 @@
 #include <map>
 
 #include "engine/offline_run.h"
+#include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 
 namespace failsafe {
 namespace {
 
-std::string Dir() {
-  static std::string dir = [] {
-    auto d = ProcessScratchDir().Sub("tiny-mixtral");
-    SyntheticModelOptions o;
-    o.preset = "tiny-mixtral";
-    o.seed = 11;
-    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
-    return d;
-  }();
-  return dir;
-}
+std::string Dir() { return TestModelDir("tiny-mixtral", 11); }
 
 Workload SmallWorkload() {
   Workload w;
@@ -52,7 +43,7 @@ TEST(Engine, WorkloadOnDevicesMatchesOneDevice) {
     for (PrefillPolicy pp : {PrefillPolicy::kAdaptive, PrefillPolicy::kFifo}) {
       WorkerGroupOptions o;
       o.model_dir = Dir();
-      o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+      o.worker_binary = TestBinary();
       o.num_devices = 5;
       o.policy = p;
       o.max_logits_rows = 64;
@@ -111,7 +102,7 @@ TEST(Engine, SeededSamplingIsTheSameWhateverTheBatch) {
   // All at once on five devices with little memory.
   WorkerGroupOptions o;
   o.model_dir = Dir();
-  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.worker_binary = TestBinary();
   o.num_devices = 5;
   o.policy = Policy::kHybrid;
   o.max_logits_rows = 64;

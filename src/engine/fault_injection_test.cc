@@ -16,23 +16,14 @@
 
 #include "common/rng.h"
 #include "engine/engine.h"
+#include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 
 namespace failsafe {
 namespace {
 
-const std::string& Dir() {
-  static std::string dir = [] {
-    auto d = ProcessScratchDir().Sub("tiny-llama");
-    SyntheticModelOptions o;
-    o.preset = "tiny-llama";
-    o.seed = 41;
-    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
-    return d;
-  }();
-  return dir;
-}
+const std::string& Dir() { return TestModelDir("tiny-llama", 41); }
 
 std::vector<RequestSpec> Requests(int n, uint64_t seed) {
   Rng rng(seed);
@@ -102,7 +93,7 @@ struct Rig {
   explicit Rig(int devices = 3) {
     WorkerGroupOptions o;
     o.model_dir = Dir();
-    o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+    o.worker_binary = TestBinary();
     o.num_devices = devices;
     o.backup_bytes = 32 << 20;
     o.max_step_tokens = 64;

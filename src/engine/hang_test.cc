@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "common/scratch_dir.h"
 #include "engine/engine.h"
+#include "engine/test_support.h"
 #include "engine/throttle.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
@@ -25,17 +26,7 @@
 namespace failsafe {
 namespace {
 
-const std::string& Dir() {
-  static std::string dir = [] {
-    auto d = ProcessScratchDir().Sub("tiny-llama");
-    SyntheticModelOptions o;
-    o.preset = "tiny-llama";
-    o.seed = 51;
-    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
-    return d;
-  }();
-  return dir;
-}
+const std::string& Dir() { return TestModelDir("tiny-llama", 51); }
 
 std::vector<RequestSpec> Requests(int n, int max_new, uint64_t seed) {
   Rng rng(seed);
@@ -86,7 +77,7 @@ Outcome Drive(Engine& e, const std::vector<RequestSpec>& reqs,
 WorkerGroupOptions Options(int devices, CommKind comm = CommKind::kShm) {
   WorkerGroupOptions o;
   o.model_dir = Dir();
-  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.worker_binary = TestBinary();
   o.num_devices = devices;
   o.comm = comm;
   o.backup_bytes = 32 << 20;

@@ -16,24 +16,14 @@
 #include "engine/engine.h"
 #include "engine/faults.h"
 #include "engine/offline_run.h"
+#include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 
 namespace failsafe {
 namespace {
 
-const std::string& Dir(const std::string& preset) {
-  static std::map<std::string, std::string> dirs;
-  if (!dirs.count(preset)) {
-    auto d = ProcessScratchDir().Sub(preset);
-    SyntheticModelOptions o;
-    o.preset = preset;
-    o.seed = 21;
-    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
-    dirs[preset] = d;
-  }
-  return dirs[preset];
-}
+const std::string& Dir(const std::string& preset) { return TestModelDir(preset, 21); }
 
 Workload MakeWorkload(int n, uint64_t seed) {
   Workload w;
@@ -61,7 +51,7 @@ struct Scenario {
 WorkerGroupOptions GroupOptions(const Scenario& s) {
   WorkerGroupOptions o;
   o.model_dir = Dir(s.preset);
-  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.worker_binary = TestBinary();
   o.num_devices = s.devices;
   o.policy = s.policy;
   o.backup_bytes = s.backup_bytes;
@@ -360,7 +350,7 @@ TEST(Recovery, HungWorkerIsDeclaredDead) {
   const RunSummary& want = Reference("tiny-llama", w, 7);
   WorkerGroupOptions o;
   o.model_dir = Dir("tiny-llama");
-  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.worker_binary = TestBinary();
   o.num_devices = 5;
   o.backup_bytes = 64 << 20;
   o.step_timeout_ms = 1500;

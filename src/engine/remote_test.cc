@@ -21,6 +21,7 @@
 #include "engine/cluster_listener.h"
 #include "engine/engine.h"
 #include "engine/offline_run.h"
+#include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 #include "worker/cluster_protocol.h"
@@ -32,26 +33,9 @@ namespace {
 
 constexpr char kToken[] = "remote-test-token";
 
-std::string Binary() {
-  const char* b = std::getenv("FAILSAFE_TEST_BIN");
-  if (!b) {
-    std::fprintf(stderr, "FAILSAFE_TEST_BIN must name the failsafe program (ctest sets it)\n");
-    std::abort();
-  }
-  return b;
-}
+std::string Binary() { return TestBinary(); }
 
-const std::string& Model() {
-  static const std::string dir = [] {
-    std::string d = ProcessScratchDir().Sub("remote-tiny-llama");
-    SyntheticModelOptions o;
-    o.preset = "tiny-llama";
-    o.seed = 21;
-    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
-    return d;
-  }();
-  return dir;
-}
+const std::string& Model() { return TestModelDir("tiny-llama", 21); }
 
 // Written once per token: a worker may be reading it while another starts.
 std::string TokenFile(const std::string& token) {

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "engine/engine.h"
+#include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/tokenizer.h"
 
@@ -64,7 +65,7 @@ std::string Story(Executor* exec, const std::function<void(int)>& on_token = {})
 std::unique_ptr<WorkerGroup> Group(int devices, Policy policy) {
   WorkerGroupOptions o;
   o.model_dir = kModel;
-  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.worker_binary = TestBinary();
   o.num_devices = devices;
   o.policy = policy;
   o.backup_bytes = 16 << 20;

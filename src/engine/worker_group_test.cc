@@ -21,37 +21,23 @@
 #include "common/scratch_dir.h"
 #include "engine/executor.h"
 #include "engine/kv_tables.h"
+#include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 
 namespace failsafe {
 namespace {
 
-// The failsafe program, which CTest names in the environment.
-std::string Binary() {
-  const char* b = std::getenv("FAILSAFE_TEST_BIN");
-  if (!b) {
-    std::fprintf(stderr, "FAILSAFE_TEST_BIN must name the failsafe program (ctest sets it)\n");
-    std::abort();
-  }
-  return b;
-}
+std::string Binary() { return TestBinary(); }
 
 // A synthetic model: "preset" (f32 weights) or "preset@bf16" / "preset@f16".
 const std::string& ModelDir(const std::string& name) {
-  static std::map<std::string, std::string> dirs;
-  auto it = dirs.find(name);
-  if (it != dirs.end()) return it->second;
   const size_t at = name.find('@');
-  const std::string preset = name.substr(0, at);
   const std::string type = at == std::string::npos ? "" : name.substr(at + 1);
-  std::string dir = ProcessScratchDir().Sub(preset + type);
-  SyntheticModelOptions o;
-  o.preset = preset;
-  o.dtype = type == "bf16" ? DType::kBF16 : type == "f16" ? DType::kF16 : DType::kF32;
-  o.seed = 3;
-  EXPECT_TRUE(WriteSyntheticModel(dir, o).ok());
-  return dirs[name] = dir;
+  return TestModelDir(name.substr(0, at), 3,
+                      type == "bf16"  ? DType::kBF16
+                      : type == "f16" ? DType::kF16
+                                      : DType::kF32);
 }
 
 // Three sequences with chunked prefills and decodes, DP ranks spread over

@@ -1,5 +1,6 @@
 #include "server/test_server.h"
 #include "common/scratch_dir.h"
+#include "engine/test_support.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -21,24 +22,13 @@ namespace failsafe {
 
 using nlohmann::json;
 
-const std::string& TestModelDir() {
-  // Made once per test process, removed when it exits.
-  static const std::string dir = [] {
-    auto d = ProcessScratchDir().Sub("tiny-llama");
-    SyntheticModelOptions o;
-    o.preset = "tiny-llama";
-    o.seed = 31;
-    EXPECT_TRUE(WriteSyntheticModel(d, o).ok());
-    return d;
-  }();
-  return dir;
-}
+const std::string& TestModelDir() { return TestModelDir("tiny-llama", 31); }
 
 TestServer::TestServer(const TestServerOptions& options) {
   tok = std::move(Tokenizer::LoadDir(TestModelDir())).value();
   WorkerGroupOptions o;
   o.model_dir = TestModelDir();
-  o.worker_binary = std::getenv("FAILSAFE_TEST_BIN");
+  o.worker_binary = TestBinary();
   o.num_devices = options.devices;
   o.backup_bytes = 64 << 20;
   o.max_logits_rows = std::max(64, options.max_num_seqs);

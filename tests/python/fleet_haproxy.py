@@ -26,7 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_lifecycle import FAILURES, Server, check, request  # noqa: E402
+from serve_lifecycle import Server, check, finish, request  # noqa: E402
 
 PROMPT = "A fleet of nodes keeps serving"
 MAX_TOKENS = 120
@@ -280,10 +280,7 @@ def main():
                     n.proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     n.kill()
-    if FAILURES:
-        print(f"{len(FAILURES)} failed", flush=True)
-        sys.exit(1)
-    print("all passed", flush=True)
+    finish()
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fleet_haproxy import MAX_TOKENS, burst, complete, metric  # noqa: E402
-from serve_lifecycle import FAILURES, Server, check  # noqa: E402
+from serve_lifecycle import FAILURES, Server, check, finish  # noqa: E402
 
 CLONE_NEWNET = 0x40000000
 SUBNET = "10.77.0"
@@ -284,10 +284,7 @@ def main():
         finally:
             if net:
                 net.remove()
-    if FAILURES:
-        print(f"{len(FAILURES)} failed", flush=True)
-        sys.exit(1)
-    print("all passed", flush=True)
+    finish()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,14 @@ import time
 FAILURES = []
 
 
+def finish():
+    """Exits 1 if any check failed, else says all passed."""
+    if FAILURES:
+        print(f"{len(FAILURES)} failed", flush=True)
+        sys.exit(1)
+    print("all passed", flush=True)
+
+
 def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
@@ -318,9 +326,7 @@ def main():
         test_file_limit(args.failsafe, model, tmp)
         test_admin_token(args.failsafe, model, tmp)
         test_rebalance_slow(args.failsafe, model, tmp)
-    if FAILURES:
-        print(f"{len(FAILURES)} failed", flush=True)
-        sys.exit(1)
+    finish()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -151,6 +152,18 @@ class Engine {
   bool report_open_ = false;  // recoveries_.back() waits for its first step
   // Lost KV being recomputed: sequence -> tokens it had before the failure.
   std::unordered_map<int64_t, int> recompute_target_;
+  // While a plan change is unfinished: the plan and DP ranks that the
+  // backup's progress and the devices' KV refer to (those of the last plan
+  // change that completed). A failed attempt may have moved some devices, or
+  // all of them with the reply lost, and rerouted sequences; what can be
+  // restored is still measured against this state. Sequences preempted by
+  // any attempt lose their backup once a plan change completes.
+  struct Settled {
+    Plan plan;
+    std::unordered_map<int64_t, int> ranks;
+    std::vector<int64_t> preempted;
+  };
+  std::optional<Settled> settled_;
   SlowDeviceMonitor slow_;
 };
 

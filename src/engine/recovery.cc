@@ -149,17 +149,20 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
     }
   };
   bool conservative = degraded_;  // devices may hold a mix of plans
-  // Sequences' DP ranks before any rerouting.
-  std::unordered_map<int64_t, int> prev_rank;
-  for (const Sequence* s : scheduler_->Running()) prev_rank[s->id] = s->dp_rank;
+  if (!settled_) {
+    settled_.emplace();
+    settled_->plan = executor_->plan();
+    for (const Sequence* s : scheduler_->Running()) settled_->ranks[s->id] = s->dp_rank;
+  }
+  const Plan& prev = settled_->plan;
+  const std::unordered_map<int64_t, int>& prev_rank = settled_->ranks;
   int plan_failures = 0;
   for (;;) {
     r->attempts++;
     note_losses();
     const int64_t t0 = MonotonicNanos();
-    const Plan prev = executor_->plan();
     const std::vector<int> alive = executor_->alive_devices();
-    Result<Plan> next = NextPlan(prev, alive);
+    Result<Plan> next = NextPlan(executor_->plan(), alive);
     Result<std::vector<int64_t>> capacity =
         next.ok() ? executor_->KvCapacityFor(*next) : next.status();
     if (capacity.ok()) {
@@ -193,7 +196,8 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
       return Unavailable("{}", degraded_reason_);
     }
     std::vector<int64_t> rerouted;
-    std::vector<int64_t> preempted = scheduler_->Reconfigure(*next, *capacity, &rerouted);
+    for (int64_t id : scheduler_->Reconfigure(*next, *capacity, &rerouted))
+      settled_->preempted.push_back(id);
     if (Status drained = executor_->DrainBackup(); !drained.ok()) {
       if (executor_->alive_devices() != alive) {
         conservative = true;
@@ -215,7 +219,8 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
       if (options_.recovery == RecoveryMode::kRecompute || !backup) {
         restore = 0;
       } else {
-        const int old_rank = prev_rank.count(s->id) ? prev_rank[s->id] : s->dp_rank;
+        const auto known = prev_rank.find(s->id);
+        const int old_rank = known != prev_rank.end() ? known->second : s->dp_rank;
         // A slot's KV is in the backup as far as its old writer copied it.
         // It limits the restore when a device starts to cache the slot, or
         // when its writer changes (the new one continues from there).
@@ -280,7 +285,8 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
       }
       scheduler_->RollBack(sr.seq_id, sr.restore_tokens);
       if (!backup) continue;
-      const int old_rank = prev_rank.count(s->id) ? prev_rank[s->id] : s->dp_rank;
+      const auto known = prev_rank.find(s->id);
+      const int old_rank = known != prev_rank.end() ? known->second : s->dp_rank;
       for (auto [device, tokens] : BackedUpAfter(*backup, config, prev, *next, s->id, old_rank,
                                                  s->dp_rank, sr.restore_tokens)) {
         backup->SetProgress(s->id, device, tokens);
@@ -288,8 +294,9 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
     }
     // Preempted sequences were freed on the devices (not in `seqs`).
     if (backup) {
-      for (int64_t id : preempted) backup->Release(id);
+      for (int64_t id : settled_->preempted) backup->Release(id);
     }
+    settled_.reset();
     r->finished = recompute_target_.empty();
     degraded_ = false;
     recovery_failed_ = false;

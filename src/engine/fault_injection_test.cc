@@ -220,6 +220,29 @@ TEST(FaultInjection, RecoveryRetriesFailedPlanChangesAndBackupDrains) {
   EXPECT_EQ(rig.faults->injected(ExecutorCall::kApplyPlan), 2);
 }
 
+// Lost replies of plan changes, at every point of a run: each device dies in
+// turn at a different step and comes back, and the reply of the plan change
+// after each loss and each rejoin is lost after the devices applied it. The
+// retry must restore only what the backup held under the plan before.
+TEST(FaultInjection, LostPlanChangeRepliesNeverChangeOutputs) {
+  Rig rig(4);
+  for (int round = 0; round < 6; ++round) {
+    const int device = 1 + round % 3, step = 1 + round;
+    rig.faults->Inject(ExecutorCall::kApplyPlan,
+                       {Status(StatusCode::kDeadlineExceeded, "injected"), 0, 1, /*after=*/true});
+    ExpectSameAsReference(Drive(*rig.engine, Workload(), nullptr, [&](int s) {
+      if (s == step) {
+        ASSERT_TRUE(rig.group->KillDevice(device).ok());
+      }
+    }));
+    rig.faults->Inject(ExecutorCall::kApplyPlan,
+                       {Status(StatusCode::kDeadlineExceeded, "injected"), 0, 1, /*after=*/true});
+    ASSERT_TRUE(rig.engine->Rejoin(device).ok()) << round;
+  }
+  EXPECT_EQ(rig.faults->injected(ExecutorCall::kApplyPlan), 12);
+  for (const RecoveryReport& r : rig.engine->recoveries()) EXPECT_GT(r.recovered_ns, 0);
+}
+
 // A plan change that keeps failing leaves the engine unable to serve: its
 // requests wait (Step says why), fail when asked to, and the next health
 // check that finds the devices able to change plan brings it back.

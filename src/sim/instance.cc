@@ -71,6 +71,7 @@ int64_t SimInstance::KvTokenCapacity() const {
 
 Status SimInstance::Submit(const SimRequest& r) {
   RequestSpec spec;
+  spec.prompt.reserve(r.input + 1);  // room for a prefilled token: no copy
   spec.prompt.assign(r.input, 0);
   spec.max_new_tokens = r.output;
   spec.arrival = r.arrival;

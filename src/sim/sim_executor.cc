@@ -112,8 +112,8 @@ Status SimExecutor::FailIfDown(const std::vector<int>& active) {
 
 Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timing) {
   FS_RETURN_IF_ERROR(FailIfDown(plan_.active));
-  StepPlan step;
-  step.seqs.reserve(batch.seqs.size());
+  StepPlan& step = step_;  // reused: its vector keeps its capacity
+  step.seqs.clear();
   tokens_.assign(batch.num_logits_rows, -1);
   for (const StepSeq& s : batch.seqs) {
     if (!plan_.IsActive(s.dp_rank) && plan_.num_dp_heads_total() > 0)
@@ -131,7 +131,7 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     held_[s.seq_id] = s.dp_rank;
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
-      for (int d : writers_[s.dp_rank]) backup_->SetProgress(s.seq_id, d, end);
+      backup_->SetProgress(s.seq_id, writers_[s.dp_rank], end);
     }
   }
   const int64_t ns = ToNanos(cost_->StepSeconds(step));

@@ -119,7 +119,7 @@ class SimExecutor final : public Executor {
   std::vector<std::vector<std::vector<int>>> slots_;  // [device][dp rank] (plan_)
   std::vector<std::vector<int>> writers_;             // [dp rank] -> devices
   std::vector<int32_t> tokens_;                       // the last step's, per logits row
-  std::vector<ScheduledSeq> scratch_;
+  StepPlan step_;                                     // the step being priced
 };
 
 }  // namespace failsafe

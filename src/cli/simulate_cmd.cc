@@ -313,7 +313,9 @@ CommandFn RegisterSimulate(CLI::App& app) {
   app.add_option("--nodes", o->e.nodes, "offline-gcp: nodes in the cluster")->capture_default_str();
   app.add_option("--gpus-per-node", o->e.gpus_per_node, "offline-gcp: GPUs per node")
       ->capture_default_str();
-  app.add_option("--seed", o->e.seed, "placement of failures on nodes")->capture_default_str();
+  app.add_option("--seed", o->e.seed,
+                 "placement of failures on nodes; chaos: the schedule of faults and requests")
+      ->capture_default_str();
   app.add_flag("--quick", o->e.quick, "fewer requests and rates (a smoke run)");
   app.add_flag("--json", o->json, "print the headline figures as one JSON object on the last line");
   auto* v = app.add_option_group("validate");

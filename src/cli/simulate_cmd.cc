@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "engine/offline_run.h"
+#include "sim/chaos.h"
 #include "sim/experiments.h"
 #include "sim/fit.h"
 #include "sim/report.h"
@@ -284,13 +285,16 @@ CommandFn RegisterSimulate(CLI::App& app) {
     std::string name;
     ExperimentOptions e;
     ValidateOptions v;
+    ChaosOptions c;
+    std::string chaos_recovery = "full";
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("name", o->name,
                  "offline-gcp, online, tp-sweep, ablation, recovery (the paper's experiments at "
                  "8xH100 scale), or "
-                 "validate (the simulator against this machine's engine)")
+                 "validate (the simulator against this machine's engine), or chaos (seeded "
+                 "faults against the engine in virtual time)")
       ->required();
   app.add_option("--model", o->e.model, "llama-3.1-70b or mixtral-8x22b")->capture_default_str();
   app.add_option("--hardware", o->e.hardware, "hardware profile")->capture_default_str();
@@ -309,7 +313,9 @@ CommandFn RegisterSimulate(CLI::App& app) {
   app.add_option("--nodes", o->e.nodes, "offline-gcp: nodes in the cluster")->capture_default_str();
   app.add_option("--gpus-per-node", o->e.gpus_per_node, "offline-gcp: GPUs per node")
       ->capture_default_str();
-  app.add_option("--seed", o->e.seed, "placement of failures on nodes")->capture_default_str();
+  app.add_option("--seed", o->e.seed,
+                 "placement of failures on nodes; chaos: the schedule of faults and requests")
+      ->capture_default_str();
   app.add_flag("--quick", o->e.quick, "fewer requests and rates (a smoke run)");
   app.add_flag("--json", o->json, "print the headline figures as one JSON object on the last line");
   auto* v = app.add_option_group("validate");
@@ -327,7 +333,35 @@ CommandFn RegisterSimulate(CLI::App& app) {
   v->add_option("--decode-scale", o->v.decode_scale, "validate: OpenThoughts-like length scale")
       ->capture_default_str();
   AddTimeoutFlags(*v, &o->v.timeouts);
+  auto* c = app.add_option_group("chaos");
+  c->add_option("--faults", o->c.faults, "chaos: faults to inject")->capture_default_str();
+  c->add_option("--fault-gap", o->c.mean_fault_gap_s, "chaos: mean virtual seconds between faults")
+      ->capture_default_str();
+  c->add_option("--requests-per-fault", o->c.requests_per_fault,
+                "chaos: mean requests arriving between faults")
+      ->capture_default_str();
+  c->add_option("--recovery", o->chaos_recovery, "chaos: recompute, host, full or oracle")
+      ->capture_default_str();
+  c->add_option("--backup-bytes", o->c.backup_bytes,
+                "chaos: host memory for the KV backup (0: all of the KV)")
+      ->capture_default_str();
   return [o] {
+    if (o->name == "chaos") {
+      o->c.seed = o->e.seed;
+      o->c.model = o->e.model;
+      o->c.hardware = o->e.hardware;
+      auto mode = ParseRecoveryMode(o->chaos_recovery);
+      if (!mode.ok()) return Fail(mode.status().ToString());
+      o->c.recovery = *mode;
+      // The engine logs every fault it meets: thousands of expected lines.
+      // Only debug logging keeps them.
+      if (GetLogLevel() != LogLevel::kDebug) SetLogLevel(LogLevel::kOff);
+      auto r = RunChaos(o->c);
+      if (!r.ok()) return Fail(r.status().ToString());
+      std::printf("%s", r->ToText().c_str());
+      if (o->json) std::printf("%s\n", r->ToJson().c_str());
+      return r->violations == 0 ? 0 : 1;
+    }
     if (o->name == "validate") {
       o->v.data_dir = o->e.data_dir;
       o->v.out_dir = o->e.out_dir;

@@ -1,5 +1,10 @@
-// Time sources. Engine code that needs time takes a Clock so that tests and the
-// simulator can substitute a fake; pure modules (core, placement) take no clock.
+// Time sources. The engine (engine/engine.h) reads every instant through the
+// Clock of its options, so that the simulator drives it on a virtual clock
+// (sim/sim_executor.h) and tests on a fake one; the server's request
+// latencies use the engine's clock. Code that measures real processes,
+// sockets and compute (the worker group, remote devices, hang detection,
+// CPU kernels) reads MonotonicNanos directly: it only ever runs for real.
+// Pure modules (core, placement) take no clock (callers pass times in).
 #pragma once
 
 #include <time.h>

@@ -13,11 +13,17 @@ namespace {
 // its requests (each retry runs on a fresh collective group).
 constexpr int kMaxStepAttempts = 3;
 
+const Clock* RealClockInstance() {
+  static const RealClock real;
+  return &real;
+}
+
 }  // namespace
 
 Engine::Engine(Executor* executor, const SchedulerConfig& config, const EngineOptions& options)
     : executor_(executor),
       options_(options),
+      clock_(options.clock ? options.clock : RealClockInstance()),
       scheduler_(std::make_unique<Scheduler>(config, executor->plan(), executor->config(),
                                              executor->block_size(), executor->kv_capacity_pages(),
                                              options.speed)),
@@ -30,11 +36,25 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
     if (t < 0 || t >= vocab)
       return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
   }
+  if (!spec.prefilled_output.empty()) {
+    if (!executor_->models_devices())
+      return InvalidArgument("a prefilled request needs devices that hold its KV already");
+    if (spec.prompt.empty()) return InvalidArgument("a prefilled request needs its prompt");
+    for (int32_t t : spec.prefilled_output) {
+      if (t < 0 || t >= vocab)
+        return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
+    }
+  }
   auto seq = std::make_unique<Sequence>();
   const int64_t id = next_id_;
   seq->id = id;
   seq->prompt_len = static_cast<int>(spec.prompt.size());
   seq->tokens = std::move(spec.prompt);
+  if (!spec.prefilled_output.empty()) {
+    seq->tokens.insert(seq->tokens.end(), spec.prefilled_output.begin(),
+                       spec.prefilled_output.end());
+    seq->num_computed = static_cast<int>(seq->tokens.size()) - 1;
+  }
   seq->max_new_tokens = spec.max_new_tokens;
   seq->stop_token_ids = std::move(spec.stop_token_ids);
   seq->arrival = spec.arrival;
@@ -123,7 +143,7 @@ Result<StepOutcome> Engine::Step() {
   auto failed = [&](const Status& error) -> Result<StepOutcome> {
     // The devices may have missed the step's new block-table entries.
     scheduler_->ResendKvTables(ids);
-    Status st = HandleStepError(error, ids, MonotonicNanos());
+    Status st = HandleStepError(error, ids, clock_->NowNanos());
     if (!st.ok()) FS_LOG_WARN("after a failed step: {}", st.ToString());
     out.recovered = true;
     CollectFinished(&out.events, true);
@@ -162,15 +182,21 @@ Result<StepOutcome> Engine::Step() {
     batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + ss.start,
                         s->tokens.begin() + ss.start + ss.num_tokens);
   }
-  const int64_t started = MonotonicNanos();
+  const int64_t started = clock_->NowNanos();
   auto logits = executor_->Step(batch, &out.timing);
   if (!logits.ok()) return failed(logits.status());
   step_failures_ = 0;
   out.ran = true;
   const int vocab = executor_->config().vocab_size;
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
+  // An executor that models its devices has no logits: it gives the tokens.
+  const std::vector<int32_t>* given = *logits ? nullptr : executor_->sampled_tokens();
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (batch.seqs[i].logits_row < 0) continue;
+    if (given) {
+      sampled[i] = (*given)[batch.seqs[i].logits_row];
+      continue;
+    }
     const Sequence* s = scheduler_->Find(plan.seqs[i].seq_id);
     // The draw is keyed by the token's position: the same request samples the
     // same tokens however it is batched, preempted or recovered.
@@ -224,7 +250,7 @@ Status Engine::HandleStepError(const Status& error, const std::vector<int64_t>& 
 void Engine::AfterStep(const StepPlan& plan, int64_t started_ns) {
   if (recoveries_.empty()) return;
   RecoveryReport& r = recoveries_.back();
-  const int64_t now = MonotonicNanos();
+  const int64_t now = clock_->NowNanos();
   if (report_open_ && r.recovered_ns > 0) {
     r.resumed_ns = now;
     r.first_step_ms = (now - started_ns) * 1e-6;

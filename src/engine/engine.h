@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/clock.h"
 #include "core/scheduler.h"
 #include "engine/executor.h"
 #include "engine/recovery_report.h"
@@ -36,6 +37,12 @@ struct RequestSpec {
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
   double arrival = 0;  // seconds on the caller's clock
+  // Disaggregated serving: a decode instance takes over a request that
+  // another instance prefilled. These output tokens follow the prompt (they
+  // count towards max_new_tokens), and the KV of every position but the last
+  // arrives with the request. Only an executor that models its devices
+  // (Executor::models_devices) accepts them.
+  std::vector<int32_t> prefilled_output;
 };
 
 struct TokenEvent {
@@ -58,6 +65,11 @@ struct StepOutcome {
 
 struct EngineOptions {
   RecoveryMode recovery = RecoveryMode::kFull;
+  // Every time the engine reads (recovery reports, device speeds, step
+  // timing) comes from this clock; it must outlive the engine and read the
+  // same time base as the executor's DeviceLoss instants. Null: the real
+  // monotonic clock. The simulator passes its virtual clock.
+  const Clock* clock = nullptr;
   DeviceSpeed speed;  // for the scheduler's cost estimates
   // Fault injection: called before each attempt to apply a new plan (tests
   // use it to kill a device in the middle of a recovery).
@@ -109,6 +121,7 @@ class Engine {
   Scheduler& scheduler() { return *scheduler_; }
   Executor& executor() { return *executor_; }
   const ModelConfig& config() const { return executor_->config(); }
+  const Clock& clock() const { return *clock_; }
 
  private:
   Status FreeSeqs(std::vector<int64_t> ids);
@@ -135,8 +148,12 @@ class Engine {
   Result<Plan> NextPlan(const Plan& prev, const std::vector<int>& alive) const;
   void SetDegraded(const std::string& why);
 
+  // Milliseconds on the engine's clock since `t0_ns`.
+  double MsSince(int64_t t0_ns) const { return (clock_->NowNanos() - t0_ns) * 1e-6; }
+
   Executor* const executor_;
   const EngineOptions options_;
+  const Clock* const clock_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Backend> sampler_;
   std::unordered_map<int64_t, SamplingParams> sampling_;

@@ -60,8 +60,17 @@ class Executor {
   virtual const ModelConfig& config() const = 0;
   virtual const Plan& plan() const = 0;
   // Runs one step on every active device. Returns the logits
-  // [batch.num_logits_rows, vocab], valid until the next step.
+  // [batch.num_logits_rows, vocab], valid until the next step; or null from
+  // an executor that models its devices, whose sampled_tokens() then holds
+  // the step's tokens.
   virtual Result<const float*> Step(const StepBatch& batch, StepTiming* timing) = 0;
+  // An executor that models its devices rather than runs them (the
+  // simulator's, sim/sim_executor.h): its steps compute no logits but give
+  // one token per logits row (sampled_tokens, valid until the next step),
+  // and requests may arrive with their prompt's KV already computed
+  // (RequestSpec::prefilled_output).
+  virtual bool models_devices() const { return false; }
+  virtual const std::vector<int32_t>* sampled_tokens() const { return nullptr; }
   // Releases sequences' KV on every device.
   virtual Status FreeSeqs(const std::vector<int64_t>& seq_ids) = 0;
   Status FreeSeq(int64_t seq_id) { return FreeSeqs({seq_id}); }

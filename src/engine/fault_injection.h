@@ -49,6 +49,8 @@ class FaultInjectingExecutor final : public Executor {
   const ModelConfig& config() const override { return inner_->config(); }
   const Plan& plan() const override { return inner_->plan(); }
   Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
+  bool models_devices() const override { return inner_->models_devices(); }
+  const std::vector<int32_t>* sampled_tokens() const override { return inner_->sampled_tokens(); }
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   std::vector<int64_t> kv_capacity_pages() const override { return inner_->kv_capacity_pages(); }
   int block_size() const override { return inner_->block_size(); }

@@ -93,6 +93,16 @@ void HostKvBackup::SetProgress(int64_t seq_id, int device, int tokens) {
   p->tokens.store(tokens, std::memory_order_release);
 }
 
+void HostKvBackup::SetProgress(int64_t seq_id, const std::vector<int>& devices, int tokens) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || it->second.slot < 0) return;
+  for (int device : devices) {
+    BackupProgress* p = layout_.Progress(region_.data(), it->second.slot, device);
+    p->seq_id.store(seq_id, std::memory_order_relaxed);
+    p->tokens.store(tokens, std::memory_order_release);
+  }
+}
+
 const std::vector<int32_t>& HostKvBackup::Blocks(int64_t seq_id) const {
   static const std::vector<int32_t> kNone;
   auto it = seqs_.find(seq_id);

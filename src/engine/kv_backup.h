@@ -52,6 +52,8 @@ class HostKvBackup {
   // `tokens` must not claim more than the backup holds (the recovery takes
   // the least of the rollback point and what each slot's old writer copied).
   void SetProgress(int64_t seq_id, int device, int tokens);
+  // The same for several devices (one lookup of the sequence).
+  void SetProgress(int64_t seq_id, const std::vector<int>& devices, int tokens);
   const std::vector<int32_t>& Blocks(int64_t seq_id) const;
   // Returns the sequence's slot and blocks (its devices have freed it).
   void Release(int64_t seq_id);

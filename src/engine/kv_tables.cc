@@ -10,6 +10,7 @@ void AddKvTables(const KvBlockManager& kv, const Plan& plan, const Sequence& seq
     const size_t per_block = kv.Slots(d, seq.dp_rank).size();
     if (per_block == 0) continue;
     const std::vector<int32_t>& table = kv.Table(seq.id, d);
+    if (table.empty()) continue;  // a counting block manager keeps no tables
     KvTableUpdate& u = batch->kv[d];
     KvBlockRun run;
     run.seq_id = seq.id;

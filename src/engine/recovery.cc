@@ -17,8 +17,6 @@ namespace {
 // engine degraded (it tries again at the next health check).
 constexpr int kMaxPlanAttempts = 3;
 
-double MsSince(int64_t t0) { return (MonotonicNanos() - t0) * 1e-6; }
-
 // After a plan change that rolled a sequence back to `restore` positions:
 // what the backup holds of it for each active device of `next`, as the least
 // over the slots the device writes under `next` of what the slot's writer
@@ -83,7 +81,7 @@ RecoveryReport* Engine::OpenReport(int64_t now_ns) {
 }
 
 Status Engine::Recover(const std::vector<int>& joined, int64_t step_failed_ns) {
-  RecoveryReport* r = OpenReport(MonotonicNanos());
+  RecoveryReport* r = OpenReport(clock_->NowNanos());
   r->joined_devices.insert(r->joined_devices.end(), joined.begin(), joined.end());
   // Survivors left the failed step when it returned.
   if (step_failed_ns > 0) {
@@ -102,14 +100,16 @@ Status Engine::Recover(const std::vector<int>& joined, int64_t step_failed_ns) {
 Result<Plan> Engine::NextPlan(const Plan& prev, const std::vector<int>& alive) const {
   const ModelConfig& config = executor_->config();
   const std::vector<double>* shares = slow_.uneven() ? &slow_.shares() : nullptr;
-  if (options_.recovery == RecoveryMode::kFull) return Replan(prev, config, alive, shares);
+  // The oracle (a simulated executor moves nothing) changes plans as `full` does.
+  if (options_.recovery == RecoveryMode::kFull || options_.recovery == RecoveryMode::kOracle)
+    return Replan(prev, config, alive, shares);
   FS_ASSIGN_OR_RETURN(Plan fresh, MakePlan(config, prev.policy, prev.num_devices, alive));
   if (!shares) return fresh;
   return Replan(fresh, config, alive, shares);
 }
 
 void Engine::WatchSpeeds(const StepTiming& timing) {
-  slow_.Observe(timing, MonotonicNanos());
+  slow_.Observe(timing, clock_->NowNanos());
   if (!options_.rebalance_slow || degraded_ || !executor_->supports_recovery()) return;
   std::vector<double> shares;
   std::string why;
@@ -117,7 +117,7 @@ void Engine::WatchSpeeds(const StepTiming& timing) {
   FS_LOG_WARN("rebalancing: {}", why);
   const std::vector<double> before = slow_.shares();
   slow_.PlanChanged(shares);
-  RecoveryReport* r = OpenReport(MonotonicNanos());
+  RecoveryReport* r = OpenReport(clock_->NowNanos());
   r->rebalance = true;
   r->causes.push_back(why);
   r->shares = shares;
@@ -160,7 +160,7 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
   for (;;) {
     r->attempts++;
     note_losses();
-    const int64_t t0 = MonotonicNanos();
+    const int64_t t0 = clock_->NowNanos();
     const std::vector<int> alive = executor_->alive_devices();
     Result<Plan> next = NextPlan(executor_->plan(), alive);
     Result<std::vector<int64_t>> capacity =
@@ -243,12 +243,14 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
       }
       // Devices that may hold a mix of plans, or rebuild everything, keep nothing in place.
       AddRestores(scheduler_->kv(), *next, *s, sr,
-                  conservative || options_.recovery != RecoveryMode::kFull, &tables);
+                  conservative || (options_.recovery != RecoveryMode::kFull &&
+                                   options_.recovery != RecoveryMode::kOracle),
+                  &tables);
       seqs.push_back(std::move(sr));
     }
     r->replan_ms += MsSince(t0);
     if (options_.before_apply) options_.before_apply(r->attempts);
-    const int64_t a0 = MonotonicNanos();
+    const int64_t a0 = clock_->NowNanos();
     auto applied = executor_->ApplyPlan(*next, options_.recovery, tables);
     r->apply_ms += MsSince(a0);
     if (!applied.ok()) {
@@ -302,7 +304,7 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
     recovery_failed_ = false;
     degraded_reason_.clear();
     degraded_alive_.clear();
-    r->recovered_ns = MonotonicNanos();
+    r->recovered_ns = clock_->NowNanos();
     slow_.PlanChanged(slow_.shares());
     FS_LOG_INFO("recovered ({}): {} devices active, {} tokens to recompute",
                 RecoveryModeName(r->mode), next->active.size(), r->tokens_recomputed);

@@ -83,7 +83,8 @@ EngineService::~EngineService() {
 
 Result<std::shared_ptr<RequestHandle>> EngineService::Submit(RequestSpec spec) {
   auto h = std::make_shared<RequestHandle>();
-  h->arrival_ns_ = MonotonicNanos();
+  // Latencies are on the engine's clock (virtual over a simulated executor).
+  h->arrival_ns_ = engine_.clock().NowNanos();
   h->prompt_tokens_ = static_cast<int>(spec.prompt.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -232,7 +233,7 @@ void EngineService::UpdateGauges() {
 }
 
 void EngineService::Dispatch(const std::vector<TokenEvent>& events) {
-  const int64_t now = MonotonicNanos();
+  const int64_t now = engine_.clock().NowNanos();
   for (const TokenEvent& e : events) {
     auto it = live_.find(e.id);
     if (it == live_.end()) continue;
@@ -259,7 +260,7 @@ void EngineService::Dispatch(const std::vector<TokenEvent>& events) {
 }
 
 void EngineService::DuringOutage() {
-  const int64_t now = MonotonicNanos();
+  const int64_t now = engine_.clock().NowNanos();
   if (outage_since_ns_ == 0) outage_since_ns_ = now;
   if (now - outage_since_ns_ < service_.outage_timeout_ms * 1000000 || engine_.idle()) return;
   Dispatch(
@@ -268,6 +269,7 @@ void EngineService::DuringOutage() {
 }
 
 void EngineService::Loop() {
+  // Heartbeats are paced in real time, as the waits for work below are.
   int64_t last_health = MonotonicNanos();
   while (true) {
     std::deque<std::pair<RequestSpec, std::shared_ptr<RequestHandle>>> subs;

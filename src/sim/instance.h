@@ -1,7 +1,8 @@
-// One simulated serving instance: a group of devices running the engine's own
-// planner and scheduler, with step durations from the cost model and a virtual
-// clock. Failures and rejoins replan with the same code as the engine and
-// stall the instance for the recovery's modelled cost.
+// One simulated serving instance: the engine itself (engine/engine.h) over a
+// simulated executor (sim/sim_executor.h) on a virtual clock. Steps take the
+// cost model's time; failures and rejoins run the engine's own recovery
+// (replanning, KV restored from the host backup or recomputed, retries), its
+// plan changes priced by the executor.
 //
 // Thread-safety: none.
 #pragma once
@@ -12,9 +13,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "core/scheduler.h"
+#include "engine/engine.h"
 #include "placement/replan.h"
 #include "sim/cost_model.h"
+#include "sim/sim_executor.h"
 
 namespace failsafe {
 
@@ -39,12 +43,19 @@ struct InstanceConfig {
   // the speeds its scheduler assumes (default: from the cost model).
   std::vector<int64_t> kv_pages;
   std::optional<DeviceSpeed> scheduler_speed;
+  // Host memory for the KV backup (SimExecutorOptions::backup_bytes); 0: room
+  // for all the KV, < 0: none.
+  int64_t backup_bytes = 0;
 };
 
+// One of the engine's recovery reports (engine/recovery_report.h), in
+// virtual seconds.
 struct SimRecovery {
   RecoveryMode mode = RecoveryMode::kFull;
   double at = 0;  // virtual time of the failure
-  double detect_s = 0, replan_s = 0, weights_s = 0, kv_s = 0;
+  double detect_s = 0;
+  double replan_s = 0;  // replanning, aborting the failed step, a new collective group
+  double weights_s = 0, kv_s = 0;
   int64_t weight_pcie_bytes = 0, weight_nvlink_bytes = 0, kv_bytes = 0;
   int64_t tokens_recomputed = 0;
   double recompute_s = 0;  // step time spent recomputing lost KV (filled as it happens)
@@ -72,14 +83,17 @@ class SimInstance {
   void RunUntil(double t);
   // Runs until every submitted request finished or the clock reaches `limit`.
   void RunToCompletion(double limit);
-  // Kills a device now: the step in flight is lost, the instance stalls for
-  // the recovery. Fails if too few devices would remain.
+  // Kills a device now; the engine finds it at once (a heartbeat) and
+  // recovers. Fails if the device is not alive, or if too few devices remain
+  // (the engine is then degraded until a device rejoins).
   Result<SimRecovery> Fail(int device);
   Result<SimRecovery> Rejoin(int device);
 
-  double clock() const { return clock_; }
-  const Plan& plan() const { return plan_; }
-  Scheduler& scheduler() { return *scheduler_; }
+  double clock() const { return clock_->NowSeconds(); }
+  const Plan& plan() const { return executor_->plan(); }
+  Scheduler& scheduler() { return engine_->scheduler(); }
+  Engine& engine() { return *engine_; }
+  SimExecutor& executor() { return *executor_; }
   const std::vector<SimRequestResult>& results() const { return results_; }
   int64_t tokens_in() const { return tokens_in_; }    // prompt tokens computed
   int64_t tokens_out() const { return tokens_out_; }  // tokens sampled
@@ -87,31 +101,34 @@ class SimInstance {
   int64_t preemptions() const { return preemptions_; }
   double busy_s() const { return busy_s_; }
   double last_step_end() const { return last_step_end_; }
-  const std::vector<SimRecovery>& recoveries() const { return recoveries_; }
+  // The engine's recovery reports so far (the last one's recompute grows as
+  // its lost KV is recomputed).
+  const std::vector<SimRecovery>& recoveries() const;
   const std::vector<float>& gaps() const { return gaps_; }
   // The KV capacity in tokens of the most constrained device (TP slots only).
   int64_t KvTokenCapacity() const;
 
  private:
   SimInstance() = default;
-  void StepOnce();
-  Result<SimRecovery> ChangePlan(const std::vector<int>& alive, bool failure);
+  // One engine step; false if nothing could run (idle, waiting for memory,
+  // or degraded).
+  bool StepOnce();
+  // Sequences the recovery since `running` (the running ones before it) sent
+  // back to wait.
+  void CountPreempted(const std::vector<int64_t>& running);
+  std::vector<int64_t> RunningIds() const;
 
   InstanceConfig config_;
-  Plan plan_;
-  std::unique_ptr<ClusterCostModel> cost_;
-  std::unique_ptr<Scheduler> scheduler_;
-  double clock_ = 0;
-  double step_end_ = 0;                     // end of the step in flight
+  std::unique_ptr<FakeClock> clock_;  // outlives the executor and the engine
+  std::unique_ptr<SimExecutor> executor_;
+  std::unique_ptr<Engine> engine_;
   std::unordered_map<int64_t, int> index_;  // sequence id -> results_ index
   std::vector<SimRequestResult> results_;
-  int64_t next_id_ = 1;
   int64_t tokens_in_ = 0, tokens_out_ = 0, steps_ = 0, preemptions_ = 0;
   double busy_s_ = 0;
   double last_step_end_ = 0;
-  std::vector<SimRecovery> recoveries_;
+  mutable std::vector<SimRecovery> recoveries_;
   std::vector<float> gaps_;
-  std::unordered_map<int64_t, int> recompute_target_;  // sequence -> tokens it had before a failure
 };
 
 }  // namespace failsafe

@@ -1,0 +1,306 @@
+#include "sim/sim_executor.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/rng.h"
+#include "placement/replan.h"
+
+namespace failsafe {
+
+namespace {
+
+int64_t ToNanos(double seconds) { return std::llround(seconds * 1e9); }
+
+// Entries of `after` missing from `before` (both ascending).
+int64_t CountGained(const std::vector<int>& after, const std::vector<int>& before) {
+  int64_t n = 0;
+  size_t j = 0;
+  for (int x : after) {
+    while (j < before.size() && before[j] < x) ++j;
+    if (j == before.size() || before[j] != x) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SimExecutor>> SimExecutor::Create(const SimExecutorOptions& o,
+                                                         FakeClock* clock) {
+  if (clock == nullptr) return InvalidArgument("a simulated executor needs a virtual clock");
+  auto e = std::unique_ptr<SimExecutor>(new SimExecutor());
+  e->options_ = o;
+  e->clock_ = clock;
+  std::vector<int> alive = o.alive;
+  if (alive.empty()) {
+    for (int d = 0; d < o.num_devices; ++d) alive.push_back(d);
+  }
+  FS_ASSIGN_OR_RETURN(e->plan_, MakePlan(o.model, o.policy, o.num_devices, alive));
+  e->cost_ = std::make_unique<ClusterCostModel>(e->plan_, o.model, o.hw);
+  FS_ASSIGN_OR_RETURN(e->capacity_, e->KvCapacityFor(e->plan_));
+  for (int d : e->plan_.active) {
+    if (e->capacity_[d] <= 0) {
+      return ResourceExhausted(
+          "{} devices cannot hold the model (device {} needs {:.1f} GB for "
+          "weights)",
+          e->plan_.active.size(), d, e->cost_->WeightBytes(d) / 1e9);
+    }
+  }
+  if (o.backup_bytes >= 0) {
+    int64_t budget = o.backup_bytes;
+    if (budget == 0) {
+      // Every block of every sequence the pools can hold: a block takes a
+      // page for each KV slot (layer, head group) on some device at least.
+      int64_t pages = 0;
+      for (int64_t p : e->capacity_) pages += p;
+      const int64_t blocks =
+          o.max_seqs + pages / std::max(1, o.model.num_layers * o.model.num_kv_heads);
+      const int64_t block_bytes = int64_t{2} * o.model.num_layers * o.model.num_kv_heads *
+                                  o.block_size * o.model.head_dim * 4;
+      budget = blocks * block_bytes;
+    }
+    // The region is sparse: only what the backup's books touch is backed
+    // by memory.
+    FS_ASSIGN_OR_RETURN(
+        e->backup_, HostKvBackup::Create(o.model, o.block_size, budget, o.max_seqs, o.num_devices));
+  }
+  e->loss_.assign(o.num_devices, DeviceLoss{});
+  for (int d = 0; d < o.num_devices; ++d) {
+    if (!std::count(alive.begin(), alive.end(), d)) {
+      e->loss_[d] = {clock->NowNanos(), clock->NowNanos(), "not started"};
+    }
+  }
+  e->CacheSlots();
+  return e;
+}
+
+void SimExecutor::CacheSlots() {
+  const int n = plan_.num_devices;
+  slots_.assign(n, std::vector<std::vector<int>>(n));
+  writers_.assign(n, {});
+  for (int d : plan_.active) {
+    for (int rank : plan_.active) slots_[d][rank] = plan_.KvSlots(d, rank);
+  }
+  for (int rank : plan_.active) {
+    std::vector<char> writes(n, 0);
+    for (int l = 0; l < options_.model.num_layers; ++l) {
+      for (int h = 0; h < options_.model.num_kv_heads; ++h) {
+        const int w = plan_.KvWriter(l, h, rank);
+        if (w >= 0) writes[w] = 1;
+      }
+    }
+    for (int d = 0; d < n; ++d) {
+      if (writes[d]) writers_[rank].push_back(d);
+    }
+  }
+}
+
+int32_t SimExecutor::SyntheticToken(int64_t seq_id, int position) const {
+  const uint64_t h = HashCombine(static_cast<uint64_t>(seq_id), static_cast<uint64_t>(position));
+  return static_cast<int32_t>(h % static_cast<uint64_t>(options_.model.vocab_size));
+}
+
+Status SimExecutor::FailIfDown(const std::vector<int>& active) {
+  for (int d : active) {
+    if (Up(d)) continue;
+    const DeviceLoss& loss = loss_[d];
+    if (clock_->NowNanos() < loss.detected_ns) clock_->Set(loss.detected_ns);
+    return Unavailable("device {} was lost: {}", d, loss.reason);
+  }
+  return Status::Ok();
+}
+
+Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timing) {
+  FS_RETURN_IF_ERROR(FailIfDown(plan_.active));
+  StepPlan& step = step_;  // reused: its vector keeps its capacity
+  step.seqs.clear();
+  tokens_.assign(batch.num_logits_rows, -1);
+  for (const StepSeq& s : batch.seqs) {
+    if (!plan_.IsActive(s.dp_rank) && plan_.num_dp_heads_total() > 0)
+      return InvalidArgument("sequence {}: DP rank {} is not active", s.seq_id, s.dp_rank);
+    ScheduledSeq ss;
+    ss.seq_id = s.seq_id;
+    ss.start = s.start_pos;
+    ss.num_tokens = s.num_tokens;
+    ss.dp_rank = s.dp_rank;
+    ss.sample = s.logits_row >= 0;
+    step.seqs.push_back(ss);
+    const int end = s.start_pos + s.num_tokens;
+    if (s.start_pos < 0 || s.num_tokens <= 0 || s.logits_row >= batch.num_logits_rows)
+      return InvalidArgument("sequence {}: a malformed step entry", s.seq_id);
+    held_[s.seq_id] = s.dp_rank;
+    if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
+    if (backup_ && s.backup_slot >= 0) {
+      backup_->SetProgress(s.seq_id, writers_[s.dp_rank], end);
+    }
+  }
+  const int64_t ns = ToNanos(cost_->StepSeconds(step));
+  clock_->Advance(ns);
+  if (timing != nullptr) {
+    *timing = StepTiming{};
+    timing->wall_ns = ns;
+    timing->emulated_ns = ns;
+  }
+  return static_cast<const float*>(nullptr);
+}
+
+Status SimExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {
+  FS_RETURN_IF_ERROR(FailIfDown(plan_.active));
+  for (int64_t id : seq_ids) held_.erase(id);
+  return Status::Ok();
+}
+
+std::vector<int> SimExecutor::alive_devices() const {
+  std::vector<int> out;
+  const int64_t now = clock_->NowNanos();
+  for (int d = 0; d < options_.num_devices; ++d) {
+    if (Up(d) || loss_[d].detected_ns > now) out.push_back(d);
+  }
+  return out;
+}
+
+bool SimExecutor::any_down() const {
+  for (int d : plan_.alive) {
+    if (!Up(d)) return true;
+  }
+  return false;
+}
+
+DeviceLoss SimExecutor::device_loss(int device) const {
+  if (device < 0 || device >= options_.num_devices || Up(device)) return {};
+  if (loss_[device].detected_ns > clock_->NowNanos()) return {};
+  return loss_[device];
+}
+
+Status SimExecutor::CheckHealth(int64_t timeout_ms) {
+  // A heartbeat finds every device that is down by its detection instant.
+  int64_t found = 0;
+  for (int d : plan_.alive) {
+    if (!Up(d)) found = std::max(found, loss_[d].detected_ns);
+  }
+  if (found > clock_->NowNanos()) clock_->Set(found);
+  return Status::Ok();
+}
+
+Result<std::vector<int64_t>> SimExecutor::KvCapacityFor(const Plan& plan) const {
+  if (!options_.kv_pages.empty()) {
+    if (static_cast<int>(options_.kv_pages.size()) < plan.num_devices)
+      return InvalidArgument("a KV pool for every device is needed");
+    return options_.kv_pages;
+  }
+  ClusterCostModel cost(plan, options_.model, options_.hw);
+  return cost.KvCapacityPages(options_.block_size, options_.max_batch_tokens);
+}
+
+Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
+                                           const DeviceRestores& seqs) {
+  FS_RETURN_IF_ERROR(FailIfDown(next.active));
+  const int64_t start = clock_->NowNanos();
+  auto next_cost = std::make_unique<ClusterCostModel>(next, options_.model, options_.hw);
+  FS_ASSIGN_OR_RETURN(std::vector<int64_t> capacity, KvCapacityFor(next));
+  const HardwareProfile& hw = options_.hw;
+  const PlanDiff diff = DiffPlans(plan_, next);
+  const int n = static_cast<int>(next.active.size());
+  const double slot_bytes = static_cast<double>(next_cost->KvBytesPerTokenSlot());
+  ApplyReport report;
+  double weights_s = 0, kv_s = 0;
+  std::unordered_map<int64_t, int> held;
+  for (int d : next.active) {
+    // Weights: everything again (a fresh plan), or what the device gains.
+    double pcie = 0, nvlink = 0;
+    if (mode == RecoveryMode::kRecompute || mode == RecoveryMode::kHost) {
+      pcie = static_cast<double>(next_cost->WeightBytes(d));
+    } else if (mode == RecoveryMode::kFull) {
+      pcie += static_cast<double>(diff.gained_tp_queries[d].size() * next_cost->QueryBytes() +
+                                  diff.gained_tp_heads[d].size() * next_cost->KvHeadBytes() +
+                                  diff.gained_shards[d].size() * next_cost->ShardBytes() +
+                                  diff.gained_chunks[d].size() * next_cost->ChunkBytes());
+      // A head group new to the DP set: a distinct piece from the host each,
+      // the rest from the other devices.
+      for (const auto& item : diff.gained_dp_heads[d]) {
+        if (plan_.IsActive(d) && plan_.HoldsTpHead(d, item.layer, item.index)) continue;
+        const double head = static_cast<double>(next_cost->HeadBytes());
+        if (!plan_.IsDpHead(item.layer, item.index)) {
+          pcie += head / n;
+          nvlink += head * (n - 1) / n;
+        } else {
+          pcie += head;
+        }
+      }
+    }
+    // KV: the slots the device restores, for the positions the engine
+    // restores. Without the tables of a counting block manager, the gained
+    // slots are what the device did not cache of the sequence before.
+    double kv_bytes = 0;
+    if (mode != RecoveryMode::kOracle && static_cast<size_t>(d) < seqs.size()) {
+      for (const SeqRestore& sr : seqs[d]) {
+        held[sr.seq_id] = sr.dp_rank;
+        if (sr.restore_tokens <= 0) continue;
+        int64_t gained = static_cast<int64_t>(sr.restore_slots.size());
+        if (gained == 0) {
+          const std::vector<int> after = next.KvSlots(d, sr.dp_rank);
+          auto was = held_.find(sr.seq_id);
+          if (was == held_.end() || !plan_.IsActive(d) || !plan_.IsActive(was->second)) {
+            gained = static_cast<int64_t>(after.size());
+          } else {
+            gained = CountGained(after, slots_[d][was->second]);
+          }
+        }
+        kv_bytes += slot_bytes * static_cast<double>(gained) * sr.restore_tokens;
+      }
+    } else if (static_cast<size_t>(d) < seqs.size()) {
+      for (const SeqRestore& sr : seqs[d]) held[sr.seq_id] = sr.dp_rank;
+    }
+    ApplyStats st;
+    st.host_bytes = static_cast<int64_t>(pcie);
+    st.peer_bytes = static_cast<int64_t>(nvlink);
+    st.kv_restored_bytes = static_cast<int64_t>(kv_bytes);
+    const double w = pcie / hw.pcie_bytes_per_s + nvlink / hw.nvlink_bytes_per_s;
+    const double k = kv_bytes / hw.pcie_bytes_per_s;
+    st.weights_ns = st.weights_wall_ns = ToNanos(w);
+    st.kv_ns = st.kv_wall_ns = ToNanos(k);
+    weights_s = std::max(weights_s, w);
+    kv_s = std::max(kv_s, k);
+    report.devices.push_back(d);
+    report.stats.push_back(st);
+  }
+  // The devices form a group, load weights, then restore KV; serving waits
+  // for the slowest device of each phase.
+  report.group_ns = ToNanos(options_.group_s);
+  clock_->Advance(report.group_ns + ToNanos(weights_s) + ToNanos(kv_s));
+  report.wall_ns = clock_->NowNanos() - start;
+  plan_ = next;
+  cost_ = std::move(next_cost);
+  capacity_ = std::move(capacity);
+  held_ = std::move(held);  // a plan change drops every sequence it does not list
+  CacheSlots();
+  return report;
+}
+
+Status SimExecutor::KillDevice(int device) {
+  if (device < 0 || device >= options_.num_devices) return InvalidArgument("no device {}", device);
+  if (!Up(device)) return FailedPrecondition("device {} is not alive", device);
+  const int64_t now = clock_->NowNanos();
+  loss_[device] = {now, now + ToNanos(options_.hw.failure_detect_s), "its process exited"};
+  return Status::Ok();
+}
+
+Status SimExecutor::HangDevice(int device, double detect_s) {
+  if (device < 0 || device >= options_.num_devices) return InvalidArgument("no device {}", device);
+  if (!Up(device)) return FailedPrecondition("device {} is not alive", device);
+  const int64_t now = clock_->NowNanos();
+  loss_[device] = {now, now + ToNanos(detect_s),
+                   fmt::format("no progress for {:.0f} ms", detect_s * 1e3)};
+  return Status::Ok();
+}
+
+Status SimExecutor::SpawnDevice(int device) {
+  if (device < 0 || device >= options_.num_devices) return InvalidArgument("no device {}", device);
+  if (Up(device)) return FailedPrecondition("device {} is alive", device);
+  // The engine must have seen it go before a new one takes its place.
+  if (loss_[device].detected_ns > clock_->NowNanos()) clock_->Set(loss_[device].detected_ns);
+  loss_[device] = {};
+  return Status::Ok();
+}
+
+}  // namespace failsafe

@@ -159,20 +159,20 @@ double RunPrefill(Executor& exec, int tokens, int reps) {
 }
 
 // The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down,
-// and whether the engine holds the weights blocked (worker/item_matrix.h:
-// [n, k] weights whose items are a multiple of 16 rows: heads, FFN shards).
+// and the rows of the items the engine holds [n, k] weights blocked in
+// (worker/item_matrix.h: heads, FFN shards; 0: row-major).
 struct Shape {
   int n, k;
   bool nt;
-  bool blocked;
+  int item_rows;
 };
 std::vector<Shape> LinearShapes(const ModelConfig& c) {
   const int g = c.group_size(), hd = c.head_dim, h = c.hidden_size;
   const int shard_width = PlanShape::ForModel(c).shard_width;
-  return {{c.num_kv_heads * (g + 2) * hd, h, true, hd % 16 == 0},
-          {h, c.q_dim(), false, false},
-          {2 * c.intermediate_size, h, true, (2 * shard_width) % 16 == 0},
-          {h, c.intermediate_size, false, false}};
+  return {{c.num_kv_heads * (g + 2) * hd, h, true, hd},
+          {h, c.q_dim(), false, 0},
+          {2 * c.intermediate_size, h, true, 2 * shard_width},
+          {h, c.intermediate_size, false, 0}};
 }
 
 // Median over reps of the time of one layer's linear shapes for m rows, times
@@ -208,7 +208,7 @@ double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
 }
 
 // The engine's own GEMM on the layers' shapes (weights of `dtype`), with the
-// [n, k] weights blocked where the engine holds them blocked (Shape; the
+// [n, k] weights blocked as the engine holds them (Shape; the
 // weights are all equal, so the layout changes how they are read, not y).
 double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
                       std::optional<CpuIsa> isa, int reps) {
@@ -219,7 +219,8 @@ double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
     a.w = w;
     a.wtype = dtype;
     a.ldw = s.nt ? s.k : s.n;
-    a.w_blocked16 = s.blocked;
+    a.w_blocked16 = s.item_rows > 0;
+    a.w_item_rows = s.item_rows;
     a.nt = s.nt;
     a.m = m;
     a.n = s.n;

@@ -19,17 +19,19 @@
 namespace failsafe {
 
 // A weight matrix in device memory: elements of `dtype`, row-major or (for
-// LinearNT, n a multiple of 16) in blocks of 16 rows stored k-major
-// (Blocked16Index below), which the kernels read as it lies.
-// bf16 and f16 weights stay 16-bit; the kernels widen them exactly in
-// registers.
+// LinearNT) blocked: items of `blocked_rows` rows (0: the whole matrix, n
+// rows) one after another, each in blocks of 16 rows stored k-major and a
+// last block of its remaining rows (Blocked16Index below), which the kernels
+// read as it lies. bf16 and f16 weights stay 16-bit; the kernels widen them
+// exactly in registers.
 struct WeightsRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   bool blocked16 = false;
+  int blocked_rows = 0;
   WeightsRef() = default;
-  WeightsRef(const void* d, DType t, bool blocked = false)
-      : data(d), dtype(t), blocked16(blocked) {}
+  WeightsRef(const void* d, DType t, bool blocked = false, int item_rows = 0)
+      : data(d), dtype(t), blocked16(blocked), blocked_rows(item_rows) {}
   WeightsRef(const float* f32) : data(f32) {}  // NOLINT: f32 weights convert implicitly
 };
 
@@ -37,20 +39,26 @@ struct WeightsRef {
 // widening to f32 is then in-lane (see Blocked16Index).
 inline bool Blocked16Pairs(DType dtype) { return dtype == DType::kBF16; }
 
-// Where element (r, kk) of an [n, k] matrix of `dtype` lies in the blocked
-// layout (in elements from its start): blocks of 16 rows one after another,
-// 16 * k elements each, each k-major.
-//  - f32, f16: the 16 rows' values for one kk side by side ([k][16]).
+// Where element (r, kk) of a [rows, k] matrix of `dtype` lies in the blocked
+// layout (in elements from its start; rows * k elements in all, no padding):
+// blocks of 16 rows one after another, 16 * k elements each, then the last
+// rows % 16 rows (the tail) in a block of that width; every block k-major,
+// `width` rows side by side per k-value:
+//  - f32, f16: the block's values for one kk side by side ([k][width]).
 //  - bf16: k-values in pairs, (kk, kk + 1) of a row side by side in one
-//    32-bit lane, the 16 rows' pairs one after another ([k / 2][16][2]); when
-//    k is odd, the last k-value's 16 values follow as f32's do. The pair of
-//    k-values kk, kk + 1 (kk even) starts at kk * 16, as in the f32 layout;
-//    one 64-byte vector holds both, and a shift (even kk) and a mask (odd kk)
-//    widen them exactly without moving a value across lanes.
-inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t k, DType dtype) {
-  const int64_t block = (r / 16) * 16 * k, q = r % 16;
-  if (!Blocked16Pairs(dtype) || (k % 2 == 1 && kk == k - 1)) return block + kk * 16 + q;
-  return block + (kk & ~int64_t{1}) * 16 + q * 2 + (kk & 1);
+//    32-bit lane, the block's pairs one after another ([k / 2][width][2]);
+//    when k is odd, the last k-value's values follow as f32's do. The pair
+//    of k-values kk, kk + 1 (kk even) starts at kk * width, as in the f32
+//    layout; for a block of 16 one 64-byte vector holds both, and a shift
+//    (even kk) and a mask (odd kk) widen them exactly without moving a value
+//    across lanes.
+inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t rows, int64_t k, DType dtype) {
+  const int64_t full = rows / 16 * 16;  // rows in blocks of 16
+  const bool tail = r >= full;
+  const int64_t width = tail ? rows - full : 16;
+  const int64_t block = (tail ? full : r / 16 * 16) * k, q = tail ? r - full : r % 16;
+  if (!Blocked16Pairs(dtype) || (k % 2 == 1 && kk == k - 1)) return block + kk * width + q;
+  return block + (kk & ~int64_t{1}) * width + q * 2 + (kk & 1);
 }
 
 struct AttentionArgs {

@@ -164,7 +164,8 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   const int w = plan.shape.shard_width;
   const DType wt = host.MatrixDType();
   // The matrices LinearNT multiplies by ([n, k]: q/k/v, gate/up, the
-  // vocabulary) are held blocked, read as they lie; the transposed-stored
+  // vocabulary) are held blocked whatever their rows per item (an item's last
+  // rows % 16 rows in a narrower block), read as they lie; the transposed-stored
   // o and down projections stay row-major (LinearNNFixed streams their rows).
   constexpr bool kBlocked = true;
   layers_.assign(c.num_layers, {});

@@ -77,8 +77,8 @@ float ElementAt(const unsigned char* base, DType t, int64_t i) {
 }
 
 // Index of element (r, c) of an item [rows, cols] in its storage.
-int64_t StorageIndex(bool blocked, int64_t r, int64_t c, int64_t cols, DType t) {
-  return blocked ? Blocked16Index(r, c, cols, t) : r * cols + c;
+int64_t StorageIndex(bool blocked, int64_t r, int64_t c, int64_t rows, int64_t cols, DType t) {
+  return blocked ? Blocked16Index(r, c, rows, cols, t) : r * cols + c;
 }
 
 }  // namespace
@@ -90,7 +90,7 @@ void ItemMatrix::ReadRows(int item, int row, int rows, float* dst) const {
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < cols_; ++c)
         dst[static_cast<int64_t>(r) * cols_ + c] =
-            ElementAt(base, dtype_, Blocked16Index(row + r, c, cols_, dtype_));
+            ElementAt(base, dtype_, Blocked16Index(row + r, c, rows_per_item_, cols_, dtype_));
     }
     return;
   }
@@ -140,7 +140,7 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
       for (int r = 0; r < rows_per_item_; ++r) {
         for (int c = 0; c < cols_; ++c) {
           const float v = item[static_cast<size_t>(r) * cols_ + c];
-          const int64_t at = StorageIndex(blocked_, r, c, cols_, dtype_);
+          const int64_t at = StorageIndex(blocked_, r, c, rows_per_item_, cols_, dtype_);
           switch (dtype_) {
             case DType::kF32:
               reinterpret_cast<float*>(dst)[at] = v;

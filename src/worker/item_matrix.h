@@ -39,15 +39,12 @@ class ItemMatrix {
   };
 
   ItemMatrix() = default;
-  // blocked: hold each item in blocks of 16 rows stored k-major
-  // (Blocked16Index, which pairs bf16's k-values: what LinearNT reads
-  // fastest, no transposing or packing per call), if rows_per_item is a
-  // multiple of 16; else row-major.
+  // blocked: hold each item in blocks of 16 rows stored k-major and a last
+  // block of its remaining rows (Blocked16Index with the item's rows, which
+  // pairs bf16's k-values: what LinearNT reads fastest, no transposing or
+  // packing per call, in the same bytes as row-major); else row-major.
   ItemMatrix(int rows_per_item, int cols, DType dtype = DType::kF32, bool blocked = false)
-      : rows_per_item_(rows_per_item),
-        cols_(cols),
-        dtype_(dtype),
-        blocked_(blocked && rows_per_item % 16 == 0) {}
+      : rows_per_item_(rows_per_item), cols_(cols), dtype_(dtype), blocked_(blocked) {}
 
   int rows_per_item() const { return rows_per_item_; }
   int cols() const { return cols_; }
@@ -56,7 +53,9 @@ class ItemMatrix {
   int64_t item_elements() const { return static_cast<int64_t>(rows_per_item_) * cols_; }
   int64_t item_bytes() const { return item_elements() * static_cast<int64_t>(DTypeSize(dtype_)); }
   // A segment's rows as the kernels take them.
-  WeightsRef Weights(const Segment& s) const { return {s.data, dtype_, blocked_}; }
+  WeightsRef Weights(const Segment& s) const {
+    return {s.data, dtype_, blocked_, blocked_ ? rows_per_item_ : 0};
+  }
   // Segments ascending by item id.
   const std::vector<Segment>& segments() const { return segments_; }
   int num_items() const;

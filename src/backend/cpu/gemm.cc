@@ -68,18 +68,28 @@ void Gemm(const GemmArgs& a) {
     }
     return;
   }
-  FS_CHECK_MSG(!a.w_blocked16 || (a.nt && a.n % 16 == 0 && !a.w_rows),
-               "a blocked weight is nt with n a multiple of 16");
+  FS_CHECK_MSG(
+      !a.w_blocked16 || (a.nt && !a.w_rows && a.w_item_rows >= 0 && a.n % BlockedItemRows(a) == 0),
+      "a blocked weight is nt, with n a multiple of its item's rows");
   const GemmKernels& kern = KernelsFor(GemmIsaFor(a.isa));
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
   // Threads take contiguous ranges of output columns: no element is split.
   if (a.nt && a.m <= kDirectRows) {
     if (threads == 1) return kern.direct(a, 0, a.n);
+    // Units of 16 columns (blocked: the blocks and tails of the items).
+    const int units =
+        a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedUnitsPerItem(a) : (a.n + 15) / 16;
 #pragma omp parallel num_threads(threads)
     {
-      auto [j0, j1] = Piece((a.n + 15) / 16, omp_get_num_threads(), omp_get_thread_num());
-      if (j0 < j1) kern.direct(a, 16 * j0, std::min(a.n, 16 * j1));
+      auto [u0, u1] = Piece(units, omp_get_num_threads(), omp_get_thread_num());
+      if (u0 < u1) {
+        if (a.w_blocked16) {
+          kern.direct(a, BlockedUnitColumn(a, u0), BlockedUnitColumn(a, u1));
+        } else {
+          kern.direct(a, 16 * u0, std::min(a.n, 16 * u1));
+        }
+      }
     }
     return;
   }
@@ -97,7 +107,8 @@ void Gemm(const GemmArgs& a) {
     }
     return;
   }
-  const int panels = (a.n + kNR - 1) / kNR;
+  const int panels =
+      a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedPanelsPerItem(a) : (a.n + kNR - 1) / kNR;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int p = 0; p < panels; ++p) kern.panel(a, p, Scratch(static_cast<int64_t>(a.k) * kNR));
 }

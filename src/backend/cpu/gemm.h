@@ -10,10 +10,12 @@
 // Layout: with many rows, register tiles of rows x 32 columns (8 rows with
 // AVX-512, 3 with AVX2) run over a panel of 32 columns of weights packed
 // k-major (the [n, k] layout of Hugging Face Linear weights is transposed
-// 16 x 16 block by block). With few rows the weights are read once as they
-// lie: [n, k] sixteen rows at a time, transposed in registers; [k, n] row
-// after row into accumulators that stay in cache. Threads take whole column
-// ranges.
+// 16 x 16 block by block; blocked weights, w_blocked16, are k-major
+// already). With few rows the weights are read once as they lie: blocked
+// [n, k] one vector per 16 rows and k-value (an item's tail of fewer rows in
+// the first lanes of a vector), row-major [n, k] sixteen rows at a time,
+// transposed in registers; [k, n] row after row into accumulators that stay
+// in cache. Threads take whole column ranges.
 //
 // Weights may be f32, bf16 or f16 (wtype): 16-bit values are widened exactly
 // to f32 in registers, so the chain is the one their f32 copy would give.
@@ -57,10 +59,13 @@ struct GemmArgs {
   int64_t ldw = 0;
   DType wtype = DType::kF32;
   const float* const* w_rows = nullptr;  // if set, row r of w (nt: r < n; nn: r < k); f32 only
-  // nt only, n a multiple of 16: w is stored in blocks of 16 rows, k-major:
-  // w[r][kk] at w + Blocked16Index(r, kk, k) (backend/backend.h; ldw
-  // unused). The kernels read it as it lies, without transposing or packing.
+  // nt only: w is blocked, items of w_item_rows rows (0: one item of n rows;
+  // n a multiple of it) one after another, w_item_rows * k elements each,
+  // row r of item i at kk at w + i * w_item_rows * k + Blocked16Index(r, kk,
+  // w_item_rows, k) (backend/backend.h; ldw unused). The kernels read it as it
+  // lies, without transposing or packing, and never past its end.
   bool w_blocked16 = false;
+  int w_item_rows = 0;
   bool nt = true;
   int m = 0, n = 0, k = 0;
   GemmOut out = GemmOut::kStore;

@@ -5,12 +5,14 @@
 //
 // Weights are f32, bf16 or f16 (GemmArgs::wtype); 16-bit weights are widened
 // exactly to f32 in registers (bf16: a shift; f16: a conversion), so the chain
-// of fused multiply-adds is the one the same values in f32 would give.
+// of fused multiply-adds is the one the same values in f32 would give. The
+// kernels on blocked weights are in gemm_blocked_impl.h, included below.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <utility>
 
+#include "backend/backend.h"
 #include "backend/cpu/gemm_kernels.h"
 #include "backend/cpu/simd.h"
 #include "common/fixed_point.h"
@@ -548,109 +550,21 @@ void Pack(const GemmArgs& a, int j0, int cols, float* out) {
   }
 }
 
-// Block b of a blocked weight: rows [16b, 16b + 16), k-major.
-template <typename W>
-FS_INLINE const W* Block(const GemmArgs& a, int b) {
-  return static_cast<const W*>(a.w) + static_cast<int64_t>(b) * 16 * a.k;
-}
+}  // namespace
+}  // namespace failsafe::cpu
+
+#include "backend/cpu/gemm_blocked_impl.h"
+
+namespace failsafe::cpu {
+namespace {
 
 template <typename W>
 void PackedPanel(const GemmArgs& a, int panel, float* packed) {
+  if (a.w_blocked16) return BlockedPanel<W>(a, panel, packed);
   const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
-  if (a.w_blocked16) {  // already k-major: no transposing
-    const W* b0 = Block<W>(a, j0 / 16);
-    const Panel<W> p{b0, cols > 16 ? Block<W>(a, j0 / 16 + 1) : b0, 16, cols};
-    if (std::is_same_v<W, float> || a.m <= kMR) {
-      for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<W>(a, i0, std::min(kMR, a.m - i0), j0, p);
-      return;
-    }
-    // 16-bit weights under several tiles: widened once into the panel (the
-    // same values), not once per tile.
-    int kk = 0;
-    if constexpr (kPairs<W>) {
-      for (; kk + 2 <= a.k; kk += 2) {
-        for (int h = 0; h < 2; ++h) {
-          V16 e, o;
-          LoadPair((h ? p.b1 : p.b0) + static_cast<int64_t>(kk) * 16, &e, &o);
-          Store(packed + static_cast<int64_t>(kk) * kNR + 16 * h, e);
-          Store(packed + static_cast<int64_t>(kk + 1) * kNR + 16 * h, o);
-        }
-      }
-    }
-    for (; kk < a.k; ++kk) {
-      Store(packed + static_cast<int64_t>(kk) * kNR, Load(p.b0 + static_cast<int64_t>(kk) * 16));
-      Store(packed + static_cast<int64_t>(kk) * kNR + 16,
-            Load(p.b1 + static_cast<int64_t>(kk) * 16));
-    }
-    const Panel<float> wide{packed, packed + 16, kNR, cols};
-    for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, wide);
-    return;
-  }
   Pack<W>(a, j0, cols, packed);
   const Panel<float> p{packed, packed + 16, kNR, cols};
   for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, p);
-}
-
-// nt with few rows on a blocked weight: NB blocks (16 NB columns) stream side
-// by side, one vector of each per k-value, into MR x NB accumulators.
-template <int MR, int NB, typename W>
-void DirectBlocked(const GemmArgs& a, int j0) {
-  V16 acc[MR][NB];
-  const W* b[NB];
-#pragma GCC unroll 4
-  for (int q = 0; q < NB; ++q) b[q] = Block<W>(a, j0 / 16 + q);
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int q = 0; q < NB; ++q) {
-      acc[i][q] = a.out == GemmOut::kAccumulate
-                      ? Load(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q)
-                      : V16{};
-    }
-  }
-  int kk = 0;
-  if constexpr (kPairs<W>) {
-    // Two k-values per vector, widened in-lane; each accumulator takes the
-    // even one, then the odd one.
-    for (; kk + 2 <= a.k; kk += 2) {
-      V16 we[NB], wo[NB];
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &we[q], &wo[q]);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const V16 s = Splat(a.x[i * a.ldx + kk]), t = Splat(a.x[i * a.ldx + kk + 1]);
-#pragma GCC unroll 4
-        for (int q = 0; q < NB; ++q) {
-          acc[i][q] = Fma(s, we[q], acc[i][q]);
-          acc[i][q] = Fma(t, wo[q], acc[i][q]);
-        }
-      }
-    }
-  }
-  for (; kk < a.k; ++kk) {
-    V16 w[NB];
-#pragma GCC unroll 4
-    for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const V16 s = Splat(a.x[i * a.ldx + kk]);
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) acc[i][q] = Fma(s, w[q], acc[i][q]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int q = 0; q < NB; ++q)
-      Store(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q, acc[i][q]);
-  }
-}
-
-template <int MR, typename W>
-void DirectBlockedRange(const GemmArgs& a, int j0, int j1) {
-  int j = j0;
-  for (; j + 64 <= j1; j += 64) DirectBlocked<MR, 4, W>(a, j);
-  for (; j < j1; j += 16) DirectBlocked<MR, 1, W>(a, j);
 }
 
 // The entry points, by weight type.

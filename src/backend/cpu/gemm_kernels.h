@@ -9,6 +9,7 @@
 // caller (one buffer per thread).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cpu/gemm.h"
@@ -20,14 +21,29 @@ inline constexpr int kStreamRows = 4;     // nn with at most this many rows: Str
 inline constexpr int kStreamCols = 4096;  // accumulators of one Stream call (floats)
 inline constexpr int kNR = 32;            // columns of a packed panel
 
+// A blocked weight's items (GemmArgs::w_blocked16): rows of each, and its
+// units, the blocks of 16 rows and the tail of each item in order (what
+// threads share out in decode), and its panels of up to 32 rows, per item.
+inline int BlockedItemRows(const GemmArgs& a) { return a.w_item_rows > 0 ? a.w_item_rows : a.n; }
+inline int BlockedUnitsPerItem(const GemmArgs& a) { return (BlockedItemRows(a) + 15) / 16; }
+inline int BlockedPanelsPerItem(const GemmArgs& a) { return (BlockedItemRows(a) + kNR - 1) / kNR; }
+// The first output column of unit u (u may be the number of units: n).
+inline int BlockedUnitColumn(const GemmArgs& a, int u) {
+  const int per = BlockedUnitsPerItem(a), rows = BlockedItemRows(a);
+  return std::min(a.n, u / per * rows + u % per * 16);
+}
+
 struct GemmKernels {
   int tile_rows;  // rows of a register tile over a packed panel
-  // nt, a.m <= kDirectRows: output columns [j0, j1).
+  // nt, a.m <= kDirectRows: output columns [j0, j1) (blocked: j0, j1 at
+  // the start of a unit, BlockedUnitColumn).
   void (*direct)(const GemmArgs& a, int j0, int j1);
   // nn, a.m <= kStreamRows: columns [c0, c0 + cols), cols <= kStreamCols / a.m.
   // scratch: StreamScratchFloats() floats.
   void (*stream)(const GemmArgs& a, int c0, int cols, float* scratch);
-  // Any shape: the kNR columns of panel `panel`, every row. packed: a.k * kNR floats.
+  // Any shape: the columns of panel `panel` (kNR columns from kNR * panel;
+  // blocked: BlockedPanelsPerItem per item), every row. packed: a.k * kNR
+  // floats.
   void (*panel)(const GemmArgs& a, int panel, float* packed);
 };
 

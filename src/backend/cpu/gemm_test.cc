@@ -38,7 +38,7 @@ struct Case {
 
 // Output of one Gemm call: y as float bits, or the fixed-point sums.
 std::vector<int64_t> RunGemm(const Case& c, const std::vector<float>& x, const void* w, DType wtype,
-                             CpuIsa isa, int threads, bool blocked = false) {
+                             CpuIsa isa, int threads, bool blocked = false, int item_rows = 0) {
   GemmArgs a;
   a.x = x.data();
   a.ldx = c.k + 1;
@@ -54,6 +54,7 @@ std::vector<int64_t> RunGemm(const Case& c, const std::vector<float>& x, const v
   a.isa = isa;
   a.item_k = c.item_k;
   a.w_blocked16 = blocked;
+  a.w_item_rows = item_rows;
   const int64_t ld = c.n + 3;
   std::vector<float> y = Random(static_cast<size_t>(c.m) * ld, 99);
   std::vector<int64_t> acc(static_cast<size_t>(c.m) * ld, 12345);
@@ -136,33 +137,48 @@ TEST(GemmLevels, SixteenBitWeightsComputeTheChainsOfTheirF32Values) {
   }
 }
 
-// Weights stored in blocks of 16 rows, k-major (read where they lie): the
-// same chains as the row-major layout, every level, every weight type.
+// Weights stored blocked (read where they lie): items of any number of rows,
+// each in blocks of 16 rows and a tail, k-major. The same chains as the
+// row-major layout, every level, every weight type, one thread or two.
 TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
+  struct Items {
+    int rows, count;  // item_rows (0: one item of `rows`), items
+  };
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int m : {1, 2, 4, 5, 9, 40}) {
-      for (auto [n, k] : {std::pair{16, 37}, std::pair{48, 64}, std::pair{160, 100}}) {
-        for (GemmOut out : {GemmOut::kStore, GemmOut::kAccumulate}) {
-          const Case c{true, m, n, k, out, 0};
-          auto x = Random(static_cast<size_t>(m) * (k + 1), 7);
-          auto w = Random(static_cast<size_t>(n) * k, 8);
-          const size_t esize = t == DType::kF32 ? 4 : 2;
-          std::vector<unsigned char> rows(w.size() * esize), blocked(rows.size());
-          for (int r = 0; r < n; ++r) {
-            for (int kk = 0; kk < k; ++kk) {
-              const float v = w[static_cast<size_t>(r) * k + kk];
-              uint16_t h = t == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
-              const void* src = t == DType::kF32 ? static_cast<const void*>(&v) : &h;
-              std::memcpy(&rows[(static_cast<size_t>(r) * k + kk) * esize], src, esize);
-              std::memcpy(&blocked[Blocked16Index(r, kk, k, t) * esize], src, esize);
+      for (int k : {1, 37, 64, 100}) {
+        for (Items it : {Items{16, 1}, Items{48, 1}, Items{160, 1}, Items{88, 3}, Items{24, 2},
+                         Items{5, 7}, Items{44, 1}, Items{100, 2}}) {
+          for (GemmOut out : {GemmOut::kStore, GemmOut::kAccumulate}) {
+            const int n = it.rows * it.count;
+            const Case c{true, m, n, k, out, 0};
+            auto x = Random(static_cast<size_t>(m) * (k + 1), 7);
+            auto w = Random(static_cast<size_t>(n) * k, 8);
+            const size_t esize = t == DType::kF32 ? 4 : 2;
+            // Exactly the row-major bytes: the vector blocked holds nothing after
+            // the weight, so a read past it would be caught by sanitizers.
+            std::vector<unsigned char> rows(w.size() * esize), blocked(rows.size());
+            for (int r = 0; r < n; ++r) {
+              for (int kk = 0; kk < k; ++kk) {
+                const float v = w[static_cast<size_t>(r) * k + kk];
+                uint16_t h = t == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
+                const void* src = t == DType::kF32 ? static_cast<const void*>(&v) : &h;
+                std::memcpy(&rows[(static_cast<size_t>(r) * k + kk) * esize], src, esize);
+                const int64_t item = r / it.rows;
+                const int64_t at =
+                    item * it.rows * k + Blocked16Index(r % it.rows, kk, it.rows, k, t);
+                std::memcpy(&blocked[static_cast<size_t>(at) * esize], src, esize);
+              }
             }
-          }
-          const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
-          for (CpuIsa isa : Levels()) {
-            for (int threads : {1, 2}) {
-              EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true), want)
-                  << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " n=" << n
-                  << " k=" << k << " threads=" << threads;
+            const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
+            for (CpuIsa isa : Levels()) {
+              for (int threads : {1, 2}) {
+                EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true,
+                                  it.count > 1 ? it.rows : 0),
+                          want)
+                    << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " items "
+                    << it.count << "x" << it.rows << " k=" << k << " threads=" << threads;
+              }
             }
           }
         }
@@ -171,30 +187,36 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
   }
 }
 
-// The blocked layout gives every element of a block its own place, within
-// the block's 16 * k elements; bf16 holds k-values kk, kk + 1 (kk even) of a
-// row in one 32-bit lane, at the place f32 holds kk's 16 values.
+// The blocked layout gives every element its own place within its block
+// (rows / 16 blocks of 16 rows, then a tail of rows % 16), no padding; bf16
+// holds k-values kk, kk + 1 (kk even) of a row in one 32-bit lane, at the
+// place f32 holds kk's values.
 TEST(Blocked16Layout, EveryElementHasItsPlaceAndBf16PairsKValues) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int k : {1, 2, 7, 64}) {
-      const int n = 32;
-      std::vector<int> seen(static_cast<size_t>(n) * k, 0);
-      for (int r = 0; r < n; ++r) {
-        for (int kk = 0; kk < k; ++kk) {
-          const int64_t at = Blocked16Index(r, kk, k, t);
-          ASSERT_GE(at, (r / 16) * 16 * int64_t{k});
-          ASSERT_LT(at, (r / 16 + 1) * 16 * int64_t{k});
-          ++seen[static_cast<size_t>(at)];
-          const bool paired = t == DType::kBF16 && !(k % 2 == 1 && kk == k - 1);
-          const int64_t lane_start = (r / 16) * 16 * int64_t{k} + (kk & ~1) * 16;
-          if (paired) {
-            EXPECT_EQ(at, lane_start + 2 * (r % 16) + kk % 2) << r << " " << kk << " " << k;
-          } else {
-            EXPECT_EQ(at, (r / 16) * 16 * int64_t{k} + kk * 16 + r % 16);
+      for (int n : {16, 32, 44, 88, 5, 500}) {
+        const int full = n / 16 * 16;
+        std::vector<int> seen(static_cast<size_t>(n) * k, 0);
+        for (int r = 0; r < n; ++r) {
+          const int64_t width = r < full ? 16 : n - full;
+          const int64_t start = (r < full ? r / 16 * 16 : full) * int64_t{k};
+          const int64_t q = r < full ? r % 16 : r - full;
+          for (int kk = 0; kk < k; ++kk) {
+            const int64_t at = Blocked16Index(r, kk, n, k, t);
+            ASSERT_GE(at, start);
+            ASSERT_LT(at, start + width * k);
+            ++seen[static_cast<size_t>(at)];
+            const bool paired = t == DType::kBF16 && !(k % 2 == 1 && kk == k - 1);
+            if (paired) {
+              EXPECT_EQ(at, start + (kk & ~1) * width + 2 * q + kk % 2)
+                  << r << " " << kk << " " << k;
+            } else {
+              EXPECT_EQ(at, start + kk * width + q);
+            }
           }
         }
+        for (int c : seen) ASSERT_EQ(c, 1);
       }
-      for (int c : seen) ASSERT_EQ(c, 1);
     }
   }
 }

@@ -29,6 +29,7 @@ GemmArgs Args(const float* x, int64_t ldx, WeightsRef w, bool nt, int m, int n, 
   a.w = w.data;
   a.wtype = w.dtype;
   a.w_blocked16 = w.blocked16;
+  a.w_item_rows = w.blocked_rows;
   a.ldw = nt ? k : n;
   a.nt = nt;
   a.m = m;

@@ -1,0 +1,226 @@
+// The GEMM's kernels on blocked weights (GemmArgs::w_blocked16: items in
+// blocks of 16 rows and a tail, k-major, Blocked16Index in
+// backend/backend.h), read where they lie. Part of gemm_impl.h, which
+// includes it after the register tiles it uses (Panel, TileRows); not a
+// header of its own.
+//
+// The chains are those of every other path (gemm.h): each output element
+// takes its k-values in increasing order, bf16 pairs even then odd.
+#pragma once
+
+namespace failsafe::cpu {
+namespace {
+
+// A block of 16 rows of a blocked weight (k-major, 16 wide), widened into 16
+// columns of a packed panel: dst[kk * kNR + q].
+template <typename W>
+void WidenBlock(const W* b, int k, float* dst) {
+  int kk = 0;
+  if constexpr (kPairs<W>) {
+    for (; kk + 2 <= k; kk += 2) {
+      V16 e, o;
+      LoadPair(b + static_cast<int64_t>(kk) * 16, &e, &o);
+      Store(dst + static_cast<int64_t>(kk) * kNR, e);
+      Store(dst + static_cast<int64_t>(kk + 1) * kNR, o);
+    }
+  }
+  for (; kk < k; ++kk)
+    Store(dst + static_cast<int64_t>(kk) * kNR, Load(b + static_cast<int64_t>(kk) * 16));
+}
+
+// The tail of a blocked item of `rows` rows (its last rows % 16 rows, from
+// `item`'s start), widened into the first columns of a packed panel.
+template <typename W>
+void WidenTail(const GemmArgs& a, const W* item, int rows, float* dst) {
+  const int full = rows / 16 * 16;
+  for (int kk = 0; kk < a.k; ++kk) {
+    for (int q = 0; q < rows - full; ++q) {
+      dst[static_cast<int64_t>(kk) * kNR + q] =
+          Widen(item[Blocked16Index(full + q, kk, rows, a.k, a.wtype)]);
+    }
+  }
+}
+
+// Panel `panel` of a blocked weight (BlockedPanelsPerItem per item), every
+// row: read where it lies, k-major already (no transposing); 16-bit weights
+// under several tiles and panels holding an item's tail are widened into
+// `packed` first (a.k * kNR floats).
+template <typename W>
+void BlockedPanel(const GemmArgs& a, int panel, float* packed) {
+  const int rows = BlockedItemRows(a), full = rows / 16 * 16;
+  const int per = BlockedPanelsPerItem(a), item = panel / per, r0 = panel % per * kNR;
+  const int cols = std::min(kNR, rows - r0), j0 = item * rows + r0;
+  const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(item) * rows * a.k;
+  const W* b0 = w + static_cast<int64_t>(r0) * a.k;
+  const W* b1 = cols > 16 ? b0 + 16 * static_cast<int64_t>(a.k) : b0;
+  if (r0 + cols <= full) {  // blocks of 16 rows only
+    if (std::is_same_v<W, float> || a.m <= kMR) {
+      const Panel<W> p{b0, b1, 16, cols};
+      for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+      return;
+    }
+    // 16-bit weights under several tiles: widened once into the panel (the
+    // same values), not once per tile.
+    WidenBlock(b0, a.k, packed);
+    WidenBlock(b1, a.k, packed + 16);
+  } else {
+    // The item's tail (and the block before it): widened into the panel.
+    if (r0 < full) WidenBlock(b0, a.k, packed);
+    WidenTail(a, w, rows, packed + (r0 < full ? 16 : 0));
+  }
+  const Panel<float> wide{packed, cols > 16 ? packed + 16 : packed, kNR, cols};
+  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, wide);
+}
+
+// nt with few rows on a blocked weight: NB blocks of 16 rows from `w` (16 NB
+// output columns from j0) stream side by side, one vector of each per
+// k-value, into MR x NB accumulators.
+template <int MR, int NB, typename W>
+void DirectBlocked(const GemmArgs& a, const W* w, int j0) {
+  V16 acc[MR][NB];
+  const W* b[NB];
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) b[q] = w + static_cast<int64_t>(q) * 16 * a.k;
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) {
+      acc[i][q] = a.out == GemmOut::kAccumulate
+                      ? Load(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q)
+                      : V16{};
+    }
+  }
+  int kk = 0;
+  if constexpr (kPairs<W>) {
+    // Two k-values per vector, widened in-lane; each accumulator takes the
+    // even one, then the odd one.
+    for (; kk + 2 <= a.k; kk += 2) {
+      V16 we[NB], wo[NB];
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &we[q], &wo[q]);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const V16 s = Splat(a.x[i * a.ldx + kk]), t = Splat(a.x[i * a.ldx + kk + 1]);
+#pragma GCC unroll 4
+        for (int q = 0; q < NB; ++q) {
+          acc[i][q] = Fma(s, we[q], acc[i][q]);
+          acc[i][q] = Fma(t, wo[q], acc[i][q]);
+        }
+      }
+    }
+  }
+  for (; kk < a.k; ++kk) {
+    V16 w[NB];
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const V16 s = Splat(a.x[i * a.ldx + kk]);
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) acc[i][q] = Fma(s, w[q], acc[i][q]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q)
+      Store(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q, acc[i][q]);
+  }
+}
+
+// Loads `count` elements of W at p into a vector, the other lanes 0: a tail's
+// values near the end of a weight, where a whole vector would read past it.
+template <typename W>
+FS_INLINE V16 LoadPart(const W* p, int count) {
+  W tmp[16] = {};
+  std::memcpy(tmp, p, sizeof(W) * count);
+  return Load(tmp);
+}
+FS_INLINE void LoadPairPart(const BF16* p, int lanes, V16* even, V16* odd) {
+  BF16 tmp[32] = {};
+  std::memcpy(tmp, p, sizeof(BF16) * 2 * lanes);
+  LoadPair(tmp, even, odd);
+}
+
+// nt with few rows on the tail of a blocked item: its t < 16 rows (output
+// columns [j0, j0 + t)) lie k-major, t wide (Blocked16Index). A vector read
+// at a k-value holds them in lanes [0, t); the lanes after hold the next
+// k-values' and are never stored.
+template <int MR, typename W>
+void DirectTail(const GemmArgs& a, const W* w, int t, int j0) {
+  V16 acc[MR];
+  float tmp[16];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    if (a.out == GemmOut::kAccumulate) {
+      std::memset(tmp, 0, sizeof(tmp));
+      std::memcpy(tmp, a.y + static_cast<int64_t>(i) * a.ldy + j0, sizeof(float) * t);
+      acc[i] = Load(tmp);
+    } else {
+      acc[i] = V16{};
+    }
+  }
+  const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of the tail
+  int kk = 0;
+  if constexpr (kPairs<W>) {
+    for (; kk + 2 <= a.k; kk += 2) {
+      const int64_t at = static_cast<int64_t>(kk) * t;
+      V16 e, o;
+      if (at + 32 <= end) {
+        LoadPair(w + at, &e, &o);
+      } else {
+        LoadPairPart(w + at, t, &e, &o);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        acc[i] = Fma(Splat(a.x[i * a.ldx + kk]), e, acc[i]);
+        acc[i] = Fma(Splat(a.x[i * a.ldx + kk + 1]), o, acc[i]);
+      }
+    }
+  }
+  for (; kk < a.k; ++kk) {
+    const int64_t at = static_cast<int64_t>(kk) * t;
+    const V16 v = at + 16 <= end ? Load(w + at) : LoadPart(w + at, t);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kk]), v, acc[i]);
+  }
+  for (int i = 0; i < MR; ++i) {
+    Store(tmp, acc[i]);
+    std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * t);
+  }
+}
+
+// Columns [j0, j1) of a blocked weight, j0 and j1 at the start of a unit
+// (BlockedUnitColumn): item by item, its blocks of 16 rows four at a time,
+// then the rest of them, then its tail.
+template <int MR, typename W>
+void DirectBlockedRange(const GemmArgs& a, int j0, int j1) {
+  const int rows = BlockedItemRows(a), full = rows / 16 * 16;
+  for (int j = j0; j < j1;) {
+    const int item = j / rows, c0 = item * rows;
+    const int r1 = std::min(rows, j1 - c0), b1 = std::min(r1, full);
+    const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(c0) * a.k;
+    int r = j - c0;
+    for (; r + 64 <= b1; r += 64)
+      DirectBlocked<MR, 4, W>(a, w + static_cast<int64_t>(r) * a.k, c0 + r);
+    switch ((b1 - r) / 16) {
+      case 3:
+        DirectBlocked<MR, 3, W>(a, w + static_cast<int64_t>(r) * a.k, c0 + r);
+        break;
+      case 2:
+        DirectBlocked<MR, 2, W>(a, w + static_cast<int64_t>(r) * a.k, c0 + r);
+        break;
+      case 1:
+        DirectBlocked<MR, 1, W>(a, w + static_cast<int64_t>(r) * a.k, c0 + r);
+        break;
+      default:
+        break;
+    }
+    if (r1 > full)
+      DirectTail<MR, W>(a, w + static_cast<int64_t>(full) * a.k, rows - full, c0 + full);
+    j = c0 + r1;
+  }
+}
+
+}  // namespace
+}  // namespace failsafe::cpu

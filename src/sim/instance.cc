@@ -49,7 +49,18 @@ Status SimInstance::Submit(const SimRequest& r) {
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_;
   seq->prompt_len = r.input;
-  seq->tokens.assign(r.input + (r.migrated ? 1 : 0), 0);
+  if (config_.sched.prefix_cache) {
+    // Real tokens: the cache hits exactly where the trace shares blocks.
+    WorkloadRequest w;
+    w.input_len = r.input;
+    w.hash_ids = r.hash_ids;
+    w.block_tokens = r.block_tokens;
+    seq->tokens = WorkloadPrompt(w, static_cast<int>(next_id_), config_.prompt_seed, 0,
+                                 config_.model.vocab_size);
+    if (r.migrated) seq->tokens.push_back(0);
+  } else {
+    seq->tokens.assign(r.input + (r.migrated ? 1 : 0), 0);
+  }
   seq->max_new_tokens = r.output;
   seq->arrival = r.arrival;
   if (r.migrated) seq->num_computed = r.input;

@@ -15,6 +15,7 @@
 #include "core/scheduler.h"
 #include "placement/replan.h"
 #include "sim/cost_model.h"
+#include "trace/workload.h"
 
 namespace failsafe {
 
@@ -23,6 +24,11 @@ struct SimRequest {
   int input = 0;
   int output = 0;
   bool migrated = false;  // decode instance: the prompt's KV arrives computed, first token sampled
+  // The trace's block ids of the prompt (trace/workload.h): with a prefix
+  // cache, equal ids give equal tokens, so the scheduler's cache sees the
+  // trace's sharing. Empty: a prompt of its own.
+  std::vector<int64_t> hash_ids = {};
+  int block_tokens = kTraceHashBlock;
 };
 
 struct InstanceConfig {
@@ -39,6 +45,7 @@ struct InstanceConfig {
   // the speeds its scheduler assumes (default: from the cost model).
   std::vector<int64_t> kv_pages;
   std::optional<DeviceSpeed> scheduler_speed;
+  uint64_t prompt_seed = 0;  // prompt tokens, when sched.prefix_cache
 };
 
 struct SimRecovery {

@@ -141,7 +141,9 @@ void Scheduler::PrepareCandidate(Sequence* s, const std::vector<int64_t>& pendin
 void Scheduler::DetachUnadmitted() {
   for (const Lookup& l : lookups_) {
     Sequence* s = l.s;
-    if (s->state == SeqState::kRunning) {
+    if (s->state == SeqState::kRunning && s->num_preemptions > 0) {
+      prefix_stats_.readmitted_hit_tokens += static_cast<int64_t>(l.hit) * kv_.block_size();
+    } else if (s->state == SeqState::kRunning) {
       prefix_stats_.lookup_blocks += l.looked_up;
       prefix_stats_.hit_blocks += l.hit;
       prefix_stats_.hit_tokens += static_cast<int64_t>(l.hit) * kv_.block_size();

@@ -70,12 +70,15 @@ struct SchedulerConfig {
   int64_t prefix_affinity_tokens = 8192;
 };
 
-// What the prefix cache saved, counted when requests are admitted.
+// What the prefix cache saved, counted when requests are admitted: first
+// admissions (the hit rate a trace's sharing allows), and re-admissions of
+// preempted requests apart (they find their own blocks again).
 struct PrefixCacheStats {
-  int64_t lookup_blocks = 0;  // full blocks of admitted requests looked up
-  int64_t hit_blocks = 0;     // of which cached
-  int64_t hit_tokens = 0;     // prompt tokens not computed thanks to hits
-  int64_t cached_blocks = 0;  // blocks in the cache now
+  int64_t lookup_blocks = 0;          // full blocks of first-admitted requests looked up
+  int64_t hit_blocks = 0;             // of which cached
+  int64_t hit_tokens = 0;             // prompt tokens not computed thanks to hits
+  int64_t readmitted_hit_tokens = 0;  // tokens preempted requests did not recompute
+  int64_t cached_blocks = 0;          // blocks in the cache now
   int64_t evicted_blocks = 0;
   double hit_rate() const {
     return lookup_blocks > 0 ? static_cast<double>(hit_blocks) / lookup_blocks : 0.0;

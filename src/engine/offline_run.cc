@@ -275,10 +275,10 @@ std::string RunSummary::ToText() const {
   }
   if (prefix_cache) {
     s += fmt::format(
-        "prefix cache         {:.1f}% of {} blocks hit, {} prompt tokens not computed, {} blocks "
-        "cached, {} evicted\n",
-        100 * prefix.hit_rate(), prefix.lookup_blocks, prefix.hit_tokens, prefix.cached_blocks,
-        prefix.evicted_blocks);
+        "prefix cache         {:.1f}% of {} blocks hit, {} prompt tokens not computed ({} more "
+        "of preempted requests), {} blocks cached, {} evicted\n",
+        100 * prefix.hit_rate(), prefix.lookup_blocks, prefix.hit_tokens,
+        prefix.readmitted_hit_tokens, prefix.cached_blocks, prefix.evicted_blocks);
   } else {
     s += "prefix cache         off\n";
   }
@@ -330,6 +330,7 @@ std::string RunSummary::ToJson() const {
                        {"hit_blocks", prefix.hit_blocks},
                        {"hit_rate", prefix.hit_rate()},
                        {"hit_tokens", prefix.hit_tokens},
+                       {"readmitted_hit_tokens", prefix.readmitted_hit_tokens},
                        {"cached_blocks", prefix.cached_blocks},
                        {"evicted_blocks", prefix.evicted_blocks}};
   if (!failure.empty()) j["failure"] = failure;

@@ -64,6 +64,7 @@ json ToJson(const CacheRun& r) {
           {"blocks_looked_up", r.prefix.lookup_blocks},
           {"blocks_hit", r.prefix.hit_blocks},
           {"prompt_tokens_saved", r.prefix.hit_tokens},
+          {"preempted_tokens_saved", r.prefix.readmitted_hit_tokens},
           {"prompt_tokens_computed", r.prompt_tokens_computed},
           {"evicted_blocks", r.prefix.evicted_blocks},
           {"tokens_per_s", r.tokens_per_s},
@@ -79,6 +80,7 @@ std::vector<std::string> Row(const std::string& name, const std::string& mode, c
           mode,
           Num(r.prefix.hit_rate()),
           std::to_string(r.prefix.hit_tokens),
+          std::to_string(r.prefix.readmitted_hit_tokens),
           std::to_string(r.prompt_tokens_computed),
           Num(r.tokens_per_s, 6),
           Num(r.ttft_s.mean),
@@ -138,11 +140,12 @@ Result<json> PrefixCache(const ExperimentOptions& o) {
     rows.push_back(Row(name, "online", online));
     out[name] = {{"offline", ToJson(offline)}, {"online", ToJson(online)}};
   }
-  FS_RETURN_IF_ERROR(WriteCsv(o.out_dir + "/prefix_cache.csv",
-                              {"system", "arrivals", "block_hit_rate", "prompt_tokens_saved",
-                               "prompt_tokens_computed", "tokens_per_s", "ttft_mean_s",
-                               "ttft_p50_s", "ttft_p90_s", "recovery_ms", "tokens_recomputed"},
-                              rows));
+  FS_RETURN_IF_ERROR(
+      WriteCsv(o.out_dir + "/prefix_cache.csv",
+               {"system", "arrivals", "block_hit_rate", "prompt_tokens_saved",
+                "preempted_tokens_saved", "prompt_tokens_computed", "tokens_per_s", "ttft_mean_s",
+                "ttft_p50_s", "ttft_p90_s", "recovery_ms", "tokens_recomputed"},
+               rows));
   out["requests"] = reqs.size();
   out["prompts_truncated"] = truncated;
   return out;

@@ -455,7 +455,8 @@ TEST_P(PrefixChaosTest, EveryRequestOnceSameOutputsAsWithoutTheCache) {
   EXPECT_GE(got->recoveries.size(), 12u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, PrefixChaosTest, ::testing::Values<uint64_t>(1, 2, 3));
+// Seed 2: cyclic, full recovery; seed 3: hybrid, host recovery.
+INSTANTIATE_TEST_SUITE_P(Seeds, PrefixChaosTest, ::testing::Values<uint64_t>(2, 3));
 
 }  // namespace
 }  // namespace failsafe

@@ -100,6 +100,19 @@ Result<SchedulerConfig> MakeSchedulerConfig(const std::string& router, const std
   return sc;
 }
 
+void AddPrefixCacheFlag(CLI::App& app, std::string* value) {
+  app.add_option("--prefix-cache", *value,
+                 "reuse the KV of cached prompt prefixes (full blocks): on or off")
+      ->capture_default_str();
+}
+
+Status ApplyPrefixCacheFlag(const std::string& value, SchedulerConfig* config) {
+  if (value != "on" && value != "off")
+    return InvalidArgument("--prefix-cache: '{}' is neither on nor off", value);
+  config->prefix_cache = value == "on";
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, const DeviceFlags& f) {
   FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
   if (f.comm != "shm" && f.comm != "gloo")

@@ -55,6 +55,10 @@ Result<SchedulerConfig> MakeSchedulerConfig(const std::string& router, const std
                                             int max_batch_tokens, int max_num_seqs,
                                             int max_model_len);
 
+// --prefix-cache on|off.
+void AddPrefixCacheFlag(CLI::App& app, std::string* value);
+Status ApplyPrefixCacheFlag(const std::string& value, SchedulerConfig* config);
+
 // An in-process executor for one device (unless --processes), else one worker
 // process per device.
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir,

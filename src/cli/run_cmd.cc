@@ -18,6 +18,7 @@ CommandFn RegisterRun(CLI::App& app) {
     uint64_t seed = 0;
     bool json = false, skip_invalid = false, no_progress = false;
     std::vector<std::string> fail;
+    std::string prefix_cache = "on";
     DeviceFlags dev;
   };
   auto o = std::make_shared<Opts>();
@@ -27,6 +28,7 @@ CommandFn RegisterRun(CLI::App& app) {
   AddDeviceFlags(app, &o->dev);
   app.add_option("--router", o->router, "round-robin or load-aware")->capture_default_str();
   app.add_option("--prefill", o->prefill, "fifo or adaptive")->capture_default_str();
+  AddPrefixCacheFlag(app, &o->prefix_cache);
   app.add_option("--workload", o->workload, "mooncake, openthoughts, or a JSONL file")
       ->capture_default_str();
   app.add_option("--data-dir", o->data_dir,
@@ -57,6 +59,8 @@ CommandFn RegisterRun(CLI::App& app) {
     auto sc = MakeSchedulerConfig(o->router, o->prefill, o->max_batch_tokens, o->max_num_seqs,
                                   config->max_position_embeddings);
     if (!sc.ok()) return Fail(sc.status().message());
+    if (Status st = ApplyPrefixCacheFlag(o->prefix_cache, &*sc); !st.ok())
+      return Fail(st.message());
     WorkloadOptions wo;
     wo.max_requests = o->requests;
     wo.length_scale = o->length_scale;
@@ -87,10 +91,11 @@ CommandFn RegisterRun(CLI::App& app) {
     ro.faults = *faults;
     auto summary = RunOffline(engine, *workload, ro);
     if (!summary.ok()) return Fail(summary.status().ToString());
-    summary->config =
-        fmt::format("{} devices, placement {}, router {}, prefill {}, workload {} ({} requests)",
-                    o->dev.devices, o->dev.placement, o->router, o->prefill, workload->description,
-                    workload->requests.size());
+    summary->config = fmt::format(
+        "{} devices, placement {}, router {}, prefill {}, prefix cache {}, workload {} "
+        "({} requests)",
+        o->dev.devices, o->dev.placement, o->router, o->prefill, o->prefix_cache,
+        workload->description, workload->requests.size());
     if (o->json) {
       std::printf("%s\n", summary->ToJson().c_str());
     } else {

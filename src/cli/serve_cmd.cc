@@ -98,6 +98,7 @@ CommandFn RegisterServe(CLI::App& app) {
     double drain_timeout = 30;
     bool enable_admin = false;
     DeviceFlags dev;
+    std::string prefix_cache = "on";
   };
   auto o = std::make_shared<Opts>();
   // A scale-up domain of 8 devices; the default model's 4 KV head groups are
@@ -110,6 +111,7 @@ CommandFn RegisterServe(CLI::App& app) {
   AddDeviceFlags(app, &o->dev);
   app.add_option("--router", o->router, "round-robin or load-aware")->capture_default_str();
   app.add_option("--prefill", o->prefill, "fifo or adaptive")->capture_default_str();
+  AddPrefixCacheFlag(app, &o->prefix_cache);
   app.add_option("--host", o->host, "address to bind")->capture_default_str();
   app.add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
   app.add_option("--served-model-name", o->served_name,
@@ -172,6 +174,8 @@ CommandFn RegisterServe(CLI::App& app) {
                                       ? std::min(o->max_model_len, config->max_position_embeddings)
                                       : config->max_position_embeddings);
     if (!sc.ok()) return Fail(sc.status().message());
+    if (Status st = ApplyPrefixCacheFlag(o->prefix_cache, &*sc); !st.ok())
+      return Fail(st.message());
     auto mode = ParseRecoveryMode(o->dev.recovery);
     if (!mode.ok()) return Fail("--recovery: " + mode.status().message());
     Status signals = InstallSignalPipe();

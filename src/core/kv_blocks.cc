@@ -32,6 +32,7 @@ void KvBlockManager::SetPlan(const Plan& plan, std::vector<int64_t> capacity_pag
   capacity_ = std::move(capacity_pages);
   capacity_.resize(num_devices_, 0);
   used_.resize(num_devices_, 0);
+  evictable_.resize(num_devices_, 0);
   pools_.resize(num_devices_);
 }
 
@@ -56,7 +57,7 @@ bool KvBlockManager::CanGrow(const Sequence& s, int tokens, int64_t keep_free) c
   const int add = BlocksFor(tokens) - s.kv_blocks;
   if (add <= 0) return true;
   for (int d : devices_) {
-    if (used_[d] + add * PagesPerBlock(d, s.dp_rank) + keep_free > capacity_[d]) return false;
+    if (held(d) + add * PagesPerBlock(d, s.dp_rank) + keep_free > capacity_[d]) return false;
   }
   return true;
 }
@@ -66,7 +67,7 @@ bool KvBlockManager::Fits(int dp_rank, int blocks, int tokens, const std::vector
   const int add = BlocksFor(tokens) - blocks;
   if (add <= 0) return true;
   for (int d : devices_) {
-    if (used_[d] + pending[d] + add * PagesPerBlock(d, dp_rank) + keep_free[d] > capacity_[d])
+    if (held(d) + pending[d] + add * PagesPerBlock(d, dp_rank) + keep_free[d] > capacity_[d])
       return false;
   }
   return true;
@@ -89,9 +90,20 @@ bool KvBlockManager::FitsAlone(int dp_rank, int tokens) const {
 void KvBlockManager::Grow(Sequence& s, int tokens) {
   const int add = BlocksFor(tokens) - s.kv_blocks;
   if (add <= 0) return;
+  if (cache_on_) {
+    // Unreferenced cached blocks give way when the unused pages run out.
+    std::vector<int64_t> need(num_devices_, 0);
+    for (int d : devices_) need[d] = add * PagesPerBlock(d, s.dp_rank);
+    EvictFor(need);
+  }
   if (!page_ids_) {
     for (int d : devices_) used_[d] += add * PagesPerBlock(d, s.dp_rank);
     s.kv_blocks += add;
+    if (cache_on_) {
+      SeqTables& t = seqs_[s.id];
+      t.dp_rank = s.dp_rank;
+      t.blocks = s.kv_blocks;
+    }
     return;
   }
   SeqTables& t = seqs_[s.id];
@@ -123,21 +135,45 @@ void KvBlockManager::Grow(Sequence& s, int tokens) {
 }
 
 void KvBlockManager::Release(Sequence& s) {
+  auto it = seqs_.find(s.id);
+  // Blocks that are cached: the cache keeps their pages.
+  std::vector<char> cached;
+  if (it != seqs_.end() && !it->second.cached.empty()) {
+    const std::vector<int32_t>& c = it->second.cached;
+    cached.assign(c.size(), 0);
+    // Last block first: a prefix's tail is evicted before its head, which
+    // every longer prefix needs.
+    for (size_t b = c.size(); b-- > 0;) {
+      if (c[b] < 0) continue;
+      cached[b] = 1;
+      Unref(c[b]);
+    }
+  }
   if (!page_ids_) {
+    int own = s.kv_blocks;
+    for (char c : cached) own -= c;
     for (int d : devices_) {
-      used_[d] -= s.kv_blocks * PagesPerBlock(d, s.dp_rank);
+      used_[d] -= own * PagesPerBlock(d, s.dp_rank);
       FS_CHECK(used_[d] >= 0);
     }
+    if (it != seqs_.end()) seqs_.erase(it);
     s.kv_blocks = 0;
     return;
   }
-  auto it = seqs_.find(s.id);
   if (it != seqs_.end()) {
+    const SeqTables& t = it->second;
     for (int d = 0; d < num_devices_; ++d) {
-      const std::vector<int32_t>& pages = it->second.pages[d];
+      const std::vector<int32_t>& pages = t.pages[d];
+      if (pages.empty()) continue;
+      const size_t cols = pages.size() / std::max(1, t.blocks);
       std::vector<int32_t>& free_ids = pools_[d].free_ids;
-      free_ids.insert(free_ids.end(), pages.begin(), pages.end());
-      used_[d] -= static_cast<int64_t>(pages.size());
+      int64_t freed = 0;
+      for (int b = 0; b < t.blocks; ++b) {
+        if (b < static_cast<int>(cached.size()) && cached[b]) continue;
+        free_ids.insert(free_ids.end(), pages.begin() + b * cols, pages.begin() + (b + 1) * cols);
+        freed += static_cast<int64_t>(cols);
+      }
+      used_[d] -= freed;
       FS_CHECK(used_[d] >= 0);
     }
     seqs_.erase(it);
@@ -154,7 +190,8 @@ bool KvBlockManager::OverCapacity() const {
 
 const std::vector<int32_t>& KvBlockManager::Table(int64_t seq_id, int device) const {
   auto it = seqs_.find(seq_id);
-  if (it == seqs_.end() || device < 0 || device >= num_devices_) return kNoPages;
+  if (it == seqs_.end() || device < 0 || device >= static_cast<int>(it->second.pages.size()))
+    return kNoPages;
   return it->second.pages[device];
 }
 
@@ -194,9 +231,20 @@ void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity
   // Devices may have come (a rejoin): the pools grow; ids of devices that
   // left are all freed below.
   const int old_devices = num_devices_;
+  FS_CHECK_MSG(index_.empty() && lru_.empty(), "a plan change with a prefix cache");
   SetPlan(plan, std::move(capacity_pages));
   if (!page_ids_) {
     used_ = PagesUnder(plan, live);
+    evictable_.assign(num_devices_, 0);
+    if (cache_on_) {
+      std::unordered_map<int64_t, SeqTables> kept;
+      for (const Sequence* s : live) {
+        SeqTables& t = kept[s->id];
+        t.dp_rank = s->dp_rank;
+        t.blocks = s->kv_blocks;
+      }
+      seqs_ = std::move(kept);
+    }
     return;
   }
   std::unordered_map<int64_t, const Sequence*> keep;
@@ -284,6 +332,7 @@ std::vector<int> KvBlockManager::GainedSlots(int64_t seq_id, int device) const {
 }
 
 Status KvBlockManager::CheckInvariants() const {
+  if (cache_on_) FS_RETURN_IF_ERROR(CheckCache());
   if (!page_ids_) {
     for (int d = 0; d < num_devices_; ++d) {
       if (used_[d] < 0) return Internal("device {}: {} pages counted", d, used_[d]);
@@ -294,17 +343,35 @@ Status KvBlockManager::CheckInvariants() const {
     const Pool& p = pools_[d];
     std::vector<char> owned(static_cast<size_t>(p.next_id), 0);
     int64_t n = 0;
+    auto own = [&](int32_t page) -> Status {
+      if (page < 0 || page >= p.next_id)
+        return Internal("device {}: page {} was never handed out", d, page);
+      if (owned[page]++) return Internal("device {}: page {} is owned twice", d, page);
+      ++n;
+      return Status::Ok();
+    };
     for (const auto& [id, t] : seqs_) {
       const std::vector<int32_t>& pages = t.pages[d];
-      if (pages.size() != Slots(d, t.dp_rank).size() * static_cast<size_t>(t.blocks))
+      const size_t cols = Slots(d, t.dp_rank).size();
+      if (pages.size() != cols * static_cast<size_t>(t.blocks))
         return Internal("device {}: sequence {} has {} pages for {} blocks", d, id, pages.size(),
                         t.blocks);
-      for (int32_t page : pages) {
-        if (page < 0 || page >= p.next_id)
-          return Internal("device {}: page {} was never handed out", d, page);
-        if (owned[page]++) return Internal("device {}: page {} is owned twice", d, page);
-        ++n;
+      for (size_t i = 0; i < pages.size(); ++i) {
+        const size_t b = i / cols;
+        if (b < t.cached.size() && t.cached[b] >= 0) {
+          // Names a cached block's page: that block owns it.
+          const std::vector<int32_t>& row = entries_[t.cached[b]].pages[d];
+          if (row.size() != cols || row[i % cols] != pages[i])
+            return Internal("device {}: sequence {} block {} does not name its cached pages", d, id,
+                            b);
+          continue;
+        }
+        FS_RETURN_IF_ERROR(own(pages[i]));
       }
+    }
+    for (const CachedBlock& e : entries_) {
+      if (!e.live) continue;
+      for (int32_t page : e.pages[d]) FS_RETURN_IF_ERROR(own(page));
     }
     for (int32_t page : p.free_ids) {
       if (page < 0 || page >= p.next_id || owned[page])

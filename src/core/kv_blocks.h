@@ -18,10 +18,27 @@
 // the largest number of pages the device ever held at once, so they stay
 // below its capacity (and its pool's size).
 //
+// Prefix cache (EnablePrefixCache): a full block whose KV is computed is
+// registered under a hash chained over the tokens of every block up to it and
+// a seed naming what else changes the KV (the model). The block then belongs
+// to the cache, which holds its pages on every device (with DP heads: its TP
+// pages on every device and its DP pages on the DP rank of the sequence that
+// computed it, so a hit needs that DP rank); a sequence using it holds a
+// reference. A new sequence attaches the longest cached prefix of its tokens
+// (AttachPrefix: never its last token, so one token is computed and sampled),
+// and its table names the cached pages: they are read-only for it (its
+// first SharedBlocks() blocks), since only full blocks, whose KV no sequence
+// writes again, are cached. A block nobody references stays cached and is
+// evicted, least recently used first, only when a device runs out of free
+// pages: for admission it counts as free (free(), CanGrow, Fits).
+// A plan change keeps no cache (DropCacheForPlanChange).
+//
 // Thread-safety: none; the scheduler's thread only.
 #pragma once
 
 #include <cstdint>
+#include <list>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -70,8 +87,12 @@ class KvBlockManager {
   void Release(Sequence& s);
 
   int64_t capacity(int device) const { return capacity_[device]; }
+  // Pages holding KV: sequences' and cached blocks' (unreferenced ones too).
   int64_t used(int device) const { return used_[device]; }
-  int64_t free(int device) const { return capacity_[device] - used_[device]; }
+  // Pages of cached blocks no sequence references (evicted when needed).
+  int64_t evictable(int device) const { return evictable_[device]; }
+  // Pages a sequence may still get: the unused ones and the evictable ones.
+  int64_t free(int device) const { return capacity_[device] - held(device); }
   const std::vector<int>& devices() const { return devices_; }
   // Devices over capacity (after a plan change).
   bool OverCapacity() const;
@@ -103,9 +124,48 @@ class KvBlockManager {
   // Reconfigure, ascending.
   std::vector<int> GainedSlots(int64_t seq_id, int device) const;
 
-  // Checks the books: every page of a device owned by at most one table
-  // entry and below the device's id high-water mark, owned + free ids = the
-  // mark, used = owned pages <= capacity, every table of the right size.
+  // ---- Prefix cache (kv_prefix_cache.cc) ----
+  // Turns the cache on. `seed` names what else than the tokens changes the
+  // KV (model and its configuration).
+  void EnablePrefixCache(uint64_t seed);
+  bool prefix_cache() const { return cache_on_; }
+  // Chained hashes of the first `max_blocks` full blocks of `tokens`.
+  std::vector<uint64_t> BlockHashes(std::span<const int32_t> tokens, int max_blocks) const;
+  // Leading blocks of `tokens` (with their `hashes`) cached for a sequence on
+  // `dp_rank`.
+  int CachedPrefix(std::span<const int32_t> tokens, std::span<const uint64_t> hashes,
+                   int dp_rank) const;
+  // Attaches the sequence (s.dp_rank set, no blocks yet) to its first
+  // `blocks` cached blocks (CachedPrefix), if the unreferenced ones among
+  // them fit every device next to `pending` pages; else to the longest prefix
+  // that does. Sets s.kv_blocks (the caller sets s.num_computed). Returns the
+  // blocks attached.
+  int AttachPrefix(Sequence& s, std::span<const uint64_t> hashes, int blocks,
+                   const std::vector<int64_t>& pending);
+  // Registers the sequence's full blocks whose KV is computed (up to
+  // s.num_computed) in the cache. A block whose hash is cached already (two
+  // sequences computed it side by side) stays the sequence's own.
+  void CacheComputed(const Sequence& s);
+  // Leading blocks of the sequence's tables that are cached pages attached at
+  // admission (read-only for it).
+  int SharedBlocks(int64_t seq_id) const;
+  // Before a plan change: live sequences sharing a cached block with an
+  // earlier one of `live` (they must be preempted before
+  // DropCacheForPlanChange: a rolled-back sequence would write into pages
+  // another one reads).
+  std::vector<int64_t> SharersToPreempt(const std::vector<const Sequence*>& live) const;
+  // Empties the cache: unreferenced blocks are freed, a block one sequence
+  // references becomes its own. Call after preempting SharersToPreempt.
+  void DropCacheForPlanChange();
+  int64_t cached_blocks() const { return static_cast<int64_t>(index_.size()); }
+  int64_t evicted_blocks() const { return evicted_blocks_; }
+
+  // Checks the books: every page of a device owned once (by one sequence's
+  // own block or one cached block; sequences referencing a cached block name
+  // its pages) and below the device's id high-water mark, owned + free ids =
+  // the mark, used = owned pages <= capacity, every table of the right size,
+  // reference counts = the blocks naming each cached block, evictable = the
+  // pages of the unreferenced ones.
   Status CheckInvariants() const;
 
  private:
@@ -119,7 +179,32 @@ class KvBlockManager {
     int sent = 0;                              // blocks the devices have been sent
     std::vector<std::vector<int32_t>> pages;   // [device] -> [block][slot position]
     std::vector<std::vector<int32_t>> gained;  // [device] -> slots gained at the last plan change
+    // Prefix cache: [block] -> cached block it is (-1: its own), for the
+    // blocks hashed so far; chained hashes of its full computed blocks.
+    std::vector<int32_t> cached;
+    std::vector<uint64_t> hashes;
+    int shared = 0;  // leading blocks attached from the cache (read-only)
   };
+  struct CachedBlock {
+    uint64_t hash = 0;            // chained over the tokens up to and with this block
+    uint64_t parent = 0;          // the hash of the block before (the seed for block 0)
+    int dp_rank = -1;             // where its DP pages are; -1: the plan has no DP heads
+    int refs = 0;                 // sequences whose tables name it
+    bool live = false;            // false: a free entry
+    std::vector<int32_t> tokens;  // [block_size], checked on a hit
+    std::vector<std::vector<int32_t>> pages;  // [device] -> [slot position]; empty: counting only
+    std::list<int32_t>::iterator lru;         // in lru_ while refs == 0
+  };
+  int64_t held(int device) const { return used_[device] - evictable_[device]; }
+  uint64_t CacheKey(uint64_t hash, int dp_rank) const;
+  int CacheRank(int dp_rank) const { return dp_extra_ > 0 ? dp_rank : -1; }
+  int64_t EntryPages(const CachedBlock& e, int device) const;
+  // Frees cached blocks, least recently used first, until every device has
+  // `need[d]` unused pages.
+  void EvictFor(const std::vector<int64_t>& need);
+  void FreeEntry(int32_t id);
+  void Unref(int32_t id);
+  Status CheckCache() const;
   int32_t Allocate(int device);
   void FreePage(int device, int32_t id);
   void SetPlan(const Plan& plan, std::vector<int64_t> capacity_pages);
@@ -131,9 +216,17 @@ class KvBlockManager {
   std::vector<std::vector<int>> tp_slots_;    // [device] -> KvSlots(device, another rank)
   std::vector<std::vector<int>> rank_slots_;  // [device] -> KvSlots(device, device)
   int64_t dp_extra_ = 0;                      // DP slots (over all layers)
-  std::vector<int64_t> capacity_, used_;
+  std::vector<int64_t> capacity_, used_, evictable_;
   std::vector<Pool> pools_;  // [device]
   std::unordered_map<int64_t, SeqTables> seqs_;
+  // Prefix cache.
+  bool cache_on_ = false;
+  uint64_t seed_ = 0;
+  std::vector<CachedBlock> entries_;
+  std::vector<int32_t> free_entries_;
+  std::unordered_map<uint64_t, int32_t> index_;  // CacheKey -> entry
+  std::list<int32_t> lru_;                       // unreferenced entries, least recent first
+  int64_t evicted_blocks_ = 0;
 };
 
 }  // namespace failsafe

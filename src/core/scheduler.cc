@@ -34,7 +34,12 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Plan& plan, const Mode
       kv_(plan, block_size, std::move(kv_capacity_pages), config.kv_page_ids),
       cost_(plan, model, speed),
       speed_(speed),
-      dp_load_(plan.num_devices, 0) {}
+      dp_load_(plan.num_devices, 0) {
+  // The seed: the model configuration (what the KV of a token depends on
+  // besides the tokens before it) and the caller's salt.
+  if (config.prefix_cache)
+    kv_.EnablePrefixCache(std::hash<std::string>()(model.ToJson()) ^ config.prefix_cache_seed);
+}
 
 Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   if (seqs_.count(seq->id))
@@ -87,6 +92,68 @@ std::vector<const Sequence*> Scheduler::Waiting() const {
 }
 
 std::vector<int64_t> Scheduler::DpLoad() const { return dp_load_; }
+
+PrefixCacheStats Scheduler::prefix_cache_stats() const {
+  PrefixCacheStats out = prefix_stats_;
+  out.cached_blocks = kv_.cached_blocks();
+  out.evicted_blocks = kv_.evicted_blocks();
+  return out;
+}
+
+int Scheduler::RouteFor(const Sequence& s, std::span<const uint64_t> hashes) {
+  if (hashes.empty() || plan_.num_dp_heads_total() == 0 ||
+      config_.router != RouterPolicy::kLoadAware)
+    return Route();
+  const int least = Route();
+  int best = least, best_hit = kv_.CachedPrefix(s.tokens, hashes, least);
+  for (int d : plan_.active) {
+    const int hit = kv_.CachedPrefix(s.tokens, hashes, d);
+    if (hit > best_hit || (hit == best_hit && dp_load_[d] < dp_load_[best])) {
+      best = d;
+      best_hit = hit;
+    }
+  }
+  // The hit's rank unless it is too far behind in work.
+  if (dp_load_[best] - dp_load_[least] > config_.prefix_affinity_tokens) return least;
+  return best;
+}
+
+void Scheduler::PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending) {
+  const bool lookup = kv_.prefix_cache() && s->state == SeqState::kWaiting &&
+                      s->num_computed == 0 && s->kv_blocks == 0;
+  std::vector<uint64_t> hashes;
+  // Never the whole sequence: its last token is computed for its logits.
+  if (lookup) hashes = kv_.BlockHashes(s->tokens, (s->len() - 1) / kv_.block_size());
+  if (s->dp_rank < 0) {
+    s->dp_rank = RouteFor(*s, hashes);
+    dp_load_[s->dp_rank] += s->len();
+  }
+  if (!lookup) return;
+  Lookup l{s, static_cast<int>(hashes.size()), 0};
+  const int hit = kv_.CachedPrefix(s->tokens, hashes, s->dp_rank);
+  if (hit > 0) {
+    l.hit = kv_.AttachPrefix(*s, hashes, hit, pending);
+    s->num_computed = l.hit * kv_.block_size();
+  }
+  lookups_.push_back(l);
+}
+
+void Scheduler::DetachUnadmitted() {
+  for (const Lookup& l : lookups_) {
+    Sequence* s = l.s;
+    if (s->state == SeqState::kRunning && s->num_preemptions > 0) {
+      prefix_stats_.readmitted_hit_tokens += static_cast<int64_t>(l.hit) * kv_.block_size();
+    } else if (s->state == SeqState::kRunning) {
+      prefix_stats_.lookup_blocks += l.looked_up;
+      prefix_stats_.hit_blocks += l.hit;
+      prefix_stats_.hit_tokens += static_cast<int64_t>(l.hit) * kv_.block_size();
+    } else if (l.hit > 0) {
+      kv_.Release(*s);
+      s->num_computed = 0;
+    }
+  }
+  lookups_.clear();
+}
 
 int Scheduler::Route() {
   const auto& act = plan_.active;
@@ -231,6 +298,7 @@ StepPlan Scheduler::ScheduleOnce() {
     plan.seqs.push_back({s->id, s->num_computed, sizes[i], s->dp_rank, sample});
     plan.prefill_tokens += sizes[i];
   }
+  DetachUnadmitted();
   // The estimate of the final batch.
   cost_.Reset();
   for (auto& ss : plan.seqs) cost_.AddChunk(ss.num_tokens, ss.start, ss.dp_rank);
@@ -248,10 +316,7 @@ void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequ
   for (Sequence* s : PrefillCandidates(1 << 30)) {
     if (budget <= 0) break;
     const bool admitting = s->state == SeqState::kWaiting;
-    if (s->dp_rank < 0) {
-      s->dp_rank = Route();
-      dp_load_[s->dp_rank] += s->len();
-    }
+    PrepareCandidate(s, pending);
     int n = std::min(s->pending(), budget);
     // Shrink the chunk to what the devices can hold.
     while (n > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, s->num_computed + n, pending,
@@ -279,16 +344,13 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     bool blocked = false;  // out of KV
   };
   std::vector<Cand> cands;
+  std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
+      keep(plan_.num_devices, 0);
   for (Sequence* s : PrefillCandidates(config_.adaptive_candidates)) {
-    if (s->dp_rank < 0) {
-      s->dp_rank = Route();
-      dp_load_[s->dp_rank] += s->len();
-    }
+    PrepareCandidate(s, pending);
     cands.push_back({s, 0, s->state == SeqState::kWaiting});
   }
   if (cands.empty()) return;
-  std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
-      keep(plan_.num_devices, 0);
   for (int d : plan_.active)
     keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
   const double decode_tokens = plan->decode_tokens;
@@ -358,6 +420,7 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
     if (s->state != SeqState::kRunning || s->num_computed != ss.start)
       continue;  // preempted meanwhile
     s->num_computed += ss.num_tokens;
+    kv_.CacheComputed(*s);
     if (!ss.sample) continue;
     const int32_t tok = sampled[i];
     s->tokens.push_back(tok);
@@ -373,6 +436,16 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
 
 std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_t> capacity,
                                             std::vector<int64_t>* rerouted) {
+  // No cache survives a plan change: sequences sharing cached blocks with an
+  // earlier one are recomputed (a rolled-back one would write into pages
+  // another reads); each cached block a single sequence uses becomes its own.
+  std::vector<int64_t> preempted;
+  for (int64_t id :
+       kv_.SharersToPreempt(std::vector<const Sequence*>(running_.begin(), running_.end()))) {
+    preempted.push_back(id);
+    Preempt(seqs_.at(id).get(), nullptr);
+  }
+  kv_.DropCacheForPlanChange();
   plan_ = plan;
   cost_ = StepCost(plan, model_, speed_);
   dp_load_.assign(plan.num_devices, 0);
@@ -399,7 +472,6 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
     }
   }
   // The newest running sequences give way until the rest fit.
-  std::vector<int64_t> preempted;
   for (;;) {
     std::vector<const Sequence*> live(running_.begin(), running_.end());
     const std::vector<int64_t> need = kv_.PagesUnder(plan, live);

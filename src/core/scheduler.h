@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -56,6 +57,32 @@ struct SchedulerConfig {
   // Page ids and block tables for devices to write by (core/kv_blocks.h);
   // false: pages are only counted (the simulator).
   bool kv_page_ids = true;
+  // Prefix caching (core/kv_blocks.h): a request starts from the KV of the
+  // longest prefix of full blocks already cached.
+  bool prefix_cache = false;
+  // Names what else than the tokens makes KV differ (the model and its
+  // configuration): it seeds the block hashes.
+  uint64_t prefix_cache_seed = 0;
+  // With DP heads a cached block's DP KV is on one DP rank: load-aware routing
+  // sends a request to the rank with its longest cached prefix unless that
+  // rank's pending DP work exceeds the least-loaded rank's by more than this
+  // many tokens.
+  int64_t prefix_affinity_tokens = 8192;
+};
+
+// What the prefix cache saved, counted when requests are admitted: first
+// admissions (the hit rate a trace's sharing allows), and re-admissions of
+// preempted requests apart (they find their own blocks again).
+struct PrefixCacheStats {
+  int64_t lookup_blocks = 0;          // full blocks of first-admitted requests looked up
+  int64_t hit_blocks = 0;             // of which cached
+  int64_t hit_tokens = 0;             // prompt tokens not computed thanks to hits
+  int64_t readmitted_hit_tokens = 0;  // tokens preempted requests did not recompute
+  int64_t cached_blocks = 0;          // blocks in the cache now
+  int64_t evicted_blocks = 0;
+  double hit_rate() const {
+    return lookup_blocks > 0 ? static_cast<double>(hit_blocks) / lookup_blocks : 0.0;
+  }
 };
 
 struct ScheduledSeq {
@@ -126,10 +153,20 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   // Pending DP work per device, in tokens (what load-aware routing balances).
   std::vector<int64_t> DpLoad() const;
+  PrefixCacheStats prefix_cache_stats() const;
 
  private:
   StepPlan ScheduleOnce();
   int Route();
+  // Routing for a request whose full blocks hash to `hashes`: with a prefix
+  // cache and DP heads, the rank holding its longest cached prefix within
+  // prefix_affinity_tokens of the least-loaded rank's work.
+  int RouteFor(const Sequence& s, std::span<const uint64_t> hashes);
+  // Routes a prefill candidate if needed and, if it is waiting with nothing
+  // computed, attaches its cached prefix (undone by DetachUnadmitted if the
+  // step does not admit it).
+  void PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending);
+  void DetachUnadmitted();
   void Preempt(Sequence* s, StepPlan* plan);
   void FinishSeq(Sequence* s, FinishReason why);
   void SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
@@ -151,6 +188,13 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> finished_;
   std::vector<int64_t> dp_load_;  // [device] -> pending DP tokens of routed sequences
   int rr_next_ = 0;
+  struct Lookup {
+    Sequence* s;
+    int looked_up = 0;  // full blocks
+    int hit = 0;        // blocks attached
+  };
+  std::vector<Lookup> lookups_;  // waiting candidates of this step that were looked up
+  PrefixCacheStats prefix_stats_;
   int64_t preempted_last_ = -1;
 };
 

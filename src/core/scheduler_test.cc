@@ -7,89 +7,13 @@
 #include <tuple>
 
 #include "common/rng.h"
+#include "core/scheduler_test_util.h"
 #include "core/step_cost.h"
 #include "model/synthetic.h"
 #include "placement/replan.h"
 
 namespace failsafe {
 namespace {
-
-ModelConfig Model() { return *SyntheticPresetConfig("1b-llama"); }
-
-std::vector<int> Range(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; ++i) v[i] = i;
-  return v;
-}
-
-std::unique_ptr<Sequence> Req(int64_t id, int prompt, int out, double arrival = 0) {
-  auto s = std::make_unique<Sequence>();
-  s->id = id;
-  s->tokens.assign(prompt, 5);
-  s->prompt_len = prompt;
-  s->max_new_tokens = out;
-  s->arrival = arrival;
-  return s;
-}
-
-struct DriveResult {
-  int steps = 0;
-  int max_running = 0;
-  int preemptions = 0;
-  std::map<int64_t, int> outputs;
-};
-
-// The block manager's books: no page owned twice, owned + free ids = ids
-// handed out, used <= capacity on every device; every running sequence has a
-// table of exactly its blocks on every active device (its DP slots on its DP
-// rank only), covering its computed tokens; waiting ones hold nothing; and
-// the running sequences' tables are all the pages in use.
-void ExpectKvBooks(const Scheduler& s, const StepPlan* plan = nullptr) {
-  const KvBlockManager& kv = s.kv();
-  const Status st = kv.CheckInvariants();
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  std::map<int, int64_t> held;
-  for (const Sequence* q : s.Running()) {
-    EXPECT_GE(q->kv_blocks * kv.block_size(), q->num_computed) << q->id;
-    for (int d : kv.devices()) {
-      const size_t slots = kv.Slots(d, q->dp_rank).size();
-      EXPECT_EQ(kv.Table(q->id, d).size(), slots * q->kv_blocks) << q->id << " on " << d;
-      held[d] += static_cast<int64_t>(kv.Table(q->id, d).size());
-    }
-  }
-  for (const Sequence* q : s.Waiting()) {
-    for (int d : kv.devices()) EXPECT_TRUE(kv.Table(q->id, d).empty()) << q->id;
-  }
-  for (int d : kv.devices()) {
-    EXPECT_LE(kv.used(d), kv.capacity(d)) << d;
-    EXPECT_EQ(kv.used(d), held[d]) << d;
-    EXPECT_EQ(kv.free(d) + kv.used(d), kv.capacity(d)) << d;
-  }
-  if (!plan) return;
-  for (const ScheduledSeq& ss : plan->seqs) {
-    const Sequence* q = s.Find(ss.seq_id);
-    ASSERT_NE(q, nullptr);
-    EXPECT_GE(q->kv_blocks * kv.block_size(), ss.start + ss.num_tokens) << ss.seq_id;
-    EXPECT_LE(ss.kv_first_block, q->kv_blocks) << ss.seq_id;
-  }
-}
-
-// Drives a scheduler to completion, sampling token 7 everywhere.
-DriveResult Drive(Scheduler& s, int max_steps = 100000) {
-  DriveResult r;
-  while (!s.idle() && r.steps < max_steps) {
-    StepPlan p = s.Schedule();
-    EXPECT_LE(p.num_tokens(), s.config().max_batch_tokens);
-    r.preemptions += static_cast<int>(p.preempted.size());
-    r.max_running = std::max(r.max_running, s.num_running());
-    ExpectKvBooks(s, &p);
-    s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
-    ExpectKvBooks(s);
-    for (auto& f : s.TakeFinished()) r.outputs[f->id] = f->output_len();
-    ++r.steps;
-  }
-  return r;
-}
 
 TEST(Scheduler, CompletesEveryRequestExactlyOnce) {
   auto c = Model();

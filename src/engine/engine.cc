@@ -175,7 +175,9 @@ Result<StepOutcome> Engine::Step() {
     st.dp_rank = ss.dp_rank;
     st.token_offset = batch.num_tokens();
     st.logits_row = ss.sample ? batch.num_logits_rows++ : -1;
-    if (backup)
+    // A sequence that started from cached blocks is not backed up: its
+    // backup could only start at position 0, so recovery recomputes it.
+    if (backup && scheduler_->kv().SharedBlocks(ss.seq_id) == 0)
       backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, &st, &batch.backup_blocks);
     batch.seqs.push_back(st);
     AddKvTables(scheduler_->kv(), executor_->plan(), *s, ss.kv_first_block, &batch);

@@ -64,6 +64,53 @@ TEST(Engine, WorkloadOnDevicesMatchesOneDevice) {
   }
 }
 
+// Prefix caching changes no output: prompts sharing prefixes give the same
+// tokens with the cache on as with it off, on one device and on five under
+// every placement, with memory tight enough that cached blocks are evicted
+// and sequences preempted.
+TEST(Engine, PrefixCacheChangesNoOutputUnderEveryPlacement) {
+  const Workload w = SharedPrefixWorkload(24, 5);
+  auto local = LocalExecutor::Create(Dir(), {});
+  ASSERT_TRUE(local.ok());
+  SchedulerConfig sc;
+  sc.max_batch_tokens = 96;
+  sc.max_model_len = 1024;
+  Engine ref(local->get(), sc);
+  auto want = RunOffline(ref, w, {});
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_EQ(want->requests_completed, 24);
+  EXPECT_EQ(want->prefix.lookup_blocks, 0);  // off: nothing looked up
+
+  sc.prefix_cache = true;
+  {
+    auto one = LocalExecutor::Create(Dir(), {});
+    ASSERT_TRUE(one.ok());
+    Engine e(one->get(), sc);
+    auto got = RunOffline(e, w, {});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_GT(got->prefix.hit_blocks, 0);
+    EXPECT_LT(got->input_tokens - got->prefix.hit_tokens, want->input_tokens);
+    EXPECT_EQ(got->output_digest, want->output_digest) << "one device";
+  }
+  for (Policy p : {Policy::kStandard, Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid}) {
+    WorkerGroupOptions o;
+    o.model_dir = Dir();
+    o.worker_binary = TestBinary();
+    o.num_devices = 5;
+    o.policy = p;
+    o.max_logits_rows = 64;
+    o.kv_pages = 300;  // tight: cached blocks are evicted, sequences preempted
+    auto group = WorkerGroup::Start(o);
+    ASSERT_TRUE(group.ok()) << group.status().ToString();
+    Engine e(group->get(), sc);
+    auto got = RunOffline(e, w, {});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->requests_completed, 24) << PolicyName(p);
+    EXPECT_GT(got->prefix.hit_blocks, 0) << PolicyName(p);
+    EXPECT_EQ(got->output_digest, want->output_digest) << PolicyName(p);
+  }
+}
+
 // A request with a seed samples the same tokens whatever it is batched with
 // and wherever it runs: alone on one device, or among others on five devices
 // (hybrid placement, load-aware DP ranks, chunked prefill, preemptions).

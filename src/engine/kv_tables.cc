@@ -18,6 +18,7 @@ void AddKvTables(const KvBlockManager& kv, const Plan& plan, const Sequence& seq
     run.first_block = first_block;
     run.num_blocks = seq.kv_blocks - first_block;
     run.page_offset = static_cast<int32_t>(u.pages.size());
+    run.shared_blocks = kv.SharedBlocks(seq.id);
     u.runs.push_back(run);
     u.pages.insert(u.pages.end(), table.begin() + first_block * per_block, table.end());
   }

@@ -245,6 +245,8 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
     Progress(done, n, sum.output_tokens, clock, true);
   }
   sum.recoveries = engine.recoveries();
+  sum.prefix_cache = engine.scheduler().config().prefix_cache;
+  sum.prefix = engine.scheduler().prefix_cache_stats();
   return sum;
 }
 
@@ -270,6 +272,15 @@ std::string RunSummary::ToText() const {
     s += fmt::format("{:>6} {:>14.1f} {:>14.1f} {:>12.2f} {:>8.1f}%\n", d.device,
                      d.peak_kv_bytes / 1048576.0, d.kv_capacity_bytes / 1048576.0, d.compute_s,
                      100 * d.compute_share);
+  }
+  if (prefix_cache) {
+    s += fmt::format(
+        "prefix cache         {:.1f}% of {} blocks hit, {} prompt tokens not computed ({} more "
+        "of preempted requests), {} blocks cached, {} evicted\n",
+        100 * prefix.hit_rate(), prefix.lookup_blocks, prefix.hit_tokens,
+        prefix.readmitted_hit_tokens, prefix.cached_blocks, prefix.evicted_blocks);
+  } else {
+    s += "prefix cache         off\n";
   }
   for (const RecoveryReport& r : recoveries) s += r.ToText() + "\n";
   if (!failure.empty()) s += "failure              " + failure + "\n";
@@ -314,6 +325,14 @@ std::string RunSummary::ToJson() const {
   nlohmann::json recs = nlohmann::json::array();
   for (const RecoveryReport& r : recoveries) recs.push_back(nlohmann::json::parse(r.ToJson()));
   j["recoveries"] = recs;
+  j["prefix_cache"] = {{"on", prefix_cache},
+                       {"lookup_blocks", prefix.lookup_blocks},
+                       {"hit_blocks", prefix.hit_blocks},
+                       {"hit_rate", prefix.hit_rate()},
+                       {"hit_tokens", prefix.hit_tokens},
+                       {"readmitted_hit_tokens", prefix.readmitted_hit_tokens},
+                       {"cached_blocks", prefix.cached_blocks},
+                       {"evicted_blocks", prefix.evicted_blocks}};
   if (!failure.empty()) j["failure"] = failure;
   return j.dump();
 }

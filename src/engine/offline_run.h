@@ -59,6 +59,8 @@ struct RunSummary {
   std::string config;  // what ran (policy, router, prefill, devices, workload)
   std::vector<RecoveryReport> recoveries;
   std::string failure;  // why requests failed, if they did
+  bool prefix_cache = false;
+  PrefixCacheStats prefix;  // hits and savings when prefix_cache
 
   double tokens_per_s() const { return (input_tokens + output_tokens) / wall_s; }
   double emulated_tokens_per_s() const { return (input_tokens + output_tokens) / emulated_s; }

@@ -45,6 +45,7 @@ struct Scenario {
   int64_t device_memory = 0;
   int64_t step_timeout_ms = 600000;
   CommKind comm = CommKind::kShm;
+  bool prefix_cache = false;
   std::function<void(WorkerGroup*, int)> before_apply;
 };
 
@@ -73,6 +74,7 @@ Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
   sc.max_batch_tokens = 128;
   sc.max_num_seqs = 64;
   sc.max_model_len = 1024;
+  sc.prefix_cache = s.prefix_cache;
   EngineOptions eo;
   eo.recovery = s.mode;
   WorkerGroup* g = group.get();
@@ -431,6 +433,30 @@ TEST_P(ChaosTest, EveryRequestOnceSameOutputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, ChaosTest, ::testing::Range<uint64_t>(1, 7));
+
+// The same chaos on prompts that share prefixes, with the prefix cache on;
+// the fault-free reference computes every prompt (cache off).
+class PrefixChaosTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(PrefixChaosTest, EveryRequestOnceSameOutputsAsWithoutTheCache) {
+  const uint64_t seed = GetParam();
+  Workload w = SharedPrefixWorkload(80, 200 + seed);
+  const RunSummary& want = Reference("tiny-llama", w, 200 + seed);
+  EXPECT_EQ(want.prefix.hit_blocks, 0);
+  Scenario s;
+  s.prefix_cache = true;
+  s.policy = seed % 2 ? Policy::kHybrid : Policy::kCyclic;
+  s.mode = seed % 3 == 0 ? RecoveryMode::kHost : RecoveryMode::kFull;
+  auto faults = ChaosSchedule(seed, 8, 3, 24, 4);
+  auto got = RunScenario(s, w, faults);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 80);
+  EXPECT_GT(got->prefix.hit_blocks, 0);
+  EXPECT_GE(got->recoveries.size(), 12u);
+}
+
+// Seed 2: cyclic, full recovery; seed 3: hybrid, host recovery.
+INSTANTIATE_TEST_SUITE_P(Seeds, PrefixChaosTest, ::testing::Values<uint64_t>(2, 3));
 
 }  // namespace
 }  // namespace failsafe

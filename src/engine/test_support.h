@@ -11,8 +11,10 @@
 #include <string>
 #include <tuple>
 
+#include "common/rng.h"
 #include "common/scratch_dir.h"
 #include "model/synthetic.h"
+#include "trace/workload.h"
 
 namespace failsafe {
 
@@ -43,6 +45,29 @@ inline const std::string& TestModelDir(const std::string& preset, uint64_t seed,
   const Status st = WriteSyntheticModel(dir, o);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return dirs[key] = dir;
+}
+
+// `n` requests whose prompts share leading blocks: each starts with 0 to 5
+// blocks of `block_tokens` tokens common to one of `groups` prefixes, then
+// has blocks of its own (prompt lengths 4 to 4 + max_prompt, outputs 4 to 43
+// tokens).
+inline Workload SharedPrefixWorkload(int n, uint64_t seed, int block_tokens = 16, int groups = 3,
+                                     int max_prompt = 200) {
+  Workload w;
+  Rng rng(seed);
+  for (int i = 0; i < n; ++i) {
+    WorkloadRequest r;
+    r.arrival_s = 0.0005 * i;
+    r.input_len = 4 + static_cast<int>(rng.Below(max_prompt));
+    r.output_len = 4 + static_cast<int>(rng.Below(40));
+    r.block_tokens = block_tokens;
+    const int64_t group = static_cast<int64_t>(rng.Below(groups));
+    const int shared = static_cast<int>(rng.Below(6));
+    for (int b = 0; b * block_tokens < r.input_len; ++b)
+      r.hash_ids.push_back(b < shared ? group * 100 + b : 1000000 + i * 1000LL + b);
+    w.requests.push_back(std::move(r));
+  }
+  return w;
 }
 
 }  // namespace failsafe

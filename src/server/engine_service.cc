@@ -164,7 +164,9 @@ ServiceStatus EngineService::GetStatus() {
       ds.pid = executor_->device_pid(d);
       ds.alive = std::count(alive.begin(), alive.end(), d) > 0;
       ds.active = plan.IsActive(d);
-      ds.kv_used_pages = ds.active ? engine_.scheduler().kv().used(d) : 0;
+      // Cached blocks no request uses count as free (they are evicted for room).
+      ds.kv_used_pages =
+          ds.active ? engine_.scheduler().kv().used(d) - engine_.scheduler().kv().evictable(d) : 0;
       ds.kv_capacity_pages = ds.active ? engine_.scheduler().kv().capacity(d) : 0;
       ds.dp_load_tokens = d < static_cast<int>(load.size()) ? load[d] : 0;
       if (d < static_cast<int>(speeds.size())) ds.speed = speeds[d];
@@ -200,6 +202,8 @@ void EngineService::UpdateGauges() {
     capacity_ = t > 0 && fault_free_step_s_ > 0 ? std::min(1.0, fault_free_step_s_ / t) : 0;
   }
   g.capacity = capacity_;
+  g.prefix_cache = engine_.scheduler().config().prefix_cache;
+  g.prefix = engine_.scheduler().prefix_cache_stats();
   int64_t kv_used = 0, kv_capacity = 0;
   const std::vector<MeasuredSpeed> speeds = engine_.device_speeds();
   for (int d = 0; d < plan.num_devices; ++d) {
@@ -207,7 +211,8 @@ void EngineService::UpdateGauges() {
     dg.device = d;
     dg.alive = std::count(alive.begin(), alive.end(), d) > 0;
     const int64_t cap = plan.IsActive(d) ? engine_.scheduler().kv().capacity(d) : 0;
-    const int64_t used = cap > 0 ? engine_.scheduler().kv().used(d) : 0;
+    const int64_t used =
+        cap > 0 ? engine_.scheduler().kv().used(d) - engine_.scheduler().kv().evictable(d) : 0;
     dg.kv_usage = cap > 0 ? static_cast<double>(used) / cap : 0;
     kv_used += used;
     kv_capacity += cap;

@@ -104,6 +104,24 @@ std::string Metrics::Render(const std::string& model_name) const {
         gauges_.capacity);
   gauge("failsafe_kv_cache_usage_fraction", "KV pages in use over every active device's pages.",
         gauges_.kv_usage);
+  if (gauges_.prefix_cache) {
+    const PrefixCacheStats& p = gauges_.prefix;
+    auto counter = [&](const char* name, const char* help, double v) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
+    };
+    counter("failsafe_prefix_cache_lookup_blocks_total",
+            "Full prompt blocks of admitted requests looked up in the prefix cache.",
+            p.lookup_blocks);
+    counter("failsafe_prefix_cache_hit_blocks_total", "Looked-up blocks found in the cache.",
+            p.hit_blocks);
+    counter("failsafe_prefix_cache_hit_tokens_total",
+            "Prompt tokens not computed because their KV was cached.", p.hit_tokens);
+    counter("failsafe_prefix_cache_evicted_blocks_total",
+            "Unreferenced cached blocks evicted for room.", p.evicted_blocks);
+    gauge("failsafe_prefix_cache_hit_rate", "Hit blocks over looked-up blocks since start.",
+          p.hit_rate());
+    gauge("failsafe_prefix_cache_blocks", "Blocks in the prefix cache.", p.cached_blocks);
+  }
   // What fleet routers (llm-d's endpoint picker, vLLM's production-stack
   // router) read from vLLM: requests running and waiting, KV usage as a
   // fraction (1 = full), also under its older name.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/scheduler.h"
 #include "engine/recovery_report.h"
 
 namespace failsafe {
@@ -55,6 +56,9 @@ struct EngineGauges {
   // the scheduler's cost model on a reference step (core/step_cost.h).
   double capacity = 1;
   std::vector<DeviceGauge> devices;
+  // Prefix caching (core/scheduler.h PrefixCacheStats): totals since start.
+  bool prefix_cache = false;
+  PrefixCacheStats prefix;
 };
 
 class Metrics {

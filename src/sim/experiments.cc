@@ -209,9 +209,10 @@ Result<json> RunExperiment(const std::string& name, const ExperimentOptions& o) 
   if (name == "online") return Online(o);
   if (name == "recovery") return Recovery(o);
   if (name == "offline-gcp") return OfflineGcp(o);
+  if (name == "prefix-cache") return PrefixCache(o);
   return InvalidArgument(
       "unknown experiment '{}' (known: offline-gcp, online, tp-sweep, ablation, recovery, "
-      "validate)",
+      "prefix-cache, validate)",
       name);
 }
 

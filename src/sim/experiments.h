@@ -40,6 +40,8 @@ struct SystemSpec {
   RouterPolicy router;
   PrefillPolicy prefill;
   int node_alive = 0;  // devices alive on its 8-device node; 0: `devices`
+  bool prefix_cache = false;
+  int64_t prefix_affinity_tokens = -1;  // -1: SchedulerConfig's default
 };
 // Which work a saturated instance does.
 enum class Phase {

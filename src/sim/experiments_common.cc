@@ -34,7 +34,7 @@ Result<std::vector<SimRequest>> MooncakeRequests(const ExperimentOptions& o, int
   std::vector<SimRequest> out;
   for (int i = first; i < size; ++i) {
     const WorkloadRequest& r = w.requests[i];
-    out.push_back({r.arrival_s, r.input_len, r.output_len, false});
+    out.push_back({r.arrival_s, r.input_len, r.output_len, false, r.hash_ids, r.block_tokens});
   }
   // Arrivals in time order (a trace may list them otherwise).
   if (!std::is_sorted(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) {
@@ -119,6 +119,8 @@ SchedulerConfig GpuSchedulerConfig(const ModelConfig& m, const SystemSpec& s) {
   sc.router = s.router;
   sc.prefill = s.prefill;
   sc.adaptive_unit = 128;
+  sc.prefix_cache = s.prefix_cache;
+  if (s.prefix_affinity_tokens >= 0) sc.prefix_affinity_tokens = s.prefix_affinity_tokens;
   return sc;
 }
 

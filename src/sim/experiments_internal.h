@@ -35,6 +35,7 @@ Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile&
 nlohmann::json RatioOrNull(double a, double b);
 Result<nlohmann::json> OfflineGcp(const ExperimentOptions& o);
 Result<nlohmann::json> Online(const ExperimentOptions& o);
+Result<nlohmann::json> PrefixCache(const ExperimentOptions& o);
 Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
                                                   const HardwareProfile& hw, const SystemSpec& s,
                                                   RecoveryMode mode);

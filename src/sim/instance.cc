@@ -72,7 +72,17 @@ int64_t SimInstance::KvTokenCapacity() const {
 Status SimInstance::Submit(const SimRequest& r) {
   RequestSpec spec;
   spec.prompt.reserve(r.input + 1);  // room for a prefilled token: no copy
-  spec.prompt.assign(r.input, 0);
+  if (config_.sched.prefix_cache) {
+    // Real tokens: the cache hits exactly where the trace shares blocks.
+    WorkloadRequest w;
+    w.input_len = r.input;
+    w.hash_ids = r.hash_ids;
+    w.block_tokens = r.block_tokens;
+    spec.prompt = WorkloadPrompt(w, static_cast<int>(results_.size()) + 1, config_.prompt_seed, 0,
+                                 config_.model.vocab_size);
+  } else {
+    spec.prompt.assign(r.input, 0);
+  }
   spec.max_new_tokens = r.output;
   spec.arrival = r.arrival;
   // A decode instance receives the prompt's KV and its first token.

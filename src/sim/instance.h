@@ -19,6 +19,7 @@
 #include "placement/replan.h"
 #include "sim/cost_model.h"
 #include "sim/sim_executor.h"
+#include "trace/workload.h"
 
 namespace failsafe {
 
@@ -27,6 +28,11 @@ struct SimRequest {
   int input = 0;
   int output = 0;
   bool migrated = false;  // decode instance: the prompt's KV arrives computed, first token sampled
+  // The trace's block ids of the prompt (trace/workload.h): with a prefix
+  // cache, equal ids give equal tokens, so the scheduler's cache sees the
+  // trace's sharing. Empty: a prompt of its own.
+  std::vector<int64_t> hash_ids = {};
+  int block_tokens = kTraceHashBlock;
 };
 
 struct InstanceConfig {
@@ -46,6 +52,7 @@ struct InstanceConfig {
   // Host memory for the KV backup (SimExecutorOptions::backup_bytes); 0: room
   // for all the KV, < 0: none.
   int64_t backup_bytes = 0;
+  uint64_t prompt_seed = 0;  // prompt tokens, when sched.prefix_cache
 };
 
 // One of the engine's recovery reports (engine/recovery_report.h), in

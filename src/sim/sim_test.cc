@@ -141,6 +141,60 @@ TEST(SimInstance, EveryRequestCompletesThroughFailureAndRejoin) {
   }
 }
 
+// The simulator's scheduler caches prefixes like the engine's: requests that
+// share the trace's block ids compute fewer prompt tokens, finish sooner, and
+// get through a failure (which drops the cache) all the same.
+TEST(SimInstance, PrefixCacheSavesSharedPromptsThroughAFailure) {
+  auto m = *GetModelProfile("llama-3.1-70b");
+  auto hw = *GetHardwareProfile("h100-sxm-80gb");
+  std::map<bool, int64_t> computed;
+  std::map<bool, double> ttft;
+  for (bool cache : {false, true}) {
+    SystemSpec spec = FailsafeTp(8);
+    spec.prefix_cache = cache;
+    auto made = MakeInstance(m, hw, spec, RecoveryMode::kFull);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    auto inst = std::move(*made);
+    int64_t prompt = 0;
+    // Ten conversations of four turns, half a second apart: turn k repeats
+    // the k blocks of 512 tokens turn k - 1 had, then has one of its own.
+    bool failed = false;
+    for (int turn = 0; turn < 4; ++turn) {
+      for (int c = 0; c < 10; ++c) {
+        SimRequest r{0.5 * turn + 0.01 * c, 512 * (1 + turn) + 100, 50, false};
+        for (int b = 0; b <= turn; ++b) r.hash_ids.push_back(c * 10 + b);
+        r.hash_ids.push_back(1000 + c * 10 + turn);
+        prompt += r.input;
+        inst->RunUntil(r.arrival);
+        ASSERT_TRUE(inst->Submit(r).ok());
+      }
+      if (turn == 1 && !failed) {  // the cache is dropped between turns 1 and 2
+        inst->RunUntil(0.9);
+        ASSERT_TRUE(inst->Fail(3).ok());
+        failed = true;
+      }
+    }
+    inst->RunToCompletion(1e6);
+    double sum = 0;
+    for (const auto& r : inst->results()) {
+      EXPECT_GT(r.finish, 0);
+      sum += r.first_token - r.arrival;
+    }
+    const PrefixCacheStats st = inst->scheduler().prefix_cache_stats();
+    if (cache) {
+      EXPECT_GT(st.hit_rate(), 0.3);
+      EXPECT_GE(inst->tokens_in(), prompt - st.hit_tokens);
+    } else {
+      EXPECT_EQ(st.lookup_blocks, 0);
+      EXPECT_GE(inst->tokens_in(), prompt);
+    }
+    computed[cache] = inst->tokens_in();
+    ttft[cache] = sum;
+  }
+  EXPECT_LT(computed[true], computed[false] * 3 / 4);
+  EXPECT_LT(ttft[true], ttft[false]);
+}
+
 TEST(Fit, RecoversAKnownProfile) {
   // Steps timed by a known profile; fitting from the default start must
   // predict them again.

@@ -33,7 +33,7 @@ Status DeviceModel::ApplyKvTables(const StepBatch& b) {
         return InvalidArgument("malformed block table for sequence {}", run.seq_id);
       }
       FS_RETURN_IF_ERROR(kv_.AddBlocks(run.seq_id, slots, run.first_block, run.num_blocks,
-                                       u.pages.data() + run.page_offset));
+                                       u.pages.data() + run.page_offset, run.shared_blocks));
     }
   }
   const int bs = kv_.block_size();
@@ -45,6 +45,12 @@ Status DeviceModel::ApplyKvTables(const StepBatch& b) {
       return FailedPrecondition(
           "device {}: sequence {} has no block table for positions up to {} (DP rank {})", device_,
           s.seq_id, s.start_pos + s.num_tokens, s.dp_rank);
+    }
+    // Shared (cached) blocks are read-only: the scheduler computes past them.
+    if (s.start_pos < kv_.SharedBlocks(s.seq_id) * bs) {
+      return FailedPrecondition(
+          "device {}: sequence {} would write position {} into a shared block", device_, s.seq_id,
+          s.start_pos);
     }
   }
   return Status::Ok();

@@ -24,7 +24,7 @@ KvCache::KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim,
 KvCache::~KvCache() { ::munmap(base_, mapped_bytes_); }
 
 Status KvCache::AddBlocks(int64_t seq, const std::vector<int>& slots, int first_block,
-                          int num_blocks, const int32_t* pages) {
+                          int num_blocks, const int32_t* pages, int shared_blocks) {
   if (first_block < 0 || num_blocks < 0)
     return InvalidArgument("sequence {}: blocks [{}, +{}) out of range", seq, first_block,
                            num_blocks);
@@ -43,6 +43,10 @@ Status KvCache::AddBlocks(int64_t seq, const std::vector<int>& slots, int first_
     }
     have = static_cast<int>(held->ids[slots.front()].size());
   }
+  if (shared_blocks < 0 || shared_blocks > first_block + num_blocks ||
+      (held && have > 0 && shared_blocks != held->shared))
+    return FailedPrecondition("sequence {}: {} shared blocks do not fit its table", seq,
+                              shared_blocks);
   if (first_block > have) {
     return FailedPrecondition("sequence {}: table holds {} blocks, the update starts at block {}",
                               seq, have, first_block);
@@ -62,10 +66,13 @@ Status KvCache::AddBlocks(int64_t seq, const std::vector<int>& slots, int first_
       if (page < 0 || page >= max_pages_)
         return InvalidArgument("sequence {}: page {} is outside the pool of {} pages", seq, page,
                                max_pages_);
-      const bool taken = page < static_cast<int64_t>(owner_.size()) && owner_[page] >= 0;
-      if (taken || !fresh.insert(page).second) {
-        return FailedPrecondition("sequence {}: page {} already holds sequence {}", seq, page,
-                                  taken ? owner_[page] : seq);
+      if (!fresh.insert(page).second)
+        return FailedPrecondition("sequence {}: page {} is named twice", seq, page);
+      // A shared (cached) block's pages may be held by other tables.
+      if (block >= shared_blocks && page < static_cast<int64_t>(holders_.size()) &&
+          holders_[page] > 0) {
+        return FailedPrecondition("sequence {}: page {} of block {} already holds KV of another",
+                                  seq, page, block);
       }
     }
   }
@@ -75,13 +82,13 @@ Status KvCache::AddBlocks(int64_t seq, const std::vector<int>& slots, int first_
     s.pointers.resize(num_slots());
   }
   s.slots = slots;
+  s.shared = shared_blocks;
   for (int b = std::max(0, have - first_block); b < num_blocks; ++b) {
     for (size_t i = 0; i < slots.size(); ++i) {
       const int32_t page = pages[static_cast<int64_t>(b) * slots.size() + i];
-      if (page >= static_cast<int64_t>(owner_.size()))
-        owner_.resize(std::max<size_t>(page + 1, owner_.size() * 2), -1);
-      owner_[page] = seq;
-      ++used_pages_;
+      if (page >= static_cast<int64_t>(holders_.size()))
+        holders_.resize(std::max<size_t>(page + 1, holders_.size() * 2), 0);
+      if (holders_[page]++ == 0) ++used_pages_;
       s.ids[slots[i]].push_back(page);
       s.pointers[slots[i]].push_back(PageAddress(page));
     }
@@ -116,10 +123,16 @@ void KvCache::FreeSeq(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   for (const auto& ids : it->second.ids) {
-    for (int32_t page : ids) owner_[page] = -1;
-    used_pages_ -= static_cast<int64_t>(ids.size());
+    for (int32_t page : ids) {
+      if (--holders_[page] == 0) --used_pages_;
+    }
   }
   seqs_.erase(it);
+}
+
+int KvCache::SharedBlocks(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.shared;
 }
 
 std::vector<int64_t> KvCache::Seqs() const {

@@ -12,6 +12,9 @@
 // already holds something else, a block out of order) is refused with an
 // error and changes nothing: it means the coordinator and the device are out
 // of step, which a plan change (sending every table whole) repairs.
+// Prefix caching: a table's first shared_blocks blocks may name pages other
+// tables hold (full blocks of a cached prefix); the sequence only reads them
+// (SharedBlocks: the device refuses a step that would write there).
 //
 // Thread-safety: not thread-safe; owned by the device's compute thread.
 #pragma once
@@ -47,8 +50,11 @@ class KvCache {
   // first_block + b. Blocks the sequence already has must name the same pages
   // (a table sent again); first_block must not pass its last block. Fails,
   // changing nothing, on anything else.
+  // Its first `shared_blocks` blocks may name pages other tables hold.
   Status AddBlocks(int64_t seq, const std::vector<int>& slots, int first_block, int num_blocks,
-                   const int32_t* pages);
+                   const int32_t* pages, int shared_blocks = 0);
+  // Leading blocks of the sequence's table that are shared (read-only).
+  int SharedBlocks(int64_t seq) const;
   // Pages of one slot (one per block), or nullptr if the slot holds none.
   const float* const* Pages(int64_t seq, int slot) const;
   // The page of a block the table covers (the caller checked NumBlocks).
@@ -68,6 +74,7 @@ class KvCache {
     std::vector<int> slots;                     // held slots, ascending
     std::vector<std::vector<int32_t>> ids;      // [slot] -> page id per block
     std::vector<std::vector<float*>> pointers;  // [slot] -> page per block
+    int shared = 0;                             // leading read-only blocks
   };
   float* PageAddress(int64_t index) const { return base_ + index * page_floats(); }
 
@@ -75,8 +82,10 @@ class KvCache {
   const int64_t max_pages_;
   float* base_ = nullptr;
   size_t mapped_bytes_ = 0;
-  std::vector<int64_t> owner_;  // [page id] -> sequence holding it, -1: free; grows on demand
-  int64_t used_pages_ = 0;
+  // [page id] -> tables naming it (0: free; more than one only for shared
+  // blocks); grows on demand.
+  std::vector<int32_t> holders_;
+  int64_t used_pages_ = 0;  // pages named by at least one table
   std::unordered_map<int64_t, SeqPages> seqs_;
 };
 

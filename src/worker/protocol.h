@@ -31,7 +31,9 @@ enum class WorkerOp : uint32_t {
 // another (a stale binary), rather than misreading its steps.
 // 2: block tables travel with steps and plan changes (KvTableUpdate,
 // SeqRestore::pages).
-constexpr int32_t kWorkerProtocolVersion = 2;
+// 3: runs of table entries say which leading blocks are shared cached pages
+// (KvBlockRun::shared_blocks).
+constexpr int32_t kWorkerProtocolVersion = 3;
 
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.

@@ -26,13 +26,16 @@ struct StepSeq {
 // Entries a sequence's block table on one device gains: blocks
 // [first_block, first_block + num_blocks), their pages at
 // KvTableUpdate::pages[page_offset...] as [block][slot position], the slots
-// being Plan::KvSlots(device, dp_rank).
+// being Plan::KvSlots(device, dp_rank). The sequence's first `shared_blocks`
+// blocks are cached pages (prefix caching): other tables may name them too,
+// and the sequence only reads them.
 struct KvBlockRun {
   int64_t seq_id = 0;
   int32_t dp_rank = 0;
   int32_t first_block = 0;
   int32_t num_blocks = 0;
   int32_t page_offset = 0;
+  int32_t shared_blocks = 0;
 };
 
 // What one device's block tables gain in a step (the scheduler's block

@@ -1,0 +1,292 @@
+// The block manager's prefix cache through the scheduler: shared blocks are
+// computed once and counted once, a request always computes its last token,
+// eviction frees only unreferenced blocks (tail first), counting-only mode
+// makes the same decisions as page ids, a plan change keeps no sharing, and
+// the router weighs a hit against load.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "common/rng.h"
+#include "core/scheduler.h"
+#include "core/scheduler_test_util.h"
+#include "placement/replan.h"
+
+namespace failsafe {
+namespace {
+
+std::unique_ptr<Sequence> Prompt(int64_t id, std::vector<int32_t> tokens, int out) {
+  auto s = std::make_unique<Sequence>();
+  s->id = id;
+  s->prompt_len = static_cast<int>(tokens.size());
+  s->tokens = std::move(tokens);
+  s->max_new_tokens = out;
+  return s;
+}
+
+// Tokens [from, from + n) of a sequence numbered `seed`.
+std::vector<int32_t> Tokens(int n, int seed, int from = 0) {
+  std::vector<int32_t> t;
+  for (int i = from; i < from + n; ++i) t.push_back(1 + (seed * 7919 + i * 31) % 1000);
+  return t;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+SchedulerConfig Cached() {
+  SchedulerConfig cfg;
+  cfg.prefix_cache = true;
+  return cfg;
+}
+
+// The books after a step: page tables and all, or (counting only) the
+// manager's own invariants.
+void CheckBooks(const Scheduler& s, const StepPlan* p = nullptr) {
+  if (s.config().kv_page_ids) {
+    ExpectKvBooks(s, p);
+  } else {
+    const Status st = s.kv().CheckInvariants();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+}
+
+// Steps until `id` has computed `tokens` tokens (checking the books).
+void RunUntil(Scheduler& s, int64_t id, int tokens) {
+  for (int i = 0; i < 1000; ++i) {
+    const Sequence* q = s.Find(id);
+    if (!q || q->num_computed >= tokens) return;
+    StepPlan p = s.Schedule();
+    CheckBooks(s, &p);
+    s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
+    CheckBooks(s);
+    s.TakeFinished();
+  }
+  FAIL() << "sequence " << id << " never reached " << tokens << " tokens";
+}
+
+const ScheduledSeq* Scheduled(const StepPlan& p, int64_t id) {
+  for (const ScheduledSeq& ss : p.seqs) {
+    if (ss.seq_id == id) return &ss;
+  }
+  return nullptr;
+}
+
+TEST(PrefixCache, SharedBlocksAreComputedOnceAndCountedOnce) {
+  auto c = Model();
+  for (Policy policy : {Policy::kHybrid, Policy::kCyclic, Policy::kNonUniform}) {
+    auto plan = *MakePlan(c, policy, 8, Range(7));
+    Scheduler s(Cached(), plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+    const std::vector<int32_t> common = Tokens(96, 1);
+    ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(4, 2)), 50)).ok());
+    RunUntil(s, 1, 100);
+    const Sequence* a = s.Find(1);
+    ASSERT_NE(a, nullptr);
+    std::map<int, int64_t> before;
+    for (int d : plan.active) before[d] = s.kv().used(d);
+    ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(20, 3)), 5)).ok());
+    StepPlan p = s.Schedule();
+    ExpectKvBooks(s, &p);
+    const ScheduledSeq* b = Scheduled(p, 2);
+    ASSERT_NE(b, nullptr) << PolicyName(policy);
+    EXPECT_EQ(b->start, 96) << PolicyName(policy);  // six cached blocks
+    if (plan.num_dp_heads_total() > 0) {
+      EXPECT_EQ(b->dp_rank, a->dp_rank);  // where its DP KV is
+    }
+    EXPECT_EQ(s.kv().SharedBlocks(2), 6);
+    for (int d : plan.active) {
+      const size_t cols = s.kv().Slots(d, a->dp_rank).size();
+      const std::vector<int32_t>& ta = s.kv().Table(1, d);
+      const std::vector<int32_t>& tb = s.kv().Table(2, d);
+      ASSERT_GE(tb.size(), 6 * cols);
+      EXPECT_TRUE(std::equal(tb.begin(), tb.begin() + 6 * cols, ta.begin())) << d;
+      // B's own blocks (6 and 7) and A's decode growth are all that is new.
+      const int64_t grown = (s.kv().BlocksFor(a->num_computed + 1) - 7) * cols;
+      EXPECT_EQ(s.kv().used(d) - before[d], 2 * static_cast<int64_t>(cols) + grown) << d;
+    }
+    const PrefixCacheStats st = s.prefix_cache_stats();
+    EXPECT_EQ(st.lookup_blocks, 6 + 7);  // (100 - 1) / 16, then (116 - 1) / 16
+    EXPECT_EQ(st.hit_blocks, 6);
+    EXPECT_EQ(st.hit_tokens, 96);
+    s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
+    DriveResult r = Drive(s);
+    EXPECT_EQ(r.outputs.size(), 2u);
+  }
+}
+
+TEST(PrefixCache, AlwaysComputesTheLastToken) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));
+  Scheduler s(Cached(), plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+  ASSERT_TRUE(s.Add(Prompt(1, Tokens(64, 1), 3)).ok());
+  Drive(s);
+  // The same prompt: three blocks cached, the fourth computed for logits.
+  ASSERT_TRUE(s.Add(Prompt(2, Tokens(64, 1), 3)).ok());
+  StepPlan p = s.Schedule();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].start, 48);
+  EXPECT_EQ(p.seqs[0].num_tokens, 16);
+  EXPECT_TRUE(p.seqs[0].sample);
+  s.Update(p, {7});
+  Drive(s);
+  // One token more: all four blocks hit, one token computed.
+  ASSERT_TRUE(s.Add(Prompt(3, Concat(Tokens(64, 1), {9}), 3)).ok());
+  p = s.Schedule();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].start, 64);
+  EXPECT_EQ(p.seqs[0].num_tokens, 1);
+  s.Update(p, {7});
+  Drive(s);
+  // A different first block hits nothing, even with the same later tokens.
+  std::vector<int32_t> other = Tokens(64, 1);
+  other[3] += 1;
+  ASSERT_TRUE(s.Add(Prompt(4, other, 3)).ok());
+  p = s.Schedule();
+  EXPECT_EQ(p.seqs[0].start, 0);
+}
+
+TEST(PrefixCache, EvictsOnlyUnreferencedBlocksTailFirst) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));
+  // Room for 12 blocks of every slot per device.
+  const int64_t pages = 12LL * plan.num_tp_heads_total(0);
+  Scheduler s(Cached(), plan, c, 16, std::vector<int64_t>(8, pages));
+  ASSERT_TRUE(s.Add(Prompt(1, Tokens(64, 1), 4)).ok());
+  Drive(s);
+  ASSERT_TRUE(s.Add(Prompt(2, Tokens(64, 2), 4)).ok());
+  Drive(s);
+  EXPECT_EQ(s.prefix_cache_stats().cached_blocks, 8);
+  EXPECT_EQ(s.kv().free(0), s.kv().capacity(0));  // cached blocks count as free
+  // Five blocks on four unused: one cached block goes, the tail of the least
+  // recently used prompt.
+  ASSERT_TRUE(s.Add(Prompt(3, Tokens(70, 3), 4)).ok());
+  Drive(s);
+  EXPECT_GE(s.prefix_cache_stats().evicted_blocks, 1);
+  // Prompt 1 still finds the three blocks it looks up.
+  const int64_t hits = s.prefix_cache_stats().hit_blocks;
+  ASSERT_TRUE(s.Add(Prompt(4, Tokens(64, 1), 4)).ok());
+  Drive(s);
+  EXPECT_EQ(s.prefix_cache_stats().hit_blocks, hits + 3);
+}
+
+// Random shared-prefix traffic on tight memory (evictions, preemptions): the
+// counting-only block manager (the simulator's) makes the same decisions as
+// the one with page ids, every request finishes with its tokens, and the books
+// hold after every step.
+TEST(PrefixCache, CountingOnlyMatchesPageIdsUnderPressure) {
+  auto c = Model();
+  for (Policy policy : {Policy::kStandard, Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid}) {
+    for (PrefillPolicy pp : {PrefillPolicy::kFifo, PrefillPolicy::kAdaptive}) {
+      auto plan = *MakePlan(c, policy, 8, Range(7));
+      SchedulerConfig ids = Cached(), counts = Cached();
+      ids.prefill = counts.prefill = pp;
+      ids.max_batch_tokens = counts.max_batch_tokens = 256;
+      counts.kv_page_ids = false;
+      int64_t most = 0;
+      for (int d : plan.active) most = std::max<int64_t>(most, plan.num_tp_heads_total(d));
+      const std::vector<int64_t> cap(8, 40 * (most + plan.num_dp_heads_total()));
+      Scheduler a(ids, plan, c, 16, cap), b(counts, plan, c, 16, cap);
+      Rng rng(static_cast<uint64_t>(policy) * 10 + static_cast<uint64_t>(pp));
+      std::map<int64_t, int> want, got;
+      for (int i = 0; i < 60; ++i) {
+        const int group = static_cast<int>(rng.Below(4));
+        const int shared = 16 * static_cast<int>(rng.Below(8));
+        const int own = 1 + static_cast<int>(rng.Below(100));
+        const std::vector<int32_t> t = Concat(Tokens(shared, 100 + group), Tokens(own, i, shared));
+        want[i] = 1 + static_cast<int>(rng.Below(30));
+        ASSERT_TRUE(a.Add(Prompt(i, t, want[i])).ok());
+        ASSERT_TRUE(b.Add(Prompt(i, t, want[i])).ok());
+      }
+      for (int step = 0; !a.idle() && step < 20000; ++step) {
+        StepPlan pa = a.Schedule(), pb = b.Schedule();
+        ExpectKvBooks(a, &pa);
+        ASSERT_TRUE(b.kv().CheckInvariants().ok()) << b.kv().CheckInvariants().ToString();
+        ASSERT_EQ(pa.seqs.size(), pb.seqs.size()) << "step " << step;
+        for (size_t i = 0; i < pa.seqs.size(); ++i) {
+          EXPECT_EQ(pa.seqs[i].seq_id, pb.seqs[i].seq_id);
+          EXPECT_EQ(pa.seqs[i].start, pb.seqs[i].start);
+          EXPECT_EQ(pa.seqs[i].num_tokens, pb.seqs[i].num_tokens);
+        }
+        for (int d : plan.active) {
+          ASSERT_EQ(a.kv().used(d), b.kv().used(d)) << "step " << step << " device " << d;
+          ASSERT_EQ(a.kv().evictable(d), b.kv().evictable(d)) << "step " << step;
+        }
+        a.Update(pa, std::vector<int32_t>(pa.seqs.size(), 7));
+        b.Update(pb, std::vector<int32_t>(pb.seqs.size(), 7));
+        ExpectKvBooks(a);
+        for (auto& f : a.TakeFinished()) got[f->id] = f->output_len();
+        b.TakeFinished();
+      }
+      EXPECT_EQ(got, want) << PolicyName(policy);
+      const PrefixCacheStats st = a.prefix_cache_stats();
+      EXPECT_GT(st.hit_blocks, 0) << PolicyName(policy);
+      EXPECT_GT(st.evicted_blocks, 0) << PolicyName(policy);
+      EXPECT_EQ(st.hit_blocks, b.prefix_cache_stats().hit_blocks);
+    }
+  }
+}
+
+// A plan change keeps no sharing: the later of two sequences sharing cached
+// blocks is preempted, the earlier keeps them as its own.
+TEST(PrefixCache, PlanChangePreemptsSharersAndDropsTheCache) {
+  auto c = Model();
+  for (bool page_ids : {true, false}) {
+    auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(8));
+    SchedulerConfig cfg = Cached();
+    cfg.kv_page_ids = page_ids;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+    const std::vector<int32_t> common = Tokens(64, 5);
+    ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(10, 6)), 40)).ok());
+    RunUntil(s, 1, 74);
+    ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(10, 7)), 40)).ok());
+    RunUntil(s, 2, 74);
+    ASSERT_EQ(s.kv().SharedBlocks(2), 4);
+    std::vector<int> alive = Range(8);
+    alive.erase(alive.begin() + 3);
+    auto next = *Replan(plan, c, alive);
+    std::vector<int64_t> rerouted;
+    const std::vector<int64_t> preempted =
+        s.Reconfigure(next, std::vector<int64_t>(8, 1 << 20), &rerouted);
+    EXPECT_EQ(preempted, std::vector<int64_t>{2});
+    EXPECT_EQ(s.kv().cached_blocks(), 0);
+    EXPECT_EQ(s.kv().SharedBlocks(1), 0);
+    ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
+    if (!page_ids) continue;  // the books below read page tables
+    ExpectKvBooks(s);
+    EXPECT_EQ(Drive(s).outputs.size(), 2u);
+  }
+}
+
+// With DP heads a hit is on one DP rank: the router sends a request there
+// unless that rank's pending work exceeds the least-loaded one's by more than
+// prefix_affinity_tokens.
+TEST(PrefixCache, RouterWeighsAHitAgainstLoad) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  ASSERT_GT(plan.num_dp_heads_total(), 0);
+  for (int64_t bound : {int64_t{1} << 30, int64_t{0}}) {
+    SchedulerConfig cfg = Cached();
+    cfg.prefix_affinity_tokens = bound;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+    const std::vector<int32_t> common = Tokens(128, 9);
+    ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(8, 1)), 200)).ok());
+    RunUntil(s, 1, 137);  // decoding: its rank has work pending
+    const int rank = s.Find(1)->dp_rank;
+    ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(8, 2)), 5)).ok());
+    StepPlan p = s.Schedule();
+    const ScheduledSeq* b = Scheduled(p, 2);
+    ASSERT_NE(b, nullptr);
+    if (bound > 0) {
+      EXPECT_EQ(b->dp_rank, rank);
+      EXPECT_EQ(b->start, 128);
+    } else {
+      EXPECT_NE(b->dp_rank, rank);  // the least-loaded rank, without the hit
+      EXPECT_EQ(b->start, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace failsafe

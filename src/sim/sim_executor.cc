@@ -65,9 +65,11 @@ Result<std::unique_ptr<SimExecutor>> SimExecutor::Create(const SimExecutorOption
         e->backup_, HostKvBackup::Create(o.model, o.block_size, budget, o.max_seqs, o.num_devices));
   }
   e->loss_.assign(o.num_devices, DeviceLoss{});
+  e->down_.assign(o.num_devices, false);
   for (int d = 0; d < o.num_devices; ++d) {
     if (!std::count(alive.begin(), alive.end(), d)) {
       e->loss_[d] = {clock->NowNanos(), clock->NowNanos(), "not started"};
+      e->down_[d] = true;
     }
   }
   e->CacheSlots();
@@ -282,6 +284,7 @@ Status SimExecutor::KillDevice(int device) {
   if (!Up(device)) return FailedPrecondition("device {} is not alive", device);
   const int64_t now = clock_->NowNanos();
   loss_[device] = {now, now + ToNanos(options_.hw.failure_detect_s), "its process exited"};
+  down_[device] = true;
   return Status::Ok();
 }
 
@@ -291,6 +294,7 @@ Status SimExecutor::HangDevice(int device, double detect_s) {
   const int64_t now = clock_->NowNanos();
   loss_[device] = {now, now + ToNanos(detect_s),
                    fmt::format("no progress for {:.0f} ms", detect_s * 1e3)};
+  down_[device] = true;
   return Status::Ok();
 }
 
@@ -300,6 +304,7 @@ Status SimExecutor::SpawnDevice(int device) {
   // The engine must have seen it go before a new one takes its place.
   if (loss_[device].detected_ns > clock_->NowNanos()) clock_->Set(loss_[device].detected_ns);
   loss_[device] = {};
+  down_[device] = false;
   return Status::Ok();
 }
 

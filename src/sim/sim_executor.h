@@ -100,7 +100,7 @@ class SimExecutor final : public Executor {
 
  private:
   SimExecutor() = default;
-  bool Up(int device) const { return loss_[device].detected_ns == 0; }
+  bool Up(int device) const { return !down_[device]; }
   // A device of `active` that is down: the clock moves to its detection and
   // the call fails.
   Status FailIfDown(const std::vector<int>& active);
@@ -114,7 +114,8 @@ class SimExecutor final : public Executor {
   std::unique_ptr<ClusterCostModel> cost_;
   std::vector<int64_t> capacity_;
   std::unique_ptr<HostKvBackup> backup_;
-  std::vector<DeviceLoss> loss_;                      // [device]; detected_ns 0: up
+  std::vector<DeviceLoss> loss_;                      // [device]; of a device down
+  std::vector<bool> down_;                            // [device]; killed, hung or not started
   std::unordered_map<int64_t, int> held_;             // sequence -> DP rank
   std::vector<std::vector<std::vector<int>>> slots_;  // [device][dp rank] (plan_)
   std::vector<std::vector<int>> writers_;             // [dp rank] -> devices

@@ -99,6 +99,24 @@ TEST(CostModel, HybridBalancesAnIrregularGroup) {
   EXPECT_LT(hi / lo, 1.05);
 }
 
+// Seven of eight devices started at time 0: the eighth is down, not alive,
+// so a failure of one of the seven is a failure (and a recovery to six).
+TEST(SimInstance, ADeviceNotStartedIsNotAlive) {
+  auto m = *GetModelProfile("llama-3.1-70b");
+  auto hw = *GetHardwareProfile("h100-sxm-80gb");
+  auto made = MakeInstance(m, hw, FailsafeTp(7), RecoveryMode::kFull);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  auto inst = std::move(*made);
+  ASSERT_TRUE(inst->Submit(SimRequest{0, 1000, 50, false}).ok());
+  inst->RunUntil(0.5);
+  auto fail = inst->Fail(3);
+  ASSERT_TRUE(fail.ok()) << fail.status().ToString();
+  EXPECT_EQ(inst->plan().active.size(), 6u);
+  inst->RunToCompletion(1e6);
+  ASSERT_EQ(inst->results().size(), 1u);
+  EXPECT_GE(inst->results()[0].first_token, 0);
+}
+
 TEST(SimInstance, EveryRequestCompletesThroughFailureAndRejoin) {
   auto m = *GetModelProfile("llama-3.1-70b");
   auto hw = *GetHardwareProfile("h100-sxm-80gb");

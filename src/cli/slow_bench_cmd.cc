@@ -110,7 +110,9 @@ CommandFn RegisterSlowBench(CLI::App& app) {
         const pid_t pid = (*exec)->device_pid(o->device);
         if (pid <= 0) return Fail("the devices are not worker processes");
         if (run.throttled && !signals) {
-          if (Status st = (*exec)->SetDeviceSpeed(o->device, o->speed); !st.ok())
+          DeviceFaults* faults = FaultsOf(exec->get());
+          if (!faults) return Fail("the devices cannot be slowed");
+          if (Status st = faults->SetDeviceSpeed(o->device, o->speed); !st.ok())
             return Fail(st.ToString());
         }
         Result<RunSummary> s = [&] {

@@ -96,15 +96,8 @@ class Executor {
                                         const DeviceRestores& seqs) {
     return FailedPrecondition("this executor cannot change its plan");
   }
-  virtual Status KillDevice(int device) {
-    return FailedPrecondition("this executor has no device processes");
-  }
+  // A new device in the place of a dead one (the engine's Rejoin).
   virtual Status SpawnDevice(int device) {
-    return FailedPrecondition("this executor has no device processes");
-  }
-  // Slows a device to `speed` (0, 1] of its compute speed until its process
-  // is replaced (fault injection: a throttled accelerator).
-  virtual Status SetDeviceSpeed(int device, double speed) {
     return FailedPrecondition("this executor has no device processes");
   }
   // The device's latest loss (detected_ns 0 while it is alive).
@@ -112,6 +105,23 @@ class Executor {
   // The device's worker process, or -1 (none, or not a separate process).
   virtual int device_pid(int device) const { return -1; }
 };
+
+// Faults injected into an executor's devices by an operator or a test (the
+// server's /admin/fail, `run --fail`, the benchmarks), not by the engine: an
+// executor whose devices can die or slow down implements this beside
+// Executor, and the engine never sees it.
+class DeviceFaults {
+ public:
+  virtual ~DeviceFaults() = default;
+  // The device dies now (for a worker process: SIGKILL).
+  virtual Status KillDevice(int device) = 0;
+  // Slows a device to `speed` (0, 1] of its compute speed until it is
+  // replaced (a throttled accelerator).
+  virtual Status SetDeviceSpeed(int device, double speed) = 0;
+};
+
+// The executor's fault interface, or null if its devices cannot be killed.
+inline DeviceFaults* FaultsOf(Executor* e) { return dynamic_cast<DeviceFaults*>(e); }
 
 struct LocalExecutorOptions {
   int threads = 1;

@@ -2,7 +2,8 @@
 // another and makes chosen calls fail, so that every error path of the
 // engine (Engine::Step, Engine::Recover) can be driven on purpose against a
 // real executor underneath. Device deaths and hangs are injected for real
-// (KillDevice, or signals to a worker process); this wrapper injects the
+// (DeviceFaults::KillDevice on the executor underneath, or signals to a
+// worker process); this wrapper injects the
 // errors that are not deaths: a collective that timed out, a device that
 // answered with an error, a reply lost after the work was done.
 //
@@ -62,7 +63,6 @@ class FaultInjectingExecutor final : public Executor {
   Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
                                 const DeviceRestores& seqs) override;
-  Status KillDevice(int device) override { return inner_->KillDevice(device); }
   Status SpawnDevice(int device) override;
   DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }
   int device_pid(int device) const override { return inner_->device_pid(device); }

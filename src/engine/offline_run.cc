@@ -57,6 +57,11 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
   std::vector<bool> fault_done(o.faults.size(), false);
   size_t charged_recoveries = 0;
   Rng jitter(HashCombine(o.seed, 0xfa17));
+  DeviceFaults* faults = FaultsOf(&engine.executor());
+  for (const FaultEvent& f : o.faults) {
+    if (!f.rejoin && !faults)
+      return FailedPrecondition("--fail: this engine's devices cannot be killed");
+  }
   auto pending_rejoin = [&] {
     for (size_t i = 0; i < o.faults.size(); ++i) {
       if (!fault_done[i] && o.faults[i].rejoin) return true;
@@ -138,9 +143,9 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
     std::thread killer;
     if (!kills.empty()) {
       const int64_t delay_us = static_cast<int64_t>(jitter.Below(3000));
-      killer = std::thread([&engine, kills, delay_us] {
+      killer = std::thread([faults, kills, delay_us] {
         ::usleep(static_cast<useconds_t>(delay_us));
-        for (int d : kills) (void)engine.executor().KillDevice(d);
+        for (int d : kills) (void)faults->KillDevice(d);
       });
     }
     auto stepped = engine.Step();

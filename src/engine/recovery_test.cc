@@ -315,7 +315,7 @@ TEST(Recovery, RequestsFreedAcrossAFailureReturnTheirBackup) {
     for (const TokenEvent& e : out->events) finished |= e.finished;
     // The next step frees the finished request first: on a dead device.
     if (finished && !killed) {
-      ASSERT_TRUE(engine.executor().KillDevice(3).ok());
+      ASSERT_TRUE((*group)->KillDevice(3).ok());
       killed = true;
     }
   }

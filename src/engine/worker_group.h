@@ -88,7 +88,7 @@ struct WorkerGroupOptions {
 // Bytes a device keeps for step activations (an estimate from the shapes).
 int64_t ActivationReserveBytes(const ModelConfig& config, int max_step_tokens);
 
-class WorkerGroup final : public Executor {
+class WorkerGroup final : public Executor, public DeviceFaults {
  public:
   static Result<std::unique_ptr<WorkerGroup>> Start(const WorkerGroupOptions& options);
   ~WorkerGroup() override;

@@ -133,7 +133,9 @@ void EngineService::RunOnEngine(Task task) {
 Status EngineService::FailDevice(int device) {
   Status st;
   RunOnEngine([&] {
-    st = executor_->KillDevice(device);
+    DeviceFaults* faults = FaultsOf(executor_.get());
+    st = faults ? faults->KillDevice(device)
+                : FailedPrecondition("this engine has no device processes");
     // Notice the death now rather than at the next step.
     if (st.ok()) (void)engine_.CheckHealth(service_.heartbeat_timeout_ms);
     UpdateGauges();

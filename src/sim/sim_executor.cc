@@ -288,6 +288,10 @@ Status SimExecutor::KillDevice(int device) {
   return Status::Ok();
 }
 
+Status SimExecutor::SetDeviceSpeed(int device, double) {
+  return FailedPrecondition("the simulator does not model slowed devices (device {})", device);
+}
+
 Status SimExecutor::HangDevice(int device, double detect_s) {
   if (device < 0 || device >= options_.num_devices) return InvalidArgument("no device {}", device);
   if (!Up(device)) return FailedPrecondition("device {} is not alive", device);

@@ -54,7 +54,7 @@ struct SimExecutorOptions {
   double group_s = 1e-3;
 };
 
-class SimExecutor final : public Executor {
+class SimExecutor final : public Executor, public DeviceFaults {
  public:
   // `clock` must outlive the executor; the engine driving it should read it
   // (EngineOptions::clock).
@@ -79,6 +79,8 @@ class SimExecutor final : public Executor {
                                 const DeviceRestores& seqs) override;
   // The device dies now; it is detected after the profile's detection delay.
   Status KillDevice(int device) override;
+  // Slowed devices are not modelled: an error.
+  Status SetDeviceSpeed(int device, double speed) override;
   // A new device in its place (alive at once; its weights and KV are priced
   // by the plan change that takes it in).
   Status SpawnDevice(int device) override;

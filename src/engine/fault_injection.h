@@ -3,9 +3,9 @@
 // engine (Engine::Step, Engine::Recover) can be driven on purpose against a
 // real executor underneath. Device deaths and hangs are injected for real
 // (DeviceFaults::KillDevice on the executor underneath, or signals to a
-// worker process); this wrapper injects the
-// errors that are not deaths: a collective that timed out, a device that
-// answered with an error, a reply lost after the work was done.
+// worker process); this wrapper injects the errors that are not deaths: a
+// collective that timed out, a device that answered with an error, a reply
+// lost after the work was done.
 //
 // Thread-safety: one thread drives the executor; Inject and the counters may
 // be called from any thread.

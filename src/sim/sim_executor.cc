@@ -133,7 +133,7 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     held_[s.seq_id] = s.dp_rank;
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
-      backup_->SetProgress(s.seq_id, writers_[s.dp_rank], end);
+      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], s.start_pos, end);
     }
   }
   const int64_t ns = ToNanos(cost_->StepSeconds(step));

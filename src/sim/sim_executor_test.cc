@@ -1,0 +1,84 @@
+#include "sim/sim_executor.h"
+
+#include <gtest/gtest.h>
+
+#include "sim/profiles.h"
+
+namespace failsafe {
+namespace {
+
+struct Rig {
+  FakeClock clock;
+  std::unique_ptr<SimExecutor> exec;
+};
+
+std::unique_ptr<Rig> MakeRig(int num_devices = 8) {
+  auto rig = std::make_unique<Rig>();
+  SimExecutorOptions o;
+  o.model = *GetModelProfile("llama-3.1-70b");
+  o.hw = *GetHardwareProfile("h100-sxm-80gb");
+  o.num_devices = num_devices;
+  auto made = SimExecutor::Create(o, &rig->clock);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (made.ok()) rig->exec = std::move(*made);
+  return rig;
+}
+
+// Adds positions [start, start + n) of `seq` on DP rank `rank` to `batch`,
+// backed up as the engine asks (HostKvBackup::Prepare).
+void AddSeq(SimExecutor& e, StepBatch* batch, int64_t seq, int start, int n, int rank) {
+  StepSeq st;
+  st.seq_id = seq;
+  st.start_pos = start;
+  st.num_tokens = n;
+  st.dp_rank = rank;
+  st.token_offset = batch->num_tokens();
+  st.logits_row = batch->num_logits_rows++;
+  e.backup()->Prepare(seq, start, start + n, &st, &batch->backup_blocks);
+  batch->seqs.push_back(st);
+  batch->tokens.insert(batch->tokens.end(), n, 1);
+}
+
+// The modelled backup writers copy as the devices' do: a step's KV extends
+// what a slot holds only when it starts within it, so a sequence whose
+// first step starts past position 0 (its earlier KV never copied), or that
+// skips ahead of its backup, claims nothing more than it holds.
+TEST(SimExecutor, BackupProgressOnlyGrowsFromWhatTheBackupHolds) {
+  auto rig = MakeRig();
+  ASSERT_TRUE(rig->exec);
+  SimExecutor& e = *rig->exec;
+  const int rank = e.plan().active[0];
+  StepBatch first;
+  AddSeq(e, &first, 1, 0, 32, rank);
+  AddSeq(e, &first, 2, 48, 16, rank);  // its KV up to 48 came from elsewhere
+  ASSERT_TRUE(e.Step(first, nullptr).ok());
+  for (int d : e.plan().active) {
+    if (e.backup()->Progress(1, d) == 0) continue;  // not a writer of rank's slots
+    EXPECT_EQ(e.backup()->Progress(1, d), 32) << d;
+  }
+  int writers = 0;
+  for (int d : e.plan().active) {
+    writers += e.backup()->Progress(1, d) > 0;
+    EXPECT_EQ(e.backup()->Progress(2, d), 0) << "device " << d << " backed up what it never had";
+    EXPECT_EQ(e.backup()->Restorable(2, d), 0) << d;
+  }
+  EXPECT_GT(writers, 0);
+  StepBatch gap;
+  AddSeq(e, &gap, 1, 40, 1, rank);  // positions 32-39 never reached the backup
+  AddSeq(e, &gap, 2, 64, 1, rank);
+  ASSERT_TRUE(e.Step(gap, nullptr).ok());
+  for (int d : e.plan().active) {
+    EXPECT_LE(e.backup()->Progress(1, d), 32) << d;
+    EXPECT_EQ(e.backup()->Progress(2, d), 0) << d;
+  }
+  StepBatch next;
+  AddSeq(e, &next, 1, 32, 9, rank);  // continues from what it holds
+  ASSERT_TRUE(e.Step(next, nullptr).ok());
+  for (int d : e.plan().active) {
+    const int p = e.backup()->Progress(1, d);
+    EXPECT_TRUE(p == 0 || p == 41) << d << ": " << p;
+  }
+}
+
+}  // namespace
+}  // namespace failsafe

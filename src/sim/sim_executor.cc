@@ -103,13 +103,16 @@ int32_t SimExecutor::SyntheticToken(int64_t seq_id, int position) const {
 }
 
 Status SimExecutor::FailIfDown(const std::vector<int>& active) {
+  // The call fails when the first of its lost devices is found (a hang
+  // found later does not delay a kill found sooner).
+  int first = -1;
   for (int d : active) {
-    if (Up(d)) continue;
-    const DeviceLoss& loss = loss_[d];
-    if (clock_->NowNanos() < loss.detected_ns) clock_->Set(loss.detected_ns);
-    return Unavailable("device {} was lost: {}", d, loss.reason);
+    if (!Up(d) && (first < 0 || loss_[d].detected_ns < loss_[first].detected_ns)) first = d;
   }
-  return Status::Ok();
+  if (first < 0) return Status::Ok();
+  const DeviceLoss& loss = loss_[first];
+  if (clock_->NowNanos() < loss.detected_ns) clock_->Set(loss.detected_ns);
+  return Unavailable("device {} was lost: {}", first, loss.reason);
 }
 
 Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timing) {

@@ -103,8 +103,8 @@ class SimExecutor final : public Executor {
  private:
   SimExecutor() = default;
   bool Up(int device) const { return !down_[device]; }
-  // A device of `active` that is down: the clock moves to its detection and
-  // the call fails.
+  // Devices of `active` that are down: the clock moves to the earliest of
+  // their detections and the call fails.
   Status FailIfDown(const std::vector<int>& active);
   // Per active device and DP rank of `plan`: the KV slots the device caches
   // (Plan::KvSlots), and per DP rank the devices that back up some slot.

@@ -80,5 +80,26 @@ TEST(SimExecutor, BackupProgressOnlyGrowsFromWhatTheBackupHolds) {
   }
 }
 
+// Two devices down at once, the later one found first: the step in flight
+// fails when the first loss is found, not when the last one is, and only the
+// device found by then is missing from the alive ones.
+TEST(SimExecutor, AStepFailsAtTheEarliestDetection) {
+  auto rig = MakeRig();
+  ASSERT_TRUE(rig->exec);
+  SimExecutor& e = *rig->exec;
+  const int64_t t0 = rig->clock.NowNanos();
+  ASSERT_TRUE(e.HangDevice(1, 10.0).ok());  // found after 10 s
+  ASSERT_TRUE(e.KillDevice(5).ok());        // found after the profile's detection delay
+  StepBatch b;
+  AddSeq(e, &b, 1, 0, 4, e.plan().active[0]);
+  EXPECT_FALSE(e.Step(b, nullptr).ok());
+  const int64_t kill_found = e.device_loss(5).detected_ns;
+  EXPECT_GT(kill_found, t0);
+  EXPECT_EQ(rig->clock.NowNanos(), kill_found);
+  const std::vector<int> alive = e.alive_devices();
+  EXPECT_EQ(std::count(alive.begin(), alive.end(), 5), 0);
+  EXPECT_EQ(std::count(alive.begin(), alive.end(), 1), 1) << "the hang is not found yet";
+}
+
 }  // namespace
 }  // namespace failsafe

@@ -133,10 +133,13 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     const int end = s.start_pos + s.num_tokens;
     if (s.start_pos < 0 || s.num_tokens <= 0 || s.logits_row >= batch.num_logits_rows)
       return InvalidArgument("sequence {}: a malformed step entry", s.seq_id);
+    // KV the devices did not compute arrived with the request (a decode
+    // instance's prefilled prompt): it is copied to the backup as it arrives.
+    const bool arrived = held_.emplace(s.seq_id, s.dp_rank).second;
     held_[s.seq_id] = s.dp_rank;
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
-      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], s.start_pos, end);
+      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], arrived ? 0 : s.start_pos, end);
     }
   }
   const int64_t ns = ToNanos(cost_->StepSeconds(step));

@@ -11,7 +11,8 @@
 //   - the devices' backup writers keep up: after each step every device that
 //     writes a KV slot of a backed-up sequence has copied it to the step's end
 //     (as far as the copy continues what the backup holds: a step starting
-//     past it, e.g. after cached prefix blocks, leaves the backup where it was);
+//     past it leaves the backup where it was), and the KV a request arrives
+//     with (a decode instance's prefilled prompt) is copied as it arrives;
 //   - a plan change is priced from what the engine asks of the devices:
 //     weights each device gains (over PCIe from the host copy, and for a new
 //     DP head group in pieces exchanged over NVLink), KV slots it restores

@@ -93,13 +93,18 @@ void HostKvBackup::SetProgress(int64_t seq_id, int device, int tokens) {
   p->tokens.store(tokens, std::memory_order_release);
 }
 
-void HostKvBackup::SetProgress(int64_t seq_id, const std::vector<int>& devices, int tokens) {
+void HostKvBackup::CopiedByStep(int64_t seq_id, const std::vector<int>& devices, int start,
+                                int end) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end() || it->second.slot < 0) return;
   for (int device : devices) {
     BackupProgress* p = layout_.Progress(region_.data(), it->second.slot, device);
-    p->seq_id.store(seq_id, std::memory_order_relaxed);
-    p->tokens.store(tokens, std::memory_order_release);
+    if (p->seq_id.load(std::memory_order_relaxed) != seq_id) {
+      p->tokens.store(0, std::memory_order_relaxed);
+      p->seq_id.store(seq_id, std::memory_order_relaxed);
+    }
+    const int64_t held = p->tokens.load(std::memory_order_relaxed);
+    if (end > held && start <= held) p->tokens.store(end, std::memory_order_release);
   }
 }
 

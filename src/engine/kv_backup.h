@@ -52,8 +52,12 @@ class HostKvBackup {
   // `tokens` must not claim more than the backup holds (the recovery takes
   // the least of the rollback point and what each slot's old writer copied).
   void SetProgress(int64_t seq_id, int device, int tokens);
-  // The same for several devices (one lookup of the sequence).
-  void SetProgress(int64_t seq_id, const std::vector<int>& devices, int tokens);
+  // What a step's backup copy does to each of `devices` (a modelled device:
+  // sim/sim_executor.h), with one lookup of the sequence: positions
+  // [start, end) are copied, so a device's progress becomes `end` if it
+  // reached `start` (as the devices' backup writers publish it); a copy that
+  // starts past the progress leaves a gap and claims nothing.
+  void CopiedByStep(int64_t seq_id, const std::vector<int>& devices, int start, int end);
   const std::vector<int32_t>& Blocks(int64_t seq_id) const;
   // Returns the sequence's slot and blocks (its devices have freed it).
   void Release(int64_t seq_id);

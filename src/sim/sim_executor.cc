@@ -103,13 +103,16 @@ int32_t SimExecutor::SyntheticToken(int64_t seq_id, int position) const {
 }
 
 Status SimExecutor::FailIfDown(const std::vector<int>& active) {
+  // The call fails when the first of its lost devices is found (a hang
+  // found later does not delay a kill found sooner).
+  int first = -1;
   for (int d : active) {
-    if (Up(d)) continue;
-    const DeviceLoss& loss = loss_[d];
-    if (clock_->NowNanos() < loss.detected_ns) clock_->Set(loss.detected_ns);
-    return Unavailable("device {} was lost: {}", d, loss.reason);
+    if (!Up(d) && (first < 0 || loss_[d].detected_ns < loss_[first].detected_ns)) first = d;
   }
-  return Status::Ok();
+  if (first < 0) return Status::Ok();
+  const DeviceLoss& loss = loss_[first];
+  if (clock_->NowNanos() < loss.detected_ns) clock_->Set(loss.detected_ns);
+  return Unavailable("device {} was lost: {}", first, loss.reason);
 }
 
 Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timing) {
@@ -130,10 +133,13 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     const int end = s.start_pos + s.num_tokens;
     if (s.start_pos < 0 || s.num_tokens <= 0 || s.logits_row >= batch.num_logits_rows)
       return InvalidArgument("sequence {}: a malformed step entry", s.seq_id);
+    // KV the devices did not compute arrived with the request (a decode
+    // instance's prefilled prompt): it is copied to the backup as it arrives.
+    const bool arrived = held_.emplace(s.seq_id, s.dp_rank).second;
     held_[s.seq_id] = s.dp_rank;
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
-      backup_->SetProgress(s.seq_id, writers_[s.dp_rank], end);
+      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], arrived ? 0 : s.start_pos, end);
     }
   }
   const int64_t ns = ToNanos(cost_->StepSeconds(step));

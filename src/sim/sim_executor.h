@@ -9,7 +9,10 @@
 //     sequence id and position, so a request's output does not depend on its
 //     batching, preemption or recovery, as the real engine's does not;
 //   - the devices' backup writers keep up: after each step every device that
-//     writes a KV slot of a backed-up sequence has copied it to the step's end;
+//     writes a KV slot of a backed-up sequence has copied it to the step's end
+//     (as far as the copy continues what the backup holds: a step starting
+//     past it leaves the backup where it was), and the KV a request arrives
+//     with (a decode instance's prefilled prompt) is copied as it arrives;
 //   - a plan change is priced from what the engine asks of the devices:
 //     weights each device gains (over PCIe from the host copy, and for a new
 //     DP head group in pieces exchanged over NVLink), KV slots it restores
@@ -103,8 +106,8 @@ class SimExecutor final : public Executor, public DeviceFaults {
  private:
   SimExecutor() = default;
   bool Up(int device) const { return !down_[device]; }
-  // A device of `active` that is down: the clock moves to its detection and
-  // the call fails.
+  // Devices of `active` that are down: the clock moves to the earliest of
+  // their detections and the call fails.
   Status FailIfDown(const std::vector<int>& active);
   // Per active device and DP rank of `plan`: the KV slots the device caches
   // (Plan::KvSlots), and per DP rank the devices that back up some slot.

@@ -1,0 +1,103 @@
+#include "sim/sim_executor.h"
+
+#include <gtest/gtest.h>
+
+#include "sim/profiles.h"
+
+namespace failsafe {
+namespace {
+
+struct Rig {
+  FakeClock clock;
+  std::unique_ptr<SimExecutor> exec;
+};
+
+std::unique_ptr<Rig> MakeRig(int num_devices = 8) {
+  auto rig = std::make_unique<Rig>();
+  SimExecutorOptions o;
+  o.model = *GetModelProfile("llama-3.1-70b");
+  o.hw = *GetHardwareProfile("h100-sxm-80gb");
+  o.num_devices = num_devices;
+  auto made = SimExecutor::Create(o, &rig->clock);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (made.ok()) rig->exec = std::move(*made);
+  return rig;
+}
+
+// Adds positions [start, start + n) of `seq` on DP rank `rank` to `batch`,
+// backed up as the engine asks (HostKvBackup::Prepare).
+void AddSeq(SimExecutor& e, StepBatch* batch, int64_t seq, int start, int n, int rank) {
+  StepSeq st;
+  st.seq_id = seq;
+  st.start_pos = start;
+  st.num_tokens = n;
+  st.dp_rank = rank;
+  st.token_offset = batch->num_tokens();
+  st.logits_row = batch->num_logits_rows++;
+  e.backup()->Prepare(seq, start, start + n, &st, &batch->backup_blocks);
+  batch->seqs.push_back(st);
+  batch->tokens.insert(batch->tokens.end(), n, 1);
+}
+
+// The modelled backup writers copy as the devices' do: a step's KV extends
+// what a slot holds only when it starts within it, so a sequence that skips
+// ahead of its backup (positions the backup never got) claims nothing past
+// what it holds. KV a request arrives with (its first step starts past 0:
+// a decode instance's prefilled prompt) is copied as it arrives.
+TEST(SimExecutor, BackupProgressOnlyGrowsFromWhatTheBackupHolds) {
+  auto rig = MakeRig();
+  ASSERT_TRUE(rig->exec);
+  SimExecutor& e = *rig->exec;
+  const int rank = e.plan().active[0];
+  StepBatch first;
+  AddSeq(e, &first, 1, 0, 32, rank);
+  AddSeq(e, &first, 2, 48, 16, rank);  // arrives with the KV of 48 positions
+  ASSERT_TRUE(e.Step(first, nullptr).ok());
+  int writers = 0;
+  for (int d : e.plan().active) {
+    const int p = e.backup()->Progress(1, d);
+    if (p == 0) continue;  // not a writer of the rank's slots
+    ++writers;
+    EXPECT_EQ(p, 32) << d;
+    EXPECT_EQ(e.backup()->Progress(2, d), 64) << d;
+  }
+  EXPECT_GT(writers, 0);
+  StepBatch gap;
+  AddSeq(e, &gap, 1, 40, 1, rank);  // positions 32-39 never reached the backup
+  ASSERT_TRUE(e.Step(gap, nullptr).ok());
+  for (int d : e.plan().active) {
+    EXPECT_LE(e.backup()->Progress(1, d), 32) << "device " << d << " claims KV it never copied";
+    EXPECT_LE(e.backup()->Restorable(1, d), 32) << d;
+  }
+  StepBatch next;
+  AddSeq(e, &next, 1, 32, 9, rank);  // continues from what it holds
+  ASSERT_TRUE(e.Step(next, nullptr).ok());
+  for (int d : e.plan().active) {
+    const int p = e.backup()->Progress(1, d);
+    EXPECT_TRUE(p == 0 || p == 41) << d << ": " << p;
+  }
+}
+
+// Two devices down at once, the later one found first: the step in flight
+// fails when the first loss is found, not when the last one is, and only the
+// device found by then is missing from the alive ones.
+TEST(SimExecutor, AStepFailsAtTheEarliestDetection) {
+  auto rig = MakeRig();
+  ASSERT_TRUE(rig->exec);
+  SimExecutor& e = *rig->exec;
+  const int64_t t0 = rig->clock.NowNanos();
+  ASSERT_TRUE(e.HangDevice(1, 10.0).ok());  // found after 10 s
+  ASSERT_TRUE(e.KillDevice(5).ok());        // found after the profile's detection delay
+  StepBatch b;
+  AddSeq(e, &b, 1, 0, 4, e.plan().active[0]);
+  EXPECT_FALSE(e.Step(b, nullptr).ok());
+  const int64_t kill_found = e.device_loss(5).detected_ns;
+  EXPECT_GT(kill_found, t0);
+  EXPECT_EQ(rig->clock.NowNanos(), kill_found);
+  const std::vector<int> alive = e.alive_devices();
+  EXPECT_EQ(std::count(alive.begin(), alive.end(), 5), 0);
+  EXPECT_EQ(std::count(alive.begin(), alive.end(), 1), 1) << "the hang is not found yet";
+}
+
+}  // namespace
+}  // namespace failsafe

@@ -149,17 +149,8 @@ FS_INLINE void LoadPairPart(const BF16* p, int lanes, V16* even, V16* odd) {
 template <int MR, typename W>
 void DirectTail(const GemmArgs& a, const W* w, int t, int j0) {
   V16 acc[MR];
+  StartAccumulators<MR>(a, j0, t, acc);
   float tmp[16];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-    if (a.out == GemmOut::kAccumulate) {
-      std::memset(tmp, 0, sizeof(tmp));
-      std::memcpy(tmp, a.y + static_cast<int64_t>(i) * a.ldy + j0, sizeof(float) * t);
-      acc[i] = Load(tmp);
-    } else {
-      acc[i] = V16{};
-    }
-  }
   const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of the tail
   int kk = 0;
   if constexpr (kPairs<W>) {

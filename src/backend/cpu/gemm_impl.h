@@ -78,9 +78,10 @@ FS_INLINE void Transpose16(V r[16]) {
 // block is transposed in registers, so that the chains over k run along the
 // columns. MR <= kDirectRows rows of x.
 
-template <int MR, typename W>
-void DirectNT(const GemmArgs& a, int j0, int cols) {
-  V16 acc[MR];
+// The accumulators of MR rows over output columns [j0, j0 + cols), cols <=
+// 16: y's values when accumulating onto it, else zero.
+template <int MR>
+inline void StartAccumulators(const GemmArgs& a, int j0, int cols, V16* acc) {
   float tmp[16];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
@@ -92,6 +93,13 @@ void DirectNT(const GemmArgs& a, int j0, int cols) {
       acc[i] = V16{};
     }
   }
+}
+
+template <int MR, typename W>
+void DirectNT(const GemmArgs& a, int j0, int cols) {
+  V16 acc[MR];
+  StartAccumulators<MR>(a, j0, cols, acc);
+  float tmp[16];
   const W* wr[16];
   for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
   int kb = 0;

@@ -121,9 +121,14 @@ int Scheduler::RouteFor(const Sequence& s, std::span<const uint64_t> hashes) {
 void Scheduler::PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending) {
   const bool lookup = kv_.prefix_cache() && s->state == SeqState::kWaiting &&
                       s->num_computed == 0 && s->kv_blocks == 0;
-  std::vector<uint64_t> hashes;
-  // Never the whole sequence: its last token is computed for its logits.
-  if (lookup) hashes = kv_.BlockHashes(s->tokens, (s->len() - 1) / kv_.block_size());
+  std::span<const uint64_t> hashes;
+  if (lookup) {
+    // Never the whole sequence: its last token is computed for its logits.
+    const int blocks = (s->len() - 1) / kv_.block_size();
+    if (static_cast<int>(s->block_hashes.size()) < blocks)
+      s->block_hashes = kv_.BlockHashes(s->tokens, blocks);
+    hashes = std::span<const uint64_t>(s->block_hashes).first(blocks);
+  }
   if (s->dp_rank < 0) {
     s->dp_rank = RouteFor(*s, hashes);
     dp_load_[s->dp_rank] += s->len();

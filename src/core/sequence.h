@@ -26,6 +26,10 @@ struct Sequence {
   int dp_rank = -1;      // device owning its DP heads; -1: not routed yet
   int kv_blocks = 0;     // blocks of block_size tokens accounted on the devices
   int num_preemptions = 0;
+  // Prefix cache: chained hashes of the leading full blocks of `tokens`,
+  // computed once while the sequence waits (tokens are only appended, so a
+  // block's hash never changes).
+  std::vector<uint64_t> block_hashes;
   std::string error;  // when finish == kError
 
   int len() const { return static_cast<int>(tokens.size()); }

@@ -177,6 +177,16 @@ class ChaosRun {
     return dead[rng_.Below(dead.size())];
   }
 
+  // Fails the next call(s) of `call` with `error`: 1 to `max_times` times
+  // (0: once, drawing nothing), before or after the work (a lost reply).
+  void InjectError(ExecutorCall call, Status error, int max_times) {
+    InjectedFault f;
+    f.error = std::move(error);
+    if (max_times > 0) f.times = 1 + static_cast<int>(rng_.Below(max_times));
+    f.after = rng_.Below(2) == 1;
+    faulty_.Inject(call, f);
+  }
+
   void Count(const std::string& kind) {
     report_->faults[kind]++;
     Mix(std::hash<std::string>{}(kind));
@@ -220,24 +230,14 @@ class ChaosRun {
       cascade_ = true;
     } else if (roll < 82) {
       Count("apply");
-      InjectedFault f;
-      f.error = Unavailable("injected: a plan change failed");
-      f.times = 1 + static_cast<int>(rng_.Below(4));
-      f.after = rng_.Below(2) == 1;
-      faulty_.Inject(ExecutorCall::kApplyPlan, f);
+      InjectError(ExecutorCall::kApplyPlan, Unavailable("injected: a plan change failed"), 4);
     } else if (roll < 95) {
       Count("step");
-      InjectedFault f;
-      f.error = DeadlineExceeded("injected: a collective timed out");
-      f.times = 1 + static_cast<int>(rng_.Below(3));
-      f.after = rng_.Below(2) == 1;
-      faulty_.Inject(ExecutorCall::kStep, f);
+      InjectError(ExecutorCall::kStep, DeadlineExceeded("injected: a collective timed out"), 3);
     } else {
       Count("free");
-      InjectedFault f;
-      f.error = Internal("injected: a device could not free sequences");
-      f.after = rng_.Below(2) == 1;
-      faulty_.Inject(ExecutorCall::kFreeSeqs, f);
+      InjectError(ExecutorCall::kFreeSeqs, Internal("injected: a device could not free sequences"),
+                  0);
     }
   }
 

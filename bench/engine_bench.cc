@@ -6,6 +6,7 @@
 //
 //   failsafe_bench_engine [--model DIR | --preset 1b-llama] [--dtypes f32,bf16]
 //                         [--threads 1,2] [--isa avx512|avx2|generic]
+#include <immintrin.h>
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -71,6 +72,58 @@ double MeasureReadBandwidth(int threads) {
     double secs = (MonotonicNanos() - t0) * 1e-9;
     if (total == 42.0f) std::printf(" ");  // keep the sum alive
     best = std::max(best, n * sizeof(float) / secs);
+  }
+  return best;
+}
+
+// The f32 multiply-add rate (FLOP/s) `threads` threads reach with the
+// widest FMA the kernels' `level` uses, on twelve independent chains per
+// thread: enough to cover the FMA latency, so this is the ceiling a GEMM
+// built from f32 FMAs can reach on this CPU (0 for the generic level).
+// Each function runs twelve chains of `iters` FMAs on full vectors.
+__attribute__((target("avx512f"))) double Chains512(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
+}
+
+__attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0] + out[7];
+}
+
+double MeasureFmaPeak(int threads, CpuIsa level) {
+  if (level == CpuIsa::kGeneric) return 0;
+  const int lanes = level == CpuIsa::kAvx512 ? 16 : 8;
+  const int64_t iters = 20'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t t0 = MonotonicNanos();
+    double sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += level == CpuIsa::kAvx512 ? Chains512(iters) : Chains256(iters);
+    const double secs = (MonotonicNanos() - t0) * 1e-9;
+    if (sink == 42.0) std::printf(" ");  // keep the chains alive
+    best = std::max(best, 2.0 * lanes * 12 * iters * threads / secs);
   }
   return best;
 }
@@ -281,6 +334,14 @@ int main(int argc, char** argv) {
       "weights widened in registers)\n",
       CpuIsaName(level), cpu::GemmTileRows(level));
 
+  // The ceiling of f32 FMA work per thread count, for the GEMM columns below.
+  std::vector<double> fma_peak;
+  for (int threads : thread_counts) fma_peak.push_back(MeasureFmaPeak(threads, level));
+  std::printf("f32 FMA peak (%s, 12 chains):", CpuIsaName(level));
+  for (size_t i = 0; i < thread_counts.size(); ++i)
+    std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
+                fma_peak[i] / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
+
   // One model directory per weight type.
   std::vector<std::pair<DType, std::string>> models;
   if (!model.empty()) {
@@ -338,12 +399,13 @@ int main(int argc, char** argv) {
     std::printf("\nmodel %s: %.2fB parameters, %s weights, %.2f GiB read per decode step\n",
                 dir.c_str(), c.NumParameters() / 1e9, DTypeName(dtype),
                 weight_bytes / double(1ull << 30));
-    std::printf("%-7s %9s %9s %8s %9s %9s %9s %8s %9s %9s %8s\n", "threads", "bandwidth", "dec b=1",
-                "of bw", "b=1 cpu", "dec b=B", "GEMM b=B", "of GEMM", "prefill", "GEMM pre",
-                "of GEMM");
-    std::printf("%-7s %9s %9s %8s %9s %9s %9s %8s %9s %9s %8s\n", "", "GB/s", "tok/s", "limit",
-                "tok/s", "tok/s", "GFLOP/s", "", "tok/s", "GFLOP/s", "");
-    for (int threads : thread_counts) {
+    std::printf("%-7s %9s %9s %8s %9s %9s %9s %8s %9s %9s %8s %8s\n", "threads", "bandwidth",
+                "dec b=1", "of bw", "b=1 cpu", "dec b=B", "GEMM b=B", "of GEMM", "prefill",
+                "GEMM pre", "of GEMM", "of FMA");
+    std::printf("%-7s %9s %9s %8s %9s %9s %9s %8s %9s %9s %8s %8s\n", "", "GB/s", "tok/s", "limit",
+                "tok/s", "tok/s", "GFLOP/s", "", "tok/s", "GFLOP/s", "", "peak");
+    for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
+      const int threads = thread_counts[ti];
       LocalExecutorOptions eo;
       eo.threads = threads;
       eo.isa = isa;
@@ -364,12 +426,15 @@ int main(int argc, char** argv) {
       // includes their waiting at barriers.
       char cpu[16] = "-";
       if (threads == 1) std::snprintf(cpu, sizeof(cpu), "%.2f", d1.cpu_tokens_per_s);
-      std::printf("%-7d %9.1f %9.2f %7.1f%% %9s %9.2f %9.1f %7.1f%% %9.1f %9.1f %7.1f%%\n", threads,
-                  bw / 1e9, d1.tokens_per_s, 100.0 * d1.tokens_per_s / limit, cpu, db.tokens_per_s,
-                  linear_flops_per_token * batch / gemm_b / 1e9, 100.0 * gemm_b / db.step_s,
-                  prefill_tokens / prefill_s,
-                  linear_flops_per_token * prefill_tokens / gemm_p / 1e9,
-                  100.0 * gemm_p / prefill_s);
+      const double gemm_p_rate = linear_flops_per_token * prefill_tokens / gemm_p;
+      char of_peak[16] = "-";
+      if (fma_peak[ti] > 0)
+        std::snprintf(of_peak, sizeof(of_peak), "%.1f%%", 100.0 * gemm_p_rate / fma_peak[ti]);
+      std::printf("%-7d %9.1f %9.2f %7.1f%% %9s %9.2f %9.1f %7.1f%% %9.1f %9.1f %7.1f%% %8s\n",
+                  threads, bw / 1e9, d1.tokens_per_s, 100.0 * d1.tokens_per_s / limit, cpu,
+                  db.tokens_per_s, linear_flops_per_token * batch / gemm_b / 1e9,
+                  100.0 * gemm_b / db.step_s, prefill_tokens / prefill_s, gemm_p_rate / 1e9,
+                  100.0 * gemm_p / prefill_s, of_peak);
     }
   }
 

@@ -28,28 +28,37 @@ Workload SmallWorkload() {
   return w;
 }
 
+// Five worker processes under `policy` with little KV memory (300 pages):
+// sequences are preempted and cached blocks evicted.
+Result<std::unique_ptr<WorkerGroup>> TightGroup(Policy policy) {
+  WorkerGroupOptions o;
+  o.model_dir = Dir();
+  o.worker_binary = TestBinary();
+  o.num_devices = 5;
+  o.policy = policy;
+  o.max_logits_rows = 64;
+  o.kv_pages = 300;
+  return WorkerGroup::Start(o);
+}
+
+// The workload on one in-process device: the reference outputs.
+Result<RunSummary> OneDevice(const Workload& w, const SchedulerConfig& sc) {
+  FS_ASSIGN_OR_RETURN(auto local, LocalExecutor::Create(Dir(), {}));
+  Engine e(local.get(), sc);
+  return RunOffline(e, w, {});
+}
+
 TEST(Engine, WorkloadOnDevicesMatchesOneDevice) {
-  auto local = LocalExecutor::Create(Dir(), {});
-  ASSERT_TRUE(local.ok());
   SchedulerConfig sc;
   sc.max_batch_tokens = 96;
   sc.max_model_len = 1024;
-  Engine ref(local->get(), sc);
-  auto want = RunOffline(ref, SmallWorkload(), {});
+  auto want = OneDevice(SmallWorkload(), sc);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
   EXPECT_EQ(want->requests_completed, 24);
 
   for (Policy p : {Policy::kHybrid, Policy::kNonUniform}) {
     for (PrefillPolicy pp : {PrefillPolicy::kAdaptive, PrefillPolicy::kFifo}) {
-      WorkerGroupOptions o;
-      o.model_dir = Dir();
-      o.worker_binary = TestBinary();
-      o.num_devices = 5;
-      o.policy = p;
-      o.max_logits_rows = 64;
-      // Tight memory: preemptions happen.
-      o.kv_pages = 300;
-      auto group = WorkerGroup::Start(o);
+      auto group = TightGroup(p);
       ASSERT_TRUE(group.ok()) << group.status().ToString();
       sc.prefill = pp;
       Engine e(group->get(), sc);
@@ -70,37 +79,24 @@ TEST(Engine, WorkloadOnDevicesMatchesOneDevice) {
 // and sequences preempted.
 TEST(Engine, PrefixCacheChangesNoOutputUnderEveryPlacement) {
   const Workload w = SharedPrefixWorkload(24, 5);
-  auto local = LocalExecutor::Create(Dir(), {});
-  ASSERT_TRUE(local.ok());
   SchedulerConfig sc;
   sc.max_batch_tokens = 96;
   sc.max_model_len = 1024;
-  Engine ref(local->get(), sc);
-  auto want = RunOffline(ref, w, {});
+  auto want = OneDevice(w, sc);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
   EXPECT_EQ(want->requests_completed, 24);
   EXPECT_EQ(want->prefix.lookup_blocks, 0);  // off: nothing looked up
 
   sc.prefix_cache = true;
   {
-    auto one = LocalExecutor::Create(Dir(), {});
-    ASSERT_TRUE(one.ok());
-    Engine e(one->get(), sc);
-    auto got = RunOffline(e, w, {});
+    auto got = OneDevice(w, sc);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_GT(got->prefix.hit_blocks, 0);
     EXPECT_LT(got->input_tokens - got->prefix.hit_tokens, want->input_tokens);
     EXPECT_EQ(got->output_digest, want->output_digest) << "one device";
   }
   for (Policy p : {Policy::kStandard, Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid}) {
-    WorkerGroupOptions o;
-    o.model_dir = Dir();
-    o.worker_binary = TestBinary();
-    o.num_devices = 5;
-    o.policy = p;
-    o.max_logits_rows = 64;
-    o.kv_pages = 300;  // tight: cached blocks are evicted, sequences preempted
-    auto group = WorkerGroup::Start(o);
+    auto group = TightGroup(p);
     ASSERT_TRUE(group.ok()) << group.status().ToString();
     Engine e(group->get(), sc);
     auto got = RunOffline(e, w, {});
@@ -147,14 +143,7 @@ TEST(Engine, SeededSamplingIsTheSameWhateverTheBatch) {
     drain(alone, &want);
   }
   // All at once on five devices with little memory.
-  WorkerGroupOptions o;
-  o.model_dir = Dir();
-  o.worker_binary = TestBinary();
-  o.num_devices = 5;
-  o.policy = Policy::kHybrid;
-  o.max_logits_rows = 64;
-  o.kv_pages = 300;
-  auto group = WorkerGroup::Start(o);
+  auto group = TightGroup(Policy::kHybrid);
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   Engine together(group->get(), sc);
   for (const RequestSpec& r : reqs) ASSERT_TRUE(together.Submit(r).ok());

@@ -236,6 +236,9 @@ CommandFn RegisterBench(CLI::App& app) {
     if (!w.ok()) return Fail(w.status().ToString());
     if (w->skipped)
       std::fprintf(stderr, "skipped %d requests that do not fit the context\n", w->skipped);
+    if (w->reordered)
+      std::fprintf(stderr, "%d rows were out of timestamp order (run in arrival order)\n",
+                   w->reordered);
     const int n = static_cast<int>(w->requests.size());
     // Requests may all be open at once: one connection each.
     const FileLimit limit = RaiseOpenFileLimit(n + 64);

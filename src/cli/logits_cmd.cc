@@ -1,3 +1,4 @@
+#include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -23,11 +24,12 @@ CommandFn RegisterLogits(CLI::App& app) {
     std::vector<int> prompt;
     std::stringstream ss(o->prompt_ids);
     for (std::string item; std::getline(ss, item, ',');) {
-      try {
-        prompt.push_back(std::stoi(item));
-      } catch (...) {
+      // The whole item: "1 2" or "1.5" is not token 1.
+      int id = 0;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+      if (item.empty() || ec != std::errc() || end != item.data() + item.size())
         return Fail("--prompt-ids: '" + item + "' is not a token id");
-      }
+      prompt.push_back(id);
     }
     auto exec = MakeExecutor(o->model, o->dev);
     if (!exec.ok()) return Fail(exec.status().ToString());

@@ -72,6 +72,9 @@ CommandFn RegisterRun(CLI::App& app) {
     if (!workload.ok()) return Fail(workload.status().ToString());
     if (workload->skipped > 0)
       std::fprintf(stderr, "skipped %d invalid workload lines\n", workload->skipped);
+    if (workload->reordered > 0)
+      std::fprintf(stderr, "%d workload rows were out of timestamp order (run in arrival order)\n",
+                   workload->reordered);
     auto faults = ParseFaults(o->fail, o->dev.devices, o->time_scale);
     if (!faults.ok()) return Fail(faults.status().ToString());
     if (!faults->empty() && o->dev.devices == 1) return Fail("--fail needs more than one device");

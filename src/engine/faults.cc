@@ -1,6 +1,8 @@
 #include "engine/faults.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -55,7 +57,8 @@ Result<std::vector<FaultEvent>> ReadTrace(const std::string& path, double time_s
   std::ifstream in(path);
   if (!in) return NotFound("--fail trace={}: cannot open", path);
   std::vector<FaultEvent> out;
-  std::map<std::string, int> ids;
+  std::map<std::string, int> ids;  // node name -> device, in order of appearance
+  bool numbered = false;           // a node was named by its device number
   std::string line;
   int lineno = 0;
   while (std::getline(in, line)) {
@@ -68,18 +71,30 @@ Result<std::vector<FaultEvent>> ReadTrace(const std::string& path, double time_s
     }
     while (!node.empty() && (node.back() == '\r' || node.back() == ' ')) node.pop_back();
     FaultEvent e;
-    try {
-      e.at_s = std::stod(ms) / 1000.0 * time_scale;
-    } catch (...) {
+    // The whole field, finite and not negative: "12abc" or "nan" would
+    // otherwise fire at 12 ms or never.
+    double at_ms = 0;
+    const auto [end, ec] = std::from_chars(ms.data(), ms.data() + ms.size(), at_ms);
+    if (ms.empty() || ec != std::errc() || end != ms.data() + ms.size() || !std::isfinite(at_ms) ||
+        at_ms < 0) {
       return InvalidArgument("{}:{}: '{}' is not a time in ms", path, lineno, ms);
     }
+    e.at_s = at_ms / 1000.0 * time_scale;
     if (what == "add") {
       e.rejoin = true;
     } else if (what != "remove") {
       return InvalidArgument("{}:{}: '{}' is neither add nor remove", path, lineno, what);
     }
     auto num = ParseInt(node, "node");
+    // Device numbers and node names (numbered in order of appearance) would
+    // name the same devices twice over.
+    if ((num.ok() && !ids.empty()) || (!num.ok() && numbered)) {
+      return InvalidArgument(
+          "{}:{}: node '{}': a trace names its nodes either by device number or by name, not both",
+          path, lineno, node);
+    }
     if (num.ok()) {
+      numbered = true;
       e.device = *num;
     } else {
       auto it = ids.find(node);

@@ -249,6 +249,8 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
       return InvalidArgument("tojson: separators are not supported");
     const Value indent = a.Get(1);
     if (indent.Truthy() && !indent.is_int()) return ExpectedType("an integer indent", indent);
+    if (indent.is_int() && indent.as_int() > kMaxRepetition)
+      return InvalidArgument("tojson indent {} is too large", indent.as_int());
     FS_ASSIGN_OR_RETURN(std::string j,
                         v.ToJson(indent.is_int() ? static_cast<int>(indent.as_int()) : -1,
                                  a.Get(3, Value(false)).Truthy()));
@@ -431,6 +433,8 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
   if (name == "indent") {
     FS_ASSIGN_OR_RETURN(Args a, args({"width", "first", "blank"}));
     const Value w = a.Get(0, Value(int64_t{4}));
+    if (!w.is_string() && w.as_int() > kMaxRepetition)
+      return InvalidArgument("indent width {} is too large", w.as_int());
     const std::string pad =
         w.is_string() ? w.as_string() : std::string(std::max<int64_t>(0, w.as_int()), ' ');
     return Value(
@@ -446,7 +450,9 @@ Result<Value> Filter(Interpreter& in, const std::string& name, const Value& v, V
   }
   if (name == "center") {
     FS_ASSIGN_OR_RETURN(Args a, args({"width"}));
-    return Value(Center(v.Str(), a.Get(0, Value(int64_t{80})).as_int()));
+    const int64_t width = a.Get(0, Value(int64_t{80})).as_int();
+    if (width > kMaxRepetition) return InvalidArgument("center width {} is too large", width);
+    return Value(Center(v.Str(), width));
   }
   return InvalidArgument("unsupported filter '{}'", name);
 }

@@ -69,6 +69,8 @@ Status LineError(int line, const Status& st) {
 
 Result<int64_t> FloorDivInt(int64_t a, int64_t b) {
   if (b == 0) return InvalidArgument("integer division or modulo by zero");
+  if (a == INT64_MIN && b == -1)
+    return InvalidArgument("integer overflow: {} // -1 does not fit in 64 bits", a);
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -89,8 +91,20 @@ Result<Value> BinaryOp(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return Value(a.Str() + b.Str());
   const bool nums = a.is_number() && b.is_number();
   const bool floats = nums && (a.is_float() || b.is_float());
+  // Python's integers do not overflow; 64-bit ones do, and a wrapped number
+  // would render wrong: past 64 bits is an error.
+  // `overflowed` is computed before the call reads `exact`.
+  int64_t exact = 0;
+  auto checked = [&](bool overflowed) -> Result<Value> {
+    if (overflowed) {
+      return InvalidArgument("integer overflow: {} {} {} does not fit in 64 bits", a.as_int(), op,
+                             b.as_int());
+    }
+    return Value(exact);
+  };
   if (op == "+") {
-    if (nums) return floats ? Value(a.as_double() + b.as_double()) : Value(a.as_int() + b.as_int());
+    if (nums && !floats) return checked(__builtin_add_overflow(a.as_int(), b.as_int(), &exact));
+    if (nums) return Value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
       if (!a.is_markup() && !b.is_markup()) return Value(a.as_string() + b.as_string());
       // Markup escapes the plain side (markupsafe's __add__ / __radd__).
@@ -108,15 +122,17 @@ Result<Value> BinaryOp(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "-") {
     if (!nums) return type_error();
-    return floats ? Value(a.as_double() - b.as_double()) : Value(a.as_int() - b.as_int());
+    if (floats) return Value(a.as_double() - b.as_double());
+    return checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &exact));
   }
   if (op == "*") {
-    if (nums) return floats ? Value(a.as_double() * b.as_double()) : Value(a.as_int() * b.as_int());
+    if (nums && !floats) return checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &exact));
+    if (nums) return Value(a.as_double() * b.as_double());
     const Value* seq = a.is_number() ? &b : &a;
     const Value* n = a.is_number() ? &a : &b;
     if (!n->is_number() || n->is_float()) return type_error();
     const int64_t times = std::max<int64_t>(0, n->as_int());
-    if (times > (1 << 20)) return InvalidArgument("repetition count {} is too large", times);
+    if (times > kMaxRepetition) return InvalidArgument("repetition count {} is too large", times);
     if (seq->is_string()) {
       std::string s;
       for (int64_t i = 0; i < times; ++i) s += seq->as_string();
@@ -159,10 +175,19 @@ Result<Value> BinaryOp(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "**") {
     if (!floats && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int() && i < 64; ++i) r *= a.as_int();
-      return Value(r);
+      // By squaring: bases 0, 1 and -1 take any exponent, others overflow
+      // within 63 squarings.
+      int64_t result = 1, base = a.as_int();
+      bool overflowed = false;
+      for (int64_t e = b.as_int(); e > 0 && !overflowed; e >>= 1) {
+        if (e & 1) overflowed |= __builtin_mul_overflow(result, base, &result);
+        if (e > 1) overflowed |= __builtin_mul_overflow(base, base, &base);
+      }
+      exact = result;
+      return checked(overflowed);
     }
+    if (a.as_double() == 0 && b.as_double() < 0)
+      return InvalidArgument("0.0 cannot be raised to a negative power");
     return Value(std::pow(a.as_double(), b.as_double()));
   }
   return InvalidArgument("unknown operator '{}'", op);

@@ -126,6 +126,30 @@ TEST(Jinja, DeepNestingIsAnErrorNotACrash) {
   EXPECT_NE(Render(self + "{{ ns | tojson }}").find("nests too deeply"), std::string::npos);
 }
 
+// str.split() with no arguments read past its words (the default maxsplit
+// overflowed) and aborted the process.
+TEST(Jinja, SplitWithoutArgumentsSplitsOnWhitespaceRuns) {
+  EXPECT_EQ(Render("{{ ' a b  c\t\nd '.split() }}"), "['a', 'b', 'c', 'd']");
+  EXPECT_EQ(Render("{{ 'a b c'.rsplit() }} {{ ''.split() }} {{ 'a b c'.split(None, 1) }}"),
+            "['a', 'b', 'c'] [] ['a', 'b c']");
+}
+
+// Integers past 64 bits are errors, not wrapped numbers (Python's are exact),
+// and widths past kMaxRepetition are errors, not terabyte allocations.
+TEST(Jinja, ArithmeticPast64BitsAndHugeWidthsAreErrors) {
+  EXPECT_EQ(Render("{{ 2 ** 62 }} {{ (-1) ** 65 }} {{ 1 ** 1000 }} {{ 0 ** 0 }} {{ 3 ** 3 }}"),
+            "4611686018427387904 -1 1 1 27");
+  for (const char* t : {"{{ 2 ** 64 }}", "{{ 10 ** 20 }}", "{{ 9223372036854775807 + 1 }}",
+                        "{{ -9223372036854775807 - 2 }}", "{{ 4611686018427387904 * 2 }}"}) {
+    EXPECT_NE(Render(t).find("integer overflow"), std::string::npos) << t << ": " << Render(t);
+  }
+  EXPECT_NE(Render("{{ 0 ** -1 }}").find("negative power"), std::string::npos);
+  EXPECT_NE(Render("{{ 'a' | center(2 ** 40) }}").find("too large"), std::string::npos);
+  EXPECT_NE(Render("{{ 'a\nb' | indent(2 ** 40) }}").find("too large"), std::string::npos);
+  EXPECT_NE(Render("{{ [1] | tojson(indent=2 ** 40) }}").find("too large"), std::string::npos);
+  EXPECT_EQ(Render("{{ 'ab' | center(6) }}|{{ 'a\nb' | indent(2) }}"), "  ab  |a\n  b");
+}
+
 TEST(Jinja, RuntimeErrorsNameTheLine) {
   const std::string r = Render("a\n{{ x.y.z }}");
   EXPECT_NE(r.find("line 2"), std::string::npos) << r;

@@ -153,7 +153,8 @@ std::vector<std::string> Split(const std::string& s, const std::string* sep, int
     return Encode(std::vector<int>(cps.begin() + static_cast<ptrdiff_t>(b),
                                    cps.begin() + static_cast<ptrdiff_t>(e)));
   };
-  if (static_cast<int64_t>(words.size()) <= maxsplit + 1 || words.empty()) {
+  // (maxsplit may be INT64_MAX: compare without adding to it.)
+  if (words.empty() || static_cast<int64_t>(words.size()) - 1 <= maxsplit) {
     for (auto [b, e] : words) out.push_back(piece(b, e));
     return out;
   }

@@ -9,6 +9,11 @@
 
 namespace failsafe::jinja {
 
+// The most copies `*`, `center`, `indent` and `tojson(indent=)` make of a
+// string or a list in one operation: past it a template's arithmetic is an
+// error, not an allocation of terabytes.
+constexpr int64_t kMaxRepetition = 1 << 20;
+
 std::string Lower(const std::string& s);
 std::string Upper(const std::string& s);
 std::string Capitalize(const std::string& s);   // str.capitalize()

@@ -95,6 +95,34 @@ class Reader {
   const std::string& source_;
 };
 
+// Fields of Hugging Face configs that change what the model computes in ways
+// this engine does not implement (biases, other activations, partial RoPE).
+// Ignoring them would load the checkpoint and give wrong numbers, so each is
+// refused naming the field; their neutral values are accepted.
+Status RefuseUncomputedFeatures(const json& j, const std::string& source) {
+  for (const char* field : {"attention_bias", "mlp_bias"}) {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
+    return InvalidArgument("{}: field '{}' = {}: biases are not supported", source, field,
+                           it->dump());
+  }
+  for (const char* field : {"hidden_act", "hidden_activation"}) {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null()) continue;
+    if (it->is_string() && (*it == "silu" || *it == "swish")) continue;
+    return InvalidArgument("{}: field '{}' = {}: only silu is supported", source, field,
+                           it->dump());
+  }
+  auto prf = j.find("partial_rotary_factor");
+  if (prf != j.end() && !prf->is_null() && !(prf->is_number() && prf->get<double>() == 1.0)) {
+    return InvalidArgument(
+        "{}: field 'partial_rotary_factor' = {}: only 1 (RoPE on the whole head) "
+        "is supported",
+        source, prf->dump());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::string& source) {
@@ -159,6 +187,8 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     return InvalidArgument("{}: bos/eos token id is not below vocab_size", source);
   }
 
+  FS_RETURN_IF_ERROR(RefuseUncomputedFeatures(j, source));
+
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
     if (!rs->is_object())
@@ -168,6 +198,9 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
       type = (*rs)["rope_type"];
     else if (rs->contains("type") && (*rs)["type"].is_string())
       type = (*rs)["type"];
+    else if (!rs->empty())
+      return InvalidArgument("{}: field 'rope_scaling' has no 'rope_type' (supported: llama3)",
+                             source);
     if (type == "llama3") {
       Reader sr(*rs, source);
       c.rope_scaling.enabled = true;

@@ -72,5 +72,29 @@ TEST(Config, RejectsBadInputWithFieldNames) {
       std::string::npos);
 }
 
+// Fields that would change the numbers if honoured are refused, not ignored.
+TEST(Config, RefusesFeaturesItDoesNotCompute) {
+  const std::string base = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 8, "vocab_size": 9)";
+  auto err = [&](const std::string& extra) {
+    auto c = ModelConfig::Parse(base + ", " + extra + "}", "m/config.json");
+    return c.ok() ? std::string("accepted") : c.status().message();
+  };
+  EXPECT_EQ(err(R"("attention_bias": true)"),
+            "m/config.json: field 'attention_bias' = true: biases are not supported");
+  EXPECT_NE(err(R"("mlp_bias": true)").find("'mlp_bias'"), std::string::npos);
+  EXPECT_EQ(err(R"("hidden_act": "gelu")"),
+            "m/config.json: field 'hidden_act' = \"gelu\": only silu is supported");
+  EXPECT_NE(err(R"("partial_rotary_factor": 0.5)").find("'partial_rotary_factor'"),
+            std::string::npos);
+  EXPECT_EQ(err(R"("rope_scaling": {"factor": 2.0})"),
+            "m/config.json: field 'rope_scaling' has no 'rope_type' (supported: llama3)");
+  // Their neutral values load.
+  EXPECT_EQ(err(R"("attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
+      "partial_rotary_factor": 1.0, "rope_scaling": null)"),
+            "accepted");
+  EXPECT_EQ(err(R"("hidden_act": "swish", "rope_scaling": {"rope_type": "default"})"), "accepted");
+}
+
 }  // namespace
 }  // namespace failsafe

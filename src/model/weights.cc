@@ -81,7 +81,34 @@ bool FileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 }  // namespace
+
+// A tensor the engine would not read (a bias, a norm of another architecture)
+// means the checkpoint computes something else: loading it anyway would give
+// wrong numbers, so it is refused by name. Tolerated: RoPE frequency buffers
+// older checkpoints saved (the engine derives them from config.json) and an
+// lm_head.weight beside tied embeddings (Hugging Face ties it to the
+// embedding as well).
+Status WeightStore::RefuseUnreadTensors(const WeightStore& store,
+                                        const std::vector<ExpectedTensor>& expected,
+                                        const ModelConfig& config) {
+  std::set<std::string> names;
+  for (auto& e : expected) names.insert(e.name);
+  for (auto& [name, ref] : store.tensors_) {
+    if (names.count(name) || EndsWith(name, ".rotary_emb.inv_freq")) continue;
+    if (config.tie_word_embeddings && name == "lm_head.weight") continue;
+    return InvalidArgument(
+        "{}: tensor '{}' is not part of a {} model as config.json describes it (the engine would "
+        "not read it)",
+        *ref.file, name, ArchitectureName(config.architecture));
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_dir,
                                                        const ModelConfig& config) {
@@ -121,7 +148,9 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
     for (auto& t : file->tensors()) store->tensors_[t.name] = file->Ref(&t);
   }
   std::set<DType> matrix_types;
-  for (auto& e : ExpectedTensors(config)) {
+  const std::vector<ExpectedTensor> expected = ExpectedTensors(config);
+  FS_RETURN_IF_ERROR(RefuseUnreadTensors(*store, expected, config));
+  for (auto& e : expected) {
     auto it = store->tensors_.find(e.name);
     if (it == store->tensors_.end()) {
       std::string where = weight_map.count(e.name)

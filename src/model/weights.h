@@ -41,7 +41,9 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c);
 
 class WeightStore {
  public:
-  // Opens and validates: every expected tensor present with the right shape.
+  // Opens and validates: every expected tensor present with the right shape,
+  // and no tensor the model as configured would not read (see
+  // RefuseUnreadTensors).
   static Result<std::unique_ptr<WeightStore>> Open(const std::string& model_dir,
                                                    const ModelConfig& config);
 
@@ -56,6 +58,10 @@ class WeightStore {
   const std::string& model_dir() const { return model_dir_; }
 
  private:
+  static Status RefuseUnreadTensors(const WeightStore& store,
+                                    const std::vector<ExpectedTensor>& expected,
+                                    const ModelConfig& config);
+
   std::string model_dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorRef> tensors_;

@@ -138,7 +138,14 @@ void AddApiRoutes(const ApiContext& ctx, Router* router) {
                    } else {
                      return ReplyError(ex, BadRequest("expected {\"prompt\": \"...\"}", "prompt"));
                    }
-                   const bool special = j.value("add_special_tokens", true);
+                   bool special = true;
+                   if (j.contains("add_special_tokens") && !j["add_special_tokens"].is_null()) {
+                     if (!j["add_special_tokens"].is_boolean()) {
+                       return ReplyError(ex, BadRequest("add_special_tokens must be true or false",
+                                                        "add_special_tokens"));
+                     }
+                     special = j["add_special_tokens"].get<bool>();
+                   }
                    auto ids = ctx.tokenizer->Encode(text->get_ref<const std::string&>(), special);
                    ReplyJson(ex, 200,
                              {{"tokens", ids},

@@ -87,6 +87,34 @@ TEST(ChatServer, TheModelsTemplateFormatsThePromptAndItsExceptionsAre400) {
       << err.dump();
 }
 
+// OpenAI's content arrays: the template sees the text parts joined by
+// newlines; other part types and malformed parts are 400s naming them.
+TEST(ChatServer, ContentPartsReachTheTemplateAsText) {
+  Server s(kAlternating, "");
+  const json parts = {{{"type", "text"}, {"text", "hel"}}, {{"type", "text"}, {"text", "lo"}}};
+  auto [status, body] =
+      s.Post("/v1/chat/completions",
+             {{"messages", {{{"role", "user"}, {"content", parts}}}}, {"max_tokens", 2}});
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_EQ(body["usage"]["prompt_tokens"],
+            s.tok->Encode("<user>hel\nlo<assistant>", false).size());
+  const std::pair<json, std::string> refused[] = {
+      {json::array({{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}), "'image_url'"},
+      {json::array({{{"text", "no type"}}}), "needs a type"},
+      {json::array({{{"type", "text"}, {"text", 5}}}), "string text"},
+      {json::array(), "list of text parts"},
+      {json(nullptr), "list of text parts"},
+  };
+  for (auto& [content, needle] : refused) {
+    auto [bad, err] =
+        s.Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", content}}}}});
+    EXPECT_EQ(bad, 400) << content.dump();
+    EXPECT_EQ(err["error"]["param"], "messages");
+    EXPECT_NE(err["error"]["message"].get<std::string>().find(needle), std::string::npos)
+        << err.dump();
+  }
+}
+
 TEST(ChatServer, GenerationStopsAtTheStopTokensOfGenerationConfig) {
   // Every id is a stop token: generation ends after one token.
   json all = json::array();

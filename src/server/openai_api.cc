@@ -60,14 +60,59 @@ std::optional<ApiError> ContextExceeded(bool chat, size_t tokens, int max_model_
       chat ? "messages" : "prompt", "context_length_exceeded");
 }
 
+// The body's JSON, or why it is not JSON (nlohmann's reason and byte
+// position, e.g. a lone UTF-16 surrogate in a \u escape).
+std::optional<ApiError> ParseBody(const std::string& body, json* out) {
+  try {
+    *out = json::parse(body);
+    return std::nullopt;
+  } catch (const json::parse_error& e) {
+    std::string why = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
+    if (size_t at = why.find("] "); at != std::string::npos) why = why.substr(at + 2);
+    return Fail("", "the request body is not valid JSON: " + why);
+  }
+}
+
+// A message's content as the chat template sees it: a string, or the text
+// parts of an OpenAI content array joined by newlines (what vLLM does for
+// templates that expect strings). Other part types are refused.
+std::optional<ApiError> MessageText(const nlohmann::ordered_json& content, std::string* out) {
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array() || content.empty()) {
+    return Fail("messages", "each message needs a string content or a list of text parts");
+  }
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const nlohmann::ordered_json& part = content[i];
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      return Fail("messages", "each content part needs a type");
+    }
+    if (part["type"] != "text") {
+      return Fail("messages", "content parts of type '" + part["type"].get<std::string>() +
+                                  "' are not supported (only text)");
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return Fail("messages", "a text content part needs a string text");
+    }
+    if (i > 0) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  *out = std::move(text);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat,
                                                const Tokenizer& tok, const CompletionLimits& limits,
                                                CompletionRequest* out) {
   const int max_model_len = limits.max_model_len;
-  json j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) return Fail("", "the request body is not valid JSON");
+  json j;
+  if (auto err = ParseBody(body, &j)) return err;
   if (!j.is_object()) return Fail("", "the request body must be a JSON object");
   for (auto& [key, value] : j.items()) {
     bool known = false;
@@ -113,21 +158,24 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
     }
     static const std::set<std::string> kRoles = {"system", "user", "assistant", "developer",
                                                  "tool"};
-    for (const json& m : j["messages"]) {
+    // The model's chat template sees the messages with their keys in order
+    // and every content as a string; a prompt past the context stops there.
+    nlohmann::ordered_json messages =
+        nlohmann::ordered_json::parse(body, nullptr, false)["messages"];
+    for (auto& m : messages) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-          !kRoles.count(m["role"])) {
+          !kRoles.count(m["role"].get<std::string>())) {
         return Fail("messages",
                     "each message needs a role: system, user, assistant, developer or tool");
       }
-      if (!m.contains("content") || !m["content"].is_string()) {
-        return Fail("messages", "each message needs a string content");
+      if (!m.contains("content")) {
+        return Fail("messages", "each message needs a string content or a list of text parts");
       }
+      std::string text;
+      if (auto err = MessageText(m["content"], &text)) return err;
+      m["content"] = std::move(text);
     }
-    // The model's chat template sees the messages with their keys in order;
-    // a prompt past the context stops there.
-    auto prompt =
-        ApplyChatTemplate(tok, nlohmann::ordered_json::parse(body, nullptr, false)["messages"],
-                          /*add_generation_prompt=*/true, max_model_len);
+    auto prompt = ApplyChatTemplate(tok, messages, /*add_generation_prompt=*/true, max_model_len);
     if (!prompt.ok()) return Fail("messages", prompt.status().message());
     r.prompt.assign(prompt->begin(), prompt->end());
   } else {

@@ -172,6 +172,10 @@ TEST(Server, BadRequestsGetOpenAiErrors) {
         << res->body;
   };
   expect400("/v1/completions", "{not json", "not valid JSON");
+  // Why it is not JSON: a lone UTF-16 surrogate, and where.
+  expect400("/v1/completions", R"({"prompt": "\ud800 x"})",
+            "not valid JSON: parse error at line 1, column 19");
+  expect400("/v1/completions", R"({"prompt": "\ud800 x"})", "surrogate");
   expect400("/v1/completions", R"({"prompt": "x", "temprature": 1})", "temprature");
   expect400("/v1/completions", R"({"prompt": "x", "temperature": 5})", "temperature");
   expect400("/v1/completions", R"({"prompt": "x", "top_p": 0})", "top_p");
@@ -186,6 +190,7 @@ TEST(Server, BadRequestsGetOpenAiErrors) {
             "role");
   expect400("/v1/completions", R"({"prompt": "x", "stream_options": {"include_usage": true}})",
             "stream");
+  expect400("/tokenize", R"({"prompt": "x", "add_special_tokens": "no"})", "add_special_tokens");
   auto missing = f.client->Get("/v1/nothing");
   EXPECT_EQ(missing->status, 404);
   EXPECT_TRUE(json::parse(missing->body).contains("error"));

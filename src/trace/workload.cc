@@ -1,5 +1,6 @@
 #include "trace/workload.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +65,11 @@ Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOption
       if (in_len <= 0 || out_len <= 0) {
         problem =
             bad(fmt::format("lengths must be positive (input {}, output {})", in_len, out_len));
+      } else if (static_cast<double>(in_len) * o.length_scale > kMaxTraceTokens ||
+                 static_cast<double>(out_len) * o.length_scale > kMaxTraceTokens) {
+        problem =
+            bad(fmt::format("lengths (input {}, output {}) exceed {} tokens after scaling by {}",
+                            in_len, out_len, kMaxTraceTokens, o.length_scale));
       } else if (ts < 0) {
         problem = bad("field 'timestamp' is negative");
       } else {
@@ -86,6 +92,22 @@ Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOption
       continue;
     }
     w.requests.push_back(r);
+  }
+  if (w.requests.empty()) {
+    return InvalidArgument("{}: no requests ({} lines, {} skipped as invalid)", path, lineno,
+                           w.skipped);
+  }
+  // Requests run in arrival order: rows out of order are moved, not run late.
+  double latest = 0;
+  for (const WorkloadRequest& r : w.requests) {
+    if (r.arrival_s < latest) ++w.reordered;
+    latest = std::max(latest, r.arrival_s);
+  }
+  if (w.reordered > 0) {
+    std::stable_sort(w.requests.begin(), w.requests.end(),
+                     [](const WorkloadRequest& a, const WorkloadRequest& b) {
+                       return a.arrival_s < b.arrival_s;
+                     });
   }
   return w;
 }

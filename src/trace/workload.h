@@ -23,6 +23,8 @@ namespace failsafe {
 
 // Prompt tokens per hash id in the Mooncake trace.
 constexpr int kTraceHashBlock = 512;
+// The longest input or output a trace row may ask for, after scaling.
+constexpr int kMaxTraceTokens = 1 << 24;
 
 struct WorkloadRequest {
   double arrival_s = 0;
@@ -45,7 +47,9 @@ struct WorkloadOptions {
 
 struct Workload {
   std::vector<WorkloadRequest> requests;
-  int skipped = 0;  // invalid lines skipped
+  int skipped = 0;    // invalid lines skipped
+  int reordered = 0;  // rows with an earlier timestamp than a row above them (requests are
+                      // sorted by arrival, stably)
   std::string description;
 };
 
@@ -56,7 +60,9 @@ struct Workload {
 std::vector<int32_t> WorkloadPrompt(const WorkloadRequest& r, int index, uint64_t seed,
                                     int32_t first_token, int32_t num_tokens);
 
-// Reads a JSONL trace; errors name the file and line.
+// Reads a JSONL trace; errors name the file and line. The requests come back
+// sorted by arrival (rows out of order are counted in `reordered`); a trace
+// with no valid request is an error.
 Result<Workload> ReadJsonlWorkload(const std::string& path, const WorkloadOptions& options);
 
 // OpenThoughts-114k stand-in: log-normal lengths matched to the paper's mean and

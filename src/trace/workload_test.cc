@@ -59,6 +59,53 @@ not json
   EXPECT_EQ(w->skipped, 4);
 }
 
+// Rows out of order run in arrival order (stably), and are counted.
+TEST(Workload, RowsOutOfOrderAreSortedByArrival) {
+  auto path = Write(R"({"timestamp": 3000, "input_length": 1, "output_length": 1}
+{"timestamp": 1000, "input_length": 2, "output_length": 1}
+{"timestamp": 3000, "input_length": 3, "output_length": 1}
+{"input_length": 4, "output_length": 1}
+{"timestamp": 2000, "input_length": 5, "output_length": 1}
+)");
+  auto w = ReadJsonlWorkload(path, {});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  std::vector<int> order;
+  for (auto& r : w->requests) order.push_back(r.input_len);
+  EXPECT_EQ(order, (std::vector<int>{4, 2, 5, 1, 3}));
+  EXPECT_EQ(w->reordered, 3);
+  for (size_t i = 1; i < w->requests.size(); ++i)
+    EXPECT_LE(w->requests[i - 1].arrival_s, w->requests[i].arrival_s);
+}
+
+// Lengths that do not fit an int after scaling, and traces with nothing to
+// run, are errors naming the file (and line).
+TEST(Workload, HugeLengthsAndEmptyTracesAreErrors) {
+  auto huge = Write(R"({"input_length": 10, "output_length": 5}
+{"input_length": 5000000000, "output_length": 5}
+)");
+  auto w = ReadJsonlWorkload(huge, {});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find(huge + ":2: lengths (input 5000000000, output 5) exceed"),
+            std::string::npos)
+      << w.status().message();
+  WorkloadOptions scaled;
+  scaled.length_scale = 1e6;
+  w = ReadJsonlWorkload(Write(R"({"input_length": 100, "output_length": 5})"), scaled);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find(":1: lengths"), std::string::npos);
+
+  auto empty = Write("\n  \n");
+  w = ReadJsonlWorkload(empty, {});
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().message(), empty + ": no requests (2 lines, 0 skipped as invalid)");
+  WorkloadOptions skip;
+  skip.skip_invalid = true;
+  auto all_bad = Write("{}\nnot json\n");
+  w = ReadJsonlWorkload(all_bad, skip);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().message(), all_bad + ": no requests (2 lines, 2 skipped as invalid)");
+}
+
 TEST(Workload, OpenThoughtsMatchesThePapersStatistics) {
   WorkloadOptions o;
   o.seed = 1;

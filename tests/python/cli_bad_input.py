@@ -118,6 +118,16 @@ def main():
                   and all(n in lines[0] for n in needles))
             print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {code}: {err}")
             failures += not ok
+        # Token ids given on the command line are read whole.
+        for ids, needle in [("1 2", "'1 2' is not a token id"), ("5,1.5", "'1.5' is not a token id"),
+                            ("5,,6", "'' is not a token id"), ("7,x", "'x' is not a token id"),
+                            ("99999", "outside the vocabulary")]:
+            p = subprocess.run([args.failsafe, "logits", "--model", good, "--prompt-ids", ids,
+                                "--decode", "1"], capture_output=True, text=True, timeout=120)
+            err = p.stderr.strip()
+            ok = p.returncode == 1 and err.startswith("error: ") and needle in err
+            print(f"{'ok  ' if ok else 'FAIL'} logits --prompt-ids '{ids}': exit {p.returncode}: {err}")
+            failures += not ok
     sys.exit(1 if failures else 0)
 
 

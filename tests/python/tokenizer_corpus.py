@@ -73,6 +73,25 @@ HAND_PICKED = [
     "<0x41>", "<0xFF> literal", "\\n escaped", "quote \" and ' apostrophe",
     "\x00 nul", "\x01\x02\x03 controls", "\x7f del", "tab\x0bvt",
 ]
+# Long runs and the far planes: BPE over one very long word, whitespace and
+# digit runs longer than any vocabulary entry, "\r\n" runs, and code points
+# from every plane (supplementary ideographs, mathematical letters, tags,
+# private use, noncharacters, the replacement character).
+EDGES = [
+    "x" * 3000, "antidisestablishmentarianism" * 40, "日本" * 600, "🚀" * 400,
+    " " * 257, "\t" * 100, "\n" * 130, "\r\n" * 80, " \n" * 60, "a" + " " * 100 + "b",
+    "word" + " " * 33 + "\n" * 17 + "end", "0" * 300, "1234567890" * 25, "3" * 7 + "." + "1" * 9,
+    "\U00010000\U00010400 linear b, deseret", "\U0001d400\U0001d401\U0001d7ff math",
+    "\U00020000\U0002a6d6\U0002f800 CJK extension B", "\U000e0001\U000e0041\U000e007f tags",
+    "\U000f0000\U000ffffd\U00100000\U0010fffd private use planes",
+    "\ufffe\uffff\U0001fffe\U0010ffff noncharacters", "\ufffd replacement \ufffd\ufffd",
+    "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f flag tag",
+    "\U0001f469\u200d\U0001f4bb\u200d\U0001f525 zwj", "\u0915\u094d\u200d\u0937 zwj in devanagari",
+    "a" + "\u0301" * 60, "\u202b\u05e9\u05dc\u05d5\u05dd\u202c \u2067x\u2069 isolates",
+    "\u0000" * 5, "".join(chr(c) for c in range(1, 32)), "\u0085\u2028\u2029 line separators",
+    "<|endoftext|" + ">", "<|endoftext|>" * 20, "<s" + ">" + "</s>" * 30, "[INST" + "]",
+    "<0x00><0x0A>", "\u2581" * 50, " \u2581 " * 20,
+]
 INVALID_UTF8 = [
     b"\xff", b"\xfe\xff", b"abc\x80def", b"\xc3", b"\xc3(", b"\xe6\x97", b"\xe6\x97abc",
     b"\xf0\x9f\x9a", b"\xf0\x9f\x9a hi", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe0\x80\xaf",
@@ -126,9 +145,10 @@ def random_string(rng):
 
 
 def corpus(seed=1, count=1000):
-    out = [s.encode("utf-8") for s in HAND_PICKED] + list(INVALID_UTF8)
+    fixed = HAND_PICKED + EDGES
+    out = [s.encode("utf-8", "surrogatepass") for s in fixed] + list(INVALID_UTF8)
     rng = random.Random(seed)
-    while len(out) < count + len(HAND_PICKED) + len(INVALID_UTF8):
+    while len(out) < count + len(fixed) + len(INVALID_UTF8):
         out.append(random_string(rng))
     return out
 

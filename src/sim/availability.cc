@@ -65,7 +65,9 @@ bool ParseDateTime(const std::string& date, const std::string& time, double* t) 
   tm.tm_min = mi;
   tm.tm_sec = s;
   *t = static_cast<double>(timegm(&tm));
-  return true;
+  // timegm normalises what does not exist (30 February becomes 2 March):
+  // such a date is malformed, not a date to sort.
+  return tm.tm_year == Y - 1900 && tm.tm_mon == M - 1 && tm.tm_mday == D;
 }
 
 }  // namespace
@@ -96,6 +98,8 @@ Result<AvailabilityTrace> ParseAvailabilityTrace(std::istream& in, const std::st
   bool known = false;  // format decided
   while (std::getline(in, line)) {
     ++lineno;
+    // A UTF-8 byte order mark, as some spreadsheets write, opens the file.
+    if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
     const std::string t = Trim(line);
     if (t.empty() || t[0] == '#') continue;
     const std::vector<std::string> f = SplitCommas(t);

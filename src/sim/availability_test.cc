@@ -60,6 +60,20 @@ TEST(Availability, ReadsEventsAsNodesPresent) {
   EXPECT_EQ(t->span_s(), 180);
 }
 
+// A byte order mark before the first row, as spreadsheets write, is skipped.
+TEST(Availability, SkipsAByteOrderMark) {
+  auto t = Parse(
+      "\xEF\xBB\xBF"
+      "2021-01-01, 00:00:00, 5\n2021-01-01, 00:01:00, 6\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->points.size(), 2u);
+  auto e = Parse(
+      "\xEF\xBB\xBF"
+      "0,add,a\n10,add,b\n");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->format, AvailabilityFormat::kEvents);
+}
+
 TEST(Availability, SortsRowsOutOfOrderAndCountsThem) {
   auto t = Parse(
       "0,add,a\n"
@@ -92,6 +106,11 @@ TEST(Availability, RejectsBadRowsNamingTheLine) {
             std::string::npos);
   EXPECT_NE(Error("2021-01-01, 00:00:00, 5\n2021-01-01, 00:01:00, 2.5\n").find("t.csv:2:"),
             std::string::npos);
+  // Days that do not exist are malformed, not normalised into the next month.
+  EXPECT_NE(Error("2023-02-27, 00:00:00, 5\n2023-02-30, 00:01:00, 5\n").find("t.csv:2:"),
+            std::string::npos);
+  EXPECT_NE(Error("2023-04-31, 00:00:00, 5\n").find("t.csv:1:"), std::string::npos);
+  EXPECT_EQ(Error("2024-02-29, 00:00:00, 5\n2024-03-01, 00:00:00, 5\n"), "");  // a leap day
   EXPECT_NE(Error("2021-01-01, 00:00:00, 5\n10,add,a\n").find("t.csv:2:"), std::string::npos);
   EXPECT_NE(Error("hello\n").find("t.csv:1: not an availability trace"), std::string::npos);
   EXPECT_NE(Error("").find("no availability rows"), std::string::npos);

@@ -224,7 +224,21 @@ void HostKvBackup::Rebase(int64_t seq_id, int dp_rank) {
   SeqBackup& sb = it->second;
   sb.writers.clear();
   if (dp_rank >= 0 && dp_rank < static_cast<int>(writers_.size())) sb.writers = writers_[dp_rank];
-  if (sb.slot >= 0) sb.copy_from = Copied(seq_id, sb);
+  if (sb.slot < 0) return;
+  // A writer behind an indexed block has it in the backup already (every
+  // slot of it): its progress passes it, so that the catch-up copy does not
+  // write it again. The devices are idle (a plan change), so this races with
+  // no backup writer.
+  for (int d : sb.writers) {
+    int p = Progress(seq_id, d);
+    const int was = p;
+    for (int b = p / block_size_; b < static_cast<int>(sb.blocks.size()); ++b) {
+      if (sb.blocks[b] < 0 || !block_[sb.blocks[b]].indexed) break;
+      p = (b + 1) * block_size_;
+    }
+    if (p != was) SetProgress(seq_id, d, p);
+  }
+  sb.copy_from = Copied(seq_id, sb);
 }
 
 void HostKvBackup::CopiedByStep(int64_t seq_id, const std::vector<int>& devices, int start,

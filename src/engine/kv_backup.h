@@ -5,7 +5,8 @@
 // Content addressing: a full block whose prefix hash is known (the block
 // manager's chained hash, core/kv_blocks.h) and that every device writing the
 // sequence's slots has copied (its progress covers the block) is *complete*:
-// it is indexed under its hash and never written again. Complete blocks are
+// it is indexed under its hash and not written again (save the same KV by a
+// catch-up copy: Rebase). Complete blocks are
 // shared: a sequence that starts from a device-tier prefix hit names the
 // complete blocks of its hit in its own block list (one backup copy, however
 // many sequences use it) and starts with its progress at the end of the
@@ -112,10 +113,14 @@ class HostKvBackup {
   // `tokens` must not claim more than the backup holds (the recovery takes
   // the least of the rollback point and what each slot's old writer copied).
   void SetProgress(int64_t seq_id, int device, int tokens);
-  // After SetProgress for every device: the sequence (DP rank `dp_rank`)
-  // takes its writers from the plan of SetPlan, and its next step copies
-  // from the least progress among them (its devices hold every position up
-  // to the rollback point), so a writer that lags catches up.
+  // After SetProgress for every device (the devices idle): the sequence (DP
+  // rank `dp_rank`) takes its writers from the plan of SetPlan, a writer
+  // whose progress stops at an indexed block passes it (the block holds
+  // every slot), and its next step copies from the least progress among
+  // them (its devices hold every position up to the rollback point), so a
+  // writer that lags catches up. A writer that lags behind a private block
+  // with indexed blocks after it copies those again: the same KV (its pages
+  // hold what the indexed block holds).
   void Rebase(int64_t seq_id, int dp_rank);
   // What a step's backup copy does to each of `devices` (a modelled device:
   // sim/sim_executor.h), with one lookup of the sequence: positions

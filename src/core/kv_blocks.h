@@ -149,6 +149,10 @@ class KvBlockManager {
   // Leading blocks of the sequence's tables that are cached pages attached at
   // admission (read-only for it).
   int SharedBlocks(int64_t seq_id) const;
+  // Chained hashes of the sequence's leading full computed blocks (the
+  // attached ones first); empty with the cache off, and again after a plan
+  // change until its blocks are registered anew.
+  std::span<const uint64_t> Hashes(int64_t seq_id) const;
   // Before a plan change: live sequences sharing a cached block with an
   // earlier one of `live` (they must be preempted before
   // DropCacheForPlanChange: a rolled-back sequence would write into pages

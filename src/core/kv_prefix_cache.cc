@@ -176,6 +176,12 @@ int KvBlockManager::SharedBlocks(int64_t seq_id) const {
   return it == seqs_.end() ? 0 : it->second.shared;
 }
 
+std::span<const uint64_t> KvBlockManager::Hashes(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return {};
+  return it->second.hashes;
+}
+
 void KvBlockManager::Unref(int32_t id) {
   CachedBlock& e = entries_[id];
   FS_CHECK(e.live && e.refs > 0);

@@ -28,7 +28,9 @@ Engine::Engine(Executor* executor, const SchedulerConfig& config, const EngineOp
                                              executor->block_size(), executor->kv_capacity_pages(),
                                              options.speed)),
       sampler_(MakeCpuBackend(1)),
-      slow_(executor->plan().num_devices, options.slow) {}
+      slow_(executor->plan().num_devices, options.slow) {
+  if (HostKvBackup* b = executor_->backup()) b->SetPlan(executor_->plan());
+}
 
 Result<int64_t> Engine::Submit(RequestSpec spec) {
   const int vocab = executor_->config().vocab_size;
@@ -98,8 +100,16 @@ Status Engine::FreeSeqs(std::vector<int64_t> ids) {
 }
 
 void Engine::CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal) {
+  HostKvBackup* backup = executor_->backup();
+  const KvBlockManager& kv = scheduler_->kv();
   for (auto& s : scheduler_->TakeFinished()) {
     to_free_.push_back(s->id);
+    // The hashes of its last full blocks (its tables are gone): its backup
+    // indexes them when released.
+    if (backup && kv.prefix_cache()) {
+      backup->Settle(
+          s->id, kv.BlockHashes(s->tokens, std::min(s->num_computed, s->len()) / kv.block_size()));
+    }
     sampling_.erase(s->id);
     Status error;
     if (s->finish == FinishReason::kError) {
@@ -136,6 +146,13 @@ Result<StepOutcome> Engine::Step() {
     if (!out.events.empty()) return out;  // requests failed while degraded
     return Unavailable("{}", degraded_reason_);
   }
+  HostKvBackup* backup = executor_->backup();
+  if (backup) {
+    // Blocks the devices have copied since become complete: a prefix hit
+    // admitted now finds them in the backup.
+    for (const Sequence* s : scheduler_->Running())
+      backup->Settle(s->id, scheduler_->kv().Hashes(s->id));
+  }
   StepPlan plan = scheduler_->Schedule();
   std::vector<int64_t> ids;
   for (const ScheduledSeq& ss : plan.seqs) ids.push_back(ss.seq_id);
@@ -165,7 +182,6 @@ Result<StepOutcome> Engine::Step() {
   if (plan.empty()) return out;
   StepBatch batch;
   batch.estimated_s = plan.estimated_time;
-  HostKvBackup* backup = executor_->backup();
   for (const ScheduledSeq& ss : plan.seqs) {
     const Sequence* s = scheduler_->Find(ss.seq_id);
     StepSeq st;
@@ -175,10 +191,14 @@ Result<StepOutcome> Engine::Step() {
     st.dp_rank = ss.dp_rank;
     st.token_offset = batch.num_tokens();
     st.logits_row = ss.sample ? batch.num_logits_rows++ : -1;
-    // A sequence that started from cached blocks is not backed up: its
-    // backup could only start at position 0, so recovery recomputes it.
-    if (backup && scheduler_->kv().SharedBlocks(ss.seq_id) == 0)
-      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, &st, &batch.backup_blocks);
+    // A sequence that started from cached blocks names their backup
+    // blocks where they are complete.
+    if (backup) {
+      const std::span<const uint64_t> shared =
+          scheduler_->kv().Hashes(ss.seq_id).first(scheduler_->kv().SharedBlocks(ss.seq_id));
+      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, shared, &st,
+                      &batch.backup_blocks);
+    }
     batch.seqs.push_back(st);
     AddKvTables(scheduler_->kv(), executor_->plan(), *s, ss.kv_first_block, &batch);
     batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + ss.start,

@@ -252,6 +252,10 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
   sum.recoveries = engine.recoveries();
   sum.prefix_cache = engine.scheduler().config().prefix_cache;
   sum.prefix = engine.scheduler().prefix_cache_stats();
+  if (const HostKvBackup* b = engine.executor().backup()) {
+    sum.backup_capacity_blocks = b->capacity_blocks();
+    sum.backup = b->stats();
+  }
   return sum;
 }
 
@@ -286,6 +290,12 @@ std::string RunSummary::ToText() const {
         prefix.readmitted_hit_tokens, prefix.cached_blocks, prefix.evicted_blocks);
   } else {
     s += "prefix cache         off\n";
+  }
+  if (backup_capacity_blocks > 0) {
+    s += fmt::format(
+        "host KV backup       {} blocks; {} named from shared copies instead of copied, {} "
+        "indexed as complete, {} evicted\n",
+        backup_capacity_blocks, backup.shared_blocks, backup.indexed_blocks, backup.evicted_blocks);
   }
   for (const RecoveryReport& r : recoveries) s += r.ToText() + "\n";
   if (!failure.empty()) s += "failure              " + failure + "\n";
@@ -338,6 +348,10 @@ std::string RunSummary::ToJson() const {
                        {"readmitted_hit_tokens", prefix.readmitted_hit_tokens},
                        {"cached_blocks", prefix.cached_blocks},
                        {"evicted_blocks", prefix.evicted_blocks}};
+  j["host_backup"] = {{"capacity_blocks", backup_capacity_blocks},
+                      {"shared_blocks", backup.shared_blocks},
+                      {"indexed_blocks", backup.indexed_blocks},
+                      {"evicted_blocks", backup.evicted_blocks}};
   if (!failure.empty()) j["failure"] = failure;
   return j.dump();
 }

@@ -14,6 +14,7 @@
 #include "common/percentiles.h"
 #include "engine/engine.h"
 #include "engine/faults.h"
+#include "engine/kv_backup.h"
 #include "trace/workload.h"
 
 namespace failsafe {
@@ -61,6 +62,9 @@ struct RunSummary {
   std::string failure;  // why requests failed, if they did
   bool prefix_cache = false;
   PrefixCacheStats prefix;  // hits and savings when prefix_cache
+  // The host KV backup (capacity 0: none).
+  int64_t backup_capacity_blocks = 0;
+  BackupStats backup;
 
   double tokens_per_s() const { return (input_tokens + output_tokens) / wall_s; }
   double emulated_tokens_per_s() const { return (input_tokens + output_tokens) / emulated_s; }

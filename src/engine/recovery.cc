@@ -289,10 +289,17 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
       if (!backup) continue;
       const auto known = prev_rank.find(s->id);
       const int old_rank = known != prev_rank.end() ? known->second : s->dp_rank;
-      for (auto [device, tokens] : BackedUpAfter(*backup, config, prev, *next, s->id, old_rank,
-                                                 s->dp_rank, sr.restore_tokens)) {
+      // Its indexed blocks past the rollback point give way to private ones
+      // (it writes them again).
+      const int kept = backup->RolledBack(s->id, sr.restore_tokens);
+      for (auto [device, tokens] :
+           BackedUpAfter(*backup, config, prev, *next, s->id, old_rank, s->dp_rank, kept)) {
         backup->SetProgress(s->id, device, tokens);
       }
+    }
+    if (backup) {
+      backup->SetPlan(*next);
+      for (const SeqRestore& sr : seqs) backup->Rebase(sr.seq_id, sr.dp_rank);
     }
     // Preempted sequences were freed on the devices (not in `seqs`).
     if (backup) {

@@ -15,6 +15,7 @@
 #include "common/scratch_dir.h"
 #include "engine/engine.h"
 #include "engine/faults.h"
+#include "engine/kv_backup.h"
 #include "engine/offline_run.h"
 #include "engine/test_support.h"
 #include "engine/worker_group.h"
@@ -47,6 +48,8 @@ struct Scenario {
   CommKind comm = CommKind::kShm;
   bool prefix_cache = false;
   std::function<void(WorkerGroup*, int)> before_apply;
+  // After every step that ran.
+  std::function<void(Engine&, const StepOutcome&)> on_step;
 };
 
 WorkerGroupOptions GroupOptions(const Scenario& s) {
@@ -85,6 +88,7 @@ Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
   // Half the requests sample with their own seeds: their text too must not
   // change through failures.
   ro.sample_every = 2;
+  if (s.on_step) ro.on_step = [&s, &engine](const StepOutcome& out) { s.on_step(engine, out); };
   return RunOffline(engine, w, ro);
 }
 
@@ -457,6 +461,98 @@ TEST_P(PrefixChaosTest, EveryRequestOnceSameOutputsAsWithoutTheCache) {
 
 // Seed 2: cyclic, full recovery; seed 3: hybrid, host recovery.
 INSTANTIATE_TEST_SUITE_P(Seeds, PrefixChaosTest, ::testing::Values<uint64_t>(2, 3));
+
+// Checks, after every step, the block manager's and the backup's books, and
+// (after draining the devices' backup writers) that every sequence the step
+// ran has all its computed KV in the backup on every device writing its
+// slots: those that started from a prefix hit too.
+struct BackupWatch {
+  int steps = 0;
+  int seqs = 0;      // sequences checked to be backed up in full
+  int sharers = 0;   // of which started from cached blocks
+  std::string bad;   // the first violation
+  bool full = true;  // the budget holds every block: check the coverage
+
+  void Check(Engine& e, const StepOutcome& out) {
+    ++steps;
+    HostKvBackup* b = e.executor().backup();
+    if (Status st = b->CheckInvariants(); !st.ok() && bad.empty()) bad = st.ToString();
+    if (Status st = e.scheduler().kv().CheckInvariants(); !st.ok() && bad.empty())
+      bad = st.ToString();
+    if (b->blocks_in_use() + b->available_blocks() != b->capacity_blocks() && bad.empty())
+      bad = fmt::format("backup: {} blocks in use + {} available of {}", b->blocks_in_use(),
+                        b->available_blocks(), b->capacity_blocks());
+    if (!full || !e.executor().DrainBackup().ok()) return;  // a device died: the next step fails
+    const Plan& plan = e.executor().plan();
+    const ModelConfig& c = e.executor().config();
+    for (const ScheduledSeq& ss : out.plan.seqs) {
+      const Sequence* q = e.scheduler().Find(ss.seq_id);
+      if (!q || q->finish != FinishReason::kNone) continue;
+      for (int l = 0; l < c.num_layers; ++l) {
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          const int w = plan.KvWriter(l, h, q->dp_rank);
+          if (w >= 0 && b->Restorable(q->id, w) < q->num_computed && bad.empty())
+            bad = fmt::format("sequence {} ({} shared blocks): device {} backed up {} of {}", q->id,
+                              e.scheduler().kv().SharedBlocks(q->id), w, b->Restorable(q->id, w),
+                              q->num_computed);
+        }
+      }
+      ++seqs;
+      sharers += e.scheduler().kv().SharedBlocks(q->id) > 0;
+    }
+  }
+};
+
+// Shared prefixes are backed up once and restored: a sequence that starts
+// from cached blocks names their backup blocks and copies only the rest, so
+// it is backed up as fully as one that computed them, through SIGKILLed
+// devices and rejoins; outputs equal the run without the cache.
+class BackupSharingTest : public ::testing::TestWithParam<Policy> {};
+
+TEST_P(BackupSharingTest, SharersAreBackedUpInFullAndOutputsDoNotChange) {
+  const Policy policy = GetParam();
+  Workload w = SharedPrefixWorkload(40, 300, 16, 2);
+  const RunSummary& want = Reference("tiny-llama", w, 300);
+  Scenario s;
+  s.prefix_cache = true;
+  s.policy = policy;
+  BackupWatch watch;
+  s.on_step = [&watch](Engine& e, const StepOutcome& out) { watch.Check(e, out); };
+  auto got = RunScenario(s, w, {Kill(2, 5), Kill(6, 9), Back(2, 14)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 40);
+  EXPECT_EQ(watch.bad, "");
+  EXPECT_GT(watch.sharers, 0);
+  EXPECT_GT(got->backup.shared_blocks, 0);
+  EXPECT_GT(got->prefix.hit_blocks, 0);
+  ASSERT_GE(got->recoveries.size(), 2u);  // a death while recovering joins that recovery
+  EXPECT_GT(got->recoveries[0].kv_restored_bytes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, BackupSharingTest,
+                         ::testing::Values(Policy::kHybrid, Policy::kCyclic, Policy::kStandard),
+                         [](const auto& info) { return std::string(PolicyName(info.param)); });
+
+// A backup of a few blocks: indexed blocks nobody names are evicted for new
+// sequences, the books stay right after every step, and outputs do not
+// change through failures (what the backup lacks is recomputed).
+TEST(BackupSharingTest, ATinyBudgetKeepsItsBooksAndTheOutputs) {
+  Workload w = SharedPrefixWorkload(40, 301, 16, 2);
+  const RunSummary& want = Reference("tiny-llama", w, 301);
+  Scenario s;
+  s.prefix_cache = true;
+  s.backup_bytes = 24 * 65536;  // 24 blocks of tiny-llama's 64 KiB
+  BackupWatch watch;
+  watch.full = false;
+  s.on_step = [&watch](Engine& e, const StepOutcome& out) { watch.Check(e, out); };
+  auto got = RunScenario(s, w, {Kill(3, 6), Kill(5, 12), Back(3, 16)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 40);
+  EXPECT_EQ(watch.bad, "");
+  EXPECT_GT(watch.steps, 0);
+  EXPECT_GT(got->backup.evicted_blocks, 0);
+  EXPECT_EQ(got->backup_capacity_blocks, 24);
+}
 
 }  // namespace
 }  // namespace failsafe

@@ -324,6 +324,10 @@ class ChaosRun {
       report_->page_checks++;
       if (Status st = kv.CheckInvariants(); !st.ok())
         Violation("{}: the block manager's books: {}", when, st.ToString());
+      if (const HostKvBackup* b = exec_->backup()) {
+        if (Status st = b->CheckInvariants(); !st.ok())
+          Violation("{}: the host backup's books: {}", when, st.ToString());
+      }
     }
     std::vector<int64_t> used(exec_->plan().num_devices, 0);
     auto add = [&](const Sequence* q) {

@@ -139,7 +139,8 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     held_[s.seq_id] = s.dp_rank;
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
-      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], arrived ? 0 : s.start_pos, end);
+      const int from = s.backup_from >= 0 ? std::min(s.backup_from, s.start_pos) : s.start_pos;
+      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], arrived ? 0 : from, end);
     }
   }
   const int64_t ns = ToNanos(cost_->StepSeconds(step));

@@ -32,10 +32,11 @@ void DeviceModel::EnqueueBackup(const StepBatch& b) {
     BackupJob job;
     job.seq_id = s.seq_id;
     job.slot = s.backup_slot;
-    job.start = s.start_pos;
+    // Positions before start_pos the backup lacks are in the pages already.
+    job.start = s.backup_from >= 0 ? std::min(s.backup_from, s.start_pos) : s.start_pos;
     job.end = s.start_pos + s.num_tokens;
     // Stop at the first block without a backup block.
-    for (int blk = s.start_pos / bs; blk * bs < job.end; ++blk) {
+    for (int blk = job.start / bs; blk * bs < job.end; ++blk) {
       const int k = blk - s.backup_first_block;
       if (k < 0 || k >= s.backup_count || b.backup_blocks[s.backup_offset + k] < 0) {
         job.end = std::max(job.start, blk * bs);

@@ -33,7 +33,9 @@ enum class WorkerOp : uint32_t {
 // SeqRestore::pages).
 // 3: runs of table entries say which leading blocks are shared cached pages
 // (KvBlockRun::shared_blocks).
-constexpr int32_t kWorkerProtocolVersion = 3;
+// 4: a step's backup copy may start before its first position
+// (StepSeq::backup_from).
+constexpr int32_t kWorkerProtocolVersion = 4;
 
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.

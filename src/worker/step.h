@@ -17,7 +17,12 @@ struct StepSeq {
   // Host KV backup: progress slot (-1: not backed up) and the backup blocks of
   // logical blocks [backup_first_block, backup_first_block + backup_count),
   // at StepBatch::backup_blocks[backup_offset...] (-1 entries: no backup).
+  // The copy covers positions [backup_from, start_pos + num_tokens): from
+  // before start_pos when the devices hold KV the backup does not have yet
+  // (a prefix hit, a slot that came late, a writer that lags after a plan
+  // change); -1: from start_pos.
   int32_t backup_slot = -1;
+  int32_t backup_from = -1;
   int32_t backup_first_block = 0;
   int32_t backup_count = 0;
   int32_t backup_offset = 0;

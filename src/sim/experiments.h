@@ -38,7 +38,7 @@ struct ExperimentOptions {
   bool skip_steady = true;
   double step_period_s = 300;
   // offline-gcp: the warm-up and the window of each steady rate (virtual
-  // seconds; < 0: 900 and 600, or 300 and 100 when quick).
+  // seconds; < 0: 900 and 600, or 120 and 60 when quick).
   double steady_warmup_s = -1, steady_window_s = -1;
   uint64_t seed = 1;
   bool quick = false;  // fewer requests / rates (tests)

@@ -154,8 +154,8 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   // Sustained rates: past the first batches (all started at once, at short
   // contexts) to the mix of contexts that follows as requests finish and
   // new ones start.
-  const double warmup = o.steady_warmup_s >= 0 ? o.steady_warmup_s : o.quick ? 300 : 900;
-  const double window = o.steady_window_s > 0 ? o.steady_window_s : o.quick ? 100 : 600;
+  const double warmup = o.steady_warmup_s >= 0 ? o.steady_warmup_s : o.quick ? 120 : 900;
+  const double window = o.steady_window_s > 0 ? o.steady_window_s : o.quick ? 60 : 600;
   const double short_window = o.quick ? 60 : 200;  // prefill speed, the recovery pause
   std::vector<double> base_thr(kGpus + 1, 0), fs_thr(kGpus + 1, 0);
   // Baseline instances: throughput, KV in flight, and prefill speed (to

@@ -12,6 +12,7 @@
 #include "cli/model_cache.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "engine/offline_run.h"
 #include "sim/chaos.h"
 #include "sim/experiments.h"
@@ -287,6 +288,7 @@ CommandFn RegisterSimulate(CLI::App& app) {
     ValidateOptions v;
     ChaosOptions c;
     std::string chaos_recovery = "full";
+    std::string switch_delay = "0s", step_period = "300s";
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
@@ -313,6 +315,22 @@ CommandFn RegisterSimulate(CLI::App& app) {
   app.add_option("--nodes", o->e.nodes, "offline-gcp: nodes in the cluster")->capture_default_str();
   app.add_option("--gpus-per-node", o->e.gpus_per_node, "offline-gcp: GPUs per node")
       ->capture_default_str();
+  app.add_option("--mode", o->e.offline_mode,
+                 "offline-gcp: steady (each node's steady throughput composed over the trace) or "
+                 "step (also the whole trace step by step through the simulated engines: both "
+                 "reported)")
+      ->capture_default_str();
+  app.add_option("--switch-delay", o->switch_delay,
+                 "offline-gcp: a fixed stall added to every reconfiguration of every system, e.g. "
+                 "10s (the paper's)")
+      ->capture_default_str();
+  app.add_option("--step-period", o->step_period,
+                 "offline-gcp step: the period an instance's throughput is measured over; two "
+                 "whole periods within 3%, 10 minutes or more after its last change, make it "
+                 "steady")
+      ->capture_default_str();
+  app.add_flag("!--no-skip", o->e.skip_steady,
+               "offline-gcp step: run every step (no whole periods skipped once steady)");
   app.add_option("--seed", o->e.seed,
                  "placement of failures on nodes; chaos: the schedule of faults and requests")
       ->capture_default_str();
@@ -367,6 +385,12 @@ CommandFn RegisterSimulate(CLI::App& app) {
       o->v.out_dir = o->e.out_dir;
       return RunValidate(o->v, o->json);
     }
+    auto delay = ParseDuration(o->switch_delay);
+    if (!delay.ok()) return Fail("--switch-delay: " + delay.status().ToString());
+    o->e.switch_delay_s = *delay;
+    auto period = ParseDuration(o->step_period);
+    if (!period.ok()) return Fail("--step-period: " + period.status().ToString());
+    o->e.step_period_s = *period;
     const int64_t t0 = MonotonicNanos();
     auto r = RunExperiment(o->name, o->e);
     if (!r.ok()) return Fail(r.status().ToString());

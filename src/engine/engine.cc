@@ -42,6 +42,11 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
     if (!executor_->models_devices())
       return InvalidArgument("a prefilled request needs devices that hold its KV already");
     if (spec.prompt.empty()) return InvalidArgument("a prefilled request needs its prompt");
+    // Its prefilled tokens count towards max_new_tokens: with as many or
+    // more, nothing is left to generate (a step would sample one too many).
+    if (static_cast<int64_t>(spec.prefilled_output.size()) >= spec.max_new_tokens)
+      return InvalidArgument("{} prefilled output tokens leave nothing to generate (max_tokens {})",
+                             spec.prefilled_output.size(), spec.max_new_tokens);
     for (int32_t t : spec.prefilled_output) {
       if (t < 0 || t >= vocab)
         return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);

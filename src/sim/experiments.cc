@@ -147,17 +147,7 @@ Result<json> Recovery(const ExperimentOptions& o) {
   for (RecoveryMode mode : {RecoveryMode::kRecompute, RecoveryMode::kHost, RecoveryMode::kFull,
                             RecoveryMode::kOracle}) {
     FS_ASSIGN_OR_RETURN(auto inst, MakeInstance(m, hw, FailsafeTp(8), mode));
-    bool failed = false;
-    for (const SimRequest& r : reqs) {
-      if (!failed && r.arrival > fail_at) {
-        inst->RunUntil(fail_at);
-        FS_RETURN_IF_ERROR(inst->Fail(3).status());
-        failed = true;
-      }
-      inst->RunUntil(r.arrival);
-      FS_RETURN_IF_ERROR(inst->Submit(r));
-    }
-    inst->RunToCompletion(1e9);
+    FS_RETURN_IF_ERROR(ReplayRequests(inst.get(), reqs, false, fail_at, 3));
     const SimRecovery& rec = inst->recoveries().front();
     std::vector<double> max_tbt;
     for (const auto& r : inst->results()) {

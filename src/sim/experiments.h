@@ -26,6 +26,20 @@ struct ExperimentOptions {
   std::string availability_scale = "peak";
   int nodes = 8;
   int gpus_per_node = 8;
+  // offline-gcp: "steady" (compose each node's steady throughput over the
+  // trace) or "step" (also run the whole trace through the simulated
+  // engines, sim/offline_gcp.h); both modes are reported by "step".
+  std::string offline_mode = "steady";
+  // offline-gcp: a fixed stall added to every reconfiguration of every
+  // system (the paper's switching delay is 10 s).
+  double switch_delay_s = 0;
+  // offline-gcp step: skip whole periods once an instance is steady; the
+  // period of virtual time its rate is measured over.
+  bool skip_steady = true;
+  double step_period_s = 300;
+  // offline-gcp: the warm-up and the window of each steady rate (virtual
+  // seconds; < 0: 900 and 600, or 120 and 60 when quick).
+  double steady_warmup_s = -1, steady_window_s = -1;
   uint64_t seed = 1;
   bool quick = false;  // fewer requests / rates (tests)
 };

@@ -139,6 +139,76 @@ Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
   return SimInstance::Create(ic);
 }
 
+Status ReplayRequests(SimInstance* inst, const std::vector<SimRequest>& requests, bool offline,
+                      double fail_at, int device) {
+  bool failed = fail_at < 0;
+  for (SimRequest r : requests) {
+    if (offline) r.arrival = 0;
+    if (!failed && r.arrival > fail_at) {
+      inst->RunUntil(fail_at);
+      FS_RETURN_IF_ERROR(inst->Fail(device).status());
+      failed = true;
+    }
+    inst->RunUntil(r.arrival);
+    FS_RETURN_IF_ERROR(inst->Submit(r));
+  }
+  inst->RunToCompletion(1e9);
+  return Status::Ok();
+}
+
+Status KeepQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests, size_t* next) {
+  if (requests.empty()) return InvalidArgument("an offline queue needs requests");
+  while (inst->pending() < static_cast<int64_t>(requests.size())) {
+    SimRequest r = requests[(*next)++ % requests.size()];
+    r.arrival = inst->clock();
+    FS_RETURN_IF_ERROR(inst->Submit(r));
+  }
+  return Status::Ok();
+}
+
+Result<double> SustainedThroughput(const ModelConfig& model, const HardwareProfile& hw,
+                                   const SystemSpec& system,
+                                   const std::vector<SimRequest>& requests, double warmup_s,
+                                   double window_s, int64_t* inflight_tokens) {
+  if (inflight_tokens != nullptr) *inflight_tokens = 0;
+  auto made = MakeInstance(model, hw, system, RecoveryMode::kFull);
+  if (!made.ok() && made.status().code() == StatusCode::kResourceExhausted) {
+    FS_LOG_INFO("{} cannot serve this model: {}", system.name, made.status().message());
+    return 0.0;
+  }
+  FS_RETURN_IF_ERROR(made.status());
+  SimInstance& inst = **made;
+  size_t next = 0;
+  // Refilled every few seconds of virtual time: far fewer requests finish
+  // in that time than the queue holds.
+  constexpr double kRefillS = 5;
+  auto run = [&](double until) -> Status {
+    while (inst.clock() < until) {
+      FS_RETURN_IF_ERROR(KeepQueueFull(&inst, requests, &next));
+      inst.RunUntil(std::min(until, inst.clock() + kRefillS));
+    }
+    return Status::Ok();
+  };
+  Status st = run(warmup_s);
+  const int64_t out0 = inst.tokens_out();
+  const double t0 = inst.clock();
+  if (st.ok()) st = run(warmup_s + window_s);
+  if (st.code() == StatusCode::kResourceExhausted) {
+    FS_LOG_INFO("{} cannot serve this workload: {}", system.name, st.message());
+    return 0.0;
+  }
+  FS_RETURN_IF_ERROR(st);
+  const double dt = std::min(inst.clock(), inst.last_step_end()) - t0;
+  if (dt <= 0 || inst.tokens_out() == out0) {
+    FS_LOG_INFO("{} made no progress (its KV memory is too small)", system.name);
+    return 0.0;
+  }
+  if (inflight_tokens != nullptr) {
+    for (const Sequence* s : inst.scheduler().Running()) *inflight_tokens += s->num_computed;
+  }
+  return (inst.tokens_out() - out0) / dt;
+}
+
 Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile& hw,
                                 const SystemSpec& system, Phase phase,
                                 const std::vector<SimRequest>& requests, double window_s,

@@ -31,11 +31,32 @@ Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile&
                                 const SystemSpec& system, Phase phase,
                                 const std::vector<SimRequest>& requests, double window_s,
                                 int64_t* inflight_tokens = nullptr);
+// Submits `requests` in turn (from *next, cycling) until `inst` holds as
+// many unfinished requests as there are in `requests`: an offline queue that
+// never empties.
+Status KeepQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests, size_t* next);
+// Sustained output tokens/s of an instance whose offline queue never
+// empties (KeepQueueFull): measured over `window_s` after `warmup_s`, long
+// enough for requests to finish and new ones to take their place (the
+// first batches all start at once and run at short contexts, faster than
+// the mix that follows). 0 when the system cannot serve the workload (as
+// ThroughputOrZero); with `inflight_tokens`, the KV tokens held by running
+// sequences at the end.
+Result<double> SustainedThroughput(const ModelConfig& model, const HardwareProfile& hw,
+                                   const SystemSpec& system,
+                                   const std::vector<SimRequest>& requests, double warmup_s,
+                                   double window_s, int64_t* inflight_tokens = nullptr);
 // a / b, or null when b is 0 (a system that cannot serve).
 nlohmann::json RatioOrNull(double a, double b);
 Result<nlohmann::json> OfflineGcp(const ExperimentOptions& o);
 Result<nlohmann::json> Online(const ExperimentOptions& o);
 Result<nlohmann::json> PrefixCache(const ExperimentOptions& o);
+// Submits `requests` to `inst` at their arrival times (all at the instance's
+// start when `offline`), failing `device` once, at `fail_at`, before the
+// first request that arrives later (none when `fail_at` < 0); then runs until
+// every request finished.
+Status ReplayRequests(SimInstance* inst, const std::vector<SimRequest>& requests, bool offline,
+                      double fail_at, int device);
 Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
                                                   const HardwareProfile& hw, const SystemSpec& s,
                                                   RecoveryMode mode);

@@ -70,6 +70,17 @@ int64_t SimInstance::KvTokenCapacity() const {
 }
 
 Status SimInstance::Submit(const SimRequest& r) {
+  if (r.migrated && r.output <= 1) {
+    // Its one token arrives with it: the request is complete on arrival and
+    // the engine has nothing to generate.
+    if (r.output < 1) return InvalidArgument("a request needs at least one output token");
+    SimRequestResult res;
+    res.arrival = res.last_token = res.finish = r.arrival;
+    res.input = r.input;
+    res.output = r.output;
+    results_.push_back(res);
+    return Status::Ok();
+  }
   RequestSpec spec;
   spec.prompt.reserve(r.input + 1);  // room for a prefilled token: no copy
   if (config_.sched.prefix_cache) {
@@ -91,6 +102,7 @@ Status SimInstance::Submit(const SimRequest& r) {
   SimRequestResult res;
   res.arrival = r.arrival;
   res.input = r.input;
+  res.output = r.output;
   if (r.migrated) res.last_token = r.arrival;  // its first token arrives with it
   index_[id] = static_cast<int>(results_.size());
   results_.push_back(res);
@@ -163,17 +175,45 @@ void SimInstance::RunToCompletion(double limit) {
   }
 }
 
-Result<SimRecovery> SimInstance::Fail(int device) {
+Result<SimRecovery> SimInstance::Fail(int device) { return Fail(std::vector<int>{device}); }
+
+Result<SimRecovery> SimInstance::Fail(const std::vector<int>& devices) {
+  if (devices.empty()) return InvalidArgument("no device to fail");
   const std::vector<int> alive = executor_->alive_devices();
-  if (!std::count(alive.begin(), alive.end(), device))
-    return InvalidArgument("device {} is not alive", device);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (!std::count(alive.begin(), alive.end(), devices[i]) ||
+        std::count(devices.begin(), devices.begin() + i, devices[i]))
+      return InvalidArgument("device {} is not alive", devices[i]);
+  }
   const std::vector<int64_t> running = RunningIds();
-  FS_RETURN_IF_ERROR(executor_->KillDevice(device));
+  for (int d : devices) FS_RETURN_IF_ERROR(executor_->KillDevice(d));
   Status st = engine_->CheckHealth(0);
   CountPreempted(running);
   FS_RETURN_IF_ERROR(st);
-  if (engine_->recoveries().empty()) return Internal("device {} died without a recovery", device);
+  if (engine_->recoveries().empty())
+    return Internal("device {} died without a recovery", devices.front());
   return FromReport(engine_->recoveries().back());
+}
+
+void SimInstance::AdvanceTo(double t) {
+  const int64_t target = ToNanos(t);
+  if (clock_->NowNanos() < target) clock_->Set(target);
+}
+
+std::vector<SimRequest> SimInstance::Unfinished() const {
+  std::vector<int> order;
+  for (const auto& [id, index] : index_) order.push_back(index);
+  std::sort(order.begin(), order.end());
+  std::vector<SimRequest> out;
+  for (int i : order) {
+    const SimRequestResult& r = results_[i];
+    SimRequest q;
+    q.arrival = r.arrival;
+    q.input = r.input + r.tokens;
+    q.output = r.output - r.tokens;
+    out.push_back(q);
+  }
+  return out;
 }
 
 Result<SimRecovery> SimInstance::Rejoin(int device) {

@@ -78,6 +78,7 @@ struct SimRequestResult {
   double last_token = -1;
   int tokens = 0;
   int input = 0;
+  int output = 0;  // tokens asked for (with a migrated request's first one)
 };
 
 class SimInstance {
@@ -94,7 +95,19 @@ class SimInstance {
   // recovers. Fails if the device is not alive, or if too few devices remain
   // (the engine is then degraded until a device rejoins).
   Result<SimRecovery> Fail(int device);
+  // Kills the devices at once: one recovery.
+  Result<SimRecovery> Fail(const std::vector<int>& devices);
   Result<SimRecovery> Rejoin(int device);
+  // The clock jumps to `t` (when later) and nothing runs in between: a pause
+  // (a switching delay), or time skipped over (its work credited elsewhere).
+  void AdvanceTo(double t);
+  // Requests submitted and not finished.
+  int64_t pending() const { return static_cast<int64_t>(index_.size()); }
+  // The unfinished requests, in submission order, as they would restart on
+  // an instance without their KV: the tokens generated so far join the
+  // prompt and only the rest are asked for (a migrated request's first
+  // token among them).
+  std::vector<SimRequest> Unfinished() const;
 
   double clock() const { return clock_->NowSeconds(); }
   const Plan& plan() const { return executor_->plan(); }

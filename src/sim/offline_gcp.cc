@@ -2,18 +2,21 @@
 // (the GCP A100 trace, or --availability FILE scaled to the cluster), an
 // OpenThoughts-like offline workload (or --requests FILE's lengths).
 //
-// Each node runs one instance on its alive GPUs. The throughput of an
-// instance on n GPUs comes from a saturated simulation with the engine's
-// scheduler (a steady state: the workload is offline and the queue never
-// empties); the trace then decides, event by event, how many GPUs each node
-// has. When the trace loses or gains GPUs they are taken from or given to
-// nodes chosen at random (seeded). A node changing its GPUs pauses: the
-// baseline restarts its instance (reloads its weights and recomputes its
-// in-flight KV); FailSafe recovers in place (its modelled recovery).
+// The failure model and each node's systems are in sim/offline_gcp.h. This
+// file is the steady-state mode: the throughput of an instance on n GPUs
+// comes from a saturated simulation with the engine's scheduler (a steady
+// state: the workload is offline and the queue never empties); the trace
+// then decides, event by event, how many GPUs each node has. A node changing
+// its GPUs pauses: the baseline restarts its instance (reloads its weights
+// and recomputes its in-flight KV); FailSafe recovers in place (its modelled
+// recovery); each pause grows by the switching delay when one is set. With
+// --mode step the trace also runs step by step (sim/offline_gcp_step.cc)
+// and both are reported.
 #include <fmt/format.h>
-#include <algorithm>
-#include <cmath>
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <map>
 
 #include "common/clock.h"
@@ -22,6 +25,7 @@
 #include "sim/availability.h"
 #include "sim/experiments.h"
 #include "sim/experiments_internal.h"
+#include "sim/offline_gcp.h"
 #include "sim/report.h"
 #include "trace/workload.h"
 
@@ -29,10 +33,6 @@ namespace failsafe {
 
 using nlohmann::json;
 
-namespace {
-
-// The baseline's TP degree on n GPUs: the largest power of two <= n that
-// serves the model (tp_thr > 0), or 0.
 int BaselineTp(int n, const std::map<int, double>& tp_thr) {
   int tp = 0;
   for (const auto& [t, thr] : tp_thr) {
@@ -40,6 +40,57 @@ int BaselineTp(int n, const std::map<int, double>& tp_thr) {
   }
   return tp;
 }
+
+bool BaselineGroup::Update(uint64_t alive, int new_tp) {
+  if (new_tp == tp && (devices & ~alive) == 0) return false;
+  tp = new_tp;
+  devices = 0;
+  for (int d = 0, n = 0; d < 64 && n < new_tp; ++d) {
+    if (alive >> d & 1) {
+      devices |= uint64_t{1} << d;
+      ++n;
+    }
+  }
+  return true;
+}
+
+std::vector<std::vector<uint64_t>> NodeAliveMasks(const std::vector<AvailabilityPoint>& trace,
+                                                  int nodes, int gpus_per_node, uint64_t seed) {
+  Rng rng(HashCombine(seed, 0x6c9)), device_rng(HashCombine(seed, 0xd3f));
+  const uint64_t full = gpus_per_node == 64 ? ~uint64_t{0} : (uint64_t{1} << gpus_per_node) - 1;
+  std::vector<uint64_t> alive(nodes, full);
+  int current = nodes * gpus_per_node;
+  // The n-th (from 0) set bit of `mask`.
+  auto nth = [](uint64_t mask, uint64_t n) {
+    for (; n > 0; --n) mask &= mask - 1;
+    return std::countr_zero(mask);
+  };
+  std::vector<std::vector<uint64_t>> out;
+  out.reserve(trace.size());
+  for (const AvailabilityPoint& p : trace) {
+    while (current > p.count) {  // a GPU lost, on a random node that has one
+      int node;
+      do node = static_cast<int>(rng.Below(nodes));
+      while (alive[node] == 0);
+      const uint64_t k = device_rng.Below(static_cast<uint64_t>(std::popcount(alive[node])));
+      alive[node] &= ~(uint64_t{1} << nth(alive[node], k));
+      current--;
+    }
+    while (current < p.count) {  // a GPU regained, on a random node missing one
+      int node;
+      do node = static_cast<int>(rng.Below(nodes));
+      while (alive[node] == full);
+      const uint64_t dead = full & ~alive[node];
+      const uint64_t k = device_rng.Below(static_cast<uint64_t>(std::popcount(dead)));
+      alive[node] |= uint64_t{1} << nth(dead, k);
+      current++;
+    }
+    out.push_back(alive);
+  }
+  return out;
+}
+
+namespace {
 
 // The throughput timeline above the availability trace, each system's mean
 // as a horizontal line of its own dash pattern (black and white).
@@ -73,6 +124,11 @@ void PlotOfflineTimeline(const std::string& dir, const std::string& trace_path,
 
 Result<json> OfflineGcp(const ExperimentOptions& o) {
   const int64_t wall0 = MonotonicNanos();
+  if (o.offline_mode != "steady" && o.offline_mode != "step")
+    return InvalidArgument("offline-gcp mode '{}': steady or step", o.offline_mode);
+  if (!(o.switch_delay_s >= 0) || !(o.step_period_s > 0))
+    return InvalidArgument("a switching delay of {} s and a period of {} s: need >= 0 and > 0",
+                           o.switch_delay_s, o.step_period_s);
   FS_ASSIGN_OR_RETURN(ModelConfig m, GetModelProfile(o.model));
   FS_ASSIGN_OR_RETURN(HardwareProfile hw, GetHardwareProfile(o.hardware));
   // A node recovers in place from a lost GPU: it needs two.
@@ -95,7 +151,12 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   // Throughput of one node's instance for every GPU count, both systems.
   FS_ASSIGN_OR_RETURN(auto reqs, OfflineRequests(o, o.quick ? 300 : 1200));
   if (!o.requests_file.empty()) FitToContext(m, &reqs);
-  const double window = o.quick ? 60 : 200;
+  // Sustained rates: past the first batches (all started at once, at short
+  // contexts) to the mix of contexts that follows as requests finish and
+  // new ones start.
+  const double warmup = o.steady_warmup_s >= 0 ? o.steady_warmup_s : o.quick ? 120 : 900;
+  const double window = o.steady_window_s > 0 ? o.steady_window_s : o.quick ? 60 : 600;
+  const double short_window = o.quick ? 60 : 200;  // prefill speed, the recovery pause
   std::vector<double> base_thr(kGpus + 1, 0), fs_thr(kGpus + 1, 0);
   // Baseline instances: throughput, KV in flight, and prefill speed (to
   // recompute that KV after a restart).
@@ -105,18 +166,20 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
     SystemSpec s{"TP" + std::to_string(tp), tp, Policy::kStandard, RouterPolicy::kRoundRobin,
                  PrefillPolicy::kFifo};
     FS_ASSIGN_OR_RETURN(tp_thr[tp],
-                        ThroughputOrZero(m, hw, s, Phase::kMixed, reqs, window, &tp_inflight[tp]));
+                        SustainedThroughput(m, hw, s, reqs, warmup, window, &tp_inflight[tp]));
     FS_ASSIGN_OR_RETURN(tp_prefill[tp],
-                        ThroughputOrZero(m, hw, s, Phase::kPrefill, reqs, window * 0.25));
+                        ThroughputOrZero(m, hw, s, Phase::kPrefill, reqs, short_window * 0.25));
   }
   // FailSafe runs each GPU count with the better of its placements: hybrid
   // attention, or cyclic placement alone where replicating the DP head
   // groups' weights costs more than their balance gains.
   std::vector<std::string> fs_choice(kGpus + 1);
+  std::vector<double> hybrid_thr(kGpus + 1, 0), cyclic_thr(kGpus + 1, 0);
   int min_gpus = 0;
   for (int n = 1; n <= kGpus; ++n) {
     for (const SystemSpec& s : {FailsafeTp(n), CyclicTp(n)}) {
-      FS_ASSIGN_OR_RETURN(double thr, ThroughputOrZero(m, hw, s, Phase::kMixed, reqs, window));
+      FS_ASSIGN_OR_RETURN(double thr, SustainedThroughput(m, hw, s, reqs, warmup, window));
+      (s.policy == Policy::kCyclic ? cyclic_thr : hybrid_thr)[n] = thr;
       if (thr > fs_thr[n]) {
         fs_thr[n] = thr;
         fs_choice[n] = PolicyName(s.policy);
@@ -143,12 +206,15 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
       r.arrival = 0;
       FS_RETURN_IF_ERROR(inst->Submit(r));
     }
-    inst->RunUntil(window * 0.5);
+    inst->RunUntil(short_window * 0.5);
     FS_ASSIGN_OR_RETURN(SimRecovery rec, inst->Fail(kGpus - 1));
     fs_pause = rec.stall_s();
   }
   // Replay the trace: GPUs lost and regained on random nodes.
-  Rng rng(HashCombine(o.seed, 0x6c9));
+  const std::vector<std::vector<uint64_t>> masks = NodeAliveMasks(trace, kNodes, kGpus, o.seed);
+  const uint64_t full = kGpus == 64 ? ~uint64_t{0} : (uint64_t{1} << kGpus) - 1;
+  std::vector<BaselineGroup> groups(kNodes);
+  for (BaselineGroup& g : groups) g.Update(full, BaselineTp(kGpus, tp_thr));
   std::vector<int> alive(kNodes, kGpus);
   std::vector<std::vector<std::string>> rows;
   double sum_base = 0, sum_fs = 0, sum_free = 0, sum_scaled = 0, span = 0;
@@ -157,39 +223,24 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   double bucket_start = 0, b_base = 0, b_fs = 0, b_free = 0, b_scaled = 0, b_len = 0;
   const double free_node = fs_thr[kGpus];
   for (size_t i = 0; i + 1 < trace.size(); ++i) {
-    const int target = trace[i].count;  // <= kNodes * kGpus (ScaleAvailability)
-    int current = 0;
-    for (int a : alive) current += a;
-    std::vector<int> before = alive;
-    while (current > target) {  // lose a GPU on a random node that has one
-      int node;
-      do node = static_cast<int>(rng.Below(kNodes));
-      while (alive[node] == 0);
-      alive[node]--;
-      current--;
-    }
-    while (current < target) {
-      int node;
-      do node = static_cast<int>(rng.Below(kNodes));
-      while (alive[node] == kGpus);
-      alive[node]++;
-      current++;
+    const int current = trace[i].count;
+    const std::vector<int> before = alive;
+    std::vector<char> restarted(kNodes, 0);
+    for (int nd = 0; nd < kNodes; ++nd) {
+      alive[nd] = std::popcount(masks[i][nd]);
+      restarted[nd] = groups[nd].Update(masks[i][nd], BaselineTp(alive[nd], tp_thr));
     }
     const double dt = trace[i + 1].t_s - trace[i].t_s;
     double base = 0, fs = 0, scaled = 0;
     for (int nd = 0; nd < kNodes; ++nd) {
-      const bool changed = alive[nd] != before[nd];
+      const bool changed = i == 0 ? masks[0][nd] != full : masks[i][nd] != masks[i - 1][nd];
       changes += changed;
-      const int old_tp = BaselineTp(before[nd], tp_thr), new_tp = BaselineTp(alive[nd], tp_thr);
-      // The baseline restarts when its TP degree changes, or when a GPU it
-      // lost was one of its group's rather than a spare (drawn: the lost
-      // GPUs are random among the node's alive ones).
-      bool restart = old_tp != new_tp;
-      for (int k = before[nd]; !restart && k > alive[nd]; --k) {
-        restart = rng.Below(static_cast<uint64_t>(k)) < static_cast<uint64_t>(old_tp);
-      }
-      const double bp = restart ? std::min(dt, base_pause(old_tp, new_tp)) : 0;
-      const double fp = changed ? std::min(dt, fs_pause) : 0;
+      const int old_tp = BaselineTp(before[nd], tp_thr), new_tp = groups[nd].tp;
+      // The baseline restarts when its TP degree changes or it lost a device
+      // of its group (not a spare).
+      const double bp =
+          restarted[nd] ? std::min(dt, base_pause(old_tp, new_tp) + o.switch_delay_s) : 0;
+      const double fp = changed ? std::min(dt, fs_pause + o.switch_delay_s) : 0;
       base += base_thr[alive[nd]] * (dt - bp);
       fs += fs_thr[alive[nd]] * (dt - fp);
       scaled += free_node * alive[nd] / kGpus * dt;
@@ -234,29 +285,45 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   PlotOfflineTimeline(o.out_dir, trace_path, o.model, kNodes * kGpus,
                       {sum_base / span, sum_fs / span, sum_free / span, sum_scaled / span});
   const double seconds = (MonotonicNanos() - wall0) * 1e-9;
-  return json{{"failsafe_over_baseline", RatioOrNull(sum_fs, sum_base)},
-              {"failsafe_over_fault_scaled", RatioOrNull(sum_fs, sum_scaled)},
-              {"baseline_over_fault_scaled", RatioOrNull(sum_base, sum_scaled)},
-              {"fault_scaled_over_fault_free", RatioOrNull(sum_scaled, sum_free)},
-              {"mean_tokens_per_s",
-               {{"baseline", sum_base / span},
-                {"failsafe", sum_fs / span},
-                {"fault_free", sum_free / span},
-                {"fault_scaled", sum_scaled / span}}},
-              {"trace_hours", span / 3600},
-              {"availability",
-               {{"file", trace_path},
-                {"format", AvailabilityFormatName(raw.format)},
-                {"rows", raw.rows},
-                {"rows_reordered", raw.reordered},
-                {"peak", raw.peak()},
-                {"gpus_per_unit", avail.factor},
-                {"cluster_gpus", kNodes * kGpus},
-                {"mean_gpus", raw.mean() * avail.factor}}},
-              {"node_changes", changes},
-              {"failsafe_pause_s", fs_pause},
-              {"min_gpus", min_gpus},
-              {"simulation_seconds", seconds}};
+  json out{{"failsafe_over_baseline", RatioOrNull(sum_fs, sum_base)},
+           {"failsafe_over_fault_scaled", RatioOrNull(sum_fs, sum_scaled)},
+           {"baseline_over_fault_scaled", RatioOrNull(sum_base, sum_scaled)},
+           {"fault_scaled_over_fault_free", RatioOrNull(sum_scaled, sum_free)},
+           {"mean_tokens_per_s",
+            {{"baseline", sum_base / span},
+             {"failsafe", sum_fs / span},
+             {"fault_free", sum_free / span},
+             {"fault_scaled", sum_scaled / span}}},
+           {"trace_hours", span / 3600},
+           {"availability",
+            {{"file", trace_path},
+             {"format", AvailabilityFormatName(raw.format)},
+             {"rows", raw.rows},
+             {"rows_reordered", raw.reordered},
+             {"peak", raw.peak()},
+             {"gpus_per_unit", avail.factor},
+             {"cluster_gpus", kNodes * kGpus},
+             {"mean_gpus", raw.mean() * avail.factor}}},
+           {"node_changes", changes},
+           {"failsafe_pause_s", fs_pause},
+           {"min_gpus", min_gpus},
+           {"mode", o.offline_mode},
+           {"switch_delay_s", o.switch_delay_s},
+           {"simulation_seconds", seconds}};
+  if (o.offline_mode == "step") {
+    OfflineTables t{m, hw, trace, masks, reqs, kNodes, kGpus, tp_thr, hybrid_thr, cyclic_thr};
+    OfflineStepOptions so;
+    so.switch_delay_s = o.switch_delay_s;
+    so.skip = o.skip_steady;
+    so.period_s = o.step_period_s;
+    FS_ASSIGN_OR_RETURN(out["step"], OfflineGcpStep(t, so, o.out_dir));
+    out["step"]["over_steady"] = {
+        {"baseline",
+         RatioOrNull(out["step"]["baseline"]["mean_tokens_per_s"].get<double>(), sum_base / span)},
+        {"failsafe",
+         RatioOrNull(out["step"]["failsafe"]["mean_tokens_per_s"].get<double>(), sum_fs / span)}};
+  }
+  return out;
 }
 
 }  // namespace failsafe

@@ -29,20 +29,9 @@ struct CacheRun {
 Result<CacheRun> Replay(const ModelConfig& m, const HardwareProfile& hw, const SystemSpec& spec,
                         const std::vector<SimRequest>& reqs, bool offline, double fail_at) {
   FS_ASSIGN_OR_RETURN(auto inst, MakeInstance(m, hw, spec, RecoveryMode::kFull));
-  bool failed = fail_at < 0;
+  FS_RETURN_IF_ERROR(ReplayRequests(inst.get(), reqs, offline, fail_at, 3));
   int64_t tokens = 0;
-  for (SimRequest r : reqs) {
-    if (offline) r.arrival = 0;
-    if (!failed && r.arrival > fail_at) {
-      inst->RunUntil(fail_at);
-      FS_RETURN_IF_ERROR(inst->Fail(3).status());
-      failed = true;
-    }
-    inst->RunUntil(r.arrival);
-    FS_RETURN_IF_ERROR(inst->Submit(r));
-    tokens += r.input + r.output;
-  }
-  inst->RunToCompletion(1e9);
+  for (const SimRequest& r : reqs) tokens += r.input + r.output;
   CacheRun out;
   out.prefix = inst->scheduler().prefix_cache_stats();
   out.tokens_per_s = tokens / std::max(1e-9, inst->last_step_end());

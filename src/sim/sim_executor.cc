@@ -121,6 +121,11 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
   step.seqs.clear();
   tokens_.assign(batch.num_logits_rows, -1);
   for (const StepSeq& s : batch.seqs) {
+    // A DP rank names a device of the plan (it indexes the backup writers),
+    // and an active one when the plan has DP heads.
+    if (s.dp_rank < 0 || s.dp_rank >= plan_.num_devices)
+      return InvalidArgument("sequence {}: DP rank {} is not a device of the plan (0-{})", s.seq_id,
+                             s.dp_rank, plan_.num_devices - 1);
     if (!plan_.IsActive(s.dp_rank) && plan_.num_dp_heads_total() > 0)
       return InvalidArgument("sequence {}: DP rank {} is not active", s.seq_id, s.dp_rank);
     ScheduledSeq ss;
@@ -210,6 +215,13 @@ Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
   const HardwareProfile& hw = options_.hw;
   const PlanDiff diff = DiffPlans(plan_, next);
   const int n = static_cast<int>(next.active.size());
+  for (const std::vector<SeqRestore>& list : seqs) {
+    for (const SeqRestore& sr : list) {
+      if (sr.dp_rank < 0 || sr.dp_rank >= next.num_devices)
+        return InvalidArgument("sequence {}: DP rank {} is not a device of the plan (0-{})",
+                               sr.seq_id, sr.dp_rank, next.num_devices - 1);
+    }
+  }
   const double slot_bytes = static_cast<double>(next_cost->KvBytesPerTokenSlot());
   ApplyReport report;
   double weights_s = 0, kv_s = 0;

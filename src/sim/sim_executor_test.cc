@@ -99,5 +99,41 @@ TEST(SimExecutor, AStepFailsAtTheEarliestDetection) {
   EXPECT_EQ(std::count(alive.begin(), alive.end(), 1), 1) << "the hang is not found yet";
 }
 
+// A DP rank outside the plan's devices is bad input: a clear error from a
+// step and from a plan change, never an index past the executor's tables
+// (on a plan without DP heads as well, where no rank is checked for being
+// active).
+TEST(SimExecutor, ADpRankOutsideThePlanIsAnError) {
+  auto rig = MakeRig();
+  ASSERT_TRUE(rig->exec);
+  SimExecutor& e = *rig->exec;
+  ASSERT_EQ(e.plan().num_dp_heads_total(), 0);  // eight devices: every head is TP
+  for (int rank : {-1, 8, 1000}) {
+    StepBatch b;
+    StepSeq st;
+    st.seq_id = 1;
+    st.start_pos = 0;
+    st.num_tokens = 4;
+    st.dp_rank = rank;
+    st.logits_row = b.num_logits_rows++;
+    b.seqs.push_back(st);
+    b.tokens.assign(4, 1);
+    const auto r = e.Step(b, nullptr);
+    ASSERT_FALSE(r.ok()) << rank;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << rank;
+    EXPECT_NE(r.status().message().find("DP rank"), std::string::npos) << r.status().ToString();
+    DeviceRestores restores(8);
+    SeqRestore sr;
+    sr.seq_id = 1;
+    sr.dp_rank = rank;
+    sr.restore_tokens = 4;
+    restores[0].push_back(sr);
+    const auto applied = e.ApplyPlan(e.plan(), RecoveryMode::kFull, restores);
+    ASSERT_FALSE(applied.ok()) << rank;
+    EXPECT_EQ(applied.status().code(), StatusCode::kInvalidArgument) << rank;
+  }
+  EXPECT_TRUE(e.held().empty());
+}
+
 }  // namespace
 }  // namespace failsafe

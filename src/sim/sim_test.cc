@@ -117,6 +117,34 @@ TEST(SimInstance, ADeviceNotStartedIsNotAlive) {
   EXPECT_GE(inst->results()[0].first_token, 0);
 }
 
+// A decode instance's request arrives with its first token: with one output
+// token in all it is complete on arrival (no token sampled here), and with
+// more it gets exactly the rest.
+TEST(SimInstance, APrefilledRequestGetsExactlyItsOutputTokens) {
+  auto m = *GetModelProfile("llama-3.1-70b");
+  auto hw = *GetHardwareProfile("h100-sxm-80gb");
+  auto made = MakeInstance(m, hw, FailsafeTp(8), RecoveryMode::kFull);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  auto inst = std::move(*made);
+  for (int out : {1, 2, 5}) ASSERT_TRUE(inst->Submit(SimRequest{0, 300, out, true}).ok());
+  EXPECT_FALSE(inst->Submit(SimRequest{0, 300, 0, true}).ok());
+  inst->RunToCompletion(1e6);
+  ASSERT_EQ(inst->results().size(), 3u);
+  EXPECT_EQ(inst->results()[0].tokens, 0);
+  EXPECT_EQ(inst->results()[0].finish, 0);
+  EXPECT_EQ(inst->results()[1].tokens, 1);
+  EXPECT_EQ(inst->results()[2].tokens, 4);
+  EXPECT_EQ(inst->tokens_out(), 5);
+  // The engine itself refuses a prefilled request with nothing to generate.
+  RequestSpec spec;
+  spec.prompt.assign(10, 0);
+  spec.prefilled_output = {0};
+  spec.max_new_tokens = 1;
+  const auto id = inst->engine().Submit(spec);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(SimInstance, EveryRequestCompletesThroughFailureAndRejoin) {
   auto m = *GetModelProfile("llama-3.1-70b");
   auto hw = *GetHardwareProfile("h100-sxm-80gb");

@@ -170,9 +170,18 @@ int Scheduler::Route() {
   return best;
 }
 
+void Scheduler::ReleaseKv(Sequence* s) {
+  auto it = counted_rank_.find(s->id);
+  if (it == counted_rank_.end()) return kv_.Release(*s);
+  const int routed = s->dp_rank;
+  s->dp_rank = it->second;
+  kv_.Release(*s);
+  s->dp_rank = routed;
+}
+
 void Scheduler::Preempt(Sequence* s, StepPlan* plan) {
   preempted_last_ = s->id;
-  kv_.Release(*s);
+  ReleaseKv(s);
   s->num_computed = 0;
   s->state = SeqState::kWaiting;
   s->num_preemptions++;
@@ -182,7 +191,7 @@ void Scheduler::Preempt(Sequence* s, StepPlan* plan) {
 }
 
 void Scheduler::FinishSeq(Sequence* s, FinishReason why) {
-  kv_.Release(*s);
+  ReleaseKv(s);
   if (s->dp_rank >= 0) dp_load_[s->dp_rank] -= s->len();
   std::erase(running_, s);
   std::erase(waiting_, s);
@@ -461,6 +470,7 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
   }
   for (Sequence* s : all) {
     if (s->dp_rank >= 0 && !plan.IsActive(s->dp_rank)) {
+      if (s->kv_blocks > 0) counted_rank_[s->id] = s->dp_rank;
       s->dp_rank = Route();
       dp_load_[s->dp_rank] += s->len();
       if (rerouted) rerouted->push_back(s->id);
@@ -485,6 +495,7 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
       over |= need[d] > (d < static_cast<int>(capacity.size()) ? capacity[d] : 0);
     if (!over || running_.empty()) {
       kv_.Reconfigure(plan, std::move(capacity), live);
+      counted_rank_.clear();
       break;
     }
     preempted.push_back(running_.back()->id);

@@ -169,6 +169,10 @@ class Scheduler {
   void DetachUnadmitted();
   void Preempt(Sequence* s, StepPlan* plan);
   void FinishSeq(Sequence* s, FinishReason why);
+  // Releases the sequence's KV where the block manager counts it: during a
+  // plan change, a sequence rerouted off a lost rank is still counted under
+  // its old rank (counted_rank_) until the manager is reconfigured.
+  void ReleaseKv(Sequence* s);
   void SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
                            std::vector<int>* sizes);
   void SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
@@ -196,6 +200,7 @@ class Scheduler {
   std::vector<Lookup> lookups_;  // waiting candidates of this step that were looked up
   PrefixCacheStats prefix_stats_;
   int64_t preempted_last_ = -1;
+  std::unordered_map<int64_t, int> counted_rank_;  // within Reconfigure: rerouted -> old rank
 };
 
 }  // namespace failsafe

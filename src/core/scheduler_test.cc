@@ -256,6 +256,53 @@ TEST(Scheduler, ReconfigureReroutesAndPreempts) {
   EXPECT_EQ(r.outputs.size(), 16u);
 }
 
+// A plan change that reroutes a sequence off a lost DP rank and then has to
+// drop or preempt it releases its KV where it was counted (the old rank), in
+// both page-id and counting modes: a long sequence rerouted onto a rank
+// holding little must not take that rank's count below zero (the simulator
+// aborted on it when a node lost most of its devices).
+TEST(Scheduler, ReconfigureReleasesReroutedSequencesWhereTheyWereCounted) {
+  auto c = Model();
+  auto plan7 = *MakePlan(c, Policy::kHybrid, 8, Range(7));  // DP heads
+  auto plan6 = *MakePlan(c, Policy::kHybrid, 8, {0, 1, 2, 4, 5, 6});
+  for (bool ids : {true, false}) {
+    for (int64_t capacity : {3000, 4000, 5000, 6000, 8000}) {
+      SCOPED_TRACE(std::string(ids ? "ids " : "counting ") + std::to_string(capacity));
+      SchedulerConfig cfg;
+      cfg.kv_page_ids = ids;
+      cfg.router = RouterPolicy::kRoundRobin;  // sequence i on rank i
+      cfg.max_batch_tokens = 1 << 16;
+      Scheduler s(cfg, plan7, c, 16, std::vector<int64_t>(8, 1 << 20));
+      for (int i = 0; i < 7; ++i) ASSERT_TRUE(s.Add(Req(i, i == 3 ? 3000 : 20, 200)).ok());
+      for (int k = 0; k < 8; ++k) {
+        StepPlan p = s.Schedule();
+        s.Update(p, std::vector<int32_t>(p.seqs.size(), 1));
+      }
+      ASSERT_EQ(s.num_running(), 7);
+      std::vector<int64_t> rerouted;
+      auto preempted = s.Reconfigure(plan6, std::vector<int64_t>(8, capacity), &rerouted);
+      EXPECT_EQ(rerouted, std::vector<int64_t>{3});
+      EXPECT_FALSE(s.kv().OverCapacity());
+      if (ids) ExpectKvBooks(s);
+      const auto need = s.kv().PagesUnder(plan6, s.Running());
+      for (int d : plan6.active) EXPECT_EQ(s.kv().used(d), need[d]) << d;
+      // The long one no longer fits six devices' memory alone: it ends with
+      // an error; the short ones give way or stay, and all finish.
+      auto ended = s.TakeFinished();
+      ASSERT_EQ(ended.size(), 1u);
+      EXPECT_EQ(ended[0]->id, 3);
+      EXPECT_EQ(ended[0]->finish, FinishReason::kError);
+      int finished = 0;
+      for (int k = 0; k < 10000 && !s.idle(); ++k) {
+        StepPlan q = s.Schedule();
+        s.Update(q, std::vector<int32_t>(q.seqs.size(), 1));
+        finished += static_cast<int>(s.TakeFinished().size());
+      }
+      EXPECT_EQ(finished, 6);
+    }
+  }
+}
+
 // The capacity a plan keeps (the server's failsafe_capacity_fraction): the
 // reference step of the full plan over a smaller plan's, less than 1 and
 // falling with every device lost; the same plan gives exactly 1.

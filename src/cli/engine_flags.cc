@@ -102,14 +102,26 @@ Result<SchedulerConfig> MakeSchedulerConfig(const std::string& router, const std
 
 void AddPrefixCacheFlag(CLI::App& app, std::string* value) {
   app.add_option("--prefix-cache", *value,
-                 "reuse the KV of cached prompt prefixes (full blocks): on or off")
+                 "reuse the KV of cached prompt prefixes (full blocks): off; device (device "
+                 "memory only); host (device memory, then the host KV backup: blocks the devices "
+                 "evicted are copied back, not recomputed); on (host when there is a backup, "
+                 "else device)")
       ->capture_default_str();
 }
 
 Status ApplyPrefixCacheFlag(const std::string& value, SchedulerConfig* config) {
-  if (value != "on" && value != "off")
-    return InvalidArgument("--prefix-cache: '{}' is neither on nor off", value);
-  config->prefix_cache = value == "on";
+  if (value != "on" && value != "off" && value != "device" && value != "host")
+    return InvalidArgument("--prefix-cache: '{}' is not one of off, device, host, on", value);
+  config->prefix_cache = value != "off";
+  config->prefix_cache_host = value == "on" || value == "host";
+  return Status::Ok();
+}
+
+Status CheckPrefixCacheTier(const std::string& value, Executor& executor) {
+  if (value == "host" && !executor.backup())
+    return InvalidArgument(
+        "--prefix-cache host needs the host KV backup (--backup-memory above 0, devices as "
+        "worker processes)");
   return Status::Ok();
 }
 

@@ -55,9 +55,12 @@ Result<SchedulerConfig> MakeSchedulerConfig(const std::string& router, const std
                                             int max_batch_tokens, int max_num_seqs,
                                             int max_model_len);
 
-// --prefix-cache on|off.
+// --prefix-cache off|device|host|on (on: host when the executor keeps a
+// backup, else device).
 void AddPrefixCacheFlag(CLI::App& app, std::string* value);
 Status ApplyPrefixCacheFlag(const std::string& value, SchedulerConfig* config);
+// `host` asked for, and the executor keeps no host KV backup: an error.
+Status CheckPrefixCacheTier(const std::string& value, Executor& executor);
 
 // An in-process executor for one device (unless --processes), else one worker
 // process per device.

@@ -84,6 +84,8 @@ CommandFn RegisterRun(CLI::App& app) {
     o->dev.max_seqs = o->max_num_seqs;
     auto exec = MakeExecutor(*dir, o->dev);
     if (!exec.ok()) return Fail(exec.status().ToString());
+    if (Status st = CheckPrefixCacheTier(o->prefix_cache, **exec); !st.ok())
+      return Fail(st.ToString());
     EngineOptions eo;
     eo.recovery = *mode;
     eo.rebalance_slow = o->dev.rebalance_slow;

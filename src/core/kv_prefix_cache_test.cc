@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 #include "common/rng.h"
 #include "core/scheduler.h"
@@ -285,6 +286,115 @@ TEST(PrefixCache, RouterWeighsAHitAgainstLoad) {
       EXPECT_NE(b->dp_rank, rank);  // the least-loaded rank, without the hit
       EXPECT_EQ(b->start, 0);
     }
+  }
+}
+
+}  // namespace
+}  // namespace failsafe
+
+namespace failsafe {
+namespace {
+
+// A host tier holding a fixed set of block hashes.
+class FakeHostTier : public PrefixHostTier {
+ public:
+  int HeldPrefix(std::span<const uint64_t> hashes) const override {
+    int b = 0;
+    while (b < static_cast<int>(hashes.size()) && held.count(hashes[b])) ++b;
+    return b;
+  }
+  std::set<uint64_t> held;
+};
+
+// Blocks the host tier holds are copied, not computed: the step says which
+// (past the device-tier hit, never the last token), the budget counts only
+// the computed tokens, the pages count them all, and the copied blocks then
+// serve device-tier hits. With DP heads the host hit works on every DP rank.
+TEST(PrefixCache, HostTierHitsAreCopiedIntoFreshPages) {
+  auto c = Model();
+  for (int devices : {8, 7}) {
+    auto plan = *MakePlan(c, Policy::kHybrid, devices, Range(devices));
+    SchedulerConfig cfg = Cached();
+    cfg.prefix_cache_host = true;
+    cfg.max_batch_tokens = 20;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(devices, 1 << 20));
+    FakeHostTier host;
+    s.SetHostTier(&host);
+    const std::vector<int32_t> a = Tokens(64, 1);
+    // Device tier: blocks 0 and 1 of `a`, computed by a request of 40 tokens.
+    ASSERT_TRUE(s.Add(Prompt(1, std::vector<int32_t>(a.begin(), a.begin() + 40), 2)).ok());
+    RunUntil(s, 1, 40);
+    // Host tier: blocks 0..2 of `a` (the device holds 0 and 1).
+    host.held.clear();
+    for (uint64_t h : s.kv().BlockHashes(a, 3)) host.held.insert(h);
+    ASSERT_TRUE(s.Add(Prompt(2, a, 2)).ok());
+    StepPlan p = s.Schedule();
+    CheckBooks(s, &p);
+    const ScheduledSeq* ss = Scheduled(p, 2);
+    ASSERT_NE(ss, nullptr) << devices;
+    EXPECT_EQ(ss->host_first_block, 2);
+    EXPECT_EQ(ss->host_blocks, 1);
+    EXPECT_EQ(ss->start, 48);  // device 32 + host 16: the last block is computed
+    EXPECT_EQ(ss->num_tokens, 16);
+    EXPECT_LE(p.num_tokens(), cfg.max_batch_tokens);
+    EXPECT_EQ(s.Find(2)->kv_blocks, 4);  // pages for the copied block too
+    s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
+    CheckBooks(s);
+    PrefixCacheStats st = s.prefix_cache_stats();
+    EXPECT_EQ(st.host_hit_blocks, 1);
+    EXPECT_EQ(st.host_hit_tokens, 16);
+    EXPECT_EQ(st.hit_blocks, 2);
+    Drive(s);
+    // The copied block entered the device tier: a third request finds all
+    // three blocks there (on its DP rank), the host tier unused.
+    host.held.clear();
+    ASSERT_TRUE(
+        s.Add(Prompt(3, Concat(std::vector<int32_t>(a.begin(), a.begin() + 48), Tokens(20, 9)), 2))
+            .ok());
+    Drive(s);
+    st = s.prefix_cache_stats();
+    EXPECT_EQ(st.hit_blocks, 2 + 3) << devices;
+    EXPECT_EQ(st.host_hit_blocks, 1);
+  }
+}
+
+// Copied blocks take pages: a request copies only as many as fit with one
+// computed token, so a copy never keeps it waiting; with the host tier off
+// nothing is copied.
+TEST(PrefixCache, HostTierHitsTakeOnlyThePagesThatFit) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));
+  const std::vector<int32_t> a = Tokens(160, 4);
+  for (bool on : {true, false}) {
+    SchedulerConfig cfg = Cached();
+    cfg.prefix_cache_host = on;
+    // Room for 12 blocks per device; the first request holds 8 of them.
+    const int64_t pages = 12LL * plan.num_tp_heads_total(0);
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, pages));
+    FakeHostTier host;
+    for (uint64_t h : s.kv().BlockHashes(a, 9)) host.held.insert(h);
+    s.SetHostTier(&host);
+    ASSERT_TRUE(s.Add(Prompt(1, Tokens(120, 5), 40)).ok());
+    RunUntil(s, 1, 121);
+    ASSERT_TRUE(s.Add(Prompt(2, a, 2)).ok());
+    StepPlan p = s.Schedule();
+    CheckBooks(s, &p);
+    // Its first chunk fits in the free blocks, the copied ones included:
+    // fewer are copied than the host holds, the rest computed.
+    const ScheduledSeq* ss = Scheduled(p, 2);
+    ASSERT_NE(ss, nullptr);
+    EXPECT_EQ(ss->host_first_block, 0);
+    if (on) {
+      EXPECT_GT(ss->host_blocks, 0);
+      EXPECT_LT(ss->host_blocks, 9);
+    } else {
+      EXPECT_EQ(ss->host_blocks, 0);
+    }
+    EXPECT_EQ(ss->start, ss->host_blocks * 16);
+    const int64_t copied = ss->host_blocks;
+    s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
+    Drive(s);
+    EXPECT_EQ(s.prefix_cache_stats().host_hit_blocks, copied);
   }
 }
 

@@ -118,7 +118,8 @@ int Scheduler::RouteFor(const Sequence& s, std::span<const uint64_t> hashes) {
   return best;
 }
 
-void Scheduler::PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending) {
+void Scheduler::PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending,
+                                 const std::vector<int64_t>& keep) {
   const bool lookup = kv_.prefix_cache() && s->state == SeqState::kWaiting &&
                       s->num_computed == 0 && s->kv_blocks == 0;
   std::span<const uint64_t> hashes;
@@ -140,6 +141,20 @@ void Scheduler::PrepareCandidate(Sequence* s, const std::vector<int64_t>& pendin
     l.hit = kv_.AttachPrefix(*s, hashes, hit, pending);
     s->num_computed = l.hit * kv_.block_size();
   }
+  // The host tier: the blocks after the attached ones that the host holds
+  // (its prefix from block 0 must reach past them) are copied into the
+  // pages the sequence's first chunk gets, not computed. The budget counts
+  // only computed tokens; the pages count them all (Fits).
+  // As many of them as leave room for one computed token now: a copy never
+  // keeps a request waiting that would be admitted without it.
+  if (host_tier_ && config_.prefix_cache_host && l.hit < static_cast<int>(hashes.size())) {
+    int host = std::max(0, host_tier_->HeldPrefix(hashes) - l.hit);
+    while (host > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, (l.hit + host) * kv_.block_size() + 1,
+                                 pending, keep))
+      --host;
+    l.host = host;
+    s->num_computed += l.host * kv_.block_size();
+  }
   lookups_.push_back(l);
 }
 
@@ -147,13 +162,16 @@ void Scheduler::DetachUnadmitted() {
   for (const Lookup& l : lookups_) {
     Sequence* s = l.s;
     if (s->state == SeqState::kRunning && s->num_preemptions > 0) {
-      prefix_stats_.readmitted_hit_tokens += static_cast<int64_t>(l.hit) * kv_.block_size();
+      prefix_stats_.readmitted_hit_tokens +=
+          static_cast<int64_t>(l.hit + l.host) * kv_.block_size();
     } else if (s->state == SeqState::kRunning) {
       prefix_stats_.lookup_blocks += l.looked_up;
       prefix_stats_.hit_blocks += l.hit;
       prefix_stats_.hit_tokens += static_cast<int64_t>(l.hit) * kv_.block_size();
-    } else if (l.hit > 0) {
-      kv_.Release(*s);
+      prefix_stats_.host_hit_blocks += l.host;
+      prefix_stats_.host_hit_tokens += static_cast<int64_t>(l.host) * kv_.block_size();
+    } else if (l.hit > 0 || l.host > 0) {
+      if (l.hit > 0) kv_.Release(*s);
       s->num_computed = 0;
     }
   }
@@ -302,14 +320,21 @@ StepPlan Scheduler::ScheduleOnce() {
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
     Sequence* s = chunks[i];
+    int host = 0;
     if (s->state == SeqState::kWaiting) {
       std::erase(waiting_, s);
       s->state = SeqState::kRunning;
       running_.push_back(s);
+      for (const Lookup& l : lookups_) {
+        if (l.s == s) host = l.host;
+      }
     }
     kv_.Grow(*s, s->num_computed + sizes[i]);
     const bool sample = s->num_computed + sizes[i] == s->len();
-    plan.seqs.push_back({s->id, s->num_computed, sizes[i], s->dp_rank, sample});
+    ScheduledSeq ss{s->id, s->num_computed, sizes[i], s->dp_rank, sample};
+    ss.host_blocks = host;
+    ss.host_first_block = s->num_computed / kv_.block_size() - host;
+    plan.seqs.push_back(ss);
     plan.prefill_tokens += sizes[i];
   }
   DetachUnadmitted();
@@ -330,7 +355,7 @@ void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequ
   for (Sequence* s : PrefillCandidates(1 << 30)) {
     if (budget <= 0) break;
     const bool admitting = s->state == SeqState::kWaiting;
-    PrepareCandidate(s, pending);
+    PrepareCandidate(s, pending, keep);
     int n = std::min(s->pending(), budget);
     // Shrink the chunk to what the devices can hold.
     while (n > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, s->num_computed + n, pending,
@@ -360,13 +385,13 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
   std::vector<Cand> cands;
   std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
       keep(plan_.num_devices, 0);
+  for (int d : plan_.active)
+    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
   for (Sequence* s : PrefillCandidates(config_.adaptive_candidates)) {
-    PrepareCandidate(s, pending);
+    PrepareCandidate(s, pending, keep);
     cands.push_back({s, 0, s->state == SeqState::kWaiting});
   }
   if (cands.empty()) return;
-  for (int d : plan_.active)
-    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
   const double decode_tokens = plan->decode_tokens;
   std::vector<int> history;  // candidate index per greedy step
   std::vector<int> deltas;

@@ -33,6 +33,7 @@
 
 #include "common/status.h"
 #include "core/kv_blocks.h"
+#include "core/prefix_host_tier.h"
 #include "core/sequence.h"
 #include "core/step_cost.h"
 
@@ -60,6 +61,10 @@ struct SchedulerConfig {
   // Prefix caching (core/kv_blocks.h): a request starts from the KV of the
   // longest prefix of full blocks already cached.
   bool prefix_cache = false;
+  // With prefix_cache, the host tier too (SetHostTier): after a request's
+  // device-tier hit, the following full blocks the host holds are copied
+  // into fresh pages instead of being computed.
+  bool prefix_cache_host = false;
   // Names what else than the tokens makes KV differ (the model and its
   // configuration): it seeds the block hashes.
   uint64_t prefix_cache_seed = 0;
@@ -75,13 +80,18 @@ struct SchedulerConfig {
 // preempted requests apart (they find their own blocks again).
 struct PrefixCacheStats {
   int64_t lookup_blocks = 0;          // full blocks of first-admitted requests looked up
-  int64_t hit_blocks = 0;             // of which cached
-  int64_t hit_tokens = 0;             // prompt tokens not computed thanks to hits
-  int64_t readmitted_hit_tokens = 0;  // tokens preempted requests did not recompute
+  int64_t hit_blocks = 0;             // of which cached on the devices (device tier)
+  int64_t hit_tokens = 0;             // prompt tokens not computed thanks to device-tier hits
+  int64_t host_hit_blocks = 0;        // of which copied from the host tier instead
+  int64_t host_hit_tokens = 0;        // prompt tokens copied from the host, not computed
+  int64_t readmitted_hit_tokens = 0;  // tokens preempted requests did not recompute (both tiers)
   int64_t cached_blocks = 0;          // blocks in the cache now
   int64_t evicted_blocks = 0;
   double hit_rate() const {
     return lookup_blocks > 0 ? static_cast<double>(hit_blocks) / lookup_blocks : 0.0;
+  }
+  double host_hit_rate() const {
+    return lookup_blocks > 0 ? static_cast<double>(host_hit_blocks) / lookup_blocks : 0.0;
   }
 };
 
@@ -94,6 +104,11 @@ struct ScheduledSeq {
   // Blocks [kv_first_block, kv_blocks) of its block tables are new to the
   // devices: the step carries them (KvBlockManager::Table).
   int kv_first_block = 0;
+  // Host-tier hit (admitted in this step): blocks [host_first_block,
+  // host_first_block + host_blocks) are copied from the host into their new
+  // pages before the step computes; `start` is past them.
+  int host_first_block = 0;
+  int host_blocks = 0;
 };
 
 struct StepPlan {
@@ -115,6 +130,11 @@ class Scheduler {
   Status Add(std::unique_ptr<Sequence> seq);
   // Finishes a request early (client gone); its KV is released.
   void Abort(int64_t id, FinishReason why = FinishReason::kAborted);
+
+  // The host tier of the prefix cache (with prefix_cache and
+  // prefix_cache_host; null: none). Not owned; it outlives the scheduler.
+  void SetHostTier(const PrefixHostTier* tier) { host_tier_ = tier; }
+  bool host_tier() const { return host_tier_ != nullptr; }
 
   StepPlan Schedule();
   // Applies a step's results: sampled[i] is the token of plan.seqs[i] if it
@@ -165,7 +185,10 @@ class Scheduler {
   // Routes a prefill candidate if needed and, if it is waiting with nothing
   // computed, attaches its cached prefix (undone by DetachUnadmitted if the
   // step does not admit it).
-  void PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending);
+  // Host-tier blocks are taken only as far as their pages and one computed
+  // token fit next to `pending` with `keep` pages left.
+  void PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending,
+                        const std::vector<int64_t>& keep);
   void DetachUnadmitted();
   void Preempt(Sequence* s, StepPlan* plan);
   void FinishSeq(Sequence* s, FinishReason why);
@@ -196,9 +219,11 @@ class Scheduler {
     Sequence* s;
     int looked_up = 0;  // full blocks
     int hit = 0;        // blocks attached
+    int host = 0;       // blocks after them copied from the host tier
   };
   std::vector<Lookup> lookups_;  // waiting candidates of this step that were looked up
   PrefixCacheStats prefix_stats_;
+  const PrefixHostTier* host_tier_ = nullptr;
   int64_t preempted_last_ = -1;
   std::unordered_map<int64_t, int> counted_rank_;  // within Reconfigure: rerouted -> old rank
 };

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include "common/check.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "engine/kv_backup.h"
@@ -29,7 +30,12 @@ Engine::Engine(Executor* executor, const SchedulerConfig& config, const EngineOp
                                              options.speed)),
       sampler_(MakeCpuBackend(1)),
       slow_(executor->plan().num_devices, options.slow) {
-  if (HostKvBackup* b = executor_->backup()) b->SetPlan(executor_->plan());
+  if (HostKvBackup* b = executor_->backup()) {
+    b->SetPlan(executor_->plan());
+    // The backup is the prefix cache's host tier: it is indexed by the same
+    // chained hashes.
+    if (config.prefix_cache && config.prefix_cache_host) scheduler_->SetHostTier(b);
+  }
 }
 
 Result<int64_t> Engine::Submit(RequestSpec spec) {
@@ -163,8 +169,14 @@ Result<StepOutcome> Engine::Step() {
   for (const ScheduledSeq& ss : plan.seqs) ids.push_back(ss.seq_id);
   // Whatever happens to the step, report what it finished and failed.
   auto failed = [&](const Status& error) -> Result<StepOutcome> {
-    // The devices may have missed the step's new block-table entries.
+    // The devices may have missed the step's new block-table entries, and
+    // the copies of its host-tier hits: those blocks are computed (or
+    // restored) again.
     scheduler_->ResendKvTables(ids);
+    for (const ScheduledSeq& ss : plan.seqs) {
+      if (ss.host_blocks > 0)
+        scheduler_->RollBack(ss.seq_id, ss.host_first_block * scheduler_->kv().block_size());
+    }
     Status st = HandleStepError(error, ids, clock_->NowNanos());
     if (!st.ok()) FS_LOG_WARN("after a failed step: {}", st.ToString());
     out.recovered = true;
@@ -187,7 +199,30 @@ Result<StepOutcome> Engine::Step() {
   if (plan.empty()) return out;
   StepBatch batch;
   batch.estimated_s = plan.estimated_time;
-  for (const ScheduledSeq& ss : plan.seqs) {
+  // Every new sequence names the backup blocks of its prefix hits before any
+  // block of the step is allocated (which may evict an unnamed one): those of
+  // its host-tier hit are copied into its pages by this step.
+  std::vector<int32_t> host_from(plan.seqs.size(), 0);
+  if (backup) {
+    const int bs = scheduler_->kv().block_size();
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const ScheduledSeq& ss = plan.seqs[i];
+      const Sequence* s = scheduler_->Find(ss.seq_id);
+      const std::span<const uint64_t> hashes(s->block_hashes);
+      const int named = backup->Name(
+          ss.seq_id, hashes.first(std::min<size_t>(hashes.size(), ss.start / bs)), ss.start);
+      if (ss.host_blocks == 0) continue;
+      FS_CHECK_MSG(named >= ss.host_first_block + ss.host_blocks,
+                   "sequence {}: {} blocks of its host-tier hit named, {} needed", ss.seq_id, named,
+                   ss.host_first_block + ss.host_blocks);
+      const std::vector<int32_t>& blocks = backup->Blocks(ss.seq_id);
+      host_from[i] = static_cast<int32_t>(batch.backup_blocks.size());
+      batch.backup_blocks.insert(batch.backup_blocks.end(), blocks.begin() + ss.host_first_block,
+                                 blocks.begin() + ss.host_first_block + ss.host_blocks);
+    }
+  }
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& ss = plan.seqs[i];
     const Sequence* s = scheduler_->Find(ss.seq_id);
     StepSeq st;
     st.seq_id = ss.seq_id;
@@ -196,13 +231,12 @@ Result<StepOutcome> Engine::Step() {
     st.dp_rank = ss.dp_rank;
     st.token_offset = batch.num_tokens();
     st.logits_row = ss.sample ? batch.num_logits_rows++ : -1;
-    // A sequence that started from cached blocks names their backup
-    // blocks where they are complete.
     if (backup) {
-      const std::span<const uint64_t> shared =
-          scheduler_->kv().Hashes(ss.seq_id).first(scheduler_->kv().SharedBlocks(ss.seq_id));
-      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, shared, &st,
-                      &batch.backup_blocks);
+      // Named above: no hashes needed.
+      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, {}, &st, &batch.backup_blocks);
+      st.host_first_block = ss.host_first_block;
+      st.host_blocks = ss.host_blocks;
+      st.host_offset = host_from[i];
     }
     batch.seqs.push_back(st);
     AddKvTables(scheduler_->kv(), executor_->plan(), *s, ss.kv_first_block, &batch);

@@ -78,8 +78,33 @@ void HostKvBackup::Unref(int32_t id) {
   }
 }
 
+int HostKvBackup::HeldPrefix(std::span<const uint64_t> hashes) const {
+  int b = 0;
+  while (b < static_cast<int>(hashes.size()) && index_.count(hashes[b])) ++b;
+  return b;
+}
+
+int HostKvBackup::Name(int64_t seq_id, std::span<const uint64_t> shared, int start) {
+  SeqBackup& sb = seqs_[seq_id];
+  if (sb.named) return static_cast<int>(sb.blocks.size());
+  sb.named = true;
+  int named = 0;
+  for (; named < static_cast<int>(shared.size()) && (named + 1) * block_size_ <= start; ++named) {
+    auto it = index_.find(shared[named]);
+    if (it == index_.end()) break;
+    Block& b = block_[it->second];
+    if (b.refs++ == 0) lru_.erase(b.lru);
+    sb.blocks.push_back(it->second);
+    sb.hashes.push_back(shared[named]);
+  }
+  stats_.shared_blocks += named;
+  sb.settled = named;
+  return named;
+}
+
 void HostKvBackup::Prepare(int64_t seq_id, int start, int end, std::span<const uint64_t> shared,
                            StepSeq* step, std::vector<int32_t>* step_blocks) {
+  Name(seq_id, shared, start);
   SeqBackup& sb = seqs_[seq_id];
   if (sb.slot < 0) {
     if (free_slots_.empty()) {
@@ -90,20 +115,13 @@ void HostKvBackup::Prepare(int64_t seq_id, int start, int end, std::span<const u
     free_slots_.pop_back();
     if (step->dp_rank >= 0 && step->dp_rank < static_cast<int>(writers_.size()))
       sb.writers = writers_[step->dp_rank];
-    // The complete blocks of its device-tier hit are named, not copied.
+    // Its slot starts at the blocks it named for every device (its leading
+    // indexed ones: a rollback while it had no slot may have given it
+    // private ones); the step copies the rest of what the devices hold.
     int named = 0;
-    for (; named < static_cast<int>(shared.size()) && (named + 1) * block_size_ <= start; ++named) {
-      auto it = index_.find(shared[named]);
-      if (it == index_.end()) break;
-      Block& b = block_[it->second];
-      if (b.refs++ == 0) lru_.erase(b.lru);
-      sb.blocks.push_back(it->second);
-      sb.hashes.push_back(shared[named]);
-    }
-    stats_.shared_blocks += named;
-    sb.settled = named;
-    // Its slot starts at the named blocks for every device; the step copies
-    // the rest of what the devices hold, from there on.
+    while (named < static_cast<int>(sb.blocks.size()) && sb.blocks[named] >= 0 &&
+           block_[sb.blocks[named]].indexed)
+      ++named;
     const int held = named * block_size_;
     sb.copy_from = held;
     for (int d = 0; d < layout_.header().num_devices; ++d) {

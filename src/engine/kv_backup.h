@@ -32,6 +32,13 @@
 // its writers; its blocks below the least progress of its writers are
 // complete.
 //
+// The host tier of the prefix cache (PrefixHostTier): the scheduler looks up
+// how far a new request's chained hashes are indexed (HeldPrefix); the blocks
+// past its device-tier hit it takes from here are named by the sequence
+// (Name, before any block of the step is allocated, so none of them is
+// evicted) and copied by its devices into their pages before the step
+// computes (StepSeq::host_blocks).
+//
 // Thread-safety: the engine thread only.
 #pragma once
 
@@ -45,6 +52,7 @@
 
 #include "comm/shm_region.h"
 #include "common/status.h"
+#include "core/prefix_host_tier.h"
 #include "model/config.h"
 #include "placement/plan.h"
 #include "worker/kv_backup_layout.h"
@@ -59,7 +67,7 @@ struct BackupStats {
   int64_t evicted_blocks = 0;  // indexed blocks nobody named, freed for another sequence
 };
 
-class HostKvBackup {
+class HostKvBackup : public PrefixHostTier {
  public:
   static Result<std::unique_ptr<HostKvBackup>> Create(const ModelConfig& config, int block_size,
                                                       int64_t budget_bytes, int max_seqs,
@@ -87,11 +95,20 @@ class HostKvBackup {
   // Rebase moves) use it.
   void SetPlan(const Plan& plan);
 
+  // Leading hashes that are indexed (complete): the host tier's prefix.
+  int HeldPrefix(std::span<const uint64_t> hashes) const override;
+  // At a sequence's first step (later calls do nothing): it names the
+  // indexed blocks of `shared` (hashes of its leading blocks found in either
+  // tier of the prefix cache) below position `start`, up to the first one
+  // not indexed, whether or not it gets a progress slot. Allocates nothing,
+  // so calling it for every sequence of a step before Prepare keeps every
+  // block a lookup found. Returns the blocks the sequence names from the
+  // start of its KV.
+  int Name(int64_t seq_id, std::span<const uint64_t> shared, int start);
   // Gives the sequence (DP rank step->dp_rank) a progress slot and backup
   // blocks for its KV up to `end_tokens`, and fills the step's backup fields
-  // for it. `shared`: hashes of its leading blocks found in the device tier
-  // (read only when the sequence gets its slot: those of them complete in the
-  // backup are named, not copied).
+  // for it (naming the blocks of `shared` first: Name). Its slot starts at
+  // the blocks it named: they are not copied again.
   void Prepare(int64_t seq_id, int start, int end_tokens, std::span<const uint64_t> shared,
                StepSeq* step, std::vector<int32_t>* step_blocks);
   // Learns the hashes of the sequence's full blocks (`hashes`: chained, from
@@ -148,6 +165,7 @@ class HostKvBackup {
   };
   struct SeqBackup {
     int slot = -1;
+    bool named = false;                               // Name has run
     std::vector<int32_t> blocks;                      // logical block -> backup block (-1: none)
     bool exhausted = false;                           // a block found the budget spent
     std::vector<int> writers;                         // devices writing its slots, ascending

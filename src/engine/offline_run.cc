@@ -251,6 +251,7 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
   }
   sum.recoveries = engine.recoveries();
   sum.prefix_cache = engine.scheduler().config().prefix_cache;
+  sum.prefix_cache_host = engine.scheduler().host_tier();
   sum.prefix = engine.scheduler().prefix_cache_stats();
   if (const HostKvBackup* b = engine.executor().backup()) {
     sum.backup_capacity_blocks = b->capacity_blocks();
@@ -284,9 +285,11 @@ std::string RunSummary::ToText() const {
   }
   if (prefix_cache) {
     s += fmt::format(
-        "prefix cache         {:.1f}% of {} blocks hit, {} prompt tokens not computed ({} more "
-        "of preempted requests), {} blocks cached, {} evicted\n",
-        100 * prefix.hit_rate(), prefix.lookup_blocks, prefix.hit_tokens,
+        "prefix cache         {:.1f}% of {} blocks hit on the devices, {:.1f}% copied from the "
+        "host; {} prompt tokens not computed ({} device, {} host; {} more of preempted "
+        "requests), {} blocks cached, {} evicted\n",
+        100 * prefix.hit_rate(), prefix.lookup_blocks, 100 * prefix.host_hit_rate(),
+        prefix.hit_tokens + prefix.host_hit_tokens, prefix.hit_tokens, prefix.host_hit_tokens,
         prefix.readmitted_hit_tokens, prefix.cached_blocks, prefix.evicted_blocks);
   } else {
     s += "prefix cache         off\n";
@@ -345,6 +348,10 @@ std::string RunSummary::ToJson() const {
                        {"hit_blocks", prefix.hit_blocks},
                        {"hit_rate", prefix.hit_rate()},
                        {"hit_tokens", prefix.hit_tokens},
+                       {"host_tier", prefix_cache_host},
+                       {"host_hit_blocks", prefix.host_hit_blocks},
+                       {"host_hit_rate", prefix.host_hit_rate()},
+                       {"host_hit_tokens", prefix.host_hit_tokens},
                        {"readmitted_hit_tokens", prefix.readmitted_hit_tokens},
                        {"cached_blocks", prefix.cached_blocks},
                        {"evicted_blocks", prefix.evicted_blocks}};

@@ -61,7 +61,8 @@ struct RunSummary {
   std::vector<RecoveryReport> recoveries;
   std::string failure;  // why requests failed, if they did
   bool prefix_cache = false;
-  PrefixCacheStats prefix;  // hits and savings when prefix_cache
+  bool prefix_cache_host = false;  // with the host tier (the KV backup)
+  PrefixCacheStats prefix;         // hits and savings when prefix_cache
   // The host KV backup (capacity 0: none).
   int64_t backup_capacity_blocks = 0;
   BackupStats backup;

@@ -47,6 +47,8 @@ struct Scenario {
   int64_t step_timeout_ms = 600000;
   CommKind comm = CommKind::kShm;
   bool prefix_cache = false;
+  bool prefix_cache_host = false;  // the backup as the cache's host tier
+  int64_t kv_pages = 0;            // per device; 0: what the device memory allows
   std::function<void(WorkerGroup*, int)> before_apply;
   // After every step that ran.
   std::function<void(Engine&, const StepOutcome&)> on_step;
@@ -60,6 +62,7 @@ WorkerGroupOptions GroupOptions(const Scenario& s) {
   o.policy = s.policy;
   o.backup_bytes = s.backup_bytes;
   o.device_memory_bytes = s.device_memory;
+  if (s.kv_pages > 0) o.kv_pages = s.kv_pages;
   o.max_step_tokens = 128;
   o.max_logits_rows = 64;
   o.max_seqs = s.backup_seqs;
@@ -78,6 +81,7 @@ Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
   sc.max_num_seqs = 64;
   sc.max_model_len = 1024;
   sc.prefix_cache = s.prefix_cache;
+  sc.prefix_cache_host = s.prefix_cache_host;
   EngineOptions eo;
   eo.recovery = s.mode;
   WorkerGroup* g = group.get();
@@ -552,6 +556,71 @@ TEST(BackupSharingTest, ATinyBudgetKeepsItsBooksAndTheOutputs) {
   EXPECT_GT(watch.steps, 0);
   EXPECT_GT(got->backup.evicted_blocks, 0);
   EXPECT_EQ(got->backup_capacity_blocks, 24);
+}
+
+// Host-tier prefix hits: with device memory tight enough that the device
+// tier evicts shared blocks, new requests copy them back from the backup
+// instead of computing them. Outputs equal the run without any cache on one
+// device and on five under every placement; the books (backup and block
+// manager) hold after every step, and every sequence is backed up in full.
+struct HostTierCase {
+  const char* name;
+  int devices;
+  Policy policy;
+  int64_t kv_pages;
+};
+
+class HostTierTest : public ::testing::TestWithParam<HostTierCase> {};
+
+TEST_P(HostTierTest, HostHitsHappenAndChangeNoOutput) {
+  const HostTierCase c = GetParam();
+  Workload w = SharedPrefixWorkload(40, 310, 16, 2);
+  const RunSummary& want = Reference("tiny-llama", w, 310);
+  Scenario s;
+  s.prefix_cache = true;
+  s.prefix_cache_host = true;
+  s.devices = c.devices;
+  s.policy = c.policy;
+  s.kv_pages = c.kv_pages;
+  BackupWatch watch;
+  s.on_step = [&watch](Engine& e, const StepOutcome& out) { watch.Check(e, out); };
+  auto got = RunScenario(s, w, {});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 40);
+  EXPECT_EQ(watch.bad, "");
+  EXPECT_GT(got->prefix.evicted_blocks, 0);  // the device tier evicted
+  EXPECT_GT(got->prefix.host_hit_blocks, 0);
+  EXPECT_EQ(got->prefix.host_hit_tokens, got->prefix.host_hit_blocks * 16);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, HostTierTest,
+                         ::testing::Values(HostTierCase{"one_device", 1, Policy::kNonUniform, 640},
+                                           HostTierCase{"standard", 5, Policy::kStandard, 300},
+                                           HostTierCase{"nonuniform", 5, Policy::kNonUniform, 160},
+                                           HostTierCase{"cyclic", 5, Policy::kCyclic, 160},
+                                           HostTierCase{"hybrid", 5, Policy::kHybrid, 160}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// SIGKILLed devices while requests start from host-tier hits (hybrid
+// placement: DP heads): every request once, outputs unchanged, books right
+// after every step.
+TEST(HostTierTest, KilledDevicesDuringHostHits) {
+  Workload w = SharedPrefixWorkload(40, 310, 16, 2);
+  const RunSummary& want = Reference("tiny-llama", w, 310);
+  Scenario s;
+  s.prefix_cache = true;
+  s.prefix_cache_host = true;
+  s.devices = 5;
+  s.policy = Policy::kHybrid;
+  s.kv_pages = 240;
+  BackupWatch watch;
+  s.on_step = [&watch](Engine& e, const StepOutcome& out) { watch.Check(e, out); };
+  auto got = RunScenario(s, w, {Kill(3, 20), Back(3, 35), Kill(1, 50)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 40);
+  EXPECT_EQ(watch.bad, "");
+  EXPECT_GT(got->prefix.host_hit_blocks, 0);
+  EXPECT_GE(got->recoveries.size(), 2u);
 }
 
 }  // namespace

@@ -112,14 +112,21 @@ std::string Metrics::Render(const std::string& model_name) const {
     counter("failsafe_prefix_cache_lookup_blocks_total",
             "Full prompt blocks of admitted requests looked up in the prefix cache.",
             p.lookup_blocks);
-    counter("failsafe_prefix_cache_hit_blocks_total", "Looked-up blocks found in the cache.",
-            p.hit_blocks);
+    counter("failsafe_prefix_cache_hit_blocks_total",
+            "Looked-up blocks found in the cache on the devices (device tier).", p.hit_blocks);
     counter("failsafe_prefix_cache_hit_tokens_total",
-            "Prompt tokens not computed because their KV was cached.", p.hit_tokens);
+            "Prompt tokens not computed because their KV was cached on the devices.", p.hit_tokens);
+    counter("failsafe_prefix_cache_host_hit_blocks_total",
+            "Looked-up blocks copied from the host KV backup (host tier) instead of computed.",
+            p.host_hit_blocks);
+    counter("failsafe_prefix_cache_host_hit_tokens_total",
+            "Prompt tokens copied from the host KV backup instead of computed.", p.host_hit_tokens);
     counter("failsafe_prefix_cache_evicted_blocks_total",
             "Unreferenced cached blocks evicted for room.", p.evicted_blocks);
-    gauge("failsafe_prefix_cache_hit_rate", "Hit blocks over looked-up blocks since start.",
-          p.hit_rate());
+    gauge("failsafe_prefix_cache_hit_rate",
+          "Device-tier hit blocks over looked-up blocks since start.", p.hit_rate());
+    gauge("failsafe_prefix_cache_host_hit_rate",
+          "Host-tier hit blocks over looked-up blocks since start.", p.host_hit_rate());
     gauge("failsafe_prefix_cache_blocks", "Blocks in the prefix cache.", p.cached_blocks);
   }
   // What fleet routers (llm-d's endpoint picker, vLLM's production-stack

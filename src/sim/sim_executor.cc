@@ -148,7 +148,25 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
       backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], arrived ? 0 : from, end);
     }
   }
-  const int64_t ns = ToNanos(cost_->StepSeconds(step));
+  // Host-tier prefix hits: each device copies the blocks' slots it caches
+  // from the host before computing, at the host-to-device bandwidth; the
+  // slowest device's copy delays the step.
+  double copy_s = 0;
+  const double slot_bytes = static_cast<double>(cost_->KvBytesPerTokenSlot());
+  for (int d : plan_.active) {
+    double bytes = 0;
+    for (const StepSeq& s : batch.seqs) {
+      if (s.host_blocks <= 0) continue;
+      if (s.host_offset + static_cast<int64_t>(s.host_blocks) >
+          static_cast<int64_t>(batch.backup_blocks.size()))
+        return InvalidArgument("sequence {}: a malformed host-tier hit", s.seq_id);
+      const int rank = plan_.IsActive(s.dp_rank) ? s.dp_rank : d;
+      bytes += slot_bytes * static_cast<double>(slots_[d][rank].size()) * s.host_blocks *
+               options_.block_size;
+    }
+    copy_s = std::max(copy_s, bytes / options_.hw.pcie_bytes_per_s);
+  }
+  const int64_t ns = ToNanos(cost_->StepSeconds(step) + copy_s);
   clock_->Advance(ns);
   if (timing != nullptr) {
     *timing = StepTiming{};

@@ -53,7 +53,7 @@ Status DeviceModel::ApplyKvTables(const StepBatch& b) {
           s.start_pos);
     }
   }
-  return Status::Ok();
+  return CopyHostHits(b);
 }
 
 Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logits,

@@ -196,8 +196,15 @@ class DeviceModel {
   void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
                  const float* row_scale, int64_t* out, ForwardStats* stats);
   // Takes this device's new block-table entries and checks that every
-  // sequence of the step has pages for the positions it writes.
+  // sequence of the step has pages for the positions it writes; then copies
+  // the step's host-tier hits into their pages (CopyHostHits).
   Status ApplyKvTables(const StepBatch& b);
+  // Checks every host-tier hit of the step, then copies them.
+  Status CopyHostHits(const StepBatch& b);
+  // Copies positions [0, rows) of (layer, head) of one backup block into the
+  // sequence's page of `slot` at `block` (its K rows, then its V rows).
+  // Returns the bytes copied.
+  int64_t CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block, int rows);
   // Plan::KvSlots of this device for a sequence with DP rank `dp_rank`.
   const std::vector<int>& KvSlots(int dp_rank) const {
     return dp_rank == device_ ? kv_slots_rank_ : kv_slots_tp_;

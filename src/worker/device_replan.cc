@@ -145,8 +145,51 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
   return Status::Ok();
 }
 
-Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats) {
+int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block,
+                                    int rows) {
   const int bs = kv_.block_size(), hd = config_.head_dim;
+  const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
+  const float* src = backup_layout_.Slot(backup_base_, backup_block, layer, head);
+  float* page = kv_.Page(seq_id, slot, block);
+  std::memcpy(page, src, sizeof(float) * static_cast<size_t>(rows) * hd);
+  std::memcpy(page + static_cast<int64_t>(bs) * hd, src + static_cast<int64_t>(bs) * hd,
+              sizeof(float) * static_cast<size_t>(rows) * hd);
+  return 2LL * rows * hd * 4;
+}
+
+Status DeviceModel::CopyHostHits(const StepBatch& b) {
+  const int bs = kv_.block_size();
+  // Checked first (identically on every device): a bad entry changes nothing.
+  for (const StepSeq& s : b.seqs) {
+    if (s.host_blocks == 0) continue;
+    if (s.host_blocks < 0 || s.host_first_block < 0 || s.host_offset < 0 ||
+        s.host_offset + static_cast<int64_t>(s.host_blocks) >
+            static_cast<int64_t>(b.backup_blocks.size()) ||
+        (s.host_first_block + s.host_blocks) * bs > s.start_pos) {
+      return InvalidArgument("sequence {}: a malformed host-tier hit", s.seq_id);
+    }
+    if (s.host_first_block < kv_.SharedBlocks(s.seq_id))
+      return FailedPrecondition("sequence {}: a host-tier hit into a shared block", s.seq_id);
+    for (int k = 0; k < s.host_blocks; ++k) {
+      const int32_t id = b.backup_blocks[s.host_offset + k];
+      if (!backup_base_ || id < 0 || id >= backup_layout_.header().num_blocks)
+        return FailedPrecondition("sequence {}: block {} has no host backup to copy from", s.seq_id,
+                                  s.host_first_block + k);
+    }
+  }
+  for (const StepSeq& s : b.seqs) {
+    if (s.host_blocks == 0) continue;
+    for (int slot : KvSlots(s.dp_rank)) {
+      for (int k = 0; k < s.host_blocks; ++k)
+        CopyFromBackup(s.seq_id, slot, s.host_first_block + k, b.backup_blocks[s.host_offset + k],
+                       bs);
+    }
+  }
+  return Status::Ok();
+}
+
+Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats) {
+  const int bs = kv_.block_size();
   // Check the new tables against what the device holds before changing it.
   for (const SeqRestore& s : seqs) {
     const std::vector<int>& slots = KvSlots(s.dp_rank);
@@ -185,7 +228,6 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
     if (s.restore_tokens <= 0) continue;
     for (int slot : slots) {
       if (keep && !std::count(s.restore_slots.begin(), s.restore_slots.end(), slot)) continue;
-      const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
       for (int blk = 0; blk * bs < s.restore_tokens; ++blk) {
         const int rows = std::min(bs, s.restore_tokens - blk * bs);
         if (s.backup_blocks[blk] < 0 ||
@@ -193,12 +235,7 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
           return FailedPrecondition("sequence {}: block {} has no host backup to restore from",
                                     s.seq_id, blk);
         }
-        const float* src = backup_layout_.Slot(backup_base_, s.backup_blocks[blk], layer, head);
-        float* page = kv_.Page(s.seq_id, slot, blk);
-        std::memcpy(page, src, sizeof(float) * static_cast<size_t>(rows) * hd);
-        std::memcpy(page + static_cast<int64_t>(bs) * hd, src + static_cast<int64_t>(bs) * hd,
-                    sizeof(float) * static_cast<size_t>(rows) * hd);
-        stats->kv_restored_bytes += 2LL * rows * hd * 4;
+        stats->kv_restored_bytes += CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows);
       }
     }
   }

@@ -35,7 +35,9 @@ enum class WorkerOp : uint32_t {
 // (KvBlockRun::shared_blocks).
 // 4: a step's backup copy may start before its first position
 // (StepSeq::backup_from).
-constexpr int32_t kWorkerProtocolVersion = 4;
+// 5: a step may copy a sequence's blocks from the host backup into its pages
+// before computing (StepSeq::host_blocks: host-tier prefix hits).
+constexpr int32_t kWorkerProtocolVersion = 5;
 
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.

@@ -26,6 +26,14 @@ struct StepSeq {
   int32_t backup_first_block = 0;
   int32_t backup_count = 0;
   int32_t backup_offset = 0;
+  // Host-tier prefix hit: before the step computes, every device copies
+  // blocks [host_first_block, host_first_block + host_blocks) of every slot
+  // it caches for the sequence (Plan::KvSlots) from the host backup blocks
+  // at StepBatch::backup_blocks[host_offset...] into their pages. They end
+  // at or before start_pos.
+  int32_t host_first_block = 0;
+  int32_t host_blocks = 0;
+  int32_t host_offset = 0;
 };
 
 // Entries a sequence's block table on one device gains: blocks

@@ -104,8 +104,8 @@ void AddPrefixCacheFlag(CLI::App& app, std::string* value) {
   app.add_option("--prefix-cache", *value,
                  "reuse the KV of cached prompt prefixes (full blocks): off; device (device "
                  "memory only); host (device memory, then the host KV backup: blocks the devices "
-                 "evicted are copied back, not recomputed); on (host when there is a backup, "
-                 "else device)")
+                 "evicted are copied back, not recomputed); on (the same as device until the host "
+                 "tier has been run under every placement at tight memory)")
       ->capture_default_str();
 }
 
@@ -113,7 +113,7 @@ Status ApplyPrefixCacheFlag(const std::string& value, SchedulerConfig* config) {
   if (value != "on" && value != "off" && value != "device" && value != "host")
     return InvalidArgument("--prefix-cache: '{}' is not one of off, device, host, on", value);
   config->prefix_cache = value != "off";
-  config->prefix_cache_host = value == "on" || value == "host";
+  config->prefix_cache_host = value == "host";
   return Status::Ok();
 }
 

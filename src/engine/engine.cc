@@ -158,7 +158,10 @@ Result<StepOutcome> Engine::Step() {
     return Unavailable("{}", degraded_reason_);
   }
   HostKvBackup* backup = executor_->backup();
-  if (backup) {
+  // The backup is indexed by the prefix cache's hashes: without the cache
+  // it is only the recovery copy.
+  const bool shared_backup = backup && scheduler_->kv().prefix_cache();
+  if (shared_backup) {
     // Blocks the devices have copied since become complete: a prefix hit
     // admitted now finds them in the backup.
     for (const Sequence* s : scheduler_->Running())
@@ -203,7 +206,7 @@ Result<StepOutcome> Engine::Step() {
   // block of the step is allocated (which may evict an unnamed one): those of
   // its host-tier hit are copied into its pages by this step.
   std::vector<int32_t> host_from(plan.seqs.size(), 0);
-  if (backup) {
+  if (shared_backup) {
     const int bs = scheduler_->kv().block_size();
     for (size_t i = 0; i < plan.seqs.size(); ++i) {
       const ScheduledSeq& ss = plan.seqs[i];
@@ -232,8 +235,7 @@ Result<StepOutcome> Engine::Step() {
     st.token_offset = batch.num_tokens();
     st.logits_row = ss.sample ? batch.num_logits_rows++ : -1;
     if (backup) {
-      // Named above: no hashes needed.
-      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, {}, &st, &batch.backup_blocks);
+      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, &st, &batch.backup_blocks);
       st.host_first_block = ss.host_first_block;
       st.host_blocks = ss.host_blocks;
       st.host_offset = host_from[i];

@@ -33,20 +33,8 @@ Result<std::unique_ptr<HostKvBackup>> HostKvBackup::Create(const ModelConfig& c,
 }
 
 void HostKvBackup::SetPlan(const Plan& plan) {
-  const BackupHeader& h = layout_.header();
   writers_.assign(plan.num_devices, {});
-  for (int rank : plan.active) {
-    std::vector<char> writes(plan.num_devices, 0);
-    for (int l = 0; l < h.num_layers; ++l) {
-      for (int k = 0; k < h.num_kv_heads; ++k) {
-        const int w = plan.KvWriter(l, k, rank);
-        if (w >= 0) writes[w] = 1;
-      }
-    }
-    for (int d = 0; d < plan.num_devices; ++d) {
-      if (writes[d]) writers_[rank].push_back(d);
-    }
-  }
+  for (int rank : plan.active) writers_[rank] = plan.KvWriters(rank);
 }
 
 int32_t HostKvBackup::Allocate() {
@@ -102,10 +90,10 @@ int HostKvBackup::Name(int64_t seq_id, std::span<const uint64_t> shared, int sta
   return named;
 }
 
-void HostKvBackup::Prepare(int64_t seq_id, int start, int end, std::span<const uint64_t> shared,
-                           StepSeq* step, std::vector<int32_t>* step_blocks) {
-  Name(seq_id, shared, start);
+void HostKvBackup::Prepare(int64_t seq_id, int start, int end, StepSeq* step,
+                           std::vector<int32_t>* step_blocks) {
   SeqBackup& sb = seqs_[seq_id];
+  sb.named = true;  // what it did not name by now it computes
   if (sb.slot < 0) {
     if (free_slots_.empty()) {
       step->backup_slot = -1;
@@ -147,10 +135,16 @@ void HostKvBackup::Prepare(int64_t seq_id, int start, int end, std::span<const u
                       sb.blocks.begin() + need);
 }
 
+int HostKvBackup::SlotProgress(int64_t seq_id, int slot, int device) const {
+  const BackupProgress* p = layout_.Progress(region_.data(), slot, device);
+  if (p->seq_id.load(std::memory_order_acquire) != seq_id) return 0;
+  return static_cast<int>(p->tokens.load(std::memory_order_acquire));
+}
+
 int HostKvBackup::Copied(int64_t seq_id, const SeqBackup& sb) const {
   if (sb.slot < 0 || sb.writers.empty()) return 0;
   int copied = std::numeric_limits<int>::max();
-  for (int d : sb.writers) copied = std::min(copied, Progress(seq_id, d));
+  for (int d : sb.writers) copied = std::min(copied, SlotProgress(seq_id, sb.slot, d));
   return copied;
 }
 
@@ -182,9 +176,7 @@ void HostKvBackup::Settle(int64_t seq_id, std::span<const uint64_t> hashes) {
 int HostKvBackup::Progress(int64_t seq_id, int device) const {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end() || it->second.slot < 0) return 0;
-  const BackupProgress* p = layout_.Progress(region_.data(), it->second.slot, device);
-  if (p->seq_id.load(std::memory_order_acquire) != seq_id) return 0;
-  return static_cast<int>(p->tokens.load(std::memory_order_acquire));
+  return SlotProgress(seq_id, it->second.slot, device);
 }
 
 int HostKvBackup::Restorable(int64_t seq_id, int device) const {

@@ -107,10 +107,10 @@ class HostKvBackup : public PrefixHostTier {
   int Name(int64_t seq_id, std::span<const uint64_t> shared, int start);
   // Gives the sequence (DP rank step->dp_rank) a progress slot and backup
   // blocks for its KV up to `end_tokens`, and fills the step's backup fields
-  // for it (naming the blocks of `shared` first: Name). Its slot starts at
-  // the blocks it named: they are not copied again.
-  void Prepare(int64_t seq_id, int start, int end_tokens, std::span<const uint64_t> shared,
-               StepSeq* step, std::vector<int32_t>* step_blocks);
+  // for it. Its slot starts at the blocks it named (Name, called before for
+  // a sequence with prefix hits): they are not copied again.
+  void Prepare(int64_t seq_id, int start, int end_tokens, StepSeq* step,
+               std::vector<int32_t>* step_blocks);
   // Learns the hashes of the sequence's full blocks (`hashes`: chained, from
   // block 0; may be shorter than what it learnt before) and indexes its
   // blocks that have become complete.
@@ -174,6 +174,8 @@ class HostKvBackup : public PrefixHostTier {
     int copy_from = std::numeric_limits<int>::max();  // the next step copies from here
   };
   HostKvBackup() = default;
+  // What `device` published for the sequence in its progress slot.
+  int SlotProgress(int64_t seq_id, int slot, int device) const;
   // Least progress of the sequence's writers (0 without a slot or writers).
   int Copied(int64_t seq_id, const SeqBackup& sb) const;
   void IndexComplete(int64_t seq_id, SeqBackup& sb);

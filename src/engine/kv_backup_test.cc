@@ -56,7 +56,8 @@ StepSeq RunStep(HostKvBackup& b, int64_t seq, int start, int end, std::span<cons
   st.num_tokens = end - start;
   st.dp_rank = 0;
   std::vector<int32_t> blocks;
-  b.Prepare(seq, start, end, shared, &st, &blocks);
+  b.Name(seq, shared, start);
+  b.Prepare(seq, start, end, &st, &blocks);
   if (st.backup_slot >= 0) b.CopiedByStep(seq, copiers, std::min(st.backup_from, start), end);
   return st;
 }

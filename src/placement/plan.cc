@@ -88,6 +88,21 @@ int Plan::KvWriter(int layer, int head, int dp_rank) const {
   return holders[layer % holders.size()];
 }
 
+std::vector<int> Plan::KvWriters(int dp_rank) const {
+  std::vector<char> writes(num_devices, 0);
+  for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
+    for (int h = 0; h < shape.num_kv_heads; ++h) {
+      const int w = KvWriter(l, h, dp_rank);
+      if (w >= 0) writes[w] = 1;
+    }
+  }
+  std::vector<int> out;
+  for (int d = 0; d < num_devices; ++d) {
+    if (writes[d]) out.push_back(d);
+  }
+  return out;
+}
+
 std::vector<int> Plan::KvHolders(int layer, int head, int dp_rank) const {
   if (IsDpHead(layer, head)) return {dp_rank};
   return TpHolders(layer, head);

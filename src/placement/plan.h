@@ -98,6 +98,10 @@ struct Plan {
   // for a replicated TP head one of its holders, chosen by layer so that the
   // copying is spread; -1 if nobody holds it. Replicas never write twice.
   int KvWriter(int layer, int head, int dp_rank) const;
+  // Every device that is the KvWriter of some (layer, head group) for a
+  // sequence with DP rank `dp_rank`, ascending: whose backup progress says
+  // how much of the sequence the backup holds.
+  std::vector<int> KvWriters(int dp_rank) const;
   // The devices that cache a (layer, head group)'s KV for a sequence with DP
   // rank `dp_rank`: the DP rank for a DP head, every holder of a TP head.
   std::vector<int> KvHolders(int layer, int head, int dp_rank) const;

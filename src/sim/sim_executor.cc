@@ -83,18 +83,7 @@ void SimExecutor::CacheSlots() {
   for (int d : plan_.active) {
     for (int rank : plan_.active) slots_[d][rank] = plan_.KvSlots(d, rank);
   }
-  for (int rank : plan_.active) {
-    std::vector<char> writes(n, 0);
-    for (int l = 0; l < options_.model.num_layers; ++l) {
-      for (int h = 0; h < options_.model.num_kv_heads; ++h) {
-        const int w = plan_.KvWriter(l, h, rank);
-        if (w >= 0) writes[w] = 1;
-      }
-    }
-    for (int d = 0; d < n; ++d) {
-      if (writes[d]) writers_[rank].push_back(d);
-    }
-  }
+  for (int rank : plan_.active) writers_[rank] = plan_.KvWriters(rank);
 }
 
 int32_t SimExecutor::SyntheticToken(int64_t seq_id, int position) const {
@@ -140,8 +129,8 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
       return InvalidArgument("sequence {}: a malformed step entry", s.seq_id);
     // KV the devices did not compute arrived with the request (a decode
     // instance's prefilled prompt): it is copied to the backup as it arrives.
-    const bool arrived = held_.emplace(s.seq_id, s.dp_rank).second;
-    held_[s.seq_id] = s.dp_rank;
+    const auto [held, arrived] = held_.try_emplace(s.seq_id, s.dp_rank);
+    held->second = s.dp_rank;
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
       const int from = s.backup_from >= 0 ? std::min(s.backup_from, s.start_pos) : s.start_pos;
@@ -151,17 +140,22 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
   // Host-tier prefix hits: each device copies the blocks' slots it caches
   // from the host before computing, at the host-to-device bandwidth; the
   // slowest device's copy delays the step.
+  std::vector<const StepSeq*> copies;
+  for (const StepSeq& s : batch.seqs) {
+    if (s.host_blocks <= 0) continue;
+    if (s.host_offset + static_cast<int64_t>(s.host_blocks) >
+        static_cast<int64_t>(batch.backup_blocks.size()))
+      return InvalidArgument("sequence {}: a malformed host-tier hit", s.seq_id);
+    copies.push_back(&s);
+  }
   double copy_s = 0;
   const double slot_bytes = static_cast<double>(cost_->KvBytesPerTokenSlot());
   for (int d : plan_.active) {
+    if (copies.empty()) break;
     double bytes = 0;
-    for (const StepSeq& s : batch.seqs) {
-      if (s.host_blocks <= 0) continue;
-      if (s.host_offset + static_cast<int64_t>(s.host_blocks) >
-          static_cast<int64_t>(batch.backup_blocks.size()))
-        return InvalidArgument("sequence {}: a malformed host-tier hit", s.seq_id);
-      const int rank = plan_.IsActive(s.dp_rank) ? s.dp_rank : d;
-      bytes += slot_bytes * static_cast<double>(slots_[d][rank].size()) * s.host_blocks *
+    for (const StepSeq* s : copies) {
+      const int rank = plan_.IsActive(s->dp_rank) ? s->dp_rank : d;
+      bytes += slot_bytes * static_cast<double>(slots_[d][rank].size()) * s->host_blocks *
                options_.block_size;
     }
     copy_s = std::max(copy_s, bytes / options_.hw.pcie_bytes_per_s);

@@ -34,7 +34,7 @@ void AddSeq(SimExecutor& e, StepBatch* batch, int64_t seq, int start, int n, int
   st.dp_rank = rank;
   st.token_offset = batch->num_tokens();
   st.logits_row = batch->num_logits_rows++;
-  e.backup()->Prepare(seq, start, start + n, {}, &st, &batch->backup_blocks);
+  e.backup()->Prepare(seq, start, start + n, &st, &batch->backup_blocks);
   batch->seqs.push_back(st);
   batch->tokens.insert(batch->tokens.end(), n, 1);
 }

@@ -398,5 +398,32 @@ TEST(PrefixCache, HostTierHitsTakeOnlyThePagesThatFit) {
   }
 }
 
+// Cached blocks a waiting request would reuse are not held for it before the
+// step admits it: two requests queued behind each other, each fitting only
+// if the other's cached prefix is evicted, are both served (holding both
+// prefixes up front admitted neither, step after step).
+TEST(PrefixCache, WaitingRequestsDoNotHoldEachOthersPrefixes) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));
+  for (PrefillPolicy pp : {PrefillPolicy::kAdaptive, PrefillPolicy::kFifo}) {
+    SchedulerConfig cfg = Cached();
+    cfg.prefill = pp;
+    // Ten blocks of every slot per device.
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 10LL * plan.num_tp_heads_total(0)));
+    // Two 4-block prompts, computed and cached (evictable once finished).
+    ASSERT_TRUE(s.Add(Prompt(1, Tokens(64, 1), 1)).ok());
+    ASSERT_TRUE(s.Add(Prompt(2, Tokens(64, 2), 1)).ok());
+    EXPECT_EQ(Drive(s).outputs.size(), 2u);
+    // Each new request hits one prefix and needs 4 more blocks: 2 are free,
+    // so it fits only if the other prefix gives way.
+    ASSERT_TRUE(s.Add(Prompt(3, Concat(Tokens(64, 1), Tokens(64, 3)), 2)).ok());
+    ASSERT_TRUE(s.Add(Prompt(4, Concat(Tokens(64, 2), Tokens(64, 4)), 2)).ok());
+    DriveResult r = Drive(s, 200);
+    EXPECT_EQ(r.outputs.size(), 2u) << PrefillPolicyName(pp);
+    EXPECT_TRUE(s.idle());
+    EXPECT_GT(s.prefix_cache_stats().hit_blocks, 0);
+  }
+}
+
 }  // namespace
 }  // namespace failsafe

@@ -118,23 +118,28 @@ int Scheduler::RouteFor(const Sequence& s, std::span<const uint64_t> hashes) {
   return best;
 }
 
-void Scheduler::PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending,
-                                 const std::vector<int64_t>& keep) {
-  const bool lookup = kv_.prefix_cache() && s->state == SeqState::kWaiting &&
-                      s->num_computed == 0 && s->kv_blocks == 0;
-  std::span<const uint64_t> hashes;
-  if (lookup) {
-    // Never the whole sequence: its last token is computed for its logits.
-    const int blocks = (s->len() - 1) / kv_.block_size();
-    if (static_cast<int>(s->block_hashes.size()) < blocks)
-      s->block_hashes = kv_.BlockHashes(s->tokens, blocks);
-    hashes = std::span<const uint64_t>(s->block_hashes).first(blocks);
-  }
-  if (s->dp_rank < 0) {
-    s->dp_rank = RouteFor(*s, hashes);
-    dp_load_[s->dp_rank] += s->len();
-  }
+std::optional<std::span<const uint64_t>> Scheduler::LookupHashes(Sequence* s) {
+  if (!kv_.prefix_cache() || s->state != SeqState::kWaiting || s->num_computed != 0 ||
+      s->kv_blocks != 0)
+    return std::nullopt;
+  // Never the whole sequence: its last token is computed for its logits.
+  const int blocks = (s->len() - 1) / kv_.block_size();
+  if (static_cast<int>(s->block_hashes.size()) < blocks)
+    s->block_hashes = kv_.BlockHashes(s->tokens, blocks);
+  return std::span<const uint64_t>(s->block_hashes).first(blocks);
+}
+
+void Scheduler::RouteCandidate(Sequence* s) {
+  if (s->dp_rank >= 0) return;
+  s->dp_rank = RouteFor(*s, LookupHashes(s).value_or(std::span<const uint64_t>()));
+  dp_load_[s->dp_rank] += s->len();
+}
+
+void Scheduler::AttachCandidate(Sequence* s, const std::vector<int64_t>& pending,
+                                const std::vector<int64_t>& keep) {
+  const auto lookup = LookupHashes(s);
   if (!lookup) return;
+  const std::span<const uint64_t> hashes = *lookup;
   Lookup l{s, static_cast<int>(hashes.size()), 0};
   const int hit = kv_.CachedPrefix(s->tokens, hashes, s->dp_rank);
   if (hit > 0) {
@@ -355,7 +360,8 @@ void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequ
   for (Sequence* s : PrefillCandidates(1 << 30)) {
     if (budget <= 0) break;
     const bool admitting = s->state == SeqState::kWaiting;
-    PrepareCandidate(s, pending, keep);
+    RouteCandidate(s);
+    AttachCandidate(s, pending, keep);
     int n = std::min(s->pending(), budget);
     // Shrink the chunk to what the devices can hold.
     while (n > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, s->num_computed + n, pending,
@@ -388,7 +394,7 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
   for (int d : plan_.active)
     keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
   for (Sequence* s : PrefillCandidates(config_.adaptive_candidates)) {
-    PrepareCandidate(s, pending, keep);
+    RouteCandidate(s);
     cands.push_back({s, 0, s->state == SeqState::kWaiting});
   }
   if (cands.empty()) return;
@@ -410,6 +416,7 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     if (pick < 0) break;
     // ... gets one more unit for its earliest request.
     Cand& c = cands[pick];
+    if (c.admitting && c.chunk == 0) AttachCandidate(c.s, pending, keep);
     const int delta = std::min({config_.adaptive_unit, c.s->pending() - c.chunk, budget - tokens});
     const int new_end = c.s->num_computed + c.chunk + delta;
     // Blocks already counted for this request: its own plus this step's growth so far.

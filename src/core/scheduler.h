@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -182,13 +183,21 @@ class Scheduler {
   // cache and DP heads, the rank holding its longest cached prefix within
   // prefix_affinity_tokens of the least-loaded rank's work.
   int RouteFor(const Sequence& s, std::span<const uint64_t> hashes);
-  // Routes a prefill candidate if needed and, if it is waiting with nothing
-  // computed, attaches its cached prefix (undone by DetachUnadmitted if the
-  // step does not admit it).
-  // Host-tier blocks are taken only as far as their pages and one computed
-  // token fit next to `pending` with `keep` pages left.
-  void PrepareCandidate(Sequence* s, const std::vector<int64_t>& pending,
-                        const std::vector<int64_t>& keep);
+  // The hashes of the full blocks a prefill candidate may find cached (never
+  // its last token), or nullopt when it does not look the cache up (the
+  // cache is off, or it is running or has KV).
+  std::optional<std::span<const uint64_t>> LookupHashes(Sequence* s);
+  // Gives a prefill candidate its DP rank if it has none.
+  void RouteCandidate(Sequence* s);
+  // If a candidate is waiting with nothing computed, attaches its cached
+  // prefix (undone by DetachUnadmitted if the step does not admit it).
+  // Attached blocks are held: a candidate attaches only when the step
+  // considers admitting it, so that a request queued behind does not hold
+  // blocks the one before it would evict. Host-tier blocks are taken only as
+  // far as their pages and one computed token fit next to `pending` with
+  // `keep` pages left.
+  void AttachCandidate(Sequence* s, const std::vector<int64_t>& pending,
+                       const std::vector<int64_t>& keep);
   void DetachUnadmitted();
   void Preempt(Sequence* s, StepPlan* plan);
   void FinishSeq(Sequence* s, FinishReason why);

@@ -593,15 +593,15 @@ TEST_P(HostTierTest, HostHitsHappenAndChangeNoOutput) {
   EXPECT_EQ(got->prefix.host_hit_tokens, got->prefix.host_hit_blocks * 16);
 }
 
-// Hybrid placement at 160 pages per device does not finish with host hits
-// (steps that schedule nothing, found and not yet understood): the host tier
-// is opt-in (`--prefix-cache host`) until it does; KilledDevicesDuringHostHits
-// runs hybrid at 240 pages.
+// Hybrid placement needs more pages: a DP rank holds a sequence's DP head
+// groups too (16 slots a block on tiny-llama's DP rank, 13 blocks for the
+// longest request).
 INSTANTIATE_TEST_SUITE_P(Placements, HostTierTest,
                          ::testing::Values(HostTierCase{"one_device", 1, Policy::kNonUniform, 640},
                                            HostTierCase{"standard", 5, Policy::kStandard, 300},
                                            HostTierCase{"nonuniform", 5, Policy::kNonUniform, 160},
-                                           HostTierCase{"cyclic", 5, Policy::kCyclic, 160}),
+                                           HostTierCase{"cyclic", 5, Policy::kCyclic, 160},
+                                           HostTierCase{"hybrid", 5, Policy::kHybrid, 240}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // SIGKILLed devices while requests start from host-tier hits (hybrid

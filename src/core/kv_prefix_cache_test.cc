@@ -398,10 +398,11 @@ TEST(PrefixCache, HostTierHitsTakeOnlyThePagesThatFit) {
   }
 }
 
-// Cached blocks a waiting request would reuse are not held for it before the
-// step admits it: two requests queued behind each other, each fitting only
-// if the other's cached prefix is evicted, are both served (holding both
-// prefixes up front admitted neither, step after step).
+// A request queued behind does not keep the one before it waiting by holding
+// its cached prefix: two requests, each fitting only if the other's cached
+// prefix is evicted, are both served (with both prefixes held while the
+// first waited for pages, adaptive prefill admitted neither, step after
+// step).
 TEST(PrefixCache, WaitingRequestsDoNotHoldEachOthersPrefixes) {
   auto c = Model();
   auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));

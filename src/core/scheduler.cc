@@ -163,6 +163,18 @@ void Scheduler::AttachCandidate(Sequence* s, const std::vector<int64_t>& pending
   lookups_.push_back(l);
 }
 
+bool Scheduler::DetachCandidate(Sequence* s) {
+  for (Lookup& l : lookups_) {
+    if (l.s != s || (l.hit == 0 && l.host == 0)) continue;
+    if (l.hit > 0) kv_.Release(*s);
+    s->num_computed = 0;
+    l.hit = 0;
+    l.host = 0;
+    return true;
+  }
+  return false;
+}
+
 void Scheduler::DetachUnadmitted() {
   for (const Lookup& l : lookups_) {
     Sequence* s = l.s;
@@ -395,6 +407,7 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
   for (Sequence* s : PrefillCandidates(config_.adaptive_candidates)) {
     RouteCandidate(s);
+    AttachCandidate(s, pending, keep);
     cands.push_back({s, 0, s->state == SeqState::kWaiting});
   }
   if (cands.empty()) return;
@@ -416,7 +429,6 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     if (pick < 0) break;
     // ... gets one more unit for its earliest request.
     Cand& c = cands[pick];
-    if (c.admitting && c.chunk == 0) AttachCandidate(c.s, pending, keep);
     const int delta = std::min({config_.adaptive_unit, c.s->pending() - c.chunk, budget - tokens});
     const int new_end = c.s->num_computed + c.chunk + delta;
     // Blocks already counted for this request: its own plus this step's growth so far.
@@ -424,6 +436,20 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
                          ? std::max(c.s->kv_blocks, kv_.BlocksFor(c.s->num_computed + c.chunk))
                          : c.s->kv_blocks;
     if (!kv_.Fits(c.s->dp_rank, held, new_end, pending, c.admitting ? keep : none)) {
+      // The requests queued behind hold their cached prefixes (attached up
+      // front, so that this step's chunks do not evict them). Before the
+      // queue's head waits for pages they pin, they let go of them for this
+      // step; else the head may never fit, and first come, first served
+      // would admit nothing, step after step.
+      if (c.admitting && c.chunk == 0) {
+        bool released = false;
+        for (size_t i = pick + 1; i < cands.size(); ++i) {
+          if (!cands[i].admitting || cands[i].chunk > 0 || cands[i].blocked) continue;
+          released |= DetachCandidate(cands[i].s);
+          cands[i].blocked = true;  // they would wait behind the head anyway
+        }
+        if (released) continue;
+      }
       c.blocked = true;
       // First come, first served among new admissions: nothing after a blocked one.
       if (c.admitting) {

@@ -191,13 +191,13 @@ class Scheduler {
   void RouteCandidate(Sequence* s);
   // If a candidate is waiting with nothing computed, attaches its cached
   // prefix (undone by DetachUnadmitted if the step does not admit it).
-  // Attached blocks are held: a candidate attaches only when the step
-  // considers admitting it, so that a request queued behind does not hold
-  // blocks the one before it would evict. Host-tier blocks are taken only as
-  // far as their pages and one computed token fit next to `pending` with
-  // `keep` pages left.
+  // Host-tier blocks are taken only as far as their pages and one computed
+  // token fit next to `pending` with `keep` pages left.
   void AttachCandidate(Sequence* s, const std::vector<int64_t>& pending,
                        const std::vector<int64_t>& keep);
+  // Undoes a candidate's attachment within the step (it is not admitted);
+  // false if it had none.
+  bool DetachCandidate(Sequence* s);
   void DetachUnadmitted();
   void Preempt(Sequence* s, StepPlan* plan);
   void FinishSeq(Sequence* s, FinishReason why);

@@ -104,8 +104,8 @@ void AddPrefixCacheFlag(CLI::App& app, std::string* value) {
   app.add_option("--prefix-cache", *value,
                  "reuse the KV of cached prompt prefixes (full blocks): off; device (device "
                  "memory only); host (device memory, then the host KV backup: blocks the devices "
-                 "evicted are copied back, not recomputed); on (the same as device until the host "
-                 "tier has been run under every placement at tight memory)")
+                 "evicted are copied back, not recomputed; needs the backup); on (host when the "
+                 "devices have the host KV backup, device otherwise)")
       ->capture_default_str();
 }
 
@@ -113,7 +113,9 @@ Status ApplyPrefixCacheFlag(const std::string& value, SchedulerConfig* config) {
   if (value != "on" && value != "off" && value != "device" && value != "host")
     return InvalidArgument("--prefix-cache: '{}' is not one of off, device, host, on", value);
   config->prefix_cache = value != "off";
-  config->prefix_cache_host = value == "host";
+  // `on` takes the host tier wherever there is a backup (the engine attaches
+  // it only then); `host` insists on one (CheckPrefixCacheTier).
+  config->prefix_cache_host = value == "host" || value == "on";
   return Status::Ok();
 }
 

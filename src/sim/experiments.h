@@ -55,7 +55,9 @@ struct SystemSpec {
   PrefillPolicy prefill;
   int node_alive = 0;  // devices alive on its 8-device node; 0: `devices`
   bool prefix_cache = false;
+  bool prefix_cache_host = false;       // with prefix_cache: the host KV backup as a second tier
   int64_t prefix_affinity_tokens = -1;  // -1: SchedulerConfig's default
+  int64_t backup_bytes = 0;             // host memory for the KV backup; 0: room for all the KV
 };
 // Which work a saturated instance does.
 enum class Phase {

@@ -120,6 +120,7 @@ SchedulerConfig GpuSchedulerConfig(const ModelConfig& m, const SystemSpec& s) {
   sc.prefill = s.prefill;
   sc.adaptive_unit = 128;
   sc.prefix_cache = s.prefix_cache;
+  sc.prefix_cache_host = s.prefix_cache_host;
   if (s.prefix_affinity_tokens >= 0) sc.prefix_affinity_tokens = s.prefix_affinity_tokens;
   return sc;
 }
@@ -136,6 +137,7 @@ Result<std::unique_ptr<SimInstance>> MakeInstance(const ModelConfig& model,
   for (int d = 0; d < alive; ++d) ic.alive.push_back(d);
   ic.sched = GpuSchedulerConfig(model, s);
   ic.recovery = mode;
+  ic.backup_bytes = s.backup_bytes;
   return SimInstance::Create(ic);
 }
 

@@ -52,6 +52,8 @@ json ToJson(const CacheRun& r) {
   return {{"block_hit_rate", r.prefix.hit_rate()},
           {"blocks_looked_up", r.prefix.lookup_blocks},
           {"blocks_hit", r.prefix.hit_blocks},
+          {"host_blocks_hit", r.prefix.host_hit_blocks},
+          {"host_block_hit_rate", r.prefix.host_hit_rate()},
           {"prompt_tokens_saved", r.prefix.hit_tokens},
           {"preempted_tokens_saved", r.prefix.readmitted_hit_tokens},
           {"prompt_tokens_computed", r.prompt_tokens_computed},
@@ -68,7 +70,9 @@ std::vector<std::string> Row(const std::string& name, const std::string& mode, c
   return {name,
           mode,
           Num(r.prefix.hit_rate()),
+          Num(r.prefix.host_hit_rate()),
           std::to_string(r.prefix.hit_tokens),
+          std::to_string(r.prefix.host_hit_tokens),
           std::to_string(r.prefix.readmitted_hit_tokens),
           std::to_string(r.prompt_tokens_computed),
           Num(r.tokens_per_s, 6),
@@ -92,13 +96,22 @@ Result<json> PrefixCache(const ExperimentOptions& o) {
   const double fail_at = reqs[reqs.size() / 2].arrival + 0.1;
   json out = json::object();
   std::vector<std::vector<std::string>> rows;
-  // Caching off and on, on all eight devices (no DP heads) and on seven
-  // (hybrid: a DP head, so hits depend on the DP rank).
+  // Caching off, on (device memory only), and on with the host tier, on all
+  // eight devices (no DP heads) and on seven (hybrid: a DP head, so device
+  // hits depend on the DP rank; host hits do not). The host tier's backup
+  // gets 1 TiB of the node's host memory (a DGX H100 has 2 TB), about three
+  // times the KV pools of the devices; without it, the backup has room for
+  // what the pools hold.
+  enum class Tier { kOff, kDevice, kHost };
   for (int devices : {8, 7}) {
-    for (bool cache : {false, true}) {
+    for (Tier tier : {Tier::kOff, Tier::kDevice, Tier::kHost}) {
       SystemSpec s = FailsafeTp(devices);
-      s.prefix_cache = cache;
-      const std::string name = s.name + (cache ? " cache on" : " cache off");
+      s.prefix_cache = tier != Tier::kOff;
+      s.prefix_cache_host = tier == Tier::kHost;
+      if (tier == Tier::kHost) s.backup_bytes = int64_t{1} << 40;
+      const std::string name = s.name + (tier == Tier::kOff      ? " cache off"
+                                         : tier == Tier::kDevice ? " cache on"
+                                                                 : " cache on + host");
       FS_ASSIGN_OR_RETURN(CacheRun offline, Replay(m, hw, s, reqs, true, -1));
       FS_ASSIGN_OR_RETURN(CacheRun online, Replay(m, hw, s, reqs, false, -1));
       FS_ASSIGN_OR_RETURN(CacheRun failure, Replay(m, hw, s, reqs, false, fail_at));
@@ -131,9 +144,10 @@ Result<json> PrefixCache(const ExperimentOptions& o) {
   }
   FS_RETURN_IF_ERROR(
       WriteCsv(o.out_dir + "/prefix_cache.csv",
-               {"system", "arrivals", "block_hit_rate", "prompt_tokens_saved",
-                "preempted_tokens_saved", "prompt_tokens_computed", "tokens_per_s", "ttft_mean_s",
-                "ttft_p50_s", "ttft_p90_s", "recovery_ms", "tokens_recomputed"},
+               {"system", "arrivals", "block_hit_rate", "host_block_hit_rate",
+                "prompt_tokens_saved", "host_prompt_tokens_saved", "preempted_tokens_saved",
+                "prompt_tokens_computed", "tokens_per_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+                "recovery_ms", "tokens_recomputed"},
                rows));
   out["requests"] = reqs.size();
   out["prompts_truncated"] = truncated;

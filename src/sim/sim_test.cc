@@ -187,58 +187,80 @@ TEST(SimInstance, EveryRequestCompletesThroughFailureAndRejoin) {
   }
 }
 
-// The simulator's scheduler caches prefixes like the engine's: requests that
-// share the trace's block ids compute fewer prompt tokens, finish sooner, and
-// get through a failure (which drops the cache) all the same.
-TEST(SimInstance, PrefixCacheSavesSharedPromptsThroughAFailure) {
+// Ten conversations of four turns, half a second apart, on failsafe-TP8,
+// device 3 failing between turns 1 and 2 (the plan change drops the device
+// cache): turn k repeats the k blocks of 512 tokens turn k - 1 had, then has
+// one of its own.
+struct ConversationRun {
+  int64_t prompt = 0;    // prompt tokens submitted
+  int64_t computed = 0;  // prompt tokens computed
+  double ttft_sum = 0;
+  PrefixCacheStats stats;
+};
+ConversationRun RunConversations(const SystemSpec& spec) {
   auto m = *GetModelProfile("llama-3.1-70b");
   auto hw = *GetHardwareProfile("h100-sxm-80gb");
-  std::map<bool, int64_t> computed;
-  std::map<bool, double> ttft;
-  for (bool cache : {false, true}) {
-    SystemSpec spec = FailsafeTp(8);
-    spec.prefix_cache = cache;
-    auto made = MakeInstance(m, hw, spec, RecoveryMode::kFull);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    auto inst = std::move(*made);
-    int64_t prompt = 0;
-    // Ten conversations of four turns, half a second apart: turn k repeats
-    // the k blocks of 512 tokens turn k - 1 had, then has one of its own.
-    bool failed = false;
-    for (int turn = 0; turn < 4; ++turn) {
-      for (int c = 0; c < 10; ++c) {
-        SimRequest r{0.5 * turn + 0.01 * c, 512 * (1 + turn) + 100, 50, false};
-        for (int b = 0; b <= turn; ++b) r.hash_ids.push_back(c * 10 + b);
-        r.hash_ids.push_back(1000 + c * 10 + turn);
-        prompt += r.input;
-        inst->RunUntil(r.arrival);
-        ASSERT_TRUE(inst->Submit(r).ok());
-      }
-      if (turn == 1 && !failed) {  // the cache is dropped between turns 1 and 2
-        inst->RunUntil(0.9);
-        ASSERT_TRUE(inst->Fail(3).ok());
-        failed = true;
-      }
+  ConversationRun out;
+  auto made = MakeInstance(m, hw, spec, RecoveryMode::kFull);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (!made.ok()) return out;
+  auto inst = std::move(*made);
+  for (int turn = 0; turn < 4; ++turn) {
+    for (int c = 0; c < 10; ++c) {
+      SimRequest r{0.5 * turn + 0.01 * c, 512 * (1 + turn) + 100, 50, false};
+      for (int b = 0; b <= turn; ++b) r.hash_ids.push_back(c * 10 + b);
+      r.hash_ids.push_back(1000 + c * 10 + turn);
+      out.prompt += r.input;
+      inst->RunUntil(r.arrival);
+      EXPECT_TRUE(inst->Submit(r).ok());
     }
-    inst->RunToCompletion(1e6);
-    double sum = 0;
-    for (const auto& r : inst->results()) {
-      EXPECT_GT(r.finish, 0);
-      sum += r.first_token - r.arrival;
+    if (turn == 1) {
+      inst->RunUntil(0.9);
+      EXPECT_TRUE(inst->Fail(3).ok());
     }
-    const PrefixCacheStats st = inst->scheduler().prefix_cache_stats();
-    if (cache) {
-      EXPECT_GT(st.hit_rate(), 0.3);
-      EXPECT_GE(inst->tokens_in(), prompt - st.hit_tokens);
-    } else {
-      EXPECT_EQ(st.lookup_blocks, 0);
-      EXPECT_GE(inst->tokens_in(), prompt);
-    }
-    computed[cache] = inst->tokens_in();
-    ttft[cache] = sum;
   }
-  EXPECT_LT(computed[true], computed[false] * 3 / 4);
-  EXPECT_LT(ttft[true], ttft[false]);
+  inst->RunToCompletion(1e6);
+  for (const auto& r : inst->results()) {
+    EXPECT_GT(r.finish, 0);
+    out.ttft_sum += r.first_token - r.arrival;
+  }
+  out.stats = inst->scheduler().prefix_cache_stats();
+  out.computed = inst->tokens_in();
+  return out;
+}
+
+// The simulator's scheduler caches prefixes like the engine's: requests that
+// share the trace's block ids compute fewer prompt tokens, finish sooner, and
+// get through a failure all the same.
+TEST(SimInstance, PrefixCacheSavesSharedPromptsThroughAFailure) {
+  SystemSpec spec = FailsafeTp(8);
+  const ConversationRun off = RunConversations(spec);
+  EXPECT_EQ(off.stats.lookup_blocks, 0);
+  EXPECT_GE(off.computed, off.prompt);
+  spec.prefix_cache = true;
+  const ConversationRun on = RunConversations(spec);
+  EXPECT_GT(on.stats.hit_rate(), 0.3);
+  EXPECT_EQ(on.stats.host_hit_blocks, 0);
+  EXPECT_GE(on.computed, on.prompt - on.stats.hit_tokens);
+  EXPECT_LT(on.computed, off.computed * 3 / 4);
+  EXPECT_LT(on.ttft_sum, off.ttft_sum);
+}
+
+// With the host tier, what the plan change dropped from the devices comes
+// back from the host backup: the requests it preempted (sharers of cached
+// blocks) are readmitted copying their blocks instead of computing them.
+TEST(SimInstance, HostTierServesWhatAPlanChangeDropped) {
+  SystemSpec spec = FailsafeTp(8);
+  spec.prefix_cache = true;
+  const ConversationRun device = RunConversations(spec);
+  spec.prefix_cache_host = true;
+  const ConversationRun host = RunConversations(spec);
+  EXPECT_EQ(device.stats.host_hit_blocks, 0);
+  EXPECT_EQ(device.stats.readmitted_hit_tokens, 0);
+  EXPECT_GT(host.stats.readmitted_hit_tokens, 0);
+  EXPECT_GE(host.stats.hit_blocks, device.stats.hit_blocks);
+  EXPECT_LT(host.computed, device.computed * 4 / 5);
+  EXPECT_LT(host.ttft_sum, device.ttft_sum);
 }
 
 TEST(Fit, RecoversAKnownProfile) {

@@ -298,7 +298,7 @@ namespace {
 // A host tier holding a fixed set of block hashes.
 class FakeHostTier : public PrefixHostTier {
  public:
-  int HeldPrefix(std::span<const uint64_t> hashes) const override {
+  int HeldPrefix(std::span<const uint64_t> hashes, std::span<const int32_t>) const override {
     int b = 0;
     while (b < static_cast<int>(hashes.size()) && held.count(hashes[b])) ++b;
     return b;

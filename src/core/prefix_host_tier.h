@@ -19,8 +19,11 @@ class PrefixHostTier {
  public:
   virtual ~PrefixHostTier() = default;
   // Leading entries of `hashes` (chained block hashes from block 0, in order)
-  // whose blocks the host holds complete.
-  virtual int HeldPrefix(std::span<const uint64_t> hashes) const = 0;
+  // whose blocks the host holds complete, each with the tokens of that block
+  // in `tokens` (the sequence's, from position 0): a hash collision is not
+  // a hit.
+  virtual int HeldPrefix(std::span<const uint64_t> hashes,
+                         std::span<const int32_t> tokens) const = 0;
 };
 
 }  // namespace failsafe

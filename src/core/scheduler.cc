@@ -153,7 +153,7 @@ void Scheduler::AttachCandidate(Sequence* s, const std::vector<int64_t>& pending
   // As many of them as leave room for one computed token now: a copy never
   // keeps a request waiting that would be admitted without it.
   if (host_tier_ && config_.prefix_cache_host && l.hit < static_cast<int>(hashes.size())) {
-    int host = std::max(0, host_tier_->HeldPrefix(hashes) - l.hit);
+    int host = std::max(0, host_tier_->HeldPrefix(hashes, s->tokens) - l.hit);
     while (host > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, (l.hit + host) * kv_.block_size() + 1,
                                  pending, keep))
       --host;

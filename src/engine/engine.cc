@@ -119,7 +119,8 @@ void Engine::CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal
     // indexes them when released.
     if (backup && kv.prefix_cache()) {
       backup->Settle(
-          s->id, kv.BlockHashes(s->tokens, std::min(s->num_computed, s->len()) / kv.block_size()));
+          s->id, kv.BlockHashes(s->tokens, std::min(s->num_computed, s->len()) / kv.block_size()),
+          s->tokens);
     }
     sampling_.erase(s->id);
     Status error;
@@ -165,7 +166,7 @@ Result<StepOutcome> Engine::Step() {
     // Blocks the devices have copied since become complete: a prefix hit
     // admitted now finds them in the backup.
     for (const Sequence* s : scheduler_->Running())
-      backup->Settle(s->id, scheduler_->kv().Hashes(s->id));
+      backup->Settle(s->id, scheduler_->kv().Hashes(s->id), s->tokens);
   }
   StepPlan plan = scheduler_->Schedule();
   std::vector<int64_t> ids;
@@ -212,8 +213,9 @@ Result<StepOutcome> Engine::Step() {
       const ScheduledSeq& ss = plan.seqs[i];
       const Sequence* s = scheduler_->Find(ss.seq_id);
       const std::span<const uint64_t> hashes(s->block_hashes);
-      const int named = backup->Name(
-          ss.seq_id, hashes.first(std::min<size_t>(hashes.size(), ss.start / bs)), ss.start);
+      const int named =
+          backup->Name(ss.seq_id, hashes.first(std::min<size_t>(hashes.size(), ss.start / bs)),
+                       s->tokens, ss.start);
       if (ss.host_blocks == 0) continue;
       FS_CHECK_MSG(named >= ss.host_first_block + ss.host_blocks,
                    "sequence {}: {} blocks of its host-tier hit named, {} needed", ss.seq_id, named,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/check.h"
+
 namespace failsafe {
 
 Result<std::unique_ptr<HostKvBackup>> HostKvBackup::Create(const ModelConfig& c, int block_size,
@@ -66,25 +68,39 @@ void HostKvBackup::Unref(int32_t id) {
   }
 }
 
-int HostKvBackup::HeldPrefix(std::span<const uint64_t> hashes) const {
+int32_t HostKvBackup::Find(std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
+                           int b) const {
+  if (static_cast<size_t>((b + 1) * block_size_) > tokens.size()) return -1;
+  auto it = index_.find(hashes[b]);
+  if (it == index_.end()) return -1;
+  const Block& e = block_[it->second];
+  if (e.parent != (b > 0 ? hashes[b - 1] : 0)) return -1;
+  if (!std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin() + b * block_size_)) return -1;
+  return it->second;
+}
+
+int HostKvBackup::HeldPrefix(std::span<const uint64_t> hashes,
+                             std::span<const int32_t> tokens) const {
   int b = 0;
-  while (b < static_cast<int>(hashes.size()) && index_.count(hashes[b])) ++b;
+  while (b < static_cast<int>(hashes.size()) && Find(hashes, tokens, b) >= 0) ++b;
   return b;
 }
 
-int HostKvBackup::Name(int64_t seq_id, std::span<const uint64_t> shared, int start) {
+int HostKvBackup::Name(int64_t seq_id, std::span<const uint64_t> shared,
+                       std::span<const int32_t> tokens, int start) {
   SeqBackup& sb = seqs_[seq_id];
   if (sb.named) return static_cast<int>(sb.blocks.size());
   sb.named = true;
   int named = 0;
   for (; named < static_cast<int>(shared.size()) && (named + 1) * block_size_ <= start; ++named) {
-    auto it = index_.find(shared[named]);
-    if (it == index_.end()) break;
-    Block& b = block_[it->second];
+    const int32_t id = Find(shared, tokens, named);
+    if (id < 0) break;
+    Block& b = block_[id];
     if (b.refs++ == 0) lru_.erase(b.lru);
-    sb.blocks.push_back(it->second);
+    sb.blocks.push_back(id);
     sb.hashes.push_back(shared[named]);
   }
+  sb.tokens.assign(tokens.begin(), tokens.begin() + named * block_size_);
   stats_.shared_blocks += named;
   sb.settled = named;
   return named;
@@ -160,16 +176,25 @@ void HostKvBackup::IndexComplete(int64_t seq_id, SeqBackup& sb) {
     if (b.indexed || index_.count(sb.hashes[sb.settled])) continue;
     b.indexed = true;
     b.hash = sb.hashes[sb.settled];
+    b.parent = sb.settled > 0 ? sb.hashes[sb.settled - 1] : 0;
+    const auto first = sb.tokens.begin() + sb.settled * block_size_;
+    b.tokens.assign(first, first + block_size_);
     index_[b.hash] = id;
     ++stats_.indexed_blocks;
   }
 }
 
-void HostKvBackup::Settle(int64_t seq_id, std::span<const uint64_t> hashes) {
+void HostKvBackup::Settle(int64_t seq_id, std::span<const uint64_t> hashes,
+                          std::span<const int32_t> tokens) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   SeqBackup& sb = it->second;
+  FS_CHECK_MSG(tokens.size() >= hashes.size() * block_size_,
+               "sequence {}: {} tokens for {} full blocks", seq_id, tokens.size(), hashes.size());
   for (size_t b = sb.hashes.size(); b < hashes.size(); ++b) sb.hashes.push_back(hashes[b]);
+  if (sb.tokens.size() < sb.hashes.size() * block_size_)
+    sb.tokens.insert(sb.tokens.end(), tokens.begin() + sb.tokens.size(),
+                     tokens.begin() + sb.hashes.size() * block_size_);
   IndexComplete(seq_id, sb);
 }
 

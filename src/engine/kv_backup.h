@@ -95,16 +95,20 @@ class HostKvBackup : public PrefixHostTier {
   // Rebase moves) use it.
   void SetPlan(const Plan& plan);
 
-  // Leading hashes that are indexed (complete): the host tier's prefix.
-  int HeldPrefix(std::span<const uint64_t> hashes) const override;
+  // Leading blocks that are indexed (complete) under `hashes` with the same
+  // tokens (`tokens`, from position 0) after the same parent: the host
+  // tier's prefix.
+  int HeldPrefix(std::span<const uint64_t> hashes, std::span<const int32_t> tokens) const override;
   // At a sequence's first step (later calls do nothing): it names the
   // indexed blocks of `shared` (hashes of its leading blocks found in either
-  // tier of the prefix cache) below position `start`, up to the first one
-  // not indexed, whether or not it gets a progress slot. Allocates nothing,
+  // tier of the prefix cache; `tokens` the sequence's, from position 0)
+  // below position `start`, up to the first one not indexed with those
+  // tokens, whether or not it gets a progress slot. Allocates nothing,
   // so calling it for every sequence of a step before Prepare keeps every
   // block a lookup found. Returns the blocks the sequence names from the
   // start of its KV.
-  int Name(int64_t seq_id, std::span<const uint64_t> shared, int start);
+  int Name(int64_t seq_id, std::span<const uint64_t> shared, std::span<const int32_t> tokens,
+           int start);
   // Gives the sequence (DP rank step->dp_rank) a progress slot and backup
   // blocks for its KV up to `end_tokens`, and fills the step's backup fields
   // for it. Its slot starts at the blocks it named (Name, called before for
@@ -112,9 +116,10 @@ class HostKvBackup : public PrefixHostTier {
   void Prepare(int64_t seq_id, int start, int end_tokens, StepSeq* step,
                std::vector<int32_t>* step_blocks);
   // Learns the hashes of the sequence's full blocks (`hashes`: chained, from
-  // block 0; may be shorter than what it learnt before) and indexes its
+  // block 0; may be shorter than what it learnt before) and their tokens
+  // (`tokens`, from position 0, at least the blocks' worth), and indexes its
   // blocks that have become complete.
-  void Settle(int64_t seq_id, std::span<const uint64_t> hashes);
+  void Settle(int64_t seq_id, std::span<const uint64_t> hashes, std::span<const int32_t> tokens);
   // How many positions of the sequence `device` has backed up (0 if unknown).
   int Progress(int64_t seq_id, int device) const;
   // Backed-up positions usable for a restore: limited by `device`'s progress
@@ -161,6 +166,8 @@ class HostKvBackup : public PrefixHostTier {
     int refs = 0;                      // sequences naming it
     bool indexed = false;              // complete, in index_ under `hash`
     uint64_t hash = 0;                 // when indexed
+    uint64_t parent = 0;               // when indexed: the hash of the block before (0: none)
+    std::vector<int32_t> tokens;       // when indexed: the block's tokens
     std::list<int32_t>::iterator lru;  // in lru_ while indexed && refs == 0
   };
   struct SeqBackup {
@@ -170,6 +177,7 @@ class HostKvBackup : public PrefixHostTier {
     bool exhausted = false;                           // a block found the budget spent
     std::vector<int> writers;                         // devices writing its slots, ascending
     std::vector<uint64_t> hashes;                     // chained hashes of its leading full blocks
+    std::vector<int32_t> tokens;                      // their tokens
     int settled = 0;                                  // blocks [0, settled) checked for the index
     int copy_from = std::numeric_limits<int>::max();  // the next step copies from here
   };
@@ -179,6 +187,9 @@ class HostKvBackup : public PrefixHostTier {
   // Least progress of the sequence's writers (0 without a slot or writers).
   int Copied(int64_t seq_id, const SeqBackup& sb) const;
   void IndexComplete(int64_t seq_id, SeqBackup& sb);
+  // The indexed block holding logical block `b` of a sequence whose chained
+  // hashes and tokens are these: same hash, parent and tokens (-1: none).
+  int32_t Find(std::span<const uint64_t> hashes, std::span<const int32_t> tokens, int b) const;
   // A block for a sequence (-1 if none is free or evictable).
   int32_t Allocate();
   void Unref(int32_t block);

@@ -6,6 +6,7 @@
 //
 //   failsafe_bench_engine [--model DIR | --preset 1b-llama] [--dtypes f32,bf16]
 //                         [--threads 1,2] [--isa avx512|avx2|generic]
+//                         [--bf16-products auto|fma]
 #include <immintrin.h>
 #include <omp.h>
 
@@ -96,6 +97,24 @@ __attribute__((target("avx512f"))) double Chains512(int64_t iters) {
   return out[0] + out[15];
 }
 
+// The same with vdpbf16ps (two bf16 products and their sums per lane: 64
+// FLOP per instruction): the ceiling of the bf16 chain's products.
+__attribute__((target("avx512f,avx512bf16"))) double ChainsDpbf16(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-7f), _mm512_set1_ps(1e-7f));
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
+}
+
 __attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
   __m256 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
@@ -111,7 +130,8 @@ __attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
   return out[0] + out[7];
 }
 
-double MeasureFmaPeak(int threads, CpuIsa level) {
+// dpbf16: the vdpbf16ps chains instead (the bf16 chain's ceiling).
+double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
   if (level == CpuIsa::kGeneric) return 0;
   const int lanes = level == CpuIsa::kAvx512 ? 16 : 8;
   const int64_t iters = 20'000'000;
@@ -120,10 +140,12 @@ double MeasureFmaPeak(int threads, CpuIsa level) {
     const int64_t t0 = MonotonicNanos();
     double sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += level == CpuIsa::kAvx512 ? Chains512(iters) : Chains256(iters);
+    sink += dpbf16                     ? ChainsDpbf16(iters)
+            : level == CpuIsa::kAvx512 ? Chains512(iters)
+                                       : Chains256(iters);
     const double secs = (MonotonicNanos() - t0) * 1e-9;
     if (sink == 42.0) std::printf(" ");  // keep the chains alive
-    best = std::max(best, 2.0 * lanes * 12 * iters * threads / secs);
+    best = std::max(best, (dpbf16 ? 4.0 : 2.0) * lanes * 12 * iters * threads / secs);
   }
   return best;
 }
@@ -264,7 +286,7 @@ double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
 // [n, k] weights blocked as the engine holds them (Shape; the
 // weights are all equal, so the layout changes how they are read, not y).
 double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
-                      std::optional<CpuIsa> isa, int reps) {
+                      std::optional<CpuIsa> isa, std::optional<bool> dpbf16, int reps) {
   return LayersTime(c, m, reps, [&](const Shape& s, const float* x, const void* w, float* y) {
     cpu::GemmArgs a;
     a.x = x;
@@ -282,6 +304,7 @@ double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
     a.ldy = s.n;
     a.threads = threads;
     a.isa = isa;
+    a.dpbf16 = dpbf16;
     cpu::Gemm(a);
   });
 }
@@ -303,6 +326,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtype_names = {"f32", "bf16"};
   int steps = 24, prefill_tokens = 512, batch = 16;
   bool skip_libraries = false;
+  std::string bf16_products = "auto";
   app.add_option("--model", model, "model directory (default: make --preset in --cache)");
   app.add_option("--preset", preset, "synthetic preset when no --model")->capture_default_str();
   app.add_option("--cache", cache, "where the synthetic models are made")->capture_default_str();
@@ -315,6 +339,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--isa", isa_name, "force the kernels' level: avx512, avx2 or generic");
   app.add_flag("--no-libraries", skip_libraries, "skip the library GEMM comparison");
+  app.add_option("--bf16-products", bf16_products,
+                 "bf16 weights' products: auto (vdpbf16ps where it computes the chain) or fma")
+      ->check(CLI::IsMember({"auto", "fma"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::optional<CpuIsa> isa;
   if (!isa_name.empty()) {
@@ -327,12 +355,20 @@ int main(int argc, char** argv) {
   }
   const CpuFeatures& f = HostCpuFeatures();
   const CpuIsa level = cpu::GemmIsaFor(isa);
+  const std::optional<bool> dpbf16 =
+      bf16_products == "fma" ? std::optional<bool>(false) : std::nullopt;
+  const bool uses_dpbf16 = dpbf16.value_or(true) && cpu::GemmDpbf16For(level);
   std::printf("cpu: %s (family %d model %d)\n", f.model.c_str(), f.family, f.model_id);
   std::printf("features: %s\n", f.ToString().c_str());
   std::printf(
-      "kernel: %s (register tile %d x 32, fma chains over k; f32 activations, 16-bit "
-      "weights widened in registers)\n",
+      "kernel: %s (register tile %d x 32, fma chains over k; f32 and f16 weights: f32 "
+      "activations, f16 widened in registers)\n",
       CpuIsaName(level), cpu::GemmTileRows(level));
+  std::printf("bf16 chain (bf16 activations, pairs odd then even): %s%s\n",
+              uses_dpbf16 ? "vdpbf16ps" : "fused multiply-adds",
+              uses_dpbf16 || !f.avx512_bf16          ? ""
+              : !cpu::GemmDpbf16For(CpuIsa::kAvx512) ? " (vdpbf16ps differs from the chain here)"
+                                                     : " (vdpbf16ps not used: forced)");
 
   // The ceiling of f32 FMA work per thread count, for the GEMM columns below.
   std::vector<double> fma_peak;
@@ -341,6 +377,16 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < thread_counts.size(); ++i)
     std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
                 fma_peak[i] / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
+  // The bf16 chain's ceiling: vdpbf16ps where it is used, else the FMAs'.
+  std::vector<double> bf16_peak = fma_peak;
+  if (uses_dpbf16) {
+    for (size_t i = 0; i < thread_counts.size(); ++i)
+      bf16_peak[i] = MeasureFmaPeak(thread_counts[i], level, true);
+    std::printf("bf16 product peak (vdpbf16ps, 12 chains):");
+    for (size_t i = 0; i < thread_counts.size(); ++i)
+      std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
+                  bf16_peak[i] / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
+  }
 
   // One model directory per weight type.
   std::vector<std::pair<DType, std::string>> models;
@@ -401,14 +447,15 @@ int main(int argc, char** argv) {
                 weight_bytes / double(1ull << 30));
     std::printf("%-7s %9s %9s %8s %9s %9s %9s %8s %9s %9s %8s %8s\n", "threads", "bandwidth",
                 "dec b=1", "of bw", "b=1 cpu", "dec b=B", "GEMM b=B", "of GEMM", "prefill",
-                "GEMM pre", "of GEMM", "of FMA");
+                "GEMM pre", "of GEMM", "of peak");
     std::printf("%-7s %9s %9s %8s %9s %9s %9s %8s %9s %9s %8s %8s\n", "", "GB/s", "tok/s", "limit",
-                "tok/s", "tok/s", "GFLOP/s", "", "tok/s", "GFLOP/s", "", "peak");
+                "tok/s", "tok/s", "GFLOP/s", "", "tok/s", "GFLOP/s", "", "(chain)");
     for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
       const int threads = thread_counts[ti];
       LocalExecutorOptions eo;
       eo.threads = threads;
       eo.isa = isa;
+      eo.dpbf16 = dpbf16;
       auto exec = LocalExecutor::Create(dir, eo);
       if (!exec.ok()) {
         std::fprintf(stderr, "error: %s\n", exec.status().ToString().c_str());
@@ -418,8 +465,8 @@ int main(int argc, char** argv) {
       const Decode d1 = RunDecode(**exec, 1, steps);
       const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3));
       const double prefill_s = RunPrefill(**exec, prefill_tokens, 3);
-      const double gemm_b = EngineGemmTime(c, batch, threads, dtype, isa, 3);
-      const double gemm_p = EngineGemmTime(c, prefill_tokens, threads, dtype, isa, 3);
+      const double gemm_b = EngineGemmTime(c, batch, threads, dtype, isa, dpbf16, 3);
+      const double gemm_p = EngineGemmTime(c, prefill_tokens, threads, dtype, isa, dpbf16, 3);
       const double limit = bw / weight_bytes;  // tokens/s if a step cost only its weight reads
       // Shares: the engine's whole step against the GEMMs of its linear layers alone.
       // Decode by CPU time only with one thread: more threads' CPU time
@@ -427,9 +474,10 @@ int main(int argc, char** argv) {
       char cpu[16] = "-";
       if (threads == 1) std::snprintf(cpu, sizeof(cpu), "%.2f", d1.cpu_tokens_per_s);
       const double gemm_p_rate = linear_flops_per_token * prefill_tokens / gemm_p;
+      // Of the ceiling of the chain this weight type takes.
+      const double peak = dtype == DType::kBF16 ? bf16_peak[ti] : fma_peak[ti];
       char of_peak[16] = "-";
-      if (fma_peak[ti] > 0)
-        std::snprintf(of_peak, sizeof(of_peak), "%.1f%%", 100.0 * gemm_p_rate / fma_peak[ti]);
+      if (peak > 0) std::snprintf(of_peak, sizeof(of_peak), "%.1f%%", 100.0 * gemm_p_rate / peak);
       std::printf("%-7d %9.1f %9.2f %7.1f%% %9s %9.2f %9.1f %7.1f%% %9.1f %9.1f %7.1f%% %8s\n",
                   threads, bw / 1e9, d1.tokens_per_s, 100.0 * d1.tokens_per_s / limit, cpu,
                   db.tokens_per_s, linear_flops_per_token * batch / gemm_b / 1e9,
@@ -457,9 +505,10 @@ int main(int argc, char** argv) {
   for (int threads : thread_counts) {
     for (int m : {1, batch, prefill_tokens}) {
       const int reps = m == 1 ? 5 : 3;
-      std::printf("%-8d %-5d %12.1f %12.1f", threads, m,
-                  m * flops_per_row / EngineGemmTime(c, m, threads, DType::kF32, isa, reps) / 1e9,
-                  m * flops_per_row / EngineGemmTime(c, m, threads, DType::kBF16, isa, reps) / 1e9);
+      std::printf(
+          "%-8d %-5d %12.1f %12.1f", threads, m,
+          m * flops_per_row / EngineGemmTime(c, m, threads, DType::kF32, isa, dpbf16, reps) / 1e9,
+          m * flops_per_row / EngineGemmTime(c, m, threads, DType::kBF16, isa, dpbf16, reps) / 1e9);
       for (auto& lib : libs)
         std::printf(" %20.1f",
                     m * flops_per_row / LibraryGemmTime(c, m, threads, *lib, reps) / 1e9);

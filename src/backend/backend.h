@@ -143,6 +143,10 @@ struct CpuBackendOptions {
   // supports (HostCpuFeatures()); a level the CPU lacks is lowered to the
   // best it has. Every level computes the same results (backend/cpu/gemm.h).
   std::optional<CpuIsa> isa;
+  // bf16 weights: whether the avx512 level takes products by vdpbf16ps where
+  // the CPU has it and it computes the bf16 chain (unset or true) or by fused
+  // multiply-adds (false). The same results either way (backend/cpu/gemm.h).
+  std::optional<bool> dpbf16;
 };
 
 // The CPU backend: hand-written batch-invariant kernels (register-tiled GEMM

@@ -129,6 +129,7 @@ struct LocalExecutorOptions {
   int64_t kv_pages = 0;  // 0: enough for 64K tokens
   // The CPU kernels' instruction-set level; unset: the best the CPU has.
   std::optional<CpuIsa> isa;
+  std::optional<bool> dpbf16;  // CpuBackendOptions::dpbf16
 };
 
 // One device, in this process.

@@ -16,6 +16,7 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   CpuBackendOptions bo;
   bo.threads = options.threads;
   bo.isa = options.isa;
+  bo.dpbf16 = options.dpbf16;
   e->backend_ = MakeCpuBackend(bo);
   DeviceOptions d;
   d.block_size = options.block_size;

@@ -193,7 +193,7 @@ def check_shapes(failsafe, tmp, only, everything):
                 key = tuple(full)
                 if key not in ref_cache:
                     c, W = load_model(d)
-                    ref_cache[key] = forward(c, W, full)
+                    ref_cache[key] = forward(c, W, full, bf16_inputs=dtype == "bf16")
                 good, worst, mism = compare(res, ref_cache[key], prompt, dtype)
                 print(f"{'ok  ' if good else 'FAIL'} {label} ({dtype}): {devices} devices {placement}: "
                       f"max relative error {worst:.2e}, greedy mismatches {mism}")

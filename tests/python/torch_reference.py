@@ -8,10 +8,20 @@ that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
 max |reference| over the vocabulary. It must be at most TOLERANCE[dtype] of
-the model's weights. The bound is the same for every type: 16-bit weights are
-held 16-bit on the devices and widened exactly to f32 in registers, so the
-engine computes in f32 on the weights' exact values whatever their type, and
-the reference computes in float64 on the same exact values.
+the model's weights. f32 and f16 weights: the engine computes in f32 on the
+weights' exact values (f16 widened exactly), the reference in float64 on the
+same values, and the bound is 1e-4. bf16 weights: the engine takes the bf16
+chain (src/backend/cpu/gemm.h), as PyTorch's bf16 inference does: the input of
+every product with a bf16 weight is rounded to bf16 first (a relative step of
+up to 2^-9), the products are exact and summed in f32. The reference does the
+same rounding (in float64 otherwise), which brings it a little closer (on
+tiny-llama 3.8e-3 against 4.4e-3 without it), but not to f32's 1e-6: once the
+engine's f32 activations and the reference's float64 ones differ, some of
+them round to bf16 the other way, and every such input carries the 2^-9
+step into the layers after it. The bound is therefore that of bf16
+activations themselves, 2e-2 (measured up to 3.8e-3 across the presets and
+tests/python/model_shapes.py's shapes); greedy tokens must still agree (bar
+near ties).
 
 With --llama2c BIN --converted DIR it also checks a converted llama2.c model:
 the reference then runs llama2.c's own forward pass (adjacent-pair RoPE,
@@ -31,7 +41,7 @@ import tempfile
 import numpy as np
 import torch
 
-TOLERANCE = {"f32": 1e-4, "bf16": 1e-4, "f16": 1e-4}
+TOLERANCE = {"f32": 1e-4, "bf16": 2e-2, "f16": 1e-4}
 
 
 def read_safetensors(path):
@@ -110,7 +120,15 @@ def rope(x, pos, freqs):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def forward(cfg, W, ids):
+def forward(cfg, W, ids, bf16_inputs=False):
+    """bf16_inputs: round the input of every product with a weight matrix to
+    bf16 (through f32, as the engine holds it), as the engine does for bf16
+    weights."""
+    def mm(h, name):
+        if bf16_inputs:
+            h = h.float().to(torch.bfloat16).double()
+        return h @ W[name].T
+
     H = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
@@ -130,35 +148,35 @@ def forward(cfg, W, ids):
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
         h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(T, nh, hd)
-        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(T, nkv, hd)
-        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(T, nkv, hd)
+        q = mm(h, p + "self_attn.q_proj.weight").view(T, nh, hd)
+        k = mm(h, p + "self_attn.k_proj.weight").view(T, nkv, hd)
+        v = mm(h, p + "self_attn.v_proj.weight").view(T, nkv, hd)
         q, k = rope(q, pos, freqs), rope(k, pos, freqs)
         g = nh // nkv
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask
         attn = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(T, nh * hd)
-        x = x + attn @ W[p + "self_attn.o_proj.weight"].T
+        x = x + mm(attn, p + "self_attn.o_proj.weight")
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if "num_local_experts" in cfg:
             E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
-            probs = torch.softmax(h @ W[p + "block_sparse_moe.gate.weight"].T, dim=-1)
+            probs = torch.softmax(mm(h, p + "block_sparse_moe.gate.weight"), dim=-1)
             topw, topi = torch.topk(probs, K, dim=-1)
             topw = topw / topw.sum(-1, keepdim=True)
             out = torch.zeros_like(x)
             for e in range(E):
                 ep = p + f"block_sparse_moe.experts.{e}."
-                y = (torch.nn.functional.silu(h @ W[ep + "w1.weight"].T) * (h @ W[ep + "w3.weight"].T)) @ W[ep + "w2.weight"].T
+                y = mm(torch.nn.functional.silu(mm(h, ep + "w1.weight")) * mm(h, ep + "w3.weight"),
+                       ep + "w2.weight")
                 weight = (topw * (topi == e)).sum(-1, keepdim=True)
                 out = out + y * weight
             x = x + out
         else:
-            y = torch.nn.functional.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
-            x = x + y @ W[p + "mlp.down_proj.weight"].T
+            y = torch.nn.functional.silu(mm(h, p + "mlp.gate_proj.weight")) * mm(h, p + "mlp.up_proj.weight")
+            x = x + mm(y, p + "mlp.down_proj.weight")
     x = rms_norm(x, W["model.norm.weight"], eps)
-    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else W["lm_head.weight"]
-    return x @ head.T
+    return mm(x, "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight")
 
 
 def llama2c_forward(path, ids):
@@ -222,7 +240,7 @@ def check(failsafe, model_dir, prompt, chunk, threads, label, dtype, reference=N
     full = prompt + res["output_ids"][:-1]
     if reference is None:
         cfg, W = load_model(model_dir)
-        ref = forward(cfg, W, full)
+        ref = forward(cfg, W, full, bf16_inputs=dtype == "bf16")
     else:
         ref = reference(full)
     worst = 0.0

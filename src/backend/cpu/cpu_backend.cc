@@ -13,7 +13,7 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
-      : threads_(std::max(1, o.threads)), linear_{threads_, o.isa} {}
+      : threads_(std::max(1, o.threads)), linear_{threads_, o.isa, o.dpbf16} {}
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return threads_; }

@@ -41,7 +41,59 @@ float* Scratch(int64_t floats) {
   return scratch.data();
 }
 
+// The bf16 chain's activations (KernelArgs::xs, xw) of a call on this
+// thread: x rounded once, in the chains' slots.
+void RoundActivations(KernelArgs* ka) {
+  thread_local std::vector<float> xs;
+  thread_local std::vector<uint32_t> xw;
+  ka->chain_k = ka->out == GemmOut::kFixedItems ? ka->item_k : ka->k;
+  const int chains = ka->k / ka->chain_k, padded = (ka->chain_k + 1) & ~1;
+  ka->ldxs = static_cast<int64_t>(chains) * padded;
+  const size_t slots = static_cast<size_t>(ka->m * ka->ldxs);
+  if (xs.size() < slots) xs.resize(slots);
+  for (int i = 0; i < ka->m; ++i) {
+    const float* x = ka->x + static_cast<int64_t>(i) * ka->ldx;
+    float* row = xs.data() + static_cast<int64_t>(i) * ka->ldxs;
+    for (int c = 0; c < chains; ++c) {
+      float* dst = row + static_cast<int64_t>(c) * padded;
+      const float* src = x + static_cast<int64_t>(c) * ka->chain_k;
+      for (int kk = 0; kk < ka->chain_k; ++kk) dst[kk] = RoundToBf16(src[kk]);
+      if (padded > ka->chain_k) dst[ka->chain_k] = 0.0f;
+    }
+  }
+  ka->xs = xs.data();
+  if (!ka->dpbf16) return;
+  if (xw.size() < slots / 2) xw.resize(slots / 2);
+  for (size_t w = 0; w < slots / 2; ++w) {
+    uint32_t even, odd;
+    std::memcpy(&even, &xs[2 * w], 4);
+    std::memcpy(&odd, &xs[2 * w + 1], 4);
+    xw[w] = (even >> 16) | (odd & 0xffff0000u);
+  }
+  ka->xw = xw.data();
+}
+
 }  // namespace
+
+float RoundToBf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) {
+    b |= 0x00400000u;  // NaN: quiet, with the payload's upper bits
+  } else {
+    b += 0x7fffu + ((b >> 16) & 1u);
+  }
+  b &= 0xffff0000u;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+bool GemmDpbf16For(CpuIsa isa) {
+  static const bool matches = HostCpuFeatures().avx512_bf16 &&
+                              GemmIsaFor(CpuIsa::kAvx512) == CpuIsa::kAvx512 &&
+                              Dpbf16MatchesChain();
+  return isa == CpuIsa::kAvx512 && matches;
+}
 
 CpuIsa GemmIsa() {
   static const CpuIsa isa = BestCpuIsa(HostCpuFeatures());
@@ -71,12 +123,22 @@ void Gemm(const GemmArgs& a) {
   FS_CHECK_MSG(
       !a.w_blocked16 || (a.nt && !a.w_rows && a.w_item_rows >= 0 && a.n % BlockedItemRows(a) == 0),
       "a blocked weight is nt, with n a multiple of its item's rows");
-  const GemmKernels& kern = KernelsFor(GemmIsaFor(a.isa));
+  FS_CHECK_MSG(a.out != GemmOut::kFixedItems || (!a.nt && a.item_k > 0 && a.k % a.item_k == 0),
+               "fixed-point items are nn, with k a multiple of item_k");
+  const CpuIsa isa = GemmIsaFor(a.isa);
+  const GemmKernels& kern = KernelsFor(isa);
+  KernelArgs ka;
+  static_cast<GemmArgs&>(ka) = a;
+  if (a.wtype == DType::kBF16) {
+    FS_CHECK_MSG(!a.w_rows, "weights given by rows are f32");
+    ka.dpbf16 = a.dpbf16.value_or(true) && GemmDpbf16For(isa);
+    RoundActivations(&ka);
+  }
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
   // Threads take contiguous ranges of output columns: no element is split.
   if (a.nt && a.m <= kDirectRows) {
-    if (threads == 1) return kern.direct(a, 0, a.n);
+    if (threads == 1) return kern.direct(ka, 0, a.n);
     // Units of 16 columns (blocked: the blocks and tails of the items).
     const int units =
         a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedUnitsPerItem(a) : (a.n + 15) / 16;
@@ -85,9 +147,9 @@ void Gemm(const GemmArgs& a) {
       auto [u0, u1] = Piece(units, omp_get_num_threads(), omp_get_thread_num());
       if (u0 < u1) {
         if (a.w_blocked16) {
-          kern.direct(a, BlockedUnitColumn(a, u0), BlockedUnitColumn(a, u1));
+          kern.direct(ka, BlockedUnitColumn(a, u0), BlockedUnitColumn(a, u1));
         } else {
-          kern.direct(a, 16 * u0, std::min(a.n, 16 * u1));
+          kern.direct(ka, 16 * u0, std::min(a.n, 16 * u1));
         }
       }
     }
@@ -103,14 +165,14 @@ void Gemm(const GemmArgs& a) {
     for (int b = 0; b < parts; ++b) {
       auto [c0, c1] = Piece((a.n + 15) / 16, parts, b);
       if (c0 < c1)
-        kern.stream(a, 16 * c0, std::min(a.n, 16 * c1) - 16 * c0, Scratch(StreamScratchFloats()));
+        kern.stream(ka, 16 * c0, std::min(a.n, 16 * c1) - 16 * c0, Scratch(StreamScratchFloats()));
     }
     return;
   }
   const int panels =
       a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedPanelsPerItem(a) : (a.n + kNR - 1) / kNR;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int p = 0; p < panels; ++p) kern.panel(a, p, Scratch(static_cast<int64_t>(a.k) * kNR));
+  for (int p = 0; p < panels; ++p) kern.panel(ka, p, Scratch(static_cast<int64_t>(a.k) * kNR));
 }
 
 }  // namespace failsafe::cpu

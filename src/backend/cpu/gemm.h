@@ -18,8 +18,23 @@
 // in cache. Threads take whole column ranges.
 //
 // Weights may be f32, bf16 or f16 (wtype): 16-bit values are widened exactly
-// to f32 in registers, so the chain is the one their f32 copy would give.
-// Activations and accumulation are f32.
+// to f32 in registers. f32 and f16 weights take the f32 chain: activations
+// and accumulation in f32, the chain their f32 copy would give. bf16 weights
+// take the bf16 chain, that of PyTorch's bf16 inference and of vdpbf16ps
+// (AVX512_BF16), in which every product is exact:
+//   - the activations are rounded to bf16 (to nearest, ties to even) once
+//     per call;
+//   - a chain's k-values (all of k; in fixed-point mode each item of item_k)
+//     are taken in pairs from its first, a last lone value paired with a
+//     zero, and each pair (k, k + 1) as acc = fma(x[k + 1], w[k + 1], acc),
+//     then acc = fma(x[k], w[k], acc): odd before even;
+//   - every operation reads denormal inputs as zero and flushes denormal
+//     results to zero (after rounding, with an unbounded exponent).
+// This is exactly what vdpbf16ps computes per pair (the Intel SDM's
+// definition; checked on the CPU at start-up, Dpbf16MatchesChain), so with
+// it the avx512 level takes one instruction per pair where the others take
+// two fused multiply-adds under MXCSR's DAZ and FTZ (set only while a bf16
+// kernel runs). NaN payloads are not part of the chain: a NaN stays a NaN.
 //
 // The kernels are built once per instruction-set level (gemm_avx512.cc,
 // gemm_avx2.cc, gemm_generic.cc: AVX-512 F/BW/VL/DQ, AVX2 with FMA and F16C,
@@ -78,6 +93,9 @@ struct GemmArgs {
   // The kernels' instruction-set level; unset: GemmIsa(). A level the CPU
   // lacks is lowered to the best it has.
   std::optional<CpuIsa> isa;
+  // bf16 weights: whether products are taken by vdpbf16ps (same results
+  // either way); unset or true: where GemmDpbf16For(level) allows.
+  std::optional<bool> dpbf16;
 };
 
 void Gemm(const GemmArgs& a);
@@ -88,5 +106,12 @@ CpuIsa GemmIsa();
 CpuIsa GemmIsaFor(std::optional<CpuIsa> requested);
 // Rows of the register tile at that level (for reports).
 int GemmTileRows(CpuIsa isa);
+// Whether Gemm at that level takes the bf16 chain's products by vdpbf16ps:
+// the level is avx512, the CPU has AVX512_BF16 and the instruction computes
+// the chain bit for bit (checked once, on fixed operands).
+bool GemmDpbf16For(CpuIsa isa);
+
+// x rounded to bf16 (to nearest, ties to even; a NaN stays a NaN), as f32.
+float RoundToBf16(float x);
 
 }  // namespace failsafe::cpu

@@ -5,7 +5,8 @@
 // header of its own.
 //
 // The chains are those of every other path (gemm.h): each output element
-// takes its k-values in increasing order, bf16 pairs even then odd.
+// takes its k-values in increasing order (bf16: the bf16 chain, pairs odd
+// then even).
 #pragma once
 
 namespace failsafe::cpu {
@@ -31,7 +32,7 @@ void WidenBlock(const W* b, int k, float* dst) {
 // The tail of a blocked item of `rows` rows (its last rows % 16 rows, from
 // `item`'s start), widened into the first columns of a packed panel.
 template <typename W>
-void WidenTail(const GemmArgs& a, const W* item, int rows, float* dst) {
+void WidenTail(const KernelArgs& a, const W* item, int rows, float* dst) {
   const int full = rows / 16 * 16;
   for (int kk = 0; kk < a.k; ++kk) {
     for (int q = 0; q < rows - full; ++q) {
@@ -46,7 +47,7 @@ void WidenTail(const GemmArgs& a, const W* item, int rows, float* dst) {
 // under several tiles and panels holding an item's tail are widened into
 // `packed` first (a.k * kNR floats).
 template <typename W>
-void BlockedPanel(const GemmArgs& a, int panel, float* packed) {
+void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
   const int rows = BlockedItemRows(a), full = rows / 16 * 16;
   const int per = BlockedPanelsPerItem(a), item = panel / per, r0 = panel % per * kNR;
   const int cols = std::min(kNR, rows - r0), j0 = item * rows + r0;
@@ -54,9 +55,10 @@ void BlockedPanel(const GemmArgs& a, int panel, float* packed) {
   const W* b0 = w + static_cast<int64_t>(r0) * a.k;
   const W* b1 = cols > 16 ? b0 + 16 * static_cast<int64_t>(a.k) : b0;
   if (r0 + cols <= full) {  // blocks of 16 rows only
-    if (std::is_same_v<W, float> || a.m <= kMR) {
+    if (std::is_same_v<W, float> || a.m <= kMR || a.dpbf16) {
       const Panel<W> p{b0, b1, 16, cols};
-      for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+      for (int i0 = 0; i0 < a.m; i0 += kMR)
+        TileRows<kPairs<W>, W>(a, i0, std::min(kMR, a.m - i0), j0, p);
       return;
     }
     // 16-bit weights under several tiles: widened once into the panel (the
@@ -69,14 +71,15 @@ void BlockedPanel(const GemmArgs& a, int panel, float* packed) {
     WidenTail(a, w, rows, packed + (r0 < full ? 16 : 0));
   }
   const Panel<float> wide{packed, cols > 16 ? packed + 16 : packed, kNR, cols};
-  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, wide);
+  for (int i0 = 0; i0 < a.m; i0 += kMR)
+    TileRows<kPairs<W>, float>(a, i0, std::min(kMR, a.m - i0), j0, wide);
 }
 
 // nt with few rows on a blocked weight: NB blocks of 16 rows from `w` (16 NB
 // output columns from j0) stream side by side, one vector of each per
 // k-value, into MR x NB accumulators.
 template <int MR, int NB, typename W>
-void DirectBlocked(const GemmArgs& a, const W* w, int j0) {
+void DirectBlocked(const KernelArgs& a, const W* w, int j0) {
   V16 acc[MR][NB];
   const W* b[NB];
 #pragma GCC unroll 4
@@ -92,32 +95,44 @@ void DirectBlocked(const GemmArgs& a, const W* w, int j0) {
   }
   int kk = 0;
   if constexpr (kPairs<W>) {
-    // Two k-values per vector, widened in-lane; each accumulator takes the
-    // even one, then the odd one.
-    for (; kk + 2 <= a.k; kk += 2) {
+    // Two k-values per vector, widened in-lane; the bf16 chain takes the odd
+    // one, then the even one; an odd k's last value after a zero pair.
+    const float* xs[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
+    for (; kk < a.k; kk += 2) {
       V16 we[NB], wo[NB];
+      if (kk + 2 <= a.k) {
 #pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &we[q], &wo[q]);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const V16 s = Splat(a.x[i * a.ldx + kk]), t = Splat(a.x[i * a.ldx + kk + 1]);
+        for (int q = 0; q < NB; ++q) LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &we[q], &wo[q]);
+      } else {
 #pragma GCC unroll 4
         for (int q = 0; q < NB; ++q) {
-          acc[i][q] = Fma(s, we[q], acc[i][q]);
+          we[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
+          wo[q] = V16{};
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const V16 s = Splat(xs[i][kk]), t = Splat(xs[i][kk + 1]);
+#pragma GCC unroll 4
+        for (int q = 0; q < NB; ++q) {
           acc[i][q] = Fma(t, wo[q], acc[i][q]);
+          acc[i][q] = Fma(s, we[q], acc[i][q]);
         }
       }
     }
-  }
-  for (; kk < a.k; ++kk) {
-    V16 w[NB];
+  } else {
+    for (; kk < a.k; ++kk) {
+      V16 w[NB];
 #pragma GCC unroll 4
-    for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
+      for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const V16 s = Splat(a.x[i * a.ldx + kk]);
+      for (int i = 0; i < MR; ++i) {
+        const V16 s = Splat(a.x[i * a.ldx + kk]);
 #pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) acc[i][q] = Fma(s, w[q], acc[i][q]);
+        for (int q = 0; q < NB; ++q) acc[i][q] = Fma(s, w[q], acc[i][q]);
+      }
     }
   }
 #pragma GCC unroll 4
@@ -147,33 +162,38 @@ FS_INLINE void LoadPairPart(const BF16* p, int lanes, V16* even, V16* odd) {
 // at a k-value holds them in lanes [0, t); the lanes after hold the next
 // k-values' and are never stored.
 template <int MR, typename W>
-void DirectTail(const GemmArgs& a, const W* w, int t, int j0) {
+void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
   V16 acc[MR];
   StartAccumulators<MR>(a, j0, t, acc);
   float tmp[16];
   const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of the tail
   int kk = 0;
   if constexpr (kPairs<W>) {
-    for (; kk + 2 <= a.k; kk += 2) {
+    const float* xs[MR];
+    for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
+    for (; kk < a.k; kk += 2) {
       const int64_t at = static_cast<int64_t>(kk) * t;
-      V16 e, o;
-      if (at + 32 <= end) {
+      V16 e, o{};
+      if (kk + 2 > a.k) {  // an odd k's last value, after a zero pair
+        e = at + 16 <= end ? Load(w + at) : LoadPart(w + at, t);
+      } else if (at + 32 <= end) {
         LoadPair(w + at, &e, &o);
       } else {
         LoadPairPart(w + at, t, &e, &o);
       }
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
-        acc[i] = Fma(Splat(a.x[i * a.ldx + kk]), e, acc[i]);
-        acc[i] = Fma(Splat(a.x[i * a.ldx + kk + 1]), o, acc[i]);
+        acc[i] = Fma(Splat(xs[i][kk + 1]), o, acc[i]);
+        acc[i] = Fma(Splat(xs[i][kk]), e, acc[i]);
       }
     }
-  }
-  for (; kk < a.k; ++kk) {
-    const int64_t at = static_cast<int64_t>(kk) * t;
-    const V16 v = at + 16 <= end ? Load(w + at) : LoadPart(w + at, t);
+  } else {
+    for (; kk < a.k; ++kk) {
+      const int64_t at = static_cast<int64_t>(kk) * t;
+      const V16 v = at + 16 <= end ? Load(w + at) : LoadPart(w + at, t);
 #pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kk]), v, acc[i]);
+      for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kk]), v, acc[i]);
+    }
   }
   for (int i = 0; i < MR; ++i) {
     Store(tmp, acc[i]);
@@ -185,7 +205,7 @@ void DirectTail(const GemmArgs& a, const W* w, int t, int j0) {
 // (BlockedUnitColumn): item by item, its blocks of 16 rows four at a time,
 // then the rest of them, then its tail.
 template <int MR, typename W>
-void DirectBlockedRange(const GemmArgs& a, int j0, int j1) {
+void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
   const int rows = BlockedItemRows(a), full = rows / 16 * 16;
   for (int j = j0; j < j1;) {
     const int item = j / rows, c0 = item * rows;

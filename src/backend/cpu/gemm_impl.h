@@ -4,8 +4,10 @@
 // namespace, so the copies never meet at link time. Not a public header.
 //
 // Weights are f32, bf16 or f16 (GemmArgs::wtype); 16-bit weights are widened
-// exactly to f32 in registers (bf16: a shift; f16: a conversion), so the chain
-// of fused multiply-adds is the one the same values in f32 would give. The
+// exactly to f32 in registers (bf16: a shift; f16: a conversion). f32 and f16
+// weights take the f32 chain, bf16 weights the bf16 chain (gemm.h): the
+// activations rounded to bf16 (KernelArgs::xs), k-values in pairs, odd before
+// even, under FlushDenormals (set by the entry points at the end). The
 // kernels on blocked weights are in gemm_blocked_impl.h, included below.
 #include <algorithm>
 #include <cstring>
@@ -30,9 +32,16 @@ namespace {
 template <typename W>
 constexpr bool kPairs = std::is_same_v<W, BF16>;
 
+// The bf16 chain's activations of row i from k-value kk's slot on
+// (KernelArgs::xs): the chain's pair (kk + 2p, kk + 2p + 1) at slots 2p, 2p + 1
+// when kk starts a pair.
+FS_INLINE const float* XsRow(const KernelArgs& a, int i, int kk) {
+  return a.xs + i * a.ldxs + XSlot(a, kk);
+}
+
 // Row r of w (nt: an output column; nn: a k-value) in its element type W.
 template <typename W>
-FS_INLINE const W* WRow(const GemmArgs& a, int r) {
+FS_INLINE const W* WRow(const KernelArgs& a, int r) {
   if (a.w_rows) return reinterpret_cast<const W*>(a.w_rows[r]);
   return static_cast<const W*>(a.w) + static_cast<int64_t>(r) * a.ldw;
 }
@@ -81,7 +90,7 @@ FS_INLINE void Transpose16(V r[16]) {
 // The accumulators of MR rows over output columns [j0, j0 + cols), cols <=
 // 16: y's values when accumulating onto it, else zero.
 template <int MR>
-inline void StartAccumulators(const GemmArgs& a, int j0, int cols, V16* acc) {
+inline void StartAccumulators(const KernelArgs& a, int j0, int cols, V16* acc) {
   float tmp[16];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
@@ -96,7 +105,7 @@ inline void StartAccumulators(const GemmArgs& a, int j0, int cols, V16* acc) {
 }
 
 template <int MR, typename W>
-void DirectNT(const GemmArgs& a, int j0, int cols) {
+void DirectNT(const KernelArgs& a, int j0, int cols) {
   V16 acc[MR];
   StartAccumulators<MR>(a, j0, cols, acc);
   float tmp[16];
@@ -107,7 +116,9 @@ void DirectNT(const GemmArgs& a, int j0, int cols) {
     // bf16: 32 k-values of each row at a time, as 16 lanes of two; the
     // transpose moves the lanes (half the shuffles per value of transposing
     // widened values), then each lane is widened in-lane into k-values
-    // kb + 2t and kb + 2t + 1, taken in that order.
+    // kb + 2t and kb + 2t + 1, taken odd first (the bf16 chain).
+    const float* xs[MR];
+    for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
     for (; kb + 32 <= a.k; kb += 32) {
       I16 r[16];
 #pragma GCC unroll 16
@@ -119,26 +130,39 @@ void DirectNT(const GemmArgs& a, int j0, int cols) {
         WidenPair(r[t], &even, &odd);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
-          acc[i] = Fma(Splat(a.x[i * a.ldx + kb + 2 * t]), even, acc[i]);
-          acc[i] = Fma(Splat(a.x[i * a.ldx + kb + 2 * t + 1]), odd, acc[i]);
+          acc[i] = Fma(Splat(xs[i][kb + 2 * t + 1]), odd, acc[i]);
+          acc[i] = Fma(Splat(xs[i][kb + 2 * t]), even, acc[i]);
         }
       }
     }
-  }
-  for (; kb + 16 <= a.k; kb += 16) {
-    V16 r[16];
-#pragma GCC unroll 16
-    for (int q = 0; q < 16; ++q) r[q] = Load(wr[q] + kb);
-    Transpose16(r);  // r[t][q] = w[j0 + q][kb + t]
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t) {
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb + t]), r[t], acc[i]);
+    // The last pairs, an odd k's last value with a zero (its slot is 0).
+    for (; kb < a.k; kb += 2) {
+      float even[16], odd[16];
+      for (int q = 0; q < 16; ++q) {
+        even[q] = Widen(wr[q][kb]);
+        odd[q] = kb + 1 < a.k ? Widen(wr[q][kb + 1]) : 0.0f;
+      }
+      for (int i = 0; i < MR; ++i) {
+        acc[i] = Fma(Splat(xs[i][kb + 1]), Load(odd), acc[i]);
+        acc[i] = Fma(Splat(xs[i][kb]), Load(even), acc[i]);
+      }
     }
-  }
-  for (; kb < a.k; ++kb) {
-    for (int q = 0; q < 16; ++q) tmp[q] = Widen(wr[q][kb]);
-    for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb]), Load(tmp), acc[i]);
+  } else {
+    for (; kb + 16 <= a.k; kb += 16) {
+      V16 r[16];
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) r[q] = Load(wr[q] + kb);
+      Transpose16(r);  // r[t][q] = w[j0 + q][kb + t]
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb + t]), r[t], acc[i]);
+      }
+    }
+    for (; kb < a.k; ++kb) {
+      for (int q = 0; q < 16; ++q) tmp[q] = Widen(wr[q][kb]);
+      for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb]), Load(tmp), acc[i]);
+    }
   }
   for (int i = 0; i < MR; ++i) {
     Store(tmp, acc[i]);
@@ -147,10 +171,10 @@ void DirectNT(const GemmArgs& a, int j0, int cols) {
 }
 
 template <int MR, typename W>
-void DirectBlockedRange(const GemmArgs& a, int j0, int j1);
+void DirectBlockedRange(const KernelArgs& a, int j0, int j1);
 
 template <typename W>
-void DirectRange(const GemmArgs& a, int j0, int j1) {
+void DirectRange(const KernelArgs& a, int j0, int j1) {
   if (a.w_blocked16) {
     switch (a.m) {
       case 1:
@@ -256,7 +280,6 @@ inline void ColumnOrder(float* acc, int groups) {
 // Weight rows kk..kk+R-1 into MR rows of accumulators, column vector by
 // column vector: acc[i][c] = fma(x[i][kk+r], w[kk+r][c], acc[i][c]) for r in
 // order. Several weight rows per pass load and store each accumulator once.
-// bf16: the first 32 * (vecs / 2) columns in parity order (kParityGroups).
 template <int MR, int R, typename W>
 FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int kk,
                           float* const* acc, int vecs) {
@@ -266,26 +289,7 @@ FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int k
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) xv[i][r] = Splat(x[i * ldx + kk + r]);
   }
-  int v = 0;
-  if constexpr (kParityGroups<W>) {
-    for (; v + 2 <= vecs; v += 2) {
-      V16 we[R], wo[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) LoadPair(wr[r] + 16 * v, &we[r], &wo[r]);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        V16 ce = Load(acc[i] + 16 * v), co = Load(acc[i] + 16 * v + 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          ce = Fma(xv[i][r], we[r], ce);
-          co = Fma(xv[i][r], wo[r], co);
-        }
-        Store(acc[i] + 16 * v, ce);
-        Store(acc[i] + 16 * v + 16, co);
-      }
-    }
-  }
-  for (; v < vecs; ++v) {
+  for (int v = 0; v < vecs; ++v) {
     V16 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = Load(wr[r] + 16 * v);
@@ -294,6 +298,65 @@ FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int k
       V16 c = Load(acc[i] + 16 * v);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) c = Fma(xv[i][r], wv[r], c);
+      Store(acc[i] + 16 * v, c);
+    }
+  }
+}
+
+// The bf16 chain of the same (R weight rows, pairs from kk, which starts a
+// pair; an odd R only at a chain's end, its last row paired with a zero):
+// rows kk + 2p + 1, then kk + 2p. xs[i]: row i's activations from kk's slot.
+// The first 32 * (vecs / 2) columns in parity order (kParityGroups).
+template <int MR, int R>
+FS_INLINE void StreamRowsBf16(const BF16* const* wr, const float* const* xs, float* const* acc,
+                              int vecs) {
+  constexpr int P = (R + 1) / 2;  // pairs
+  V16 xe[MR][P], xo[MR][P];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      xe[i][p] = Splat(xs[i][2 * p]);
+      xo[i][p] = Splat(xs[i][2 * p + 1]);  // 0 past an odd R (the chain's padding)
+    }
+  }
+  int v = 0;
+  for (; v + 2 <= vecs; v += 2) {
+    V16 we[P][2], wo[P][2];  // [pair][even row, odd row]: even and odd columns
+#pragma GCC unroll 8
+    for (int r = 0; r < 2 * P; ++r) {
+      if (r < R) {
+        LoadPair(wr[r] + 16 * v, &we[r / 2][r % 2], &wo[r / 2][r % 2]);
+      } else {
+        we[r / 2][r % 2] = wo[r / 2][r % 2] = V16{};
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      V16 ce = Load(acc[i] + 16 * v), co = Load(acc[i] + 16 * v + 16);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        ce = Fma(xo[i][p], we[p][1], ce);
+        co = Fma(xo[i][p], wo[p][1], co);
+        ce = Fma(xe[i][p], we[p][0], ce);
+        co = Fma(xe[i][p], wo[p][0], co);
+      }
+      Store(acc[i] + 16 * v, ce);
+      Store(acc[i] + 16 * v + 16, co);
+    }
+  }
+  for (; v < vecs; ++v) {
+    V16 w[P][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < 2 * P; ++r) w[r / 2][r % 2] = r < R ? Load(wr[r] + 16 * v) : V16{};
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      V16 c = Load(acc[i] + 16 * v);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        c = Fma(xo[i][p], w[p][1], c);
+        c = Fma(xe[i][p], w[p][0], c);
+      }
       Store(acc[i] + 16 * v, c);
     }
   }
@@ -322,10 +385,33 @@ void StreamRowsAnyR(const W* const* wr, const float* x, int64_t ldx, int kk, int
   }
 }
 
+template <int MR>
+void StreamRowsBf16AnyR(const BF16* const* wr, const float* const* xs, int r, float* const* acc,
+                        int vecs) {
+  switch (r) {
+    case 8:
+      return StreamRowsBf16<MR, 8>(wr, xs, acc, vecs);
+    case 7:
+      return StreamRowsBf16<MR, 7>(wr, xs, acc, vecs);
+    case 6:
+      return StreamRowsBf16<MR, 6>(wr, xs, acc, vecs);
+    case 5:
+      return StreamRowsBf16<MR, 5>(wr, xs, acc, vecs);
+    case 4:
+      return StreamRowsBf16<MR, 4>(wr, xs, acc, vecs);
+    case 3:
+      return StreamRowsBf16<MR, 3>(wr, xs, acc, vecs);
+    case 2:
+      return StreamRowsBf16<MR, 2>(wr, xs, acc, vecs);
+    default:
+      return StreamRowsBf16<MR, 1>(wr, xs, acc, vecs);
+  }
+}
+
 // Every row (a.m <= kStreamRows), columns [c0, c0 + cols) (cols <=
 // kStreamCols / a.m). scratch: StreamScratchFloats() floats.
 template <typename W>
-void StreamNN(const GemmArgs& a, int c0, int cols, float* scratch) {
+void StreamNN(const KernelArgs& a, int c0, int cols, float* scratch) {
   const int rows = a.m;
   // Rows of accumulators one cache line apart from a power of two, so that
   // they do not compete for the same cache sets.
@@ -353,24 +439,54 @@ void StreamNN(const GemmArgs& a, int c0, int cols, float* scratch) {
     const int r = std::min({8, a.k - kk, item - kk % item});
     const W* wr[8];
     for (int q = 0; q < r; ++q) wr[q] = WRow<W>(a, kk + q) + c0;
-    switch (rows) {
-      case 1:
-        StreamRowsAnyR<1>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-      case 2:
-        StreamRowsAnyR<2>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-      case 3:
-        StreamRowsAnyR<3>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-      default:
-        StreamRowsAnyR<4>(wr, x, a.ldx, kk, r, acc, vecs);
-        break;
-    }
-    for (int c = 16 * vecs; c < cols; ++c) {
-      for (int i = 0; i < rows; ++i) {
-        for (int q = 0; q < r; ++q)
-          acc[i][c] = Fma(x[i * a.ldx + kk + q], Widen(wr[q][c]), acc[i][c]);
+    if constexpr (kPairs<W>) {
+      // The bf16 chain: groups start at a pair (8 at a time from a chain's
+      // start), so an odd r ends a chain.
+      const float* xs[kStreamRows];
+      for (int i = 0; i < rows; ++i) xs[i] = XsRow(a, i, kk);
+      switch (rows) {
+        case 1:
+          StreamRowsBf16AnyR<1>(wr, xs, r, acc, vecs);
+          break;
+        case 2:
+          StreamRowsBf16AnyR<2>(wr, xs, r, acc, vecs);
+          break;
+        case 3:
+          StreamRowsBf16AnyR<3>(wr, xs, r, acc, vecs);
+          break;
+        default:
+          StreamRowsBf16AnyR<4>(wr, xs, r, acc, vecs);
+          break;
+      }
+      for (int c = 16 * vecs; c < cols; ++c) {
+        for (int i = 0; i < rows; ++i) {
+          for (int q = 0; q < r; q += 2) {
+            const float odd = q + 1 < r ? Widen(wr[q + 1][c]) : 0.0f;
+            acc[i][c] = Fma(xs[i][q + 1], odd, acc[i][c]);
+            acc[i][c] = Fma(xs[i][q], Widen(wr[q][c]), acc[i][c]);
+          }
+        }
+      }
+    } else {
+      switch (rows) {
+        case 1:
+          StreamRowsAnyR<1>(wr, x, a.ldx, kk, r, acc, vecs);
+          break;
+        case 2:
+          StreamRowsAnyR<2>(wr, x, a.ldx, kk, r, acc, vecs);
+          break;
+        case 3:
+          StreamRowsAnyR<3>(wr, x, a.ldx, kk, r, acc, vecs);
+          break;
+        default:
+          StreamRowsAnyR<4>(wr, x, a.ldx, kk, r, acc, vecs);
+          break;
+      }
+      for (int c = 16 * vecs; c < cols; ++c) {
+        for (int i = 0; i < rows; ++i) {
+          for (int q = 0; q < r; ++q)
+            acc[i][c] = Fma(x[i * a.ldx + kk + q], Widen(wr[q][c]), acc[i][c]);
+        }
       }
     }
     kk += r;
@@ -409,6 +525,10 @@ struct Panel {
   const W* b1;  // b0 again when cols <= 16 (its results are not stored)
   int64_t step;
   int cols;
+  // bf16 packed in pairs for vdpbf16ps (PackPairsNN): the chains' slots
+  // (KernelArgs::xs) in pairs, pair p (slots 2p, 2p + 1) of 16 columns at
+  // b0 + p * 2 * step, a lone k-value with its zero.
+  bool slot_pairs = false;
 };
 
 template <int MR>
@@ -416,39 +536,22 @@ struct Acc {
   V16 v[MR][2];
 };
 
-// acc[i][*] goes on with the chain over k in [k0, k1) of x[i, kk] * b[kk, *].
+// acc[i][*] goes on with the f32 chain over k in [k0, k1) of x[i0 + i, kk] *
+// b[kk, *] (f32 or f16 weights).
 template <int MR, typename W>
-FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel<W>& p, int k0, int k1, Acc<MR> c) {
+FS_INLINE Acc<MR> Chain(const KernelArgs& a, int i0, const Panel<W>& p, int k0, int k1, Acc<MR> c) {
   const W* b0 = p.b0 + static_cast<int64_t>(k0) * p.step;
   const W* b1 = p.b1 + static_cast<int64_t>(k0) * p.step;
   const float* xr[MR];
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) xr[i] = x + i * ldx;
+  for (int i = 0; i < MR; ++i) xr[i] = a.x + (i0 + i) * a.ldx;
   V16 a0[MR], a1[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     a0[i] = c.v[i][0];
     a1[i] = c.v[i][1];
   }
-  int kk = k0;
-  if constexpr (kPairs<W>) {
-    // A blocked bf16 weight, chained over its whole k from k0 = 0 (it is nt,
-    // never cut into items): pairs of k-values, then an odd k's last one.
-    for (; kk + 2 <= k1; kk += 2, b0 += 2 * p.step, b1 += 2 * p.step) {
-      V16 e0, o0, e1, o1;
-      LoadPair(b0, &e0, &o0);
-      LoadPair(b1, &e1, &o1);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const V16 s = Splat(xr[i][kk]), t = Splat(xr[i][kk + 1]);
-        a0[i] = Fma(s, e0, a0[i]);
-        a1[i] = Fma(s, e1, a1[i]);
-        a0[i] = Fma(t, o0, a0[i]);
-        a1[i] = Fma(t, o1, a1[i]);
-      }
-    }
-  }
-  for (; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
+  for (int kk = k0; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
     const V16 w0 = Load(b0), w1 = Load(b1);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -465,14 +568,139 @@ FS_INLINE Acc<MR> Chain(const float* x, int64_t ldx, const Panel<W>& p, int k0, 
   return c;
 }
 
+// The bf16 chain of the same over the chain [k0, k1) (whole pairs from k0; a
+// last lone k-value paired with a zero), on weights widened to f32 (W float:
+// k-value kk at b + kk * step) or a blocked bf16 weight read as it lies (W
+// BF16: pairs of k-values per lane, Blocked16Index; one chain from k0 = 0,
+// an odd k's last value alone in its lane).
 template <int MR, typename W>
-void Tile(const GemmArgs& a, int i0, int j0, const Panel<W>& p) {
+FS_INLINE Acc<MR> ChainBf16(const KernelArgs& a, int i0, const Panel<W>& p, int k0, int k1,
+                            Acc<MR> c) {
+  const W* b0 = p.b0 + static_cast<int64_t>(k0) * p.step;
+  const W* b1 = p.b1 + static_cast<int64_t>(k0) * p.step;
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i0 + i, k0);
+  V16 a0[MR], a1[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    a0[i] = c.v[i][0];
+    a1[i] = c.v[i][1];
+  }
+  int kk = k0;
+  for (; kk + 2 <= k1; kk += 2, b0 += 2 * p.step, b1 += 2 * p.step) {
+    V16 e0, o0, e1, o1;
+    if constexpr (kPairs<W>) {
+      LoadPair(b0, &e0, &o0);
+      LoadPair(b1, &e1, &o1);
+    } else {
+      e0 = Load(b0);
+      e1 = Load(b1);
+      o0 = Load(b0 + p.step);
+      o1 = Load(b1 + p.step);
+    }
+    const int s = kk - k0;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const V16 xe = Splat(xs[i][s]), xo = Splat(xs[i][s + 1]);
+      a0[i] = Fma(xo, o0, a0[i]);
+      a1[i] = Fma(xo, o1, a1[i]);
+      a0[i] = Fma(xe, e0, a0[i]);
+      a1[i] = Fma(xe, e1, a1[i]);
+    }
+  }
+  if (kk < k1) {  // a lone last k-value: after the zero pair of its padding
+    const V16 w0 = Load(b0), w1 = Load(b1);
+    const int s = kk - k0;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const V16 xe = Splat(xs[i][s]), xo = Splat(xs[i][s + 1]);  // xo: the padding's 0
+      a0[i] = Fma(xo, V16{}, a0[i]);
+      a1[i] = Fma(xo, V16{}, a1[i]);
+      a0[i] = Fma(xe, w0, a0[i]);
+      a1[i] = Fma(xe, w1, a1[i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    c.v[i][0] = a0[i];
+    c.v[i][1] = a1[i];
+  }
+  return c;
+}
+
+#if defined(__AVX512F__)
+// The bf16 chain's pairs by vdpbf16ps (KernelArgs::dpbf16): `pairs` pairs of
+// rows i0.. from slot `slot` (even) of their activations (KernelArgs::xw),
+// weights as 16 lanes of two, pair p of the two blocks at b0 + p * pair_step
+// and b1 + p * pair_step. Each instruction is the chain's two fused
+// multiply-adds (gemm.h; Dpbf16MatchesChain checked that on this CPU).
+template <int MR>
+__attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const KernelArgs& a, int i0,
+                                                                    int64_t slot, const BF16* b0,
+                                                                    const BF16* b1,
+                                                                    int64_t pair_step, int pairs,
+                                                                    Acc<MR> c) {
+  const uint32_t* xw[MR];
+  __m512 a0[MR], a1[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    xw[i] = a.xw + ((i0 + i) * a.ldxs + slot) / 2;
+    a0[i] = reinterpret_cast<__m512>(c.v[i][0]);
+    a1[i] = reinterpret_cast<__m512>(c.v[i][1]);
+  }
+  for (int p = 0; p < pairs; ++p, b0 += pair_step, b1 += pair_step) {
+    const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
+    const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh s = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xw[i][p])));
+      a0[i] = _mm512_dpbf16_ps(a0[i], s, w0);
+      a1[i] = _mm512_dpbf16_ps(a1[i], s, w1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    c.v[i][0] = reinterpret_cast<V16>(a0[i]);
+    c.v[i][1] = reinterpret_cast<V16>(a1[i]);
+  }
+  return c;
+}
+#endif
+
+// The chain of a tile: bf16 (kB) or f32.
+template <int MR, bool kB, typename W>
+FS_INLINE Acc<MR> TileChain(const KernelArgs& a, int i0, const Panel<W>& p, int k0, int k1,
+                            Acc<MR> c) {
+  if constexpr (kB) {
+#if defined(__AVX512F__)
+    if constexpr (kPairs<W>) {
+      if (p.slot_pairs) {  // every pair packed, a lone value's with its zero
+        const int64_t slot = XSlot(a, k0);
+        return ChainDpbf16<MR>(a, i0, slot, p.b0 + slot * p.step, p.b1 + slot * p.step, 2 * p.step,
+                               (k1 - k0 + 1) / 2, c);
+      }
+      if (a.dpbf16) {  // blocked (k0 = 0): the pairs, then an odd k's last value
+        const int pairs = (k1 - k0) / 2;
+        c = ChainDpbf16<MR>(a, i0, XSlot(a, k0), p.b0, p.b1, 2 * p.step, pairs, c);
+        if (k0 + 2 * pairs == k1) return c;
+        return ChainBf16<MR>(a, i0, p, k1 - 1, k1, c);
+      }
+    }
+#endif
+    return ChainBf16<MR>(a, i0, p, k0, k1, c);
+  } else {
+    return Chain<MR>(a, i0, p, k0, k1, c);
+  }
+}
+
+template <int MR, bool kB, typename W>
+void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
   Acc<MR> acc;
-  const float* x = a.x + static_cast<int64_t>(i0) * a.ldx;
   if (a.out == GemmOut::kFixedItems) {
     for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
       for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};
-      acc = Chain<MR>(x, a.ldx, p, k0, k0 + a.item_k, acc);
+      acc = TileChain<MR, kB>(a, i0, p, k0, k0 + a.item_k, acc);
       for (int i = 0; i < MR; ++i) {
         int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
         AddFixed16(acc.v[i][0], row, std::min(16, p.cols));
@@ -492,7 +720,7 @@ void Tile(const GemmArgs& a, int i0, int j0, const Panel<W>& p) {
       acc.v[i][0] = acc.v[i][1] = V16{};
     }
   }
-  acc = Chain<MR>(x, a.ldx, p, 0, a.k, acc);
+  acc = TileChain<MR, kB>(a, i0, p, 0, a.k, acc);
   for (int i = 0; i < MR; ++i) {
     float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0;
     Store(tmp, acc.v[i][0]);
@@ -501,17 +729,18 @@ void Tile(const GemmArgs& a, int i0, int j0, const Panel<W>& p) {
   }
 }
 
-template <typename W, int MR = kMR>
-void TileRows(const GemmArgs& a, int i0, int rows, int j0, const Panel<W>& p) {
+// Rows [i0, i0 + rows) (rows <= kMR) over a panel; kB: the bf16 chain.
+template <bool kB, typename W, int MR = kMR>
+void TileRows(const KernelArgs& a, int i0, int rows, int j0, const Panel<W>& p) {
   if constexpr (MR > 1) {
-    if (rows < MR) return TileRows<W, MR - 1>(a, i0, rows, j0, p);
+    if (rows < MR) return TileRows<kB, W, MR - 1>(a, i0, rows, j0, p);
   }
-  Tile<MR>(a, i0, j0, p);
+  Tile<MR, kB>(a, i0, j0, p);
 }
 
 // Packs columns [j0, j0 + cols) of w k-major into out[k][32], widened to f32.
 template <typename W>
-void Pack(const GemmArgs& a, int j0, int cols, float* out) {
+void Pack(const KernelArgs& a, int j0, int cols, float* out) {
   if (!a.nt) {
     for (int kk = 0; kk < a.k; ++kk) {
       float* dst = out + static_cast<int64_t>(kk) * kNR;
@@ -566,20 +795,85 @@ void Pack(const GemmArgs& a, int j0, int cols, float* out) {
 namespace failsafe::cpu {
 namespace {
 
+#if defined(__AVX512F__)
+// Columns [j0, j0 + cols) of a bf16 [k, n] weight packed in pairs for
+// vdpbf16ps (Panel::slot_pairs): for each pair of the chains' slots, rows kk
+// and kk + 1 interleaved (kk's value in the low half of each lane; zero for
+// a padding slot), 16 columns per vector, two vectors (32 columns) per pair.
+inline void PackPairsNN(const KernelArgs& a, int j0, int cols, BF16* out) {
+  typedef int16_t S32 __attribute__((vector_size(64)));
+  auto idx = [](int base) {
+    S32 v;
+    for (int q = 0; q < 16; ++q) {
+      v[2 * q] = static_cast<int16_t>(base + q);
+      v[2 * q + 1] = static_cast<int16_t>(32 + base + q);
+    }
+    return reinterpret_cast<__m512i>(v);
+  };
+  const __m512i first = idx(0), second = idx(16);
+  const __mmask32 mask = cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
+  const int padded = (a.chain_k + 1) & ~1;
+  for (int c = 0; c < a.k / a.chain_k; ++c) {
+    for (int s = 0; s < padded; s += 2) {
+      const int kk = c * a.chain_k + s;
+      const __m512i even = _mm512_maskz_loadu_epi16(mask, WRow<BF16>(a, kk) + j0);
+      const __m512i odd = s + 1 < a.chain_k
+                              ? _mm512_maskz_loadu_epi16(mask, WRow<BF16>(a, kk + 1) + j0)
+                              : _mm512_setzero_si512();
+      BF16* dst = out + (static_cast<int64_t>(c) * padded + s) / 2 * 64;
+      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(even, first, odd));
+      _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(even, second, odd));
+    }
+  }
+}
+#endif
+
 template <typename W>
-void PackedPanel(const GemmArgs& a, int panel, float* packed) {
+void PackedPanel(const KernelArgs& a, int panel, float* packed) {
   if (a.w_blocked16) return BlockedPanel<W>(a, panel, packed);
   const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
+#if defined(__AVX512F__)
+  if constexpr (kPairs<W>) {
+    if (a.dpbf16 && !a.nt) {
+      BF16* pairs = reinterpret_cast<BF16*>(packed);
+      PackPairsNN(a, j0, cols, pairs);
+      Panel<BF16> p{pairs, pairs + 32, 32, cols};
+      p.slot_pairs = true;
+      for (int i0 = 0; i0 < a.m; i0 += kMR)
+        TileRows<true, BF16>(a, i0, std::min(kMR, a.m - i0), j0, p);
+      return;
+    }
+  }
+#endif
   Pack<W>(a, j0, cols, packed);
   const Panel<float> p{packed, packed + 16, kNR, cols};
-  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<float>(a, i0, std::min(kMR, a.m - i0), j0, p);
+  for (int i0 = 0; i0 < a.m; i0 += kMR)
+    TileRows<kPairs<W>, float>(a, i0, std::min(kMR, a.m - i0), j0, p);
 }
 
-// The entry points, by weight type.
-void RunDirect(const GemmArgs& a, int j0, int j1) {
+// The entry points, by weight type. bf16 weights take the bf16 chain under
+// FlushDenormals, which is set around a call that the compiler cannot inline
+// (so no operation of the chain moves out of it).
+template <typename W>
+__attribute__((noinline)) void DirectNoInline(const KernelArgs& a, int j0, int j1) {
+  DirectRange<W>(a, j0, j1);
+}
+template <typename W>
+__attribute__((noinline)) void StreamNoInline(const KernelArgs& a, int c0, int cols,
+                                              float* scratch) {
+  StreamNN<W>(a, c0, cols, scratch);
+}
+template <typename W>
+__attribute__((noinline)) void PanelNoInline(const KernelArgs& a, int panel, float* packed) {
+  PackedPanel<W>(a, panel, packed);
+}
+
+void RunDirect(const KernelArgs& a, int j0, int j1) {
   switch (a.wtype) {
-    case DType::kBF16:
-      return DirectRange<BF16>(a, j0, j1);
+    case DType::kBF16: {
+      FlushDenormals flush;
+      return DirectNoInline<BF16>(a, j0, j1);
+    }
     case DType::kF16:
       return DirectRange<F16>(a, j0, j1);
     case DType::kF32:
@@ -587,10 +881,12 @@ void RunDirect(const GemmArgs& a, int j0, int j1) {
   }
 }
 
-void RunStream(const GemmArgs& a, int c0, int cols, float* scratch) {
+void RunStream(const KernelArgs& a, int c0, int cols, float* scratch) {
   switch (a.wtype) {
-    case DType::kBF16:
-      return StreamNN<BF16>(a, c0, cols, scratch);
+    case DType::kBF16: {
+      FlushDenormals flush;
+      return StreamNoInline<BF16>(a, c0, cols, scratch);
+    }
     case DType::kF16:
       return StreamNN<F16>(a, c0, cols, scratch);
     case DType::kF32:
@@ -598,10 +894,12 @@ void RunStream(const GemmArgs& a, int c0, int cols, float* scratch) {
   }
 }
 
-void RunPanel(const GemmArgs& a, int panel, float* packed) {
+void RunPanel(const KernelArgs& a, int panel, float* packed) {
   switch (a.wtype) {
-    case DType::kBF16:
-      return PackedPanel<BF16>(a, panel, packed);
+    case DType::kBF16: {
+      FlushDenormals flush;
+      return PanelNoInline<BF16>(a, panel, packed);
+    }
     case DType::kF16:
       return PackedPanel<F16>(a, panel, packed);
     case DType::kF32:

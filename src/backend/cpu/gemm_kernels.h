@@ -33,18 +33,36 @@ inline int BlockedUnitColumn(const GemmArgs& a, int u) {
   return std::min(a.n, u / per * rows + u % per * 16);
 }
 
+// The operands as the kernels take them: GemmArgs, and with bf16 weights the
+// activations of the bf16 chain (gemm.h), rounded to bf16 once per Gemm call
+// and laid out in slots: the k-values of each chain (all of k, or one item of
+// item_k in fixed-point mode) padded with a zero to an even count, so that
+// every chain is whole pairs (slot 2p and 2p + 1 of a chain: its k-values
+// 2p and 2p + 1). k-value kk of row i is at slot i * ldxs + XSlot(a, kk).
+struct KernelArgs : GemmArgs {
+  const float* xs = nullptr;     // the rounded values as f32 (exact)
+  const uint32_t* xw = nullptr;  // dpbf16: the same as bf16, two slots per word (even low)
+  int64_t ldxs = 0;              // slots per row (even)
+  int chain_k = 0;               // k-values per chain
+  bool dpbf16 = false;           // products by vdpbf16ps (avx512 level only)
+};
+// The slot of k-value kk in a row of KernelArgs::xs.
+inline int64_t XSlot(const KernelArgs& a, int kk) {
+  return static_cast<int64_t>(kk / a.chain_k) * ((a.chain_k + 1) & ~1) + kk % a.chain_k;
+}
+
 struct GemmKernels {
   int tile_rows;  // rows of a register tile over a packed panel
   // nt, a.m <= kDirectRows: output columns [j0, j1) (blocked: j0, j1 at
   // the start of a unit, BlockedUnitColumn).
-  void (*direct)(const GemmArgs& a, int j0, int j1);
+  void (*direct)(const KernelArgs& a, int j0, int j1);
   // nn, a.m <= kStreamRows: columns [c0, c0 + cols), cols <= kStreamCols / a.m.
   // scratch: StreamScratchFloats() floats.
-  void (*stream)(const GemmArgs& a, int c0, int cols, float* scratch);
+  void (*stream)(const KernelArgs& a, int c0, int cols, float* scratch);
   // Any shape: the columns of panel `panel` (kNR columns from kNR * panel;
   // blocked: BlockedPanelsPerItem per item), every row. packed: a.k * kNR
   // floats.
-  void (*panel)(const GemmArgs& a, int panel, float* packed);
+  void (*panel)(const KernelArgs& a, int panel, float* packed);
 };
 
 inline constexpr int64_t StreamScratchFloats() {
@@ -52,6 +70,9 @@ inline constexpr int64_t StreamScratchFloats() {
 }
 
 const GemmKernels& GemmKernelsGeneric();
+// Whether vdpbf16ps computes the bf16 chain's pairs bit for bit on this CPU
+// (a probe on fixed operands; false without AVX512_BF16).
+bool Dpbf16MatchesChain();
 const GemmKernels& GemmKernelsAvx2();
 const GemmKernels& GemmKernelsAvx512();
 

@@ -3,12 +3,14 @@
 #include "backend/cpu/gemm.h"
 
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/fixed_point.h"
 #include "common/rng.h"
 
 namespace failsafe::cpu {
@@ -38,8 +40,10 @@ struct Case {
 
 // Output of one Gemm call: y as float bits, or the fixed-point sums.
 std::vector<int64_t> RunGemm(const Case& c, const std::vector<float>& x, const void* w, DType wtype,
-                             CpuIsa isa, int threads, bool blocked = false, int item_rows = 0) {
+                             CpuIsa isa, int threads, bool blocked = false, int item_rows = 0,
+                             bool dpbf16 = true) {
   GemmArgs a;
+  a.dpbf16 = dpbf16;
   a.x = x.data();
   a.ldx = c.k + 1;
   a.w = w;
@@ -84,7 +88,10 @@ std::vector<Case> Cases() {
         out.push_back({nt, m, n, k, GemmOut::kStore, 0});
         out.push_back({nt, m, n, k, GemmOut::kAccumulate, 0});
       }
-      if (!nt) out.push_back({nt, m, 70, 96, GemmOut::kFixedItems, 32});
+      if (!nt) {
+        out.push_back({nt, m, 70, 96, GemmOut::kFixedItems, 32});
+        out.push_back({nt, m, 37, 99, GemmOut::kFixedItems, 33});  // odd items: bf16 pads each
+      }
     }
   }
   return out;
@@ -107,34 +114,172 @@ TEST(GemmLevels, EveryLevelComputesTheSameChains) {
   }
 }
 
-// 16-bit weights give exactly what their f32 values give, on every level.
-TEST(GemmLevels, SixteenBitWeightsComputeTheChainsOfTheirF32Values) {
-  for (DType t : {DType::kBF16, DType::kF16}) {
-    for (const Case& c : Cases()) {
-      auto x = Random(static_cast<size_t>(c.m) * (c.k + 1), 3);
-      auto w = Random(static_cast<size_t>(c.n) * c.k, 4);
-      std::vector<uint16_t> w16(w.size());
-      std::vector<float> widened(w.size());
-      for (size_t i = 0; i < w.size(); ++i) {
-        w16[i] = t == DType::kBF16 ? FloatToBFloat16(w[i]) : FloatToHalf(w[i]);
-        widened[i] = t == DType::kBF16 ? BFloat16ToFloat(w16[i]) : HalfToFloat(w16[i]);
-      }
-      // Values the f16 conversion must get right: subnormals, zero signs, large.
-      if (t == DType::kF16) {
-        const uint16_t special[] = {0x0001, 0x03ff, 0x8000, 0x8001, 0x7bff, 0xfbff, 0x0400};
-        for (size_t i = 0; i < std::size(special) && i < w16.size(); ++i) {
-          w16[i * 7] = special[i];
-          widened[i * 7] = HalfToFloat(special[i]);
+// f16 weights give exactly what their f32 values give, on every level.
+TEST(GemmLevels, F16WeightsComputeTheChainsOfTheirF32Values) {
+  for (const Case& c : Cases()) {
+    auto x = Random(static_cast<size_t>(c.m) * (c.k + 1), 3);
+    auto w = Random(static_cast<size_t>(c.n) * c.k, 4);
+    std::vector<uint16_t> w16(w.size());
+    std::vector<float> widened(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = FloatToHalf(w[i]);
+      widened[i] = HalfToFloat(w16[i]);
+    }
+    // Values the f16 conversion must get right: subnormals, zero signs, large.
+    const uint16_t special[] = {0x0001, 0x03ff, 0x8000, 0x8001, 0x7bff, 0xfbff, 0x0400};
+    for (size_t i = 0; i < std::size(special) && i * 7 < w16.size(); ++i) {
+      w16[i * 7] = special[i];
+      widened[i * 7] = HalfToFloat(special[i]);
+    }
+    const auto want = RunGemm(c, x, widened.data(), DType::kF32, CpuIsa::kGeneric, 1);
+    for (CpuIsa isa : Levels()) {
+      EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kF16, isa, 2), want)
+          << CpuIsaName(isa) << " nt=" << c.nt << " m=" << c.m << " n=" << c.n << " k=" << c.k;
+    }
+  }
+}
+
+// The bf16 chain (gemm.h) by hand, element by element: x rounded to bf16,
+// each chain (k, or an item) in pairs from its start, a lone last value
+// after a zero pair, odd before even, denormals flushed (MXCSR DAZ and FTZ
+// around scalar fused multiply-adds). w: the bf16 weights' values, [n, k]
+// (nt) or [k, n]. The same output as RunGemm's.
+std::vector<int64_t> Bf16Chains(const Case& c, const std::vector<float>& x,
+                                const std::vector<float>& w) {
+  const int64_t ld = c.n + 3;
+  std::vector<float> y = Random(static_cast<size_t>(c.m) * ld, 99);
+  std::vector<int64_t> acc(static_cast<size_t>(c.m) * ld, 12345);
+  const int chain = c.out == GemmOut::kFixedItems ? c.item_k : c.k;
+  auto weight = [&](int j, int kk) {
+    return c.nt ? w[static_cast<size_t>(j) * c.k + kk] : w[static_cast<size_t>(kk) * c.n + j];
+  };
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040);
+  for (int i = 0; i < c.m; ++i) {
+    for (int j = 0; j < c.n; ++j) {
+      float& out = y[static_cast<size_t>(i * ld + j)];
+      for (int k0 = 0; k0 < c.k; k0 += chain) {
+        float s = c.out == GemmOut::kAccumulate ? out : 0.0f;
+        for (int kk = k0; kk < k0 + chain; kk += 2) {
+          const bool lone = kk + 1 == k0 + chain;
+          const float xo =
+              lone ? 0.0f : RoundToBf16(x[static_cast<size_t>(i) * (c.k + 1) + kk + 1]);
+          s = std::fma(xo, lone ? 0.0f : weight(j, kk + 1), s);
+          s = std::fma(RoundToBf16(x[static_cast<size_t>(i) * (c.k + 1) + kk]), weight(j, kk), s);
         }
-      }
-      const auto want = RunGemm(c, x, widened.data(), DType::kF32, CpuIsa::kGeneric, 1);
-      for (CpuIsa isa : Levels()) {
-        EXPECT_EQ(RunGemm(c, x, w16.data(), t, isa, 2), want)
-            << CpuIsaName(isa) << " " << (t == DType::kBF16 ? "bf16" : "f16") << " nt=" << c.nt
-            << " m=" << c.m << " n=" << c.n << " k=" << c.k;
+        if (c.out == GemmOut::kFixedItems) {
+          int64_t& a = acc[static_cast<size_t>(i * ld + j)];
+          a = AddFixed(a, ToFixed(s));
+        } else {
+          out = s;
+        }
       }
     }
   }
+  _mm_setcsr(saved);
+  if (c.out == GemmOut::kFixedItems) return acc;
+  std::vector<int64_t> bits(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &y[i], 4);
+    bits[i] = u;
+  }
+  return bits;
+}
+
+// bf16 weights take the bf16 chain on every path, level, thread count and
+// number of rows, with vdpbf16ps and without: a row's result is that chain
+// whatever the batch (batch invariance) and the same bits everywhere.
+TEST(GemmLevels, Bf16WeightsComputeTheBf16ChainEverywhere) {
+  for (const Case& c : Cases()) {
+    auto x = Random(static_cast<size_t>(c.m) * (c.k + 1), 3);
+    auto w = Random(static_cast<size_t>(c.n) * c.k, 4);
+    std::vector<uint16_t> w16(w.size());
+    std::vector<float> values(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = FloatToBFloat16(w[i]);
+      values[i] = BFloat16ToFloat(w16[i]);
+    }
+    const auto want = Bf16Chains(c, x, values);
+    for (CpuIsa isa : Levels()) {
+      for (int threads : {1, 2}) {
+        for (bool dp : {false, true}) {
+          EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, threads, false, 0, dp), want)
+              << CpuIsaName(isa) << " nt=" << c.nt << " m=" << c.m << " n=" << c.n << " k=" << c.k
+              << " out=" << static_cast<int>(c.out) << " threads=" << threads << " dpbf16=" << dp;
+        }
+      }
+    }
+  }
+}
+
+// Denormals, tiny products, signed zeros and infinities: flushed and
+// propagated alike on every path (activations and weights near 2^-63, whose
+// products and sums cross 2^-126).
+TEST(GemmLevels, Bf16ChainFlushesDenormalsAlikeEverywhere) {
+  Rng r(17);
+  auto tiny = [&r] {
+    const double e = -70.0 + 14.0 * r.Uniform();
+    return static_cast<float>((r.Uniform() < 0.5 ? -1 : 1) * std::ldexp(1.0 + r.Uniform(), e));
+  };
+  for (const Case& c :
+       {Case{true, 3, 40, 37, GemmOut::kStore, 0}, Case{true, 11, 97, 64, GemmOut::kAccumulate, 0},
+        Case{false, 2, 48, 57, GemmOut::kStore, 0}, Case{false, 33, 130, 160, GemmOut::kStore, 0},
+        Case{false, 5, 37, 99, GemmOut::kFixedItems, 33}}) {
+    std::vector<float> x(static_cast<size_t>(c.m) * (c.k + 1));
+    for (auto& v : x) v = tiny();
+    std::vector<uint16_t> w16(static_cast<size_t>(c.n) * c.k);
+    std::vector<float> values(w16.size());
+    for (size_t i = 0; i < w16.size(); ++i) {
+      w16[i] = FloatToBFloat16(tiny());
+      if (i % 13 == 0) w16[i] = static_cast<uint16_t>(0x0001 + i % 0x7f);  // denormal
+      if (i % 29 == 0) w16[i] = 0x8000;                                    // -0
+      values[i] = BFloat16ToFloat(w16[i]);
+    }
+    x[5] = 1e-41f;  // a denormal activation
+    x[7] = INFINITY;
+    const auto want = Bf16Chains(c, x, values);
+    for (CpuIsa isa : Levels()) {
+      for (bool dp : {false, true}) {
+        EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, 2, false, 0, dp), want)
+            << CpuIsaName(isa) << " nt=" << c.nt << " m=" << c.m << " dpbf16=" << dp;
+      }
+    }
+  }
+}
+
+// vdpbf16ps computes the bf16 chain's pairs bit for bit on CPUs that have it
+// (the start-up probe, Dpbf16MatchesChain), so the avx512 level uses it.
+TEST(GemmLevels, Dpbf16IsUsedWhereItComputesTheChain) {
+  if (!HostCpuFeatures().avx512_bf16) {
+    EXPECT_FALSE(GemmDpbf16For(CpuIsa::kAvx512));
+    GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  }
+  EXPECT_TRUE(GemmDpbf16For(CpuIsa::kAvx512)) << HostCpuFeatures().model;
+  EXPECT_FALSE(GemmDpbf16For(CpuIsa::kAvx2));
+  EXPECT_FALSE(GemmDpbf16For(CpuIsa::kGeneric));
+}
+
+TEST(RoundToBf16, RoundsToNearestEvenAndKeepsNan) {
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  auto from = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  EXPECT_EQ(bits(RoundToBf16(from(0x3f808000))), 0x3f800000u);  // tie to even (down)
+  EXPECT_EQ(bits(RoundToBf16(from(0x3f818000))), 0x3f820000u);  // tie to even (up)
+  EXPECT_EQ(bits(RoundToBf16(from(0x3f808001))), 0x3f810000u);
+  EXPECT_EQ(bits(RoundToBf16(from(0x7f7fffff))), 0x7f800000u);  // overflows to infinity
+  EXPECT_EQ(bits(RoundToBf16(-0.0f)), 0x80000000u);
+  EXPECT_TRUE(std::isnan(RoundToBf16(from(0x7f800001))));  // a NaN whose payload is low
+  EXPECT_EQ(bits(RoundToBf16(INFINITY)), 0x7f800000u);
+  for (uint32_t u = 0x3f800000; u < 0x3f800000 + 70000; u += 7)
+    EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(from(u))), RoundToBf16(from(u)));
 }
 
 // Weights stored blocked (read where they lie): items of any number of rows,
@@ -174,7 +319,7 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
             for (CpuIsa isa : Levels()) {
               for (int threads : {1, 2}) {
                 EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true,
-                                  it.count > 1 ? it.rows : 0),
+                                  it.count > 1 ? it.rows : 0, /*dpbf16=*/threads == 2),
                           want)
                     << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " items "
                     << it.count << "x" << it.rows << " k=" << k << " threads=" << threads;

@@ -19,7 +19,8 @@ float Dot(const float* a, const float* b, int n);
 // The kernels' instruction-set level and threads, for the Linear* calls.
 struct LinearOptions {
   int threads = 1;
-  std::optional<CpuIsa> isa;  // unset: the best the CPU supports
+  std::optional<CpuIsa> isa;   // unset: the best the CPU supports
+  std::optional<bool> dpbf16;  // GemmArgs::dpbf16
 };
 
 void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n, int k,

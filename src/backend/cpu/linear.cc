@@ -37,6 +37,7 @@ GemmArgs Args(const float* x, int64_t ldx, WeightsRef w, bool nt, int m, int n, 
   a.k = k;
   a.threads = o.threads;
   a.isa = o.isa;
+  a.dpbf16 = o.dpbf16;
   return a;
 }
 

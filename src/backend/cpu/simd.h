@@ -169,5 +169,22 @@ inline float Fma(float a, float b, float c) {
 #endif
 }
 
+// While alive, this thread's floating-point operations read denormal inputs
+// as zero and flush denormal results to zero (MXCSR DAZ and FTZ; a result is
+// flushed when, rounded to 24 bits with an unbounded exponent, it is below
+// 2^-126): the bf16 chain's rule, which vdpbf16ps follows whatever MXCSR says
+// (gemm.h). Restores the previous mode when destroyed. Not movable.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDaz | kFtz); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  static constexpr unsigned kDaz = 0x0040, kFtz = 0x8000;
+  unsigned saved_;
+};
+
 }  // namespace FS_SIMD_NAMESPACE
 }  // namespace failsafe::cpu

@@ -325,12 +325,12 @@ CommandFn RegisterSimulate(CLI::App& app) {
                  "10s (the paper's)")
       ->capture_default_str();
   app.add_option("--step-period", o->step_period,
-                 "offline-gcp step: the period an instance's throughput is measured over; two "
-                 "whole periods within 3%, 10 minutes or more after its last change, make it "
-                 "steady")
+                 "offline-gcp step: time skipped at once is whole periods of this (an instance "
+                 "skips after each pass through the workload it measures, from 10 minutes after "
+                 "its last change)")
       ->capture_default_str();
   app.add_flag("!--no-skip", o->e.skip_steady,
-               "offline-gcp step: run every step (no whole periods skipped once steady)");
+               "offline-gcp step: run every step (no time skipped after measured passes)");
   app.add_option("--seed", o->e.seed,
                  "placement of failures on nodes; chaos: the schedule of faults and requests")
       ->capture_default_str();

@@ -7,6 +7,15 @@
 
 namespace failsafe {
 
+double ReplanSeconds(const HardwareProfile& hw, const PlanShape& shape, int64_t sequences) {
+  const double items =
+      static_cast<double>(shape.num_layers) * (shape.num_query_heads() + shape.num_shards()) +
+      shape.vocab_chunks;
+  const double slots = static_cast<double>(shape.num_layers) * shape.num_kv_heads;
+  return hw.replan_per_item_s * items +
+         hw.replan_per_seq_slot_s * slots * static_cast<double>(sequences);
+}
+
 ClusterCostModel::ClusterCostModel(const Plan& plan, const ModelConfig& m,
                                    const HardwareProfile& hw)
     : plan_(plan), m_(m), hw_(hw) {

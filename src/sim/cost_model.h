@@ -21,6 +21,11 @@
 
 namespace failsafe {
 
+// The coordinator's time to compute a plan change to a plan of `shape` with
+// `sequences` running (HardwareProfile::replan_per_item_s and
+// replan_per_seq_slot_s).
+double ReplanSeconds(const HardwareProfile& hw, const PlanShape& shape, int64_t sequences);
+
 class ClusterCostModel {
  public:
   ClusterCostModel(const Plan& plan, const ModelConfig& model, const HardwareProfile& hw);

@@ -323,6 +323,10 @@ Status SimExecutor::SetDeviceSpeed(int device, double) {
   return FailedPrecondition("the simulator does not model slowed devices (device {})", device);
 }
 
+void SimExecutor::ChargePlanning(const Plan& next, int64_t sequences) {
+  clock_->Advance(ToNanos(ReplanSeconds(options_.hw, next.shape, sequences)));
+}
+
 Status SimExecutor::HangDevice(int device, double detect_s) {
   if (device < 0 || device >= options_.num_devices) return InvalidArgument("no device {}", device);
   if (!Up(device)) return FailedPrecondition("device {} is not alive", device);

@@ -19,7 +19,8 @@
 //     from the host backup (the positions the engine restores), and a new
 //     collective group; the clock advances by it;
 //   - a killed (or hung) device is detected after the profile's detection
-//     delay (or the hang's): the step in flight fails at that instant.
+//     delay (or the hang's): the step in flight fails at that instant;
+//   - re-planning takes the coordinator's modelled time (ChargePlanning).
 //
 // Thread-safety: none; the engine thread drives it and the clock advances
 // only through it.
@@ -84,6 +85,9 @@ class SimExecutor final : public Executor, public DeviceFaults {
   Status KillDevice(int device) override;
   // Slowed devices are not modelled: an error.
   Status SetDeviceSpeed(int device, double speed) override;
+  // The coordinator's modelled time to compute a plan change
+  // (ReplanSeconds) passes on the virtual clock.
+  void ChargePlanning(const Plan& next, int64_t sequences) override;
   // A new device in its place (alive at once; its weights and KV are priced
   // by the plan change that takes it in).
   Status SpawnDevice(int device) override;

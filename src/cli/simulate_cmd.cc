@@ -294,7 +294,8 @@ CommandFn RegisterSimulate(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("name", o->name,
                  "offline-gcp, online, tp-sweep, ablation, recovery (the paper's experiments at "
-                 "8xH100 scale), or "
+                 "8xH100 scale), prefix-cache, slow-device (what rebalancing a slow device buys), "
+                 "or "
                  "validate (the simulator against this machine's engine), or chaos (seeded "
                  "faults against the engine in virtual time)")
       ->required();
@@ -331,6 +332,9 @@ CommandFn RegisterSimulate(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("!--no-skip", o->e.skip_steady,
                "offline-gcp step: run every step (no time skipped after measured passes)");
+  app.add_option("--slow-speed", o->e.slow_speed,
+                 "slow-device: the slow device's speed relative to its peers, (0, 1]")
+      ->capture_default_str();
   app.add_option("--seed", o->e.seed,
                  "placement of failures on nodes; chaos: the schedule of faults and requests")
       ->capture_default_str();

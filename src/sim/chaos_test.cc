@@ -27,6 +27,8 @@ TEST(Chaos, SeededFaultsFindNothingAndTheRunRepeatsBitForBit) {
   EXPECT_GT(a->faults["kill"], 0);
   EXPECT_GT(a->faults["rejoin"], 0);
   EXPECT_GT(a->faults["cascade"], 0);
+  EXPECT_GT(a->faults["slow"], 0);
+  EXPECT_GT(a->rebalances, 0) << "a slow device is measured and given a smaller share";
   EXPECT_GT(a->recoveries, 20) << a->ToText();
   EXPECT_GT(a->finished, 0);
   EXPECT_EQ(a->finished + a->failed, a->requests);  // admitted ones

@@ -38,9 +38,11 @@ struct ExperimentOptions {
   // step_period_s (virtual seconds).
   bool skip_steady = true;
   double step_period_s = 300;
-  // offline-gcp: the warm-up and the window of each steady rate (virtual
-  // seconds; < 0: 900 and 600, or 120 and 60 when quick).
+  // offline-gcp and slow-device: the warm-up and the window of each steady
+  // rate (virtual seconds; < 0: 900 and 600, or 120 and 60 when quick).
   double steady_warmup_s = -1, steady_window_s = -1;
+  // slow-device: the slow device's speed relative to its peers, (0, 1].
+  double slow_speed = 0.5;
   uint64_t seed = 1;
   bool quick = false;  // fewer requests / rates (tests)
 };

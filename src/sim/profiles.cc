@@ -9,11 +9,12 @@ namespace {
 
 // The coordinator's re-planning, measured on this project's 2-core build
 // machine (failsafe_bench_replan, CPU time of the engine's Recover on the
-// simulated executor at 8 devices -> 7): 3.25 ms for Llama-3.1-70B's plan
-// (15,424 items) with no sequence running, +42 ms with 256 (640 KV slots
-// each); the same constants give 12.7 ms for Mixtral-8x22B's plan (12.3 ms
-// measured) and 42 ms with 256 running (51 ms measured). The coordinator is
-// a host CPU in both profiles.
+// simulated executor at 8 devices -> 7, two runs): 3.3-4.1 ms for
+// Llama-3.1-70B's plan (15,424 items) with no sequence running, 43-45.5 ms
+// with 256 (640 KV slots each; modelled 3.2 and 45.8 ms); 12.3 ms for
+// Mixtral-8x22B's plan (60,096 items; modelled 12.6 ms) and 43-51 ms with
+// 256 running (448 slots each; modelled 42.4 ms). The coordinator is a host
+// CPU in both profiles.
 void SetReplanCost(HardwareProfile* p) {
   p->replan_per_item_s = 0.21e-6;
   p->replan_per_seq_slot_s = 0.26e-6;

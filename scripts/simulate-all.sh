@@ -28,7 +28,7 @@ run() {
   echo "$name,$(seconds "$t0")" >> "$out/wall_times.csv"
 }
 for model in llama-3.1-70b mixtral-8x22b; do
-  for exp in offline-gcp online tp-sweep ablation recovery; do
+  for exp in offline-gcp online tp-sweep ablation recovery slow-device; do
     run "$exp-$model" "$exp" --model "$model"
   done
   # The other availability traces, scaled to 8 x 8 GPUs.

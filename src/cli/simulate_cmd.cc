@@ -294,7 +294,8 @@ CommandFn RegisterSimulate(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("name", o->name,
                  "offline-gcp, online, tp-sweep, ablation, recovery (the paper's experiments at "
-                 "8xH100 scale), or "
+                 "8xH100 scale), prefix-cache, slow-device (what rebalancing a slow device buys), "
+                 "or "
                  "validate (the simulator against this machine's engine), or chaos (seeded "
                  "faults against the engine in virtual time)")
       ->required();
@@ -325,12 +326,15 @@ CommandFn RegisterSimulate(CLI::App& app) {
                  "10s (the paper's)")
       ->capture_default_str();
   app.add_option("--step-period", o->step_period,
-                 "offline-gcp step: the period an instance's throughput is measured over; two "
-                 "whole periods within 3%, 10 minutes or more after its last change, make it "
-                 "steady")
+                 "offline-gcp step: time skipped at once is whole periods of this (an instance "
+                 "skips after each pass through the workload it measures, from 10 minutes after "
+                 "its last change)")
       ->capture_default_str();
   app.add_flag("!--no-skip", o->e.skip_steady,
-               "offline-gcp step: run every step (no whole periods skipped once steady)");
+               "offline-gcp step: run every step (no time skipped after measured passes)");
+  app.add_option("--slow-speed", o->e.slow_speed,
+                 "slow-device: the slow device's speed relative to its peers, (0, 1]")
+      ->capture_default_str();
   app.add_option("--seed", o->e.seed,
                  "placement of failures on nodes; chaos: the schedule of faults and requests")
       ->capture_default_str();

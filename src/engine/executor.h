@@ -96,6 +96,12 @@ class Executor {
                                         const DeviceRestores& seqs) {
     return FailedPrecondition("this executor cannot change its plan");
   }
+  // The coordinator computed a plan change (to `next`, with `sequences` live
+  // sequences whose books move to it). On a real clock that time passes by
+  // itself; an executor whose devices and clock are modelled advances its
+  // clock by what the work costs, so the engine's replanning time (which it
+  // measures on its clock) is the modelled one.
+  virtual void ChargePlanning(const Plan& next, int64_t sequences) {}
   // A new device in the place of a dead one (the engine's Rejoin).
   virtual Status SpawnDevice(int device) {
     return FailedPrecondition("this executor has no device processes");

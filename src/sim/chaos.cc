@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -44,6 +45,7 @@ class ChaosRun {
     eo.recovery = o_.recovery;
     eo.clock = clock_;
     eo.before_apply = [this](int attempt) { BeforeApply(attempt); };
+    eo.rebalance_slow = true;  // slow devices get a smaller share, and it back
     engine_ = std::make_unique<Engine>(&faulty_, sched, eo);
   }
 
@@ -60,6 +62,10 @@ class ChaosRun {
     for (;;) {
       const int64_t now = clock_->NowNanos();
       const bool faulting = faults < o_.faults;
+      if (!slowed_.empty() && now >= slowed_.begin()->first) {
+        Unslow();
+        continue;
+      }
       if (faulting && now >= next_fault) {
         InjectFault();
         ++faults;
@@ -88,7 +94,8 @@ class ChaosRun {
       }
       // Nothing ran: skip to the next fault or arrival.
       if (faulting) {
-        const int64_t next = std::min(next_fault, next_arrival);
+        int64_t next = std::min(next_fault, next_arrival);
+        if (!slowed_.empty()) next = std::min(next, slowed_.begin()->first);
         if (next > clock_->NowNanos()) clock_->Set(next);
       } else if (++idle_rounds > 1000) {
         Violation("the engine makes no progress with every device back ({})",
@@ -212,16 +219,18 @@ class ChaosRun {
       Rejoin(dead);
       return;
     }
-    if (roll < 50) {
+    if (roll < 44) {
       const int d = PickAlive();
       if (d < 0) return Count("none");
       Count("kill");
       (void)exec_->KillDevice(d);
-    } else if (roll < 62) {
+    } else if (roll < 54) {
       const int d = PickAlive();
       if (d < 0) return Count("none");
       Count("hang");
       (void)exec_->HangDevice(d, 0.2 + 2.0 * rng_.Uniform());
+    } else if (roll < 64) {
+      Slow();
     } else if (roll < 72) {
       const int d = PickAlive();
       if (d < 0) return Count("none");
@@ -239,6 +248,32 @@ class ChaosRun {
       InjectError(ExecutorCall::kFreeSeqs, Internal("injected: a device could not free sequences"),
                   0);
     }
+  }
+
+  // A device runs slower for a while (a throttled accelerator): at 0.2-0.8 of
+  // its speed, merely slow, or one time in ten at 1/10,000, which the step's
+  // hang deadline finds; back to full speed after a mean of two fault gaps
+  // (unless it was replaced or lost before).
+  void Slow() {
+    const int d = PickAlive();
+    if (d < 0) return Count("none");
+    const bool stall = rng_.Below(10) == 0;
+    const double speed = stall ? 1e-4 : 0.2 + 0.6 * rng_.Uniform();
+    Count(stall ? "slow_stall" : "slow");
+    Mix(static_cast<uint64_t>(speed * 1e6));
+    if (Status st = exec_->SetDeviceSpeed(d, speed); !st.ok())
+      return Violation("slowing device {}: {}", d, st.ToString());
+    slowed_.emplace(clock_->NowNanos() + ToNanos(Exponential(2 * o_.mean_fault_gap_s)), d);
+  }
+
+  void Unslow() {
+    const int d = slowed_.begin()->second;
+    slowed_.erase(slowed_.begin());
+    // A device replaced since runs at full speed; a lost one is gone.
+    if (!exec_->up(d) || exec_->speed(d) == 1.0) return;
+    Mix(HashCombine(0x510, d));
+    if (Status st = exec_->SetDeviceSpeed(d, 1.0); !st.ok())
+      Violation("restoring device {}'s speed: {}", d, st.ToString());
   }
 
   // Called by the engine before each attempt to apply a plan.
@@ -364,6 +399,7 @@ class ChaosRun {
       if (!t.done) Violation("request {} has no outcome ({} tokens received)", id, t.received);
     }
     report_->recoveries = static_cast<int64_t>(engine_->recoveries().size());
+    for (const RecoveryReport& r : engine_->recoveries()) report_->rebalances += r.rebalance;
     report_->virtual_s = clock_->NowSeconds();
     Mix(report_->tokens);
     Mix(report_->steps);
@@ -380,6 +416,7 @@ class ChaosRun {
   int64_t next_id_ = 1;
   bool cascade_ = false;
   bool restored_ = false;
+  std::multimap<int64_t, int> slowed_;  // virtual instant -> device back to full speed
 };
 
 }  // namespace
@@ -398,11 +435,11 @@ std::string ChaosReport::ToText() const {
   std::string s = fmt::format(
       "chaos: {} faults ({} ) over {:.1f} simulated hours in {:.1f} s; {} requests: {} "
       "finished with their tokens, {} failed with an error, {} refused; {} tokens, {} steps, {} "
-      "recoveries; "
+      "recoveries ({} rebalances); "
       "{} invariant checks ({} walking every page), {} violations; digest "
       "{:016x}\n",
       total_faults(), kinds, virtual_s / 3600, wall_s, requests, finished, failed, refused, tokens,
-      steps, recoveries, invariant_checks, page_checks, violations, digest);
+      steps, recoveries, rebalances, invariant_checks, page_checks, violations, digest);
   for (const std::string& v : first_violations) s += "  " + v + "\n";
   return s;
 }
@@ -418,6 +455,7 @@ std::string ChaosReport::ToJson() const {
                       {"tokens", tokens},
                       {"steps", steps},
                       {"recoveries", recoveries},
+                      {"rebalances", rebalances},
                       {"invariant_checks", invariant_checks},
                       {"page_checks", page_checks},
                       {"virtual_s", virtual_s},

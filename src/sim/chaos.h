@@ -4,6 +4,10 @@
 // requests:
 //   kill      a device dies (found after the profile's detection delay);
 //   hang      a device stops making progress (found after a hang deadline);
+//   slow      a device runs at 0.2-0.8 of its speed for a while, then at full
+//             speed again (the engine measures it and rebalances); one time
+//             in ten it nearly stops (slow_stall: the step's hang deadline
+//             finds it);
 //   rejoin    a new device takes a lost one's place;
 //   cascade   a device dies, and another in the middle of the plan change
 //             that follows;
@@ -68,6 +72,7 @@ struct ChaosReport {
   int64_t tokens = 0;      // received
   int64_t steps = 0;       // engine steps that ran
   int64_t recoveries = 0;  // recovery reports (a cascade extends one)
+  int64_t rebalances = 0;  // of which plan changes for slow devices
   int64_t invariant_checks = 0;
   int64_t page_checks = 0;  // of which walked every page id (KvBlockManager::CheckInvariants)
   double virtual_s = 0;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sim/cost_model.h"
 #include "sim/instance.h"
 #include "sim/profiles.h"
 
@@ -26,6 +27,8 @@ TEST(Chaos, SeededFaultsFindNothingAndTheRunRepeatsBitForBit) {
   EXPECT_GT(a->faults["kill"], 0);
   EXPECT_GT(a->faults["rejoin"], 0);
   EXPECT_GT(a->faults["cascade"], 0);
+  EXPECT_GT(a->faults["slow"], 0);
+  EXPECT_GT(a->rebalances, 0) << "a slow device is measured and given a smaller share";
   EXPECT_GT(a->recoveries, 20) << a->ToText();
   EXPECT_GT(a->finished, 0);
   EXPECT_EQ(a->finished + a->failed, a->requests);  // admitted ones
@@ -93,6 +96,34 @@ TEST(SimExecutor, AFullRecoveryRecomputesWhatTheBackupBudgetLeftOut) {
   }
   EXPECT_EQ(recomputed[0], 0);
   EXPECT_GT(recomputed[1], 0);
+}
+
+// Re-planning is the coordinator's work: it costs the profile's modelled
+// time on the virtual clock, and the engine's recovery report counts it as
+// replanning (for a rejoin as for a failure).
+TEST(SimExecutor, ReplanningCostsTheCoordinatorsModelledTime) {
+  InstanceConfig ic;
+  ic.model = *GetModelProfile("llama-3.1-70b");
+  ic.hw = *GetHardwareProfile("h100-sxm-80gb");
+  auto inst = SimInstance::Create(ic);
+  ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+  for (int i = 0; i < 32; ++i) ASSERT_TRUE((*inst)->Submit({0, 1500, 400, false}).ok());
+  (*inst)->RunUntil(3);
+  const int running = (*inst)->scheduler().num_running();
+  ASSERT_GT(running, 0);
+  const double planning = ReplanSeconds(ic.hw, (*inst)->plan().shape, running);
+  EXPECT_GT(planning, 1e-3);
+  auto lost = (*inst)->Fail(5);
+  ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+  // Replanning, then forming the new group (1 ms): no step failed, nothing aborted.
+  EXPECT_NEAR(lost->replan_s, planning + 1e-3, 1e-6);
+  (*inst)->RunUntil((*inst)->clock() + 1);  // a step closes the failure's report
+  const double t0 = (*inst)->clock();
+  const int before = (*inst)->scheduler().num_running();
+  auto back = (*inst)->Rejoin(5);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_NEAR(back->replan_s, ReplanSeconds(ic.hw, (*inst)->plan().shape, before) + 1e-3, 1e-6);
+  EXPECT_NEAR((*inst)->clock() - t0, back->stall_s(), 1e-6);
 }
 
 }  // namespace

@@ -3,9 +3,19 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/check.h"
 #include "placement/plan_stats.h"
 
 namespace failsafe {
+
+double ReplanSeconds(const HardwareProfile& hw, const PlanShape& shape, int64_t sequences) {
+  const double items =
+      static_cast<double>(shape.num_layers) * (shape.num_query_heads() + shape.num_shards()) +
+      shape.vocab_chunks;
+  const double slots = static_cast<double>(shape.num_layers) * shape.num_kv_heads;
+  return hw.replan_per_item_s * items +
+         hw.replan_per_seq_slot_s * slots * static_cast<double>(sequences);
+}
 
 ClusterCostModel::ClusterCostModel(const Plan& plan, const ModelConfig& m,
                                    const HardwareProfile& hw)
@@ -78,8 +88,18 @@ struct ClusterCostModel::Chunks {
   int samples = 0;
 };
 
-double ClusterCostModel::Segments(const StepPlan& step, std::vector<double>* per_device) const {
+double ClusterCostModel::Segments(const StepPlan& step, const std::vector<double>& speed,
+                                  ClusterStepCost* out) const {
   const int nd = plan_.num_devices;
+  if (out) {
+    for (auto* v :
+         {&out->compute_s, &out->longest_segment_s, &out->attention_flops, &out->ffn_flops})
+      v->assign(nd, 0.0);
+    out->seconds = 0;
+  }
+  FS_CHECK(speed.empty() || static_cast<int>(speed.size()) >= nd);
+  // Seconds of work at the profile's speed -> at the device's.
+  auto slowed = [&](int d, double s) { return speed.empty() ? s : s / speed[d]; };
   Chunks c;
   c.own_tokens.assign(nd, 0);
   c.own_pairs.assign(nd, 0);
@@ -147,19 +167,28 @@ double ClusterCostModel::Segments(const StepPlan& step, std::vector<double>* per
       const double core_flops = pair_flops * (tpq * c.pairs + dp * g * c.own_pairs[d]);
       const double core_bytes = kv_token_bytes * (tpk * c.context + dp * c.own_context[d]);
       const double tp_units = tpq + tpk, dp_units = dp * (g + 1);
-      const double attn =
-          gemm_s(unit_proj_flops * tp_units * c.tokens, unit_weight_bytes * tp_units, c.tokens) +
-          gemm_s(unit_proj_flops * dp_units * c.own_tokens[d],
-                 c.own_tokens[d] > 0 ? unit_weight_bytes * dp_units : 0.0, c.own_tokens[d]) +
-          std::max(core_flops / attn_rate, core_bytes / bw);
-      double ffn = 0;
+      const double proj_flops = unit_proj_flops * tp_units * c.tokens,
+                   own_proj_flops = unit_proj_flops * dp_units * c.own_tokens[d];
+      const double attn = slowed(
+          d, gemm_s(proj_flops, unit_weight_bytes * tp_units, c.tokens) +
+                 gemm_s(own_proj_flops, c.own_tokens[d] > 0 ? unit_weight_bytes * dp_units : 0.0,
+                        c.own_tokens[d]) +
+                 std::max(core_flops / attn_rate, core_bytes / bw));
+      double ffn = 0, ffn_flops = 0;
       for (int e = 0; e < experts; ++e) {
         const double sh = shards_[l][d][e];
         if (sh == 0) continue;
+        ffn_flops += sh * shard_flops_per_token * tokens_per_expert;
         ffn += gemm_s(sh * shard_flops_per_token * tokens_per_expert, sh * shard_bytes * p_used,
                       tokens_per_expert);
       }
-      if (per_device) (*per_device)[d] += attn + ffn;
+      ffn = slowed(d, ffn);
+      if (out) {
+        out->compute_s[d] += attn + ffn;
+        out->longest_segment_s[d] = std::max({out->longest_segment_s[d], attn, ffn});
+        out->attention_flops[d] += proj_flops + own_proj_flops + core_flops;
+        out->ffn_flops[d] += ffn_flops;
+      }
       attn_max = std::max(attn_max, attn);
       ffn_max = std::max(ffn_max, ffn);
     }
@@ -168,20 +197,31 @@ double ClusterCostModel::Segments(const StepPlan& step, std::vector<double>* per
   // LM head on the sampled rows.
   double head_max = 0;
   for (int d : plan_.active) {
-    const double t =
-        gemm_s(2.0 * c.samples * h * vocab_rows_[d], vocab_rows_[d] * h * bpe, c.samples);
+    const double t = slowed(
+        d, gemm_s(2.0 * c.samples * h * vocab_rows_[d], vocab_rows_[d] * h * bpe, c.samples));
     head_max = std::max(head_max, t);
-    if (per_device) (*per_device)[d] += t;
+    if (out) {
+      out->compute_s[d] += t;
+      out->longest_segment_s[d] = std::max(out->longest_segment_s[d], t);
+    }
   }
+  if (out) out->seconds = total + head_max;
   return total + head_max;
 }
 
-double ClusterCostModel::StepSeconds(const StepPlan& step) const { return Segments(step, nullptr); }
+double ClusterCostModel::StepSeconds(const StepPlan& step) const {
+  return Segments(step, {}, nullptr);
+}
+
+void ClusterCostModel::Cost(const StepPlan& step, const std::vector<double>& speed,
+                            ClusterStepCost* out) const {
+  Segments(step, speed, out);
+}
 
 std::vector<double> ClusterCostModel::DeviceSeconds(const StepPlan& step) const {
-  std::vector<double> out(plan_.num_devices, 0);
-  Segments(step, &out);
-  return out;
+  ClusterStepCost c;
+  Segments(step, {}, &c);
+  return c.compute_s;
 }
 
 }  // namespace failsafe

@@ -9,7 +9,9 @@
 // (bandwidth x efficiency)). Every segment ends in an all-reduce of the
 // layer's activations (ring over NVLink, plus a latency), so each segment
 // lasts as long as its slowest device. A step is the sum over segments, plus
-// the LM head and a per-step overhead.
+// the LM head and a per-step overhead. A device may run slower than the
+// profile (a throttled accelerator): its segments take 1/speed as long, and
+// the step waits for it at every all-reduce.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +23,29 @@
 
 namespace failsafe {
 
+// The coordinator's time to compute a plan change to a plan of `shape` with
+// `sequences` running (HardwareProfile::replan_per_item_s and
+// replan_per_seq_slot_s).
+double ReplanSeconds(const HardwareProfile& hw, const PlanShape& shape, int64_t sequences);
+
+// One step, per device (what a device measures of its own work).
+struct ClusterStepCost {
+  double seconds = 0;  // the step: every segment as long as its slowest device
+  // [device] (ids of the plan; inactive ones 0): compute time (the sum of its
+  // segments, at its speed), its longest segment (the longest it goes
+  // without reaching a collective), and its work (FLOPs: projections and
+  // attention core; FFN shards).
+  std::vector<double> compute_s, longest_segment_s, attention_flops, ffn_flops;
+};
+
 class ClusterCostModel {
  public:
   ClusterCostModel(const Plan& plan, const ModelConfig& model, const HardwareProfile& hw);
 
   double StepSeconds(const StepPlan& step) const;
+  // The step with each device's speed (`speed`: [device], relative to the
+  // profile, in (0, 1]; empty: all 1) and what each device did.
+  void Cost(const StepPlan& step, const std::vector<double>& speed, ClusterStepCost* out) const;
   // Replaces the hardware constants (profile fitting); the plan stays.
   void SetHardware(const HardwareProfile& hw) { hw_ = hw; }
   // Per-device time of one step, for balance reports (sum over segments).
@@ -48,7 +68,9 @@ class ClusterCostModel {
 
  private:
   struct Chunks;
-  double Segments(const StepPlan& step, std::vector<double>* per_device) const;
+  // The step's duration; with `out`, per device too (`speed` may be empty).
+  double Segments(const StepPlan& step, const std::vector<double>& speed,
+                  ClusterStepCost* out) const;
 
   Plan plan_;
   ModelConfig m_;

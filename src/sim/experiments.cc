@@ -200,9 +200,10 @@ Result<json> RunExperiment(const std::string& name, const ExperimentOptions& o) 
   if (name == "recovery") return Recovery(o);
   if (name == "offline-gcp") return OfflineGcp(o);
   if (name == "prefix-cache") return PrefixCache(o);
+  if (name == "slow-device") return SlowDevice(o);
   return InvalidArgument(
       "unknown experiment '{}' (known: offline-gcp, online, tp-sweep, ablation, recovery, "
-      "prefix-cache, validate)",
+      "prefix-cache, slow-device, validate)",
       name);
 }
 

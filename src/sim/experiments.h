@@ -33,13 +33,16 @@ struct ExperimentOptions {
   // offline-gcp: a fixed stall added to every reconfiguration of every
   // system (the paper's switching delay is 10 s).
   double switch_delay_s = 0;
-  // offline-gcp step: skip whole periods once an instance is steady; the
-  // period of virtual time its rate is measured over.
+  // offline-gcp step: skip time once an instance has measured a pass
+  // through the workload; skipped stretches are whole periods of
+  // step_period_s (virtual seconds).
   bool skip_steady = true;
   double step_period_s = 300;
-  // offline-gcp: the warm-up and the window of each steady rate (virtual
-  // seconds; < 0: 900 and 600, or 120 and 60 when quick).
+  // offline-gcp and slow-device: the warm-up and the window of each steady
+  // rate (virtual seconds; < 0: 900 and 600, or 120 and 60 when quick).
   double steady_warmup_s = -1, steady_window_s = -1;
+  // slow-device: the slow device's speed relative to its peers, (0, 1].
+  double slow_speed = 0.5;
   uint64_t seed = 1;
   bool quick = false;  // fewer requests / rates (tests)
 };

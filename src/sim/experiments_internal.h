@@ -51,6 +51,7 @@ nlohmann::json RatioOrNull(double a, double b);
 Result<nlohmann::json> OfflineGcp(const ExperimentOptions& o);
 Result<nlohmann::json> Online(const ExperimentOptions& o);
 Result<nlohmann::json> PrefixCache(const ExperimentOptions& o);
+Result<nlohmann::json> SlowDevice(const ExperimentOptions& o);
 // Submits `requests` to `inst` at their arrival times (all at the instance's
 // start when `offline`), failing `device` once, at `fail_at`, before the
 // first request that arrives later (none when `fail_at` < 0); then runs until

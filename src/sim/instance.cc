@@ -48,6 +48,7 @@ Result<std::unique_ptr<SimInstance>> SimInstance::Create(const InstanceConfig& c
   EngineOptions options;
   options.recovery = config.recovery;
   options.clock = s->clock_.get();
+  options.rebalance_slow = config.rebalance_slow;
   options.speed = {config.hw.peak_flops * config.hw.gemm_efficiency,
                    config.hw.hbm_bytes_per_s * config.hw.bandwidth_efficiency};
   if (config.scheduler_speed) options.speed = *config.scheduler_speed;

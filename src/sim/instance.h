@@ -53,6 +53,9 @@ struct InstanceConfig {
   // for all the KV, < 0: none.
   int64_t backup_bytes = 0;
   uint64_t prompt_seed = 0;  // prompt tokens, when sched.prefix_cache
+  // The engine gives a device that stays slow a smaller share of the work
+  // (EngineOptions::rebalance_slow).
+  bool rebalance_slow = false;
 };
 
 // One of the engine's recovery reports (engine/recovery_report.h), in

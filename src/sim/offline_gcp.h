@@ -64,14 +64,19 @@ struct OfflineTables {
 
 struct OfflineStepOptions {
   double switch_delay_s = 0;  // every reconfiguration of every system stalls this long more
-  bool skip = true;           // skip whole periods once an instance is steady
-  double period_s = 300;      // the measuring period of an instance's throughput
-  // Two consecutive whole periods within this fraction of each other, both
-  // starting `settle_s` or more after the instance's last change, make it
-  // steady. (A batch that starts at once runs faster, then slower, than the
-  // mix it settles into: the first quarter hour is no steady state.)
-  double steady_tolerance = 0.03;
+  bool skip = true;           // skip stretches once an instance's rate is measured
+  // Skipped stretches are whole periods of this (virtual seconds).
+  double period_s = 300;
+  // Passes count from `settle_s` after the instance's last change (a batch
+  // that starts at once runs faster, then slower, than the mix it settles
+  // into). A pass is the span in which the instance serves as many output
+  // tokens as the workload holds: its rate swings with the workload's order
+  // (by a tenth, over tens of minutes) and the swing repeats every pass, so
+  // a pass's mean rate is free of it. After each pass at most `skip_passes`
+  // passes' length is skipped; every skipped stretch is credited with the
+  // mean rate of every pass measured until the instance's next change.
   double settle_s = 600;
+  double skip_passes = 4;
 };
 
 // Runs the whole trace through the simulated engines of every node, both

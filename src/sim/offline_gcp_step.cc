@@ -7,14 +7,19 @@
 // over PCIe, taking over every unfinished request with the KV of its prompt
 // and of the tokens it generated lost: recomputed as a longer prompt).
 //
-// Time skipping: an instance runs in periods of `period_s` of virtual time;
-// once two consecutive whole periods that start at least `settle_s` after
-// its last change (start, recovery, rejoin or restart) have output rates
-// within `steady_tolerance` of each other, the whole periods left before the
-// node's next change are skipped (the clock jumps, nothing runs) and
-// credited with those two periods' mean rate; what is left after them runs
-// step by step up to the change. Recoveries, restarts and the settling and
-// measuring after them always run step by step.
+// Time skipping: an instance's rate swings with the order of the workload
+// it serves (an offline queue that cycles through the workload's requests),
+// by about a tenth over tens of minutes, and the swing repeats every pass
+// through the workload. So the rate is measured over whole passes: from
+// `settle_s` after the instance's last change (start, recovery, rejoin or
+// restart), a pass runs until the instance has served as many output tokens
+// as the workload holds; then up to `skip_passes` passes' length of whole
+// periods (`period_s`) before the node's next change are skipped (the clock
+// jumps, nothing runs), and the next pass is measured, and so on. At the
+// next change every skipped stretch is credited with the mean rate of every
+// pass measured since the last one. Recoveries, restarts, the settling and
+// the passes always run step by step, and so does an interval too short for
+// a pass.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -70,11 +75,23 @@ class Timeline {
   double total_ = 0;
 };
 
+// The mean of a series.
+class RunningMean {
+ public:
+  void Add(double x) { mean_ += (x - mean_) / ++n_; }
+  double mean() const { return mean_; }
+
+ private:
+  int n_ = 0;
+  double mean_ = 0;
+};
+
 struct SystemStats {
   double stepped_s = 0, skipped_s = 0;  // virtual time run step by step / skipped
   int64_t reconfigurations = 0;         // recoveries, rejoins or restarts
   int64_t steps = 0;
   int64_t degraded = 0;  // changes that left an instance unable to serve
+  int64_t passes = 0;    // passes through the workload measured (time skipping)
 };
 
 uint64_t FullMask(int gpus) { return gpus >= 64 ? ~uint64_t{0} : (uint64_t{1} << gpus) - 1; }
@@ -84,7 +101,9 @@ class NodeRunner {
  public:
   NodeRunner(const OfflineTables& t, const OfflineStepOptions& o, Timeline* timeline,
              SystemStats* stats)
-      : t_(t), o_(o), timeline_(timeline), stats_(stats) {}
+      : t_(t), o_(o), timeline_(timeline), stats_(stats) {
+    for (const SimRequest& r : t.requests) pass_size_ += r.output;
+  }
 
   // Keeps `inst_` holding as many unfinished requests as the workload has:
   // `carry` first (a restarted baseline's), then the workload in turn.
@@ -99,40 +118,40 @@ class NodeRunner {
   }
 
   // Runs until `t_end` (virtual seconds since the trace's start), skipping
-  // whole periods once steady.
+  // stretches once a pass is measured.
   Status RunTo(double t_end) {
     if (!inst_) return Status::Ok();
-    // Whole periods only count from settle_s after the instance's change.
+    // Passes only count from settle_s after the instance's change.
     const double settled = changed_at_ + o_.settle_s;
-    double prev_rate = -1;
     while (inst_->clock() < t_end) {
+      // Refilled as the steady rates' runs are.
+      FS_RETURN_IF_ERROR(TopUp());
       const double t0 = inst_->clock();
-      const double end = std::min(t0 + o_.period_s, t_end);
       const int64_t tok0 = inst_->tokens_out(), steps0 = inst_->steps();
-      while (inst_->clock() < end) {  // refilled as the steady rates' runs are
-        FS_RETURN_IF_ERROR(TopUp());
-        inst_->RunUntil(std::min(end, inst_->clock() + kRefillS));
-      }
+      inst_->RunUntil(std::min(t_end, t0 + kRefillS));
       const double t1 = inst_->clock();
       const double tokens = static_cast<double>(inst_->tokens_out() - tok0);
       stats_->stepped_s += t1 - t0;
       stats_->steps += inst_->steps() - steps0;
       timeline_->Credit(t0, t1, tokens);
-      const bool whole = end - t0 >= o_.period_s && t0 >= settled;
-      const double rate = tokens / std::max(1e-9, t1 - t0);
-      if (whole && prev_rate >= 0 && o_.skip &&
-          std::abs(rate - prev_rate) <= o_.steady_tolerance * std::max(rate, prev_rate)) {
-        const double k = std::floor((t_end - t1) / o_.period_s);
-        if (k >= 1) {
-          const double skip = k * o_.period_s;
-          timeline_->Credit(t1, t1 + skip, 0.5 * (rate + prev_rate) * skip);
-          stats_->skipped_s += skip;
-          inst_->AdvanceTo(t1 + skip);
-        }
-        prev_rate = -1;  // what is left runs step by step
-        continue;
+      if (t0 < settled) continue;
+      if (pass_from_ < 0) {  // a pass starts
+        pass_from_ = t0;
+        pass_tokens_ = 0;
       }
-      prev_rate = whole ? rate : -1;
+      pass_tokens_ += tokens;
+      if (pass_tokens_ < pass_size_) continue;
+      passes_.Add(pass_tokens_ / (t1 - pass_from_));
+      stats_->passes++;
+      pass_s_ = t1 - pass_from_;
+      pass_from_ = -1;
+      if (!o_.skip) continue;
+      const double room = std::min(o_.skip_passes * pass_s_, t_end - t1);
+      const double skip = std::floor(room / o_.period_s) * o_.period_s;
+      if (skip <= 0) continue;
+      skipped_.emplace_back(t1, t1 + skip);
+      stats_->skipped_s += skip;
+      inst_->AdvanceTo(t1 + skip);
     }
     return Status::Ok();
   }
@@ -150,24 +169,41 @@ class NodeRunner {
       FS_RETURN_IF_ERROR(change(t_.trace[i].t_s, mask, next));
       mask = next;
     }
-    return RunTo(t_.trace.back().t_s);
+    FS_RETURN_IF_ERROR(RunTo(t_.trace.back().t_s));
+    CreditSkipped();
+    return Status::Ok();
   }
 
   // Stops the instance: its unfinished requests wait for the next one, the
   // tokens they generated part of the prompt to recompute.
   void Stop() {
+    CreditSkipped();
     if (!inst_) return;
     std::vector<SimRequest> left = inst_->Unfinished();
     carry_.insert(carry_.end(), left.rbegin(), left.rend());
     inst_.reset();
   }
 
-  // The instance changed (started, recovered, restarted) at `t`.
-  void Changed(double t) { changed_at_ = t; }
+  // The instance changed (started, recovered, restarted) at `t`: what it
+  // measured before no longer holds.
+  void Changed(double t) {
+    CreditSkipped();
+    changed_at_ = t;
+  }
   std::unique_ptr<SimInstance>& inst() { return inst_; }
   std::vector<SimRequest>& carry() { return carry_; }
 
  private:
+  // Credits every stretch skipped since the last change with the mean rate
+  // of every pass measured since (those after it too), and starts afresh.
+  void CreditSkipped() {
+    for (const auto& [from, to] : skipped_)
+      timeline_->Credit(from, to, passes_.mean() * (to - from));
+    skipped_.clear();
+    passes_ = RunningMean();
+    pass_from_ = -1;
+  }
+
   const OfflineTables& t_;
   const OfflineStepOptions& o_;
   Timeline* timeline_;
@@ -176,6 +212,14 @@ class NodeRunner {
   std::vector<SimRequest> carry_;  // unfinished requests for the next instance (last first)
   size_t next_ = 0;
   double changed_at_ = 0;
+  // A pass: the instance serves as many output tokens as the workload has
+  // (its rate swings with the workload's order, and repeats every pass).
+  double pass_size_ = 0;
+  RunningMean passes_;     // output tokens/s of the passes since the settling
+  double pass_from_ = -1;  // the pass being measured started here (virtual s); -1: none
+  double pass_tokens_ = 0;
+  double pass_s_ = 0;                               // the last pass's length (virtual s)
+  std::vector<std::pair<double, double>> skipped_;  // [from, to) virtual s, not yet credited
 };
 
 std::vector<int> Devices(uint64_t mask) {
@@ -292,6 +336,7 @@ json StatsJson(const SystemStats& s, const Timeline& tl) {
           {"stepped_s", s.stepped_s},
           {"skipped_s", s.skipped_s},
           {"steps", s.steps},
+          {"passes", s.passes},
           {"reconfigurations", s.reconfigurations},
           {"changes_leaving_nothing_to_serve", s.degraded}};
 }
@@ -300,7 +345,9 @@ json StatsJson(const SystemStats& s, const Timeline& tl) {
 
 Result<json> OfflineGcpStep(const OfflineTables& t, const OfflineStepOptions& o,
                             const std::string& out_dir) {
-  if (o.period_s <= 0) return InvalidArgument("the measuring period must be positive");
+  if (!(o.period_s > 0) || !(o.skip_passes >= 0))
+    return InvalidArgument(
+        "the skipping period must be positive, and the passes skipped at once not negative");
   if (t.trace.size() < 2) return InvalidArgument("an availability trace needs two points");
   const int64_t wall0 = MonotonicNanos();
   const double span = t.trace.back().t_s;
@@ -324,7 +371,7 @@ Result<json> OfflineGcpStep(const OfflineTables& t, const OfflineStepOptions& o,
               {"failsafe", StatsJson(fs_st, fs_tl)},
               {"failsafe_placement", PolicyName(policy)},
               {"period_s", o.period_s},
-              {"steady_tolerance", o.steady_tolerance},
+              {"skip_passes", o.skip_passes},
               {"settle_s", o.settle_s},
               {"skip", o.skip},
               {"simulation_seconds", (MonotonicNanos() - wall0) * 1e-9}};

@@ -5,6 +5,23 @@
 
 namespace failsafe {
 
+namespace {
+
+// The coordinator's re-planning, measured on this project's 2-core build
+// machine (failsafe_bench_replan, CPU time of the engine's Recover on the
+// simulated executor at 8 devices -> 7, two runs): 3.3-4.1 ms for
+// Llama-3.1-70B's plan (15,424 items) with no sequence running, 43-45.5 ms
+// with 256 (640 KV slots each; modelled 3.2 and 45.8 ms); 12.3 ms for
+// Mixtral-8x22B's plan (60,096 items; modelled 12.6 ms) and 43-51 ms with
+// 256 running (448 slots each; modelled 42.4 ms). The coordinator is a host
+// CPU in both profiles.
+void SetReplanCost(HardwareProfile* p) {
+  p->replan_per_item_s = 0.21e-6;
+  p->replan_per_seq_slot_s = 0.26e-6;
+}
+
+}  // namespace
+
 Result<HardwareProfile> GetHardwareProfile(const std::string& name) {
   HardwareProfile p;
   p.name = name;
@@ -28,6 +45,7 @@ Result<HardwareProfile> GetHardwareProfile(const std::string& name) {
     p.memory_utilization = 0.9;
     p.bytes_per_element = 2;
     p.failure_detect_s = 0.01;
+    SetReplanCost(&p);
     return p;
   }
   if (name == "cpu") {
@@ -49,6 +67,7 @@ Result<HardwareProfile> GetHardwareProfile(const std::string& name) {
     p.step_overhead_s = 0;
     p.memory_utilization = 1.0;
     p.bytes_per_element = 4;
+    SetReplanCost(&p);
     return p;
   }
   return InvalidArgument("unknown hardware profile '{}' (known: h100-sxm-80gb, cpu)", name);

@@ -35,6 +35,13 @@ struct HardwareProfile {
   double memory_utilization = 0.9;      // share of device memory the engine may use
   int bytes_per_element = 2;            // weights and KV (bf16)
   double failure_detect_s = 0.005;      // a failure to its detection
+  // The coordinator's CPU time to re-plan (the engine's Recover up to the
+  // devices' plan change: the plan, the scheduler's books moved to it, what
+  // each sequence can restore): per item of the plan (a query head or an FFN
+  // shard of a layer, a vocabulary chunk), and per running sequence and KV
+  // slot (layer, head group) it weighs (seconds; ReplanSeconds).
+  double replan_per_item_s = 0;
+  double replan_per_seq_slot_s = 0;
 };
 
 // "h100-sxm-80gb" and "cpu" (this machine, see profiles.cc).

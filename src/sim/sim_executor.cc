@@ -66,6 +66,9 @@ Result<std::unique_ptr<SimExecutor>> SimExecutor::Create(const SimExecutorOption
   }
   e->loss_.assign(o.num_devices, DeviceLoss{});
   e->down_.assign(o.num_devices, false);
+  e->speed_.assign(o.num_devices, 1.0);
+  e->kv_slot_tokens_.assign(o.num_devices, 0);
+  e->deadline_ = StepDeadline(o.deadline);
   for (int d = 0; d < o.num_devices; ++d) {
     if (!std::count(alive.begin(), alive.end(), d)) {
       e->loss_[d] = {clock->NowNanos(), clock->NowNanos(), "not started"};
@@ -131,6 +134,15 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     // instance's prefilled prompt): it is copied to the backup as it arrives.
     const auto [held, arrived] = held_.try_emplace(s.seq_id, s.dp_rank);
     held->second = s.dp_rank;
+    // KV in use: the sequence's positions up to the step's end (a step
+    // starting before its end rewrites what follows).
+    int& len = kv_len_[s.seq_id];
+    if (len != end) {
+      for (int d : plan_.active) {
+        kv_slot_tokens_[d] += static_cast<int64_t>(end - len) * slots_[d][s.dp_rank].size();
+      }
+      len = end;
+    }
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
       const int from = s.backup_from >= 0 ? std::min(s.backup_from, s.start_pos) : s.start_pos;
@@ -160,19 +172,57 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     }
     copy_s = std::max(copy_s, bytes / options_.hw.pcie_bytes_per_s);
   }
-  const int64_t ns = ToNanos(cost_->StepSeconds(step) + copy_s);
+  // Every device at its speed; the step waits for the slowest at each
+  // all-reduce.
+  ClusterStepCost& cost = step_cost_;
+  cost_->Cost(step, speed_, &cost);
+  // A device that goes longer than the deadline without reaching a
+  // collective is hung (the hang watch declares it lost, and the group is
+  // aborted): the step fails when the deadline passes.
+  const int64_t deadline_ms =
+      deadline_.DeadlineMs(batch.estimated_s, 1 + 2 * options_.model.num_layers);
+  const int64_t now = clock_->NowNanos();
+  for (int d : plan_.active) {
+    if (cost.longest_segment_s[d] * 1e3 <= static_cast<double>(deadline_ms)) continue;
+    loss_[d] = {now, now + deadline_ms * 1000000,
+                fmt::format("no progress for {} ms (running at {:.3g}x)", deadline_ms, speed_[d])};
+    down_[d] = true;
+  }
+  FS_RETURN_IF_ERROR(FailIfDown(plan_.active));
+  const int64_t ns = ToNanos(cost.seconds + copy_s);
   clock_->Advance(ns);
+  deadline_.Observe(batch.estimated_s, ns);
   if (timing != nullptr) {
+    // What each device measures of its own part, as the workers report it.
     *timing = StepTiming{};
     timing->wall_ns = ns;
     timing->emulated_ns = ns;
+    for (int d : plan_.active) {
+      const int64_t compute = ToNanos(cost.compute_s[d]);
+      timing->devices.push_back(d);
+      timing->device_compute_ns.push_back(compute);
+      timing->device_compute_wall_ns.push_back(compute);
+      timing->device_attention_flops.push_back(cost.attention_flops[d]);
+      timing->device_ffn_flops.push_back(cost.ffn_flops[d]);
+      timing->device_kv_bytes.push_back(kv_slot_tokens_[d] * cost_->KvBytesPerTokenSlot());
+    }
   }
   return static_cast<const float*>(nullptr);
 }
 
 Status SimExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {
   FS_RETURN_IF_ERROR(FailIfDown(plan_.active));
-  for (int64_t id : seq_ids) held_.erase(id);
+  for (int64_t id : seq_ids) {
+    auto it = held_.find(id);
+    if (it == held_.end()) continue;
+    const auto len = kv_len_.find(id);
+    if (len != kv_len_.end()) {
+      for (int d : plan_.active)
+        kv_slot_tokens_[d] -= static_cast<int64_t>(len->second) * slots_[d][it->second].size();
+      kv_len_.erase(len);
+    }
+    held_.erase(it);
+  }
   return Status::Ok();
 }
 
@@ -307,6 +357,22 @@ Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
   capacity_ = std::move(capacity);
   held_ = std::move(held);  // a plan change drops every sequence it does not list
   CacheSlots();
+  // KV in use: what each listed sequence keeps (restored or in place).
+  std::unordered_map<int64_t, int> kv_len;
+  std::fill(kv_slot_tokens_.begin(), kv_slot_tokens_.end(), 0);
+  for (const std::vector<SeqRestore>& list : seqs) {
+    for (const SeqRestore& sr : list) {
+      if (kv_len.count(sr.seq_id) || !held_.count(sr.seq_id)) continue;
+      const auto was = kv_len_.find(sr.seq_id);
+      const int len = std::min(sr.restore_tokens, was != kv_len_.end() ? was->second : 0);
+      kv_len[sr.seq_id] = std::max(0, len);
+      for (int d : plan_.active) {
+        kv_slot_tokens_[d] +=
+            static_cast<int64_t>(std::max(0, len)) * slots_[d][held_[sr.seq_id]].size();
+      }
+    }
+  }
+  kv_len_ = std::move(kv_len);
   return report;
 }
 
@@ -319,8 +385,17 @@ Status SimExecutor::KillDevice(int device) {
   return Status::Ok();
 }
 
-Status SimExecutor::SetDeviceSpeed(int device, double) {
-  return FailedPrecondition("the simulator does not model slowed devices (device {})", device);
+Status SimExecutor::SetDeviceSpeed(int device, double speed) {
+  if (device < 0 || device >= options_.num_devices) return InvalidArgument("no device {}", device);
+  if (!(speed > 0 && speed <= 1))
+    return InvalidArgument("a device's speed is in (0, 1], not {}", speed);
+  if (!Up(device)) return FailedPrecondition("device {} is not alive", device);
+  speed_[device] = speed;
+  return Status::Ok();
+}
+
+void SimExecutor::ChargePlanning(const Plan& next, int64_t sequences) {
+  clock_->Advance(ToNanos(ReplanSeconds(options_.hw, next.shape, sequences)));
 }
 
 Status SimExecutor::HangDevice(int device, double detect_s) {
@@ -340,6 +415,7 @@ Status SimExecutor::SpawnDevice(int device) {
   if (loss_[device].detected_ns > clock_->NowNanos()) clock_->Set(loss_[device].detected_ns);
   loss_[device] = {};
   down_[device] = false;
+  speed_[device] = 1.0;
   return Status::Ok();
 }
 

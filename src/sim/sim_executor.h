@@ -19,7 +19,19 @@
 //     from the host backup (the positions the engine restores), and a new
 //     collective group; the clock advances by it;
 //   - a killed (or hung) device is detected after the profile's detection
-//     delay (or the hang's): the step in flight fails at that instant.
+//     delay (or the hang's): the step in flight fails at that instant;
+//   - a device may run slow (SetDeviceSpeed: a throttled accelerator): its
+//     segments of a step take 1/speed as long and every all-reduce waits for
+//     it, so the step lasts as long as its slowest device. Each step reports
+//     per device what the real devices report (StepTiming: compute time,
+//     attention and FFN FLOPs, KV in use), which the engine's slow-device
+//     monitor reads. A device that goes longer than the step's hang deadline
+//     (engine/hang_detector.h: StepDeadline, from the steps' modelled times
+//     against the scheduler's estimates, as the worker group derives it)
+//     without reaching a collective is hung, as the real hang watch finds
+//     it: declared lost at the deadline, and the step fails. A device merely
+//     slower than its peers, within the deadline, is not;
+//   - re-planning takes the coordinator's modelled time (ChargePlanning).
 //
 // Thread-safety: none; the engine thread drives it and the clock advances
 // only through it.
@@ -33,6 +45,7 @@
 
 #include "common/clock.h"
 #include "engine/executor.h"
+#include "engine/hang_detector.h"
 #include "engine/kv_backup.h"
 #include "sim/cost_model.h"
 
@@ -55,6 +68,8 @@ struct SimExecutorOptions {
   int max_seqs = 1024;  // sequences the backup can track at once
   // Forming a new collective group at a plan change.
   double group_s = 1e-3;
+  // The hang deadline of a step (the worker group's default).
+  DeadlineOptions deadline;
 };
 
 class SimExecutor final : public Executor, public DeviceFaults {
@@ -82,8 +97,12 @@ class SimExecutor final : public Executor, public DeviceFaults {
                                 const DeviceRestores& seqs) override;
   // The device dies now; it is detected after the profile's detection delay.
   Status KillDevice(int device) override;
-  // Slowed devices are not modelled: an error.
+  // The device computes at `speed` (0, 1] of the profile's rate from now on,
+  // until it is set again or replaced (SpawnDevice: speed 1).
   Status SetDeviceSpeed(int device, double speed) override;
+  // The coordinator's modelled time to compute a plan change
+  // (ReplanSeconds) passes on the virtual clock.
+  void ChargePlanning(const Plan& next, int64_t sequences) override;
   // A new device in its place (alive at once; its weights and KV are priced
   // by the plan change that takes it in).
   Status SpawnDevice(int device) override;
@@ -95,6 +114,8 @@ class SimExecutor final : public Executor, public DeviceFaults {
 
   // The device runs (not killed or hung, found or not).
   bool up(int device) const { return Up(device); }
+  // Its compute speed relative to the profile.
+  double speed(int device) const { return speed_[device]; }
   // A device of the plan is down (found or not yet).
   bool any_down() const;
   // The token a step gives for the position `position` of a sequence.
@@ -126,6 +147,13 @@ class SimExecutor final : public Executor, public DeviceFaults {
   std::vector<std::vector<int>> writers_;             // [dp rank] -> devices
   std::vector<int32_t> tokens_;                       // the last step's, per logits row
   StepPlan step_;                                     // the step being priced
+  ClusterStepCost step_cost_;                         // its cost per device
+  std::vector<double> speed_;                         // [device], relative to the profile
+  StepDeadline deadline_;                             // the hang deadline of a step
+  // KV in use: per sequence its length (positions with KV on the devices),
+  // per device the token slots its sequences hold (sum of length x slots).
+  std::unordered_map<int64_t, int> kv_len_;
+  std::vector<int64_t> kv_slot_tokens_;  // [device]
 };
 
 }  // namespace failsafe

@@ -335,6 +335,12 @@ StepPlan Scheduler::ScheduleOnce() {
       SchedulePrefillAdaptive(budget, &plan, &chunks, &sizes);
     }
   }
+  // The candidates with host-tier blocks (few, and none without the host
+  // tier): not every lookup is searched for every admitted chunk.
+  std::vector<const Lookup*> host_hits;
+  for (const Lookup& l : lookups_) {
+    if (l.host > 0) host_hits.push_back(&l);
+  }
   for (size_t i = 0; i < chunks.size(); ++i) {
     Sequence* s = chunks[i];
     int host = 0;
@@ -342,8 +348,8 @@ StepPlan Scheduler::ScheduleOnce() {
       std::erase(waiting_, s);
       s->state = SeqState::kRunning;
       running_.push_back(s);
-      for (const Lookup& l : lookups_) {
-        if (l.s == s) host = l.host;
+      for (const Lookup* l : host_hits) {
+        if (l->s == s) host = l->host;
       }
     }
     kv_.Grow(*s, s->num_computed + sizes[i]);

@@ -99,16 +99,14 @@ Result<json> PrefixCache(const ExperimentOptions& o) {
   // Caching off, on (device memory only), and on with the host tier, on all
   // eight devices (no DP heads) and on seven (hybrid: a DP head, so device
   // hits depend on the DP rank; host hits do not). The host tier's backup
-  // gets 1 TiB of the node's host memory (a DGX H100 has 2 TB), about three
-  // times the KV pools of the devices; without it, the backup has room for
-  // what the pools hold.
+  // gets the node's host memory for it (HardwareProfile::host_backup_bytes).
   enum class Tier { kOff, kDevice, kHost };
   for (int devices : {8, 7}) {
     for (Tier tier : {Tier::kOff, Tier::kDevice, Tier::kHost}) {
       SystemSpec s = FailsafeTp(devices);
       s.prefix_cache = tier != Tier::kOff;
       s.prefix_cache_host = tier == Tier::kHost;
-      if (tier == Tier::kHost) s.backup_bytes = int64_t{1} << 40;
+      if (tier == Tier::kHost) s.backup_bytes = hw.host_backup_bytes;
       const std::string name = s.name + (tier == Tier::kOff      ? " cache off"
                                          : tier == Tier::kDevice ? " cache on"
                                                                  : " cache on + host");

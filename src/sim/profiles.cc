@@ -45,6 +45,9 @@ Result<HardwareProfile> GetHardwareProfile(const std::string& name) {
     p.memory_utilization = 0.9;
     p.bytes_per_element = 2;
     p.failure_detect_s = 0.01;
+    // A DGX H100 has 2 TB of host memory: half of it for the KV backup,
+    // about three times the eight devices' KV pools with a 70B model.
+    p.host_backup_bytes = int64_t{1} << 40;
     SetReplanCost(&p);
     return p;
   }

@@ -35,6 +35,10 @@ struct HardwareProfile {
   double memory_utilization = 0.9;      // share of device memory the engine may use
   int bytes_per_element = 2;            // weights and KV (bf16)
   double failure_detect_s = 0.005;      // a failure to its detection
+  // Host memory of a node (all its devices) given to the KV backup when it
+  // is also the prefix cache's host tier (0: room for what the devices' KV
+  // pools hold).
+  int64_t host_backup_bytes = 0;
   // The coordinator's CPU time to re-plan (the engine's Recover up to the
   // devices' plan change: the plan, the scheduler's books moved to it, what
   // each sequence can restore): per item of the plan (a query head or an FFN

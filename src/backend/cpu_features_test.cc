@@ -42,7 +42,10 @@ TEST(CpuFeatures, CpuidAgreesWithTheKernel) {
   EXPECT_EQ(got.avx512_fp16, want.avx512_fp16);
   EXPECT_EQ(got.amx_tile, want.amx_tile);
   EXPECT_EQ(got.amx_bf16, want.amx_bf16);
-  EXPECT_EQ(got.model, ProcCpuinfo("model name"));
+  // The brand string is not compared: under a hypervisor the kernel may
+  // name the CPU otherwise than cpuid does in user space (seen: cpuid's
+  // "Oxide Virtual Turin-like Processor" as "AMD EPYC" in /proc/cpuinfo).
+  EXPECT_FALSE(got.model.empty());
   EXPECT_EQ(got.vendor, ProcCpuinfo("vendor_id"));
   EXPECT_EQ(got.family, std::stoi(ProcCpuinfo("cpu family")));
   EXPECT_EQ(got.model_id, std::stoi(ProcCpuinfo("model")));

@@ -42,6 +42,20 @@ void WidenTail(const KernelArgs& a, const W* item, int rows, float* dst) {
   }
 }
 
+// The tail of a blocked bf16 item of `rows` rows, as a block of 16 rows
+// (Blocked16Index with 16 rows) whose rows past the tail are zero: out holds
+// 16 * a.k values.
+inline void PadTailToBlock(const KernelArgs& a, const BF16* item, int rows, BF16* out) {
+  const int full = rows / 16 * 16, t = rows - full;
+  std::memset(out, 0, sizeof(BF16) * 16 * static_cast<size_t>(a.k));
+  for (int kk = 0; kk < a.k; ++kk) {
+    for (int q = 0; q < t; ++q) {
+      out[Blocked16Index(q, kk, 16, a.k, a.wtype)] =
+          item[Blocked16Index(full + q, kk, rows, a.k, a.wtype)];
+    }
+  }
+}
+
 // Panel `panel` of a blocked weight (BlockedPanelsPerItem per item), every
 // row: read where it lies, k-major already (no transposing); 16-bit weights
 // under several tiles and panels holding an item's tail are widened into
@@ -66,6 +80,20 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
     WidenBlock(b0, a.k, packed);
     WidenBlock(b1, a.k, packed + 16);
   } else {
+#if defined(__AVX512F__)
+    if constexpr (kPairs<W>) {
+      if (a.dpbf16) {
+        // vdpbf16ps reads the tail as a block of 16 rows, its rows past the
+        // tail zero (never stored); the block before it stays where it lies.
+        BF16* tail = reinterpret_cast<BF16*>(packed);
+        PadTailToBlock(a, w, rows, tail);
+        const Panel<W> p{r0 < full ? b0 : tail, tail, 16, cols};
+        for (int i0 = 0; i0 < a.m; i0 += kMR)
+          TileRows<true, W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+        return;
+      }
+    }
+#endif
     // The item's tail (and the block before it): widened into the panel.
     if (r0 < full) WidenBlock(b0, a.k, packed);
     WidenTail(a, w, rows, packed + (r0 < full ? 16 : 0));

@@ -226,6 +226,17 @@ inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
   typedef int64_t V8L __attribute__((vector_size(64)));
   typedef uint64_t V8U __attribute__((vector_size(64)));
   const V16 c = ClampForFixed(v) * Splat(kFixedOne);
+#if defined(__AVX512DQ__)
+  if (cols >= 16) {  // the same truncations (vcvttps2qq), on whole vectors
+    const __m512 cv = reinterpret_cast<__m512>(c);
+    const __m512i lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(cv));
+    const __m512i hi = _mm512_cvttps_epi64(
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(cv), 1)));
+    _mm512_storeu_si512(acc64, _mm512_add_epi64(_mm512_loadu_si512(acc64), lo));
+    _mm512_storeu_si512(acc64 + 8, _mm512_add_epi64(_mm512_loadu_si512(acc64 + 8), hi));
+    return;
+  }
+#endif
   if (cols >= 16) {
     const V8F lo = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7);
     const V8F hi = __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -668,6 +679,49 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
 }
 #endif
 
+#if defined(__AVX512F__)
+// A tile in fixed-point mode on bf16 [k, n] panels packed in pairs
+// (Panel::slot_pairs) by vdpbf16ps: each item's chain as ChainDpbf16 computes
+// it, from zero, added to the item sums (AddFixed16) while still in
+// registers.
+template <int MR>
+__attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const KernelArgs& a, int i0,
+                                                                     int j0,
+                                                                     const Panel<BF16>& p) {
+  const int pairs = (a.item_k + 1) / 2;
+  for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
+    const int64_t slot = XSlot(a, k0);
+    const BF16* b0 = p.b0 + slot * p.step;
+    const BF16* b1 = p.b1 + slot * p.step;
+    const uint32_t* xw[MR];
+    __m512 a0[MR], a1[MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      xw[i] = a.xw + ((i0 + i) * a.ldxs + slot) / 2;
+      a0[i] = _mm512_setzero_ps();
+      a1[i] = _mm512_setzero_ps();
+    }
+    for (int q = 0; q < pairs; ++q, b0 += 2 * p.step, b1 += 2 * p.step) {
+      const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
+      const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh s =
+            reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xw[i][q])));
+        a0[i] = _mm512_dpbf16_ps(a0[i], s, w0);
+        a1[i] = _mm512_dpbf16_ps(a1[i], s, w1);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
+      AddFixed16(reinterpret_cast<V16>(a0[i]), row, std::min(16, p.cols));
+      if (p.cols > 16) AddFixed16(reinterpret_cast<V16>(a1[i]), row + 16, p.cols - 16);
+    }
+  }
+}
+#endif
+
 // The chain of a tile: bf16 (kB) or f32.
 template <int MR, bool kB, typename W>
 FS_INLINE Acc<MR> TileChain(const KernelArgs& a, int i0, const Panel<W>& p, int k0, int k1,
@@ -697,6 +751,11 @@ FS_INLINE Acc<MR> TileChain(const KernelArgs& a, int i0, const Panel<W>& p, int 
 template <int MR, bool kB, typename W>
 void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
   Acc<MR> acc;
+#if defined(__AVX512F__)
+  if constexpr (kB && kPairs<W>) {
+    if (a.out == GemmOut::kFixedItems && p.slot_pairs) return TileFixedDpbf16<MR>(a, i0, j0, p);
+  }
+#endif
   if (a.out == GemmOut::kFixedItems) {
     for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
       for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};

@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtype_names = {"f32", "bf16"};
   int steps = 24, prefill_tokens = 512, batch = 16;
   bool skip_libraries = false;
-  int prefill_only = 0;
+  std::string only;
   std::string bf16_products = "auto";
   app.add_option("--model", model, "model directory (default: make --preset in --cache)");
   app.add_option("--preset", preset, "synthetic preset when no --model")->capture_default_str();
@@ -340,8 +340,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--isa", isa_name, "force the kernels' level: avx512, avx2 or generic");
   app.add_flag("--no-libraries", skip_libraries, "skip the library GEMM comparison");
-  app.add_option("--prefill-only", prefill_only,
-                 "only time this many prefills of --prefill-tokens (e.g. under a profiler)");
+  app.add_option("--only", only,
+                 "time only --steps prefills of --prefill-tokens, or --steps decode steps at "
+                 "batch 1 (e.g. under a profiler)")
+      ->check(CLI::IsMember({"prefill", "decode"}));
   app.add_option("--bf16-products", bf16_products,
                  "bf16 weights' products: auto (vdpbf16ps where it computes the chain) or fma")
       ->check(CLI::IsMember({"auto", "fma"}))
@@ -464,10 +466,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "error: %s\n", exec.status().ToString().c_str());
         return 1;
       }
-      if (prefill_only > 0) {
-        const double s = RunPrefill(**exec, prefill_tokens, prefill_only);
+      if (only == "prefill") {
+        const double s = RunPrefill(**exec, prefill_tokens, steps);
         std::printf("%-7d prefill %d tokens: %.1f tok/s (median of %d)\n", threads, prefill_tokens,
-                    prefill_tokens / s, prefill_only);
+                    prefill_tokens / s, steps);
+        continue;
+      }
+      if (only == "decode") {
+        const Decode d = RunDecode(**exec, 1, steps);
+        std::printf("%-7d decode at batch 1: %.2f tok/s over %d steps\n", threads, d.tokens_per_s,
+                    steps);
         continue;
       }
       const double bw = MeasureReadBandwidth(threads);
@@ -495,7 +503,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (skip_libraries || prefill_only > 0) return 0;
+  if (skip_libraries || !only.empty()) return 0;
   // The linear layers' GEMMs alone: the engine's kernel (f32 and bf16
   // weights) against the libraries' SGEMM, same shapes, GFLOP/s.
   auto cfg = ModelConfig::Load(models.front().second);

@@ -229,11 +229,148 @@ void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
   }
 }
 
+#if defined(__AVX512F__)
+// bf16 decode reads each weight once, unit by unit: every load also asks for
+// the line kPrefetchBytes further down its unit, so that more of the
+// weight's reads are in flight than the hardware prefetchers keep (bf16
+// units are half as long as f32's, which reach the bandwidth without it).
+inline constexpr int kPrefetchBytes = 2048;
+FS_INLINE void PrefetchAhead(const BF16* p) {
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
+}
+
+// A unit of a blocked bf16 weight for DirectDpbf16: a block of 16 rows or an
+// item's tail of fewer, k-major in pairs ([k / 2][width][2], then an odd k's
+// last value [width]), whose rows are output columns [col, col + width).
+struct DirectUnit {
+  const BF16* w;
+  int width;
+  int col;
+};
+
+// nt with few rows on a blocked bf16 weight by vdpbf16ps
+// (KernelArgs::dpbf16): NB units side by side, one instruction per pair and
+// unit (DirectBlocked's chains, bit for bit: Dpbf16MatchesChain), a third of
+// the instructions per byte of widening each pair for two fused
+// multiply-adds, which keeps more of the weight's reads in flight. A unit's
+// lanes past its width hold the next pair's values (never stored); a tail is
+// read with masked loads, never past its end. An odd k's last value takes
+// the two fused multiply-adds of its zero-padded pair.
+template <int MR, int NB>
+__attribute__((target("avx512bf16"), noinline)) void DirectDpbf16(const KernelArgs& a,
+                                                                  const DirectUnit* u) {
+  __m512 acc[MR][NB];
+  __mmask32 pairs_mask[NB];
+  __mmask16 lanes_mask[NB];
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) {
+    pairs_mask[q] = u[q].width >= 16 ? ~__mmask32{0} : (__mmask32{1} << (2 * u[q].width)) - 1;
+    lanes_mask[q] = static_cast<__mmask16>((1u << u[q].width) - 1);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) {
+      acc[i][q] = a.out == GemmOut::kAccumulate
+                      ? _mm512_maskz_loadu_ps(lanes_mask[q],
+                                              a.y + static_cast<int64_t>(i) * a.ldy + u[q].col)
+                      : _mm512_setzero_ps();
+    }
+  }
+  const uint32_t* xw[MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) xw[i] = a.xw + i * a.ldxs / 2;
+  const int pairs = a.k / 2;
+  for (int p = 0; p < pairs; ++p) {
+    __m512bh w[NB];
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) {
+      const BF16* at = u[q].w + static_cast<int64_t>(p) * 2 * u[q].width;
+      PrefetchAhead(at);
+      w[q] = reinterpret_cast<__m512bh>(u[q].width == 16
+                                            ? _mm512_loadu_si512(at)
+                                            : _mm512_maskz_loadu_epi16(pairs_mask[q], at));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xw[i][p])));
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) acc[i][q] = _mm512_dpbf16_ps(acc[i][q], x, w[q]);
+    }
+  }
+  if (a.k % 2) {  // the last value, after its zero-padded pair (ChainBf16)
+    const int kk = a.k - 1;
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) {
+      const __m256i h = _mm256_maskz_loadu_epi16(lanes_mask[q],
+                                                 u[q].w + static_cast<int64_t>(kk) * u[q].width);
+      const __m512 wl = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const float* xs = XsRow(a, i, 0);
+        acc[i][q] = _mm512_fmadd_ps(_mm512_set1_ps(xs[kk + 1]), _mm512_setzero_ps(), acc[i][q]);
+        acc[i][q] = _mm512_fmadd_ps(_mm512_set1_ps(xs[kk]), wl, acc[i][q]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NB; ++q) {
+      _mm512_mask_storeu_ps(a.y + static_cast<int64_t>(i) * a.ldy + u[q].col, lanes_mask[q],
+                            acc[i][q]);
+    }
+  }
+}
+
+// Columns [j0, j1) of a blocked bf16 weight (at the start of units) by
+// vdpbf16ps: its units in column order, four side by side (across items).
+template <int MR>
+void DirectDpbf16Range(const KernelArgs& a, int j0, int j1) {
+  const int rows = BlockedItemRows(a), full = rows / 16 * 16;
+  DirectUnit u[4];
+  int n = 0;
+  auto flush = [&] {
+    switch (n) {
+      case 4:
+        DirectDpbf16<MR, 4>(a, u);
+        break;
+      case 3:
+        DirectDpbf16<MR, 3>(a, u);
+        break;
+      case 2:
+        DirectDpbf16<MR, 2>(a, u);
+        break;
+      case 1:
+        DirectDpbf16<MR, 1>(a, u);
+        break;
+      default:
+        break;
+    }
+    n = 0;
+  };
+  for (int j = j0; j < j1;) {
+    const int item = j / rows, c0 = item * rows, r = j - c0;
+    const BF16* w = static_cast<const BF16*>(a.w) + static_cast<int64_t>(c0) * a.k;
+    const int width = r < full ? 16 : rows - full;
+    u[n++] = DirectUnit{w + static_cast<int64_t>(r) * a.k, width, j};
+    if (n == 4) flush();
+    j += width;
+  }
+  flush();
+}
+#endif
+
 // Columns [j0, j1) of a blocked weight, j0 and j1 at the start of a unit
 // (BlockedUnitColumn): item by item, its blocks of 16 rows four at a time,
 // then the rest of them, then its tail.
 template <int MR, typename W>
 void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
+#if defined(__AVX512F__)
+  if constexpr (kPairs<W>) {
+    if (a.dpbf16) return DirectDpbf16Range<MR>(a, j0, j1);
+  }
+#endif
   const int rows = BlockedItemRows(a), full = rows / 16 * 16;
   for (int j = j0; j < j1;) {
     const int item = j / rows, c0 = item * rows;

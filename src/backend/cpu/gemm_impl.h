@@ -288,6 +288,17 @@ inline void ColumnOrder(float* acc, int groups) {
   }
 }
 
+// bf16 decode streams each [k, n] weight once, 8 rows at a time, and each
+// row's columns are a stream too short (a few KiB) for the hardware
+// prefetchers to learn: each load also asks for the same columns of the row
+// 8 below, the next group's, `ahead` elements on (0: rows not evenly spaced,
+// no prefetch). On a Zen 5 it streams bf16 o and down projections about a
+// quarter faster; f32 rows, twice as long, reach the bandwidth without it.
+template <typename W>
+FS_INLINE void StreamPrefetch(const W* p, int64_t ahead) {
+  if (ahead != 0) __builtin_prefetch(p + ahead);
+}
+
 // Weight rows kk..kk+R-1 into MR rows of accumulators, column vector by
 // column vector: acc[i][c] = fma(x[i][kk+r], w[kk+r][c], acc[i][c]) for r in
 // order. Several weight rows per pass load and store each accumulator once.
@@ -320,7 +331,7 @@ FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int k
 // The first 32 * (vecs / 2) columns in parity order (kParityGroups).
 template <int MR, int R>
 FS_INLINE void StreamRowsBf16(const BF16* const* wr, const float* const* xs, float* const* acc,
-                              int vecs) {
+                              int vecs, int64_t ahead) {
   constexpr int P = (R + 1) / 2;  // pairs
   V16 xe[MR][P], xo[MR][P];
 #pragma GCC unroll 4
@@ -337,6 +348,7 @@ FS_INLINE void StreamRowsBf16(const BF16* const* wr, const float* const* xs, flo
 #pragma GCC unroll 8
     for (int r = 0; r < 2 * P; ++r) {
       if (r < R) {
+        StreamPrefetch(wr[r] + 16 * v, ahead);
         LoadPair(wr[r] + 16 * v, &we[r / 2][r % 2], &wo[r / 2][r % 2]);
       } else {
         we[r / 2][r % 2] = wo[r / 2][r % 2] = V16{};
@@ -398,24 +410,24 @@ void StreamRowsAnyR(const W* const* wr, const float* x, int64_t ldx, int kk, int
 
 template <int MR>
 void StreamRowsBf16AnyR(const BF16* const* wr, const float* const* xs, int r, float* const* acc,
-                        int vecs) {
+                        int vecs, int64_t ahead) {
   switch (r) {
     case 8:
-      return StreamRowsBf16<MR, 8>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 8>(wr, xs, acc, vecs, ahead);
     case 7:
-      return StreamRowsBf16<MR, 7>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 7>(wr, xs, acc, vecs, ahead);
     case 6:
-      return StreamRowsBf16<MR, 6>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 6>(wr, xs, acc, vecs, ahead);
     case 5:
-      return StreamRowsBf16<MR, 5>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 5>(wr, xs, acc, vecs, ahead);
     case 4:
-      return StreamRowsBf16<MR, 4>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 4>(wr, xs, acc, vecs, ahead);
     case 3:
-      return StreamRowsBf16<MR, 3>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 3>(wr, xs, acc, vecs, ahead);
     case 2:
-      return StreamRowsBf16<MR, 2>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 2>(wr, xs, acc, vecs, ahead);
     default:
-      return StreamRowsBf16<MR, 1>(wr, xs, acc, vecs);
+      return StreamRowsBf16<MR, 1>(wr, xs, acc, vecs, ahead);
   }
 }
 
@@ -444,6 +456,7 @@ void StreamNN(const KernelArgs& a, int c0, int cols, float* scratch) {
     reset();
   }
   const float* x = a.x;
+  const int64_t ahead = a.w_rows ? 0 : 8 * static_cast<int64_t>(a.ldw);
   // Groups of up to 8 weight rows, never across an item's end.
   const int item = a.out == GemmOut::kFixedItems ? a.item_k : a.k;
   for (int kk = 0; kk < a.k;) {
@@ -457,16 +470,16 @@ void StreamNN(const KernelArgs& a, int c0, int cols, float* scratch) {
       for (int i = 0; i < rows; ++i) xs[i] = XsRow(a, i, kk);
       switch (rows) {
         case 1:
-          StreamRowsBf16AnyR<1>(wr, xs, r, acc, vecs);
+          StreamRowsBf16AnyR<1>(wr, xs, r, acc, vecs, ahead);
           break;
         case 2:
-          StreamRowsBf16AnyR<2>(wr, xs, r, acc, vecs);
+          StreamRowsBf16AnyR<2>(wr, xs, r, acc, vecs, ahead);
           break;
         case 3:
-          StreamRowsBf16AnyR<3>(wr, xs, r, acc, vecs);
+          StreamRowsBf16AnyR<3>(wr, xs, r, acc, vecs, ahead);
           break;
         default:
-          StreamRowsBf16AnyR<4>(wr, xs, r, acc, vecs);
+          StreamRowsBf16AnyR<4>(wr, xs, r, acc, vecs, ahead);
           break;
       }
       for (int c = 16 * vecs; c < cols; ++c) {

@@ -28,14 +28,12 @@ inline int FirstKey(const AttentionArgs& a, int pos) {
 
 // Softmax of row[lo, hi] in place (terms added in position order); the rest
 // of the row becomes exact zeros.
-void Softmax(float* row, int width, int lo, int hi) {
+void Softmax(float* row, int width, int lo, int hi, std::optional<CpuIsa> isa) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int i = lo; i <= hi; ++i) mx = std::max(mx, row[i]);
+  ExpShifted(row + lo, hi - lo + 1, mx, isa);
   float sum = 0;
-  for (int i = lo; i <= hi; ++i) {
-    row[i] = std::exp(row[i] - mx);
-    sum += row[i];
-  }
+  for (int i = lo; i <= hi; ++i) sum += row[i];
   const float inv = 1.0f / sum;
   for (int i = lo; i <= hi; ++i) row[i] *= inv;
   std::fill(row, row + lo, 0.0f);
@@ -80,7 +78,7 @@ void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
         float* row = scores.data() + static_cast<int64_t>(r) * width;
         for (int i = 0; i < width; ++i) row[i] *= a.scale;
         const int pos = a.start_pos + t0 + r;
-        Softmax(row, width, FirstKey(a, pos) - k0, pos - k0);
+        Softmax(row, width, FirstKey(a, pos) - k0, pos - k0, isa);
       }
       GemmArgs v;
       v.x = scores.data();

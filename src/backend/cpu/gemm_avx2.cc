@@ -9,7 +9,8 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
-  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel};
+  static constexpr GemmKernels kernels{kMR,      RunDirect,  RunStream,
+                                       RunPanel, SiluMulRow, ExpShifted};
   return kernels;
 }
 

@@ -5,7 +5,8 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
-  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel};
+  static constexpr GemmKernels kernels{kMR,      RunDirect,  RunStream,
+                                       RunPanel, SiluMulRow, ExpShifted};
   return kernels;
 }
 

@@ -39,6 +39,27 @@ FS_INLINE const float* XsRow(const KernelArgs& a, int i, int kk) {
   return a.xs + i * a.ldxs + XSlot(a, kk);
 }
 
+// The first `count` (1 to 16) floats at p, the other lanes 0; and their
+// store: a whole vector when count is 16, never touching memory past them.
+FS_INLINE V16 LoadPart(const float* p, int count) {
+  if (count == 16) return Load(p);
+#if defined(__AVX512F__)
+  return reinterpret_cast<V16>(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), p));
+#else
+  float tmp[16] = {};
+  for (int j = 0; j < count; ++j) tmp[j] = p[j];
+  return Load(tmp);
+#endif
+}
+FS_INLINE void StorePart(float* p, V16 v, int count) {
+  if (count == 16) return Store(p, v);
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << count) - 1), reinterpret_cast<__m512>(v));
+#else
+  for (int j = 0; j < count; ++j) p[j] = v[j];
+#endif
+}
+
 // Row r of w (nt: an output column; nn: a k-value) in its element type W.
 template <typename W>
 FS_INLINE const W* WRow(const KernelArgs& a, int r) {
@@ -781,13 +802,11 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
     }
     return;
   }
-  float tmp[kNR];
   for (int i = 0; i < MR; ++i) {
     if (a.out == GemmOut::kAccumulate) {
-      std::memset(tmp, 0, sizeof(tmp));
-      std::memcpy(tmp, a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0, sizeof(float) * p.cols);
-      acc.v[i][0] = Load(tmp);
-      acc.v[i][1] = Load(tmp + 16);
+      const float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0;
+      acc.v[i][0] = LoadPart(row, std::min(16, p.cols));
+      acc.v[i][1] = p.cols > 16 ? LoadPart(row + 16, p.cols - 16) : V16{};
     } else {
       acc.v[i][0] = acc.v[i][1] = V16{};
     }
@@ -795,9 +814,8 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
   acc = TileChain<MR, kB>(a, i0, p, 0, a.k, acc);
   for (int i = 0; i < MR; ++i) {
     float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0;
-    Store(tmp, acc.v[i][0]);
-    Store(tmp + 16, acc.v[i][1]);
-    std::memcpy(row, tmp, sizeof(float) * p.cols);
+    StorePart(row, acc.v[i][0], std::min(16, p.cols));
+    if (p.cols > 16) StorePart(row + 16, acc.v[i][1], p.cols - 16);
   }
 }
 
@@ -977,6 +995,24 @@ void RunPanel(const KernelArgs& a, int panel, float* packed) {
     case DType::kF32:
       return PackedPanel<float>(a, panel, packed);
   }
+}
+
+void SiluMulRow(const float* g, const float* u, float* out, int n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const V16 gv = Load(g + i);
+    Store(out + i, gv / (Splat(1.0f) + Exp(-gv)) * Load(u + i));
+  }
+  if (i < n) {  // the same lanes' arithmetic on a partial vector
+    const V16 gv = LoadPart(g + i, n - i);
+    StorePart(out + i, gv / (Splat(1.0f) + Exp(-gv)) * LoadPart(u + i, n - i), n - i);
+  }
+}
+
+void ExpShifted(float* row, int n, float shift) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) Store(row + i, Exp(Load(row + i) - Splat(shift)));
+  if (i < n) StorePart(row + i, Exp(LoadPart(row + i, n - i) - Splat(shift)), n - i);
 }
 
 }  // namespace

@@ -63,6 +63,11 @@ struct GemmKernels {
   // blocked: BlockedPanelsPerItem per item), every row. packed: a.k * kNR
   // floats.
   void (*panel)(const KernelArgs& a, int panel, float* packed);
+  // Elementwise, the same bits on every level (Exp in simd.h):
+  // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.
+  void (*silu_mul)(const float* g, const float* u, float* out, int n);
+  // row[i] = exp(row[i] - shift) for i < n.
+  void (*exp_shifted)(float* row, int n, float shift);
 };
 
 inline constexpr int64_t StreamScratchFloats() {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/kernels.h"
 #include "common/fixed_point.h"
 #include "common/rng.h"
 
@@ -401,6 +402,67 @@ TEST(GemmLevels, AnUnsupportedLevelIsLoweredToTheBest) {
   EXPECT_EQ(GemmIsaFor(CpuIsa::kAvx512), GemmIsa());  // the best is at most AVX-512
   EXPECT_TRUE(CpuSupports(HostCpuFeatures(), GemmIsaFor(CpuIsa::kAvx2)));
   EXPECT_GE(GemmTileRows(GemmIsa()), GemmTileRows(CpuIsa::kGeneric));
+}
+
+// The exponential of SiLU and softmax: the same bits on every level, within
+// 2 ulp of exp, and the edges (overflow, subnormal results, NaN) as said.
+TEST(ExpLevels, EveryLevelComputesTheSameExpWithin2Ulp) {
+  std::vector<float> x;
+  for (double v = -90.0; v <= 90.0; v += 0.0037) x.push_back(static_cast<float>(v));
+  Rng r(23);
+  for (int i = 0; i < 20000; ++i) x.push_back(static_cast<float>(-30.0 + 60.0 * r.Uniform()));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.73f, -87.33f, -87.34f, -104.0f, 1e30f,
+                  -1e30f, INFINITY, -INFINITY, NAN})
+    x.push_back(v);
+  x.push_back(1.0f);  // an odd length: a partial vector at the end
+  std::vector<float> want;
+  for (CpuIsa isa : Levels()) {
+    std::vector<float> got = x;
+    ExpShifted(got.data(), static_cast<int>(got.size()), 0.0f, isa);
+    if (want.empty()) {
+      want = got;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double e = std::exp(static_cast<double>(x[i]));
+        if (std::isnan(x[i])) {
+          EXPECT_TRUE(std::isnan(got[i]));
+        } else if (x[i] > 88.7228391f) {
+          EXPECT_EQ(got[i], INFINITY) << x[i];
+        } else if (x[i] < -87.3365479f) {
+          EXPECT_EQ(got[i], 0.0f) << x[i];
+        } else {
+          EXPECT_LE(std::abs(got[i] - e), 2.0 * std::abs(std::nextafter(static_cast<float>(e),
+                                                                        INFINITY) -
+                                                         static_cast<float>(e)))
+              << "exp(" << x[i] << ")";
+        }
+      }
+      continue;
+    }
+    for (size_t i = 0; i < x.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &want[i], 4);
+      std::memcpy(&b, &got[i], 4);
+      EXPECT_TRUE(a == b || (std::isnan(want[i]) && std::isnan(got[i])))
+          << CpuIsaName(isa) << " exp(" << x[i] << ")";
+    }
+  }
+  // SiLU times the up projection, likewise.
+  std::vector<float> g(x.begin(), x.begin() + 1001), u(1001);
+  for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<float>(r.Uniform() * 4 - 2);
+  std::vector<float> first;
+  for (CpuIsa isa : Levels()) {
+    std::vector<float> out(g.size());
+    SiluMulRow(g.data(), u.data(), out.data(), static_cast<int>(g.size()), isa);
+    if (first.empty()) {
+      first = out;
+      for (size_t i = 0; i < g.size(); ++i) {
+        const double want_i = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+        EXPECT_NEAR(out[i], want_i, 1e-6 * (1 + std::abs(want_i))) << g[i];
+      }
+    } else {
+      EXPECT_EQ(std::memcmp(first.data(), out.data(), 4 * out.size()), 0) << CpuIsaName(isa);
+    }
+  }
 }
 
 }  // namespace

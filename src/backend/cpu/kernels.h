@@ -30,6 +30,11 @@ void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, 
 void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc, int m,
                    int n, int k, int item_k, const LinearOptions& o);
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa);
+// out[i] = g[i] / (1 + exp(-g[i])) * u[i], i < n; row[i] = exp(row[i] -
+// shift), i < n: vectorised at the level's width with one exp (Exp in simd.h)
+// whose bits are the same on every level.
+void SiluMulRow(const float* g, const float* u, float* out, int n, std::optional<CpuIsa> isa);
+void ExpShifted(float* row, int n, float shift, std::optional<CpuIsa> isa);
 int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter);
 
 }  // namespace failsafe::cpu

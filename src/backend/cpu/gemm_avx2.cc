@@ -9,8 +9,7 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
-  static constexpr GemmKernels kernels{kMR,      RunDirect,  RunStream,
-                                       RunPanel, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel, SiluMulRow, ExpShifted};
   return kernels;
 }
 

@@ -110,8 +110,7 @@ bool Dpbf16MatchesChain() {
 }
 
 const GemmKernels& GemmKernelsAvx512() {
-  static constexpr GemmKernels kernels{kMR,      RunDirect,  RunStream,
-                                       RunPanel, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel, SiluMulRow, ExpShifted};
   return kernels;
 }
 

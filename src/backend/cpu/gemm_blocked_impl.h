@@ -287,9 +287,8 @@ __attribute__((target("avx512bf16"), noinline)) void DirectDpbf16(const KernelAr
     for (int q = 0; q < NB; ++q) {
       const BF16* at = u[q].w + static_cast<int64_t>(p) * 2 * u[q].width;
       PrefetchAhead(at);
-      w[q] = reinterpret_cast<__m512bh>(u[q].width == 16
-                                            ? _mm512_loadu_si512(at)
-                                            : _mm512_maskz_loadu_epi16(pairs_mask[q], at));
+      w[q] = reinterpret_cast<__m512bh>(
+          u[q].width == 16 ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi16(pairs_mask[q], at));
     }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
@@ -302,8 +301,8 @@ __attribute__((target("avx512bf16"), noinline)) void DirectDpbf16(const KernelAr
     const int kk = a.k - 1;
 #pragma GCC unroll 4
     for (int q = 0; q < NB; ++q) {
-      const __m256i h = _mm256_maskz_loadu_epi16(lanes_mask[q],
-                                                 u[q].w + static_cast<int64_t>(kk) * u[q].width);
+      const __m256i h =
+          _mm256_maskz_loadu_epi16(lanes_mask[q], u[q].w + static_cast<int64_t>(kk) * u[q].width);
       const __m512 wl = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {

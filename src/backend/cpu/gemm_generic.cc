@@ -5,8 +5,7 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
-  static constexpr GemmKernels kernels{kMR,      RunDirect,  RunStream,
-                                       RunPanel, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel, SiluMulRow, ExpShifted};
   return kernels;
 }
 

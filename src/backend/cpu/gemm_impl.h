@@ -251,8 +251,8 @@ inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
   if (cols >= 16) {  // the same truncations (vcvttps2qq), on whole vectors
     const __m512 cv = reinterpret_cast<__m512>(c);
     const __m512i lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(cv));
-    const __m512i hi = _mm512_cvttps_epi64(
-        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(cv), 1)));
+    const __m512i hi =
+        _mm512_cvttps_epi64(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(cv), 1)));
     _mm512_storeu_si512(acc64, _mm512_add_epi64(_mm512_loadu_si512(acc64), lo));
     _mm512_storeu_si512(acc64 + 8, _mm512_add_epi64(_mm512_loadu_si512(acc64 + 8), hi));
     return;
@@ -720,8 +720,7 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
 // registers.
 template <int MR>
 __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const KernelArgs& a, int i0,
-                                                                     int j0,
-                                                                     const Panel<BF16>& p) {
+                                                                     int j0, const Panel<BF16>& p) {
   const int pairs = (a.item_k + 1) / 2;
   for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
     const int64_t slot = XSlot(a, k0);

@@ -430,9 +430,9 @@ TEST(ExpLevels, EveryLevelComputesTheSameExpWithin2Ulp) {
         } else if (x[i] < -87.3365479f) {
           EXPECT_EQ(got[i], 0.0f) << x[i];
         } else {
-          EXPECT_LE(std::abs(got[i] - e), 2.0 * std::abs(std::nextafter(static_cast<float>(e),
-                                                                        INFINITY) -
-                                                         static_cast<float>(e)))
+          EXPECT_LE(std::abs(got[i] - e),
+                    2.0 * std::abs(std::nextafter(static_cast<float>(e), INFINITY) -
+                                   static_cast<float>(e)))
               << "exp(" << x[i] << ")";
         }
       }

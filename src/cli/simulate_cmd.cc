@@ -362,6 +362,9 @@ CommandFn RegisterSimulate(CLI::App& app) {
   c->add_option("--requests-per-fault", o->c.requests_per_fault,
                 "chaos: mean requests arriving between faults")
       ->capture_default_str();
+  c->add_flag("--prefix-cache", o->c.prefix_cache,
+              "chaos: the prefix cache and its host tier on, two requests in three sharing a "
+              "prefix");
   c->add_option("--recovery", o->chaos_recovery, "chaos: recompute, host, full or oracle")
       ->capture_default_str();
   c->add_option("--backup-bytes", o->c.backup_bytes,

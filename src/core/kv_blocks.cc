@@ -212,15 +212,44 @@ std::vector<int64_t> KvBlockManager::PagesUnder(const Plan& plan,
                                                 const std::vector<const Sequence*>& seqs) const {
   std::vector<int64_t> out(plan.num_devices, 0);
   const int64_t dp = plan.num_dp_heads_total();
-  for (int d : plan.active) {
-    const int64_t tp = plan.num_tp_heads_total(d);
-    for (const Sequence* s : seqs) out[d] += s->kv_blocks * (tp + (s->dp_rank == d ? dp : 0));
+  std::vector<char> seen(cache_on_ ? entries_.size() : 0, 0);
+  for (const Sequence* s : seqs) {
+    int64_t blocks = s->kv_blocks;
+    if (cache_on_) {
+      auto it = seqs_.find(s->id);
+      if (it != seqs_.end()) {
+        for (int32_t id : it->second.cached) {
+          if (id < 0) continue;
+          if (seen[id]) --blocks;  // counted with its first sharer
+          seen[id] = 1;
+        }
+      }
+    }
+    for (int d : plan.active)
+      out[d] += blocks * (plan.num_tp_heads_total(d) + (s->dp_rank == d ? dp : 0));
   }
   return out;
 }
 
 void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity_pages,
                                  const std::vector<const Sequence*>& live) {
+  std::unordered_map<int64_t, const Sequence*> keep;
+  for (const Sequence* s : live) keep[s->id] = s;
+  // Under the old plan: sequences that do not go on give their pages back
+  // and let go of their cached blocks, and cached blocks nobody names go.
+  for (auto it = seqs_.begin(); it != seqs_.end();) {
+    if (keep.count(it->first)) {
+      ++it;
+      continue;
+    }
+    Sequence gone;
+    gone.id = it->first;
+    gone.dp_rank = it->second.dp_rank;
+    gone.kv_blocks = it->second.blocks;
+    ++it;
+    Release(gone);
+  }
+  if (cache_on_) DropUnreferencedCache();
   const std::vector<int> old_active = devices_;
   const std::vector<std::vector<int>> old_tp = tp_slots_, old_rank = rank_slots_;
   auto old_slots = [&](int d, int rank) -> const std::vector<int>& {
@@ -230,44 +259,81 @@ void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity
   };
   // Devices may have come (a rejoin): the pools grow; ids of devices that
   // left are all freed below.
-  const int old_devices = num_devices_;
-  FS_CHECK_MSG(index_.empty() && lru_.empty(), "a plan change with a prefix cache");
   SetPlan(plan, std::move(capacity_pages));
+  // Each cached block goes with its sharers (one DP rank: the caller routed
+  // them together). old_rank_of: the rank its slots were taken for.
+  std::vector<int> new_rank(entries_.size(), -1), old_rank_of(entries_.size(), -1);
+  for (const Sequence* s : live) {
+    auto it = seqs_.find(s->id);
+    if (it == seqs_.end()) continue;
+    for (int32_t id : it->second.cached) {
+      if (id < 0) continue;
+      FS_CHECK_MSG(new_rank[id] < 0 || CacheRank(new_rank[id]) == CacheRank(s->dp_rank),
+                   "sequences sharing cached block {} go to DP ranks {} and {}", id, new_rank[id],
+                   s->dp_rank);
+      new_rank[id] = s->dp_rank;
+      old_rank_of[id] = it->second.dp_rank;
+    }
+  }
   if (!page_ids_) {
     used_ = PagesUnder(plan, live);
     evictable_.assign(num_devices_, 0);
-    if (cache_on_) {
-      std::unordered_map<int64_t, SeqTables> kept;
-      for (const Sequence* s : live) {
-        SeqTables& t = kept[s->id];
-        t.dp_rank = s->dp_rank;
-        t.blocks = s->kv_blocks;
-      }
-      seqs_ = std::move(kept);
+    for (const Sequence* s : live) {
+      SeqTables& t = seqs_[s->id];
+      t.dp_rank = s->dp_rank;
+      t.blocks = s->kv_blocks;
+      t.shared = LeadingCached(t);
     }
+    RekeyCache(new_rank);
     return;
-  }
-  std::unordered_map<int64_t, const Sequence*> keep;
-  for (const Sequence* s : live) keep[s->id] = s;
-  for (auto it = seqs_.begin(); it != seqs_.end();) {
-    if (keep.count(it->first)) {
-      ++it;
-      continue;
-    }
-    for (int d = 0; d < old_devices; ++d) {
-      for (int32_t id : it->second.pages[d]) FreePage(d, id);
-    }
-    it = seqs_.erase(it);
   }
   // Which old column (slot position) each new column keeps, -1: gained.
   // First free the columns nobody keeps, then hand out the gained ones, so
-  // that ids stay low.
+  // that ids stay low. A cached block's pages move once (as a table of one
+  // block), every table naming it takes its new row.
   struct Move {
-    SeqTables* t;
+    std::vector<int32_t>* pages;  // [block][old column]
+    int blocks;
     int device;
     std::vector<int> from;  // [new slot position] -> old position or -1
+    std::vector<int> after;
+    const std::vector<int32_t>* cached;  // a sequence's cached blocks (their rows are not its)
   };
-  std::vector<Move> moves;
+  auto plan_move = [&](std::vector<int32_t>* pages, int blocks, int d,
+                       const std::vector<int>& before, const std::vector<int>& after,
+                       const std::vector<int32_t>* cached) {
+    const bool had = !pages->empty() && !before.empty() &&
+                     pages->size() == before.size() * static_cast<size_t>(blocks);
+    Move m{pages, blocks, d, std::vector<int>(after.size(), -1), after, cached};
+    std::vector<char> kept(before.size(), 0);
+    if (had) {
+      for (size_t j = 0, i = 0; j < after.size(); ++j) {
+        while (i < before.size() && before[i] < after[j]) ++i;
+        if (i < before.size() && before[i] == after[j]) {
+          m.from[j] = static_cast<int>(i);
+          kept[i] = 1;
+        }
+      }
+    }
+    for (size_t i = 0; i < pages->size(); ++i) {
+      const size_t b = before.empty() ? 0 : i / before.size();
+      if (cached && b < cached->size() && (*cached)[b] >= 0) continue;  // the cached block's
+      if (!had || !kept[i % before.size()]) FreePage(d, (*pages)[i]);
+    }
+    if (!had) pages->clear();
+    return m;
+  };
+  std::vector<Move> entry_moves, seq_moves;
+  for (size_t id = 0; id < entries_.size(); ++id) {
+    CachedBlock& e = entries_[id];
+    if (!e.live) continue;
+    FS_CHECK_MSG(new_rank[id] >= 0, "cached block {} is named by no live sequence", id);
+    e.pages.resize(num_devices_);
+    for (int d = 0; d < num_devices_; ++d) {
+      entry_moves.push_back(plan_move(&e.pages[d], 1, d, old_slots(d, old_rank_of[id]),
+                                      Slots(d, new_rank[id]), nullptr));
+    }
+  }
   for (const Sequence* s : live) {
     SeqTables& t = seqs_[s->id];
     if (t.pages.empty()) t.dp_rank = s->dp_rank;
@@ -276,51 +342,59 @@ void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity
     t.blocks = s->kv_blocks;
     t.sent = t.blocks;
     for (int d = 0; d < num_devices_; ++d) {
-      const std::vector<int>& before = old_slots(d, t.dp_rank);
-      const std::vector<int>& after = Slots(d, s->dp_rank);
-      std::vector<int32_t>& pages = t.pages[d];
-      const bool had = !pages.empty() && !before.empty() &&
-                       pages.size() == before.size() * static_cast<size_t>(t.blocks);
-      Move m{&t, d, std::vector<int>(after.size(), -1)};
-      std::vector<char> kept(before.size(), 0);
-      if (had) {
-        for (size_t j = 0, i = 0; j < after.size(); ++j) {
-          while (i < before.size() && before[i] < after[j]) ++i;
-          if (i < before.size() && before[i] == after[j]) {
-            m.from[j] = static_cast<int>(i);
-            kept[i] = 1;
-          }
-        }
+      seq_moves.push_back(plan_move(&t.pages[d], t.blocks, d, old_slots(d, t.dp_rank),
+                                    Slots(d, s->dp_rank), &t.cached));
+      for (size_t j = 0; j < seq_moves.back().after.size(); ++j) {
+        if (seq_moves.back().from[j] < 0) t.gained[d].push_back(seq_moves.back().after[j]);
       }
-      for (size_t i = 0; i < pages.size(); ++i) {
-        if (!had || !kept[i % before.size()]) FreePage(d, pages[i]);
-      }
-      if (!had) pages.clear();
-      moves.push_back(std::move(m));
     }
     t.dp_rank = s->dp_rank;
+    t.shared = LeadingCached(t);
   }
-  for (Move& m : moves) {
-    SeqTables& t = *m.t;
-    const int d = m.device;
-    const size_t cols = m.from.size(),
-                 old_cols = t.pages[d].empty() ? 0 : t.pages[d].size() / t.blocks;
-    std::vector<int32_t> pages(cols * t.blocks);
-    const std::vector<int>& after = Slots(d, t.dp_rank);
-    for (size_t j = 0; j < cols; ++j) {
-      if (m.from[j] < 0) t.gained[d].push_back(after[j]);
-      for (int b = 0; b < t.blocks; ++b) {
-        pages[b * cols + j] = m.from[j] >= 0 ? t.pages[d][b * old_cols + m.from[j]] : Allocate(d);
+  auto apply = [&](Move& m) {
+    const size_t cols = m.from.size();
+    const size_t old_cols = m.pages->empty() ? 0 : m.pages->size() / m.blocks;
+    std::vector<int32_t> pages(cols * m.blocks);
+    for (int b = 0; b < m.blocks; ++b) {
+      if (m.cached && b < static_cast<int>(m.cached->size()) && (*m.cached)[b] >= 0) {
+        const std::vector<int32_t>& row = entries_[(*m.cached)[b]].pages[m.device];
+        FS_CHECK(row.size() == cols);
+        std::copy(row.begin(), row.end(), pages.begin() + b * cols);
+        continue;
+      }
+      for (size_t j = 0; j < cols; ++j) {
+        pages[b * cols + j] =
+            m.from[j] >= 0 ? (*m.pages)[b * old_cols + m.from[j]] : Allocate(m.device);
       }
     }
-    t.pages[d] = std::move(pages);
-  }
+    *m.pages = std::move(pages);
+  };
+  for (Move& m : entry_moves) apply(m);
+  for (Move& m : seq_moves) apply(m);
+  RekeyCache(new_rank);
   // Devices without a share hold nothing: their ids start afresh.
   for (int d = 0; d < num_devices_; ++d) {
     if (!plan.IsActive(d)) {
       FS_CHECK(used_[d] == 0);
       pools_[d] = Pool();
     }
+  }
+}
+
+int KvBlockManager::LeadingCached(const SeqTables& t) {
+  int n = 0;
+  while (n < static_cast<int>(t.cached.size()) && t.cached[n] >= 0) ++n;
+  return n;
+}
+
+void KvBlockManager::RekeyCache(const std::vector<int>& new_rank) {
+  if (!cache_on_) return;
+  index_.clear();
+  for (size_t id = 0; id < entries_.size(); ++id) {
+    CachedBlock& e = entries_[id];
+    if (!e.live) continue;
+    e.dp_rank = CacheRank(new_rank[id]);
+    e.indexed = index_.emplace(CacheKey(e.hash, e.dp_rank), static_cast<int32_t>(id)).second;
   }
 }
 

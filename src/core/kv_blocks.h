@@ -31,7 +31,9 @@
 // writes again, are cached. A block nobody references stays cached and is
 // evicted, least recently used first, only when a device runs out of free
 // pages: for admission it counts as free (free(), CanGrow, Fits).
-// A plan change keeps no cache (DropCacheForPlanChange).
+// A plan change keeps the cached blocks running sequences name (their pages
+// move with the plan as a sequence's do, once for all their sharers) and
+// frees the rest (DropUnreferencedCache).
 //
 // Thread-safety: none; the scheduler's thread only.
 #pragma once
@@ -109,15 +111,19 @@ class KvBlockManager {
   void MarkUnsent(int64_t seq_id);
 
   // Pages per device the sequences would take under `plan` (their current
-  // blocks and DP ranks).
+  // blocks and DP ranks; a cached block they share counted once).
   std::vector<int64_t> PagesUnder(const Plan& plan, const std::vector<const Sequence*>& seqs) const;
   // Moves to a new plan and capacities. `live` (with their DP ranks under the
-  // new plan) keep their blocks; every other sequence's pages are freed. A
-  // slot a device held under the old plan and still holds keeps its pages
-  // (its KV stays in place); every other slot gets new pages, and
-  // GainedSlots() lists it (its KV must be restored or recomputed). The
-  // caller has made the live sequences fit (PagesUnder). Every table counts
-  // as sent (the plan change carries them whole).
+  // new plan; sequences sharing a cached block on one rank) keep their
+  // blocks; every other sequence's pages are freed. A slot a device held
+  // under the old plan and still holds keeps its pages (its KV stays in
+  // place); every other slot gets new pages, and GainedSlots() lists it (its
+  // KV must be restored or recomputed). A cached block moves once, and every
+  // table naming it names its new pages. The caller has made the live
+  // sequences fit (PagesUnder) and dropped the unreferenced cache. Every
+  // table counts as sent (the plan change carries them whole), and a
+  // sequence's leading cached blocks count as shared (read-only) from now
+  // on, whoever computed them.
   void Reconfigure(const Plan& plan, std::vector<int64_t> capacity_pages,
                    const std::vector<const Sequence*>& live);
   // Slots of the sequence that `device` did not hold before the last
@@ -153,14 +159,19 @@ class KvBlockManager {
   // attached ones first); empty with the cache off, and again after a plan
   // change until its blocks are registered anew.
   std::span<const uint64_t> Hashes(int64_t seq_id) const;
-  // Before a plan change: live sequences sharing a cached block with an
-  // earlier one of `live` (they must be preempted before
-  // DropCacheForPlanChange: a rolled-back sequence would write into pages
-  // another one reads).
-  std::vector<int64_t> SharersToPreempt(const std::vector<const Sequence*>& live) const;
-  // Empties the cache: unreferenced blocks are freed, a block one sequence
-  // references becomes its own. Call after preempting SharersToPreempt.
-  void DropCacheForPlanChange();
+  // Before a plan change: frees the cached blocks no sequence names (their
+  // KV would have to be restored to stay useful; the host tier keeps it).
+  void DropUnreferencedCache();
+  // The cached block each of the sequence's leading hashed blocks is (-1:
+  // its own), as CachedBlockRefs counts them.
+  std::span<const int32_t> CachedIds(int64_t seq_id) const;
+  // Sequences naming cached block `id`.
+  int CachedBlockRefs(int32_t id) const { return entries_[id].refs; }
+  // After a plan change rolled the sequence back to block `block`: its
+  // cached blocks from there on, which it will write again, become its own
+  // (their hashes forgotten: recomputed, they are registered anew). Each
+  // must be named by it alone (CachedBlockRefs 1).
+  void OwnFrom(int64_t seq_id, int block);
   int64_t cached_blocks() const { return static_cast<int64_t>(index_.size()); }
   int64_t evicted_blocks() const { return evicted_blocks_; }
 
@@ -190,12 +201,17 @@ class KvBlockManager {
     int shared = 0;  // leading blocks attached from the cache (read-only)
   };
   struct CachedBlock {
-    uint64_t hash = 0;            // chained over the tokens up to and with this block
-    uint64_t parent = 0;          // the hash of the block before (the seed for block 0)
-    int dp_rank = -1;             // where its DP pages are; -1: the plan has no DP heads
-    int refs = 0;                 // sequences whose tables name it
-    bool live = false;            // false: a free entry
-    std::vector<int32_t> tokens;  // [block_size], checked on a hit
+    uint64_t hash = 0;    // chained over the tokens up to and with this block
+    uint64_t parent = 0;  // the hash of the block before (the seed for block 0)
+    int dp_rank = -1;     // where its DP pages are; -1: the plan has no DP heads
+    int refs = 0;         // sequences whose tables name it
+    bool live = false;    // false: a free entry
+    // In index_ under CacheKey(hash, dp_rank). After a plan change two
+    // blocks may fall on one key (the same prefix computed on two DP ranks,
+    // and the new plan has none): the second is not indexed, and is freed
+    // as soon as nobody names it.
+    bool indexed = true;
+    std::vector<int32_t> tokens;              // [block_size], checked on a hit
     std::vector<std::vector<int32_t>> pages;  // [device] -> [slot position]; empty: counting only
     std::list<int32_t>::iterator lru;         // in lru_ while refs == 0
   };
@@ -209,6 +225,11 @@ class KvBlockManager {
   void FreeEntry(int32_t id);
   void Unref(int32_t id);
   Status CheckCache() const;
+  // Leading blocks of a table that are cached blocks.
+  static int LeadingCached(const SeqTables& t);
+  // After a plan change: each cached block's DP rank is its sharers' new one
+  // (new_rank, by id), and the index is rebuilt under it.
+  void RekeyCache(const std::vector<int>& new_rank);
   int32_t Allocate(int device);
   void FreePage(int device, int32_t id);
   void SetPlan(const Plan& plan, std::vector<int64_t> capacity_pages);

@@ -188,6 +188,7 @@ void KvBlockManager::Unref(int32_t id) {
   if (--e.refs > 0) return;
   e.lru = lru_.insert(lru_.end(), id);
   for (int d : devices_) evictable_[d] += EntryPages(e, d);
+  if (!e.indexed) FreeEntry(id);  // no one can hit it: freed at once
 }
 
 void KvBlockManager::FreeEntry(int32_t id) {
@@ -203,7 +204,7 @@ void KvBlockManager::FreeEntry(int32_t id) {
       free_ids.insert(free_ids.end(), e.pages[d].begin(), e.pages[d].end());
     }
   }
-  index_.erase(CacheKey(e.hash, e.dp_rank));
+  if (e.indexed) index_.erase(CacheKey(e.hash, e.dp_rank));
   e = CachedBlock();
   free_entries_.push_back(id);
 }
@@ -221,52 +222,36 @@ void KvBlockManager::EvictFor(const std::vector<int64_t>& need) {
   }
 }
 
-std::vector<int64_t> KvBlockManager::SharersToPreempt(
-    const std::vector<const Sequence*>& live) const {
-  std::vector<int64_t> out;
-  if (!cache_on_) return out;
-  std::vector<char> seen(entries_.size(), 0);
-  for (const Sequence* s : live) {
-    auto it = seqs_.find(s->id);
-    if (it == seqs_.end()) continue;
-    bool shares = false;
-    for (int32_t id : it->second.cached) {
-      if (id < 0) continue;
-      shares |= seen[id] != 0;
-      seen[id] = 1;
-    }
-    if (shares) out.push_back(s->id);
-  }
-  return out;
+void KvBlockManager::DropUnreferencedCache() {
+  while (!lru_.empty()) FreeEntry(lru_.front());
 }
 
-void KvBlockManager::DropCacheForPlanChange() {
-  if (!cache_on_) return;
-  // A block one sequence references becomes its own: its pages stay.
-  std::vector<char> handed(entries_.size(), 0);
-  for (auto& [id, t] : seqs_) {
-    for (int32_t e : t.cached) {
-      if (e < 0) continue;
-      FS_CHECK_MSG(!handed[e], "cached block {} is shared at a plan change", e);
-      handed[e] = 1;
-    }
-    t.cached.clear();
-    t.hashes.clear();
-    t.shared = 0;
-  }
-  for (int32_t id = 0; id < static_cast<int32_t>(entries_.size()); ++id) {
+std::span<const int32_t> KvBlockManager::CachedIds(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return {};
+  return it->second.cached;
+}
+
+void KvBlockManager::OwnFrom(int64_t seq_id, int block) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || !cache_on_) return;
+  SeqTables& t = it->second;
+  block = std::max(0, block);
+  if (block >= static_cast<int>(t.cached.size())) return;
+  for (size_t b = block; b < t.cached.size(); ++b) {
+    const int32_t id = t.cached[b];
+    if (id < 0) continue;
     CachedBlock& e = entries_[id];
-    if (!e.live) continue;
-    if (handed[id]) {
-      e = CachedBlock();
-      free_entries_.push_back(id);
-    } else {
-      FreeEntry(id);
-    }
+    FS_CHECK_MSG(e.live && e.refs == 1, "sequence {} takes over cached block {} that {} name",
+                 seq_id, b, e.refs);
+    // Its pages (counted as used already) are the sequence's from now on.
+    if (e.indexed) index_.erase(CacheKey(e.hash, e.dp_rank));
+    e = CachedBlock();
+    free_entries_.push_back(id);
   }
-  index_.clear();
-  lru_.clear();
-  std::fill(evictable_.begin(), evictable_.end(), 0);
+  t.cached.resize(block);
+  t.hashes.resize(block);
+  t.shared = std::min(t.shared, block);
 }
 
 Status KvBlockManager::CheckCache() const {
@@ -294,7 +279,7 @@ Status KvBlockManager::CheckCache() const {
     for (int d : devices_) own[d] += own_blocks * PagesPerBlock(d, t.dp_rank);
   }
   std::vector<int64_t> evictable(num_devices_, 0), cached(num_devices_, 0);
-  size_t live = 0, unreferenced = 0;
+  size_t live = 0, unreferenced = 0, unindexed = 0;
   for (size_t i = 0; i < entries_.size(); ++i) {
     const CachedBlock& e = entries_[i];
     if (!e.live) continue;
@@ -303,15 +288,19 @@ Status KvBlockManager::CheckCache() const {
       return Internal("cached block {}: {} references counted, {} tables name it", i, e.refs,
                       refs[i]);
     auto it = index_.find(CacheKey(e.hash, e.dp_rank));
-    if (it == index_.end() || it->second != static_cast<int32_t>(i))
+    if (e.indexed && (it == index_.end() || it->second != static_cast<int32_t>(i)))
       return Internal("cached block {} is not indexed by its hash", i);
+    if (!e.indexed) {
+      if (e.refs == 0) return Internal("cached block {} is neither indexed nor named", i);
+      ++unindexed;
+    }
     for (int d : devices_) {
       cached[d] += EntryPages(e, d);
       if (e.refs == 0) evictable[d] += EntryPages(e, d);
     }
     unreferenced += e.refs == 0;
   }
-  if (live != index_.size() || unreferenced != lru_.size())
+  if (live != index_.size() + unindexed || unreferenced != lru_.size())
     return Internal("{} cached blocks, {} indexed, {} unreferenced, {} in the LRU list", live,
                     index_.size(), unreferenced, lru_.size());
   for (int32_t id : lru_) {

@@ -5,6 +5,8 @@
 // the router weighs a hit against load.
 #include <gtest/gtest.h>
 
+#include <unordered_map>
+
 #include <map>
 #include <set>
 
@@ -229,34 +231,73 @@ TEST(PrefixCache, CountingOnlyMatchesPageIdsUnderPressure) {
   }
 }
 
-// A plan change keeps no sharing: the later of two sequences sharing cached
-// blocks is preempted, the earlier keeps them as its own.
-TEST(PrefixCache, PlanChangePreemptsSharersAndDropsTheCache) {
+// A plan change keeps sharing: two sequences sharing cached blocks both go
+// on, on one DP rank, their tables naming the same moved pages; what the
+// engine can restore decides who writes a shared block again.
+TEST(PrefixCache, PlanChangeKeepsSharersWhereTheSharedBlocksAreRestored) {
   auto c = Model();
+  enum Restore { kBoth, kFirstOnly, kNeither };
   for (bool page_ids : {true, false}) {
-    auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(8));
-    SchedulerConfig cfg = Cached();
-    cfg.kv_page_ids = page_ids;
-    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
-    const std::vector<int32_t> common = Tokens(64, 5);
-    ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(10, 6)), 40)).ok());
-    RunUntil(s, 1, 74);
-    ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(10, 7)), 40)).ok());
-    RunUntil(s, 2, 74);
-    ASSERT_EQ(s.kv().SharedBlocks(2), 4);
-    std::vector<int> alive = Range(8);
-    alive.erase(alive.begin() + 3);
-    auto next = *Replan(plan, c, alive);
-    std::vector<int64_t> rerouted;
-    const std::vector<int64_t> preempted =
-        s.Reconfigure(next, std::vector<int64_t>(8, 1 << 20), &rerouted);
-    EXPECT_EQ(preempted, std::vector<int64_t>{2});
-    EXPECT_EQ(s.kv().cached_blocks(), 0);
-    EXPECT_EQ(s.kv().SharedBlocks(1), 0);
-    ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
-    if (!page_ids) continue;  // the books below read page tables
-    ExpectKvBooks(s);
-    EXPECT_EQ(Drive(s).outputs.size(), 2u);
+    for (Restore r : {kBoth, kFirstOnly, kNeither}) {
+      auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(8));
+      SchedulerConfig cfg = Cached();
+      cfg.kv_page_ids = page_ids;
+      Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+      const std::vector<int32_t> common = Tokens(64, 5);
+      ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(10, 6)), 40)).ok());
+      RunUntil(s, 1, 74);
+      ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(10, 7)), 40)).ok());
+      RunUntil(s, 2, 74);
+      ASSERT_EQ(s.kv().SharedBlocks(2), 4);
+      const int64_t cached = s.kv().cached_blocks();
+      for (int round = 0; round < 2; ++round) {
+        // Device 3, then the sharers' DP rank: they are routed on together.
+        const int lost = round == 0 ? 3 : s.Find(1)->dp_rank;
+        std::vector<int> alive = plan.active;
+        std::erase(alive, lost);
+        if (alive.size() == plan.active.size()) continue;
+        auto next = *Replan(plan, c, alive);
+        std::vector<int64_t> rerouted;
+        EXPECT_TRUE(s.Reconfigure(next, std::vector<int64_t>(8, 1 << 20), &rerouted).empty());
+        EXPECT_EQ(s.Find(1)->dp_rank, s.Find(2)->dp_rank) << "sharers go to one DP rank";
+        EXPECT_EQ(s.kv().cached_blocks(), cached) << "the blocks they name stay cached";
+        EXPECT_EQ(s.kv().SharedBlocks(1), 4) << "read-only now, whoever computed them";
+        EXPECT_EQ(s.kv().SharedBlocks(2), 4);
+        ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
+        if (page_ids) {
+          for (int d : next.active) {
+            const size_t cols = s.kv().Slots(d, s.Find(1)->dp_rank).size();
+            const std::vector<int32_t>& a = s.kv().Table(1, d);
+            const std::vector<int32_t>& b = s.kv().Table(2, d);
+            ASSERT_GE(a.size(), 4 * cols);
+            EXPECT_TRUE(std::equal(a.begin(), a.begin() + 4 * cols, b.begin())) << "device " << d;
+          }
+        }
+        plan = next;
+      }
+      // Sequence 2 computed nothing past the shared blocks that it could lose
+      // without rewriting them, unless the engine restores them.
+      std::unordered_map<int64_t, int> restore{{1, 74}, {2, 74}};
+      if (r != kBoth) restore[2] = 20;
+      if (r == kNeither) restore[1] = 30;
+      const std::vector<int64_t> preempted = s.KeepRestorableSharing(restore);
+      ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
+      if (r == kBoth) {
+        EXPECT_TRUE(preempted.empty());
+        EXPECT_EQ(s.kv().SharedBlocks(2), 4);
+      } else {
+        EXPECT_EQ(preempted, std::vector<int64_t>{2});
+        // Sequence 1 restores the blocks (or, restoring 30 positions, takes
+        // over those it writes again: blocks 1 to 3).
+        EXPECT_EQ(s.kv().SharedBlocks(1), r == kFirstOnly ? 4 : 1);
+      }
+      for (const auto& [id, tokens] : restore) {
+        if (s.Find(id) && s.Find(id)->state == SeqState::kRunning) s.RollBack(id, tokens);
+      }
+      if (!page_ids) continue;  // the books below read page tables
+      ExpectKvBooks(s);
+      EXPECT_EQ(Drive(s).outputs.size(), 2u);
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 #include "core/scheduler.h"
 
 #include <algorithm>
+#include <functional>
+#include <unordered_set>
 
 #include "common/check.h"
 
@@ -514,31 +516,58 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
 
 std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_t> capacity,
                                             std::vector<int64_t>* rerouted) {
-  // No cache survives a plan change: sequences sharing cached blocks with an
-  // earlier one are recomputed (a rolled-back one would write into pages
-  // another reads); each cached block a single sequence uses becomes its own.
+  // The cached blocks running sequences name survive the plan change (the
+  // block manager moves their pages once); the others are dropped.
   std::vector<int64_t> preempted;
-  for (int64_t id :
-       kv_.SharersToPreempt(std::vector<const Sequence*>(running_.begin(), running_.end()))) {
-    preempted.push_back(id);
-    Preempt(seqs_.at(id).get(), nullptr);
-  }
-  kv_.DropCacheForPlanChange();
   plan_ = plan;
   cost_ = StepCost(plan, model_, speed_);
   dp_load_.assign(plan.num_devices, 0);
   std::vector<Sequence*> all(running_.begin(), running_.end());
   all.insert(all.end(), waiting_.begin(), waiting_.end());
+  // Sequences sharing cached blocks (directly or through others) form a
+  // group; with DP heads a group's blocks live on one DP rank, so the group
+  // goes to one: its first sequence's if that rank is still active, else the
+  // router's choice.
+  const std::vector<Sequence*> groups_in_order(running_.begin(), running_.end());
+  std::vector<int> group(groups_in_order.size());
+  for (size_t i = 0; i < group.size(); ++i) group[i] = static_cast<int>(i);
+  std::function<int(int)> root = [&](int i) {
+    return group[i] == i ? i : group[i] = root(group[i]);
+  };
+  std::unordered_map<int32_t, int> first_sharer;  // cached block -> a sequence naming it
+  for (size_t i = 0; i < groups_in_order.size(); ++i) {
+    for (int32_t id : kv_.CachedIds(groups_in_order[i]->id)) {
+      if (id < 0) continue;
+      auto [it, fresh] = first_sharer.emplace(id, static_cast<int>(i));
+      if (!fresh) group[root(static_cast<int>(i))] = root(it->second);
+    }
+  }
+  const bool dp_heads = plan.num_dp_heads_total() > 0;
+  std::unordered_map<int, int> group_rank;
   for (Sequence* s : all) {
     if (s->dp_rank >= 0 && plan.IsActive(s->dp_rank)) dp_load_[s->dp_rank] += s->len();
   }
-  for (Sequence* s : all) {
-    if (s->dp_rank >= 0 && !plan.IsActive(s->dp_rank)) {
-      if (s->kv_blocks > 0) counted_rank_[s->id] = s->dp_rank;
-      s->dp_rank = Route();
-      dp_load_[s->dp_rank] += s->len();
-      if (rerouted) rerouted->push_back(s->id);
+  auto move_to = [&](Sequence* s, int rank) {
+    if (s->kv_blocks > 0 && !counted_rank_.count(s->id)) counted_rank_[s->id] = s->dp_rank;
+    if (s->dp_rank >= 0 && plan.IsActive(s->dp_rank)) dp_load_[s->dp_rank] -= s->len();
+    s->dp_rank = rank;
+    dp_load_[s->dp_rank] += s->len();
+    if (rerouted) rerouted->push_back(s->id);
+  };
+  for (size_t i = 0; i < groups_in_order.size(); ++i) {
+    Sequence* s = groups_in_order[i];
+    if (s->dp_rank < 0) continue;
+    const int g = root(static_cast<int>(i));
+    auto known = group_rank.find(g);
+    if (known == group_rank.end()) {
+      if (!plan.IsActive(s->dp_rank)) move_to(s, Route());
+      group_rank[g] = s->dp_rank;
+    } else if (s->dp_rank != known->second && (dp_heads || !plan.IsActive(s->dp_rank))) {
+      move_to(s, known->second);
     }
+  }
+  for (Sequence* s : waiting_) {
+    if (s->dp_rank >= 0 && !plan.IsActive(s->dp_rank)) move_to(s, Route());
   }
   // Requests that no longer fit the devices' memory even alone would wait forever.
   const KvBlockManager probe(plan, kv_.block_size(), capacity);
@@ -565,6 +594,51 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
     preempted.push_back(running_.back()->id);
     Preempt(running_.back(), nullptr);
   }
+  return preempted;
+}
+
+std::vector<int64_t> Scheduler::KeepRestorableSharing(
+    const std::unordered_map<int64_t, int>& restore) {
+  std::vector<int64_t> preempted;
+  if (!kv_.prefix_cache()) return preempted;
+  const int bs = kv_.block_size();
+  auto restored = [&](const Sequence* s) {
+    auto it = restore.find(s->id);
+    return it == restore.end() ? s->num_computed : it->second;
+  };
+  // Cached blocks some sharer restores whole.
+  std::unordered_set<int32_t> can_restore;
+  for (const Sequence* s : running_) {
+    const std::span<const int32_t> ids = kv_.CachedIds(s->id);
+    for (size_t b = 0; b < ids.size() && static_cast<int>(b + 1) * bs <= restored(s); ++b)
+      if (ids[b] >= 0) can_restore.insert(ids[b]);
+  }
+  std::unordered_map<int32_t, int64_t> keeper;  // a block no sharer restores -> who writes it
+  const std::vector<Sequence*> run(running_.begin(), running_.end());
+  for (Sequence* s : run) {
+    const int from = restored(s) / bs;  // the first block it writes again
+    const std::span<const int32_t> ids = kv_.CachedIds(s->id);
+    bool conflict = false;
+    std::vector<int32_t> keeps;
+    for (size_t b = from; b < ids.size(); ++b) {
+      const int32_t id = ids[b];
+      if (id < 0 || kv_.CachedBlockRefs(id) == 1) continue;
+      auto k = keeper.find(id);
+      if (can_restore.count(id) || (k != keeper.end() && k->second != s->id)) {
+        conflict = true;
+        break;
+      }
+      keeps.push_back(id);
+    }
+    if (conflict) {
+      preempted.push_back(s->id);
+      Preempt(s, nullptr);
+      continue;
+    }
+    for (int32_t id : keeps) keeper[id] = s->id;
+  }
+  for (const Sequence* s : running_) kv_.OwnFrom(s->id, restored(s) / bs);
+  kv_.DropUnreferencedCache();
   return preempted;
 }
 

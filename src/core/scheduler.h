@@ -150,11 +150,22 @@ class Scheduler {
 
   // After a failure or rejoin: new plan and capacities. Sequences keep their
   // computed KV (the engine restores it onto the new devices); DP ranks on
-  // devices that left are re-routed (listed in `rerouted`). The block manager
-  // moves every running sequence's tables to the new plan (kv().Table,
-  // kv().GainedSlots). Returns sequences preempted to fit the new capacities.
+  // devices that left are re-routed, and with DP heads sequences sharing
+  // cached blocks go to one rank (all listed in `rerouted`). The block
+  // manager moves every running sequence's tables, and the cached blocks
+  // they name, to the new plan (kv().Table, kv().GainedSlots). Returns
+  // sequences preempted to fit the new capacities.
   std::vector<int64_t> Reconfigure(const Plan& plan, std::vector<int64_t> kv_capacity_pages,
                                    std::vector<int64_t>* rerouted);
+  // After Reconfigure, given how many positions of each running sequence
+  // the engine can restore (`restore`, by id): a sequence restored to fewer
+  // positions than its cached blocks hold must write them again. A block
+  // only it names becomes its own; a block another sharer can restore keeps
+  // its KV for the sharers, and the sequence is preempted; a block no
+  // sharer can restore goes to its first sharer, the others preempted.
+  // Cached blocks left unnamed are dropped (their KV was not restored).
+  // Returns the sequences preempted.
+  std::vector<int64_t> KeepRestorableSharing(const std::unordered_map<int64_t, int>& restore);
   // The devices may not have applied the block tables of these sequences'
   // last step (it failed): the next step carries their whole tables.
   void ResendKvTables(const std::vector<int64_t>& ids);

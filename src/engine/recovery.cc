@@ -1,6 +1,8 @@
 // Engine recovery: a new plan for the alive devices, weights and KV moved to
 // it, sequences rolled back to what could be restored.
 #include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -208,14 +210,9 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
       // What the devices published stays valid (it only lags): restore from it.
       FS_LOG_WARN("draining the KV backup failed: {}; restoring what it holds", drained.ToString());
     }
-    // How far each sequence's KV can be restored, and the block tables the
-    // scheduler moved to the new plan.
-    std::vector<SeqRestore> seqs;
-    DeviceRestores tables(next->num_devices);
+    // How far each sequence's KV can be restored.
+    std::unordered_map<int64_t, int> restore_of;
     for (const Sequence* s : scheduler_->Running()) {
-      SeqRestore sr;
-      sr.seq_id = s->id;
-      sr.dp_rank = s->dp_rank;
       int restore = s->num_computed;
       if (options_.recovery == RecoveryMode::kRecompute || !backup) {
         restore = 0;
@@ -237,7 +234,33 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
           }
         }
       }
-      sr.restore_tokens = restore;
+      restore_of[s->id] = restore;
+    }
+    // Cached blocks stay shared where a sharer restores them; a sequence that
+    // would write one again that others read is preempted.
+    for (int64_t id : scheduler_->KeepRestorableSharing(restore_of))
+      settled_->preempted.push_back(id);
+    // The block tables the scheduler moved to the new plan; a cached block is
+    // restored by the first sequence that names it, the others' tables name
+    // its pages (SeqRestore::restore_from).
+    std::vector<SeqRestore> seqs;
+    DeviceRestores tables(next->num_devices);
+    std::unordered_set<int32_t> restored_blocks;
+    const int bs = executor_->block_size();
+    for (const Sequence* s : scheduler_->Running()) {
+      SeqRestore sr;
+      sr.seq_id = s->id;
+      sr.dp_rank = s->dp_rank;
+      sr.restore_tokens = restore_of.at(s->id);
+      sr.shared_blocks = scheduler_->kv().SharedBlocks(s->id);
+      const std::span<const int32_t> ids = scheduler_->kv().CachedIds(s->id);
+      int from = 0;
+      while (from < static_cast<int>(ids.size()) && ids[from] >= 0 &&
+             (from + 1) * bs <= sr.restore_tokens && restored_blocks.count(ids[from]))
+        ++from;
+      sr.restore_from = from * bs;
+      for (int b = 0; b < static_cast<int>(ids.size()) && (b + 1) * bs <= sr.restore_tokens; ++b)
+        if (ids[b] >= 0) restored_blocks.insert(ids[b]);
       if (backup) {
         const auto& blocks = backup->Blocks(s->id);
         sr.backup_blocks.assign(blocks.begin(), blocks.end());

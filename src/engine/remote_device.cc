@@ -309,7 +309,7 @@ Status RemoteDevice::SendRestoreBlocks(const std::string& payload) {
     WireWriter w;
     uint64_t n = 0;
     WireWriter ranges;
-    for (int blk = 0; blk * h.block_size < s.restore_tokens; ++blk) {
+    for (int blk = s.restore_from / h.block_size; blk * h.block_size < s.restore_tokens; ++blk) {
       if (blk >= static_cast<int>(s.backup_blocks.size()) || s.backup_blocks[blk] < 0 ||
           s.backup_blocks[blk] >= h.num_blocks) {
         break;

@@ -127,6 +127,21 @@ class ChaosRun {
     spec.prompt.resize(prompt);
     const int vocab = exec_->config().vocab_size;
     for (int32_t& t : spec.prompt) t = static_cast<int32_t>(rng_.Below(vocab));
+    if (o_.prefix_cache && rng_.Below(3) != 0) {
+      // A shared prefix of up to half the prompt (the prefixes are drawn
+      // once, from the seed).
+      if (prefixes_.empty()) {
+        Rng pr(HashCombine(o_.seed, 0x9ef1));
+        prefixes_.resize(4);
+        for (auto& p : prefixes_) {
+          p.resize(std::max(1, o_.max_prompt / 2));
+          for (int32_t& t : p) t = static_cast<int32_t>(pr.Below(vocab));
+        }
+      }
+      const auto& p = prefixes_[rng_.Below(prefixes_.size())];
+      std::copy(p.begin(), p.begin() + std::min<size_t>(p.size(), prompt / 2 + 1),
+                spec.prompt.begin());
+    }
     spec.max_new_tokens = 1 + static_cast<int>(rng_.Below(o_.max_output));
     spec.arrival = clock_->NowSeconds();
     // A third of the requests stop at a token of their own output.
@@ -385,6 +400,14 @@ class ChaosRun {
     };
     for (const Sequence* q : s.Running()) add(q);
     for (const Sequence* q : s.Waiting()) add(q);
+    if (kv.prefix_cache()) {
+      // Cached blocks: once however many sequences name them, and those
+      // nobody names (evictable) too.
+      std::vector<const Sequence*> held = s.Running();
+      for (const Sequence* q : s.Waiting()) held.push_back(q);
+      used = kv.PagesUnder(exec_->plan(), held);
+      for (int d : kv.devices()) used[d] += kv.evictable(d);
+    }
     if (!engine_->degraded()) {
       for (int d : kv.devices()) {
         if (used[d] != kv.used(d))
@@ -413,6 +436,7 @@ class ChaosRun {
   std::unique_ptr<Engine> engine_;
   ChaosReport* report_ = nullptr;
   std::unordered_map<int64_t, Tracked> tracked_;
+  std::vector<std::vector<int32_t>> prefixes_;  // shared prompt prefixes (prefix_cache)
   int64_t next_id_ = 1;
   bool cascade_ = false;
   bool restored_ = false;
@@ -484,6 +508,8 @@ Result<ChaosReport> RunChaos(const ChaosOptions& o) {
   sched.max_batch_tokens = 2048;
   sched.max_num_seqs = 64;
   sched.kv_page_ids = o.page_ids;
+  sched.prefix_cache = o.prefix_cache;
+  sched.prefix_cache_host = o.prefix_cache && eo.backup_bytes >= 0;
   eo.max_batch_tokens = sched.max_batch_tokens;
   FS_ASSIGN_OR_RETURN(auto exec, SimExecutor::Create(eo, &clock));
   ChaosReport report;

@@ -60,6 +60,10 @@ struct ChaosOptions {
   // Page ids and block tables (the real engine's bookkeeping, checked
   // fully); false: pages are only counted.
   bool page_ids = true;
+  // The prefix cache with its host tier: two requests in three start with
+  // one of a few shared prefixes, so that sequences share cached blocks
+  // through failures, hangs, rejoins and rebalances.
+  bool prefix_cache = false;
 };
 
 struct ChaosReport {

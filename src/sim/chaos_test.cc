@@ -62,6 +62,23 @@ TEST(Chaos, EveryRecoveryModeAndAPartialBackupHoldTheInvariants) {
   EXPECT_EQ(r->violations, 0) << r->ToText();
 }
 
+// Sequences sharing cached blocks through every kind of fault: the block
+// manager's and the backup's books hold after every step, with page ids and
+// counted, and every request gets its tokens.
+TEST(Chaos, SharedPrefixesHoldTheInvariantsThroughFaults) {
+  for (bool page_ids : {true, false}) {
+    ChaosOptions o = Short(21);
+    o.faults = 80;
+    o.prefix_cache = true;
+    o.page_ids = page_ids;
+    auto r = RunChaos(o);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->violations, 0) << r->ToText();
+    EXPECT_GT(r->recoveries, 10) << r->ToText();
+    EXPECT_EQ(r->finished + r->failed, r->requests);
+  }
+}
+
 TEST(Chaos, RejectsBadOptions) {
   ChaosOptions o;
   o.mean_fault_gap_s = 0;

@@ -329,7 +329,8 @@ Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
             gained = CountGained(after, slots_[d][was->second]);
           }
         }
-        kv_bytes += slot_bytes * static_cast<double>(gained) * sr.restore_tokens;
+        kv_bytes += slot_bytes * static_cast<double>(gained) *
+                    std::max(0, sr.restore_tokens - sr.restore_from);
       }
     } else if (static_cast<size_t>(d) < seqs.size()) {
       for (const SeqRestore& sr : seqs[d]) held[sr.seq_id] = sr.dp_rank;

@@ -62,9 +62,15 @@ std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break
 struct SeqRestore {
   int64_t seq_id = 0;
   int32_t dp_rank = 0;
-  // Positions [0, restore_tokens) of every slot in restore_slots come from
-  // the host backup; later positions will be recomputed.
+  // Positions [restore_from, restore_tokens) of every slot in restore_slots
+  // come from the host backup; later positions will be recomputed, earlier
+  // ones are in cached blocks another sequence's restore writes (restore_from
+  // a multiple of the block size).
   int32_t restore_tokens = 0;
+  int32_t restore_from = 0;
+  // Leading blocks of the table that are cached (shared, read-only): their
+  // pages may be named by other tables.
+  int32_t shared_blocks = 0;
   std::vector<int32_t> backup_blocks;  // logical block -> backup block
   // The sequence's whole block table on this device under the new plan:
   // num_blocks blocks of Plan::KvSlots(device, dp_rank) pages each.

@@ -202,6 +202,13 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
       return InvalidArgument("sequence {}: {} positions to restore exceed its blocks", s.seq_id,
                              s.restore_tokens);
     }
+    if (s.restore_from < 0 || s.restore_from % bs != 0 ||
+        s.restore_from > std::max(0, s.restore_tokens) || s.shared_blocks < 0 ||
+        s.shared_blocks > s.num_blocks || s.restore_from > s.shared_blocks * bs) {
+      return InvalidArgument(
+          "sequence {}: restoring from position {} with {} shared blocks of {} does not fit",
+          s.seq_id, s.restore_from, s.shared_blocks, s.num_blocks);
+    }
     if (!keep) continue;
     // A kept slot must hold its KV up to restore_tokens in the pages the new
     // table names. The device may lack the table's last blocks (the step that
@@ -224,11 +231,12 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
   for (int64_t id : kv_.Seqs()) kv_.FreeSeq(id);
   for (const SeqRestore& s : seqs) {
     const std::vector<int>& slots = KvSlots(s.dp_rank);
-    FS_RETURN_IF_ERROR(kv_.AddBlocks(s.seq_id, slots, 0, s.num_blocks, s.pages.data()));
+    FS_RETURN_IF_ERROR(
+        kv_.AddBlocks(s.seq_id, slots, 0, s.num_blocks, s.pages.data(), s.shared_blocks));
     if (s.restore_tokens <= 0) continue;
     for (int slot : slots) {
       if (keep && !std::count(s.restore_slots.begin(), s.restore_slots.end(), slot)) continue;
-      for (int blk = 0; blk * bs < s.restore_tokens; ++blk) {
+      for (int blk = s.restore_from / bs; blk * bs < s.restore_tokens; ++blk) {
         const int rows = std::min(bs, s.restore_tokens - blk * bs);
         if (s.backup_blocks[blk] < 0 ||
             s.backup_blocks[blk] >= backup_layout_.header().num_blocks || !backup_base_) {

@@ -56,6 +56,8 @@ void ApplyPlanRequest::Encode(WireWriter* w) const {
     w->Put(s.seq_id);
     w->Put(s.dp_rank);
     w->Put(s.restore_tokens);
+    w->Put(s.restore_from);
+    w->Put(s.shared_blocks);
     w->PutVector(s.backup_blocks);
     w->Put(s.num_blocks);
     w->PutVector(s.pages);
@@ -74,6 +76,8 @@ bool ApplyPlanRequest::Decode(WireReader* r) {
     s.seq_id = r->Get<int64_t>();
     s.dp_rank = r->Get<int32_t>();
     s.restore_tokens = r->Get<int32_t>();
+    s.restore_from = r->Get<int32_t>();
+    s.shared_blocks = r->Get<int32_t>();
     s.backup_blocks = r->GetVector<int32_t>();
     s.num_blocks = r->Get<int32_t>();
     s.pages = r->GetVector<int32_t>();

@@ -37,7 +37,7 @@ enum class WorkerOp : uint32_t {
 // (StepSeq::backup_from).
 // 5: a step may copy a sequence's blocks from the host backup into its pages
 // before computing (StepSeq::host_blocks: host-tier prefix hits).
-constexpr int32_t kWorkerProtocolVersion = 5;
+constexpr int32_t kWorkerProtocolVersion = 6;
 
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.

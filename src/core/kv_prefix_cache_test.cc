@@ -301,6 +301,51 @@ TEST(PrefixCache, PlanChangeKeepsSharersWhereTheSharedBlocksAreRestored) {
   }
 }
 
+// A plan that gains DP heads puts a cached block on one DP rank: its sharers
+// move there while that rank's work stays within prefix_affinity_tokens of
+// the least-loaded rank's, as the router weighs a hit; past the bound a
+// sharer stops sharing (preempted, routed afresh) instead of piling every
+// sharer of a common prefix onto one rank.
+TEST(PrefixCache, APlanChangeWeighsSharingAgainstLoad) {
+  auto c = Model();
+  for (int64_t bound : {int64_t{1} << 30, int64_t{0}}) {
+    auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(8));
+    ASSERT_EQ(plan.num_dp_heads_total(), 0);
+    SchedulerConfig cfg = Cached();
+    cfg.prefix_affinity_tokens = bound;
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
+    const std::vector<int32_t> common = Tokens(64, 5);
+    ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(10, 6)), 40)).ok());
+    RunUntil(s, 1, 74);
+    ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(10, 7)), 40)).ok());
+    RunUntil(s, 2, 74);
+    ASSERT_EQ(s.kv().SharedBlocks(2), 4);
+    ASSERT_NE(s.Find(1)->dp_rank, s.Find(2)->dp_rank) << "routed by load";
+    std::vector<int> alive = plan.active;
+    std::erase(alive, s.Find(1)->dp_rank == 3 || s.Find(2)->dp_rank == 3 ? 5 : 3);
+    auto next = *Replan(plan, c, alive);
+    ASSERT_GT(next.num_dp_heads_total(), 0);
+    const std::vector<int64_t> preempted =
+        s.Reconfigure(next, std::vector<int64_t>(8, 1 << 20), nullptr);
+    ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
+    if (bound > 0) {
+      EXPECT_TRUE(preempted.empty());
+      EXPECT_EQ(s.Find(1)->dp_rank, s.Find(2)->dp_rank);
+      EXPECT_EQ(s.kv().SharedBlocks(2), 4);
+    } else {
+      EXPECT_EQ(preempted, std::vector<int64_t>{2});
+      EXPECT_EQ(s.Find(2)->state, SeqState::kWaiting);
+      EXPECT_EQ(s.Find(2)->dp_rank, -1) << "routed afresh when readmitted";
+      EXPECT_EQ(s.kv().SharedBlocks(1), 4) << "the first sharer keeps the blocks";
+    }
+    EXPECT_TRUE(s.KeepRestorableSharing({{1, 74}, {2, 74}}).empty());
+    ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
+    ExpectKvBooks(s);
+    const auto out = Drive(s).outputs;
+    EXPECT_EQ(out.size(), 2u);
+  }
+}
+
 // With DP heads a hit is on one DP rank: the router sends a request there
 // unless that rank's pending work exceeds the least-loaded one's by more than
 // prefix_affinity_tokens.

@@ -563,6 +563,22 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
       if (!plan.IsActive(s->dp_rank)) move_to(s, Route());
       group_rank[g] = s->dp_rank;
     } else if (s->dp_rank != known->second && (dp_heads || !plan.IsActive(s->dp_rank))) {
+      // As the router weighs a hit against load: a group stays together
+      // while its rank's work is within prefix_affinity_tokens of the
+      // least-loaded rank's. Past that, the sequence stops sharing: it is
+      // preempted and comes back as a prefill routed by load (a plan that
+      // gains DP heads would otherwise put every sharer of a common prefix
+      // on one rank).
+      int least = known->second;
+      for (int d : plan.active) least = dp_load_[d] < dp_load_[least] ? d : least;
+      if (dp_heads &&
+          dp_load_[known->second] + s->len() - dp_load_[least] > config_.prefix_affinity_tokens) {
+        preempted.push_back(s->id);
+        Preempt(s, nullptr);
+        if (plan.IsActive(s->dp_rank)) dp_load_[s->dp_rank] -= s->len();
+        s->dp_rank = -1;
+        continue;
+      }
       move_to(s, known->second);
     }
   }

@@ -512,5 +512,77 @@ TEST(PrefixCache, WaitingRequestsDoNotHoldEachOthersPrefixes) {
   }
 }
 
+// The admission watermark keeps room for running sequences to grow; with
+// none running, a request that fits the devices alone is admitted though it
+// takes the watermark too: here its cached prefix and first chunk fill the
+// devices (it waited forever).
+TEST(PrefixCache, ARequestThatFitsAloneIsAdmittedIntoTheWatermark) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kCyclic, 8, Range(8));
+  for (PrefillPolicy pp : {PrefillPolicy::kAdaptive, PrefillPolicy::kFifo}) {
+    SchedulerConfig cfg = Cached();
+    cfg.prefill = pp;
+    cfg.admit_watermark = 0.05;
+    // 100 blocks of every slot per device; the request needs all of them.
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 100LL * plan.num_tp_heads_total(0)));
+    ASSERT_TRUE(s.Add(Prompt(1, Tokens(98 * 16, 1), 1)).ok());
+    EXPECT_EQ(Drive(s, 1000).outputs.size(), 1u);
+    // Hits 98 cached blocks, needs the last 2.
+    ASSERT_TRUE(s.Add(Prompt(2, Concat(Tokens(98 * 16, 1), Tokens(31, 2)), 1)).ok());
+    EXPECT_EQ(Drive(s, 1000).outputs.size(), 1u) << PrefillPolicyName(pp);
+    EXPECT_TRUE(s.idle());
+    EXPECT_EQ(s.prefix_cache_stats().hit_blocks, 98);
+  }
+}
+
+// The same on DP ranks, where the adaptive policy tries the least-loaded
+// rank's request first, not the queue's head: a blocked request queued after
+// the head, tried first, kept its prefix while the head waited for those
+// pages, and neither was ever admitted (a real engine run on the Mooncake
+// trace with the host tier stopped there for good after a failure). Both
+// orders of the two requests, so that either rank may be tried first.
+TEST(PrefixCache, WaitingRequestsOnOtherRanksDoNotHoldEachOthersPrefixes) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  ASSERT_GT(plan.num_dp_heads_total(), 0);
+  const KvBlockManager probe(plan, 16, std::vector<int64_t>(8, 1 << 20));
+  // Ten blocks per device of the rank that takes most pages there.
+  std::vector<int64_t> capacity(8, 0);
+  for (int d : plan.active)
+    for (int r : plan.active) capacity[d] = std::max(capacity[d], 10 * probe.PagesPerBlock(d, r));
+  // A slower rank (more of the model's items on its device) and a faster one.
+  StepCost cost(plan, c, DeviceSpeed{});
+  cost.Reset();
+  int slow = plan.active.front(), fast = slow;
+  for (int r : plan.active) {
+    if (cost.DeviceTime(r) > cost.DeviceTime(slow)) slow = r;
+    if (cost.DeviceTime(r) < cost.DeviceTime(fast)) fast = r;
+  }
+  ASSERT_GT(cost.DeviceTime(slow), cost.DeviceTime(fast));
+  for (bool head_on_slow : {true, false}) {
+    SchedulerConfig cfg = Cached();
+    cfg.prefill = PrefillPolicy::kAdaptive;
+    Scheduler s(cfg, plan, c, 16, capacity);
+    const int head_rank = head_on_slow ? slow : fast, other_rank = head_on_slow ? fast : slow;
+    auto on = [](std::unique_ptr<Sequence> q, int rank) {
+      q->dp_rank = rank;
+      return q;
+    };
+    // Two 4-block prompts, computed and cached on the two ranks.
+    ASSERT_TRUE(s.Add(on(Prompt(1, Tokens(64, 1), 1), head_rank)).ok());
+    ASSERT_TRUE(s.Add(on(Prompt(2, Tokens(64, 2), 1), other_rank)).ok());
+    EXPECT_EQ(Drive(s).outputs.size(), 2u);
+    // Each new request hits one prefix (on its rank) and needs 4 more
+    // blocks on every device: it fits only if the other prefix gives way.
+    ASSERT_TRUE(s.Add(on(Prompt(3, Concat(Tokens(64, 1), Tokens(64, 3)), 2), head_rank)).ok());
+    ASSERT_TRUE(s.Add(on(Prompt(4, Concat(Tokens(64, 2), Tokens(64, 4)), 2), other_rank)).ok());
+    DriveResult r = Drive(s, 200);
+    EXPECT_EQ(r.outputs.size(), 2u)
+        << "head on the " << (head_on_slow ? "slower" : "faster") << " rank";
+    EXPECT_TRUE(s.idle());
+    EXPECT_GT(s.prefix_cache_stats().hit_blocks, 0);
+  }
+}
+
 }  // namespace
 }  // namespace failsafe

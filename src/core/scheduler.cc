@@ -375,8 +375,9 @@ void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequ
                                     std::vector<int>* sizes) {
   std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
       keep(plan_.num_devices, 0);
-  for (int d : plan_.active)
-    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+  for (int d : plan_.active)  // as in SchedulePrefillAdaptive
+    keep[d] =
+        running_.empty() ? 0 : static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
   for (Sequence* s : PrefillCandidates(1 << 30)) {
     if (budget <= 0) break;
     const bool admitting = s->state == SeqState::kWaiting;
@@ -411,8 +412,12 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
   std::vector<Cand> cands;
   std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
       keep(plan_.num_devices, 0);
+  // The watermark keeps room for running sequences to grow: with none, the
+  // queue's head may take it (else a request that fits alone might never be
+  // admitted).
   for (int d : plan_.active)
-    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+    keep[d] =
+        running_.empty() ? 0 : static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
   for (Sequence* s : PrefillCandidates(config_.adaptive_candidates)) {
     RouteCandidate(s);
     AttachCandidate(s, pending, keep);
@@ -449,12 +454,18 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
       // queue's head waits for pages they pin, they let go of them for this
       // step; else the head may never fit, and first come, first served
       // would admit nothing, step after step.
+      // So do the admissions already blocked, wherever they are queued (the
+      // least-loaded rank's request is tried first, not the queue's head):
+      // they get no chunk this step, and a pinned prefix of theirs may be
+      // what keeps an earlier request out.
       if (c.admitting && c.chunk == 0) {
         bool released = false;
-        for (size_t i = pick + 1; i < cands.size(); ++i) {
-          if (!cands[i].admitting || cands[i].chunk > 0 || cands[i].blocked) continue;
-          released |= DetachCandidate(cands[i].s);
-          cands[i].blocked = true;  // they would wait behind the head anyway
+        for (size_t i = 0; i < cands.size(); ++i) {
+          Cand& o = cands[i];
+          if (i == static_cast<size_t>(pick) || !o.admitting || o.chunk > 0) continue;
+          if (i < static_cast<size_t>(pick) && !o.blocked) continue;
+          released |= DetachCandidate(o.s);
+          o.blocked = true;  // they would wait behind the head anyway
         }
         if (released) continue;
       }

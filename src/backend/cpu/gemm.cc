@@ -42,16 +42,23 @@ float* Scratch(int64_t floats) {
   return scratch.data();
 }
 
-// dst[i] = RoundToBf16(src[i]), i < n, 16 at a time (the same operations
-// on GCC vectors).
+// An f32's bits rounded to bf16 (the upper half; the lower is zero), on one
+// uint32_t or on a GCC vector of them lane by lane: branch-free. NaN: quiet,
+// with the payload's upper bits; else to nearest, ties to even.
+template <typename U>
+U Bf16Bits(U b) {
+  const U nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
+  return ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;
+}
+
+// dst[i] = RoundToBf16(src[i]), i < n, 16 at a time.
 void RoundRowToBf16(const float* src, float* dst, int n) {
   typedef uint32_t U16 __attribute__((vector_size(64)));
   int i = 0;
   for (; i + 16 <= n; i += 16) {
     U16 b;
     std::memcpy(&b, src + i, 64);
-    const U16 nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
-    b = ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;
+    b = Bf16Bits(b);
     std::memcpy(dst + i, &b, 64);
   }
   for (; i < n; ++i) dst[i] = RoundToBf16(src[i]);
@@ -94,10 +101,7 @@ void RoundActivations(KernelArgs* ka) {
 float RoundToBf16(float x) {
   uint32_t b;
   std::memcpy(&b, &x, 4);
-  // Branch-free, so that a row's loop vectorises. NaN: quiet, with the
-  // payload's upper bits; else to nearest, ties to even.
-  const uint32_t nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
-  b = ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;
+  b = Bf16Bits(b);
   std::memcpy(&x, &b, 4);
   return x;
 }

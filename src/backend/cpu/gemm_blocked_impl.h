@@ -327,25 +327,12 @@ __attribute__((target("avx512bf16"), noinline)) void DirectDpbf16(const KernelAr
 template <int MR>
 void DirectDpbf16Range(const KernelArgs& a, int j0, int j1) {
   const int rows = BlockedItemRows(a), full = rows / 16 * 16;
+  static constexpr void (*kSideBySide[])(const KernelArgs&, const DirectUnit*) = {
+      nullptr, DirectDpbf16<MR, 1>, DirectDpbf16<MR, 2>, DirectDpbf16<MR, 3>, DirectDpbf16<MR, 4>};
   DirectUnit u[4];
   int n = 0;
   auto flush = [&] {
-    switch (n) {
-      case 4:
-        DirectDpbf16<MR, 4>(a, u);
-        break;
-      case 3:
-        DirectDpbf16<MR, 3>(a, u);
-        break;
-      case 2:
-        DirectDpbf16<MR, 2>(a, u);
-        break;
-      case 1:
-        DirectDpbf16<MR, 1>(a, u);
-        break;
-      default:
-        break;
-    }
+    if (n > 0) kSideBySide[n](a, u);
     n = 0;
   };
   for (int j = j0; j < j1;) {

@@ -996,22 +996,20 @@ void RunPanel(const KernelArgs& a, int panel, float* packed) {
   }
 }
 
+// A row's vectors, the last one partial (the same lanes' arithmetic).
 void SiluMulRow(const float* g, const float* u, float* out, int n) {
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const V16 gv = Load(g + i);
-    Store(out + i, gv / (Splat(1.0f) + Exp(-gv)) * Load(u + i));
-  }
-  if (i < n) {  // the same lanes' arithmetic on a partial vector
-    const V16 gv = LoadPart(g + i, n - i);
-    StorePart(out + i, gv / (Splat(1.0f) + Exp(-gv)) * LoadPart(u + i, n - i), n - i);
+  for (int i = 0; i < n; i += 16) {
+    const int c = std::min(16, n - i);
+    const V16 gv = LoadPart(g + i, c);
+    StorePart(out + i, gv / (Splat(1.0f) + Exp(-gv)) * LoadPart(u + i, c), c);
   }
 }
 
 void ExpShifted(float* row, int n, float shift) {
-  int i = 0;
-  for (; i + 16 <= n; i += 16) Store(row + i, Exp(Load(row + i) - Splat(shift)));
-  if (i < n) StorePart(row + i, Exp(LoadPart(row + i, n - i) - Splat(shift)), n - i);
+  for (int i = 0; i < n; i += 16) {
+    const int c = std::min(16, n - i);
+    StorePart(row + i, Exp(LoadPart(row + i, c) - Splat(shift)), c);
+  }
 }
 
 }  // namespace

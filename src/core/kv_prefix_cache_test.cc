@@ -231,6 +231,17 @@ TEST(PrefixCache, CountingOnlyMatchesPageIdsUnderPressure) {
   }
 }
 
+// Two running sequences sharing four cached blocks: 1 computed them, 2
+// attached them; both are 74 tokens long.
+void AddTwoSharers(Scheduler& s) {
+  const std::vector<int32_t> common = Tokens(64, 5);
+  ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(10, 6)), 40)).ok());
+  RunUntil(s, 1, 74);
+  ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(10, 7)), 40)).ok());
+  RunUntil(s, 2, 74);
+  ASSERT_EQ(s.kv().SharedBlocks(2), 4);
+}
+
 // A plan change keeps sharing: two sequences sharing cached blocks both go
 // on, on one DP rank, their tables naming the same moved pages; what the
 // engine can restore decides who writes a shared block again.
@@ -243,12 +254,8 @@ TEST(PrefixCache, PlanChangeKeepsSharersWhereTheSharedBlocksAreRestored) {
       SchedulerConfig cfg = Cached();
       cfg.kv_page_ids = page_ids;
       Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
-      const std::vector<int32_t> common = Tokens(64, 5);
-      ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(10, 6)), 40)).ok());
-      RunUntil(s, 1, 74);
-      ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(10, 7)), 40)).ok());
-      RunUntil(s, 2, 74);
-      ASSERT_EQ(s.kv().SharedBlocks(2), 4);
+      AddTwoSharers(s);
+      if (HasFatalFailure()) return;
       const int64_t cached = s.kv().cached_blocks();
       for (int round = 0; round < 2; ++round) {
         // Device 3, then the sharers' DP rank: they are routed on together.
@@ -280,12 +287,17 @@ TEST(PrefixCache, PlanChangeKeepsSharersWhereTheSharedBlocksAreRestored) {
       std::unordered_map<int64_t, int> restore{{1, 74}, {2, 74}};
       if (r != kBoth) restore[2] = 20;
       if (r == kNeither) restore[1] = 30;
-      const std::vector<int64_t> preempted = s.KeepRestorableSharing(restore);
+      const Scheduler::KeptSharing kept = s.KeepRestorableSharing(restore);
+      const std::vector<int64_t>& preempted = kept.preempted;
       ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
       if (r == kBoth) {
         EXPECT_TRUE(preempted.empty());
         EXPECT_EQ(s.kv().SharedBlocks(2), 4);
+        // Sequence 1 restores the four blocks; 2's restore starts past them.
+        EXPECT_FALSE(kept.restore_from.count(1));
+        EXPECT_EQ(kept.restore_from.at(2), 64);
       } else {
+        EXPECT_FALSE(kept.restore_from.count(2));
         EXPECT_EQ(preempted, std::vector<int64_t>{2});
         // Sequence 1 restores the blocks (or, restoring 30 positions, takes
         // over those it writes again: blocks 1 to 3).
@@ -314,12 +326,8 @@ TEST(PrefixCache, APlanChangeWeighsSharingAgainstLoad) {
     SchedulerConfig cfg = Cached();
     cfg.prefix_affinity_tokens = bound;
     Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1 << 20));
-    const std::vector<int32_t> common = Tokens(64, 5);
-    ASSERT_TRUE(s.Add(Prompt(1, Concat(common, Tokens(10, 6)), 40)).ok());
-    RunUntil(s, 1, 74);
-    ASSERT_TRUE(s.Add(Prompt(2, Concat(common, Tokens(10, 7)), 40)).ok());
-    RunUntil(s, 2, 74);
-    ASSERT_EQ(s.kv().SharedBlocks(2), 4);
+    AddTwoSharers(s);
+    if (HasFatalFailure()) return;
     ASSERT_NE(s.Find(1)->dp_rank, s.Find(2)->dp_rank) << "routed by load";
     std::vector<int> alive = plan.active;
     std::erase(alive, s.Find(1)->dp_rank == 3 || s.Find(2)->dp_rank == 3 ? 5 : 3);
@@ -338,7 +346,7 @@ TEST(PrefixCache, APlanChangeWeighsSharingAgainstLoad) {
       EXPECT_EQ(s.Find(2)->dp_rank, -1) << "routed afresh when readmitted";
       EXPECT_EQ(s.kv().SharedBlocks(1), 4) << "the first sharer keeps the blocks";
     }
-    EXPECT_TRUE(s.KeepRestorableSharing({{1, 74}, {2, 74}}).empty());
+    EXPECT_TRUE(s.KeepRestorableSharing({{1, 74}, {2, 74}}).preempted.empty());
     ASSERT_TRUE(s.kv().CheckInvariants().ok()) << s.kv().CheckInvariants().ToString();
     ExpectKvBooks(s);
     const auto out = Drive(s).outputs;

@@ -1,7 +1,6 @@
 #include "core/scheduler.h"
 
 #include <algorithm>
-#include <functional>
 #include <unordered_set>
 
 #include "common/check.h"
@@ -542,8 +541,9 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
   const std::vector<Sequence*> groups_in_order(running_.begin(), running_.end());
   std::vector<int> group(groups_in_order.size());
   for (size_t i = 0; i < group.size(); ++i) group[i] = static_cast<int>(i);
-  std::function<int(int)> root = [&](int i) {
-    return group[i] == i ? i : group[i] = root(group[i]);
+  auto root = [&](int i) {
+    while (group[i] != i) i = group[i] = group[group[i]];
+    return i;
   };
   std::unordered_map<int32_t, int> first_sharer;  // cached block -> a sequence naming it
   for (size_t i = 0; i < groups_in_order.size(); ++i) {
@@ -624,21 +624,25 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
   return preempted;
 }
 
-std::vector<int64_t> Scheduler::KeepRestorableSharing(
+Scheduler::KeptSharing Scheduler::KeepRestorableSharing(
     const std::unordered_map<int64_t, int>& restore) {
-  std::vector<int64_t> preempted;
-  if (!kv_.prefix_cache()) return preempted;
+  KeptSharing out;
+  if (!kv_.prefix_cache()) return out;
   const int bs = kv_.block_size();
   auto restored = [&](const Sequence* s) {
     auto it = restore.find(s->id);
     return it == restore.end() ? s->num_computed : it->second;
   };
+  // The sequence's cached blocks (ids, -1: its own) that its restore writes whole.
+  auto restored_ids = [&](const Sequence* s) {
+    const std::span<const int32_t> ids = kv_.CachedIds(s->id);
+    return ids.first(std::min<size_t>(ids.size(), restored(s) / bs));
+  };
   // Cached blocks some sharer restores whole.
   std::unordered_set<int32_t> can_restore;
   for (const Sequence* s : running_) {
-    const std::span<const int32_t> ids = kv_.CachedIds(s->id);
-    for (size_t b = 0; b < ids.size() && static_cast<int>(b + 1) * bs <= restored(s); ++b)
-      if (ids[b] >= 0) can_restore.insert(ids[b]);
+    for (int32_t id : restored_ids(s))
+      if (id >= 0) can_restore.insert(id);
   }
   std::unordered_map<int32_t, int64_t> keeper;  // a block no sharer restores -> who writes it
   const std::vector<Sequence*> run(running_.begin(), running_.end());
@@ -658,7 +662,7 @@ std::vector<int64_t> Scheduler::KeepRestorableSharing(
       keeps.push_back(id);
     }
     if (conflict) {
-      preempted.push_back(s->id);
+      out.preempted.push_back(s->id);
       Preempt(s, nullptr);
       continue;
     }
@@ -666,7 +670,18 @@ std::vector<int64_t> Scheduler::KeepRestorableSharing(
   }
   for (const Sequence* s : running_) kv_.OwnFrom(s->id, restored(s) / bs);
   kv_.DropUnreferencedCache();
-  return preempted;
+  // Each cached block is restored by the first sequence that names it: the
+  // others' restores start past the leading blocks already restored.
+  std::unordered_set<int32_t> restored_blocks;
+  for (const Sequence* s : running_) {
+    const std::span<const int32_t> ids = restored_ids(s);
+    size_t from = 0;
+    while (from < ids.size() && ids[from] >= 0 && restored_blocks.count(ids[from])) ++from;
+    if (from > 0) out.restore_from[s->id] = static_cast<int>(from) * bs;
+    for (int32_t id : ids)
+      if (id >= 0) restored_blocks.insert(id);
+  }
+  return out;
 }
 
 void Scheduler::ResendKvTables(const std::vector<int64_t>& ids) {

@@ -164,8 +164,15 @@ class Scheduler {
   // its KV for the sharers, and the sequence is preempted; a block no
   // sharer can restore goes to its first sharer, the others preempted.
   // Cached blocks left unnamed are dropped (their KV was not restored).
-  // Returns the sequences preempted.
-  std::vector<int64_t> KeepRestorableSharing(const std::unordered_map<int64_t, int>& restore);
+  // Each cached block is then restored once, by the first running sequence
+  // that names it.
+  struct KeptSharing {
+    std::vector<int64_t> preempted;
+    // By id: where a sequence's restore starts, past its leading cached
+    // blocks an earlier sequence restores (absent: 0).
+    std::unordered_map<int64_t, int> restore_from;
+  };
+  KeptSharing KeepRestorableSharing(const std::unordered_map<int64_t, int>& restore);
   // The devices may not have applied the block tables of these sequences'
   // last step (it failed): the next step carries their whole tables.
   void ResendKvTables(const std::vector<int64_t>& ids);

@@ -2,7 +2,6 @@
 // it, sequences rolled back to what could be restored.
 #include <algorithm>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -238,29 +237,22 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
     }
     // Cached blocks stay shared where a sharer restores them; a sequence that
     // would write one again that others read is preempted.
-    for (int64_t id : scheduler_->KeepRestorableSharing(restore_of))
-      settled_->preempted.push_back(id);
+    const Scheduler::KeptSharing kept = scheduler_->KeepRestorableSharing(restore_of);
+    settled_->preempted.insert(settled_->preempted.end(), kept.preempted.begin(),
+                               kept.preempted.end());
     // The block tables the scheduler moved to the new plan; a cached block is
     // restored by the first sequence that names it, the others' tables name
     // its pages (SeqRestore::restore_from).
     std::vector<SeqRestore> seqs;
     DeviceRestores tables(next->num_devices);
-    std::unordered_set<int32_t> restored_blocks;
-    const int bs = executor_->block_size();
     for (const Sequence* s : scheduler_->Running()) {
       SeqRestore sr;
       sr.seq_id = s->id;
       sr.dp_rank = s->dp_rank;
       sr.restore_tokens = restore_of.at(s->id);
       sr.shared_blocks = scheduler_->kv().SharedBlocks(s->id);
-      const std::span<const int32_t> ids = scheduler_->kv().CachedIds(s->id);
-      int from = 0;
-      while (from < static_cast<int>(ids.size()) && ids[from] >= 0 &&
-             (from + 1) * bs <= sr.restore_tokens && restored_blocks.count(ids[from]))
-        ++from;
-      sr.restore_from = from * bs;
-      for (int b = 0; b < static_cast<int>(ids.size()) && (b + 1) * bs <= sr.restore_tokens; ++b)
-        if (ids[b] >= 0) restored_blocks.insert(ids[b]);
+      if (auto from = kept.restore_from.find(s->id); from != kept.restore_from.end())
+        sr.restore_from = from->second;
       if (backup) {
         const auto& blocks = backup->Blocks(s->id);
         sr.backup_blocks.assign(blocks.begin(), blocks.end());

@@ -32,6 +32,11 @@ struct Tracked {
   int received = 0;
   bool done = false;
   FinishReason reason = FinishReason::kNone;
+  // Prefix cache: the recoveries there had been when it was first seen
+  // naming cached blocks (-1: not yet), and whether it has since gone
+  // through a plan change naming them.
+  int64_t sharing_since = -1;
+  bool kept_sharing = false;
 };
 
 class ChaosRun {
@@ -391,6 +396,16 @@ class ChaosRun {
         Violation("{}: request {} has {} tokens of {}", when, q->id, q->output_len(),
                   q->max_new_tokens);
       auto it = tracked_.find(q->id);
+      if (it != tracked_.end() && kv.SharedBlocks(q->id) > 0 && !it->second.kept_sharing) {
+        const auto recoveries = static_cast<int64_t>(engine_->recoveries().size());
+        Tracked& t = it->second;
+        if (t.sharing_since < 0) {
+          t.sharing_since = recoveries;
+        } else if (recoveries > t.sharing_since) {
+          t.kept_sharing = true;
+          report_->kept_sharing++;
+        }
+      }
       if (it == tracked_.end() || it->second.done) {
         Violation("{}: request {} is held but has an outcome", when, q->id);
       } else if (q->output_len() != it->second.received) {
@@ -422,6 +437,7 @@ class ChaosRun {
       if (!t.done) Violation("request {} has no outcome ({} tokens received)", id, t.received);
     }
     report_->recoveries = static_cast<int64_t>(engine_->recoveries().size());
+    report_->prefix_hit_blocks = engine_->scheduler().prefix_cache_stats().hit_blocks;
     for (const RecoveryReport& r : engine_->recoveries()) report_->rebalances += r.rebalance;
     report_->virtual_s = clock_->NowSeconds();
     Mix(report_->tokens);
@@ -464,6 +480,11 @@ std::string ChaosReport::ToText() const {
       "{:016x}\n",
       total_faults(), kinds, virtual_s / 3600, wall_s, requests, finished, failed, refused, tokens,
       steps, recoveries, rebalances, invariant_checks, page_checks, violations, digest);
+  if (prefix_hit_blocks > 0 || kept_sharing > 0) {
+    s += fmt::format(
+        "  prefix cache: {} blocks hit, {} requests named cached blocks through a plan change\n",
+        prefix_hit_blocks, kept_sharing);
+  }
   for (const std::string& v : first_violations) s += "  " + v + "\n";
   return s;
 }
@@ -480,6 +501,8 @@ std::string ChaosReport::ToJson() const {
                       {"steps", steps},
                       {"recoveries", recoveries},
                       {"rebalances", rebalances},
+                      {"prefix_hit_blocks", prefix_hit_blocks},
+                      {"kept_sharing", kept_sharing},
                       {"invariant_checks", invariant_checks},
                       {"page_checks", page_checks},
                       {"virtual_s", virtual_s},

@@ -70,13 +70,15 @@ struct ChaosReport {
   uint64_t digest = 0;
   std::map<std::string, int64_t> faults;  // per kind
   int64_t requests = 0;
-  int64_t finished = 0;    // with their tokens (length or stop token)
-  int64_t failed = 0;      // ended by the engine with an error
-  int64_t refused = 0;     // refused at submission: too few devices for their KV
-  int64_t tokens = 0;      // received
-  int64_t steps = 0;       // engine steps that ran
-  int64_t recoveries = 0;  // recovery reports (a cascade extends one)
-  int64_t rebalances = 0;  // of which plan changes for slow devices
+  int64_t finished = 0;           // with their tokens (length or stop token)
+  int64_t failed = 0;             // ended by the engine with an error
+  int64_t refused = 0;            // refused at submission: too few devices for their KV
+  int64_t tokens = 0;             // received
+  int64_t steps = 0;              // engine steps that ran
+  int64_t recoveries = 0;         // recovery reports (a cascade extends one)
+  int64_t rebalances = 0;         // of which plan changes for slow devices
+  int64_t prefix_hit_blocks = 0;  // prefix cache: device-tier block hits
+  int64_t kept_sharing = 0;       // requests naming cached blocks through a plan change
   int64_t invariant_checks = 0;
   int64_t page_checks = 0;  // of which walked every page id (KvBlockManager::CheckInvariants)
   double virtual_s = 0;

@@ -75,6 +75,8 @@ TEST(Chaos, SharedPrefixesHoldTheInvariantsThroughFaults) {
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->violations, 0) << r->ToText();
     EXPECT_GT(r->recoveries, 10) << r->ToText();
+    EXPECT_GT(r->prefix_hit_blocks, 0) << r->ToText();
+    EXPECT_GT(r->kept_sharing, 0) << r->ToText();
     EXPECT_EQ(r->finished + r->failed, r->requests);
   }
 }

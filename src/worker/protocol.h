@@ -37,6 +37,9 @@ enum class WorkerOp : uint32_t {
 // (StepSeq::backup_from).
 // 5: a step may copy a sequence's blocks from the host backup into its pages
 // before computing (StepSeq::host_blocks: host-tier prefix hits).
+// 6: a plan change's restores name shared cached blocks
+// (SeqRestore::shared_blocks) and start past those an earlier sequence
+// restores (SeqRestore::restore_from).
 constexpr int32_t kWorkerProtocolVersion = 6;
 
 // kInit carries the logits region, the device progress region and, if the

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/clock.h"
 #include "server/test_server.h"
@@ -118,6 +120,35 @@ TEST(Disconnect, WhileStreaming) {
   EXPECT_GE(noticed_ms, 0);
   EXPECT_LT(noticed_ms, 1000);
   EXPECT_GE(WaitFor([&] { return EngineIdle(s) && Aborted(s) == 1; }, 2000), 0);
+}
+
+// A client that half-closes once it has read its answer, while the server's
+// event loop is still busy with that exchange, is closed by the server at once
+// rather than at the idle timeout: its end of file reached the server's watch
+// read, and a later read of the socket would never be told of it again.
+TEST(Disconnect, HalfCloseAfterTheAnswerIsNoticed) {
+  TestServerOptions o;
+  o.server.idle_timeout_ms = 60000;
+  TestServer s(o);
+  HttpServer slow(s.service.get(), s.tok.get(), o.server);
+  slow.AddRoute({"GET", "/slow", [](const std::shared_ptr<HttpExchange>& ex) {
+                   ex->Reply(200, "done", "text/plain");
+                   // The answer is on the wire; its completion waits behind this.
+                   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                 }});
+  ASSERT_TRUE(slow.Start().ok());
+  RawClient c(slow.port());
+  ASSERT_TRUE(c.Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
+  RawResponse r = c.Read(10000);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "done");
+  c.ShutdownWrite();
+  const int64_t t0 = MonotonicNanos();
+  while (!c.closed_by_server() && (MonotonicNanos() - t0) < int64_t{20} * 1000000000) {
+    c.ReadSome(1000);
+  }
+  EXPECT_TRUE(c.closed_by_server());
+  EXPECT_LT((MonotonicNanos() - t0) * 1e-9, 10.0) << "closed only by the idle timeout";
 }
 
 }  // namespace

@@ -182,6 +182,11 @@ void HttpConnection::ForceClose() {
 void HttpConnection::ReadHeader() {
   phase_ = Phase::kReadingHeader;
   if (close_after_ || shared_->draining) return Close();
+  // A client that half-closed after its requests gets their answers (those
+  // still in the buffer are read from it) and then the close. A read of the
+  // socket would wait for ever: its end of file was already reported to the
+  // watch read, and the event loop is not told again.
+  if (read_ended_ && buffer_.size() == 0) return Close();
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(shared_->options.max_header_bytes));
   parser_->body_limit(static_cast<uint64_t>(shared_->options.max_body_bytes));
@@ -385,11 +390,13 @@ void HttpConnection::OnWatch(beast::error_code ec, size_t n) {
   if (!ec) buffer_.commit(n);
   if (resume_read_) {  // the answer is out and the next request may be read
     resume_read_ = false;
+    if (ec && ec != asio::error::operation_aborted) read_ended_ = true;
     if (phase_ == Phase::kReadingHeader) ReadHeader();
     return;
   }
   if (!ec) return Watch();
   if (phase_ == Phase::kClosed) return;
+  if (ec != asio::error::operation_aborted) read_ended_ = true;
   // Before the answer is complete the client is gone; after it, end of file
   // is a half-close and the write still finishes (a reset fails it).
   if (in_exchange_ && !ended_) ClientGone();

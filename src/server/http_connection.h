@@ -147,6 +147,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   int64_t body_reserved_ = 0;  // of shared_->body_budget
   bool watching_ = false;      // the disconnect-watch read is pending
   bool resume_read_ = false;   // read the next request once the watch read is cancelled
+  // The watch read met the client's end of file (or an error) after the answer
+  // ended: no read may follow, since the event that would end it has passed.
+  bool read_ended_ = false;
   std::string out_, sending_;
   bool writing_ = false;
   std::array<char, 16384> linger_buf_;

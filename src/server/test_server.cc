@@ -110,6 +110,10 @@ void RawClient::Close() {
   fd_ = -1;
 }
 
+void RawClient::ShutdownWrite() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+}
+
 bool RawClient::Send(const std::string& bytes) {
   size_t sent = 0;
   while (fd_ >= 0 && sent < bytes.size()) {

@@ -87,6 +87,8 @@ class RawClient {
   // true once the server closed the connection (EOF seen by a read).
   bool closed_by_server() const { return eof_; }
   void Close();
+  // Half-closes: the server reads end of file, this side can still read.
+  void ShutdownWrite();
 
  private:
   bool Fill(int timeout_ms);  // reads more into buf_; false on EOF or timeout

@@ -120,9 +120,11 @@ class Backend {
   // x: head h of token t at x + t * ldx + h * head_dim. inv_freq: [head_dim / 2].
   virtual void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads,
                     int head_dim, const float* inv_freq) = 0;
-  // out[r, i] = silu(gate[r, i]) * up[r, i]
-  virtual void SiluMul(const float* gate, const float* up, int64_t ld_in, float* out,
-                       int64_t ld_out, int rows, int dim) = 0;
+  // FFN shards side by side, each its gate then its up columns: for shard
+  // j < shards and i < width,
+  //   out[r, j * width + i] = silu(gu[r, 2 j width + i]) * gu[r, (2 j + 1) width + i].
+  virtual void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
+                       int width, int shards) = 0;
   // Mixtral routing: softmax over experts, top-k, renormalised.
   // logits [tokens, experts] -> ids/weights [tokens, k].
   virtual void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,

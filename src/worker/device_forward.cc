@@ -323,10 +323,7 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
     float* gu = Sized(gu_, static_cast<size_t>(rows) * cols);
     float* act = Sized(act_, static_cast<size_t>(rows) * seg.count * w);
     backend_->LinearNT(in, H, lw.ffn_gate_up.Weights(seg), gu, cols, rows, cols, H, false);
-    for (int j = 0; j < seg.count; ++j) {
-      backend_->SiluMul(gu + j * 2 * w, gu + j * 2 * w + w, cols, act + j * w, seg.count * w, rows,
-                        w);
-    }
+    backend_->SiluMul(gu, cols, act, seg.count * w, rows, w, seg.count);
     if (row_scale) {
       for (int r = 0; r < rows; ++r) {
         float* a = act + static_cast<int64_t>(r) * seg.count * w;

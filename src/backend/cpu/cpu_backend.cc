@@ -66,13 +66,19 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void SiluMul(const float* gate, const float* up, int64_t ld_in, float* out, int64_t ld_out,
-               int rows, int dim) override {
-    // Rows are independent: a prefill's share out over the threads.
-    const bool split = threads_ > 1 && static_cast<int64_t>(rows) * dim >= (1 << 14);
+  void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+               int shards) override {
+    // Rows are independent: a prefill's share out over the threads, each row
+    // in one pass.
+    const bool split = threads_ > 1 && static_cast<int64_t>(rows) * width * shards >= (1 << 14);
 #pragma omp parallel for num_threads(threads_) schedule(static) if (split)
     for (int r = 0; r < rows; ++r) {
-      cpu::SiluMulRow(gate + r * ld_in, up + r * ld_in, out + r * ld_out, dim, linear_.isa);
+      const float* in = gu + r * ld_in;
+      float* o = out + r * ld_out;
+      for (int j = 0; j < shards; ++j) {
+        cpu::SiluMulRow(in + 2 * j * width, in + (2 * j + 1) * width, o + j * width, width,
+                        linear_.isa);
+      }
     }
   }
 

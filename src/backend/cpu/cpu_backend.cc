@@ -33,6 +33,9 @@ class CpuBackend final : public Backend {
 
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
                int dim, float eps) override {
+    // Rows are independent: a prefill's share out over the threads.
+    const bool split = threads_ > 1 && static_cast<int64_t>(rows) * dim >= (1 << 16);
+#pragma omp parallel for num_threads(threads_) schedule(static) if (split)
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + r * ldx;
       float* yr = y + r * ldy;
@@ -45,10 +48,12 @@ class CpuBackend final : public Backend {
   void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
             const float* inv_freq) override {
     const int half = head_dim / 2;
-    thread_local std::vector<float> cs, sn;
-    cs.resize(half);
-    sn.resize(half);
+    const bool split = threads_ > 1 && static_cast<int64_t>(tokens) * heads * head_dim >= (1 << 16);
+#pragma omp parallel for num_threads(threads_) schedule(static) if (split)
     for (int t = 0; t < tokens; ++t) {
+      thread_local std::vector<float> cs, sn;
+      cs.resize(half);
+      sn.resize(half);
       const double pos = positions[t];
       for (int i = 0; i < half; ++i) {
         double angle = pos * static_cast<double>(inv_freq[i]);

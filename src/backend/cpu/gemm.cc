@@ -65,35 +65,51 @@ void RoundRowToBf16(const float* src, float* dst, int n) {
 }
 
 // The bf16 chain's activations (KernelArgs::xs, xw) of a call on this
-// thread: x rounded once, in the chains' slots.
-void RoundActivations(KernelArgs* ka) {
+// thread: x rounded once, in the chains' slots. Rows are independent: many
+// (a prefill's) are shared out over `threads`.
+void RoundActivations(KernelArgs* ka, int threads) {
   thread_local std::vector<float> xs;
   thread_local std::vector<uint32_t> xw;
   ka->chain_k = ka->out == GemmOut::kFixedItems ? ka->item_k : ka->k;
   const int chains = ka->k / ka->chain_k, padded = (ka->chain_k + 1) & ~1;
-  ka->ldxs = static_cast<int64_t>(chains) * padded;
+  ka->ldxs = static_cast<int64_t>(chains) * padded;  // even
   const size_t slots = static_cast<size_t>(ka->m * ka->ldxs);
   if (xs.size() < slots) xs.resize(slots);
-  for (int i = 0; i < ka->m; ++i) {
-    const float* x = ka->x + static_cast<int64_t>(i) * ka->ldx;
-    float* row = xs.data() + static_cast<int64_t>(i) * ka->ldxs;
-    for (int c = 0; c < chains; ++c) {
-      float* dst = row + static_cast<int64_t>(c) * padded;
-      const float* src = x + static_cast<int64_t>(c) * ka->chain_k;
-      RoundRowToBf16(src, dst, ka->chain_k);
-      if (padded > ka->chain_k) dst[ka->chain_k] = 0.0f;
-    }
-  }
+  if (ka->dpbf16 && xw.size() < slots / 2) xw.resize(slots / 2);
   ka->xs = xs.data();
-  if (!ka->dpbf16) return;
-  if (xw.size() < slots / 2) xw.resize(slots / 2);
-  for (size_t w = 0; w < slots / 2; ++w) {
-    uint32_t even, odd;
-    std::memcpy(&even, &xs[2 * w], 4);
-    std::memcpy(&odd, &xs[2 * w + 1], 4);
-    xw[w] = (even >> 16) | (odd & 0xffff0000u);
+  ka->xw = ka->dpbf16 ? xw.data() : nullptr;
+  const KernelArgs& a = *ka;
+  float* const xs_out = xs.data();
+  uint32_t* const xw_out = xw.data();
+  auto rows = [&a, xs_out, xw_out](int i0, int i1) {
+    for (int i = i0; i < i1; ++i) {
+      const float* x = a.x + static_cast<int64_t>(i) * a.ldx;
+      float* row = xs_out + static_cast<int64_t>(i) * a.ldxs;
+      for (int c = 0; c < a.k / a.chain_k; ++c) {
+        float* dst = row + static_cast<int64_t>(c) * ((a.chain_k + 1) & ~1);
+        const float* src = x + static_cast<int64_t>(c) * a.chain_k;
+        RoundRowToBf16(src, dst, a.chain_k);
+        if ((a.chain_k & 1) != 0) dst[a.chain_k] = 0.0f;
+      }
+      if (!a.dpbf16) continue;
+      uint32_t* words = xw_out + static_cast<int64_t>(i) * a.ldxs / 2;
+      for (int64_t w = 0; w < a.ldxs / 2; ++w) {
+        uint32_t even, odd;
+        std::memcpy(&even, &row[2 * w], 4);
+        std::memcpy(&odd, &row[2 * w + 1], 4);
+        words[w] = (even >> 16) | (odd & 0xffff0000u);
+      }
+    }
+  };
+  if (threads > 1 && static_cast<int64_t>(a.m) * a.k >= (1 << 16)) {
+#pragma omp parallel num_threads(threads)
+    {
+      auto [i0, i1] = Piece(a.m, omp_get_num_threads(), omp_get_thread_num());
+      rows(i0, i1);
+    }
+  } else {
+    rows(0, a.m);
   }
-  ka->xw = xw.data();
 }
 
 }  // namespace
@@ -158,10 +174,10 @@ void Gemm(const GemmArgs& a) {
   if (a.wtype == DType::kBF16) {
     FS_CHECK_MSG(!a.w_rows, "weights given by rows are f32");
     ka.dpbf16 = a.dpbf16.value_or(true) && GemmDpbf16For(isa);
-    RoundActivations(&ka);
   }
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
+  if (a.wtype == DType::kBF16) RoundActivations(&ka, threads);
   // Threads take contiguous ranges of output columns: no element is split.
   if (a.nt && a.m <= kDirectRows) {
     if (threads == 1) return kern.direct(ka, 0, a.n);

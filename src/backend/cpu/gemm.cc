@@ -64,6 +64,31 @@ void RoundRowToBf16(const float* src, float* dst, int n) {
   for (; i < n; ++i) dst[i] = RoundToBf16(src[i]);
 }
 
+// words[w] = the bf16 of xs[2w] (low half) and of xs[2w + 1] (high half),
+// w < n; xs holds values rounded to bf16 (their low halves are zero). 16
+// words at a time.
+void PackPairs(const float* xs, uint32_t* words, int64_t n) {
+  typedef uint32_t U16 __attribute__((vector_size(64)));
+  int64_t w = 0;
+  for (; w + 16 <= n; w += 16) {
+    U16 lo, hi;
+    std::memcpy(&lo, xs + 2 * w, 64);
+    std::memcpy(&hi, xs + 2 * w + 16, 64);
+    const U16 even =
+        __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const U16 odd =
+        __builtin_shufflevector(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const U16 packed = (even >> 16) | (odd & 0xffff0000u);
+    std::memcpy(words + w, &packed, 64);
+  }
+  for (; w < n; ++w) {
+    uint32_t even, odd;
+    std::memcpy(&even, &xs[2 * w], 4);
+    std::memcpy(&odd, &xs[2 * w + 1], 4);
+    words[w] = (even >> 16) | (odd & 0xffff0000u);
+  }
+}
+
 // The bf16 chain's activations (KernelArgs::xs, xw) of a call on this
 // thread: x rounded once, in the chains' slots. Rows are independent: many
 // (a prefill's) are shared out over `threads`.
@@ -91,14 +116,7 @@ void RoundActivations(KernelArgs* ka, int threads) {
         RoundRowToBf16(src, dst, a.chain_k);
         if ((a.chain_k & 1) != 0) dst[a.chain_k] = 0.0f;
       }
-      if (!a.dpbf16) continue;
-      uint32_t* words = xw_out + static_cast<int64_t>(i) * a.ldxs / 2;
-      for (int64_t w = 0; w < a.ldxs / 2; ++w) {
-        uint32_t even, odd;
-        std::memcpy(&even, &row[2 * w], 4);
-        std::memcpy(&odd, &row[2 * w + 1], 4);
-        words[w] = (even >> 16) | (odd & 0xffff0000u);
-      }
+      if (a.dpbf16) PackPairs(row, xw_out + static_cast<int64_t>(i) * a.ldxs / 2, a.ldxs / 2);
     }
   };
   if (threads > 1 && static_cast<int64_t>(a.m) * a.k >= (1 << 16)) {

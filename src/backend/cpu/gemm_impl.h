@@ -716,40 +716,61 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
 #if defined(__AVX512F__)
 // A tile in fixed-point mode on bf16 [k, n] panels packed in pairs
 // (Panel::slot_pairs) by vdpbf16ps: each item's chain as ChainDpbf16 computes
-// it, from zero, added to the item sums (AddFixed16) while still in
-// registers.
+// it, from zero, made fixed point (ToFixed) and added to the item sums.
 template <int MR>
 __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const KernelArgs& a, int i0,
                                                                      int j0, const Panel<BF16>& p) {
-  const int pairs = (a.item_k + 1) / 2;
-  for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
-    const int64_t slot = XSlot(a, k0);
-    const BF16* b0 = p.b0 + slot * p.step;
-    const BF16* b1 = p.b1 + slot * p.step;
-    const uint32_t* xw[MR];
+  const int pairs = (a.item_k + 1) / 2, items = a.k / a.item_k;
+  const int64_t item_slots = (a.item_k + 1) & ~1;  // XSlot of item c's first k-value: c * this
+  const __m512 lim = _mm512_set1_ps(kFixedLimit), one = _mm512_set1_ps(kFixedOne);
+  const int v0 = std::min(16, p.cols), v1 = std::max(0, p.cols - 16);  // columns per vector
+  const uint32_t* xw[MR];
+  int64_t* row[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    xw[i] = a.xw + (i0 + i) * a.ldxs / 2;
+    row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
+  }
+  // sums[0, cols) += ToFixed(v) (cols up to 16).
+  auto add_fixed = [&](__m512 v, int64_t* sums, int cols) {
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN counts as 0
+    v = _mm512_mul_ps(_mm512_max_ps(_mm512_min_ps(v, lim), -lim), one);
+    const __m512i lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(v));
+    const __m512i hi =
+        _mm512_cvttps_epi64(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    if (cols == 16) {
+      _mm512_storeu_si512(sums, _mm512_add_epi64(_mm512_loadu_si512(sums), lo));
+      _mm512_storeu_si512(sums + 8, _mm512_add_epi64(_mm512_loadu_si512(sums + 8), hi));
+      return;
+    }
+    const __mmask8 m0 = static_cast<__mmask8>((1u << std::min(cols, 8)) - 1);
+    const __mmask8 m1 = static_cast<__mmask8>((1u << std::max(cols - 8, 0)) - 1);
+    _mm512_mask_storeu_epi64(sums, m0, _mm512_add_epi64(_mm512_maskz_loadu_epi64(m0, sums), lo));
+    _mm512_mask_storeu_epi64(sums + 8, m1,
+                             _mm512_add_epi64(_mm512_maskz_loadu_epi64(m1, sums + 8), hi));
+  };
+  for (int c = 0; c < items; ++c) {
+    const BF16* b0 = p.b0 + c * item_slots * p.step;
+    const BF16* b1 = p.b1 + c * item_slots * p.step;
+    const int64_t w0 = c * item_slots / 2;  // the item's first word in a row of xw
     __m512 a0[MR], a1[MR];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      xw[i] = a.xw + ((i0 + i) * a.ldxs + slot) / 2;
-      a0[i] = _mm512_setzero_ps();
-      a1[i] = _mm512_setzero_ps();
-    }
+    for (int i = 0; i < MR; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
     for (int q = 0; q < pairs; ++q, b0 += 2 * p.step, b1 += 2 * p.step) {
-      const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
-      const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
+      const __m512bh wv0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
+      const __m512bh wv1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const __m512bh s =
-            reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xw[i][q])));
-        a0[i] = _mm512_dpbf16_ps(a0[i], s, w0);
-        a1[i] = _mm512_dpbf16_ps(a1[i], s, w1);
+        const __m512bh x =
+            reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xw[i][w0 + q])));
+        a0[i] = _mm512_dpbf16_ps(a0[i], x, wv0);
+        a1[i] = _mm512_dpbf16_ps(a1[i], x, wv1);
       }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
-      AddFixed16(reinterpret_cast<V16>(a0[i]), row, std::min(16, p.cols));
-      if (p.cols > 16) AddFixed16(reinterpret_cast<V16>(a1[i]), row + 16, p.cols - 16);
+      add_fixed(a0[i], row[i], v0);
+      if (v1 > 0) add_fixed(a1[i], row[i] + 16, v1);
     }
   }
 }

@@ -234,11 +234,13 @@ void DirectRange(const KernelArgs& a, int j0, int j1) {
 // weight rows stream through it. Many rows: register tiles of kMR rows x 32
 // columns over a packed panel.
 
+// ToFixed's clamp (NaN counts as 0); the two bounds in the operand order of
+// vminps / vmaxps, so that each is one instruction.
 inline V16 ClampForFixed(V16 v) {
   const V16 lim = Splat(kFixedLimit), zero{};
-  v = v == v ? v : zero;  // NaN counts as 0
-  v = v > lim ? lim : v;
-  return v < -lim ? -lim : v;
+  v = v == v ? v : zero;
+  v = lim < v ? lim : v;
+  return -lim > v ? -lim : v;
 }
 
 // acc64[j] += ToFixed(v[j]) for j < cols (up to 16).
@@ -722,7 +724,6 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const Kerne
                                                                      int j0, const Panel<BF16>& p) {
   const int pairs = (a.item_k + 1) / 2, items = a.k / a.item_k;
   const int64_t item_slots = (a.item_k + 1) & ~1;  // XSlot of item c's first k-value: c * this
-  const __m512 lim = _mm512_set1_ps(kFixedLimit), one = _mm512_set1_ps(kFixedOne);
   const int v0 = std::min(16, p.cols), v1 = std::max(0, p.cols - 16);  // columns per vector
   const uint32_t* xw[MR];
   int64_t* row[MR];
@@ -731,24 +732,6 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const Kerne
     xw[i] = a.xw + (i0 + i) * a.ldxs / 2;
     row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
   }
-  // sums[0, cols) += ToFixed(v) (cols up to 16).
-  auto add_fixed = [&](__m512 v, int64_t* sums, int cols) {
-    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN counts as 0
-    v = _mm512_mul_ps(_mm512_max_ps(_mm512_min_ps(v, lim), -lim), one);
-    const __m512i lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(v));
-    const __m512i hi =
-        _mm512_cvttps_epi64(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    if (cols == 16) {
-      _mm512_storeu_si512(sums, _mm512_add_epi64(_mm512_loadu_si512(sums), lo));
-      _mm512_storeu_si512(sums + 8, _mm512_add_epi64(_mm512_loadu_si512(sums + 8), hi));
-      return;
-    }
-    const __mmask8 m0 = static_cast<__mmask8>((1u << std::min(cols, 8)) - 1);
-    const __mmask8 m1 = static_cast<__mmask8>((1u << std::max(cols - 8, 0)) - 1);
-    _mm512_mask_storeu_epi64(sums, m0, _mm512_add_epi64(_mm512_maskz_loadu_epi64(m0, sums), lo));
-    _mm512_mask_storeu_epi64(sums + 8, m1,
-                             _mm512_add_epi64(_mm512_maskz_loadu_epi64(m1, sums + 8), hi));
-  };
   for (int c = 0; c < items; ++c) {
     const BF16* b0 = p.b0 + c * item_slots * p.step;
     const BF16* b1 = p.b1 + c * item_slots * p.step;
@@ -769,8 +752,8 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const Kerne
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      add_fixed(a0[i], row[i], v0);
-      if (v1 > 0) add_fixed(a1[i], row[i] + 16, v1);
+      AddFixed16(reinterpret_cast<V16>(a0[i]), row[i], v0);
+      if (v1 > 0) AddFixed16(reinterpret_cast<V16>(a1[i]), row[i] + 16, v1);
     }
   }
 }

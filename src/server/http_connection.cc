@@ -388,15 +388,14 @@ void HttpConnection::Watch() {
 void HttpConnection::OnWatch(beast::error_code ec, size_t n) {
   watching_ = false;
   if (!ec) buffer_.commit(n);
+  if (ec && ec != asio::error::operation_aborted) read_ended_ = true;
   if (resume_read_) {  // the answer is out and the next request may be read
     resume_read_ = false;
-    if (ec && ec != asio::error::operation_aborted) read_ended_ = true;
     if (phase_ == Phase::kReadingHeader) ReadHeader();
     return;
   }
   if (!ec) return Watch();
   if (phase_ == Phase::kClosed) return;
-  if (ec != asio::error::operation_aborted) read_ended_ = true;
   // Before the answer is complete the client is gone; after it, end of file
   // is a half-close and the write still finishes (a reset fails it).
   if (in_exchange_ && !ended_) ClientGone();

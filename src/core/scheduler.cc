@@ -370,13 +370,18 @@ StepPlan Scheduler::ScheduleOnce() {
   return plan;
 }
 
+std::vector<int64_t> Scheduler::PrefillAdmitReserve() const {
+  std::vector<int64_t> keep(plan_.num_devices, 0);
+  if (running_.empty()) return keep;
+  for (int d : plan_.active)
+    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+  return keep;
+}
+
 void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
                                     std::vector<int>* sizes) {
   std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
-      keep(plan_.num_devices, 0);
-  for (int d : plan_.active)  // as in SchedulePrefillAdaptive
-    keep[d] =
-        running_.empty() ? 0 : static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+      keep = PrefillAdmitReserve();
   for (Sequence* s : PrefillCandidates(1 << 30)) {
     if (budget <= 0) break;
     const bool admitting = s->state == SeqState::kWaiting;
@@ -410,13 +415,7 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
   };
   std::vector<Cand> cands;
   std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
-      keep(plan_.num_devices, 0);
-  // The watermark keeps room for running sequences to grow: with none, the
-  // queue's head may take it (else a request that fits alone might never be
-  // admitted).
-  for (int d : plan_.active)
-    keep[d] =
-        running_.empty() ? 0 : static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+      keep = PrefillAdmitReserve();
   for (Sequence* s : PrefillCandidates(config_.adaptive_candidates)) {
     RouteCandidate(s);
     AttachCandidate(s, pending, keep);

@@ -223,6 +223,10 @@ class Scheduler {
   // plan change, a sequence rerouted off a lost rank is still counted under
   // its old rank (counted_rank_) until the manager is reconfigured.
   void ReleaseKv(Sequence* s);
+  // Pages per device an admission leaves free: the watermark, room for the
+  // running sequences to grow; with none running, none (else a request that
+  // fits the devices alone might never be admitted).
+  std::vector<int64_t> PrefillAdmitReserve() const;
   void SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
                            std::vector<int>* sizes);
   void SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,

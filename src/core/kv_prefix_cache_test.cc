@@ -492,6 +492,26 @@ TEST(PrefixCache, HostTierHitsTakeOnlyThePagesThatFit) {
   }
 }
 
+// Two 4-block prompts computed and cached (evictable once finished), on DP
+// ranks a and b (-1: routed); then two requests, on the same ranks, each
+// hitting one of the prefixes and needing 4 more blocks on every device,
+// which fit only if the other prefix gives way: both are served.
+void ExpectBothServedThoughEachNeedsTheOthersPrefix(Scheduler& s, int a, int b,
+                                                    const std::string& what) {
+  auto on = [](std::unique_ptr<Sequence> q, int rank) {
+    if (rank >= 0) q->dp_rank = rank;
+    return q;
+  };
+  ASSERT_TRUE(s.Add(on(Prompt(1, Tokens(64, 1), 1), a)).ok());
+  ASSERT_TRUE(s.Add(on(Prompt(2, Tokens(64, 2), 1), b)).ok());
+  EXPECT_EQ(Drive(s).outputs.size(), 2u) << what;
+  ASSERT_TRUE(s.Add(on(Prompt(3, Concat(Tokens(64, 1), Tokens(64, 3)), 2), a)).ok());
+  ASSERT_TRUE(s.Add(on(Prompt(4, Concat(Tokens(64, 2), Tokens(64, 4)), 2), b)).ok());
+  EXPECT_EQ(Drive(s, 200).outputs.size(), 2u) << what;
+  EXPECT_TRUE(s.idle()) << what;
+  EXPECT_GT(s.prefix_cache_stats().hit_blocks, 0) << what;
+}
+
 // A request queued behind does not keep the one before it waiting by holding
 // its cached prefix: two requests, each fitting only if the other's cached
 // prefix is evicted, are both served (with both prefixes held while the
@@ -505,18 +525,7 @@ TEST(PrefixCache, WaitingRequestsDoNotHoldEachOthersPrefixes) {
     cfg.prefill = pp;
     // Ten blocks of every slot per device.
     Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 10LL * plan.num_tp_heads_total(0)));
-    // Two 4-block prompts, computed and cached (evictable once finished).
-    ASSERT_TRUE(s.Add(Prompt(1, Tokens(64, 1), 1)).ok());
-    ASSERT_TRUE(s.Add(Prompt(2, Tokens(64, 2), 1)).ok());
-    EXPECT_EQ(Drive(s).outputs.size(), 2u);
-    // Each new request hits one prefix and needs 4 more blocks: 2 are free,
-    // so it fits only if the other prefix gives way.
-    ASSERT_TRUE(s.Add(Prompt(3, Concat(Tokens(64, 1), Tokens(64, 3)), 2)).ok());
-    ASSERT_TRUE(s.Add(Prompt(4, Concat(Tokens(64, 2), Tokens(64, 4)), 2)).ok());
-    DriveResult r = Drive(s, 200);
-    EXPECT_EQ(r.outputs.size(), 2u) << PrefillPolicyName(pp);
-    EXPECT_TRUE(s.idle());
-    EXPECT_GT(s.prefix_cache_stats().hit_blocks, 0);
+    ExpectBothServedThoughEachNeedsTheOthersPrefix(s, -1, -1, PrefillPolicyName(pp));
   }
 }
 
@@ -571,24 +580,9 @@ TEST(PrefixCache, WaitingRequestsOnOtherRanksDoNotHoldEachOthersPrefixes) {
     SchedulerConfig cfg = Cached();
     cfg.prefill = PrefillPolicy::kAdaptive;
     Scheduler s(cfg, plan, c, 16, capacity);
-    const int head_rank = head_on_slow ? slow : fast, other_rank = head_on_slow ? fast : slow;
-    auto on = [](std::unique_ptr<Sequence> q, int rank) {
-      q->dp_rank = rank;
-      return q;
-    };
-    // Two 4-block prompts, computed and cached on the two ranks.
-    ASSERT_TRUE(s.Add(on(Prompt(1, Tokens(64, 1), 1), head_rank)).ok());
-    ASSERT_TRUE(s.Add(on(Prompt(2, Tokens(64, 2), 1), other_rank)).ok());
-    EXPECT_EQ(Drive(s).outputs.size(), 2u);
-    // Each new request hits one prefix (on its rank) and needs 4 more
-    // blocks on every device: it fits only if the other prefix gives way.
-    ASSERT_TRUE(s.Add(on(Prompt(3, Concat(Tokens(64, 1), Tokens(64, 3)), 2), head_rank)).ok());
-    ASSERT_TRUE(s.Add(on(Prompt(4, Concat(Tokens(64, 2), Tokens(64, 4)), 2), other_rank)).ok());
-    DriveResult r = Drive(s, 200);
-    EXPECT_EQ(r.outputs.size(), 2u)
-        << "head on the " << (head_on_slow ? "slower" : "faster") << " rank";
-    EXPECT_TRUE(s.idle());
-    EXPECT_GT(s.prefix_cache_stats().hit_blocks, 0);
+    ExpectBothServedThoughEachNeedsTheOthersPrefix(
+        s, head_on_slow ? slow : fast, head_on_slow ? fast : slow,
+        head_on_slow ? "head on the slower rank" : "head on the faster rank");
   }
 }
 

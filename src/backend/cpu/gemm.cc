@@ -13,6 +13,7 @@
 #include "backend/cpu/gemm_kernels.h"
 #include "backend/cpu/kernels.h"
 #include "common/check.h"
+#include "common/fixed_point.h"
 
 namespace failsafe::cpu {
 
@@ -130,6 +131,52 @@ void RoundActivations(KernelArgs* ka, int threads) {
   }
 }
 
+// nn in fixed-point items with few rows and columns (decode's o and down
+// projections): threads take contiguous ranges of items rather than of
+// columns, so each streams whole weight rows, one run of memory, instead of
+// a part of every row. Each thread's items go to its own sums (thread 0's
+// straight to a.acc), which are then added column range by column range:
+// fixed-point addition is exact in any grouping, so the bits are the same.
+void StreamItems(const GemmKernels& kern, const KernelArgs& a, int threads, int items,
+                 int max_cols) {
+  thread_local std::vector<int64_t> partials;
+  const int64_t sums = static_cast<int64_t>(a.m) * a.n;
+  if (static_cast<int64_t>(partials.size()) < (threads - 1) * sums)
+    partials.resize((threads - 1) * sums);
+  int64_t* const others = partials.data();
+  const size_t wbytes = a.wtype == DType::kF32 ? 4 : 2;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    KernelArgs mine = a;
+    if (t > 0) {
+      mine.acc = others + (t - 1) * sums;
+      mine.ldacc = a.n;
+      std::memset(mine.acc, 0, sizeof(int64_t) * sums);
+    }
+    const auto [i0, i1] = Piece(items, nt, t);
+    if (i0 < i1) {
+      const int kk0 = i0 * a.item_k;
+      mine.k = (i1 - i0) * a.item_k;
+      mine.x = a.x + kk0;
+      mine.w = static_cast<const char*>(a.w) + kk0 * a.ldw * wbytes;
+      if (a.xs) mine.xs = a.xs + XSlot(a, kk0);
+      if (a.xw) mine.xw = a.xw + XSlot(a, kk0) / 2;
+      for (int c0 = 0; c0 < a.n; c0 += max_cols)
+        kern.stream(mine, c0, std::min(max_cols, a.n - c0), Scratch(StreamScratchFloats()));
+    }
+#pragma omp barrier
+    const auto [c0, c1] = Piece(a.n, nt, t);
+    for (int i = 0; i < a.m; ++i) {
+      int64_t* dst = a.acc + i * a.ldacc;
+      for (int p = 0; p + 1 < nt; ++p) {
+        const int64_t* src = others + p * sums + static_cast<int64_t>(i) * a.n;
+        for (int c = c0; c < c1; ++c) dst[c] = AddFixed(dst[c], src[c]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 float RoundToBf16(float x) {
@@ -220,6 +267,9 @@ void Gemm(const GemmArgs& a) {
     // accumulators that stay in the first-level cache.
     const int max_cols = kStreamCols / a.m;
     const int blocks = (a.n + max_cols - 1) / max_cols;
+    const int items = a.out == GemmOut::kFixedItems && !a.w_rows ? a.k / a.item_k : 0;
+    if (threads > 1 && blocks < threads && items >= threads)
+      return StreamItems(kern, ka, threads, items, max_cols);
     const int parts = std::max(blocks, threads);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int b = 0; b < parts; ++b) {

@@ -325,16 +325,47 @@ FS_INLINE void StreamPrefetch(const W* p, int64_t ahead) {
 // Weight rows kk..kk+R-1 into MR rows of accumulators, column vector by
 // column vector: acc[i][c] = fma(x[i][kk+r], w[kk+r][c], acc[i][c]) for r in
 // order. Several weight rows per pass load and store each accumulator once.
+//
+// Each accumulator's pass is a chain of R dependent fused multiply-adds, so
+// with few rows a pass takes G column vectors at once (about four chains in
+// flight in all): one vector's chain alone leaves the FMA units waiting on
+// its latency, more than on memory. Only independent chains interleave.
 template <int MR, int R, typename W>
 FS_INLINE void StreamRows(const W* const* wr, const float* x, int64_t ldx, int kk,
                           float* const* acc, int vecs) {
+  constexpr int G = MR >= 4 ? 1 : 4 / MR;
   V16 xv[MR][R];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) xv[i][r] = Splat(x[i * ldx + kk + r]);
   }
-  for (int v = 0; v < vecs; ++v) {
+  int v = 0;
+  for (; G > 1 && v + G <= vecs; v += G) {
+    V16 c[MR][G];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) c[i][g] = Load(acc[i] + 16 * (v + g));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      V16 wv[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) wv[g] = Load(wr[r] + 16 * (v + g));
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) c[i][g] = Fma(xv[i][r], wv[g], c[i][g]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) Store(acc[i] + 16 * (v + g), c[i][g]);
+    }
+  }
+  for (; v < vecs; ++v) {
     V16 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = Load(wr[r] + 16 * v);
@@ -366,6 +397,31 @@ FS_INLINE void StreamRowsBf16(const BF16* const* wr, const float* const* xs, flo
     }
   }
   int v = 0;
+  // One row: two groups of 32 columns per pass, four chains in flight (as
+  // StreamRows takes several vectors).
+  for (; MR == 1 && v + 4 <= vecs; v += 4) {
+    V16 c[4];  // group 0's even and odd columns, then group 1's
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) c[g] = Load(acc[0] + 16 * (v + g));
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+#pragma GCC unroll 2
+      for (int h = 1; h >= 0; --h) {  // the pair's odd row, then its even row
+        const int r = 2 * p + h;
+        V16 w[4] = {};  // an odd R's padding row: zeros (0 * 0 turns -0 into +0)
+#pragma GCC unroll 2
+        for (int g = 0; g < 2 && r < R; ++g) {
+          StreamPrefetch(wr[r] + 16 * (v + 2 * g), ahead);
+          LoadPair(wr[r] + 16 * (v + 2 * g), &w[2 * g], &w[2 * g + 1]);
+        }
+        const V16 xr = h ? xo[0][p] : xe[0][p];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g) c[g] = Fma(xr, w[g], c[g]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) Store(acc[0] + 16 * (v + g), c[g]);
+  }
   for (; v + 2 <= vecs; v += 2) {
     V16 we[P][2], wo[P][2];  // [pair][even row, odd row]: even and odd columns
 #pragma GCC unroll 8

@@ -397,31 +397,6 @@ FS_INLINE void StreamRowsBf16(const BF16* const* wr, const float* const* xs, flo
     }
   }
   int v = 0;
-  // One row: two groups of 32 columns per pass, four chains in flight (as
-  // StreamRows takes several vectors).
-  for (; MR == 1 && v + 4 <= vecs; v += 4) {
-    V16 c[4];  // group 0's even and odd columns, then group 1's
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) c[g] = Load(acc[0] + 16 * (v + g));
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-#pragma GCC unroll 2
-      for (int h = 1; h >= 0; --h) {  // the pair's odd row, then its even row
-        const int r = 2 * p + h;
-        V16 w[4] = {};  // an odd R's padding row: zeros (0 * 0 turns -0 into +0)
-#pragma GCC unroll 2
-        for (int g = 0; g < 2 && r < R; ++g) {
-          StreamPrefetch(wr[r] + 16 * (v + 2 * g), ahead);
-          LoadPair(wr[r] + 16 * (v + 2 * g), &w[2 * g], &w[2 * g + 1]);
-        }
-        const V16 xr = h ? xo[0][p] : xe[0][p];
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) c[g] = Fma(xr, w[g], c[g]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) Store(acc[0] + 16 * (v + g), c[g]);
-  }
   for (; v + 2 <= vecs; v += 2) {
     V16 we[P][2], wo[P][2];  // [pair][even row, odd row]: even and odd columns
 #pragma GCC unroll 8

@@ -342,8 +342,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-libraries", skip_libraries, "skip the library GEMM comparison");
   app.add_option("--only", only,
                  "time only --steps prefills of --prefill-tokens, or --steps decode steps at "
-                 "batch 1 (e.g. under a profiler)")
-      ->check(CLI::IsMember({"prefill", "decode"}));
+                 "batch 1 (decode) or --batch (decode-batch), e.g. under a profiler")
+      ->check(CLI::IsMember({"prefill", "decode", "decode-batch"}));
   app.add_option("--bf16-products", bf16_products,
                  "bf16 weights' products: auto (vdpbf16ps where it computes the chain) or fma")
       ->check(CLI::IsMember({"auto", "fma"}))
@@ -472,10 +472,11 @@ int main(int argc, char** argv) {
                     prefill_tokens / s, steps);
         continue;
       }
-      if (only == "decode") {
-        const Decode d = RunDecode(**exec, 1, steps);
-        std::printf("%-7d decode at batch 1: %.2f tok/s over %d steps\n", threads, d.tokens_per_s,
-                    steps);
+      if (only == "decode" || only == "decode-batch") {
+        const int rows = only == "decode" ? 1 : batch;
+        const Decode d = RunDecode(**exec, rows, steps);
+        std::printf("%-7d decode at batch %d: %.2f tok/s over %d steps\n", threads, rows,
+                    d.tokens_per_s, steps);
         continue;
       }
       const double bw = MeasureReadBandwidth(threads);

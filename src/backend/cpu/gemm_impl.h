@@ -862,11 +862,28 @@ void TileRows(const KernelArgs& a, int i0, int rows, int j0, const Panel<W>& p) 
   Tile<MR, kB>(a, i0, j0, p);
 }
 
+// Packing a panel of [k, n] weights reads one or two cache lines per row,
+// rows a whole row apart: a stride the hardware prefetchers do not follow,
+// so every read waited on memory. Each row's read asks for the same columns
+// kPackAhead rows further down (batched decode's o and down projections
+// about a third faster).
+inline constexpr int kPackAhead = 16;
+template <typename W>
+FS_INLINE void PrefetchPackRows(const KernelArgs& a, int kk, int rows, int j0) {
+  if (a.w_rows || kk + kPackAhead + rows > a.k) return;
+  for (int r = 0; r < rows; ++r) {
+    const W* p = WRow<W>(a, kk + kPackAhead + r) + j0;
+    __builtin_prefetch(p);
+    if constexpr (sizeof(W) == 4) __builtin_prefetch(p + 16);  // 32 columns: two lines
+  }
+}
+
 // Packs columns [j0, j0 + cols) of w k-major into out[k][32], widened to f32.
 template <typename W>
 void Pack(const KernelArgs& a, int j0, int cols, float* out) {
   if (!a.nt) {
     for (int kk = 0; kk < a.k; ++kk) {
+      PrefetchPackRows<W>(a, kk, 1, j0);
       float* dst = out + static_cast<int64_t>(kk) * kNR;
       const W* src = WRow<W>(a, kk) + j0;
       int c = 0;
@@ -940,6 +957,7 @@ inline void PackPairsNN(const KernelArgs& a, int j0, int cols, BF16* out) {
   for (int c = 0; c < a.k / a.chain_k; ++c) {
     for (int s = 0; s < padded; s += 2) {
       const int kk = c * a.chain_k + s;
+      PrefetchPackRows<BF16>(a, kk, 2, j0);
       const __m512i even = _mm512_maskz_loadu_epi16(mask, WRow<BF16>(a, kk) + j0);
       const __m512i odd = s + 1 < a.chain_k
                               ? _mm512_maskz_loadu_epi16(mask, WRow<BF16>(a, kk + 1) + j0)

@@ -40,12 +40,52 @@ void Softmax(float* row, int width, int lo, int hi, std::optional<CpuIsa> isa) {
   std::fill(row + hi + 1, row + width, 0.0f);
 }
 
+// Scores, softmax and weighted values of m query rows (x, row stride ldx)
+// over the keys [k0, k0 + width) into out (row stride ldo). Row r is at
+// position pos0 + r * step.
+void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0, int step, int k0,
+           int width, const std::vector<const float*>& keys,
+           const std::vector<const float*>& values, float* out, int64_t ldo,
+           std::optional<CpuIsa> isa) {
+  thread_local std::vector<float> scores;
+  scores.resize(static_cast<size_t>(m) * width);
+  GemmArgs s;
+  s.x = x;
+  s.ldx = ldx;
+  s.w_rows = keys.data();
+  s.nt = true;
+  s.m = m;
+  s.n = width;
+  s.k = a.head_dim;
+  s.y = scores.data();
+  s.ldy = width;
+  s.isa = isa;
+  Gemm(s);
+  for (int r = 0; r < m; ++r) {
+    float* row = scores.data() + static_cast<int64_t>(r) * width;
+    for (int i = 0; i < width; ++i) row[i] *= a.scale;
+    const int pos = pos0 + r * step;
+    Softmax(row, width, FirstKey(a, pos) - k0, pos - k0, isa);
+  }
+  GemmArgs v;
+  v.x = scores.data();
+  v.ldx = width;
+  v.w_rows = values.data();
+  v.nt = false;
+  v.m = m;
+  v.n = a.head_dim;
+  v.k = width;
+  v.y = out;
+  v.ldy = ldo;
+  v.isa = isa;
+  Gemm(v);
+}
+
 }  // namespace
 
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
   if (a.num_tokens <= 0) return;
   const int g = a.group_size, hd = a.head_dim, bs = a.block_size;
-  thread_local std::vector<float> scores;
   thread_local std::vector<const float*> keys, values;
   for (int t0 = 0; t0 < a.num_tokens; t0 += kQueryTile) {
     const int rows = std::min(kQueryTile, a.num_tokens - t0);
@@ -60,38 +100,18 @@ void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
       keys[p - k0] = page + (p % bs) * hd;
       values[p - k0] = page + (bs + p % bs) * hd;
     }
-    scores.resize(static_cast<size_t>(rows) * width);
+    const float* q = a.q + static_cast<int64_t>(t0) * a.ldq;
+    float* out = a.out + static_cast<int64_t>(t0) * a.ldo;
+    if (rows == 1) {
+      // One query (decode): the group's heads are the rows of one multiply,
+      // so each key and value is read once for all of them. A row's result
+      // does not depend on the rows beside it (gemm.h).
+      Heads(a, q, hd, g, a.start_pos + t0, 0, k0, width, keys, values, out, hd, isa);
+      continue;
+    }
     for (int j = 0; j < g; ++j) {
-      GemmArgs s;
-      s.x = a.q + static_cast<int64_t>(t0) * a.ldq + j * hd;
-      s.ldx = a.ldq;
-      s.w_rows = keys.data();
-      s.nt = true;
-      s.m = rows;
-      s.n = width;
-      s.k = hd;
-      s.y = scores.data();
-      s.ldy = width;
-      s.isa = isa;
-      Gemm(s);
-      for (int r = 0; r < rows; ++r) {
-        float* row = scores.data() + static_cast<int64_t>(r) * width;
-        for (int i = 0; i < width; ++i) row[i] *= a.scale;
-        const int pos = a.start_pos + t0 + r;
-        Softmax(row, width, FirstKey(a, pos) - k0, pos - k0, isa);
-      }
-      GemmArgs v;
-      v.x = scores.data();
-      v.ldx = width;
-      v.w_rows = values.data();
-      v.nt = false;
-      v.m = rows;
-      v.n = hd;
-      v.k = width;
-      v.y = a.out + static_cast<int64_t>(t0) * a.ldo + j * hd;
-      v.ldy = a.ldo;
-      v.isa = isa;
-      Gemm(v);
+      Heads(a, q + j * hd, a.ldq, rows, a.start_pos + t0, 1, k0, width, keys, values,
+            out + j * hd, a.ldo, isa);
     }
   }
 }

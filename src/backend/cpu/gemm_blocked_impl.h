@@ -42,19 +42,26 @@ void WidenTail(const KernelArgs& a, const W* item, int rows, float* dst) {
   }
 }
 
+#if defined(__AVX512F__)
 // The tail of a blocked bf16 item of `rows` rows, as a block of 16 rows
 // (Blocked16Index with 16 rows) whose rows past the tail are zero: out holds
-// 16 * a.k values.
+// 16 * a.k values. Each pair of k-values is the tail's rows' words side by
+// side, one masked load and one cache line each.
 inline void PadTailToBlock(const KernelArgs& a, const BF16* item, int rows, BF16* out) {
   const int full = rows / 16 * 16, t = rows - full;
-  std::memset(out, 0, sizeof(BF16) * 16 * static_cast<size_t>(a.k));
-  for (int kk = 0; kk < a.k; ++kk) {
-    for (int q = 0; q < t; ++q) {
-      out[Blocked16Index(q, kk, 16, a.k, a.wtype)] =
-          item[Blocked16Index(full + q, kk, rows, a.k, a.wtype)];
-    }
+  const BF16* tail = item + static_cast<int64_t>(full) * a.k;
+  const __mmask16 lanes = static_cast<__mmask16>((1u << t) - 1);
+  int kk = 0;
+  for (; kk + 2 <= a.k; kk += 2) {
+    _mm512_storeu_si512(out + static_cast<int64_t>(kk) * 16,
+                        _mm512_maskz_loadu_epi32(lanes, tail + static_cast<int64_t>(kk) * t));
+  }
+  if (kk < a.k) {  // an odd k's last value: one per row, as f32's lie
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + static_cast<int64_t>(kk) * 16),
+                        _mm256_maskz_loadu_epi16(lanes, tail + static_cast<int64_t>(kk) * t));
   }
 }
+#endif
 
 // Panel `panel` of a blocked weight (BlockedPanelsPerItem per item), every
 // row: read where it lies, k-major already (no transposing); 16-bit weights

@@ -1,6 +1,7 @@
 // Gemm's dispatcher: picks the instruction-set level's kernels
-// (gemm_kernels.h), splits the output over threads (whole column ranges, so
-// no element is split) and owns the per-thread scratch. Built for any x86-64.
+// (gemm_kernels.h), splits the work over threads (whole column ranges, so no
+// element is split; or, for fixed-point sums with few rows, whole items) and
+// owns the per-thread scratch. Built for any x86-64.
 #include "backend/cpu/gemm.h"
 
 #include <omp.h>

@@ -15,7 +15,8 @@
 // [n, k] one vector per 16 rows and k-value (an item's tail of fewer rows in
 // the first lanes of a vector), row-major [n, k] sixteen rows at a time,
 // transposed in registers; [k, n] row after row into accumulators that stay
-// in cache. Threads take whole column ranges.
+// in cache. Threads take whole column ranges; in fixed-point mode with few
+// rows, whole items instead (their exact sums are added after: the same bits).
 //
 // Weights may be f32, bf16 or f16 (wtype): 16-bit values are widened exactly
 // to f32 in registers. f32 and f16 weights take the f32 chain: activations

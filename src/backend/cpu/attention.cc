@@ -110,8 +110,8 @@ void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
       continue;
     }
     for (int j = 0; j < g; ++j) {
-      Heads(a, q + j * hd, a.ldq, rows, a.start_pos + t0, 1, k0, width, keys, values,
-            out + j * hd, a.ldo, isa);
+      Heads(a, q + j * hd, a.ldq, rows, a.start_pos + t0, 1, k0, width, keys, values, out + j * hd,
+            a.ldo, isa);
     }
   }
 }

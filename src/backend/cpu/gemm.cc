@@ -132,14 +132,15 @@ void RoundActivations(KernelArgs* ka, int threads) {
   }
 }
 
-// nn in fixed-point items with few rows and columns (decode's o and down
-// projections): threads take contiguous ranges of items rather than of
-// columns, so each streams whole weight rows, one run of memory, instead of
-// a part of every row. Each thread's items go to its own sums (thread 0's
-// straight to a.acc), which are then added column range by column range:
-// fixed-point addition is exact in any grouping, so the bits are the same.
-void StreamItems(const GemmKernels& kern, const KernelArgs& a, int threads, int items,
-                 int max_cols) {
+// nn in fixed-point items: threads take contiguous ranges of items rather
+// than of columns, so each reads whole weight rows, one run of memory,
+// instead of a part of every row. Each thread's items go to its own sums
+// (thread 0's straight to a.acc), which are then added column range by
+// column range: fixed-point addition is exact in any grouping, so the bits
+// are the same. work(mine) runs a thread's items, `mine` being a cut down to
+// them.
+template <typename Work>
+void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
   thread_local std::vector<int64_t> partials;
   const int64_t sums = static_cast<int64_t>(a.m) * a.n;
   if (static_cast<int64_t>(partials.size()) < (threads - 1) * sums)
@@ -163,8 +164,7 @@ void StreamItems(const GemmKernels& kern, const KernelArgs& a, int threads, int 
       mine.w = static_cast<const char*>(a.w) + kk0 * a.ldw * wbytes;
       if (a.xs) mine.xs = a.xs + XSlot(a, kk0);
       if (a.xw) mine.xw = a.xw + XSlot(a, kk0) / 2;
-      for (int c0 = 0; c0 < a.n; c0 += max_cols)
-        kern.stream(mine, c0, std::min(max_cols, a.n - c0), Scratch(StreamScratchFloats()));
+      work(mine);
     }
 #pragma omp barrier
     const auto [c0, c1] = Piece(a.n, nt, t);
@@ -269,8 +269,12 @@ void Gemm(const GemmArgs& a) {
     const int max_cols = kStreamCols / a.m;
     const int blocks = (a.n + max_cols - 1) / max_cols;
     const int items = a.out == GemmOut::kFixedItems && !a.w_rows ? a.k / a.item_k : 0;
-    if (threads > 1 && blocks < threads && items >= threads)
-      return StreamItems(kern, ka, threads, items, max_cols);
+    if (threads > 1 && blocks < threads && items >= threads) {
+      return SplitItems(ka, threads, items, [&kern, max_cols](const KernelArgs& mine) {
+        for (int c0 = 0; c0 < mine.n; c0 += max_cols)
+          kern.stream(mine, c0, std::min(max_cols, mine.n - c0), Scratch(StreamScratchFloats()));
+      });
+    }
     const int parts = std::max(blocks, threads);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int b = 0; b < parts; ++b) {
@@ -279,6 +283,16 @@ void Gemm(const GemmArgs& a) {
         kern.stream(ka, 16 * c0, std::min(a.n, 16 * c1) - 16 * c0, Scratch(StreamScratchFloats()));
     }
     return;
+  }
+  if (!a.nt && a.out == GemmOut::kFixedItems && !a.w_rows && a.m <= kItemRows) {
+    // Each item's weight rows read whole (batched decode's o and down
+    // projections), the threads taking whole items.
+    const int items = a.k / a.item_k;
+    auto work = [&kern](const KernelArgs& mine) {
+      kern.item_panels(mine, Scratch(ItemScratchFloats(mine)));
+    };
+    if (threads > 1 && items >= threads) return SplitItems(ka, threads, items, work);
+    return work(ka);
   }
   const int panels =
       a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedPanelsPerItem(a) : (a.n + kNR - 1) / kNR;

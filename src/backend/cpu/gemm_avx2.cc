@@ -9,7 +9,8 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
-  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR,           RunDirect,  RunStream, RunPanel,
+                                       RunItemPanels, SiluMulRow, ExpShifted};
   return kernels;
 }
 

@@ -5,7 +5,8 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
-  static constexpr GemmKernels kernels{kMR, RunDirect, RunStream, RunPanel, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR,           RunDirect,  RunStream, RunPanel,
+                                       RunItemPanels, SiluMulRow, ExpShifted};
   return kernels;
 }
 

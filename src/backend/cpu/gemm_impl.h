@@ -986,6 +986,108 @@ void PackedPanel(const KernelArgs& a, int panel, float* packed) {
     TileRows<kPairs<W>, float>(a, i0, std::min(kMR, a.m - i0), j0, p);
 }
 
+// nn in fixed-point items with more rows than Stream takes (batched
+// decode's o and down projections): one item at a time, its weight rows are
+// read whole, each a run of memory the prefetchers follow, into every
+// panel's layout in `packed` (PanelsOfItem), where the tiles of all the rows
+// then find them in the second-level cache. Packing a panel over all of k
+// instead reads a line or two per weight row, rows a whole row apart.
+//
+// The layout of one item's panels: f32, panel P's k-value kk at
+// packed + (P * item_k + kk) * kNR; bf16 for vdpbf16ps, panel P's pairs
+// (Panel::slot_pairs) at packed + P * padded * kNR halves, padded the
+// item's slots.
+template <typename W>
+void PackItemRows(const KernelArgs& one, float* packed) {
+  const int panels = (one.n + kNR - 1) / kNR, last = one.n - (panels - 1) * kNR;
+  for (int kk = 0; kk < one.k; ++kk) {
+    const W* src = WRow<W>(one, kk);
+    for (int P = 0; P < panels; ++P, src += kNR) {
+      float* dst = packed + (static_cast<int64_t>(P) * one.k + kk) * kNR;
+      if (P + 1 < panels || last == kNR) {
+        Store(dst, Load(src));
+        Store(dst + 16, Load(src + 16));
+        continue;
+      }
+      int c = 0;
+      for (; c + 16 <= last; c += 16) Store(dst + c, Load(src + c));
+      for (; c < last; ++c) dst[c] = Widen(src[c]);
+      std::memset(dst + last, 0, sizeof(float) * (kNR - last));
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// The same for vdpbf16ps: rows kk and kk + 1 of each pair of slots
+// interleaved as PackPairsNN does, a padding slot's row zero.
+inline void PackItemPairs(const KernelArgs& one, BF16* packed) {
+  typedef int16_t S32 __attribute__((vector_size(64)));
+  auto idx = [](int base) {
+    S32 v;
+    for (int q = 0; q < 16; ++q) {
+      v[2 * q] = static_cast<int16_t>(base + q);
+      v[2 * q + 1] = static_cast<int16_t>(32 + base + q);
+    }
+    return reinterpret_cast<__m512i>(v);
+  };
+  const __m512i first = idx(0), second = idx(16);
+  const int panels = (one.n + kNR - 1) / kNR, last = one.n - (panels - 1) * kNR;
+  const int padded = (one.k + 1) & ~1;
+  for (int s = 0; s < padded; s += 2) {
+    const BF16* even = WRow<BF16>(one, s);
+    const BF16* odd = s + 1 < one.k ? WRow<BF16>(one, s + 1) : nullptr;
+    BF16* dst = packed + static_cast<int64_t>(s) * kNR;
+    for (int P = 0; P < panels; ++P, dst += static_cast<int64_t>(padded) * kNR) {
+      const int cols = P + 1 < panels ? kNR : last;
+      const __mmask32 mask = cols == kNR ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
+      const __m512i e = _mm512_maskz_loadu_epi16(mask, even + P * kNR);
+      const __m512i o =
+          odd ? _mm512_maskz_loadu_epi16(mask, odd + P * kNR) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(e, first, o));
+      _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(e, second, o));
+    }
+  }
+}
+#endif
+
+template <typename W>
+void ItemPanels(const KernelArgs& a, float* packed) {
+  const int panels = (a.n + kNR - 1) / kNR;
+  KernelArgs one = a;  // one item: its k-values, activations and weight rows
+  one.k = a.item_k;
+  for (int c = 0; c < a.k / a.item_k; ++c) {
+    const int kk0 = c * a.item_k;
+    one.x = a.x + kk0;
+    one.w = WRow<W>(a, kk0);
+    if (a.xs) one.xs = a.xs + XSlot(a, kk0);
+    if (a.xw) one.xw = a.xw + XSlot(a, kk0) / 2;
+#if defined(__AVX512F__)
+    if constexpr (kPairs<W>) {
+      if (a.dpbf16) {
+        BF16* pairs = reinterpret_cast<BF16*>(packed);
+        const int padded = (a.item_k + 1) & ~1;
+        PackItemPairs(one, pairs);
+        for (int P = 0; P < panels; ++P) {
+          const BF16* b0 = pairs + static_cast<int64_t>(P) * padded * kNR;
+          Panel<BF16> p{b0, b0 + 32, 32, std::min(kNR, a.n - P * kNR)};
+          p.slot_pairs = true;
+          for (int i0 = 0; i0 < a.m; i0 += kMR)
+            TileRows<true, BF16>(one, i0, std::min(kMR, a.m - i0), P * kNR, p);
+        }
+        continue;
+      }
+    }
+#endif
+    PackItemRows<W>(one, packed);
+    for (int P = 0; P < panels; ++P) {
+      const float* b0 = packed + static_cast<int64_t>(P) * one.k * kNR;
+      const Panel<float> p{b0, b0 + 16, kNR, std::min(kNR, a.n - P * kNR)};
+      for (int i0 = 0; i0 < a.m; i0 += kMR)
+        TileRows<kPairs<W>, float>(one, i0, std::min(kMR, a.m - i0), P * kNR, p);
+    }
+  }
+}
+
 // The entry points, by weight type. bf16 weights take the bf16 chain under
 // FlushDenormals, which is set around a call that the compiler cannot inline
 // (so no operation of the chain moves out of it).
@@ -997,6 +1099,10 @@ template <typename W>
 __attribute__((noinline)) void StreamNoInline(const KernelArgs& a, int c0, int cols,
                                               float* scratch) {
   StreamNN<W>(a, c0, cols, scratch);
+}
+template <typename W>
+__attribute__((noinline)) void ItemPanelsNoInline(const KernelArgs& a, float* packed) {
+  ItemPanels<W>(a, packed);
 }
 template <typename W>
 __attribute__((noinline)) void PanelNoInline(const KernelArgs& a, int panel, float* packed) {
@@ -1039,6 +1145,19 @@ void RunPanel(const KernelArgs& a, int panel, float* packed) {
       return PackedPanel<F16>(a, panel, packed);
     case DType::kF32:
       return PackedPanel<float>(a, panel, packed);
+  }
+}
+
+void RunItemPanels(const KernelArgs& a, float* packed) {
+  switch (a.wtype) {
+    case DType::kBF16: {
+      FlushDenormals flush;
+      return ItemPanelsNoInline<BF16>(a, packed);
+    }
+    case DType::kF16:
+      return ItemPanels<F16>(a, packed);
+    case DType::kF32:
+      return ItemPanels<float>(a, packed);
   }
 }
 

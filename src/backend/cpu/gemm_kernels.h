@@ -16,8 +16,9 @@
 
 namespace failsafe::cpu {
 
-inline constexpr int kDirectRows = 4;     // nt with at most this many rows: Direct
-inline constexpr int kStreamRows = 4;     // nn with at most this many rows: Stream
+inline constexpr int kDirectRows = 4;  // nt with at most this many rows: Direct
+inline constexpr int kStreamRows = 4;  // nn with at most this many rows: Stream
+inline constexpr int kItemRows = 32;   // nn fixed-point items, at most this many rows: ItemPanels
 inline constexpr int kStreamCols = 4096;  // accumulators of one Stream call (floats)
 inline constexpr int kNR = 32;            // columns of a packed panel
 
@@ -63,6 +64,10 @@ struct GemmKernels {
   // blocked: BlockedPanelsPerItem per item), every row. packed: a.k * kNR
   // floats.
   void (*panel)(const KernelArgs& a, int panel, float* packed);
+  // nn in fixed-point items (a.w not by rows): every item of a in turn, its
+  // weight rows packed whole into `packed` (ItemScratchFloats(a) floats),
+  // then every row's tiles over its panels.
+  void (*item_panels)(const KernelArgs& a, float* packed);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.
   void (*silu_mul)(const float* g, const float* u, float* out, int n);
@@ -72,6 +77,10 @@ struct GemmKernels {
 
 inline constexpr int64_t StreamScratchFloats() {
   return int64_t{kStreamRows} * (kStreamCols + 16) + 16;
+}
+
+inline int64_t ItemScratchFloats(const GemmArgs& a) {
+  return int64_t{(a.item_k + 1) & ~1} * ((a.n + kNR - 1) / kNR) * kNR;
 }
 
 const GemmKernels& GemmKernelsGeneric();

@@ -93,8 +93,10 @@ std::vector<Case> Cases() {
         out.push_back({nt, m, 70, 96, GemmOut::kFixedItems, 32});
         out.push_back({nt, m, 37, 99, GemmOut::kFixedItems, 33});  // odd items: bf16 pads each
         out.push_back({nt, m, 130, 99, GemmOut::kFixedItems, 33});
-        // Enough work for two threads: with few rows they share out the items.
-        if (m <= 5) out.push_back({nt, m, 300, 990, GemmOut::kFixedItems, 33});
+        // Enough work for two threads: with up to kItemRows rows they share
+        // out the items.
+        if (m <= 11) out.push_back({nt, m, 300, 990, GemmOut::kFixedItems, 33});
+        if (m == 11) out.push_back({nt, m, 64, 66, GemmOut::kFixedItems, 33});  // whole panels
       }
     }
   }
@@ -230,6 +232,8 @@ TEST(GemmLevels, Bf16ChainFlushesDenormalsAlikeEverywhere) {
        {Case{true, 3, 40, 37, GemmOut::kStore, 0}, Case{true, 11, 97, 64, GemmOut::kAccumulate, 0},
         Case{false, 2, 48, 57, GemmOut::kStore, 0}, Case{false, 33, 130, 160, GemmOut::kStore, 0},
         Case{false, 5, 37, 99, GemmOut::kFixedItems, 33},
+        Case{false, 11, 130, 99, GemmOut::kFixedItems, 33},
+        Case{false, 11, 300, 990, GemmOut::kFixedItems, 33},
         Case{false, 1, 130, 99, GemmOut::kFixedItems, 33},
         Case{false, 1, 300, 990, GemmOut::kFixedItems, 33}}) {
     std::vector<float> x(static_cast<size_t>(c.m) * (c.k + 1));

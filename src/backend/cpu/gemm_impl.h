@@ -993,16 +993,29 @@ void PackedPanel(const KernelArgs& a, int panel, float* packed) {
 // then find them in the second-level cache. Packing a panel over all of k
 // instead reads a line or two per weight row, rows a whole row apart.
 //
+// Each row's read also asks for the same columns of the next row (pair):
+// rows of 2 or 4 KiB are streams too short for the hardware prefetchers to
+// learn (bf16 batch-16 o and down projections about 15% faster on a Zen 5).
+//
 // The layout of one item's panels: f32, panel P's k-value kk at
 // packed + (P * item_k + kk) * kNR; bf16 for vdpbf16ps, panel P's pairs
 // (Panel::slot_pairs) at packed + P * padded * kNR halves, padded the
 // item's slots.
+// A panel's columns (kNR) of a weight row into the cache.
+template <typename W>
+FS_INLINE void PrefetchColumns(const W* p) {
+  __builtin_prefetch(p);
+  if constexpr (sizeof(W) * kNR > 64) __builtin_prefetch(p + 64 / sizeof(W));
+}
+
 template <typename W>
 void PackItemRows(const KernelArgs& one, float* packed) {
   const int panels = (one.n + kNR - 1) / kNR, last = one.n - (panels - 1) * kNR;
   for (int kk = 0; kk < one.k; ++kk) {
     const W* src = WRow<W>(one, kk);
+    const W* next = kk + 1 < one.k ? WRow<W>(one, kk + 1) : nullptr;
     for (int P = 0; P < panels; ++P, src += kNR) {
+      if (next) PrefetchColumns(next + P * kNR);
       float* dst = packed + (static_cast<int64_t>(P) * one.k + kk) * kNR;
       if (P + 1 < panels || last == kNR) {
         Store(dst, Load(src));
@@ -1037,7 +1050,12 @@ inline void PackItemPairs(const KernelArgs& one, BF16* packed) {
     const BF16* even = WRow<BF16>(one, s);
     const BF16* odd = s + 1 < one.k ? WRow<BF16>(one, s + 1) : nullptr;
     BF16* dst = packed + static_cast<int64_t>(s) * kNR;
+    const bool ahead = s + 3 < one.k;  // the next pair's rows
     for (int P = 0; P < panels; ++P, dst += static_cast<int64_t>(padded) * kNR) {
+      if (ahead) {
+        PrefetchColumns(even + 2 * one.ldw + P * kNR);
+        PrefetchColumns(odd + 2 * one.ldw + P * kNR);
+      }
       const int cols = P + 1 < panels ? kNR : last;
       const __mmask32 mask = cols == kNR ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
       const __m512i e = _mm512_maskz_loadu_epi16(mask, even + P * kNR);

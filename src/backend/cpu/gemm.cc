@@ -284,31 +284,15 @@ void Gemm(const GemmArgs& a) {
     }
     return;
   }
-  if (!a.nt && !a.w_rows && a.m <= kItemRows) {
-    // Weight rows read whole, chunk by chunk of k (batched decode's o and
-    // down projections); the threads take whole items in fixed-point mode,
-    // else ranges of panels.
+  if (!a.nt && a.out == GemmOut::kFixedItems && !a.w_rows && a.m <= kItemRows) {
+    // Each item's weight rows read whole (batched decode's o and down
+    // projections), the threads taking whole items.
+    const int items = a.k / a.item_k;
     auto work = [&kern](const KernelArgs& mine) {
       kern.item_panels(mine, Scratch(ItemScratchFloats(mine)));
     };
-    const int items = a.out == GemmOut::kFixedItems ? a.k / a.item_k : 0;
     if (threads > 1 && items >= threads) return SplitItems(ka, threads, items, work);
-    const int panels = (a.n + kNR - 1) / kNR;
-    if (threads == 1 || items > 0 || panels < threads) return work(ka);
-    const size_t wbytes = a.wtype == DType::kF32 ? 4 : 2;
-#pragma omp parallel num_threads(threads)
-    {
-      const auto [p0, p1] = Piece(panels, omp_get_num_threads(), omp_get_thread_num());
-      if (p0 < p1) {
-        KernelArgs mine = ka;
-        const int j0 = p0 * kNR;
-        mine.n = std::min(a.n, p1 * kNR) - j0;
-        mine.w = static_cast<const char*>(a.w) + j0 * wbytes;
-        mine.y = a.y + j0;
-        work(mine);
-      }
-    }
-    return;
+    return work(ka);
   }
   const int panels =
       a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedPanelsPerItem(a) : (a.n + kNR - 1) / kNR;

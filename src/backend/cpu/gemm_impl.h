@@ -986,21 +986,21 @@ void PackedPanel(const KernelArgs& a, int panel, float* packed) {
     TileRows<kPairs<W>, float>(a, i0, std::min(kMR, a.m - i0), j0, p);
 }
 
-// nn with a few more rows than Stream takes (batched decode's o and down
-// projections): k in chunks (ItemChunkK: in fixed-point mode the items),
-// each chunk's weight rows read whole, each a run of memory, into every
-// panel's layout in `packed`, where the tiles of all the rows then find them
-// in the second-level cache. Packing a panel over all of k instead reads a
-// line or two per weight row, rows a whole row apart.
+// nn in fixed-point items with more rows than Stream takes (batched
+// decode's o and down projections): one item at a time, its weight rows are
+// read whole, each a run of memory the prefetchers follow, into every
+// panel's layout in `packed` (PanelsOfItem), where the tiles of all the rows
+// then find them in the second-level cache. Packing a panel over all of k
+// instead reads a line or two per weight row, rows a whole row apart.
 //
 // Each row's read also asks for the same columns of the next row (pair):
 // rows of 2 or 4 KiB are streams too short for the hardware prefetchers to
 // learn (bf16 batch-16 o and down projections about 15% faster on a Zen 5).
 //
-// The layout of one chunk's panels: f32, panel P's k-value kk at
-// packed + (P * chunk + kk) * kNR; bf16 for vdpbf16ps, panel P's pairs
+// The layout of one item's panels: f32, panel P's k-value kk at
+// packed + (P * item_k + kk) * kNR; bf16 for vdpbf16ps, panel P's pairs
 // (Panel::slot_pairs) at packed + P * padded * kNR halves, padded the
-// chunk's slots.
+// item's slots.
 // A panel's columns (kNR) of a weight row into the cache.
 template <typename W>
 FS_INLINE void PrefetchColumns(const W* p) {
@@ -1070,21 +1070,20 @@ inline void PackItemPairs(const KernelArgs& one, BF16* packed) {
 
 template <typename W>
 void ItemPanels(const KernelArgs& a, float* packed) {
-  const int panels = (a.n + kNR - 1) / kNR, chunk = ItemChunkK(a);
-  KernelArgs one = a;  // one chunk: its k-values, activations and weight rows
-  for (int kk0 = 0; kk0 < a.k; kk0 += chunk) {
-    one.k = std::min(chunk, a.k - kk0);
+  const int panels = (a.n + kNR - 1) / kNR;
+  KernelArgs one = a;  // one item: its k-values, activations and weight rows
+  one.k = a.item_k;
+  for (int c = 0; c < a.k / a.item_k; ++c) {
+    const int kk0 = c * a.item_k;
     one.x = a.x + kk0;
     one.w = WRow<W>(a, kk0);
     if (a.xs) one.xs = a.xs + XSlot(a, kk0);
     if (a.xw) one.xw = a.xw + XSlot(a, kk0) / 2;
-    // One chain over all of k goes on from where the chunk before left y.
-    if (a.out == GemmOut::kStore && kk0 > 0) one.out = GemmOut::kAccumulate;
 #if defined(__AVX512F__)
     if constexpr (kPairs<W>) {
       if (a.dpbf16) {
         BF16* pairs = reinterpret_cast<BF16*>(packed);
-        const int padded = (one.k + 1) & ~1;
+        const int padded = (a.item_k + 1) & ~1;
         PackItemPairs(one, pairs);
         for (int P = 0; P < panels; ++P) {
           const BF16* b0 = pairs + static_cast<int64_t>(P) * padded * kNR;

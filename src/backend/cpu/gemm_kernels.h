@@ -64,9 +64,9 @@ struct GemmKernels {
   // blocked: BlockedPanelsPerItem per item), every row. packed: a.k * kNR
   // floats.
   void (*panel)(const KernelArgs& a, int panel, float* packed);
-  // nn (a.w not by rows): k in chunks of ItemChunkK(a) in turn, each
-  // chunk's weight rows packed whole into `packed` (ItemScratchFloats(a)
-  // floats), then every row's tiles over its panels.
+  // nn in fixed-point items (a.w not by rows): every item of a in turn, its
+  // weight rows packed whole into `packed` (ItemScratchFloats(a) floats),
+  // then every row's tiles over its panels.
   void (*item_panels)(const KernelArgs& a, float* packed);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.
@@ -79,16 +79,8 @@ inline constexpr int64_t StreamScratchFloats() {
   return int64_t{kStreamRows} * (kStreamCols + 16) + 16;
 }
 
-// The k-values of one of GemmKernels::item_panels's chunks: an item in
-// fixed-point mode, else an even number whose packed panels take about
-// 256 KiB (f32), so that they stay in the second-level cache.
-inline int ItemChunkK(const GemmArgs& a) {
-  if (a.out == GemmOut::kFixedItems) return a.item_k;
-  const int cols = (a.n + kNR - 1) / kNR * kNR;
-  return std::min(a.k, std::max(2, (1 << 16) / cols & ~1));
-}
 inline int64_t ItemScratchFloats(const GemmArgs& a) {
-  return int64_t{(ItemChunkK(a) + 1) & ~1} * ((a.n + kNR - 1) / kNR) * kNR;
+  return int64_t{(a.item_k + 1) & ~1} * ((a.n + kNR - 1) / kNR) * kNR;
 }
 
 const GemmKernels& GemmKernelsGeneric();

@@ -96,13 +96,7 @@ std::vector<Case> Cases() {
         // Enough work for two threads: with up to kItemRows rows they share
         // out the items.
         if (m <= 11) out.push_back({nt, m, 300, 990, GemmOut::kFixedItems, 33});
-        if (m == 11) {
-          out.push_back({nt, m, 64, 66, GemmOut::kFixedItems, 33});  // whole panels
-          // Wide enough for ItemPanels to take k in chunks (ItemChunkK), on
-          // one thread and on two: the chain goes on across them.
-          out.push_back({nt, m, 1100, 131, GemmOut::kStore, 0});
-          out.push_back({nt, m, 1100, 131, GemmOut::kAccumulate, 0});
-        }
+        if (m == 11) out.push_back({nt, m, 64, 66, GemmOut::kFixedItems, 33});  // whole panels
       }
     }
   }

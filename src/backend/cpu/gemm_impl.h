@@ -987,11 +987,13 @@ void PackedPanel(const KernelArgs& a, int panel, float* packed) {
 }
 
 // nn in fixed-point items with more rows than Stream takes (batched
-// decode's o and down projections): one item at a time, its weight rows are
-// read whole, each a run of memory the prefetchers follow, into every
-// panel's layout in `packed` (PanelsOfItem), where the tiles of all the rows
-// then find them in the second-level cache. Packing a panel over all of k
-// instead reads a line or two per weight row, rows a whole row apart.
+// decode's o and down projections): a block of columns at a time
+// (ItemBlockCols), item after item, the item's weight rows in the block read
+// as runs of memory into every panel's layout in `packed`, where the tiles
+// of all the rows then find them in the first-level cache. Packing a panel
+// over all of k instead reads a line or two per weight row, rows a whole row
+// apart; an item's whole rows at once (no blocks) packed more than the
+// second-level cache holds for the o projection's items of 64 rows.
 //
 // Each row's read also asks for the same columns of the next row (pair):
 // rows of 2 or 4 KiB are streams too short for the hardware prefetchers to
@@ -1068,8 +1070,9 @@ inline void PackItemPairs(const KernelArgs& one, BF16* packed) {
 }
 #endif
 
+// Columns [0, a.n) (ItemBlockCols at most), item after item.
 template <typename W>
-void ItemPanels(const KernelArgs& a, float* packed) {
+void ItemPanelsBlock(const KernelArgs& a, float* packed) {
   const int panels = (a.n + kNR - 1) / kNR;
   KernelArgs one = a;  // one item: its k-values, activations and weight rows
   one.k = a.item_k;
@@ -1103,6 +1106,18 @@ void ItemPanels(const KernelArgs& a, float* packed) {
       for (int i0 = 0; i0 < a.m; i0 += kMR)
         TileRows<kPairs<W>, float>(one, i0, std::min(kMR, a.m - i0), P * kNR, p);
     }
+  }
+}
+
+template <typename W>
+void ItemPanels(const KernelArgs& a, float* packed) {
+  const int block = ItemBlockCols(a);
+  for (int j0 = 0; j0 < a.n; j0 += block) {
+    KernelArgs cols = a;
+    cols.n = std::min(block, a.n - j0);
+    cols.w = static_cast<const W*>(a.w) + j0;
+    cols.acc = a.acc + j0;
+    ItemPanelsBlock<W>(cols, packed);
   }
 }
 

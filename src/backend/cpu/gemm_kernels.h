@@ -64,9 +64,10 @@ struct GemmKernels {
   // blocked: BlockedPanelsPerItem per item), every row. packed: a.k * kNR
   // floats.
   void (*panel)(const KernelArgs& a, int panel, float* packed);
-  // nn in fixed-point items (a.w not by rows): every item of a in turn, its
-  // weight rows packed whole into `packed` (ItemScratchFloats(a) floats),
-  // then every row's tiles over its panels.
+  // nn in fixed-point items (a.w not by rows): block of columns after
+  // block (ItemBlockCols), every item of a in turn, its weight rows in the
+  // block packed into `packed` (ItemScratchFloats(a) floats), then every
+  // row's tiles over its panels.
   void (*item_panels)(const KernelArgs& a, float* packed);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.
@@ -79,8 +80,17 @@ inline constexpr int64_t StreamScratchFloats() {
   return int64_t{kStreamRows} * (kStreamCols + 16) + 16;
 }
 
-inline int64_t ItemScratchFloats(const GemmArgs& a) {
-  return int64_t{(a.item_k + 1) & ~1} * ((a.n + kNR - 1) / kNR) * kNR;
+// The columns of one block of GemmKernels::item_panels: as many whole
+// panels as make an item's packed panels (f32, or bf16 pairs for vdpbf16ps)
+// about 32 KiB, what a first-level cache holds (a Zen 5, 16 rows: 1.2-1.4x
+// the rate of whole rows at a time on the o projection, the same on down).
+inline int ItemBlockCols(const KernelArgs& a) {
+  const int64_t per_col = int64_t{(a.item_k + 1) & ~1} * (a.dpbf16 ? 2 : 4);
+  const int64_t panels = std::max<int64_t>(1, (int64_t{32} << 10) / (per_col * kNR));
+  return static_cast<int>(std::min<int64_t>(panels * kNR, a.n));
+}
+inline int64_t ItemScratchFloats(const KernelArgs& a) {
+  return int64_t{(a.item_k + 1) & ~1} * ((ItemBlockCols(a) + kNR - 1) / kNR) * kNR;
 }
 
 const GemmKernels& GemmKernelsGeneric();

@@ -96,7 +96,11 @@ std::vector<Case> Cases() {
         // Enough work for two threads: with up to kItemRows rows they share
         // out the items.
         if (m <= 11) out.push_back({nt, m, 300, 990, GemmOut::kFixedItems, 33});
-        if (m == 11) out.push_back({nt, m, 64, 66, GemmOut::kFixedItems, 33});  // whole panels
+        if (m == 11) {
+          out.push_back({nt, m, 64, 66, GemmOut::kFixedItems, 33});  // whole panels
+          // Several blocks of columns (ItemBlockCols) at every level.
+          out.push_back({nt, m, 1100, 99, GemmOut::kFixedItems, 33});
+        }
       }
     }
   }

@@ -1003,6 +1003,7 @@ void PackedPanel(const KernelArgs& a, int panel, float* packed) {
 // packed + (P * item_k + kk) * kNR; bf16 for vdpbf16ps, panel P's pairs
 // (Panel::slot_pairs) at packed + P * padded * kNR halves, padded the
 // item's slots.
+
 // A panel's columns (kNR) of a weight row into the cache.
 template <typename W>
 FS_INLINE void PrefetchColumns(const W* p) {

@@ -930,11 +930,15 @@ namespace failsafe::cpu {
 namespace {
 
 #if defined(__AVX512F__)
-// Columns [j0, j0 + cols) of a bf16 [k, n] weight packed in pairs for
-// vdpbf16ps (Panel::slot_pairs): for each pair of the chains' slots, rows kk
-// and kk + 1 interleaved (kk's value in the low half of each lane; zero for
-// a padding slot), 16 columns per vector, two vectors (32 columns) per pair.
-inline void PackPairsNN(const KernelArgs& a, int j0, int cols, BF16* out) {
+// The first `cols` (up to 32) columns' mask.
+inline __mmask32 ColumnMask(int cols) {
+  return cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
+}
+
+// 32 columns of rows `even` and `odd` (nullptr: a padding slot, zero) as
+// two vectors of pairs at dst: lane q of the first holds column q of each
+// (even low), of the second column 16 + q.
+inline void StorePairs(const BF16* even, const BF16* odd, __mmask32 mask, BF16* dst) {
   typedef int16_t S32 __attribute__((vector_size(64)));
   auto idx = [](int base) {
     S32 v;
@@ -944,20 +948,25 @@ inline void PackPairsNN(const KernelArgs& a, int j0, int cols, BF16* out) {
     }
     return reinterpret_cast<__m512i>(v);
   };
-  const __m512i first = idx(0), second = idx(16);
-  const __mmask32 mask = cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
+  const __m512i e = _mm512_maskz_loadu_epi16(mask, even);
+  const __m512i o = odd ? _mm512_maskz_loadu_epi16(mask, odd) : _mm512_setzero_si512();
+  _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(e, idx(0), o));
+  _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(e, idx(16), o));
+}
+
+// Columns [j0, j0 + cols) of a bf16 [k, n] weight packed in pairs for
+// vdpbf16ps (Panel::slot_pairs): for each pair of the chains' slots, rows kk
+// and kk + 1 interleaved (kk's value in the low half of each lane; zero for
+// a padding slot), 16 columns per vector, two vectors (32 columns) per pair.
+inline void PackPairsNN(const KernelArgs& a, int j0, int cols, BF16* out) {
+  const __mmask32 mask = ColumnMask(cols);
   const int padded = (a.chain_k + 1) & ~1;
   for (int c = 0; c < a.k / a.chain_k; ++c) {
     for (int s = 0; s < padded; s += 2) {
       const int kk = c * a.chain_k + s;
       PrefetchPackRows<BF16>(a, kk, 2, j0);
-      const __m512i even = _mm512_maskz_loadu_epi16(mask, WRow<BF16>(a, kk) + j0);
-      const __m512i odd = s + 1 < a.chain_k
-                              ? _mm512_maskz_loadu_epi16(mask, WRow<BF16>(a, kk + 1) + j0)
-                              : _mm512_setzero_si512();
-      BF16* dst = out + (static_cast<int64_t>(c) * padded + s) / 2 * 64;
-      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(even, first, odd));
-      _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(even, second, odd));
+      StorePairs(WRow<BF16>(a, kk) + j0, s + 1 < a.chain_k ? WRow<BF16>(a, kk + 1) + j0 : nullptr,
+                 mask, out + (static_cast<int64_t>(c) * padded + s) / 2 * 64);
     }
   }
 }
@@ -1037,16 +1046,6 @@ void PackItemRows(const KernelArgs& one, float* packed) {
 // The same for vdpbf16ps: rows kk and kk + 1 of each pair of slots
 // interleaved as PackPairsNN does, a padding slot's row zero.
 inline void PackItemPairs(const KernelArgs& one, BF16* packed) {
-  typedef int16_t S32 __attribute__((vector_size(64)));
-  auto idx = [](int base) {
-    S32 v;
-    for (int q = 0; q < 16; ++q) {
-      v[2 * q] = static_cast<int16_t>(base + q);
-      v[2 * q + 1] = static_cast<int16_t>(32 + base + q);
-    }
-    return reinterpret_cast<__m512i>(v);
-  };
-  const __m512i first = idx(0), second = idx(16);
   const int panels = (one.n + kNR - 1) / kNR, last = one.n - (panels - 1) * kNR;
   const int padded = (one.k + 1) & ~1;
   for (int s = 0; s < padded; s += 2) {
@@ -1059,13 +1058,8 @@ inline void PackItemPairs(const KernelArgs& one, BF16* packed) {
         PrefetchColumns(even + 2 * one.ldw + P * kNR);
         PrefetchColumns(odd + 2 * one.ldw + P * kNR);
       }
-      const int cols = P + 1 < panels ? kNR : last;
-      const __mmask32 mask = cols == kNR ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
-      const __m512i e = _mm512_maskz_loadu_epi16(mask, even + P * kNR);
-      const __m512i o =
-          odd ? _mm512_maskz_loadu_epi16(mask, odd + P * kNR) : _mm512_setzero_si512();
-      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(e, first, o));
-      _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(e, second, o));
+      StorePairs(even + P * kNR, odd ? odd + P * kNR : nullptr,
+                 ColumnMask(P + 1 < panels ? kNR : last), dst);
     }
   }
 }

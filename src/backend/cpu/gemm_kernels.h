@@ -82,7 +82,7 @@ inline constexpr int64_t StreamScratchFloats() {
 
 // The columns of one block of GemmKernels::item_panels: as many whole
 // panels as make an item's packed panels (f32, or bf16 pairs for vdpbf16ps)
-// about 32 KiB, what a first-level cache holds (a Zen 5, 16 rows: 1.2-1.4x
+// about 32 KiB, what a first-level cache holds (a Zen 5, 16 rows: 1.3-1.6x
 // the rate of whole rows at a time on the o projection, the same on down).
 inline int ItemBlockCols(const KernelArgs& a) {
   const int64_t per_col = int64_t{(a.item_k + 1) & ~1} * (a.dpbf16 ? 2 : 4);

@@ -307,7 +307,10 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
     for (int m : {1, 2, 4, 5, 9, 40}) {
       for (int k : {1, 37, 64, 100}) {
         for (Items it : {Items{16, 1}, Items{48, 1}, Items{160, 1}, Items{88, 3}, Items{24, 2},
-                         Items{5, 7}, Items{44, 1}, Items{100, 2}}) {
+                         Items{5, 7}, Items{44, 1}, Items{100, 2}, Items{40, 120}}) {
+          // More units than decode takes in one batch (each thread's 2 x 120
+          // blocks and 120 tails), once per weight type.
+          if (it.count == 120 && (m != 1 || k != 37)) continue;
           for (GemmOut out : {GemmOut::kStore, GemmOut::kAccumulate}) {
             const int n = it.rows * it.count;
             const Case c{true, m, n, k, out, 0};

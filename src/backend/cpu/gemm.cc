@@ -178,6 +178,45 @@ void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
   }
 }
 
+// nn in fixed-point items on a column-blocked weight (GemmArgs::w_blocked16):
+// item c is a blocked nt weight of its own, [n, item_k] at w + c * n *
+// item_k, whose products the nt kernels take in fixed-point mode (the same
+// chains). Threads take ranges of columns (units of 16 with few rows, else
+// panels of 32); every column is one thread's, so no sums are split.
+//  - Few rows: the direct kernel, item after item over a thread's columns
+//    (each item's part of them one run of memory).
+//  - More, bf16 by vdpbf16ps with even items: panel after panel, every item
+//    in one call, its pairs read where they lie as a packed panel's are.
+//  - Else item after item over blocks of panels whose sums (m x 32 per
+//    panel) stay in the second-level cache while every item adds to them.
+void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int threads) {
+  const int items = a.k / a.item_k;
+  const bool direct = a.m <= kDirectRows;
+  const int units = direct ? (a.n + 15) / 16 : (a.n + kNR - 1) / kNR;
+  const int block = std::max(1, (128 << 10) / (a.m * kNR * 8));
+  // Panels of whole blocks of 16 columns.
+  const int whole_panels = a.dpbf16 && a.item_k % 2 == 0 ? a.n / 16 * 16 / kNR : 0;
+  auto run = [&](int u0, int u1) {
+    if (direct) return kern.direct(a, 16 * u0, std::min(a.n, 16 * u1));
+    float* packed = Scratch(static_cast<int64_t>(a.item_k) * kNR);
+    const int w1 = std::clamp(whole_panels, u0, u1);
+    if (u0 < w1) kern.column_panels(a, u0, w1);
+    for (int b0 = w1; b0 < u1; b0 += block) {
+      const int b1 = std::min(u1, b0 + block);
+      for (int c = 0; c < items; ++c) {
+        const KernelArgs one = ColumnBlockedCut(a, c, 1, /*nt=*/true);
+        for (int p = b0; p < b1; ++p) kern.panel(one, p, packed);
+      }
+    }
+  };
+  if (threads == 1) return run(0, units);
+#pragma omp parallel num_threads(threads)
+  {
+    auto [u0, u1] = Piece(units, omp_get_num_threads(), omp_get_thread_num());
+    if (u0 < u1) run(u0, u1);
+  }
+}
+
 }  // namespace
 
 float RoundToBf16(float x) {
@@ -228,9 +267,11 @@ void Gemm(const GemmArgs& a) {
     }
     return;
   }
-  FS_CHECK_MSG(
-      !a.w_blocked16 || (a.nt && !a.w_rows && a.w_item_rows >= 0 && a.n % BlockedItemRows(a) == 0),
-      "a blocked weight is nt, with n a multiple of its item's rows");
+  FS_CHECK_MSG(!a.w_blocked16 || !a.w_rows, "a blocked weight is not given by rows");
+  FS_CHECK_MSG(!a.w_blocked16 || !a.nt || (a.w_item_rows >= 0 && a.n % BlockedItemRows(a) == 0),
+               "a blocked nt weight has n a multiple of its item's rows");
+  FS_CHECK_MSG(!a.w_blocked16 || a.nt || a.out == GemmOut::kFixedItems,
+               "a blocked nn weight is multiplied in fixed-point items");
   FS_CHECK_MSG(a.out != GemmOut::kFixedItems || (!a.nt && a.item_k > 0 && a.k % a.item_k == 0),
                "fixed-point items are nn, with k a multiple of item_k");
   const CpuIsa isa = GemmIsaFor(a.isa);
@@ -244,6 +285,7 @@ void Gemm(const GemmArgs& a) {
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
   if (a.wtype == DType::kBF16) RoundActivations(&ka, threads);
+  if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
   // Threads take contiguous ranges of output columns: no element is split.
   if (a.nt && a.m <= kDirectRows) {
     if (threads == 1) return kern.direct(ka, 0, a.n);

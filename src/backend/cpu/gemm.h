@@ -15,8 +15,10 @@
 // [n, k] one vector per 16 rows and k-value (an item's tail of fewer rows in
 // the first lanes of a vector), row-major [n, k] sixteen rows at a time,
 // transposed in registers; [k, n] row after row into accumulators that stay
-// in cache. Threads take whole column ranges; in fixed-point mode with few
-// rows, whole items instead (their exact sums are added after: the same bits).
+// in cache. A column-blocked [k, n] weight in fixed-point items is the
+// blocked nt weight of each item, taken by the same kernels item after item. Threads take whole
+// column ranges; in fixed-point mode with few rows, whole items instead (their exact sums are added
+// after: the same bits).
 //
 // Weights may be f32, bf16 or f16 (wtype): 16-bit values are widened exactly
 // to f32 in registers. f32 and f16 weights take the f32 chain: activations
@@ -75,11 +77,16 @@ struct GemmArgs {
   int64_t ldw = 0;
   DType wtype = DType::kF32;
   const float* const* w_rows = nullptr;  // if set, row r of w (nt: r < n; nn: r < k); f32 only
-  // nt only: w is blocked, items of w_item_rows rows (0: one item of n rows;
-  // n a multiple of it) one after another, w_item_rows * k elements each,
-  // row r of item i at kk at w + i * w_item_rows * k + Blocked16Index(r, kk,
-  // w_item_rows, k) (backend/backend.h; ldw unused). The kernels read it as it
-  // lies, without transposing or packing, and never past its end.
+  // w is blocked: output columns in blocks of 16, k-major (backend/backend.h,
+  // Blocked16Index; ldw unused). The kernels read it as it lies, without
+  // transposing or packing, and never past its end.
+  //  - nt: items of w_item_rows rows (0: one item of n rows; n a multiple of
+  //    it) one after another, w_item_rows * k elements each, row r of item i
+  //    at kk at w + i * w_item_rows * k + Blocked16Index(r, kk, w_item_rows, k).
+  //  - nn, fixed-point items only (column-blocked): each item of item_k
+  //    k-values as its transpose, [n, item_k], blocked; w[kk, j] of item c
+  //    (kk in it) at w + c * n * item_k + Blocked16Index(j, kk - c * item_k,
+  //    n, item_k). w_item_rows unused.
   bool w_blocked16 = false;
   int w_item_rows = 0;
   bool nt = true;

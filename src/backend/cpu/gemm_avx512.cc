@@ -110,8 +110,8 @@ bool Dpbf16MatchesChain() {
 }
 
 const GemmKernels& GemmKernelsAvx512() {
-  static constexpr GemmKernels kernels{kMR,           RunDirect,  RunStream, RunPanel,
-                                       RunItemPanels, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,  RunPanel,
+                                       RunItemPanels, RunColumnPanels, SiluMulRow, ExpShifted};
   return kernels;
 }
 

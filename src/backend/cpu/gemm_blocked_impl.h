@@ -1,6 +1,7 @@
 // The GEMM's kernels on blocked weights (GemmArgs::w_blocked16: items in
 // blocks of 16 rows and a tail, k-major, Blocked16Index in
-// backend/backend.h), read where they lie. Part of gemm_impl.h, which
+// backend/backend.h; column-blocked nn items as the nt weights they are),
+// read where they lie. Part of gemm_impl.h, which
 // includes it after the register tiles it uses (Panel, TileRows); not a
 // header of its own.
 //
@@ -173,8 +174,13 @@ void DirectBlocked(const KernelArgs& a, const W* w, int j0) {
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
-    for (int q = 0; q < NB; ++q)
-      Store(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q, acc[i][q]);
+    for (int q = 0; q < NB; ++q) {
+      if (a.out == GemmOut::kFixedItems) {
+        AddFixed16(acc[i][q], a.acc + static_cast<int64_t>(i) * a.ldacc + j0 + 16 * q, 16);
+      } else {
+        Store(a.y + static_cast<int64_t>(i) * a.ldy + j0 + 16 * q, acc[i][q]);
+      }
+    }
   }
 }
 
@@ -231,6 +237,10 @@ void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
     }
   }
   for (int i = 0; i < MR; ++i) {
+    if (a.out == GemmOut::kFixedItems) {
+      AddFixed16(acc[i], a.acc + static_cast<int64_t>(i) * a.ldacc + j0, t);
+      continue;
+    }
     Store(tmp, acc[i]);
     std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * t);
   }
@@ -323,8 +333,13 @@ __attribute__((target("avx512bf16"), always_inline)) inline void DirectDpbf16Bod
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
     for (int q = 0; q < NB; ++q) {
-      _mm512_mask_storeu_ps(a.y + static_cast<int64_t>(i) * a.ldy + u[q].col, lanes_mask[q],
-                            acc[i][q]);
+      if (a.out == GemmOut::kFixedItems) {
+        AddFixed16(reinterpret_cast<V16>(acc[i][q]),
+                   a.acc + static_cast<int64_t>(i) * a.ldacc + u[q].col, u[q].width);
+      } else {
+        _mm512_mask_storeu_ps(a.y + static_cast<int64_t>(i) * a.ldy + u[q].col, lanes_mask[q],
+                              acc[i][q]);
+      }
     }
   }
 }
@@ -344,56 +359,74 @@ __attribute__((target("avx512bf16"), noinline)) void DirectDpbf16Groups(const Ke
   for (int g = 0; g < groups; ++g) DirectDpbf16Body<MR, 4>(a, u + 4 * g);
 }
 
-// Columns [j0, j1) of a blocked bf16 weight (at the start of units) by
-// vdpbf16ps: four units side by side, one from each quarter of the range's
-// units (across items), rather than four neighbours. Each quarter's units
-// lie one after another, so the weight is read as four runs far apart, each
-// going on where its last unit ended (a Zen 5, bf16 decode at batch 1:
-// 1.01-1.08x on one thread, 1.06-1.13x on two).
+// Up to kQuarterUnits units of a blocked bf16 weight (in column order,
+// their weights `shift` elements on) by vdpbf16ps: four side by side, one
+// from each quarter of them, rather than four neighbours. Each quarter's
+// units lie one after another, so the weight is read as four runs far
+// apart, each going on where its last unit ended (a Zen 5, bf16 decode at
+// batch 1: 1.01-1.08x on one thread, 1.06-1.13x on two).
+inline constexpr int kQuarterUnits = 128;
 template <int MR>
-void DirectDpbf16Range(const KernelArgs& a, int j0, int j1) {
-  const int rows = BlockedItemRows(a), full = rows / 16 * 16;
+void DirectDpbf16Quarters(const KernelArgs& a, const DirectUnit* units, int count, int64_t shift) {
   static constexpr void (*kSideBySide[])(const KernelArgs&, const DirectUnit*) = {
       nullptr, DirectDpbf16<MR, 1>, DirectDpbf16<MR, 2>, DirectDpbf16<MR, 3>, DirectDpbf16<MR, 4>};
-  auto unit = [&](int j) {
+  const int per = (count + 3) / 4;
+  DirectUnit u[kQuarterUnits];
+  auto take = [&](int i) {
+    DirectUnit v = units[i];
+    v.w += shift;
+    return v;
+  };
+  int groups = 0;
+  for (; groups < per && 3 * per + groups < count; ++groups) {
+    for (int q = 0; q < 4; ++q) u[4 * groups + q] = take(q * per + groups);
+  }
+  if (groups > 0) DirectDpbf16Groups<MR>(a, u, groups);
+  for (int i = groups; i < per; ++i) {  // the last quarter is shorter
+    int n = 0;
+    for (int q = 0; q < 4; ++q)
+      if (q * per + i < count) u[n++] = take(q * per + i);
+    kSideBySide[n](a, u);
+  }
+}
+
+// The units of columns [j0, j1) of a blocked bf16 weight (at the start of
+// units), kQuarterUnits at a time: each batch to run(units, count).
+template <typename Run>
+void DirectUnitBatches(const KernelArgs& a, int j0, int j1, Run run) {
+  const int rows = BlockedItemRows(a), full = rows / 16 * 16;
+  DirectUnit units[kQuarterUnits];
+  int count = 0;
+  for (int j = j0; j < j1;) {
     const int item = j / rows, c0 = item * rows, r = j - c0;
     const BF16* w = static_cast<const BF16*>(a.w) + static_cast<int64_t>(c0) * a.k;
-    return DirectUnit{w + static_cast<int64_t>(r) * a.k, r < full ? 16 : rows - full, j};
-  };
-  // Up to kBatch units of the range at a time, the first column of each.
-  constexpr int kBatch = 128;
-  int cols[kBatch];
-  int units = 0;
-  auto flush_quarters = [&] {
-    const int per = (units + 3) / 4;
-    DirectUnit u[kBatch];
-    int groups = 0;
-    for (; groups < per && 3 * per + groups < units; ++groups) {
-      for (int q = 0; q < 4; ++q) u[4 * groups + q] = unit(cols[q * per + groups]);
+    units[count] = DirectUnit{w + static_cast<int64_t>(r) * a.k, r < full ? 16 : rows - full, j};
+    j += units[count++].width;
+    if (count == kQuarterUnits) {
+      run(units, count);
+      count = 0;
     }
-    if (groups > 0) DirectDpbf16Groups<MR>(a, u, groups);
-    for (int i = groups; i < per; ++i) {  // the last quarter is shorter
-      int n = 0;
-      for (int q = 0; q < 4; ++q)
-        if (q * per + i < units) u[n++] = unit(cols[q * per + i]);
-      kSideBySide[n](a, u);
-    }
-    units = 0;
-  };
-  for (int j = j0; j < j1;) {
-    cols[units++] = j;
-    j += unit(j).width;
-    if (units == kBatch) flush_quarters();
   }
-  flush_quarters();
+  if (count > 0) run(units, count);
+}
+
+template <int MR>
+void DirectDpbf16Range(const KernelArgs& a, int j0, int j1) {
+  DirectUnitBatches(a, j0, j1, [&a](const DirectUnit* units, int count) {
+    DirectDpbf16Quarters<MR>(a, units, count, 0);
+  });
 }
 #endif
+
+template <int MR, typename W>
+void DirectColumnItems(const KernelArgs& a, int j0, int j1);
 
 // Columns [j0, j1) of a blocked weight, j0 and j1 at the start of a unit
 // (BlockedUnitColumn): item by item, its blocks of 16 rows four at a time,
 // then the rest of them, then its tail.
 template <int MR, typename W>
 void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
+  if (!a.nt) return DirectColumnItems<MR, W>(a, j0, j1);
 #if defined(__AVX512F__)
   if constexpr (kPairs<W>) {
     if (a.dpbf16) return DirectDpbf16Range<MR>(a, j0, j1);
@@ -424,6 +457,32 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
       DirectTail<MR, W>(a, w + static_cast<int64_t>(full) * a.k, rows - full, c0 + full);
     j = c0 + r1;
   }
+}
+
+// Columns [j0, j1) (at the start of units of 16) of a column-blocked weight
+// in fixed-point items (nn, GemmArgs::w_blocked16): item after item, each
+// the blocked nt weight it is (ColumnBlockedCut). By vdpbf16ps the units are
+// laid out once for every item: an item's units are only item_k long.
+template <int MR, typename W>
+void DirectColumnItems(const KernelArgs& a, int j0, int j1) {
+  const int items = a.k / a.item_k;
+#if defined(__AVX512F__)
+  if constexpr (kPairs<W>) {
+    if (a.dpbf16) {
+      const int64_t item_step = static_cast<int64_t>(a.n) * a.item_k;
+      DirectUnitBatches(ColumnBlockedCut(a, 0, 1, true), j0, j1,
+                        [&a, items, item_step](const DirectUnit* units, int count) {
+                          for (int c = 0; c < items; ++c) {
+                            DirectDpbf16Quarters<MR>(ColumnBlockedCut(a, c, 1, true), units, count,
+                                                     c * item_step);
+                          }
+                        });
+      return;
+    }
+  }
+#endif
+  for (int c = 0; c < items; ++c)
+    DirectBlockedRange<MR, W>(ColumnBlockedCut(a, c, 1, true), j0, j1);
 }
 
 }  // namespace

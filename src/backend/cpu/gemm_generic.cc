@@ -5,8 +5,8 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
-  static constexpr GemmKernels kernels{kMR,           RunDirect,  RunStream, RunPanel,
-                                       RunItemPanels, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,  RunPanel,
+                                       RunItemPanels, RunColumnPanels, SiluMulRow, ExpShifted};
   return kernels;
 }
 

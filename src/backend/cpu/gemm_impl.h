@@ -13,6 +13,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/gemm_kernels.h"
@@ -600,6 +601,9 @@ struct Panel {
   // (KernelArgs::xs) in pairs, pair p (slots 2p, 2p + 1) of 16 columns at
   // b0 + p * 2 * step, a lone k-value with its zero.
   bool slot_pairs = false;
+  // slot_pairs in fixed-point mode: elements from one item's first pair to
+  // the next's (0: the items' pairs one after another, as packed).
+  int64_t item_step = 0;
 };
 
 template <int MR>
@@ -740,9 +744,10 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
 #endif
 
 #if defined(__AVX512F__)
-// A tile in fixed-point mode on bf16 [k, n] panels packed in pairs
-// (Panel::slot_pairs) by vdpbf16ps: each item's chain as ChainDpbf16 computes
-// it, from zero, made fixed point (ToFixed) and added to the item sums.
+// A tile in fixed-point mode on bf16 [k, n] panels in pairs
+// (Panel::slot_pairs: packed, or a column-blocked weight's as they lie) by vdpbf16ps: each item's
+// chain as ChainDpbf16 computes it, from zero, made fixed point (ToFixed) and added to the item
+// sums.
 template <int MR>
 __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const KernelArgs& a, int i0,
                                                                      int j0, const Panel<BF16>& p) {
@@ -756,9 +761,10 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const Kerne
     xw[i] = a.xw + (i0 + i) * a.ldxs / 2;
     row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
   }
+  const int64_t item_step = p.item_step ? p.item_step : item_slots * p.step;
   for (int c = 0; c < items; ++c) {
-    const BF16* b0 = p.b0 + c * item_slots * p.step;
-    const BF16* b1 = p.b1 + c * item_slots * p.step;
+    const BF16* b0 = p.b0 + c * item_step;
+    const BF16* b1 = p.b1 + c * item_step;
     const int64_t w0 = c * item_slots / 2;  // the item's first word in a row of xw
     __m512 a0[MR], a1[MR];
 #pragma GCC unroll 16
@@ -972,6 +978,40 @@ inline void PackPairsNN(const KernelArgs& a, int j0, int cols, BF16* out) {
 }
 #endif
 
+// Panel `panel` of a column-blocked bf16 weight in fixed-point items (nn,
+// GemmArgs::w_blocked16; item_k even, the panel's columns whole blocks of
+// 16), every row and every item by vdpbf16ps: each item's two blocks are
+// its pairs as packing would lay them (Panel::slot_pairs), read where they
+// lie, items Panel::item_step apart.
+inline void ColumnBlockedPanel(const KernelArgs& a, int panel) {
+#if defined(__AVX512F__)
+  const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
+  const BF16* b0 = static_cast<const BF16*>(a.w) + static_cast<int64_t>(j0) * a.item_k;
+  Panel<BF16> p{b0, cols > 16 ? b0 + 16 * static_cast<int64_t>(a.item_k) : b0, 16, cols};
+  p.slot_pairs = true;
+  p.item_step = static_cast<int64_t>(a.n) * a.item_k;
+  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<true, BF16>(a, i0, std::min(kMR, a.m - i0), j0, p);
+#endif
+}
+
+// GemmKernels::column_panels. (Item after item, each over all the panels,
+// which reads each item's part of them as one run of memory, was slower:
+// every item then adds to every row's sums of all the panels.)
+inline void ColumnBlockedPanels(const KernelArgs& a, int p0, int p1) {
+#if defined(__AVX512F__)
+  for (int p = p0; p < p1; ++p) ColumnBlockedPanel(a, p);
+#else
+  // No vdpbf16ps at this level (never asked): each item as the blocked nt
+  // weight it is.
+  thread_local std::vector<float> packed;
+  packed.resize(static_cast<size_t>(a.item_k) * kNR);
+  for (int c = 0; c < a.k / a.item_k; ++c) {
+    for (int p = p0; p < p1; ++p)
+      BlockedPanel<BF16>(ColumnBlockedCut(a, c, 1, /*nt=*/true), p, packed.data());
+  }
+#endif
+}
+
 template <typename W>
 void PackedPanel(const KernelArgs& a, int panel, float* packed) {
   if (a.w_blocked16) return BlockedPanel<W>(a, panel, packed);
@@ -1136,6 +1176,9 @@ template <typename W>
 __attribute__((noinline)) void PanelNoInline(const KernelArgs& a, int panel, float* packed) {
   PackedPanel<W>(a, panel, packed);
 }
+__attribute__((noinline)) inline void ColumnPanelsNoInline(const KernelArgs& a, int p0, int p1) {
+  ColumnBlockedPanels(a, p0, p1);
+}
 
 void RunDirect(const KernelArgs& a, int j0, int j1) {
   switch (a.wtype) {
@@ -1174,6 +1217,11 @@ void RunPanel(const KernelArgs& a, int panel, float* packed) {
     case DType::kF32:
       return PackedPanel<float>(a, panel, packed);
   }
+}
+
+void RunColumnPanels(const KernelArgs& a, int p0, int p1) {
+  FlushDenormals flush;
+  ColumnPanelsNoInline(a, p0, p1);
 }
 
 void RunItemPanels(const KernelArgs& a, float* packed) {

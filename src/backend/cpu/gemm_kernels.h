@@ -52,6 +52,26 @@ inline int64_t XSlot(const KernelArgs& a, int kk) {
   return static_cast<int64_t>(kk / a.chain_k) * ((a.chain_k + 1) & ~1) + kk % a.chain_k;
 }
 
+// Items [c, c + count) of a column-blocked weight in fixed-point items (nn,
+// GemmArgs::w_blocked16): a cut down to them; nt: item c alone (count 1)
+// as the blocked nt weight [n, item_k] it is, whose products in fixed-point
+// mode are the item's.
+inline KernelArgs ColumnBlockedCut(const KernelArgs& a, int c, int count, bool nt) {
+  KernelArgs cut = a;
+  const int kk0 = c * a.item_k;
+  const int64_t esize = a.wtype == DType::kF32 ? 4 : 2;
+  cut.k = count * a.item_k;
+  cut.w = static_cast<const char*>(a.w) + static_cast<int64_t>(c) * a.n * a.item_k * esize;
+  cut.x = a.x + kk0;
+  if (a.xs) cut.xs = a.xs + XSlot(a, kk0);
+  if (a.xw) cut.xw = a.xw + XSlot(a, kk0) / 2;
+  if (nt) {
+    cut.nt = true;
+    cut.w_item_rows = 0;
+  }
+  return cut;
+}
+
 struct GemmKernels {
   int tile_rows;  // rows of a register tile over a packed panel
   // nt, a.m <= kDirectRows: output columns [j0, j1) (blocked: j0, j1 at
@@ -69,6 +89,10 @@ struct GemmKernels {
   // block packed into `packed` (ItemScratchFloats(a) floats), then every
   // row's tiles over its panels.
   void (*item_panels)(const KernelArgs& a, float* packed);
+  // nn in fixed-point items on a column-blocked bf16 weight by vdpbf16ps
+  // (a.dpbf16, item_k even): panels [p0, p1), each of whole blocks of 16
+  // columns, panel after panel, every row and every item.
+  void (*column_panels)(const KernelArgs& a, int p0, int p1);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.
   void (*silu_mul)(const float* g, const float* u, float* out, int n);

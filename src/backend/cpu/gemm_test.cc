@@ -296,6 +296,14 @@ TEST(RoundToBf16, RoundsToNearestEvenAndKeepsNan) {
     EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(from(u))), RoundToBf16(from(u)));
 }
 
+// v as element `at` of a weight of type t at base.
+void Put(DType t, float v, unsigned char* base, int64_t at) {
+  const size_t esize = t == DType::kF32 ? 4 : 2;
+  const uint16_t h = t == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
+  std::memcpy(base + static_cast<size_t>(at) * esize,
+              t == DType::kF32 ? static_cast<const void*>(&v) : &h, esize);
+}
+
 // Weights stored blocked (read where they lie): items of any number of rows,
 // each in blocks of 16 rows and a tail, k-major. The same chains as the
 // row-major layout, every level, every weight type, one thread or two.
@@ -323,13 +331,10 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
             for (int r = 0; r < n; ++r) {
               for (int kk = 0; kk < k; ++kk) {
                 const float v = w[static_cast<size_t>(r) * k + kk];
-                uint16_t h = t == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
-                const void* src = t == DType::kF32 ? static_cast<const void*>(&v) : &h;
-                std::memcpy(&rows[(static_cast<size_t>(r) * k + kk) * esize], src, esize);
+                Put(t, v, rows.data(), static_cast<int64_t>(r) * k + kk);
                 const int64_t item = r / it.rows;
-                const int64_t at =
-                    item * it.rows * k + Blocked16Index(r % it.rows, kk, it.rows, k, t);
-                std::memcpy(&blocked[static_cast<size_t>(at) * esize], src, esize);
+                Put(t, v, blocked.data(),
+                    item * it.rows * k + Blocked16Index(r % it.rows, kk, it.rows, k, t));
               }
             }
             const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
@@ -342,6 +347,52 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
                     << it.count << "x" << it.rows << " k=" << k << " threads=" << threads;
               }
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+// [k, n] weights in fixed-point items stored column-blocked (each item as
+// its transpose, blocked): the same sums as the row-major layout, every
+// level, every weight type, one thread or two, with and without vdpbf16ps.
+TEST(GemmLevels, ColumnBlockedItemsComputeTheSameSums) {
+  struct Shape {
+    int n, item_k, items;
+  };
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int m : {1, 2, 4, 5, 9, 33, 40}) {
+      // Odd and even items; columns in whole panels, with a last lone block,
+      // with a tail.
+      for (Shape sh : {Shape{16, 1, 3}, Shape{37, 7, 2}, Shape{130, 33, 3}, Shape{64, 64, 4},
+                       Shape{48, 10, 3}, Shape{130, 44, 3}, Shape{300, 33, 30}}) {
+        if (sh.n == 300 && m > 9) continue;  // enough for two threads already
+        const int n = sh.n, k = sh.item_k * sh.items;
+        const Case c{false, m, n, k, GemmOut::kFixedItems, sh.item_k};
+        auto x = Random(static_cast<size_t>(m) * (k + 1), 11);
+        auto w = Random(static_cast<size_t>(k) * n, 12);
+        const size_t esize = t == DType::kF32 ? 4 : 2;
+        // Exactly the row-major bytes, nothing after (a read past the end
+        // would be caught by sanitizers).
+        std::vector<unsigned char> rows(w.size() * esize), blocked(rows.size());
+        for (int kk = 0; kk < k; ++kk) {
+          for (int j = 0; j < n; ++j) {
+            const float v = w[static_cast<size_t>(kk) * n + j];
+            Put(t, v, rows.data(), static_cast<int64_t>(kk) * n + j);
+            const int64_t item = kk / sh.item_k;
+            Put(t, v, blocked.data(),
+                item * n * sh.item_k + Blocked16Index(j, kk % sh.item_k, n, sh.item_k, t));
+          }
+        }
+        const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
+        for (CpuIsa isa : Levels()) {
+          for (int threads : {1, 2}) {
+            EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true, 0,
+                              /*dpbf16=*/threads == 2),
+                      want)
+                << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " n=" << n
+                << " items " << sh.items << "x" << sh.item_k << " threads=" << threads;
           }
         }
       }

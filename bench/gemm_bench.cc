@@ -1,7 +1,9 @@
 // The engine's GEMM alone on one layer's linear products, called as a device
 // calls them: q/k/v and gate/up nt on weights blocked by item, o and down nn
-// in fixed-point items (one exact sum per query head and per FFN shard), or
-// as plain nn products with --plain. For each product, weight type, number
+// in fixed-point items (one exact sum per query head and per FFN shard),
+// column-blocked where the CPU backend holds them so (bf16 by vdpbf16ps;
+// row-major with --row-major-nn), or as plain nn products with --plain
+// (row-major). For each product, weight type, number
 // of rows and thread count: the weight bytes read per second and GFLOP/s,
 // the best of --reps passes over --copies copies of the weights (more than
 // the caches hold, as a model's layers are). A program that prints figures,
@@ -9,6 +11,7 @@
 //
 //   failsafe_bench_gemm [--preset 1b-llama] [--rows 1,16] [--threads 1,2]
 //                       [--dtypes f32,bf16] [--products o,down] [--plain]
+//                       [--row-major-nn]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -64,6 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("--copies", copies, "copies of each weight, read in turn")->capture_default_str();
   app.add_option("--reps", reps, "passes; the best is printed")->capture_default_str();
   app.add_flag("--plain", plain, "o and down as plain nn products, not fixed-point items");
+  bool row_major_nn = false;
+  app.add_flag("--row-major-nn", row_major_nn,
+               "o and down row-major even where the engine holds them column-blocked");
   CLI11_PARSE(app, argc, argv);
 
   auto cfg = SyntheticPresetConfig(preset);
@@ -100,6 +106,8 @@ int main(int argc, char** argv) {
     std::vector<int64_t> acc(static_cast<size_t>(max_rows) * p.n);
     for (DType dtype : dtypes) {
       const int64_t bytes = elements * static_cast<int64_t>(DTypeSize(dtype));
+      const bool column_blocked =
+          !p.nt && !plain && !row_major_nn && MakeCpuBackend(1)->ColumnBlockedNN(dtype);
       // Every weight equal (0.25 in every type): the layout changes how
       // they are read, not y. Huge pages, as the engine holds weights.
       AlignedFloats w(static_cast<size_t>(copies * bytes / 4));
@@ -141,6 +149,7 @@ int main(int argc, char** argv) {
                 a.acc = acc.data();
                 a.ldacc = p.n;
                 a.item_k = p.items;
+                a.w_blocked16 = column_blocked;
               }
               cpu::Gemm(a);
             }

@@ -18,12 +18,16 @@
 
 namespace failsafe {
 
-// A weight matrix in device memory: elements of `dtype`, row-major or (for
-// LinearNT) blocked: items of `blocked_rows` rows (0: the whole matrix, n
-// rows) one after another, each in blocks of 16 rows stored k-major and a
-// last block of its remaining rows (Blocked16Index below), which the kernels
-// read as it lies. bf16 and f16 weights stay 16-bit; the kernels widen them
-// exactly in registers.
+// A weight matrix in device memory: elements of `dtype`, row-major or
+// blocked, which the kernels read as it lies:
+//  - LinearNT: items of `blocked_rows` rows (0: the whole matrix, n rows) one
+//    after another, each in blocks of 16 rows stored k-major and a last block
+//    of its remaining rows (Blocked16Index below).
+//  - LinearNNFixed (column-blocked, where the backend takes it:
+//    Backend::ColumnBlockedNN): each item of item_k rows as its transpose
+//    [n, item_k], blocked the same way.
+// bf16 and f16 weights stay 16-bit; the kernels widen them exactly in
+// registers.
 struct WeightsRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
@@ -113,6 +117,9 @@ class Backend {
   // acc[m, n] += sum over items of ToFixed(x[m, item] * w[item, n])
   virtual void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc,
                              int m, int n, int k, int item_k) = 0;
+  // Whether LinearNNFixed reads weights of `dtype` fastest column-blocked
+  // (WeightsRef); it takes row-major ones either way, with the same results.
+  virtual bool ColumnBlockedNN(DType dtype) const { return false; }
   // y[r] = x[r] / rms(x[r]) * weight, rows of `dim`.
   virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy,
                        int rows, int dim, float eps) = 0;

@@ -166,8 +166,10 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   // The matrices LinearNT multiplies by ([n, k]: q/k/v, gate/up, the
   // vocabulary) are held blocked whatever their rows per item (an item's last
   // rows % 16 rows in a narrower block), read as they lie; the transposed-stored
-  // o and down projections stay row-major (LinearNNFixed streams their rows).
-  constexpr bool kBlocked = true;
+  // o and down projections as the backend's LinearNNFixed reads them fastest.
+  constexpr ItemLayout kBlocked = ItemLayout::kBlocked;
+  const ItemLayout nn =
+      backend_->ColumnBlockedNN(wt) ? ItemLayout::kColumnBlocked : ItemLayout::kRowMajor;
   layers_.assign(c.num_layers, {});
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
@@ -178,10 +180,10 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     for (AttentionWeights* a : {&lw.tp, &lw.dp}) {
       a->q = ItemMatrix(hd, hidden, wt, kBlocked);
       a->kv = ItemMatrix(2 * hd, hidden, wt, kBlocked);
-      a->o = ItemMatrix(hd, hidden, wt);
+      a->o = ItemMatrix(hd, hidden, wt, nn);
     }
     lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, kBlocked);
-    lw.ffn_down = ItemMatrix(w, hidden, wt);
+    lw.ffn_down = ItemMatrix(w, hidden, wt, nn);
     if (c.is_moe()) {
       lw.router.resize(static_cast<size_t>(c.num_experts) * hidden);
       host.Get(tn::Router(l)).ReadRows(0, c.num_experts, lw.router.data());

@@ -77,8 +77,16 @@ float ElementAt(const unsigned char* base, DType t, int64_t i) {
 }
 
 // Index of element (r, c) of an item [rows, cols] in its storage.
-int64_t StorageIndex(bool blocked, int64_t r, int64_t c, int64_t rows, int64_t cols, DType t) {
-  return blocked ? Blocked16Index(r, c, rows, cols, t) : r * cols + c;
+int64_t StorageIndex(ItemLayout layout, int64_t r, int64_t c, int64_t rows, int64_t cols, DType t) {
+  switch (layout) {
+    case ItemLayout::kBlocked:
+      return Blocked16Index(r, c, rows, cols, t);
+    case ItemLayout::kColumnBlocked:
+      return Blocked16Index(c, r, cols, rows, t);
+    case ItemLayout::kRowMajor:
+      break;
+  }
+  return r * cols + c;
 }
 
 }  // namespace
@@ -86,11 +94,11 @@ int64_t StorageIndex(bool blocked, int64_t r, int64_t c, int64_t rows, int64_t c
 void ItemMatrix::ReadRows(int item, int row, int rows, float* dst) const {
   const unsigned char* base = Find(item);
   FS_CHECK_MSG(base != nullptr, "item {} is not held", item);
-  if (blocked_) {
+  if (layout_ != ItemLayout::kRowMajor) {
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < cols_; ++c)
-        dst[static_cast<int64_t>(r) * cols_ + c] =
-            ElementAt(base, dtype_, Blocked16Index(row + r, c, rows_per_item_, cols_, dtype_));
+        dst[static_cast<int64_t>(r) * cols_ + c] = ElementAt(
+            base, dtype_, StorageIndex(layout_, row + r, c, rows_per_item_, cols_, dtype_));
     }
     return;
   }
@@ -128,7 +136,7 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
   seg.data = reinterpret_cast<unsigned char*>(seg.storage->data);
   seg.first = first;
   seg.count = count;
-  if (dtype_ == DType::kF32 && !blocked_) {
+  if (dtype_ == DType::kF32 && layout_ == ItemLayout::kRowMajor) {
     for (int i = 0; i < count; ++i)
       fill(first + i, reinterpret_cast<float*>(seg.data + i * item_bytes()));
   } else {
@@ -140,7 +148,7 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
       for (int r = 0; r < rows_per_item_; ++r) {
         for (int c = 0; c < cols_; ++c) {
           const float v = item[static_cast<size_t>(r) * cols_ + c];
-          const int64_t at = StorageIndex(blocked_, r, c, rows_per_item_, cols_, dtype_);
+          const int64_t at = StorageIndex(layout_, r, c, rows_per_item_, cols_, dtype_);
           switch (dtype_) {
             case DType::kF32:
               reinterpret_cast<float*>(dst)[at] = v;

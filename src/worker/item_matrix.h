@@ -29,6 +29,18 @@ struct AlignedFloats {
   size_t mapped_bytes = 0;  // > 0 when mmapped
 };
 
+// How an item's [rows, cols] elements lie in its storage (no padding in any).
+enum class ItemLayout {
+  kRowMajor,
+  // Blocks of 16 rows stored k-major and a last block of the remaining rows
+  // (Blocked16Index with the item's rows, which pairs bf16's k-values): what
+  // LinearNT reads fastest, no transposing or packing per call.
+  kBlocked,
+  // The item's transpose [cols, rows] blocked the same way: a [k, n] item of
+  // LinearNNFixed (rows its k-values) in blocks of 16 output columns.
+  kColumnBlocked,
+};
+
 class ItemMatrix {
  public:
   struct Segment {
@@ -39,22 +51,20 @@ class ItemMatrix {
   };
 
   ItemMatrix() = default;
-  // blocked: hold each item in blocks of 16 rows stored k-major and a last
-  // block of its remaining rows (Blocked16Index with the item's rows, which
-  // pairs bf16's k-values: what LinearNT reads fastest, no transposing or
-  // packing per call, in the same bytes as row-major); else row-major.
-  ItemMatrix(int rows_per_item, int cols, DType dtype = DType::kF32, bool blocked = false)
-      : rows_per_item_(rows_per_item), cols_(cols), dtype_(dtype), blocked_(blocked) {}
+  ItemMatrix(int rows_per_item, int cols, DType dtype = DType::kF32,
+             ItemLayout layout = ItemLayout::kRowMajor)
+      : rows_per_item_(rows_per_item), cols_(cols), dtype_(dtype), layout_(layout) {}
 
   int rows_per_item() const { return rows_per_item_; }
   int cols() const { return cols_; }
   DType dtype() const { return dtype_; }
-  bool blocked() const { return blocked_; }
+  ItemLayout layout() const { return layout_; }
   int64_t item_elements() const { return static_cast<int64_t>(rows_per_item_) * cols_; }
   int64_t item_bytes() const { return item_elements() * static_cast<int64_t>(DTypeSize(dtype_)); }
   // A segment's rows as the kernels take them.
   WeightsRef Weights(const Segment& s) const {
-    return {s.data, dtype_, blocked_, blocked_ ? rows_per_item_ : 0};
+    return {s.data, dtype_, layout_ != ItemLayout::kRowMajor,
+            layout_ == ItemLayout::kBlocked ? rows_per_item_ : 0};
   }
   // Segments ascending by item id.
   const std::vector<Segment>& segments() const { return segments_; }
@@ -84,7 +94,7 @@ class ItemMatrix {
   int rows_per_item_ = 0;
   int cols_ = 0;
   DType dtype_ = DType::kF32;
-  bool blocked_ = false;
+  ItemLayout layout_ = ItemLayout::kRowMajor;
   std::vector<Segment> segments_;
 };
 

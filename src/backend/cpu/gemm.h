@@ -16,9 +16,10 @@
 // the first lanes of a vector), row-major [n, k] sixteen rows at a time,
 // transposed in registers; [k, n] row after row into accumulators that stay
 // in cache. A column-blocked [k, n] weight in fixed-point items is the
-// blocked nt weight of each item, taken by the same kernels item after item. Threads take whole
-// column ranges; in fixed-point mode with few rows, whole items instead (their exact sums are added
-// after: the same bits).
+// blocked nt weight of each item, taken by the same kernels item after item.
+// Threads take whole column ranges; on a row-major [k, n] weight in
+// fixed-point mode with few rows, whole items instead (their exact sums are
+// added after: the same bits).
 //
 // Weights may be f32, bf16 or f16 (wtype): 16-bit values are widened exactly
 // to f32 in registers. f32 and f16 weights take the f32 chain: activations

@@ -269,9 +269,9 @@ struct DirectUnit {
 // (KernelArgs::dpbf16): NB units side by side, one instruction per pair and
 // unit (DirectBlocked's chains, bit for bit: Dpbf16MatchesChain), a third of
 // the instructions per byte of widening each pair for two fused
-// multiply-adds, which keeps more of the weight's reads in flight. A unit's
-// lanes past its width hold the next pair's values (never stored); a tail is
-// read with masked loads, never past its end. An odd k's last value takes
+// multiply-adds, which keeps more of the weight's reads in flight. A tail
+// (a unit narrower than 16) is read with masked loads, its lanes past its
+// width zero, never past its end. An odd k's last value takes
 // the two fused multiply-adds of its zero-padded pair.
 template <int MR, int NB>
 __attribute__((target("avx512bf16"), always_inline)) inline void DirectDpbf16Body(

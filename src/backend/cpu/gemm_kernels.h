@@ -90,8 +90,8 @@ struct GemmKernels {
   // row's tiles over its panels.
   void (*item_panels)(const KernelArgs& a, float* packed);
   // nn in fixed-point items on a column-blocked bf16 weight by vdpbf16ps
-  // (a.dpbf16, item_k even): panels [p0, p1), each of whole blocks of 16
-  // columns, panel after panel, every row and every item.
+  // (a.dpbf16, item_k even): panels [p0, p1), each 32 columns of two whole
+  // blocks of 16, panel after panel, every row and every item.
   void (*column_panels)(const KernelArgs& a, int p0, int p1);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.

@@ -146,7 +146,6 @@ void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
   if (static_cast<int64_t>(partials.size()) < (threads - 1) * sums)
     partials.resize((threads - 1) * sums);
   int64_t* const others = partials.data();
-  const size_t wbytes = a.wtype == DType::kF32 ? 4 : 2;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -157,15 +156,7 @@ void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
       std::memset(mine.acc, 0, sizeof(int64_t) * sums);
     }
     const auto [i0, i1] = Piece(items, nt, t);
-    if (i0 < i1) {
-      const int kk0 = i0 * a.item_k;
-      mine.k = (i1 - i0) * a.item_k;
-      mine.x = a.x + kk0;
-      mine.w = static_cast<const char*>(a.w) + kk0 * a.ldw * wbytes;
-      if (a.xs) mine.xs = a.xs + XSlot(a, kk0);
-      if (a.xw) mine.xw = a.xw + XSlot(a, kk0) / 2;
-      work(mine);
-    }
+    if (i0 < i1) work(ItemsCut(mine, i0, i1 - i0));
 #pragma omp barrier
     const auto [c0, c1] = Piece(a.n, nt, t);
     for (int i = 0; i < a.m; ++i) {
@@ -204,7 +195,7 @@ void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int thread
     for (int b0 = w1; b0 < u1; b0 += block) {
       const int b1 = std::min(u1, b0 + block);
       for (int c = 0; c < items; ++c) {
-        const KernelArgs one = ColumnBlockedCut(a, c, 1, /*nt=*/true);
+        const KernelArgs one = ColumnBlockedItem(a, c);
         for (int p = b0; p < b1; ++p) kern.panel(one, p, packed);
       }
     }

@@ -461,7 +461,7 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
 
 // Columns [j0, j1) (at the start of units of 16) of a column-blocked weight
 // in fixed-point items (nn, GemmArgs::w_blocked16): item after item, each
-// the blocked nt weight it is (ColumnBlockedCut). By vdpbf16ps the units are
+// the blocked nt weight it is (ColumnBlockedItem). By vdpbf16ps the units are
 // laid out once for every item: an item's units are only item_k long.
 template <int MR, typename W>
 void DirectColumnItems(const KernelArgs& a, int j0, int j1) {
@@ -470,10 +470,10 @@ void DirectColumnItems(const KernelArgs& a, int j0, int j1) {
   if constexpr (kPairs<W>) {
     if (a.dpbf16) {
       const int64_t item_step = static_cast<int64_t>(a.n) * a.item_k;
-      DirectUnitBatches(ColumnBlockedCut(a, 0, 1, true), j0, j1,
+      DirectUnitBatches(ColumnBlockedItem(a, 0), j0, j1,
                         [&a, items, item_step](const DirectUnit* units, int count) {
                           for (int c = 0; c < items; ++c) {
-                            DirectDpbf16Quarters<MR>(ColumnBlockedCut(a, c, 1, true), units, count,
+                            DirectDpbf16Quarters<MR>(ColumnBlockedItem(a, c), units, count,
                                                      c * item_step);
                           }
                         });
@@ -481,8 +481,7 @@ void DirectColumnItems(const KernelArgs& a, int j0, int j1) {
     }
   }
 #endif
-  for (int c = 0; c < items; ++c)
-    DirectBlockedRange<MR, W>(ColumnBlockedCut(a, c, 1, true), j0, j1);
+  for (int c = 0; c < items; ++c) DirectBlockedRange<MR, W>(ColumnBlockedItem(a, c), j0, j1);
 }
 
 }  // namespace

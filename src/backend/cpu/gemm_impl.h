@@ -1006,8 +1006,7 @@ inline void ColumnBlockedPanels(const KernelArgs& a, int p0, int p1) {
   thread_local std::vector<float> packed;
   packed.resize(static_cast<size_t>(a.item_k) * kNR);
   for (int c = 0; c < a.k / a.item_k; ++c) {
-    for (int p = p0; p < p1; ++p)
-      BlockedPanel<BF16>(ColumnBlockedCut(a, c, 1, /*nt=*/true), p, packed.data());
+    for (int p = p0; p < p1; ++p) BlockedPanel<BF16>(ColumnBlockedItem(a, c), p, packed.data());
   }
 #endif
 }

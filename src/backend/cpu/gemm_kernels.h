@@ -52,24 +52,31 @@ inline int64_t XSlot(const KernelArgs& a, int kk) {
   return static_cast<int64_t>(kk / a.chain_k) * ((a.chain_k + 1) & ~1) + kk % a.chain_k;
 }
 
-// Items [c, c + count) of a column-blocked weight in fixed-point items (nn,
-// GemmArgs::w_blocked16): a cut down to them; nt: item c alone (count 1)
-// as the blocked nt weight [n, item_k] it is, whose products in fixed-point
-// mode are the item's.
-inline KernelArgs ColumnBlockedCut(const KernelArgs& a, int c, int count, bool nt) {
+// Items [c, c + count) of a product in fixed-point items: a cut down to
+// them. Their weights start c * item_k rows on (row-major [k, n]), or c
+// items of n * item_k elements on (column-blocked, GemmArgs::w_blocked16):
+// the same place when ldw is n.
+inline KernelArgs ItemsCut(const KernelArgs& a, int c, int count) {
   KernelArgs cut = a;
   const int kk0 = c * a.item_k;
   const int64_t esize = a.wtype == DType::kF32 ? 4 : 2;
   cut.k = count * a.item_k;
-  cut.w = static_cast<const char*>(a.w) + static_cast<int64_t>(c) * a.n * a.item_k * esize;
+  cut.w = static_cast<const char*>(a.w) +
+          static_cast<int64_t>(kk0) * (a.w_blocked16 ? a.n : a.ldw) * esize;
   cut.x = a.x + kk0;
   if (a.xs) cut.xs = a.xs + XSlot(a, kk0);
   if (a.xw) cut.xw = a.xw + XSlot(a, kk0) / 2;
-  if (nt) {
-    cut.nt = true;
-    cut.w_item_rows = 0;
-  }
   return cut;
+}
+
+// Item c of a column-blocked weight in fixed-point items as the blocked nt
+// weight [n, item_k] it is, whose products in fixed-point mode are the
+// item's.
+inline KernelArgs ColumnBlockedItem(const KernelArgs& a, int c) {
+  KernelArgs one = ItemsCut(a, c, 1);
+  one.nt = true;
+  one.w_item_rows = 0;
+  return one;
 }
 
 struct GemmKernels {

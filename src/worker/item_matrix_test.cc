@@ -27,6 +27,23 @@ std::vector<uint32_t> Bits(const std::vector<float>& v) {
   return out;
 }
 
+// Items [first, first + count) of m read back, whole and one row from
+// inside, as the row-major `plain` holds them.
+void ExpectReadsAs(const ItemMatrix& m, const ItemMatrix& plain, int first, int count) {
+  const int rows = m.rows_per_item(), cols = m.cols();
+  std::vector<float> a(static_cast<size_t>(rows) * cols), b(a.size());
+  for (int item = first; item < first + count; ++item) {
+    m.ReadRows(item, 0, rows, a.data());
+    plain.ReadRows(item, 0, rows, b.data());
+    ASSERT_EQ(Bits(a), Bits(b)) << "rows " << rows << " item " << item;
+    a.assign(a.size(), 0.0f);
+    b.assign(b.size(), 0.0f);
+    m.ReadRows(item, rows / 2, 1, a.data());
+    plain.ReadRows(item, rows / 2, 1, b.data());
+    ASSERT_EQ(Bits(a), Bits(b)) << "rows " << rows << " item " << item << " row " << rows / 2;
+  }
+}
+
 TEST(ItemMatrix, BlockedItemsOfAnyRowsReadBackAndMultiplyAsRowMajor) {
   auto backend = MakeCpuBackend(2);
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -39,12 +56,7 @@ TEST(ItemMatrix, BlockedItemsOfAnyRowsReadBackAndMultiplyAsRowMajor) {
       ASSERT_EQ(blocked.layout(), ItemLayout::kBlocked);
       EXPECT_EQ(blocked.item_bytes(), plain.item_bytes());  // no padding
       // Every row reads back as the row-major copy's.
-      std::vector<float> a(static_cast<size_t>(rows) * cols), b(a.size());
-      for (int item = 4; item < 4 + count; ++item) {
-        blocked.ReadRows(item, 0, rows, a.data());
-        plain.ReadRows(item, 0, rows, b.data());
-        ASSERT_EQ(Bits(a), Bits(b)) << "rows " << rows << " item " << item;
-      }
+      ExpectReadsAs(blocked, plain, 4, count);
       // One item moves out (its bytes, no copy) and the rest still multiply
       // as the row-major copy does, segment by segment.
       ItemMatrix moved(rows, cols, t, ItemLayout::kBlocked);
@@ -65,11 +77,9 @@ TEST(ItemMatrix, BlockedItemsOfAnyRowsReadBackAndMultiplyAsRowMajor) {
           EXPECT_EQ(Bits(y1), Bits(y2)) << "rows " << rows << " segment " << s << " m " << mm;
         }
       }
-      moved.ReadRows(5, 0, rows, a.data());
       ItemMatrix check(rows, cols, t);
       check.Add(5, 1, fill);
-      check.ReadRows(5, 0, rows, b.data());
-      EXPECT_EQ(Bits(a), Bits(b));
+      ExpectReadsAs(moved, check, 5, 1);
     }
   }
 }
@@ -87,16 +97,7 @@ TEST(ItemMatrix, ColumnBlockedItemsReadBackAndMultiplyAsRowMajor) {
       blocked.Add(2, count, fill);
       plain.Add(2, count, fill);
       EXPECT_EQ(blocked.item_bytes(), plain.item_bytes());  // no padding
-      std::vector<float> a(static_cast<size_t>(rows) * cols), b(a.size());
-      for (int item = 2; item < 2 + count; ++item) {
-        blocked.ReadRows(item, 0, rows, a.data());
-        plain.ReadRows(item, 0, rows, b.data());
-        ASSERT_EQ(Bits(a), Bits(b)) << "rows " << rows << " item " << item;
-        blocked.ReadRows(item, rows / 2, 1, a.data());  // one row, from inside
-        plain.ReadRows(item, rows / 2, 1, b.data());
-        ASSERT_EQ(std::vector<float>(a.begin(), a.begin() + cols),
-                  std::vector<float>(b.begin(), b.begin() + cols));
-      }
+      ExpectReadsAs(blocked, plain, 2, count);
       ItemMatrix moved(rows, cols, t, ItemLayout::kColumnBlocked);
       moved.AddShared(blocked.Remove(3));
       plain.Remove(3);
@@ -118,11 +119,9 @@ TEST(ItemMatrix, ColumnBlockedItemsReadBackAndMultiplyAsRowMajor) {
         }
         EXPECT_EQ(acc1, acc2) << "type " << static_cast<int>(t) << " rows " << rows << " m " << m;
       }
-      moved.ReadRows(3, 0, rows, a.data());
       ItemMatrix check(rows, cols, t);
       check.Add(3, 1, fill);
-      check.ReadRows(3, 0, rows, b.data());
-      EXPECT_EQ(Bits(a), Bits(b));
+      ExpectReadsAs(moved, check, 3, 1);
     }
   }
 }

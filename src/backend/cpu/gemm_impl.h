@@ -249,18 +249,23 @@ inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
   typedef float V8F __attribute__((vector_size(32)));
   typedef int64_t V8L __attribute__((vector_size(64)));
   typedef uint64_t V8U __attribute__((vector_size(64)));
-  const V16 c = ClampForFixed(v) * Splat(kFixedOne);
 #if defined(__AVX512DQ__)
-  if (cols >= 16) {  // the same truncations (vcvttps2qq), on whole vectors
-    const __m512 cv = reinterpret_cast<__m512>(c);
+  if (cols >= 16) {
+    // ToFixed in three instructions: vrangeps takes the smaller magnitude
+    // of v and the limit with v's sign (the clamp), the scaling is masked
+    // to zero where v is NaN; then the same truncations (vcvttps2qq).
+    const __m512 x = reinterpret_cast<__m512>(v);
+    const __mmask16 number = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);
+    const __m512 cv = _mm512_maskz_mul_ps(
+        number, _mm512_range_ps(x, _mm512_set1_ps(kFixedLimit), 0x2), _mm512_set1_ps(kFixedOne));
     const __m512i lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(cv));
-    const __m512i hi =
-        _mm512_cvttps_epi64(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(cv), 1)));
+    const __m512i hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(cv, 1));
     _mm512_storeu_si512(acc64, _mm512_add_epi64(_mm512_loadu_si512(acc64), lo));
     _mm512_storeu_si512(acc64 + 8, _mm512_add_epi64(_mm512_loadu_si512(acc64 + 8), hi));
     return;
   }
 #endif
+  const V16 c = ClampForFixed(v) * Splat(kFixedOne);
   if (cols >= 16) {
     const V8F lo = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7);
     const V8F hi = __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -748,12 +753,20 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
 // (Panel::slot_pairs: packed, or a column-blocked weight's as they lie) by vdpbf16ps: each item's
 // chain as ChainDpbf16 computes it, from zero, made fixed point (ToFixed) and added to the item
 // sums.
-template <int MR>
-__attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const KernelArgs& a, int i0,
-                                                                     int j0, const Panel<BF16>& p) {
+// kWhole: the panel's 32 columns all there (the sums' additions straight
+// vector stores). kFar: a column-blocked weight (Panel::item_step), whose
+// items lie far apart, each read as a short run the hardware prefetchers do
+// not follow: each load asks for the line kFixedAhead items on (after the
+// last item, the next panel's first ones).
+inline constexpr int kFixedAhead = 2;
+template <int MR, bool kWhole, bool kFar>
+__attribute__((target("avx512bf16"))) FS_INLINE void TileFixedDpbf16Items(const KernelArgs& a,
+                                                                          int i0, int j0,
+                                                                          const Panel<BF16>& p) {
   const int pairs = (a.item_k + 1) / 2, items = a.k / a.item_k;
-  const int64_t item_slots = (a.item_k + 1) & ~1;  // XSlot of item c's first k-value: c * this
-  const int v0 = std::min(16, p.cols), v1 = std::max(0, p.cols - 16);  // columns per vector
+  const int64_t item_slots = (a.item_k + 1) & ~1;     // XSlot of item c's first k-value: c * this
+  const int v0 = kWhole ? 16 : std::min(16, p.cols);  // columns per vector
+  const int v1 = kWhole ? 16 : std::max(0, p.cols - 16);
   const uint32_t* xw[MR];
   int64_t* row[MR];
 #pragma GCC unroll 16
@@ -765,11 +778,18 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const Kerne
   for (int c = 0; c < items; ++c) {
     const BF16* b0 = p.b0 + c * item_step;
     const BF16* b1 = p.b1 + c * item_step;
+    const int64_t ahead = c + kFixedAhead < items
+                              ? kFixedAhead * item_step
+                              : (kFixedAhead - items) * item_step + 2 * 16 * item_slots;
     const int64_t w0 = c * item_slots / 2;  // the item's first word in a row of xw
     __m512 a0[MR], a1[MR];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
     for (int q = 0; q < pairs; ++q, b0 += 2 * p.step, b1 += 2 * p.step) {
+      if constexpr (kFar) {
+        __builtin_prefetch(b0 + ahead);
+        __builtin_prefetch(b1 + ahead);
+      }
       const __m512bh wv0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
       const __m512bh wv1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
 #pragma GCC unroll 16
@@ -786,6 +806,14 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const Kerne
       if (v1 > 0) AddFixed16(reinterpret_cast<V16>(a1[i]), row[i] + 16, v1);
     }
   }
+}
+
+template <int MR>
+__attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const KernelArgs& a, int i0,
+                                                                     int j0, const Panel<BF16>& p) {
+  if (p.cols < 32) return TileFixedDpbf16Items<MR, false, false>(a, i0, j0, p);
+  if (p.item_step) return TileFixedDpbf16Items<MR, true, true>(a, i0, j0, p);
+  TileFixedDpbf16Items<MR, true, false>(a, i0, j0, p);
 }
 #endif
 

@@ -262,6 +262,69 @@ TEST(GemmLevels, Bf16ChainFlushesDenormalsAlikeEverywhere) {
   }
 }
 
+// Fixed-point items take each item's chain through ToFixed on every path:
+// NaN counts as zero, infinities and sums past the limit are clamped to it,
+// signed zeros and values below the fixed-point unit truncate toward zero.
+// Each item's chain is one product (the other activations are zero), so
+// its value is known; columns scale it by exact powers of two and signs.
+TEST(GemmLevels, FixedItemsTakeEachChainThroughToFixed) {
+  const float specials[] = {NAN,
+                            INFINITY,
+                            -INFINITY,
+                            kFixedLimit,
+                            -kFixedLimit,
+                            kFixedLimit * (1.0f + 1.0f / 128),
+                            -kFixedLimit * 2,
+                            1e30f,
+                            -0.0f,
+                            1e-41f,
+                            std::ldexp(-1.0f, -32),
+                            std::ldexp(1.5f, -33),
+                            3.75f,
+                            -1232.0f};  // all exact in bf16, as its activations are
+  const int n_specials = static_cast<int>(std::size(specials));
+  const float col_scale[] = {1.0f, -1.0f, 0.5f, 2.0f, -0.25f};
+  for (int m : {1, 5, 11, 16}) {
+    for (int n : {16, 48, 37}) {
+      const int item_k = 6, items = 7, k = item_k * items;
+      const Case c{false, m, n, k, GemmOut::kFixedItems, item_k};
+      std::vector<float> x(static_cast<size_t>(m) * (k + 1), 0.0f);
+      std::vector<float> w(static_cast<size_t>(k) * n);
+      std::vector<uint16_t> w16(w.size());
+      for (int kk = 0; kk < k; ++kk) {
+        for (int j = 0; j < n; ++j) {
+          w[static_cast<size_t>(kk) * n + j] = col_scale[(j + kk % item_k) % 5];
+          w16[static_cast<size_t>(kk) * n + j] =
+              FloatToBFloat16(w[static_cast<size_t>(kk) * n + j]);
+        }
+      }
+      std::vector<int64_t> want(static_cast<size_t>(m) * (n + 3), 12345);
+      for (int i = 0; i < m; ++i) {
+        for (int it = 0; it < items; ++it) {
+          const int kk = it * item_k + (i + it) % item_k;  // the item's one product
+          const float v = specials[(i * items + it) % n_specials];
+          x[static_cast<size_t>(i) * (k + 1) + kk] = v;
+          for (int j = 0; j < n; ++j) {
+            int64_t& s = want[static_cast<size_t>(i) * (n + 3) + j];
+            s = AddFixed(s, ToFixed(v * w[static_cast<size_t>(kk) * n + j]));
+          }
+        }
+      }
+      for (CpuIsa isa : Levels()) {
+        for (int threads : {1, 2}) {
+          EXPECT_EQ(RunGemm(c, x, w.data(), DType::kF32, isa, threads), want)
+              << CpuIsaName(isa) << " f32 m=" << m << " n=" << n << " threads=" << threads;
+          for (bool dp : {false, true}) {
+            EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, threads, false, 0, dp), want)
+                << CpuIsaName(isa) << " bf16 m=" << m << " n=" << n << " threads=" << threads
+                << " dpbf16=" << dp;
+          }
+        }
+      }
+    }
+  }
+}
+
 // vdpbf16ps computes the bf16 chain's pairs bit for bit on CPUs that have it
 // (the start-up probe, Dpbf16MatchesChain), so the avx512 level uses it.
 TEST(GemmLevels, Dpbf16IsUsedWhereItComputesTheChain) {

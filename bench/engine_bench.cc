@@ -20,6 +20,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu_features.h"
 #include "common/clock.h"
@@ -282,21 +283,26 @@ double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
   return Median(times);
 }
 
-// The engine's own GEMM on the layers' shapes (weights of `dtype`), with the
-// [n, k] weights blocked as the engine holds them (Shape; the
-// weights are all equal, so the layout changes how they are read, not y).
+// The engine's own GEMM on the layers' shapes (weights of `dtype`) as plain
+// products, each weight in the layout the engine holds it in: [n, k] ones
+// blocked (Shape), [k, n] ones row-major, or where the backend holds those
+// column-blocked (`column_blocked`), as the blocked [n, k] weight that is
+// (one item). The weights are all equal, so the layout changes how they are
+// read, not y.
 double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
-                      std::optional<CpuIsa> isa, std::optional<bool> dpbf16, int reps) {
+                      std::optional<CpuIsa> isa, std::optional<bool> dpbf16, bool column_blocked,
+                      int reps) {
   return LayersTime(c, m, reps, [&](const Shape& s, const float* x, const void* w, float* y) {
+    const bool nt = s.nt || column_blocked;
     cpu::GemmArgs a;
     a.x = x;
     a.ldx = s.k;
     a.w = w;
     a.wtype = dtype;
-    a.ldw = s.nt ? s.k : s.n;
-    a.w_blocked16 = s.item_rows > 0;
-    a.w_item_rows = s.item_rows;
-    a.nt = s.nt;
+    a.ldw = nt ? s.k : s.n;
+    a.w_blocked16 = nt;
+    a.w_item_rows = s.nt ? s.item_rows : s.n;
+    a.nt = nt;
     a.m = m;
     a.n = s.n;
     a.k = s.k;
@@ -307,6 +313,15 @@ double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
     a.dpbf16 = dpbf16;
     cpu::Gemm(a);
   });
+}
+
+// Whether a device holds [k, n] weights of `dtype` column-blocked with
+// these kernel options (Backend::ColumnBlockedNN).
+bool ColumnBlocked(DType dtype, std::optional<CpuIsa> isa, std::optional<bool> dpbf16) {
+  CpuBackendOptions o;
+  o.isa = isa;
+  o.dpbf16 = dpbf16;
+  return MakeCpuBackend(o)->ColumnBlockedNN(dtype);
 }
 
 double LibraryGemmTime(const ModelConfig& c, int m, int threads, bench::LibraryGemm& lib,
@@ -483,8 +498,9 @@ int main(int argc, char** argv) {
       const Decode d1 = RunDecode(**exec, 1, steps);
       const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3));
       const double prefill_s = RunPrefill(**exec, prefill_tokens, 3);
-      const double gemm_b = EngineGemmTime(c, batch, threads, dtype, isa, dpbf16, 3);
-      const double gemm_p = EngineGemmTime(c, prefill_tokens, threads, dtype, isa, dpbf16, 3);
+      const bool cb = ColumnBlocked(dtype, isa, dpbf16);
+      const double gemm_b = EngineGemmTime(c, batch, threads, dtype, isa, dpbf16, cb, 3);
+      const double gemm_p = EngineGemmTime(c, prefill_tokens, threads, dtype, isa, dpbf16, cb, 3);
       const double limit = bw / weight_bytes;  // tokens/s if a step cost only its weight reads
       // Shares: the engine's whole step against the GEMMs of its linear layers alone.
       // Decode by CPU time only with one thread: more threads' CPU time
@@ -525,8 +541,14 @@ int main(int argc, char** argv) {
       const int reps = m == 1 ? 5 : 3;
       std::printf(
           "%-8d %-5d %12.1f %12.1f", threads, m,
-          m * flops_per_row / EngineGemmTime(c, m, threads, DType::kF32, isa, dpbf16, reps) / 1e9,
-          m * flops_per_row / EngineGemmTime(c, m, threads, DType::kBF16, isa, dpbf16, reps) / 1e9);
+          m * flops_per_row /
+              EngineGemmTime(c, m, threads, DType::kF32, isa, dpbf16,
+                             ColumnBlocked(DType::kF32, isa, dpbf16), reps) /
+              1e9,
+          m * flops_per_row /
+              EngineGemmTime(c, m, threads, DType::kBF16, isa, dpbf16,
+                             ColumnBlocked(DType::kBF16, isa, dpbf16), reps) /
+              1e9);
       for (auto& lib : libs)
         std::printf(" %20.1f",
                     m * flops_per_row / LibraryGemmTime(c, m, threads, *lib, reps) / 1e9);

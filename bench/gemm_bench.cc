@@ -2,8 +2,9 @@
 // calls them: q/k/v and gate/up nt on weights blocked by item, o and down nn
 // in fixed-point items (one exact sum per query head and per FFN shard),
 // column-blocked where the CPU backend holds them so (bf16 by vdpbf16ps;
-// row-major with --row-major-nn), or as plain nn products with --plain
-// (row-major). For each product, weight type, number
+// row-major with --row-major-nn), or with --plain as plain products of the
+// same layout (a column-blocked one as the blocked [n, k] weight it is, one
+// item). For each product, weight type, number
 // of rows and thread count: the weight bytes read per second and GFLOP/s,
 // the best of --reps passes over --copies copies of the weights (more than
 // the caches hold, as a model's layers are). A program that prints figures,
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
   app.add_option("--products", products, "of qkv, o, gate_up, down (default: all)")->delimiter(',');
   app.add_option("--copies", copies, "copies of each weight, read in turn")->capture_default_str();
   app.add_option("--reps", reps, "passes; the best is printed")->capture_default_str();
-  app.add_flag("--plain", plain, "o and down as plain nn products, not fixed-point items");
+  app.add_flag("--plain", plain, "o and down as plain products (one item), not fixed-point items");
   bool row_major_nn = false;
   app.add_flag("--row-major-nn", row_major_nn,
                "o and down row-major even where the engine holds them column-blocked");
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
     for (DType dtype : dtypes) {
       const int64_t bytes = elements * static_cast<int64_t>(DTypeSize(dtype));
       const bool column_blocked =
-          !p.nt && !plain && !row_major_nn && MakeCpuBackend(1)->ColumnBlockedNN(dtype);
+          !p.nt && !row_major_nn && MakeCpuBackend(1)->ColumnBlockedNN(dtype);
       // Every weight equal (0.25 in every type): the layout changes how
       // they are read, not y. Huge pages, as the engine holds weights.
       AlignedFloats w(static_cast<size_t>(copies * bytes / 4));
@@ -138,6 +139,11 @@ int main(int argc, char** argv) {
                 a.ldw = p.k;
                 a.w_blocked16 = true;
                 a.w_item_rows = p.items;
+              } else if (plain && column_blocked) {  // the blocked [n, k] weight that is
+                a.nt = true;
+                a.ldw = p.k;
+                a.w_blocked16 = true;
+                a.w_item_rows = p.n;
               } else {
                 a.ldw = p.n;
               }

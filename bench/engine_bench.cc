@@ -539,16 +539,15 @@ int main(int argc, char** argv) {
   for (int threads : thread_counts) {
     for (int m : {1, batch, prefill_tokens}) {
       const int reps = m == 1 ? 5 : 3;
-      std::printf(
-          "%-8d %-5d %12.1f %12.1f", threads, m,
-          m * flops_per_row /
-              EngineGemmTime(c, m, threads, DType::kF32, isa, dpbf16,
-                             ColumnBlocked(DType::kF32, isa, dpbf16), reps) /
-              1e9,
-          m * flops_per_row /
-              EngineGemmTime(c, m, threads, DType::kBF16, isa, dpbf16,
-                             ColumnBlocked(DType::kBF16, isa, dpbf16), reps) /
-              1e9);
+      std::printf("%-8d %-5d %12.1f %12.1f", threads, m,
+                  m * flops_per_row /
+                      EngineGemmTime(c, m, threads, DType::kF32, isa, dpbf16,
+                                     ColumnBlocked(DType::kF32, isa, dpbf16), reps) /
+                      1e9,
+                  m * flops_per_row /
+                      EngineGemmTime(c, m, threads, DType::kBF16, isa, dpbf16,
+                                     ColumnBlocked(DType::kBF16, isa, dpbf16), reps) /
+                      1e9);
       for (auto& lib : libs)
         std::printf(" %20.1f",
                     m * flops_per_row / LibraryGemmTime(c, m, threads, *lib, reps) / 1e9);

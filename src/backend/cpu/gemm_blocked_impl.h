@@ -64,6 +64,12 @@ inline void PadTailToBlock(const KernelArgs& a, const BF16* item, int rows, BF16
 }
 #endif
 
+// Panel::ahead of a blocked panel of `cols` columns: the next panel starts
+// cols rows of the weight on (the item's next, or the next item's first).
+inline int64_t NextPanelAhead(const KernelArgs& a, int cols) {
+  return static_cast<int64_t>(cols) * a.k;
+}
+
 // Panel `panel` of a blocked weight (BlockedPanelsPerItem per item), every
 // row: read where it lies, k-major already (no transposing); 16-bit weights
 // under several tiles and panels holding an item's tail are widened into
@@ -78,9 +84,11 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
   const W* b1 = cols > 16 ? b0 + 16 * static_cast<int64_t>(a.k) : b0;
   if (r0 + cols <= full) {  // blocks of 16 rows only
     if (std::is_same_v<W, float> || a.m <= kMR || a.dpbf16) {
-      const Panel<W> p{b0, b1, 16, cols};
-      for (int i0 = 0; i0 < a.m; i0 += kMR)
+      Panel<W> p{b0, b1, 16, cols};
+      for (int i0 = 0; i0 < a.m; i0 += kMR) {
+        p.ahead = i0 == 0 && a.m > kMR ? NextPanelAhead(a, cols) : 0;
         TileRows<kPairs<W>, W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+      }
       return;
     }
     // 16-bit weights under several tiles: widened once into the panel (the
@@ -95,9 +103,12 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
         // tail zero (never stored); the block before it stays where it lies.
         BF16* tail = reinterpret_cast<BF16*>(packed);
         PadTailToBlock(a, w, rows, tail);
-        const Panel<W> p{r0 < full ? b0 : tail, tail, 16, cols};
-        for (int i0 = 0; i0 < a.m; i0 += kMR)
+        Panel<W> p{r0 < full ? b0 : tail, tail, 16, cols};
+        for (int i0 = 0; i0 < a.m; i0 += kMR) {
+          // (b1, the padded tail, asks for lines of the packed buffer's.)
+          p.ahead = i0 == 0 && a.m > kMR && r0 < full ? NextPanelAhead(a, cols) : 0;
           TileRows<true, W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+        }
         return;
       }
     }

@@ -609,6 +609,12 @@ struct Panel {
   // slot_pairs in fixed-point mode: elements from one item's first pair to
   // the next's (0: the items' pairs one after another, as packed).
   int64_t item_step = 0;
+  // A blocked bf16 weight read as it lies by vdpbf16ps: how far on (in
+  // elements) each load asks the memory for the line of the next panel.
+  // With more rows than a register tile's, the panel's first pass waits on
+  // the weight's reads, the others on the products; so the first pass keeps
+  // the next panel's reads in flight too. 0: none.
+  int64_t ahead = 0;
 };
 
 template <int MR>
@@ -720,7 +726,7 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
                                                                     int64_t slot, const BF16* b0,
                                                                     const BF16* b1,
                                                                     int64_t pair_step, int pairs,
-                                                                    Acc<MR> c) {
+                                                                    Acc<MR> c, int64_t ahead = 0) {
   const uint32_t* xw[MR];
   __m512 a0[MR], a1[MR];
 #pragma GCC unroll 16
@@ -730,6 +736,10 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
     a1[i] = reinterpret_cast<__m512>(c.v[i][1]);
   }
   for (int p = 0; p < pairs; ++p, b0 += pair_step, b1 += pair_step) {
+    if (ahead) {  // Panel::ahead
+      __builtin_prefetch(b0 + ahead);
+      __builtin_prefetch(b1 + ahead);
+    }
     const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
     const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
 #pragma GCC unroll 16
@@ -831,7 +841,7 @@ FS_INLINE Acc<MR> TileChain(const KernelArgs& a, int i0, const Panel<W>& p, int 
       }
       if (a.dpbf16) {  // blocked (k0 = 0): the pairs, then an odd k's last value
         const int pairs = (k1 - k0) / 2;
-        c = ChainDpbf16<MR>(a, i0, XSlot(a, k0), p.b0, p.b1, 2 * p.step, pairs, c);
+        c = ChainDpbf16<MR>(a, i0, XSlot(a, k0), p.b0, p.b1, 2 * p.step, pairs, c, p.ahead);
         if (k0 + 2 * pairs == k1) return c;
         return ChainBf16<MR>(a, i0, p, k1 - 1, k1, c);
       }

@@ -9,8 +9,8 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
-  static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,  RunPanel,
-                                       RunItemPanels, RunColumnPanels, SiluMulRow, ExpShifted};
+  static constexpr GemmKernels kernels{kMR,     RunDirect,  RunStream, RunPanel, RunItemPanels,
+                                       nullptr, SiluMulRow, ExpShifted};  // no vdpbf16ps here
   return kernels;
 }
 

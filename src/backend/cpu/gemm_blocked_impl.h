@@ -66,8 +66,10 @@ inline void PadTailToBlock(const KernelArgs& a, const BF16* item, int rows, BF16
 
 // Panel::ahead of a blocked panel of `cols` columns: the next panel starts
 // cols rows of the weight on (the item's next, or the next item's first).
+// Only with more rows than a register tile's, whose first pass waits on
+// memory.
 inline int64_t NextPanelAhead(const KernelArgs& a, int cols) {
-  return static_cast<int64_t>(cols) * a.k;
+  return a.m > kMR ? static_cast<int64_t>(cols) * a.k : 0;
 }
 
 // Panel `panel` of a blocked weight (BlockedPanelsPerItem per item), every
@@ -85,10 +87,8 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
   if (r0 + cols <= full) {  // blocks of 16 rows only
     if (std::is_same_v<W, float> || a.m <= kMR || a.dpbf16) {
       Panel<W> p{b0, b1, 16, cols};
-      for (int i0 = 0; i0 < a.m; i0 += kMR) {
-        p.ahead = i0 == 0 && a.m > kMR ? NextPanelAhead(a, cols) : 0;
-        TileRows<kPairs<W>, W>(a, i0, std::min(kMR, a.m - i0), j0, p);
-      }
+      p.ahead = NextPanelAhead(a, cols);
+      PanelRows<kPairs<W>>(a, j0, p);
       return;
     }
     // 16-bit weights under several tiles: widened once into the panel (the
@@ -104,11 +104,9 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
         BF16* tail = reinterpret_cast<BF16*>(packed);
         PadTailToBlock(a, w, rows, tail);
         Panel<W> p{r0 < full ? b0 : tail, tail, 16, cols};
-        for (int i0 = 0; i0 < a.m; i0 += kMR) {
-          // (b1, the padded tail, asks for lines of the packed buffer's.)
-          p.ahead = i0 == 0 && a.m > kMR && r0 < full ? NextPanelAhead(a, cols) : 0;
-          TileRows<true, W>(a, i0, std::min(kMR, a.m - i0), j0, p);
-        }
+        // (b1, the padded tail, asks for lines of the packed buffer's.)
+        if (r0 < full) p.ahead = NextPanelAhead(a, cols);
+        PanelRows<true>(a, j0, p);
         return;
       }
     }
@@ -117,9 +115,7 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
     if (r0 < full) WidenBlock(b0, a.k, packed);
     WidenTail(a, w, rows, packed + (r0 < full ? 16 : 0));
   }
-  const Panel<float> wide{packed, cols > 16 ? packed + 16 : packed, kNR, cols};
-  for (int i0 = 0; i0 < a.m; i0 += kMR)
-    TileRows<kPairs<W>, float>(a, i0, std::min(kMR, a.m - i0), j0, wide);
+  PanelRows<kPairs<W>>(a, j0, Panel<float>{packed, cols > 16 ? packed + 16 : packed, kNR, cols});
 }
 
 // nt with few rows on a blocked weight: NB blocks of 16 rows from `w` (16 NB

@@ -13,7 +13,6 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/gemm_kernels.h"
@@ -790,7 +789,7 @@ __attribute__((target("avx512bf16"))) FS_INLINE void TileFixedDpbf16Items(const 
     const BF16* b1 = p.b1 + c * item_step;
     const int64_t ahead = c + kFixedAhead < items
                               ? kFixedAhead * item_step
-                              : (kFixedAhead - items) * item_step + 2 * 16 * item_slots;
+                              : (kFixedAhead - items) * item_step + kNR * item_slots;
     const int64_t w0 = c * item_slots / 2;  // the item's first word in a row of xw
     __m512 a0[MR], a1[MR];
 #pragma GCC unroll 16
@@ -897,6 +896,16 @@ void TileRows(const KernelArgs& a, int i0, int rows, int j0, const Panel<W>& p) 
     if (rows < MR) return TileRows<kB, W, MR - 1>(a, i0, rows, j0, p);
   }
   Tile<MR, kB>(a, i0, j0, p);
+}
+
+// Every row's register tiles over panel p (its columns from j0), a pass per
+// kMR rows; Panel::ahead holds for the first pass only.
+template <bool kB, typename W>
+void PanelRows(const KernelArgs& a, int j0, Panel<W> p) {
+  for (int i0 = 0; i0 < a.m; i0 += kMR) {
+    TileRows<kB, W>(a, i0, std::min(kMR, a.m - i0), j0, p);
+    p.ahead = 0;
+  }
 }
 
 // Packing a panel of [k, n] weights reads one or two cache lines per row,
@@ -1021,33 +1030,23 @@ inline void PackPairsNN(const KernelArgs& a, int j0, int cols, BF16* out) {
 // 16), every row and every item by vdpbf16ps: each item's two blocks are
 // its pairs as packing would lay them (Panel::slot_pairs), read where they
 // lie, items Panel::item_step apart.
-inline void ColumnBlockedPanel(const KernelArgs& a, int panel) {
 #if defined(__AVX512F__)
+inline void ColumnBlockedPanel(const KernelArgs& a, int panel) {
   const int j0 = panel * kNR, cols = std::min(kNR, a.n - j0);
   const BF16* b0 = static_cast<const BF16*>(a.w) + static_cast<int64_t>(j0) * a.item_k;
   Panel<BF16> p{b0, cols > 16 ? b0 + 16 * static_cast<int64_t>(a.item_k) : b0, 16, cols};
   p.slot_pairs = true;
   p.item_step = static_cast<int64_t>(a.n) * a.item_k;
-  for (int i0 = 0; i0 < a.m; i0 += kMR) TileRows<true, BF16>(a, i0, std::min(kMR, a.m - i0), j0, p);
-#endif
+  PanelRows<true>(a, j0, p);
 }
 
 // GemmKernels::column_panels. (Item after item, each over all the panels,
 // which reads each item's part of them as one run of memory, was slower:
 // every item then adds to every row's sums of all the panels.)
 inline void ColumnBlockedPanels(const KernelArgs& a, int p0, int p1) {
-#if defined(__AVX512F__)
   for (int p = p0; p < p1; ++p) ColumnBlockedPanel(a, p);
-#else
-  // No vdpbf16ps at this level (never asked): each item as the blocked nt
-  // weight it is.
-  thread_local std::vector<float> packed;
-  packed.resize(static_cast<size_t>(a.item_k) * kNR);
-  for (int c = 0; c < a.k / a.item_k; ++c) {
-    for (int p = p0; p < p1; ++p) BlockedPanel<BF16>(ColumnBlockedItem(a, c), p, packed.data());
-  }
-#endif
 }
+#endif
 
 template <typename W>
 void PackedPanel(const KernelArgs& a, int panel, float* packed) {
@@ -1060,16 +1059,13 @@ void PackedPanel(const KernelArgs& a, int panel, float* packed) {
       PackPairsNN(a, j0, cols, pairs);
       Panel<BF16> p{pairs, pairs + 32, 32, cols};
       p.slot_pairs = true;
-      for (int i0 = 0; i0 < a.m; i0 += kMR)
-        TileRows<true, BF16>(a, i0, std::min(kMR, a.m - i0), j0, p);
+      PanelRows<true>(a, j0, p);
       return;
     }
   }
 #endif
   Pack<W>(a, j0, cols, packed);
-  const Panel<float> p{packed, packed + 16, kNR, cols};
-  for (int i0 = 0; i0 < a.m; i0 += kMR)
-    TileRows<kPairs<W>, float>(a, i0, std::min(kMR, a.m - i0), j0, p);
+  PanelRows<kPairs<W>>(a, j0, Panel<float>{packed, packed + 16, kNR, cols});
 }
 
 // nn in fixed-point items with more rows than Stream takes (batched
@@ -1146,14 +1142,8 @@ inline void PackItemPairs(const KernelArgs& one, BF16* packed) {
 template <typename W>
 void ItemPanelsBlock(const KernelArgs& a, float* packed) {
   const int panels = (a.n + kNR - 1) / kNR;
-  KernelArgs one = a;  // one item: its k-values, activations and weight rows
-  one.k = a.item_k;
   for (int c = 0; c < a.k / a.item_k; ++c) {
-    const int kk0 = c * a.item_k;
-    one.x = a.x + kk0;
-    one.w = WRow<W>(a, kk0);
-    if (a.xs) one.xs = a.xs + XSlot(a, kk0);
-    if (a.xw) one.xw = a.xw + XSlot(a, kk0) / 2;
+    const KernelArgs one = ItemsCut(a, c, 1);
 #if defined(__AVX512F__)
     if constexpr (kPairs<W>) {
       if (a.dpbf16) {
@@ -1164,8 +1154,7 @@ void ItemPanelsBlock(const KernelArgs& a, float* packed) {
           const BF16* b0 = pairs + static_cast<int64_t>(P) * padded * kNR;
           Panel<BF16> p{b0, b0 + 32, 32, std::min(kNR, a.n - P * kNR)};
           p.slot_pairs = true;
-          for (int i0 = 0; i0 < a.m; i0 += kMR)
-            TileRows<true, BF16>(one, i0, std::min(kMR, a.m - i0), P * kNR, p);
+          PanelRows<true>(one, P * kNR, p);
         }
         continue;
       }
@@ -1174,9 +1163,8 @@ void ItemPanelsBlock(const KernelArgs& a, float* packed) {
     PackItemRows<W>(one, packed);
     for (int P = 0; P < panels; ++P) {
       const float* b0 = packed + static_cast<int64_t>(P) * one.k * kNR;
-      const Panel<float> p{b0, b0 + 16, kNR, std::min(kNR, a.n - P * kNR)};
-      for (int i0 = 0; i0 < a.m; i0 += kMR)
-        TileRows<kPairs<W>, float>(one, i0, std::min(kMR, a.m - i0), P * kNR, p);
+      PanelRows<kPairs<W>>(one, P * kNR,
+                           Panel<float>{b0, b0 + 16, kNR, std::min(kNR, a.n - P * kNR)});
     }
   }
 }
@@ -1213,9 +1201,11 @@ template <typename W>
 __attribute__((noinline)) void PanelNoInline(const KernelArgs& a, int panel, float* packed) {
   PackedPanel<W>(a, panel, packed);
 }
+#if defined(__AVX512F__)
 __attribute__((noinline)) inline void ColumnPanelsNoInline(const KernelArgs& a, int p0, int p1) {
   ColumnBlockedPanels(a, p0, p1);
 }
+#endif
 
 void RunDirect(const KernelArgs& a, int j0, int j1) {
   switch (a.wtype) {
@@ -1256,10 +1246,12 @@ void RunPanel(const KernelArgs& a, int panel, float* packed) {
   }
 }
 
+#if defined(__AVX512F__)
 void RunColumnPanels(const KernelArgs& a, int p0, int p1) {
   FlushDenormals flush;
   ColumnPanelsNoInline(a, p0, p1);
 }
+#endif
 
 void RunItemPanels(const KernelArgs& a, float* packed) {
   switch (a.wtype) {

@@ -53,9 +53,9 @@ inline int64_t XSlot(const KernelArgs& a, int kk) {
 }
 
 // Items [c, c + count) of a product in fixed-point items: a cut down to
-// them. Their weights start c * item_k rows on (row-major [k, n]), or c
-// items of n * item_k elements on (column-blocked, GemmArgs::w_blocked16):
-// the same place when ldw is n.
+// them. Their weights start c * item_k rows on (row-major [k, n], or given
+// by rows), or c items of n * item_k elements on (column-blocked,
+// GemmArgs::w_blocked16): the same place when ldw is n.
 inline KernelArgs ItemsCut(const KernelArgs& a, int c, int count) {
   KernelArgs cut = a;
   const int kk0 = c * a.item_k;
@@ -64,6 +64,7 @@ inline KernelArgs ItemsCut(const KernelArgs& a, int c, int count) {
   cut.w = static_cast<const char*>(a.w) +
           static_cast<int64_t>(kk0) * (a.w_blocked16 ? a.n : a.ldw) * esize;
   cut.x = a.x + kk0;
+  if (a.w_rows) cut.w_rows = a.w_rows + kk0;
   if (a.xs) cut.xs = a.xs + XSlot(a, kk0);
   if (a.xw) cut.xw = a.xw + XSlot(a, kk0) / 2;
   return cut;
@@ -98,7 +99,8 @@ struct GemmKernels {
   void (*item_panels)(const KernelArgs& a, float* packed);
   // nn in fixed-point items on a column-blocked bf16 weight by vdpbf16ps
   // (a.dpbf16, item_k even): panels [p0, p1), each 32 columns of two whole
-  // blocks of 16, panel after panel, every row and every item.
+  // blocks of 16, panel after panel, every row and every item. Null at the
+  // levels without vdpbf16ps (never asked there).
   void (*column_panels)(const KernelArgs& a, int p0, int p1);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.

@@ -367,6 +367,24 @@ void Put(DType t, float v, unsigned char* base, int64_t at) {
               t == DType::kF32 ? static_cast<const void*>(&v) : &h, esize);
 }
 
+// The weight w (row-major) as bytes of type t twice: row-major, and with
+// element e at stored(e). Exactly the weight's bytes, nothing after them, so
+// that a read past the end would be caught by sanitizers.
+struct TwoLayouts {
+  std::vector<unsigned char> rows, stored;
+};
+template <typename Stored>
+TwoLayouts InTwoLayouts(DType t, const std::vector<float>& w, Stored stored) {
+  const size_t esize = t == DType::kF32 ? 4 : 2;
+  TwoLayouts out{std::vector<unsigned char>(w.size() * esize),
+                 std::vector<unsigned char>(w.size() * esize)};
+  for (size_t e = 0; e < w.size(); ++e) {
+    Put(t, w[e], out.rows.data(), static_cast<int64_t>(e));
+    Put(t, w[e], out.stored.data(), stored(static_cast<int64_t>(e)));
+  }
+  return out;
+}
+
 // Weights stored blocked (read where they lie): items of any number of rows,
 // each in blocks of 16 rows and a tail, k-major. The same chains as the
 // row-major layout, every level, every weight type, one thread or two.
@@ -387,19 +405,10 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
             const Case c{true, m, n, k, out, 0};
             auto x = Random(static_cast<size_t>(m) * (k + 1), 7);
             auto w = Random(static_cast<size_t>(n) * k, 8);
-            const size_t esize = t == DType::kF32 ? 4 : 2;
-            // Exactly the row-major bytes: the vector blocked holds nothing after
-            // the weight, so a read past it would be caught by sanitizers.
-            std::vector<unsigned char> rows(w.size() * esize), blocked(rows.size());
-            for (int r = 0; r < n; ++r) {
-              for (int kk = 0; kk < k; ++kk) {
-                const float v = w[static_cast<size_t>(r) * k + kk];
-                Put(t, v, rows.data(), static_cast<int64_t>(r) * k + kk);
-                const int64_t item = r / it.rows;
-                Put(t, v, blocked.data(),
-                    item * it.rows * k + Blocked16Index(r % it.rows, kk, it.rows, k, t));
-              }
-            }
+            const auto [rows, blocked] = InTwoLayouts(t, w, [&](int64_t e) {
+              const int64_t r = e / k, kk = e % k, item = r / it.rows;
+              return item * it.rows * k + Blocked16Index(r % it.rows, kk, it.rows, k, t);
+            });
             const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
             for (CpuIsa isa : Levels()) {
               for (int threads : {1, 2}) {
@@ -435,19 +444,10 @@ TEST(GemmLevels, ColumnBlockedItemsComputeTheSameSums) {
         const Case c{false, m, n, k, GemmOut::kFixedItems, sh.item_k};
         auto x = Random(static_cast<size_t>(m) * (k + 1), 11);
         auto w = Random(static_cast<size_t>(k) * n, 12);
-        const size_t esize = t == DType::kF32 ? 4 : 2;
-        // Exactly the row-major bytes, nothing after (a read past the end
-        // would be caught by sanitizers).
-        std::vector<unsigned char> rows(w.size() * esize), blocked(rows.size());
-        for (int kk = 0; kk < k; ++kk) {
-          for (int j = 0; j < n; ++j) {
-            const float v = w[static_cast<size_t>(kk) * n + j];
-            Put(t, v, rows.data(), static_cast<int64_t>(kk) * n + j);
-            const int64_t item = kk / sh.item_k;
-            Put(t, v, blocked.data(),
-                item * n * sh.item_k + Blocked16Index(j, kk % sh.item_k, n, sh.item_k, t));
-          }
-        }
+        const auto [rows, blocked] = InTwoLayouts(t, w, [&](int64_t e) {
+          const int64_t kk = e / n, j = e % n, item = kk / sh.item_k;
+          return item * n * sh.item_k + Blocked16Index(j, kk % sh.item_k, n, sh.item_k, t);
+        });
         const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
         for (CpuIsa isa : Levels()) {
           for (int threads : {1, 2}) {

@@ -536,18 +536,15 @@ int main(int argc, char** argv) {
               "rows", "engine f32", "engine bf16");
   for (auto& lib : libs) std::printf(" %20s", lib->name().c_str());
   std::printf("\n");
+  auto engine_rate = [&](DType t, int m, int threads, int reps) {
+    return m * flops_per_row /
+           EngineGemmTime(c, m, threads, t, isa, dpbf16, ColumnBlocked(t, isa, dpbf16), reps) / 1e9;
+  };
   for (int threads : thread_counts) {
     for (int m : {1, batch, prefill_tokens}) {
       const int reps = m == 1 ? 5 : 3;
-      std::printf("%-8d %-5d %12.1f %12.1f", threads, m,
-                  m * flops_per_row /
-                      EngineGemmTime(c, m, threads, DType::kF32, isa, dpbf16,
-                                     ColumnBlocked(DType::kF32, isa, dpbf16), reps) /
-                      1e9,
-                  m * flops_per_row /
-                      EngineGemmTime(c, m, threads, DType::kBF16, isa, dpbf16,
-                                     ColumnBlocked(DType::kBF16, isa, dpbf16), reps) /
-                      1e9);
+      std::printf("%-8d %-5d %12.1f %12.1f", threads, m, engine_rate(DType::kF32, m, threads, reps),
+                  engine_rate(DType::kBF16, m, threads, reps));
       for (auto& lib : libs)
         std::printf(" %20.1f",
                     m * flops_per_row / LibraryGemmTime(c, m, threads, *lib, reps) / 1e9);

@@ -32,8 +32,8 @@ class CpuBackend final : public Backend {
     cpu::LinearNNFixed(x, ldx, w, acc, ldacc, m, n, k, item_k, linear_);
   }
   // bf16 by vdpbf16ps: an item's 16 columns are a run of memory, read
-  // four runs at a time (a Zen 5, batch 1: the o projection about 1.5x,
-  // down 1.4x on one thread). Elsewhere rows stream as fast.
+  // four runs at a time (measured in docs/CPU_PERFORMANCE.md, "Zen 5, bf16
+  // o and down column-blocked"). Elsewhere rows stream as fast.
   bool ColumnBlockedNN(DType dtype) const override {
     return dtype == DType::kBF16 && linear_.dpbf16.value_or(true) &&
            cpu::GemmDpbf16For(cpu::GemmIsaFor(linear_.isa));

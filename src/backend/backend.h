@@ -124,9 +124,10 @@ class Backend {
   virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy,
                        int rows, int dim, float eps) = 0;
   // Rotates `heads` heads of each token in place (rotate-half convention).
-  // x: head h of token t at x + t * ldx + h * head_dim. inv_freq: [head_dim / 2].
+  // x: head h of token t at x + t * ldx + h * head_dim. cos_sin: a RoPE
+  // table (ExtendRopeTable) with rows for every position given.
   virtual void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads,
-                    int head_dim, const float* inv_freq) = 0;
+                    int head_dim, const float* cos_sin) = 0;
   // FFN shards side by side, each its gate then its up columns: for shard
   // j < shards and i < width,
   //   out[r, j * width + i] = silu(gu[r, 2 j width + i]) * gu[r, (2 j + 1) width + i].
@@ -165,5 +166,11 @@ std::unique_ptr<Backend> MakeCpuBackend(int num_threads);
 
 // RoPE inverse frequencies [head_dim / 2] with Llama-3 scaling if configured.
 std::vector<float> RopeInvFreq(const ModelConfig& config);
+
+// Extends a RoPE table to at least `positions` rows: row p, head_dim floats,
+// holds cos(p * inv_freq[i]) for i < head_dim / 2, then sin of the same
+// (each in double, then rounded). Every layer's rotation of a step reads
+// the same rows.
+void ExtendRopeTable(const std::vector<float>& inv_freq, int positions, std::vector<float>* table);
 
 }  // namespace failsafe

@@ -28,4 +28,20 @@ std::vector<float> RopeInvFreq(const ModelConfig& c) {
   return out;
 }
 
+void ExtendRopeTable(const std::vector<float>& inv_freq, int positions, std::vector<float>* table) {
+  const int half = static_cast<int>(inv_freq.size()), width = 2 * half;
+  if (width == 0) return;
+  const int have = static_cast<int>(table->size() / width);
+  if (positions <= have) return;
+  table->resize(static_cast<size_t>(positions) * width);
+  for (int p = have; p < positions; ++p) {
+    float* row = table->data() + static_cast<size_t>(p) * width;
+    for (int i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * static_cast<double>(inv_freq[i]);
+      row[i] = static_cast<float>(std::cos(angle));
+      row[half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
 }  // namespace failsafe

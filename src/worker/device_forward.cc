@@ -75,9 +75,13 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   FS_RETURN_IF_ERROR(ApplyKvTables(b));
 
   int32_t* pos = Sized(positions_, T);
+  int end_pos = 0;
   for (const StepSeq& s : b.seqs) {
     for (int i = 0; i < s.num_tokens; ++i) pos[s.token_offset + i] = s.start_pos + i;
+    end_pos = std::max(end_pos, s.start_pos + s.num_tokens);
   }
+  // Rows in steps of 1024, so a growing context extends it now and then.
+  ExtendRopeTable(inv_freq_, (end_pos + 1023) / 1024 * 1024, &rope_table_);
 
   ForwardStats local;
   if (!stats) stats = &local;
@@ -170,10 +174,10 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   }
   stats->attention_flops += 2.0 * hr.rows * H * (ld_q + ld_kv);
   // 2) RoPE on the query heads and on the key of each group.
-  backend_->Rope(q, ld_q, hr.positions, hr.rows, n_q, hd, inv_freq_.data());
+  backend_->Rope(q, ld_q, hr.positions, hr.rows, n_q, hd, rope_table_.data());
   for (int k = 0; k < n_kv; ++k) {
     backend_->Rope(kv + static_cast<int64_t>(k) * 2 * hd, ld_kv, hr.positions, hr.rows, 1, hd,
-                   inv_freq_.data());
+                   rope_table_.data());
   }
   // The query heads of each held group are adjacent in q (both ascending):
   // group k's are [first[k], first[k] + count[k]).

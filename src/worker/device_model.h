@@ -240,6 +240,7 @@ class DeviceModel {
   Backend* const backend_;
   const DeviceOptions options_;
   const std::vector<float> inv_freq_;
+  std::vector<float> rope_table_;  // ExtendRopeTable's, for every position seen
   Plan plan_;
   std::vector<LayerWeights> layers_;
   ItemMatrix embed_,

@@ -54,20 +54,13 @@ class CpuBackend final : public Backend {
   }
 
   void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
-            const float* inv_freq) override {
+            const float* cos_sin) override {
     const int half = head_dim / 2;
     const bool split = threads_ > 1 && static_cast<int64_t>(tokens) * heads * head_dim >= (1 << 16);
 #pragma omp parallel for num_threads(threads_) schedule(static) if (split)
     for (int t = 0; t < tokens; ++t) {
-      thread_local std::vector<float> cs, sn;
-      cs.resize(half);
-      sn.resize(half);
-      const double pos = positions[t];
-      for (int i = 0; i < half; ++i) {
-        double angle = pos * static_cast<double>(inv_freq[i]);
-        cs[i] = static_cast<float>(std::cos(angle));
-        sn[i] = static_cast<float>(std::sin(angle));
-      }
+      const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
+      const float* sn = cs + half;
       for (int h = 0; h < heads; ++h) {
         float* v = x + t * ldx + h * head_dim;
         for (int i = 0; i < half; ++i) {

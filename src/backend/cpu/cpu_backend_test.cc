@@ -270,7 +270,13 @@ TEST(Rope, RotatesPairsAndPreservesNorm) {
   auto be = MakeCpuBackend(1);
   std::vector<float> x = {1, 0, 0, 0, 0, 0, 0, 0};
   int32_t pos = 3;
-  be->Rope(x.data(), 8, &pos, 1, 1, 8, freq.data());
+  std::vector<float> table;
+  ExtendRopeTable(freq, 2, &table);
+  ExtendRopeTable(freq, 4, &table);  // rows 2 and 3 added to the first two
+  ASSERT_EQ(table.size(), 32u);
+  EXPECT_EQ(table[8 + 1], static_cast<float>(std::cos(1.0 * freq[1])));
+  EXPECT_EQ(table[8 + 4 + 1], static_cast<float>(std::sin(1.0 * freq[1])));
+  be->Rope(x.data(), 8, &pos, 1, 1, 8, table.data());
   EXPECT_NEAR(x[0], std::cos(3.0), 1e-6);
   EXPECT_NEAR(x[4], std::sin(3.0), 1e-6);
 }

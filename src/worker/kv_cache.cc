@@ -103,6 +103,13 @@ const float* const* KvCache::Pages(int64_t seq, int slot) const {
   return it->second.pointers[slot].data();
 }
 
+float* const* KvCache::StorePages(int64_t seq, int slot) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second.pointers.empty() || it->second.pointers[slot].empty())
+    return nullptr;
+  return it->second.pointers[slot].data();
+}
+
 float* KvCache::Page(int64_t seq, int slot, int block) {
   return seqs_.at(seq).pointers.at(slot).at(block);
 }

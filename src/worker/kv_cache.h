@@ -57,6 +57,8 @@ class KvCache {
   int SharedBlocks(int64_t seq) const;
   // Pages of one slot (one per block), or nullptr if the slot holds none.
   const float* const* Pages(int64_t seq, int slot) const;
+  // The same pages, writable, or nullptr.
+  float* const* StorePages(int64_t seq, int slot);
   // The page of a block the table covers (the caller checked NumBlocks).
   float* Page(int64_t seq, int slot, int block);
   int NumBlocks(int64_t seq, int slot) const;

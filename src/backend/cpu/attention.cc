@@ -10,6 +10,7 @@
 // which leaves the chain unchanged.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -86,6 +87,15 @@ void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0,
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
   if (a.num_tokens <= 0) return;
   const int g = a.group_size, hd = a.head_dim, bs = a.block_size;
+  if (a.new_kv != nullptr) {
+    for (int t = 0; t < a.num_tokens; ++t) {
+      const int p = a.start_pos + t;
+      float* page = a.store_pages[p / bs];
+      const float* src = a.new_kv + static_cast<int64_t>(t) * a.ld_new_kv;
+      std::memcpy(page + (p % bs) * hd, src, sizeof(float) * hd);
+      std::memcpy(page + (bs + p % bs) * hd, src + hd, sizeof(float) * hd);
+    }
+  }
   thread_local std::vector<const float*> keys, values;
   for (int t0 = 0; t0 < a.num_tokens; t0 += kQueryTile) {
     const int rows = std::min(kQueryTile, a.num_tokens - t0);

@@ -3,7 +3,8 @@
 // Scores and weighted values are two multiplies on the batch-invariant GEMM
 // (gemm.h), with the keys and values taken row by row from their pages: a
 // query's score for a key is a dot product over the head dimension (times
-// the scale); its softmax adds its terms in position order; its output is a
+// the scale); its softmax adds its terms in lanes by their place from the
+// first key it sees (SoftmaxRow), the same in any tile; its output is a
 // chain over positions in increasing order. A query computed alone (decode)
 // and the same query in a prefill chunk thus get the same output bit for
 // bit: in a chunk, the positions a query must not see weigh an exact zero,
@@ -25,20 +26,6 @@ constexpr int kQueryTile = 64;  // queries whose scores are held at once
 
 inline int FirstKey(const AttentionArgs& a, int pos) {
   return a.sliding_window > 0 ? std::max(0, pos - a.sliding_window + 1) : 0;
-}
-
-// Softmax of row[lo, hi] in place (terms added in position order); the rest
-// of the row becomes exact zeros.
-void Softmax(float* row, int width, int lo, int hi, std::optional<CpuIsa> isa) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int i = lo; i <= hi; ++i) mx = std::max(mx, row[i]);
-  ExpShifted(row + lo, hi - lo + 1, mx, isa);
-  float sum = 0;
-  for (int i = lo; i <= hi; ++i) sum += row[i];
-  const float inv = 1.0f / sum;
-  for (int i = lo; i <= hi; ++i) row[i] *= inv;
-  std::fill(row, row + lo, 0.0f);
-  std::fill(row + hi + 1, row + width, 0.0f);
 }
 
 // Scores, softmax and weighted values of m query rows (x, row stride ldx)
@@ -63,10 +50,9 @@ void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0,
   s.isa = isa;
   Gemm(s);
   for (int r = 0; r < m; ++r) {
-    float* row = scores.data() + static_cast<int64_t>(r) * width;
-    for (int i = 0; i < width; ++i) row[i] *= a.scale;
     const int pos = pos0 + r * step;
-    Softmax(row, width, FirstKey(a, pos) - k0, pos - k0, isa);
+    SoftmaxRow(scores.data() + static_cast<int64_t>(r) * width, width, FirstKey(a, pos) - k0,
+               pos - k0, a.scale, isa);
   }
   GemmArgs v;
   v.x = scores.data();

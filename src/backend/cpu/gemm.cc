@@ -249,6 +249,10 @@ void ExpShifted(float* row, int n, float shift, std::optional<CpuIsa> isa) {
   KernelsFor(GemmIsaFor(isa)).exp_shifted(row, n, shift);
 }
 
+void SoftmaxRow(float* row, int width, int lo, int hi, float scale, std::optional<CpuIsa> isa) {
+  KernelsFor(GemmIsaFor(isa)).softmax(row, width, lo, hi, scale);
+}
+
 void Gemm(const GemmArgs& a) {
   if (a.m <= 0 || a.n <= 0) return;
   if (a.k <= 0) {

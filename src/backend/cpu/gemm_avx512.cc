@@ -111,7 +111,8 @@ bool Dpbf16MatchesChain() {
 
 const GemmKernels& GemmKernelsAvx512() {
   static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,  RunPanel,
-                                       RunItemPanels, RunColumnPanels, SiluMulRow, ExpShifted};
+                                       RunItemPanels, RunColumnPanels, SiluMulRow, ExpShifted,
+                                       SoftmaxRow};
   return kernels;
 }
 

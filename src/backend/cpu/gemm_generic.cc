@@ -6,7 +6,8 @@ namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
   static constexpr GemmKernels kernels{kMR,     RunDirect,  RunStream, RunPanel, RunItemPanels,
-                                       nullptr, SiluMulRow, ExpShifted};  // no vdpbf16ps here
+                                       nullptr, SiluMulRow, ExpShifted,
+                                       SoftmaxRow};  // no vdpbf16ps here
   return kernels;
 }
 

@@ -1282,5 +1282,43 @@ void ExpShifted(float* row, int n, float shift) {
   }
 }
 
+// Lanes [0, count) of a vector: true (all ones), the others 0.
+FS_INLINE I16 FirstLanes(int count) {
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < I16{} + count;
+}
+
+void SoftmaxRow(float* row, int width, int lo, int hi, float scale) {
+  float* r = row + lo;
+  const int n = hi - lo + 1;
+  const V16 none = Splat(-__builtin_inff());
+  V16 top = none;
+  for (int i = 0; i < n; i += 16) {
+    const int c = std::min(16, n - i);
+    const V16 v = FirstLanes(c) ? LoadPart(r + i, c) * Splat(scale) : none;
+    StorePart(r + i, v, c);
+    top = top < v ? v : top;  // NaN never taken, as std::max(top, v) does
+  }
+  float mx = -__builtin_inff();
+  for (int j = 0; j < 16; ++j) mx = std::max(mx, top[j]);
+  V16 lanes{};
+  for (int i = 0; i < n; i += 16) {
+    const int c = std::min(16, n - i);
+    const V16 e = FirstLanes(c) ? Exp(LoadPart(r + i, c) - Splat(mx)) : V16{};
+    StorePart(r + i, e, c);
+    lanes += e;
+  }
+  for (int half = 8; half >= 1; half /= 2) {
+    for (int j = 0; j < half; ++j) lanes[j] += lanes[j + half];
+  }
+  const V16 inv = Splat(1.0f / lanes[0]);
+  for (int i = 0; i < n; i += 16) {
+    const int c = std::min(16, n - i);
+    StorePart(r + i, LoadPart(r + i, c) * inv, c);
+  }
+  std::fill(row, r, 0.0f);
+  std::fill(r + n, row + width, 0.0f);
+}
+
 }  // namespace
 }  // namespace failsafe::cpu

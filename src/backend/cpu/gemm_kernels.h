@@ -107,6 +107,8 @@ struct GemmKernels {
   void (*silu_mul)(const float* g, const float* u, float* out, int n);
   // row[i] = exp(row[i] - shift) for i < n.
   void (*exp_shifted)(float* row, int n, float shift);
+  // Softmax of row[lo, hi] times scale, in place (SoftmaxRow in kernels.h).
+  void (*softmax)(float* row, int width, int lo, int hi, float scale);
 };
 
 inline constexpr int64_t StreamScratchFloats() {

@@ -595,5 +595,46 @@ TEST(ExpLevels, EveryLevelComputesTheSameExpWithin2Ulp) {
   }
 }
 
+// Attention's softmax: within a few ulp of the exact one; the same bits on
+// every level; and a query's terms give the same bits wherever [lo, hi]
+// lies in the row (a decode's row starts at its first key, a prefill tile's
+// further left), with everything outside it an exact zero.
+TEST(SoftmaxLevels, EveryLevelAndEveryPlaceInTheRowGivesTheSameBits) {
+  Rng r(29);
+  for (int n : {1, 5, 16, 17, 40, 333}) {
+    std::vector<float> terms(n);
+    for (float& t : terms) t = static_cast<float>(r.Uniform() * 40 - 20);
+    if (n > 4) terms[3] = -INFINITY;  // a key weighing exactly nothing
+    const float scale = 0.125f;
+    double top = -INFINITY, sum = 0;
+    for (float t : terms) top = std::max(top, double(t * scale));
+    for (float t : terms) sum += std::exp(double(t * scale) - top);
+    std::vector<float> want;
+    for (CpuIsa isa : Levels()) {
+      for (int lo : {0, 1, 16, 23}) {
+        const int width = lo + n + 7;
+        std::vector<float> row(width, 99.0f);
+        std::copy(terms.begin(), terms.end(), row.begin() + lo);
+        SoftmaxRow(row.data(), width, lo, lo + n - 1, scale, isa);
+        for (int i = 0; i < width; ++i) {
+          if (i < lo || i >= lo + n) {
+            EXPECT_EQ(row[i], 0.0f) << i;
+          }
+        }
+        std::vector<float> got(row.begin() + lo, row.begin() + lo + n);
+        if (want.empty()) {
+          want = got;
+          for (int i = 0; i < n; ++i) {
+            const double p = std::exp(double(terms[i] * scale) - top) / sum;
+            EXPECT_NEAR(got[i], p, 4e-7 * p + 1e-30) << "n " << n << " term " << i;
+          }
+        }
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), 4 * n), 0)
+            << CpuIsaName(isa) << " n " << n << " lo " << lo;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace failsafe::cpu

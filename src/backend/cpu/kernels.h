@@ -35,6 +35,11 @@ void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa);
 // whose bits are the same on every level.
 void SiluMulRow(const float* g, const float* u, float* out, int n, std::optional<CpuIsa> isa);
 void ExpShifted(float* row, int n, float shift, std::optional<CpuIsa> isa);
+// Softmax of row[lo, hi] times scale, in place; the rest of row[0, width)
+// exact zeros. The terms are added in 16 lanes by their place from lo, the
+// lanes then in a fixed tree: the same bits on every level, and for a query
+// whatever [lo, hi] lies in (a decode's row or a prefill tile's).
+void SoftmaxRow(float* row, int width, int lo, int hi, float scale, std::optional<CpuIsa> isa);
 int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter);
 
 }  // namespace failsafe::cpu

@@ -251,34 +251,54 @@ std::vector<Shape> LinearShapes(const ModelConfig& c) {
           {h, c.intermediate_size, false, 0}};
 }
 
-// Median over reps of the time of one layer's linear shapes for m rows, times
-// the number of layers. run(shape, x, w, y) does one product. The weights are
-// allocated once, as the engine allocates them (transparent huge pages), and
-// are far larger than the caches, as the model's are.
+// The lm head: [vocabulary, hidden], blocked in the plan's vocabulary chunks
+// (the last one padded to a whole chunk).
+Shape LmHeadShape(const ModelConfig& c) {
+  const PlanShape p = PlanShape::ForModel(c);
+  return {p.vocab_chunks * p.vocab_chunk_size, c.hidden_size, true, p.vocab_chunk_size};
+}
+
+// Median over reps of the time of a step's linear products: one layer's
+// shapes for m rows, times the number of layers, and the lm head for
+// head_rows rows (none if 0). run(shape, rows, x, w, y) does one product.
+// Each shape has its own weight, allocated once, as the engine allocates
+// them (transparent huge pages): a layer's weights together are far larger
+// than the last-level cache, so each is read from memory, as the model's
+// are (one weight for every shape would let a small one be read from the
+// cache, where a larger one had just left it).
 template <typename Run>
-double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
-  int64_t w_floats = 0, x_floats = 0, y_floats = 0;
-  for (const Shape& s : LinearShapes(c)) {
-    w_floats = std::max<int64_t>(w_floats, int64_t(s.n) * s.k);
-    x_floats = std::max<int64_t>(x_floats, int64_t(m) * s.k);
-    y_floats = std::max<int64_t>(y_floats, int64_t(m) * s.n);
-  }
-  static std::unique_ptr<AlignedFloats> w;
-  if (!w || static_cast<int64_t>(w->size) < w_floats) {
+double StepLinearTime(const ModelConfig& c, int m, int head_rows, int reps, Run run) {
+  std::vector<Shape> shapes = LinearShapes(c);
+  const size_t layer_shapes = shapes.size();
+  if (head_rows > 0) shapes.push_back(LmHeadShape(c));
+  int64_t x_floats = 0, y_floats = 0;
+  static std::vector<std::unique_ptr<AlignedFloats>> weights;
+  weights.resize(std::max(weights.size(), shapes.size()));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    const int rows = i < layer_shapes ? m : head_rows;
+    x_floats = std::max<int64_t>(x_floats, int64_t(rows) * s.k);
+    y_floats = std::max<int64_t>(y_floats, int64_t(rows) * s.n);
+    const int64_t w_floats = int64_t(s.n) * s.k;
+    auto& w = weights[i];
+    if (w && static_cast<int64_t>(w->size) >= w_floats) continue;
     w.reset();
     w = std::make_unique<AlignedFloats>(w_floats);
-    for (int64_t i = 0; i < w_floats; ++i) w->data[i] = 0.25f;  // also 0x3e80 as bf16: 0.25
+    for (int64_t j = 0; j < w_floats; ++j) w->data[j] = 0.25f;  // also 0x3e80 as bf16: 0.25
   }
   std::vector<float> x(x_floats, 0.5f), y(y_floats);
+  auto time = [&](size_t i, int rows) {
+    int64_t t0 = MonotonicNanos();
+    run(shapes[i], rows, x.data(), static_cast<const void*>(weights[i]->data), y.data());
+    return (MonotonicNanos() - t0) * 1e-9;
+  };
   std::vector<double> times;
   for (int r = 0; r < reps + 1; ++r) {
     double total = 0;
-    for (const Shape& s : LinearShapes(c)) {
-      int64_t t0 = MonotonicNanos();
-      run(s, x.data(), static_cast<const void*>(w->data), y.data());
-      total += (MonotonicNanos() - t0) * 1e-9;
-    }
-    if (r > 0) times.push_back(total * c.num_layers);  // the first warms up
+    for (size_t i = 0; i < layer_shapes; ++i) total += time(i, m);
+    total *= c.num_layers;
+    if (head_rows > 0) total += time(layer_shapes, head_rows);
+    if (r > 0) times.push_back(total);  // the first warms up
   }
   return Median(times);
 }
@@ -289,10 +309,11 @@ double LayersTime(const ModelConfig& c, int m, int reps, Run run) {
 // column-blocked (`column_blocked`), as the blocked [n, k] weight that is
 // (one item). The weights are all equal, so the layout changes how they are
 // read, not y.
-double EngineGemmTime(const ModelConfig& c, int m, int threads, DType dtype,
+double EngineGemmTime(const ModelConfig& c, int m, int head_rows, int threads, DType dtype,
                       std::optional<CpuIsa> isa, std::optional<bool> dpbf16, bool column_blocked,
                       int reps) {
-  return LayersTime(c, m, reps, [&](const Shape& s, const float* x, const void* w, float* y) {
+  return StepLinearTime(c, m, head_rows, reps, [&](const Shape& s, int m, const float* x,
+                                                   const void* w, float* y) {
     const bool nt = s.nt || column_blocked;
     cpu::GemmArgs a;
     a.x = x;
@@ -327,7 +348,8 @@ bool ColumnBlocked(DType dtype, std::optional<CpuIsa> isa, std::optional<bool> d
 double LibraryGemmTime(const ModelConfig& c, int m, int threads, bench::LibraryGemm& lib,
                        int reps) {
   lib.SetThreads(threads);
-  return LayersTime(c, m, reps, [&](const Shape& s, const float* x, const void* w, float* y) {
+  return StepLinearTime(c, m, 0, reps, [&](const Shape& s, int m, const float* x, const void* w,
+                                           float* y) {
     lib.Run(s.nt, m, s.n, s.k, x, static_cast<const float*>(w), y);
   });
 }
@@ -499,22 +521,28 @@ int main(int argc, char** argv) {
       const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3));
       const double prefill_s = RunPrefill(**exec, prefill_tokens, 3);
       const bool cb = ColumnBlocked(dtype, isa, dpbf16);
-      const double gemm_b = EngineGemmTime(c, batch, threads, dtype, isa, dpbf16, cb, 3);
-      const double gemm_p = EngineGemmTime(c, prefill_tokens, threads, dtype, isa, dpbf16, cb, 3);
+      // A decode step's lm head takes every row, a prefill's its last.
+      const double gemm_b = EngineGemmTime(c, batch, batch, threads, dtype, isa, dpbf16, cb, 3);
+      const double gemm_p =
+          EngineGemmTime(c, prefill_tokens, 1, threads, dtype, isa, dpbf16, cb, 3);
       const double limit = bw / weight_bytes;  // tokens/s if a step cost only its weight reads
-      // Shares: the engine's whole step against the GEMMs of its linear layers alone.
+      // Shares: the engine's whole step against the GEMMs of its linear
+      // products alone (the layers' and the lm head's).
       // Decode by CPU time only with one thread: more threads' CPU time
       // includes their waiting at barriers.
       char cpu[16] = "-";
       if (threads == 1) std::snprintf(cpu, sizeof(cpu), "%.2f", d1.cpu_tokens_per_s);
-      const double gemm_p_rate = linear_flops_per_token * prefill_tokens / gemm_p;
+      const double head_flops_per_row = 2.0 * LmHeadShape(c).n * c.hidden_size;
+      const double gemm_b_rate = (linear_flops_per_token + head_flops_per_row) * batch / gemm_b;
+      const double gemm_p_rate =
+          (linear_flops_per_token * prefill_tokens + head_flops_per_row) / gemm_p;
       // Of the ceiling of the chain this weight type takes.
       const double peak = dtype == DType::kBF16 ? bf16_peak[ti] : fma_peak[ti];
       char of_peak[16] = "-";
       if (peak > 0) std::snprintf(of_peak, sizeof(of_peak), "%.1f%%", 100.0 * gemm_p_rate / peak);
       std::printf("%-7d %9.1f %9.2f %7.1f%% %9s %9.2f %9.1f %7.1f%% %9.1f %9.1f %7.1f%% %8s\n",
                   threads, bw / 1e9, d1.tokens_per_s, 100.0 * d1.tokens_per_s / limit, cpu,
-                  db.tokens_per_s, linear_flops_per_token * batch / gemm_b / 1e9,
+                  db.tokens_per_s, gemm_b_rate / 1e9,
                   100.0 * gemm_b / db.step_s, prefill_tokens / prefill_s, gemm_p_rate / 1e9,
                   100.0 * gemm_p / prefill_s, of_peak);
     }
@@ -538,7 +566,8 @@ int main(int argc, char** argv) {
   std::printf("\n");
   auto engine_rate = [&](DType t, int m, int threads, int reps) {
     return m * flops_per_row /
-           EngineGemmTime(c, m, threads, t, isa, dpbf16, ColumnBlocked(t, isa, dpbf16), reps) / 1e9;
+           EngineGemmTime(c, m, 0, threads, t, isa, dpbf16, ColumnBlocked(t, isa, dpbf16), reps) /
+           1e9;
   };
   for (int threads : thread_counts) {
     for (int m : {1, batch, prefill_tokens}) {

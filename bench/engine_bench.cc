@@ -312,8 +312,7 @@ double StepLinearTime(const ModelConfig& c, int m, int head_rows, int reps, Run 
 double EngineGemmTime(const ModelConfig& c, int m, int head_rows, int threads, DType dtype,
                       std::optional<CpuIsa> isa, std::optional<bool> dpbf16, bool column_blocked,
                       int reps) {
-  return StepLinearTime(c, m, head_rows, reps, [&](const Shape& s, int m, const float* x,
-                                                   const void* w, float* y) {
+  auto run = [&](const Shape& s, int rows, const float* x, const void* w, float* y) {
     const bool nt = s.nt || column_blocked;
     cpu::GemmArgs a;
     a.x = x;
@@ -324,7 +323,7 @@ double EngineGemmTime(const ModelConfig& c, int m, int head_rows, int threads, D
     a.w_blocked16 = nt;
     a.w_item_rows = s.nt ? s.item_rows : s.n;
     a.nt = nt;
-    a.m = m;
+    a.m = rows;
     a.n = s.n;
     a.k = s.k;
     a.y = y;
@@ -333,7 +332,8 @@ double EngineGemmTime(const ModelConfig& c, int m, int head_rows, int threads, D
     a.isa = isa;
     a.dpbf16 = dpbf16;
     cpu::Gemm(a);
-  });
+  };
+  return StepLinearTime(c, m, head_rows, reps, run);
 }
 
 // Whether a device holds [k, n] weights of `dtype` column-blocked with
@@ -348,10 +348,10 @@ bool ColumnBlocked(DType dtype, std::optional<CpuIsa> isa, std::optional<bool> d
 double LibraryGemmTime(const ModelConfig& c, int m, int threads, bench::LibraryGemm& lib,
                        int reps) {
   lib.SetThreads(threads);
-  return StepLinearTime(c, m, 0, reps, [&](const Shape& s, int m, const float* x, const void* w,
-                                           float* y) {
-    lib.Run(s.nt, m, s.n, s.k, x, static_cast<const float*>(w), y);
-  });
+  auto run = [&](const Shape& s, int rows, const float* x, const void* w, float* y) {
+    lib.Run(s.nt, rows, s.n, s.k, x, static_cast<const float*>(w), y);
+  };
+  return StepLinearTime(c, m, 0, reps, run);
 }
 
 }  // namespace
@@ -542,9 +542,9 @@ int main(int argc, char** argv) {
       if (peak > 0) std::snprintf(of_peak, sizeof(of_peak), "%.1f%%", 100.0 * gemm_p_rate / peak);
       std::printf("%-7d %9.1f %9.2f %7.1f%% %9s %9.2f %9.1f %7.1f%% %9.1f %9.1f %7.1f%% %8s\n",
                   threads, bw / 1e9, d1.tokens_per_s, 100.0 * d1.tokens_per_s / limit, cpu,
-                  db.tokens_per_s, gemm_b_rate / 1e9,
-                  100.0 * gemm_b / db.step_s, prefill_tokens / prefill_s, gemm_p_rate / 1e9,
-                  100.0 * gemm_p / prefill_s, of_peak);
+                  db.tokens_per_s, gemm_b_rate / 1e9, 100.0 * gemm_b / db.step_s,
+                  prefill_tokens / prefill_s, gemm_p_rate / 1e9, 100.0 * gemm_p / prefill_s,
+                  of_peak);
     }
   }
 

@@ -196,7 +196,8 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
     const StepSeq& s = b.seqs[si];
     for (int k = 0; k < n_kv; ++k) {
       const int slot = kv_.Slot(layer, groups[k]);
-      const float* new_kv = kv + static_cast<int64_t>(row0) * ld_kv + static_cast<int64_t>(k) * 2 * hd;
+      const float* new_kv =
+          kv + static_cast<int64_t>(row0) * ld_kv + static_cast<int64_t>(k) * 2 * hd;
       FS_CHECK_MSG(kv_.NumBlocks(s.seq_id, slot) * bs >= s.start_pos + s.num_tokens,
                    "sequence {}: its table does not cover position {}", s.seq_id,
                    s.start_pos + s.num_tokens - 1);

@@ -9,9 +9,9 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
-  static constexpr GemmKernels kernels{kMR,     RunDirect,  RunStream, RunPanel, RunItemPanels,
-                                       nullptr, SiluMulRow, ExpShifted,
-                                       SoftmaxRow};  // no vdpbf16ps here
+  static constexpr GemmKernels kernels{
+      kMR,     RunDirect,  RunStream,  RunPanel,  RunItemPanels,
+      nullptr, SiluMulRow, ExpShifted, SoftmaxRow};  // no vdpbf16ps here
   return kernels;
 }
 

@@ -5,9 +5,9 @@
 namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
-  static constexpr GemmKernels kernels{kMR,     RunDirect,  RunStream, RunPanel, RunItemPanels,
-                                       nullptr, SiluMulRow, ExpShifted,
-                                       SoftmaxRow};  // no vdpbf16ps here
+  static constexpr GemmKernels kernels{
+      kMR,     RunDirect,  RunStream,  RunPanel,  RunItemPanels,
+      nullptr, SiluMulRow, ExpShifted, SoftmaxRow};  // no vdpbf16ps here
   return kernels;
 }
 

@@ -105,6 +105,11 @@ void HttpServer::AddRoute(Route route) {
 }
 int HttpServer::max_connections() const { return impl_->max_connections; }
 
+int64_t HttpServer::body_bytes_in_flight() const {
+  const ServerShared& s = *impl_->shared;
+  return s.options.max_body_bytes_in_flight - s.body_budget.load();
+}
+
 Status HttpServer::Start() {
   Impl& m = *impl_;
   ServerOptions& o = m.shared->options;

@@ -64,6 +64,9 @@ class HttpServer {
   // The connection maximum in force (max_connections, or less to fit the
   // open-file limit).
   int max_connections() const;
+  // Bytes of request bodies the connections hold now (reserved when a
+  // body's headers are read, up to max_body_bytes_in_flight).
+  int64_t body_bytes_in_flight() const;
 
   // Stops accepting (the listening socket closes), closes idle connections,
   // lets requests in flight finish for up to timeout_ms, then stops.

@@ -92,8 +92,9 @@ void PackPairs(const float* xs, uint32_t* words, int64_t n) {
 }
 
 // The bf16 chain's activations (KernelArgs::xs, xw) of a call on this
-// thread: x rounded once, in the chains' slots. Rows are independent: many
-// (a prefill's) are shared out over `threads`.
+// thread: x rounded once, in the chains' slots. Rows are independent: from
+// 2^14 values (8 rows of 2048: batched decode's too) they are shared out
+// over `threads`.
 void RoundActivations(KernelArgs* ka, int threads) {
   thread_local std::vector<float> xs;
   thread_local std::vector<uint32_t> xw;
@@ -121,7 +122,7 @@ void RoundActivations(KernelArgs* ka, int threads) {
       if (a.dpbf16) PackPairs(row, xw_out + static_cast<int64_t>(i) * a.ldxs / 2, a.ldxs / 2);
     }
   };
-  if (threads > 1 && static_cast<int64_t>(a.m) * a.k >= (1 << 16)) {
+  if (threads > 1 && static_cast<int64_t>(a.m) * a.k >= (1 << 14)) {
 #pragma omp parallel num_threads(threads)
     {
       auto [i0, i1] = Piece(a.m, omp_get_num_threads(), omp_get_thread_num());

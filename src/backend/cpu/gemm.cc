@@ -44,58 +44,19 @@ float* Scratch(int64_t floats) {
   return scratch.data();
 }
 
-// An f32's bits rounded to bf16 (the upper half; the lower is zero), on one
-// uint32_t or on a GCC vector of them lane by lane: branch-free. NaN: quiet,
-// with the payload's upper bits; else to nearest, ties to even.
-template <typename U>
-U Bf16Bits(U b) {
-  const U nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
+// An f32's bits rounded to bf16 (the upper half; the lower is zero),
+// branch-free. NaN: quiet, with the payload's upper bits; else to nearest,
+// ties to even. (RoundRowBf16 in gemm_impl.h does the same lane by lane.)
+uint32_t Bf16Bits(uint32_t b) {
+  const uint32_t nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
   return ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;
-}
-
-// dst[i] = RoundToBf16(src[i]), i < n, 16 at a time.
-void RoundRowToBf16(const float* src, float* dst, int n) {
-  typedef uint32_t U16 __attribute__((vector_size(64)));
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    U16 b;
-    std::memcpy(&b, src + i, 64);
-    b = Bf16Bits(b);
-    std::memcpy(dst + i, &b, 64);
-  }
-  for (; i < n; ++i) dst[i] = RoundToBf16(src[i]);
-}
-
-// words[w] = the bf16 of xs[2w] (low half) and of xs[2w + 1] (high half),
-// w < n; xs holds values rounded to bf16 (their low halves are zero). 16
-// words at a time.
-void PackPairs(const float* xs, uint32_t* words, int64_t n) {
-  typedef uint32_t U16 __attribute__((vector_size(64)));
-  int64_t w = 0;
-  for (; w + 16 <= n; w += 16) {
-    U16 lo, hi;
-    std::memcpy(&lo, xs + 2 * w, 64);
-    std::memcpy(&hi, xs + 2 * w + 16, 64);
-    const U16 even =
-        __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const U16 odd =
-        __builtin_shufflevector(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    const U16 packed = (even >> 16) | (odd & 0xffff0000u);
-    std::memcpy(words + w, &packed, 64);
-  }
-  for (; w < n; ++w) {
-    uint32_t even, odd;
-    std::memcpy(&even, &xs[2 * w], 4);
-    std::memcpy(&odd, &xs[2 * w + 1], 4);
-    words[w] = (even >> 16) | (odd & 0xffff0000u);
-  }
 }
 
 // The bf16 chain's activations (KernelArgs::xs, xw) of a call on this
 // thread: x rounded once, in the chains' slots. Rows are independent: from
 // 2^14 values (8 rows of 2048: batched decode's too) they are shared out
 // over `threads`.
-void RoundActivations(KernelArgs* ka, int threads) {
+void RoundActivations(KernelArgs* ka, const GemmKernels& kern, int threads) {
   thread_local std::vector<float> xs;
   thread_local std::vector<uint32_t> xw;
   ka->chain_k = ka->out == GemmOut::kFixedItems ? ka->item_k : ka->k;
@@ -109,17 +70,17 @@ void RoundActivations(KernelArgs* ka, int threads) {
   const KernelArgs& a = *ka;
   float* const xs_out = xs.data();
   uint32_t* const xw_out = xw.data();
-  auto rows = [&a, xs_out, xw_out](int i0, int i1) {
+  auto rows = [&a, &kern, xs_out, xw_out](int i0, int i1) {
     for (int i = i0; i < i1; ++i) {
       const float* x = a.x + static_cast<int64_t>(i) * a.ldx;
       float* row = xs_out + static_cast<int64_t>(i) * a.ldxs;
       for (int c = 0; c < a.k / a.chain_k; ++c) {
         float* dst = row + static_cast<int64_t>(c) * ((a.chain_k + 1) & ~1);
         const float* src = x + static_cast<int64_t>(c) * a.chain_k;
-        RoundRowToBf16(src, dst, a.chain_k);
+        kern.round_bf16(src, dst, a.chain_k);
         if ((a.chain_k & 1) != 0) dst[a.chain_k] = 0.0f;
       }
-      if (a.dpbf16) PackPairs(row, xw_out + static_cast<int64_t>(i) * a.ldxs / 2, a.ldxs / 2);
+      if (a.dpbf16) kern.pack_pairs(row, xw_out + static_cast<int64_t>(i) * a.ldxs / 2, a.ldxs / 2);
     }
   };
   if (threads > 1 && static_cast<int64_t>(a.m) * a.k >= (1 << 14)) {
@@ -250,6 +211,14 @@ void ExpShifted(float* row, int n, float shift, std::optional<CpuIsa> isa) {
   KernelsFor(GemmIsaFor(isa)).exp_shifted(row, n, shift);
 }
 
+void RoundRowToBf16(const float* src, float* dst, int n, std::optional<CpuIsa> isa) {
+  KernelsFor(GemmIsaFor(isa)).round_bf16(src, dst, n);
+}
+
+void PackBf16Pairs(const float* xs, uint32_t* words, int64_t n, std::optional<CpuIsa> isa) {
+  KernelsFor(GemmIsaFor(isa)).pack_pairs(xs, words, n);
+}
+
 void SoftmaxRow(float* row, int width, int lo, int hi, float scale, std::optional<CpuIsa> isa) {
   KernelsFor(GemmIsaFor(isa)).softmax(row, width, lo, hi, scale);
 }
@@ -280,7 +249,7 @@ void Gemm(const GemmArgs& a) {
   }
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
-  if (a.wtype == DType::kBF16) RoundActivations(&ka, threads);
+  if (a.wtype == DType::kBF16) RoundActivations(&ka, kern, threads);
   if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
   // Threads take contiguous ranges of output columns: no element is split.
   if (a.nt && a.m <= kDirectRows) {

@@ -10,8 +10,8 @@ namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
   static constexpr GemmKernels kernels{
-      kMR,     RunDirect,  RunStream,  RunPanel,  RunItemPanels,
-      nullptr, SiluMulRow, ExpShifted, SoftmaxRow};  // no vdpbf16ps here
+      kMR,        RunDirect,  RunStream,  RunPanel,     RunItemPanels, nullptr,
+      SiluMulRow, ExpShifted, SoftmaxRow, RoundRowBf16, PackPairsRow};  // no vdpbf16ps here
   return kernels;
 }
 

@@ -110,9 +110,9 @@ bool Dpbf16MatchesChain() {
 }
 
 const GemmKernels& GemmKernelsAvx512() {
-  static constexpr GemmKernels kernels{kMR,        RunDirect,     RunStream,
-                                       RunPanel,   RunItemPanels, RunColumnPanels,
-                                       SiluMulRow, ExpShifted,    SoftmaxRow};
+  static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,   RunPanel,
+                                       RunItemPanels, RunColumnPanels, SiluMulRow,  ExpShifted,
+                                       SoftmaxRow,    RoundRowBf16,    PackPairsRow};
   return kernels;
 }
 

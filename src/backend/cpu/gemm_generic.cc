@@ -6,8 +6,8 @@ namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsGeneric() {
   static constexpr GemmKernels kernels{
-      kMR,     RunDirect,  RunStream,  RunPanel,  RunItemPanels,
-      nullptr, SiluMulRow, ExpShifted, SoftmaxRow};  // no vdpbf16ps here
+      kMR,        RunDirect,  RunStream,  RunPanel,     RunItemPanels, nullptr,
+      SiluMulRow, ExpShifted, SoftmaxRow, RoundRowBf16, PackPairsRow};  // no vdpbf16ps here
   return kernels;
 }
 

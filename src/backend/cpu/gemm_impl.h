@@ -1282,6 +1282,47 @@ void ExpShifted(float* row, int n, float shift) {
   }
 }
 
+// RoundActivations' two passes at the level's width, in integer operations,
+// so every level gives the same bits. dst[i] = RoundToBf16(src[i]), i < n,
+// 16 at a time.
+void RoundRowBf16(const float* src, float* dst, int n) {
+  typedef uint32_t U16 __attribute__((vector_size(64)));
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    U16 b;
+    std::memcpy(&b, src + i, 64);
+    const U16 nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
+    b = ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;  // as RoundToBf16
+    std::memcpy(dst + i, &b, 64);
+  }
+  for (; i < n; ++i) dst[i] = RoundToBf16(src[i]);
+}
+
+// words[w] = the bf16 of xs[2w] (low half) and of xs[2w + 1] (high half),
+// w < n; xs holds values rounded to bf16 (their low halves are zero). 16
+// words at a time.
+void PackPairsRow(const float* xs, uint32_t* words, int64_t n) {
+  typedef uint32_t U16 __attribute__((vector_size(64)));
+  int64_t w = 0;
+  for (; w + 16 <= n; w += 16) {
+    U16 lo, hi;
+    std::memcpy(&lo, xs + 2 * w, 64);
+    std::memcpy(&hi, xs + 2 * w + 16, 64);
+    const U16 even =
+        __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const U16 odd =
+        __builtin_shufflevector(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const U16 packed = (even >> 16) | (odd & 0xffff0000u);
+    std::memcpy(words + w, &packed, 64);
+  }
+  for (; w < n; ++w) {
+    uint32_t even, odd;
+    std::memcpy(&even, &xs[2 * w], 4);
+    std::memcpy(&odd, &xs[2 * w + 1], 4);
+    words[w] = (even >> 16) | (odd & 0xffff0000u);
+  }
+}
+
 // Lanes [0, count) of a vector: true (all ones), the others 0.
 FS_INLINE I16 FirstLanes(int count) {
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};

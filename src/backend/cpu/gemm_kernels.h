@@ -109,6 +109,11 @@ struct GemmKernels {
   void (*exp_shifted)(float* row, int n, float shift);
   // Softmax of row[lo, hi] times scale, in place (SoftmaxRow in kernels.h).
   void (*softmax)(float* row, int width, int lo, int hi, float scale);
+  // dst[i] = RoundToBf16(src[i]) for i < n.
+  void (*round_bf16)(const float* src, float* dst, int n);
+  // words[w] = the bf16 of xs[2w] (low half) and of xs[2w + 1] (high half),
+  // w < n, from xs rounded to bf16 (KernelArgs::xw from xs).
+  void (*pack_pairs)(const float* xs, uint32_t* words, int64_t n);
 };
 
 inline constexpr int64_t StreamScratchFloats() {

@@ -595,6 +595,41 @@ TEST(ExpLevels, EveryLevelComputesTheSameExpWithin2Ulp) {
   }
 }
 
+// Rounding activations to bf16 at every level: as RoundToBf16 bit for bit
+// (ties to even, NaN quiet with its payload's upper bits, overflow to
+// infinity, subnormals rounded like the rest), and the pairs packed from it.
+TEST(RoundLevels, EveryLevelRoundsAsRoundToBf16AndPacksThePairs) {
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f7fffffu,
+                                0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7f800001u, 0xff812345u,
+                                0x7fc00000u, 0x00008000u, 0x00018000u, 0x807fffffu, 0x80000000u,
+                                0x00000000u, 0x00000001u};
+  Rng r(31);
+  for (int i = 0; i < 3000; ++i)
+    bits.push_back(static_cast<uint32_t>(r.Below(1u << 31)) * 2 + (i & 1));
+  std::vector<float> x(bits.size());
+  std::memcpy(x.data(), bits.data(), 4 * bits.size());
+  const int n = static_cast<int>(x.size()) - 1;  // odd: a tail past the vectors
+  for (CpuIsa isa : Levels()) {
+    std::vector<float> xs(n + 1, 0.0f);
+    RoundRowToBf16(x.data(), xs.data(), n, isa);
+    for (int i = 0; i < n; ++i) {
+      const float want = RoundToBf16(x[i]);
+      uint32_t a, b;
+      std::memcpy(&a, &want, 4);
+      std::memcpy(&b, &xs[i], 4);
+      ASSERT_EQ(a, b) << CpuIsaName(isa) << " bits " << std::hex << bits[i];
+    }
+    std::vector<uint32_t> words((n + 1) / 2);
+    PackBf16Pairs(xs.data(), words.data(), static_cast<int64_t>(words.size()), isa);
+    for (size_t w = 0; w < words.size(); ++w) {
+      uint32_t even, odd;
+      std::memcpy(&even, &xs[2 * w], 4);
+      std::memcpy(&odd, &xs[2 * w + 1], 4);
+      ASSERT_EQ(words[w], (even >> 16) | (odd & 0xffff0000u)) << CpuIsaName(isa) << " word " << w;
+    }
+  }
+}
+
 // Attention's softmax: within a few ulp of the exact one; the same bits on
 // every level; and a query's terms give the same bits wherever [lo, hi]
 // lies in the row (a decode's row starts at its first key, a prefill tile's

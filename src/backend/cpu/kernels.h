@@ -35,6 +35,11 @@ void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa);
 // whose bits are the same on every level.
 void SiluMulRow(const float* g, const float* u, float* out, int n, std::optional<CpuIsa> isa);
 void ExpShifted(float* row, int n, float shift, std::optional<CpuIsa> isa);
+// The bf16 chain's activations at a level (what Gemm rounds x into):
+// dst[i] = RoundToBf16(src[i]), i < n; and words[w] = the bf16 of xs[2w]
+// (low half) and of xs[2w + 1] (high half), w < n, from xs so rounded.
+void RoundRowToBf16(const float* src, float* dst, int n, std::optional<CpuIsa> isa);
+void PackBf16Pairs(const float* xs, uint32_t* words, int64_t n, std::optional<CpuIsa> isa);
 // Softmax of row[lo, hi] times scale, in place; the rest of row[0, width)
 // exact zeros. The terms are added in 16 lanes by their place from lo, the
 // lanes then in a fixed tree: the same bits on every level, and for a query

@@ -75,20 +75,19 @@ struct AttentionArgs {
   int64_t ldo = 0;
   int num_tokens = 0;
   int start_pos = 0;   // position of the first query token; it attends to [0, start_pos + t]
-  int group_size = 1;  // query heads sharing this KV head
+  int group_size = 1;  // query heads sharing this KV head (0: new_kv stored, nothing attended)
   int head_dim = 0;
   // Paged KV of this (sequence, layer, KV head): page i holds positions
   // [i * block_size, (i + 1) * block_size) as K [block_size, head_dim] followed by
-  // V [block_size, head_dim]. Positions < start_pos + num_tokens must be written.
-  const float* const* pages = nullptr;
+  // V [block_size, head_dim]. Positions < start_pos + num_tokens must be
+  // written, or be the tokens' own (new_kv).
+  float* const* pages = nullptr;
   // Optional, this step's keys and values, stored into the pages before
   // attending: token t's key at new_kv + t * ld_new_kv and its value
-  // head_dim after it. store_pages: the same pages as `pages`, writable.
-  // Each problem stores its own, so a step's stores share out over the
-  // threads with the problems.
+  // head_dim after it. Each problem stores its own, so a step's stores
+  // share out over the threads with the problems.
   const float* new_kv = nullptr;
   int64_t ld_new_kv = 0;
-  float* const* store_pages = nullptr;
   int block_size = 0;
   int sliding_window = 0;  // 0: full causal attention
   float scale = 1.0f;

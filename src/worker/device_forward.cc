@@ -189,33 +189,20 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
                  queries[i]);
     if (count[k]++ == 0) first[k] = i;
   }
-  // 3) K and V into the cache; 4) attention problems.
+  // 3) Attention problems, each storing its tokens' K and V into the cache
+  // first (a group held without query heads only stores).
   problems_.clear();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (auto [si, row0] : hr.seqs) {
     const StepSeq& s = b.seqs[si];
     for (int k = 0; k < n_kv; ++k) {
       const int slot = kv_.Slot(layer, groups[k]);
-      const float* new_kv =
-          kv + static_cast<int64_t>(row0) * ld_kv + static_cast<int64_t>(k) * 2 * hd;
       FS_CHECK_MSG(kv_.NumBlocks(s.seq_id, slot) * bs >= s.start_pos + s.num_tokens,
                    "sequence {}: its table does not cover position {}", s.seq_id,
                    s.start_pos + s.num_tokens - 1);
-      if (count[k] == 0) {
-        // No query head here: store the keys and values alone.
-        for (int i = 0; i < s.num_tokens; ++i) {
-          const int p = s.start_pos + i;
-          float* page = kv_.Page(s.seq_id, slot, p / bs);
-          const float* src = new_kv + static_cast<int64_t>(i) * ld_kv;
-          std::memcpy(page + (p % bs) * hd, src, sizeof(float) * hd);
-          std::memcpy(page + (bs + p % bs) * hd, src + hd, sizeof(float) * hd);
-        }
-        continue;
-      }
       AttentionArgs a;
-      a.new_kv = new_kv;
+      a.new_kv = kv + static_cast<int64_t>(row0) * ld_kv + static_cast<int64_t>(k) * 2 * hd;
       a.ld_new_kv = ld_kv;
-      a.store_pages = kv_.StorePages(s.seq_id, slot);
       a.q = q + static_cast<int64_t>(row0) * ld_q + static_cast<int64_t>(first[k]) * hd;
       a.ldq = ld_q;
       a.out = attn + static_cast<int64_t>(row0) * ld_q + static_cast<int64_t>(first[k]) * hd;

@@ -96,14 +96,7 @@ Status KvCache::AddBlocks(int64_t seq, const std::vector<int>& slots, int first_
   return Status::Ok();
 }
 
-const float* const* KvCache::Pages(int64_t seq, int slot) const {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end() || it->second.pointers.empty() || it->second.pointers[slot].empty())
-    return nullptr;
-  return it->second.pointers[slot].data();
-}
-
-float* const* KvCache::StorePages(int64_t seq, int slot) {
+float* const* KvCache::Pages(int64_t seq, int slot) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || it->second.pointers.empty() || it->second.pointers[slot].empty())
     return nullptr;

@@ -56,9 +56,7 @@ class KvCache {
   // Leading blocks of the sequence's table that are shared (read-only).
   int SharedBlocks(int64_t seq) const;
   // Pages of one slot (one per block), or nullptr if the slot holds none.
-  const float* const* Pages(int64_t seq, int slot) const;
-  // The same pages, writable, or nullptr.
-  float* const* StorePages(int64_t seq, int slot);
+  float* const* Pages(int64_t seq, int slot) const;
   // The page of a block the table covers (the caller checked NumBlocks).
   float* Page(int64_t seq, int slot, int block);
   int NumBlocks(int64_t seq, int slot) const;

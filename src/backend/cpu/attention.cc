@@ -76,12 +76,13 @@ void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
   if (a.new_kv != nullptr) {
     for (int t = 0; t < a.num_tokens; ++t) {
       const int p = a.start_pos + t;
-      float* page = a.store_pages[p / bs];
+      float* page = a.pages[p / bs];
       const float* src = a.new_kv + static_cast<int64_t>(t) * a.ld_new_kv;
       std::memcpy(page + (p % bs) * hd, src, sizeof(float) * hd);
       std::memcpy(page + (bs + p % bs) * hd, src + hd, sizeof(float) * hd);
     }
   }
+  if (g == 0) return;
   thread_local std::vector<const float*> keys, values;
   for (int t0 = 0; t0 < a.num_tokens; t0 += kQueryTile) {
     const int rows = std::min(kQueryTile, a.num_tokens - t0);

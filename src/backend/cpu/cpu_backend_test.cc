@@ -181,16 +181,27 @@ TEST_P(AttentionTest, MatchesNaive) {
   auto v = Random(static_cast<size_t>(end) * hd, 5);
   const int ldq = g * hd + 8;
   auto q = Random(static_cast<size_t>(tokens) * ldq, 6);
-  // Scatter K and V into pages in reverse order, to check the page table is used.
+  // Scatter the earlier positions' K and V into pages in reverse order, to
+  // check the page table is used; the tokens' own come as new_kv (each
+  // row its key, its value, then padding), which attention stores first.
   const int blocks = (end + bs - 1) / bs;
   std::vector<std::vector<float>> store(blocks, std::vector<float>(2 * bs * hd, 0.0f));
-  std::vector<const float*> pages(blocks);
+  std::vector<float*> pages(blocks);
   for (int b = 0; b < blocks; ++b) pages[b] = store[blocks - 1 - b].data();
-  for (int p = 0; p < end; ++p) {
-    float* page = const_cast<float*>(pages[p / bs]);
-    std::copy_n(&k[p * hd], hd, page + (p % bs) * hd);
-    std::copy_n(&v[p * hd], hd, page + (bs + p % bs) * hd);
+  for (int p = 0; p < start; ++p) {
+    std::copy_n(&k[p * hd], hd, pages[p / bs] + (p % bs) * hd);
+    std::copy_n(&v[p * hd], hd, pages[p / bs] + (bs + p % bs) * hd);
   }
+  const int ld_new = 2 * hd + 5;
+  std::vector<float> new_kv(static_cast<size_t>(tokens) * ld_new, 0.0f);
+  for (int t = 0; t < tokens; ++t) {
+    std::copy_n(&k[(start + t) * hd], hd, &new_kv[t * ld_new]);
+    std::copy_n(&v[(start + t) * hd], hd, &new_kv[t * ld_new + hd]);
+  }
+  // A group held without query heads: its problem only stores.
+  std::vector<std::vector<float>> other(blocks, std::vector<float>(2 * bs * hd, 0.0f));
+  std::vector<float*> other_pages(blocks);
+  for (int b = 0; b < blocks; ++b) other_pages[b] = other[b].data();
   std::vector<float> out(static_cast<size_t>(tokens) * g * hd, -1.0f);
   AttentionArgs a;
   a.q = q.data();
@@ -202,13 +213,27 @@ TEST_P(AttentionTest, MatchesNaive) {
   a.group_size = g;
   a.head_dim = hd;
   a.pages = pages.data();
+  a.new_kv = new_kv.data();
+  a.ld_new_kv = ld_new;
   a.block_size = bs;
   a.sliding_window = window;
   a.scale = 1.0f / std::sqrt(float(hd));
+  AttentionArgs only_store = a;
+  only_store.group_size = 0;
+  only_store.q = nullptr;
+  only_store.out = nullptr;
+  only_store.pages = other_pages.data();
   auto be = MakeCpuBackend(threads);
-  be->Attention({a});
+  be->Attention({a, only_store});
   auto want = NaiveAttention(q, ldq, k, v, start, tokens, g, hd, window);
   EXPECT_LT(MaxRelErr(out, want), 1e-5);
+  for (int p = 0; p < end; ++p) {
+    const float* page = other_pages[p / bs];
+    for (int i = 0; i < hd; ++i) {
+      ASSERT_EQ(page[(p % bs) * hd + i], p < start ? 0.0f : k[p * hd + i]) << p;
+      ASSERT_EQ(page[(bs + p % bs) * hd + i], p < start ? 0.0f : v[p * hd + i]) << p;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
@@ -226,7 +251,7 @@ TEST(Attention, AQueryGetsTheSameOutputWhateverItsChunk) {
     auto q = Random(static_cast<size_t>(total) * g * hd, 33);
     const int blocks = (total + bs - 1) / bs;
     std::vector<std::vector<float>> store(blocks, std::vector<float>(2 * bs * hd));
-    std::vector<const float*> pages(blocks);
+    std::vector<float*> pages(blocks);
     for (int b = 0; b < blocks; ++b) pages[b] = store[b].data();
     for (int p = 0; p < total; ++p) {
       std::copy_n(&k[p * hd], hd, store[p / bs].data() + (p % bs) * hd);

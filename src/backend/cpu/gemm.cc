@@ -13,6 +13,7 @@
 
 #include "backend/cpu/gemm_kernels.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd.h"
 #include "common/check.h"
 #include "common/fixed_point.h"
 
@@ -42,14 +43,6 @@ float* Scratch(int64_t floats) {
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
   return scratch.data();
-}
-
-// An f32's bits rounded to bf16 (the upper half; the lower is zero),
-// branch-free. NaN: quiet, with the payload's upper bits; else to nearest,
-// ties to even. (RoundRowBf16 in gemm_impl.h does the same lane by lane.)
-uint32_t Bf16Bits(uint32_t b) {
-  const uint32_t nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
-  return ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;
 }
 
 // The bf16 chain's activations (KernelArgs::xs, xw) of a call on this

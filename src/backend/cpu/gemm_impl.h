@@ -1291,8 +1291,7 @@ void RoundRowBf16(const float* src, float* dst, int n) {
   for (; i + 16 <= n; i += 16) {
     U16 b;
     std::memcpy(&b, src + i, 64);
-    const U16 nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
-    b = ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;  // as RoundToBf16
+    b = Bf16Bits(b);
     std::memcpy(dst + i, &b, 64);
   }
   for (; i < n; ++i) dst[i] = RoundToBf16(src[i]);

@@ -38,6 +38,15 @@ inline V16 Load(const float* p) {
   return v;
 }
 inline void Store(float* p, V16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+
+// An f32's bits rounded to bf16 (the upper half; the lower is zero), on one
+// uint32_t or on a GCC vector of them lane by lane: branch-free. NaN: quiet,
+// with the payload's upper bits; else to nearest, ties to even.
+template <typename U>
+inline U Bf16Bits(U b) {
+  const U nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
+  return ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;
+}
 inline V16 Splat(float x) { return V16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 // 16-bit weights, widened exactly to f32 in registers.

@@ -1341,13 +1341,9 @@ void SoftmaxRow(float* row, int width, int lo, int hi, float scale) {
   }
   float mx = -__builtin_inff();
   for (int j = 0; j < 16; ++j) mx = std::max(mx, top[j]);
+  ExpShifted(r, n, mx);
   V16 lanes{};
-  for (int i = 0; i < n; i += 16) {
-    const int c = std::min(16, n - i);
-    const V16 e = FirstLanes(c) ? Exp(LoadPart(r + i, c) - Splat(mx)) : V16{};
-    StorePart(r + i, e, c);
-    lanes += e;
-  }
+  for (int i = 0; i < n; i += 16) lanes += LoadPart(r + i, std::min(16, n - i));
   for (int half = 8; half >= 1; half /= 2) {
     for (int j = 0; j < half; ++j) lanes[j] += lanes[j + half];
   }

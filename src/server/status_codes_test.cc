@@ -210,7 +210,8 @@ TEST(StatusCodes, BodiesInFlightAreBounded) {
   ASSERT_TRUE(b.Send(request.substr(0, head + 100)));
   // Both bodies reserved before a third comes: else the third could take
   // a's place, and a, not it, would get 429.
-  ASSERT_GE(WaitFor([&] { return s.server->body_bytes_in_flight() == 120 << 10; }, 10000), 0);
+  const int64_t held = 2 * static_cast<int64_t>(body.size());
+  ASSERT_GE(WaitFor([&] { return s.server->body_bytes_in_flight() == held; }, 10000), 0);
   EXPECT_GE(WaitFor([&] { return Exchange(s.port(), request).status == 429; }, 10000), 0);
   ASSERT_TRUE(a.Send(request.substr(head + 100)));  // one body completes and is answered
   EXPECT_EQ(a.Read().status, 200);

@@ -234,28 +234,31 @@ double RunPrefill(Executor& exec, int tokens, int reps) {
   return Median(times);
 }
 
-// The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down,
-// and the rows of the items the engine holds [n, k] weights blocked in
-// (worker/item_matrix.h: heads, FFN shards; 0: row-major).
+// The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down;
+// the rows of the items the engine holds [n, k] weights blocked in
+// (worker/item_matrix.h: heads, FFN shards; 0: row-major); and the k-values
+// of the fixed-point items the engine sums [k, n] products in (one per query
+// head, one per FFN shard; 0 for nt).
 struct Shape {
   int n, k;
   bool nt;
   int item_rows;
+  int item_k;
 };
 std::vector<Shape> LinearShapes(const ModelConfig& c) {
   const int g = c.group_size(), hd = c.head_dim, h = c.hidden_size;
   const int shard_width = PlanShape::ForModel(c).shard_width;
-  return {{c.num_kv_heads * (g + 2) * hd, h, true, hd},
-          {h, c.q_dim(), false, 0},
-          {2 * c.intermediate_size, h, true, 2 * shard_width},
-          {h, c.intermediate_size, false, 0}};
+  return {{c.num_kv_heads * (g + 2) * hd, h, true, hd, 0},
+          {h, c.q_dim(), false, 0, hd},
+          {2 * c.intermediate_size, h, true, 2 * shard_width, 0},
+          {h, c.intermediate_size, false, 0, shard_width}};
 }
 
 // The lm head: [vocabulary, hidden], blocked in the plan's vocabulary chunks
 // (the last one padded to a whole chunk).
 Shape LmHeadShape(const ModelConfig& c) {
   const PlanShape p = PlanShape::ForModel(c);
-  return {p.vocab_chunks * p.vocab_chunk_size, c.hidden_size, true, p.vocab_chunk_size};
+  return {p.vocab_chunks * p.vocab_chunk_size, c.hidden_size, true, p.vocab_chunk_size, 0};
 }
 
 // Median over reps of the time of a step's linear products: one layer's
@@ -303,16 +306,43 @@ double StepLinearTime(const ModelConfig& c, int m, int head_rows, int reps, Run 
   return Median(times);
 }
 
-// The engine's own GEMM on the layers' shapes (weights of `dtype`) as plain
-// products, each weight in the layout the engine holds it in: [n, k] ones
-// blocked (Shape), [k, n] ones row-major, or where the backend holds those
-// column-blocked (`column_blocked`), as the blocked [n, k] weight that is
-// (one item). The weights are all equal, so the layout changes how they are
-// read, not y.
+// The engine's own GEMM on the layers' shapes (weights of `dtype`), each
+// weight in the layout the engine holds it in: [n, k] ones blocked (Shape),
+// [k, n] ones row-major or where the backend holds those column-blocked
+// (`column_blocked`). As plain products (`items` false: a column-blocked
+// [k, n] weight as the blocked [n, k] weight that is, one item), as a
+// library would compute them; or with the [k, n] products in the exact
+// fixed-point items the step sums them in (`items`), as the step calls
+// them. The weights are all equal, so the layout changes how they are read,
+// not y.
 double EngineGemmTime(const ModelConfig& c, int m, int head_rows, int threads, DType dtype,
                       std::optional<CpuIsa> isa, std::optional<bool> dpbf16, bool column_blocked,
-                      int reps) {
+                      int reps, bool items = false) {
+  std::vector<int64_t> acc;
   auto run = [&](const Shape& s, int rows, const float* x, const void* w, float* y) {
+    if (items && !s.nt) {
+      acc.resize(std::max(acc.size(), static_cast<size_t>(rows) * s.n));
+      cpu::GemmArgs a;
+      a.x = x;
+      a.ldx = s.k;
+      a.w = w;
+      a.wtype = dtype;
+      a.ldw = s.n;
+      a.w_blocked16 = column_blocked;
+      a.nt = false;
+      a.m = rows;
+      a.n = s.n;
+      a.k = s.k;
+      a.out = cpu::GemmOut::kFixedItems;
+      a.acc = acc.data();
+      a.ldacc = s.n;
+      a.item_k = s.item_k;
+      a.threads = threads;
+      a.isa = isa;
+      a.dpbf16 = dpbf16;
+      cpu::Gemm(a);
+      return;
+    }
     const bool nt = s.nt || column_blocked;
     cpu::GemmArgs a;
     a.x = x;
@@ -492,6 +522,9 @@ int main(int argc, char** argv) {
                 "GEMM pre", "of GEMM", "of peak");
     std::printf("%-7s %9s %9s %8s %9s %9s %9s %8s %9s %9s %8s %8s\n", "", "GB/s", "tok/s", "limit",
                 "tok/s", "tok/s", "GFLOP/s", "", "tok/s", "GFLOP/s", "", "(chain)");
+    std::printf(
+        "(GEMM: the step's linear products as plain products; the \"items\" line below each:\n"
+        " the same with o and down in the exact fixed-point items the step sums them in)\n");
     for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
       const int threads = thread_counts[ti];
       LocalExecutorOptions eo;
@@ -525,6 +558,12 @@ int main(int argc, char** argv) {
       const double gemm_b = EngineGemmTime(c, batch, batch, threads, dtype, isa, dpbf16, cb, 3);
       const double gemm_p =
           EngineGemmTime(c, prefill_tokens, 1, threads, dtype, isa, dpbf16, cb, 3);
+      // The same products as the step calls them: o and down in exact
+      // fixed-point items.
+      const double items_b =
+          EngineGemmTime(c, batch, batch, threads, dtype, isa, dpbf16, cb, 3, true);
+      const double items_p =
+          EngineGemmTime(c, prefill_tokens, 1, threads, dtype, isa, dpbf16, cb, 3, true);
       const double limit = bw / weight_bytes;  // tokens/s if a step cost only its weight reads
       // Shares: the engine's whole step against the GEMMs of its linear
       // products alone (the layers' and the lm head's).
@@ -545,6 +584,10 @@ int main(int argc, char** argv) {
                   db.tokens_per_s, gemm_b_rate / 1e9, 100.0 * gemm_b / db.step_s,
                   prefill_tokens / prefill_s, gemm_p_rate / 1e9, 100.0 * gemm_p / prefill_s,
                   of_peak);
+      std::printf("%-7s %9s %9s %8s %9s %9s %9.1f %7.1f%% %9s %9.1f %7.1f%% %8s\n", "  items",
+                  "", "", "", "", "", gemm_b_rate * gemm_b / items_b / 1e9,
+                  100.0 * items_b / db.step_s, "", gemm_p_rate * gemm_p / items_p / 1e9,
+                  100.0 * items_p / prefill_s, "");
     }
   }
 

@@ -584,10 +584,9 @@ int main(int argc, char** argv) {
                   db.tokens_per_s, gemm_b_rate / 1e9, 100.0 * gemm_b / db.step_s,
                   prefill_tokens / prefill_s, gemm_p_rate / 1e9, 100.0 * gemm_p / prefill_s,
                   of_peak);
-      std::printf("%-7s %9s %9s %8s %9s %9s %9.1f %7.1f%% %9s %9.1f %7.1f%% %8s\n", "  items",
-                  "", "", "", "", "", gemm_b_rate * gemm_b / items_b / 1e9,
-                  100.0 * items_b / db.step_s, "", gemm_p_rate * gemm_p / items_p / 1e9,
-                  100.0 * items_p / prefill_s, "");
+      std::printf("%-7s %9s %9s %8s %9s %9s %9.1f %7.1f%% %9s %9.1f %7.1f%% %8s\n", "  items", "",
+                  "", "", "", "", gemm_b_rate * gemm_b / items_b / 1e9, 100.0 * items_b / db.step_s,
+                  "", gemm_p_rate * gemm_p / items_p / 1e9, 100.0 * items_p / prefill_s, "");
     }
   }
 

@@ -125,6 +125,21 @@ inline void StartAccumulators(const KernelArgs& a, int j0, int cols, V16* acc) {
   }
 }
 
+// Rows given by pointers (GemmArgs::w_rows: attention's keys and values in
+// their pages) lie in short runs far apart, which the hardware prefetchers
+// do not follow: each read waited on memory. The kernels ask for the rows
+// this far ahead, whole (decode attention over a 512-position context,
+// failsafe_bench_attention: 1.3-1.5x; docs/CPU_PERFORMANCE.md).
+inline constexpr int kRowsAheadNT = 32;  // two blocks of 16 keys
+inline constexpr int kRowsAheadNN = 16;  // two groups of 8 values
+template <typename W>
+FS_INLINE void PrefetchRows(const KernelArgs& a, int r0, int r1, int c0, int64_t bytes) {
+  for (int r = r0; r < r1; ++r) {
+    const char* row = reinterpret_cast<const char*>(WRow<W>(a, r) + c0);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+  }
+}
+
 template <int MR, typename W>
 void DirectNT(const KernelArgs& a, int j0, int cols) {
   V16 acc[MR];
@@ -132,6 +147,10 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
   float tmp[16];
   const W* wr[16];
   for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
+  if (a.w_rows) {
+    PrefetchRows<W>(a, std::min(a.n, j0 + kRowsAheadNT), std::min(a.n, j0 + kRowsAheadNT + 16), 0,
+                    static_cast<int64_t>(a.k * sizeof(W)));
+  }
   int kb = 0;
   if constexpr (kPairs<W>) {
     // bf16: 32 k-values of each row at a time, as 16 lanes of two; the
@@ -515,6 +534,10 @@ void StreamNN(const KernelArgs& a, int c0, int cols, float* scratch) {
     const int r = std::min({8, a.k - kk, item - kk % item});
     const W* wr[8];
     for (int q = 0; q < r; ++q) wr[q] = WRow<W>(a, kk + q) + c0;
+    if (a.w_rows) {
+      PrefetchRows<W>(a, std::min(a.k, kk + kRowsAheadNN), std::min(a.k, kk + kRowsAheadNN + r), c0,
+                      static_cast<int64_t>(cols * sizeof(W)));
+    }
     if constexpr (kPairs<W>) {
       // The bf16 chain: groups start at a pair (8 at a time from a chain's
       // start), so an odd r ends a chain.

@@ -320,47 +320,34 @@ double EngineGemmTime(const ModelConfig& c, int m, int head_rows, int threads, D
                       int reps, bool items = false) {
   std::vector<int64_t> acc;
   auto run = [&](const Shape& s, int rows, const float* x, const void* w, float* y) {
-    if (items && !s.nt) {
-      acc.resize(std::max(acc.size(), static_cast<size_t>(rows) * s.n));
-      cpu::GemmArgs a;
-      a.x = x;
-      a.ldx = s.k;
-      a.w = w;
-      a.wtype = dtype;
-      a.ldw = s.n;
-      a.w_blocked16 = column_blocked;
-      a.nt = false;
-      a.m = rows;
-      a.n = s.n;
-      a.k = s.k;
-      a.out = cpu::GemmOut::kFixedItems;
-      a.acc = acc.data();
-      a.ldacc = s.n;
-      a.item_k = s.item_k;
-      a.threads = threads;
-      a.isa = isa;
-      a.dpbf16 = dpbf16;
-      cpu::Gemm(a);
-      return;
-    }
-    const bool nt = s.nt || column_blocked;
     cpu::GemmArgs a;
     a.x = x;
     a.ldx = s.k;
     a.w = w;
     a.wtype = dtype;
-    a.ldw = nt ? s.k : s.n;
-    a.w_blocked16 = nt;
-    a.w_item_rows = s.nt ? s.item_rows : s.n;
-    a.nt = nt;
     a.m = rows;
     a.n = s.n;
     a.k = s.k;
-    a.y = y;
-    a.ldy = s.n;
     a.threads = threads;
     a.isa = isa;
     a.dpbf16 = dpbf16;
+    if (items && !s.nt) {  // [k, n], as the step calls it
+      acc.resize(std::max(acc.size(), static_cast<size_t>(rows) * s.n));
+      a.nt = false;
+      a.ldw = s.n;
+      a.w_blocked16 = column_blocked;
+      a.out = cpu::GemmOut::kFixedItems;
+      a.acc = acc.data();
+      a.ldacc = s.n;
+      a.item_k = s.item_k;
+    } else {
+      a.nt = s.nt || column_blocked;
+      a.ldw = a.nt ? s.k : s.n;
+      a.w_blocked16 = a.nt;
+      a.w_item_rows = s.nt ? s.item_rows : s.n;
+      a.y = y;
+      a.ldy = s.n;
+    }
     cpu::Gemm(a);
   };
   return StepLinearTime(c, m, head_rows, reps, run);

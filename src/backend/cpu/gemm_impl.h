@@ -129,7 +129,8 @@ inline void StartAccumulators(const KernelArgs& a, int j0, int cols, V16* acc) {
 // their pages) lie in short runs far apart, which the hardware prefetchers
 // do not follow: each read waited on memory. The kernels ask for the rows
 // this far ahead, whole (decode attention over a 512-position context,
-// failsafe_bench_attention: 1.3-1.5x; docs/CPU_PERFORMANCE.md).
+// failsafe_bench_attention: 1.3-1.9x on one thread, 1.5-1.6x on two;
+// docs/CPU_PERFORMANCE.md).
 inline constexpr int kRowsAheadNT = 32;  // two blocks of 16 keys
 inline constexpr int kRowsAheadNN = 16;  // two groups of 8 values
 template <typename W>

@@ -1,7 +1,8 @@
 // Gemm's dispatcher: picks the instruction-set level's kernels
-// (gemm_kernels.h), splits the work over threads (whole column ranges, so no
-// element is split; or, for fixed-point sums with few rows, whole items) and
-// owns the per-thread scratch. Built for any x86-64.
+// (gemm_kernels.h), shares the work out over threads (units of whole
+// columns, so no element is split; or, for fixed-point sums with few rows,
+// whole items; a faster thread taking over a slower one's tail,
+// unit_shares.h) and owns the per-thread scratch. Built for any x86-64.
 #include "backend/cpu/gemm.h"
 
 #include <omp.h>
@@ -14,6 +15,7 @@
 #include "backend/cpu/gemm_kernels.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd.h"
+#include "backend/cpu/unit_shares.h"
 #include "common/check.h"
 #include "common/fixed_point.h"
 
@@ -101,6 +103,7 @@ void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
   if (static_cast<int64_t>(partials.size()) < (threads - 1) * sums)
     partials.resize((threads - 1) * sums);
   int64_t* const others = partials.data();
+  UnitShares shares(items, threads);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -110,8 +113,7 @@ void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
       mine.ldacc = a.n;
       std::memset(mine.acc, 0, sizeof(int64_t) * sums);
     }
-    const auto [i0, i1] = Piece(items, nt, t);
-    if (i0 < i1) work(ItemsCut(mine, i0, i1 - i0));
+    shares.Run(t, [&](int i0, int i1) { work(ItemsCut(mine, i0, i1 - i0)); });
 #pragma omp barrier
     const auto [c0, c1] = Piece(a.n, nt, t);
     for (int i = 0; i < a.m; ++i) {
@@ -156,11 +158,13 @@ void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int thread
     }
   };
   if (threads == 1) return run(0, units);
+  // Few rows: each item's part of a chunk is one run of memory, as long as
+  // the chunk (a 16-column unit of an FFN shard's item: 1.4 KB of bf16), so
+  // a piece is taken whole (in eighths: bf16 decode's down projection at
+  // batch 1, 0.62-0.64x).
+  UnitShares shares(units, threads, direct ? 1 : kUnitShareTakes);
 #pragma omp parallel num_threads(threads)
-  {
-    auto [u0, u1] = Piece(units, omp_get_num_threads(), omp_get_thread_num());
-    if (u0 < u1) run(u0, u1);
-  }
+  shares.Run(omp_get_thread_num(), run);
 }
 
 }  // namespace
@@ -250,17 +254,15 @@ void Gemm(const GemmArgs& a) {
     // Units of 16 columns (blocked: the blocks and tails of the items).
     const int units =
         a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedUnitsPerItem(a) : (a.n + 15) / 16;
+    UnitShares shares(units, threads);
 #pragma omp parallel num_threads(threads)
-    {
-      auto [u0, u1] = Piece(units, omp_get_num_threads(), omp_get_thread_num());
-      if (u0 < u1) {
-        if (a.w_blocked16) {
-          kern.direct(ka, BlockedUnitColumn(a, u0), BlockedUnitColumn(a, u1));
-        } else {
-          kern.direct(ka, 16 * u0, std::min(a.n, 16 * u1));
-        }
+    shares.Run(omp_get_thread_num(), [&](int u0, int u1) {
+      if (a.w_blocked16) {
+        kern.direct(ka, BlockedUnitColumn(a, u0), BlockedUnitColumn(a, u1));
+      } else {
+        kern.direct(ka, 16 * u0, std::min(a.n, 16 * u1));
       }
-    }
+    });
     return;
   }
   if (!a.nt && a.m <= kStreamRows) {
@@ -275,13 +277,16 @@ void Gemm(const GemmArgs& a) {
           kern.stream(mine, c0, std::min(max_cols, mine.n - c0), Scratch(StreamScratchFloats()));
       });
     }
-    const int parts = std::max(blocks, threads);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int b = 0; b < parts; ++b) {
-      auto [c0, c1] = Piece((a.n + 15) / 16, parts, b);
-      if (c0 < c1)
-        kern.stream(ka, 16 * c0, std::min(a.n, 16 * c1) - 16 * c0, Scratch(StreamScratchFloats()));
-    }
+    const int step = max_cols / 16 * 16;  // blocks start on a 16-column unit
+    auto run = [&](int u0, int u1) {
+      for (int c0 = 16 * u0; c0 < std::min(a.n, 16 * u1); c0 += step)
+        kern.stream(ka, c0, std::min({step, a.n - c0, 16 * u1 - c0}),
+                    Scratch(StreamScratchFloats()));
+    };
+    if (threads == 1) return run(0, (a.n + 15) / 16);
+    UnitShares shares((a.n + 15) / 16, threads, kUnitShareTakes, step / 16);
+#pragma omp parallel num_threads(threads)
+    shares.Run(omp_get_thread_num(), run);
     return;
   }
   if (!a.nt && a.out == GemmOut::kFixedItems && !a.w_rows && a.m <= kItemRows) {
@@ -296,8 +301,14 @@ void Gemm(const GemmArgs& a) {
   }
   const int panels =
       a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedPanelsPerItem(a) : (a.n + kNR - 1) / kNR;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int p = 0; p < panels; ++p) kern.panel(ka, p, Scratch(static_cast<int64_t>(a.k) * kNR));
+  auto run = [&](int p0, int p1) {
+    float* packed = Scratch(static_cast<int64_t>(a.k) * kNR);
+    for (int p = p0; p < p1; ++p) kern.panel(ka, p, packed);
+  };
+  if (threads == 1) return run(0, panels);
+  UnitShares shares(panels, threads);
+#pragma omp parallel num_threads(threads)
+  shares.Run(omp_get_thread_num(), run);
 }
 
 }  // namespace failsafe::cpu

@@ -6,21 +6,38 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <string_view>
 
 #include "common/log.h"
 #include "engine/pinned_process.h"
 
+extern "C" char** environ;
+
 namespace failsafe {
 
 Result<std::unique_ptr<DeviceProcess>> DeviceProcess::Spawn(const std::string& binary,
-                                                            const std::string& log_level) {
+                                                            const std::string& log_level,
+                                                            const std::vector<std::string>& env) {
   FS_ASSIGN_OR_RETURN(auto pair, Channel::Pair());
   std::vector<std::string> args = {binary, "worker", "--fd", "3", "--log-level", log_level};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The environment, built before fork (the child may only make
+  // async-signal-safe calls): ours, each variable in `env` replacing ours.
+  std::vector<std::string> added = env;
+  std::vector<char*> envp;
+  auto name = [](std::string_view v) { return v.substr(0, v.find('=')); };
+  for (char** e = environ; *e != nullptr; ++e) {
+    const bool replaced = std::any_of(added.begin(), added.end(),
+                                      [&](const std::string& a) { return name(a) == name(*e); });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (auto& a : added) envp.push_back(a.data());
+  envp.push_back(nullptr);
   const int child_fd = pair.second.fd();
   const pid_t pid = ::fork();
   if (pid < 0) return Internal("fork: {}", std::strerror(errno));
@@ -32,7 +49,7 @@ Result<std::unique_ptr<DeviceProcess>> DeviceProcess::Spawn(const std::string& b
       ::dup2(child_fd, 3);
     }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   pair.second.Close();

@@ -31,9 +31,11 @@ namespace failsafe {
 
 class DeviceProcess {
  public:
-  // Starts `binary worker --fd 3 --log-level LEVEL`.
+  // Starts `binary worker --fd 3 --log-level LEVEL`, in this process's
+  // environment with `env` ("NAME=value") added or replacing.
   static Result<std::unique_ptr<DeviceProcess>> Spawn(const std::string& binary,
-                                                      const std::string& log_level);
+                                                      const std::string& log_level,
+                                                      const std::vector<std::string>& env = {});
   // A device on another host, behind its link.
   static std::unique_ptr<DeviceProcess> Attach(std::unique_ptr<RemoteDevice> remote);
   // Kills the process if it still runs, and reaps it if it has exited.

@@ -1,9 +1,11 @@
 #include "engine/worker_group.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -32,6 +34,20 @@ int64_t ActivationReserveBytes(const ModelConfig& c, int max_step_tokens) {
          4;
 }
 
+std::vector<std::string> WorkerEnvironment(int local_devices, int threads_per_device, int host_cpus,
+                                           bool wait_policy_set) {
+  if (wait_policy_set || threads_per_device <= 1) return {};
+  if (static_cast<int64_t>(local_devices) * threads_per_device <= host_cpus) return {};
+  return {"OMP_WAIT_POLICY=passive"};
+}
+
+int HostCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions& options) {
   std::signal(SIGPIPE, SIG_IGN);
   if (options.step_timeout_ms < 0 || options.step_timeout_floor_ms <= 0 ||
@@ -51,6 +67,14 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
     // member dialled at an address the others reach.
     g->options_.comm = CommKind::kGloo;
     g->options_.gloo_hostname = options.listener->host();
+  }
+  const int local = options.num_devices - options.remote_devices, cpus = HostCpus();
+  g->worker_env_ = WorkerEnvironment(
+      local, options.threads_per_device, cpus,
+      std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr);
+  for (const std::string& v : g->worker_env_) {
+    FS_LOG_INFO("{} devices of {} threads on {} CPUs: the workers run with {}", local,
+                options.threads_per_device, cpus, v);
   }
   DeadlineOptions d;
   d.step_timeout_ms = options.step_timeout_ms;
@@ -131,7 +155,8 @@ Status WorkerGroup::Spawn(int device, int64_t join_wait_ms) {
     FS_ASSIGN_OR_RETURN(auto link, options_.listener->Take(device, join_wait_ms));
     p = DeviceProcess::Attach(std::move(link));
   } else {
-    FS_ASSIGN_OR_RETURN(p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level));
+    FS_ASSIGN_OR_RETURN(
+        p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level, worker_env_));
   }
   Device& d = devices_[device];
   progress_.Reset(device);

@@ -88,6 +88,21 @@ struct WorkerGroupOptions {
 // Bytes a device keeps for step activations (an estimate from the shapes).
 int64_t ActivationReserveBytes(const ModelConfig& config, int max_step_tokens);
 
+// What the worker processes on this host get in their environment beyond
+// the coordinator's (DeviceProcess::Spawn). A device's compute threads wait
+// for each other at the end of every parallel region, about a dozen times a
+// layer; OpenMP's default wait spins first. Where the local devices' threads
+// outnumber the host's CPUs, the spinning takes the CPUs that other devices'
+// threads need (2 devices of 2 threads on 2 CPUs: half the throughput,
+// docs/CPU_PERFORMANCE.md), so there they wait passively:
+// OMP_WAIT_POLICY=passive, unless the operator chose a wait
+// (`wait_policy_set`: OMP_WAIT_POLICY or GOMP_SPINCOUNT set).
+std::vector<std::string> WorkerEnvironment(int local_devices, int threads_per_device, int host_cpus,
+                                           bool wait_policy_set);
+
+// The CPUs this process may run on.
+int HostCpus();
+
 class WorkerGroup final : public Executor, public DeviceFaults {
  public:
   static Result<std::unique_ptr<WorkerGroup>> Start(const WorkerGroupOptions& options);
@@ -179,6 +194,7 @@ class WorkerGroup final : public Executor, public DeviceFaults {
   StepDeadline deadline_;
   int64_t pool_pages_ = 0;  // each device's physical KV pool (an upper bound)
   int epoch_ = 0;
+  std::vector<std::string> worker_env_;  // WorkerEnvironment
 };
 
 }  // namespace failsafe

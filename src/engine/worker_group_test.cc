@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "backend/backend.h"
@@ -19,6 +21,7 @@
 #include "common/rng.h"
 #include "common/row_error.h"
 #include "common/scratch_dir.h"
+#include "engine/device_process.h"
 #include "engine/executor.h"
 #include "engine/kv_tables.h"
 #include "engine/test_support.h"
@@ -323,6 +326,54 @@ TEST(WorkerGroup, BadInputFailsBeforeAnyProcessStarts) {
   auto st = WorkerGroup::Start(o).status();
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("device 0 needs"), std::string::npos) << st.message();
+}
+
+// Worker processes wait passively where the host's devices' threads
+// outnumber its CPUs, and as OpenMP does by default elsewhere.
+TEST(WorkerEnvironment, PassiveOnlyWhereThreadsOutnumberCpus) {
+  const std::vector<std::string> passive = {"OMP_WAIT_POLICY=passive"};
+  EXPECT_EQ(WorkerEnvironment(2, 2, 2, false), passive);
+  EXPECT_EQ(WorkerEnvironment(8, 2, 4, false), passive);
+  EXPECT_TRUE(WorkerEnvironment(1, 2, 2, false).empty());
+  EXPECT_TRUE(WorkerEnvironment(2, 2, 4, false).empty());
+  EXPECT_TRUE(WorkerEnvironment(8, 1, 2, false).empty());  // one thread: no waits
+  EXPECT_TRUE(WorkerEnvironment(2, 2, 2, true).empty());   // the operator's choice
+  EXPECT_GE(HostCpus(), 1);
+}
+
+// A worker process gets our environment with the variables given added or
+// replacing ours.
+TEST(DeviceProcess, SpawnAddsAndReplacesEnvironmentVariables) {
+  ASSERT_EQ(::setenv("FAILSAFE_SPAWN_TEST", "ours", 1), 0);
+  ASSERT_EQ(::setenv("FAILSAFE_SPAWN_REPLACED", "ours", 1), 0);
+  auto p = DeviceProcess::Spawn(Binary(), "warn",
+                                {"FAILSAFE_SPAWN_REPLACED=theirs", "FAILSAFE_SPAWN_ADDED=1"});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string proc = "/proc/" + std::to_string((*p)->pid());
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  // Until its exec the child still has our environment.
+  const int64_t deadline = MonotonicNanos() + 10'000'000'000LL;
+  while (read(proc + "/cmdline").find("worker") == std::string::npos &&
+         MonotonicNanos() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::vector<std::string> vars;
+  const std::string env = read(proc + "/environ");
+  for (size_t at = 0; at < env.size();) {
+    const size_t end = env.find('\0', at);
+    vars.push_back(env.substr(at, end - at));
+    at = end == std::string::npos ? env.size() : end + 1;
+  }
+  auto count = [&](const std::string& v) { return std::count(vars.begin(), vars.end(), v); };
+  EXPECT_EQ(count("FAILSAFE_SPAWN_TEST=ours"), 1);
+  EXPECT_EQ(count("FAILSAFE_SPAWN_REPLACED=theirs"), 1);
+  EXPECT_EQ(count("FAILSAFE_SPAWN_REPLACED=ours"), 0);
+  EXPECT_EQ(count("FAILSAFE_SPAWN_ADDED=1"), 1);
+  ::unsetenv("FAILSAFE_SPAWN_TEST");
+  ::unsetenv("FAILSAFE_SPAWN_REPLACED");
 }
 
 }  // namespace

@@ -344,6 +344,12 @@ TEST(WorkerEnvironment, PassiveOnlyWhereThreadsOutnumberCpus) {
 // A worker process gets our environment with the variables given added or
 // replacing ours.
 TEST(DeviceProcess, SpawnAddsAndReplacesEnvironmentVariables) {
+  struct Unset {
+    ~Unset() {
+      ::unsetenv("FAILSAFE_SPAWN_TEST");
+      ::unsetenv("FAILSAFE_SPAWN_REPLACED");
+    }
+  } unset;
   ASSERT_EQ(::setenv("FAILSAFE_SPAWN_TEST", "ours", 1), 0);
   ASSERT_EQ(::setenv("FAILSAFE_SPAWN_REPLACED", "ours", 1), 0);
   auto p = DeviceProcess::Spawn(Binary(), "warn",
@@ -354,12 +360,17 @@ TEST(DeviceProcess, SpawnAddsAndReplacesEnvironmentVariables) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  // Until its exec the child still has our environment.
+  // Until its exec the child runs our program, with our environment.
+  const std::filesystem::path program = std::filesystem::canonical(Binary());
+  auto running = [&] {
+    std::error_code ec;
+    return std::filesystem::read_symlink(proc + "/exe", ec) == program;
+  };
   const int64_t deadline = MonotonicNanos() + 10'000'000'000LL;
-  while (read(proc + "/cmdline").find("worker") == std::string::npos &&
-         MonotonicNanos() < deadline) {
+  while (!running() && MonotonicNanos() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  ASSERT_TRUE(running()) << "the worker did not start " << program;
   std::vector<std::string> vars;
   const std::string env = read(proc + "/environ");
   for (size_t at = 0; at < env.size();) {
@@ -372,8 +383,6 @@ TEST(DeviceProcess, SpawnAddsAndReplacesEnvironmentVariables) {
   EXPECT_EQ(count("FAILSAFE_SPAWN_REPLACED=theirs"), 1);
   EXPECT_EQ(count("FAILSAFE_SPAWN_REPLACED=ours"), 0);
   EXPECT_EQ(count("FAILSAFE_SPAWN_ADDED=1"), 1);
-  ::unsetenv("FAILSAFE_SPAWN_TEST");
-  ::unsetenv("FAILSAFE_SPAWN_REPLACED");
 }
 
 }  // namespace

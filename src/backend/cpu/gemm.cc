@@ -35,12 +35,6 @@ const GemmKernels& KernelsFor(CpuIsa isa) {
   return GemmKernelsGeneric();
 }
 
-// Splits [0, count) into `parts` contiguous pieces: piece t.
-std::pair<int, int> Piece(int count, int parts, int t) {
-  const int per = (count + parts - 1) / parts;
-  return {std::min(count, t * per), std::min(count, (t + 1) * per)};
-}
-
 float* Scratch(int64_t floats) {
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
@@ -89,9 +83,9 @@ void RoundActivations(KernelArgs* ka, const GemmKernels& kern, int threads) {
   }
 }
 
-// nn in fixed-point items: threads take contiguous ranges of items rather
-// than of columns, so each reads whole weight rows, one run of memory,
-// instead of a part of every row. Each thread's items go to its own sums
+// nn in fixed-point items: threads take runs of whole items (UnitShares)
+// rather than of columns, so each reads whole weight rows, one run of
+// memory, instead of a part of every row. Each thread's items go to its own sums
 // (thread 0's straight to a.acc), which are then added column range by
 // column range: fixed-point addition is exact in any grouping, so the bits
 // are the same. work(mine) runs a thread's items, `mine` being a cut down to
@@ -248,7 +242,8 @@ void Gemm(const GemmArgs& a) {
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
   if (a.wtype == DType::kBF16) RoundActivations(&ka, kern, threads);
   if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
-  // Threads take contiguous ranges of output columns: no element is split.
+  // Threads take runs of whole output columns (UnitShares): no element is
+  // split.
   if (a.nt && a.m <= kDirectRows) {
     if (threads == 1) return kern.direct(ka, 0, a.n);
     // Units of 16 columns (blocked: the blocks and tails of the items).
@@ -277,6 +272,7 @@ void Gemm(const GemmArgs& a) {
           kern.stream(mine, c0, std::min(max_cols, mine.n - c0), Scratch(StreamScratchFloats()));
       });
     }
+    static_assert(kStreamCols / kStreamRows >= 16);
     const int step = max_cols / 16 * 16;  // blocks start on a 16-column unit
     auto run = [&](int u0, int u1) {
       for (int c0 = 16 * u0; c0 < std::min(a.n, 16 * u1); c0 += step)

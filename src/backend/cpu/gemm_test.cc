@@ -115,7 +115,7 @@ TEST(GemmLevels, EveryLevelComputesTheSameChains) {
     auto w = Random(static_cast<size_t>(c.n) * c.k, 2);
     const auto want = RunGemm(c, x, w.data(), DType::kF32, CpuIsa::kGeneric, 1);
     for (CpuIsa isa : levels) {
-      for (int threads : {1, 2}) {
+      for (int threads : {1, 2, 3}) {
         EXPECT_EQ(RunGemm(c, x, w.data(), DType::kF32, isa, threads), want)
             << CpuIsaName(isa) << " nt=" << c.nt << " m=" << c.m << " n=" << c.n << " k=" << c.k
             << " out=" << static_cast<int>(c.out) << " threads=" << threads;
@@ -212,7 +212,7 @@ TEST(GemmLevels, Bf16WeightsComputeTheBf16ChainEverywhere) {
     }
     const auto want = Bf16Chains(c, x, values);
     for (CpuIsa isa : Levels()) {
-      for (int threads : {1, 2}) {
+      for (int threads : {1, 2, 3}) {
         for (bool dp : {false, true}) {
           EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, threads, false, 0, dp), want)
               << CpuIsaName(isa) << " nt=" << c.nt << " m=" << c.m << " n=" << c.n << " k=" << c.k
@@ -311,7 +311,7 @@ TEST(GemmLevels, FixedItemsTakeEachChainThroughToFixed) {
         }
       }
       for (CpuIsa isa : Levels()) {
-        for (int threads : {1, 2}) {
+        for (int threads : {1, 2, 3}) {
           EXPECT_EQ(RunGemm(c, x, w.data(), DType::kF32, isa, threads), want)
               << CpuIsaName(isa) << " f32 m=" << m << " n=" << n << " threads=" << threads;
           for (bool dp : {false, true}) {
@@ -411,9 +411,9 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
             });
             const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
             for (CpuIsa isa : Levels()) {
-              for (int threads : {1, 2}) {
+              for (int threads : {1, 2, 3}) {
                 EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true,
-                                  it.count > 1 ? it.rows : 0, /*dpbf16=*/threads == 2),
+                                  it.count > 1 ? it.rows : 0, /*dpbf16=*/threads >= 2),
                           want)
                     << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " items "
                     << it.count << "x" << it.rows << " k=" << k << " threads=" << threads;
@@ -450,9 +450,9 @@ TEST(GemmLevels, ColumnBlockedItemsComputeTheSameSums) {
         });
         const auto want = RunGemm(c, x, rows.data(), t, CpuIsa::kGeneric, 1);
         for (CpuIsa isa : Levels()) {
-          for (int threads : {1, 2}) {
+          for (int threads : {1, 2, 3}) {
             EXPECT_EQ(RunGemm(c, x, blocked.data(), t, isa, threads, true, 0,
-                              /*dpbf16=*/threads == 2),
+                              /*dpbf16=*/threads >= 2),
                       want)
                 << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " n=" << n
                 << " items " << sh.items << "x" << sh.item_k << " threads=" << threads;

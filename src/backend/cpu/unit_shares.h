@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 namespace failsafe::cpu {
 
@@ -13,6 +14,14 @@ namespace failsafe::cpu {
 // that a faster thread can take over most of a slower one's tail, coarse
 // enough that each is a long run of memory.
 inline constexpr int kUnitShareTakes = 8;
+
+// Splits [0, count) into `parts` contiguous pieces, as equal as whole
+// pieces of ceil(count / parts) allow: piece t.
+inline std::pair<int, int> Piece(int count, int parts, int t) {
+  const int64_t per = (int64_t{count} + parts - 1) / parts;
+  return {static_cast<int>(std::min<int64_t>(count, t * per)),
+          static_cast<int>(std::min<int64_t>(count, (t + 1) * per))};
+}
 
 // Shares [0, count) units of work among the threads of a parallel region.
 // Each thread starts on its own equal contiguous piece and takes it front
@@ -31,10 +40,10 @@ class UnitShares {
   // at most `max_chunk` units each.
   UnitShares(int count, int threads, int takes = kUnitShareTakes, int max_chunk = 1 << 30)
       : threads_(threads), slots_(new Slot[threads]) {
-    const int per = (count + threads - 1) / threads;
+    const int per = Piece(count, threads, 0).second;
     chunk_ = std::clamp((per + takes - 1) / takes, 1, std::max(1, max_chunk));
     for (int t = 0; t < threads; ++t) {
-      const int u0 = std::min(count, t * per), u1 = std::min(count, (t + 1) * per);
+      const auto [u0, u1] = Piece(count, threads, t);
       slots_[t].range.store(Pack(u0, u1), std::memory_order_relaxed);
     }
   }

@@ -28,15 +28,14 @@ Result<std::unique_ptr<DeviceProcess>> DeviceProcess::Spawn(const std::string& b
   argv.push_back(nullptr);
   // The environment, built before fork (the child may only make
   // async-signal-safe calls): ours, each variable in `env` replacing ours.
-  std::vector<std::string> added = env;
   std::vector<char*> envp;
   auto name = [](std::string_view v) { return v.substr(0, v.find('=')); };
   for (char** e = environ; *e != nullptr; ++e) {
-    const bool replaced = std::any_of(added.begin(), added.end(),
+    const bool replaced = std::any_of(env.begin(), env.end(),
                                       [&](const std::string& a) { return name(a) == name(*e); });
     if (!replaced) envp.push_back(*e);
   }
-  for (auto& a : added) envp.push_back(a.data());
+  for (const std::string& a : env) envp.push_back(const_cast<char*>(a.c_str()));
   envp.push_back(nullptr);
   const int child_fd = pair.second.fd();
   const pid_t pid = ::fork();

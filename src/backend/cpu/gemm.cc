@@ -35,6 +35,18 @@ const GemmKernels& KernelsFor(CpuIsa isa) {
   return GemmKernelsGeneric();
 }
 
+// run(u0, u1) over [0, count) units: on one thread the whole range in one
+// call, else shared out over `threads` (UnitShares: pieces taken in about
+// `takes` chunks of at most `max_chunk` units).
+template <typename Run>
+void ShareOut(int count, int threads, Run run, int takes = kUnitShareTakes,
+              int max_chunk = 1 << 30) {
+  if (threads == 1) return run(0, count);
+  UnitShares shares(count, threads, takes, max_chunk);
+#pragma omp parallel num_threads(threads)
+  shares.Run(omp_get_thread_num(), run);
+}
+
 float* Scratch(int64_t floats) {
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
@@ -151,14 +163,11 @@ void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int thread
       }
     }
   };
-  if (threads == 1) return run(0, units);
   // Few rows: each item's part of a chunk is one run of memory, as long as
   // the chunk (a 16-column unit of an FFN shard's item: 1.4 KB of bf16), so
   // a piece is taken whole (in eighths: bf16 decode's down projection at
   // batch 1, 0.62-0.64x).
-  UnitShares shares(units, threads, direct ? 1 : kUnitShareTakes);
-#pragma omp parallel num_threads(threads)
-  shares.Run(omp_get_thread_num(), run);
+  ShareOut(units, threads, run, direct ? 1 : kUnitShareTakes);
 }
 
 }  // namespace
@@ -249,16 +258,13 @@ void Gemm(const GemmArgs& a) {
     // Units of 16 columns (blocked: the blocks and tails of the items).
     const int units =
         a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedUnitsPerItem(a) : (a.n + 15) / 16;
-    UnitShares shares(units, threads);
-#pragma omp parallel num_threads(threads)
-    shares.Run(omp_get_thread_num(), [&](int u0, int u1) {
+    return ShareOut(units, threads, [&](int u0, int u1) {
       if (a.w_blocked16) {
         kern.direct(ka, BlockedUnitColumn(a, u0), BlockedUnitColumn(a, u1));
       } else {
         kern.direct(ka, 16 * u0, std::min(a.n, 16 * u1));
       }
     });
-    return;
   }
   if (!a.nt && a.m <= kStreamRows) {
     // Rows of weights stream by in long runs (what memory serves best), into
@@ -279,11 +285,7 @@ void Gemm(const GemmArgs& a) {
         kern.stream(ka, c0, std::min({step, a.n - c0, 16 * u1 - c0}),
                     Scratch(StreamScratchFloats()));
     };
-    if (threads == 1) return run(0, (a.n + 15) / 16);
-    UnitShares shares((a.n + 15) / 16, threads, kUnitShareTakes, step / 16);
-#pragma omp parallel num_threads(threads)
-    shares.Run(omp_get_thread_num(), run);
-    return;
+    return ShareOut((a.n + 15) / 16, threads, run, kUnitShareTakes, step / 16);
   }
   if (!a.nt && a.out == GemmOut::kFixedItems && !a.w_rows && a.m <= kItemRows) {
     // Each item's weight rows read whole (batched decode's o and down
@@ -301,10 +303,7 @@ void Gemm(const GemmArgs& a) {
     float* packed = Scratch(static_cast<int64_t>(a.k) * kNR);
     for (int p = p0; p < p1; ++p) kern.panel(ka, p, packed);
   };
-  if (threads == 1) return run(0, panels);
-  UnitShares shares(panels, threads);
-#pragma omp parallel num_threads(threads)
-  shares.Run(omp_get_thread_num(), run);
+  ShareOut(panels, threads, run);
 }
 
 }  // namespace failsafe::cpu

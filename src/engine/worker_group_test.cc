@@ -360,19 +360,24 @@ TEST(DeviceProcess, SpawnAddsAndReplacesEnvironmentVariables) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  // Until its exec the child runs our program, with our environment.
+  // Until its exec the child runs our program, with our environment. The
+  // kernel points /proc/<pid>/exe at the new program before it has laid out
+  // the new environment, and /proc/<pid>/environ reads empty in between: wait
+  // for both.
   const std::filesystem::path program = std::filesystem::canonical(Binary());
+  std::string env;
   auto running = [&] {
     std::error_code ec;
-    return std::filesystem::read_symlink(proc + "/exe", ec) == program;
+    if (std::filesystem::read_symlink(proc + "/exe", ec) != program) return false;
+    env = read(proc + "/environ");
+    return !env.empty();
   };
   const int64_t deadline = MonotonicNanos() + 10'000'000'000LL;
   while (!running() && MonotonicNanos() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  ASSERT_TRUE(running()) << "the worker did not start " << program;
+  ASSERT_FALSE(env.empty()) << "the worker did not start " << program;
   std::vector<std::string> vars;
-  const std::string env = read(proc + "/environ");
   for (size_t at = 0; at < env.size();) {
     const size_t end = env.find('\0', at);
     vars.push_back(env.substr(at, end - at));

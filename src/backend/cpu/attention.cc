@@ -70,6 +70,23 @@ void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0,
 
 }  // namespace
 
+void PrefetchAttentionStart(const AttentionArgs& a) {
+  if (a.num_tokens <= 0 || a.group_size == 0) return;
+  const int bs = a.block_size, hd = a.head_dim;
+  // The first query tile's keys and values: the scores' first kRowsAheadNT
+  // keys and the weighted values' first kRowsAheadNN rows.
+  const int k0 = FirstKey(a, a.start_pos);
+  const int k1 = a.start_pos + std::min(kQueryTile, a.num_tokens);  // past the tile's last
+  auto ask = [&](int p1, int offset) {
+    for (int p = k0; p < std::min(k1, p1); ++p) {
+      const char* row = reinterpret_cast<const char*>(a.pages[p / bs] + (offset + p % bs) * hd);
+      for (int64_t b = 0; b < static_cast<int64_t>(hd) * 4; b += 64) __builtin_prefetch(row + b);
+    }
+  };
+  ask(k0 + kRowsAheadNT, 0);
+  ask(k0 + kRowsAheadNN, bs);
+}
+
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
   if (a.num_tokens <= 0) return;
   const int g = a.group_size, hd = a.head_dim, bs = a.block_size;

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/unit_shares.h"
 
 namespace failsafe {
 namespace {
@@ -113,13 +114,25 @@ class CpuBackend final : public Backend {
   }
 
   void Attention(const std::vector<AttentionArgs>& problems) override {
-    // Problems are independent, each computed by one thread.
+    // Problems are independent, each computed by one thread. Each thread
+    // starts on its own run of them and takes them one by one, then takes
+    // over the others' tails (UnitShares: no shared counter bounces between
+    // the cores per problem); while it computes one it asks for the next
+    // one's first keys and values (a batched decode step's problems read
+    // tens of positions each; docs/CPU_PERFORMANCE.md).
     const int n = static_cast<int>(problems.size());
+    auto run = [&](int i0, int i1) {
+      for (int i = i0; i < i1; ++i) {
+        if (i + 1 < n) cpu::PrefetchAttentionStart(problems[i + 1]);
+        cpu::Attention(problems[i], linear_.isa);
+      }
+    };
     if (threads_ > 1 && n > 1) {
-#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
-      for (int i = 0; i < n; ++i) cpu::Attention(problems[i], linear_.isa);
+      cpu::UnitShares shares(n, threads_, /*takes=*/n);
+#pragma omp parallel num_threads(threads_)
+      shares.Run(omp_get_thread_num(), run);
     } else {
-      for (int i = 0; i < n; ++i) cpu::Attention(problems[i], linear_.isa);
+      run(0, n);
     }
   }
 

@@ -284,6 +284,67 @@ TEST(Attention, AQueryGetsTheSameOutputWhateverItsChunk) {
   }
 }
 
+// A step's many problems, shared out over threads (each thread asking for
+// the next problem's first keys and values): every problem's output and
+// stored K and V are those it gets computed alone, on any thread count.
+TEST(Attention, ManyProblemsOnAnyThreadsAsEachAlone) {
+  const int hd = 40, bs = 16, problems = 37;
+  struct Problem {
+    std::vector<std::vector<float>> store;
+    std::vector<float*> pages;
+    std::vector<float> q, new_kv, out;
+    AttentionArgs a;
+  };
+  // Problem i: its own pages; decode or a short chunk, after 0-120
+  // positions, a window or none, 4 query heads or (every seventh) only
+  // its store.
+  auto make = [&](std::vector<Problem>* ps) {
+    ps->assign(problems, {});
+    for (int i = 0; i < problems; ++i) {
+      Problem& p = (*ps)[i];
+      const int start = (i * 53) % 121, tokens = i % 5 == 0 ? 6 : 1;
+      const int g = i % 7 == 3 ? 0 : 4;
+      const int blocks = (start + tokens + bs - 1) / bs;
+      p.store.resize(blocks);
+      for (int b = 0; b < blocks; ++b) p.store[b] = Random(2 * bs * hd, 100 + i * 64 + b);
+      for (int b = 0; b < blocks; ++b) p.pages.push_back(p.store[blocks - 1 - b].data());
+      p.q = Random(static_cast<size_t>(tokens) * 4 * hd, 10000 + i);
+      p.new_kv = Random(static_cast<size_t>(tokens) * 2 * hd, 20000 + i);
+      p.out.assign(static_cast<size_t>(tokens) * 4 * hd, -1.0f);
+      AttentionArgs& a = p.a;
+      a.q = g > 0 ? p.q.data() : nullptr;
+      a.ldq = 4 * hd;
+      a.out = g > 0 ? p.out.data() : nullptr;
+      a.ldo = 4 * hd;
+      a.num_tokens = tokens;
+      a.start_pos = start;
+      a.group_size = g;
+      a.head_dim = hd;
+      a.pages = p.pages.data();
+      a.new_kv = p.new_kv.data();
+      a.ld_new_kv = 2 * hd;
+      a.block_size = bs;
+      a.sliding_window = i % 3 == 1 ? 24 : 0;
+      a.scale = 0.15f;
+    }
+  };
+  std::vector<Problem> alone;
+  make(&alone);
+  for (Problem& p : alone) MakeCpuBackend(1)->Attention({p.a});
+  for (int threads : {1, 2, 3}) {
+    std::vector<Problem> together;
+    make(&together);
+    std::vector<AttentionArgs> args;
+    for (const Problem& p : together) args.push_back(p.a);
+    MakeCpuBackend(threads)->Attention(args);
+    for (int i = 0; i < problems; ++i) {
+      ASSERT_EQ(together[i].out, alone[i].out) << "problem " << i << ", " << threads << " threads";
+      ASSERT_EQ(together[i].store, alone[i].store)
+          << "problem " << i << ", " << threads << " threads";
+    }
+  }
+}
+
 TEST(Rope, RotatesPairsAndPreservesNorm) {
   ModelConfig c;
   c.head_dim = 8;

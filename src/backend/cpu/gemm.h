@@ -71,6 +71,16 @@ enum class GemmOut {
   kFixedItems,  // nn only: acc += ToFixed(x w) for each item of item_k consecutive k-values
 };
 
+// Rows given by pointers (GemmArgs::w_rows: attention's keys and values in
+// their pages) lie in short runs far apart, which the hardware prefetchers
+// do not follow: each read waited on memory. The kernels ask for the rows
+// this far ahead, whole (decode attention over a 512-position context,
+// failsafe_bench_attention: 1.3-1.9x on one thread, 1.5-1.6x on two;
+// docs/CPU_PERFORMANCE.md). The first rows of a product are the caller's to
+// ask for (PrefetchAttentionStart, kernels.h).
+inline constexpr int kRowsAheadNT = 32;  // nt (scores): two blocks of 16 keys
+inline constexpr int kRowsAheadNN = 16;  // nn (weighted values): two groups of 8 values
+
 struct GemmArgs {
   const float* x = nullptr;  // [m, k], row stride ldx
   int64_t ldx = 0;

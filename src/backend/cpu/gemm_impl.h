@@ -125,14 +125,8 @@ inline void StartAccumulators(const KernelArgs& a, int j0, int cols, V16* acc) {
   }
 }
 
-// Rows given by pointers (GemmArgs::w_rows: attention's keys and values in
-// their pages) lie in short runs far apart, which the hardware prefetchers
-// do not follow: each read waited on memory. The kernels ask for the rows
-// this far ahead, whole (decode attention over a 512-position context,
-// failsafe_bench_attention: 1.3-1.9x on one thread, 1.5-1.6x on two;
-// docs/CPU_PERFORMANCE.md).
-inline constexpr int kRowsAheadNT = 32;  // two blocks of 16 keys
-inline constexpr int kRowsAheadNN = 16;  // two groups of 8 values
+// Rows given by pointers (GemmArgs::w_rows) are asked for kRowsAheadNT /
+// kRowsAheadNN rows ahead of their use (gemm.h).
 template <typename W>
 FS_INLINE void PrefetchRows(const KernelArgs& a, int r0, int r1, int c0, int64_t bytes) {
   for (int r = r0; r < r1; ++r) {

@@ -200,8 +200,13 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
     }
   }
   for (int i = 0; i < MR; ++i) {
+    float* y = a.y + static_cast<int64_t>(i) * a.ldy + j0;
+    if (cols == 16) {  // a whole vector: no call (decode attention's scores: 4 a block)
+      Store(y, acc[i]);
+      continue;
+    }
     Store(tmp, acc[i]);
-    std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * cols);
+    std::memcpy(y, tmp, sizeof(float) * cols);
   }
 }
 

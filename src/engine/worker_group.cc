@@ -1,6 +1,5 @@
 #include "engine/worker_group.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include <cstdlib>
 
 #include "common/clock.h"
+#include "common/host_cpus.h"
 #include "common/log.h"
 #include "core/step_cost.h"
 #include "engine/step_timing.h"
@@ -39,13 +39,6 @@ std::vector<std::string> WorkerEnvironment(int local_devices, int threads_per_de
   if (wait_policy_set || threads_per_device <= 1) return {};
   if (static_cast<int64_t>(local_devices) * threads_per_device <= host_cpus) return {};
   return {"OMP_WAIT_POLICY=passive"};
-}
-
-int HostCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions& options) {

@@ -100,10 +100,6 @@ int64_t ActivationReserveBytes(const ModelConfig& config, int max_step_tokens);
 std::vector<std::string> WorkerEnvironment(int local_devices, int threads_per_device, int host_cpus,
                                            bool wait_policy_set);
 
-// The CPUs this process may run on (its affinity mask; a cgroup's CPU quota
-// is not counted).
-int HostCpus();
-
 class WorkerGroup final : public Executor, public DeviceFaults {
  public:
   static Result<std::unique_ptr<WorkerGroup>> Start(const WorkerGroupOptions& options);

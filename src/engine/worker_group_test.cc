@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "common/clock.h"
+#include "common/host_cpus.h"
 #include "common/rng.h"
 #include "common/row_error.h"
 #include "common/scratch_dir.h"

@@ -172,11 +172,11 @@ struct Decode {
   double cpu_tokens_per_s;
 };
 
-// Decodes `steps` steps for `batch` sequences after a short prefill each.
-Decode RunDecode(Executor& exec, int batch, int steps) {
+// Decodes `steps` steps for `batch` sequences after a prefill of `prompt`
+// tokens each.
+Decode RunDecode(Executor& exec, int batch, int steps, int prompt = 32) {
   const ModelConfig& c = exec.config();
   Rng rng(1);
-  const int prompt = 32;
   DirectKvTables kv(exec.plan(), exec.block_size(), exec.kv_capacity_pages());
   auto run_step = [&](StepBatch& b) {
     Status st = kv.Fill(&b);
@@ -378,7 +378,7 @@ int main(int argc, char** argv) {
   std::string model, preset = "1b-llama", cache = "/tmp/failsafe-bench", isa_name;
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> dtype_names = {"f32", "bf16"};
-  int steps = 24, prefill_tokens = 512, batch = 16;
+  int steps = 24, prefill_tokens = 512, batch = 16, context = 32, block_size = 16;
   bool skip_libraries = false;
   std::string only;
   std::string bf16_products = "auto";
@@ -392,6 +392,13 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "the batched decode's batch size")->capture_default_str();
   app.add_option("--prefill-tokens", prefill_tokens, "prompt length for prefill")
       ->capture_default_str();
+  app.add_option("--context", context,
+                 "positions each decoding sequence holds before its timed steps (its prompt)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--block-size", block_size, "positions per KV page")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_option("--isa", isa_name, "force the kernels' level: avx512, avx2 or generic");
   app.add_flag("--no-libraries", skip_libraries, "skip the library GEMM comparison");
   app.add_option("--only", only,
@@ -516,6 +523,7 @@ int main(int argc, char** argv) {
       const int threads = thread_counts[ti];
       LocalExecutorOptions eo;
       eo.threads = threads;
+      eo.block_size = block_size;
       eo.isa = isa;
       eo.dpbf16 = dpbf16;
       auto exec = LocalExecutor::Create(dir, eo);
@@ -531,14 +539,14 @@ int main(int argc, char** argv) {
       }
       if (only == "decode" || only == "decode-batch") {
         const int rows = only == "decode" ? 1 : batch;
-        const Decode d = RunDecode(**exec, rows, steps);
-        std::printf("%-7d decode at batch %d: %.2f tok/s over %d steps\n", threads, rows,
-                    d.tokens_per_s, steps);
+        const Decode d = RunDecode(**exec, rows, steps, context);
+        std::printf("%-7d decode at batch %d, context %d, pages of %d: %.2f tok/s over %d steps\n",
+                    threads, rows, context, block_size, d.tokens_per_s, steps);
         continue;
       }
       const double bw = MeasureReadBandwidth(threads);
-      const Decode d1 = RunDecode(**exec, 1, steps);
-      const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3));
+      const Decode d1 = RunDecode(**exec, 1, steps, context);
+      const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3), context);
       const double prefill_s = RunPrefill(**exec, prefill_tokens, 3);
       const bool cb = ColumnBlocked(dtype, isa, dpbf16);
       // A decode step's lm head takes every row, a prefill's its last.

@@ -17,6 +17,12 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_option("--threads", f->threads, "compute threads per device")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  app.add_option("--block-size", f->block_size,
+                 "positions per KV page: the unit of KV memory, of prefix caching and of the "
+                 "runs of memory attention reads (larger pages read faster on CPUs, "
+                 "docs/CPU_PERFORMANCE.md; smaller ones waste less of a sequence's last page)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_flag("--processes", f->processes, "run even a single device as a worker process");
   app.add_option("--recovery", f->recovery, "recovery mode: recompute, host or full")
       ->capture_default_str();
@@ -140,6 +146,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   if (f.devices == 1 && !f.processes && f.listen.empty()) {
     LocalExecutorOptions o;
     o.threads = f.threads;
+    o.block_size = f.block_size;
     FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
     return std::unique_ptr<Executor>(std::move(e));
   }
@@ -157,6 +164,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.num_devices = f.devices;
   o.policy = policy;
   o.threads_per_device = f.threads;
+  o.block_size = f.block_size;
   o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;
   static const char* kLevels[] = {"debug", "info", "warn", "error", "off"};
   o.log_level = kLevels[static_cast<int>(GetLogLevel())];

@@ -16,6 +16,7 @@ struct DeviceFlags {
   std::string placement = "hybrid";
   std::string comm = "shm";
   int threads = 1;
+  int block_size = 16;        // positions per KV page
   bool processes = false;     // a worker process even for one device
   std::string device_memory;  // e.g. "2GiB"; empty: no limit
   std::string recovery = "full";

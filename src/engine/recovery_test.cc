@@ -49,6 +49,7 @@ struct Scenario {
   bool prefix_cache = false;
   bool prefix_cache_host = false;  // the backup as the cache's host tier
   int64_t kv_pages = 0;            // per device; 0: what the device memory allows
+  int block_size = 16;             // positions per KV page
   std::function<void(WorkerGroup*, int)> before_apply;
   // After every step that ran.
   std::function<void(Engine&, const StepOutcome&)> on_step;
@@ -63,6 +64,7 @@ WorkerGroupOptions GroupOptions(const Scenario& s) {
   o.backup_bytes = s.backup_bytes;
   o.device_memory_bytes = s.device_memory;
   if (s.kv_pages > 0) o.kv_pages = s.kv_pages;
+  o.block_size = s.block_size;
   o.max_step_tokens = 128;
   o.max_logits_rows = 64;
   o.max_seqs = s.backup_seqs;
@@ -625,6 +627,39 @@ TEST(HostTierTest, KilledDevicesDuringHostHits) {
   EXPECT_GT(got->prefix.host_hit_blocks, 0);
   EXPECT_GE(got->recoveries.size(), 2u);
 }
+
+// The page size changes no output: pages of 5 and 64 positions (the
+// reference runs the default 16) through prefix-cache hits on the devices
+// and from the host tier, preemptions, SIGKILLed devices and a rejoin; the
+// backup, the host tier and the restores all move whole pages.
+class PageSizeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(PageSizeTest, SameOutputsThroughFailuresAndCacheHits) {
+  const int block_size = GetParam();
+  Workload w = SharedPrefixWorkload(40, 311, 32, 2);
+  const RunSummary& want = Reference("tiny-llama", w, 311);
+  Scenario s;
+  s.prefix_cache = true;
+  s.prefix_cache_host = true;
+  s.devices = 5;
+  s.policy = Policy::kHybrid;
+  s.block_size = block_size;
+  // As tight as 240 pages of 16, and room for each slot's last page of a
+  // sequence whose size is not a multiple of the page's.
+  s.kv_pages = 240 * 16 / block_size + 16;
+  BackupWatch watch;
+  s.on_step = [&watch](Engine& e, const StepOutcome& out) { watch.Check(e, out); };
+  auto got = RunScenario(s, w, {Kill(3, 20), Back(3, 35), Kill(1, 50)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 40);
+  EXPECT_EQ(watch.bad, "");
+  EXPECT_GT(got->prefix.hit_blocks, 0);
+  EXPECT_GT(got->prefix.host_hit_blocks, 0);
+  EXPECT_GT(got->preemptions, 0);
+  EXPECT_GE(got->recoveries.size(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, PageSizeTest, ::testing::Values(5, 64));
 
 }  // namespace
 }  // namespace failsafe

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <memory>
@@ -173,11 +174,28 @@ struct Decode {
 };
 
 // Decodes `steps` steps for `batch` sequences after a prefill of `prompt`
-// tokens each.
-Decode RunDecode(Executor& exec, int batch, int steps, int prompt = 32) {
+// tokens each. `scatter`: their pages come from a pool whose every page was
+// handed out and freed in a random order first, as a long-running server's
+// are after many sequences of every length; else from a fresh pool, in
+// order.
+Decode RunDecode(Executor& exec, int batch, int steps, int prompt = 32, bool scatter = false) {
   const ModelConfig& c = exec.config();
   Rng rng(1);
   DirectKvTables kv(exec.plan(), exec.block_size(), exec.kv_capacity_pages());
+  if (scatter) {
+    // Every page to a one-block sequence (tables only: the device never
+    // sees them), then all of them freed in a random order.
+    std::vector<int64_t> ids;
+    for (int64_t id = 1000000;; ++id) {
+      StepBatch b;
+      b.seqs.push_back({id, 0, 1, 0, 0, 0});
+      b.tokens.push_back(0);
+      if (!kv.Fill(&b).ok()) break;
+      ids.push_back(id);
+    }
+    for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.Below(i)]);
+    for (int64_t id : ids) kv.Free(id);
+  }
   auto run_step = [&](StepBatch& b) {
     Status st = kv.Fill(&b);
     if (st.ok()) st = exec.Step(b, nullptr).status();
@@ -189,7 +207,11 @@ Decode RunDecode(Executor& exec, int batch, int steps, int prompt = 32) {
     for (int i = 0; i < prompt; ++i)
       b.tokens.push_back(static_cast<int32_t>(rng.Below(c.vocab_size)));
     b.num_logits_rows = 1;
-    (void)run_step(b);
+    const Status st = run_step(b);
+    if (!st.ok()) {  // a figure from failed steps would mean nothing
+      std::fprintf(stderr, "error: prefill of sequence %d: %s\n", s, st.ToString().c_str());
+      std::exit(1);
+    }
   }
   std::vector<double> times, cpu_times;
   for (int step = 0; step < steps; ++step) {
@@ -200,8 +222,11 @@ Decode RunDecode(Executor& exec, int batch, int steps, int prompt = 32) {
     }
     b.num_logits_rows = batch;
     int64_t t0 = MonotonicNanos(), c0 = ProcessCpuNanos();
-    Status st = run_step(b);
-    if (!st.ok()) std::fprintf(stderr, "step failed: %s\n", st.ToString().c_str());
+    const Status st = run_step(b);
+    if (!st.ok()) {
+      std::fprintf(stderr, "error: decode step %d: %s\n", step, st.ToString().c_str());
+      std::exit(1);
+    }
     times.push_back((MonotonicNanos() - t0) * 1e-9);
     cpu_times.push_back((ProcessCpuNanos() - c0) * 1e-9);
   }
@@ -379,6 +404,7 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> dtype_names = {"f32", "bf16"};
   int steps = 24, prefill_tokens = 512, batch = 16, context = 32, block_size = 16;
+  bool scatter = false;
   bool skip_libraries = false;
   std::string only;
   std::string bf16_products = "auto";
@@ -398,7 +424,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--block-size", block_size, "positions per KV page")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--scatter", scatter,
+               "decode from KV pages scattered over the pool (every page handed out and freed "
+               "in a random order first, as a long-running server's) rather than a fresh pool's");
   app.add_option("--isa", isa_name, "force the kernels' level: avx512, avx2 or generic");
   app.add_flag("--no-libraries", skip_libraries, "skip the library GEMM comparison");
   app.add_option("--only", only,
@@ -524,6 +553,11 @@ int main(int argc, char** argv) {
       LocalExecutorOptions eo;
       eo.threads = threads;
       eo.block_size = block_size;
+      // The pool: 64K positions per (layer, head group), or what the
+      // decoding sequences need if more.
+      const int64_t slots = static_cast<int64_t>(c.num_layers) * c.num_kv_heads;
+      const int64_t blocks = (static_cast<int64_t>(context) + steps + block_size - 1) / block_size;
+      eo.kv_pages = slots * std::max<int64_t>(65536 / block_size, blocks * batch);
       eo.isa = isa;
       eo.dpbf16 = dpbf16;
       auto exec = LocalExecutor::Create(dir, eo);
@@ -539,14 +573,16 @@ int main(int argc, char** argv) {
       }
       if (only == "decode" || only == "decode-batch") {
         const int rows = only == "decode" ? 1 : batch;
-        const Decode d = RunDecode(**exec, rows, steps, context);
-        std::printf("%-7d decode at batch %d, context %d, pages of %d: %.2f tok/s over %d steps\n",
-                    threads, rows, context, block_size, d.tokens_per_s, steps);
+        const Decode d = RunDecode(**exec, rows, steps, context, scatter);
+        std::printf(
+            "%-7d decode at batch %d, context %d, pages of %d%s: %.2f tok/s over %d steps\n",
+            threads, rows, context, block_size, scatter ? " (scattered)" : "", d.tokens_per_s,
+            steps);
         continue;
       }
       const double bw = MeasureReadBandwidth(threads);
-      const Decode d1 = RunDecode(**exec, 1, steps, context);
-      const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3), context);
+      const Decode d1 = RunDecode(**exec, 1, steps, context, scatter);
+      const Decode db = RunDecode(**exec, batch, std::max(4, steps / 3), context, scatter);
       const double prefill_s = RunPrefill(**exec, prefill_tokens, 3);
       const bool cb = ColumnBlocked(dtype, isa, dpbf16);
       // A decode step's lm head takes every row, a prefill's its last.

@@ -19,10 +19,11 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
       ->check(CLI::Range(1, 256));
   app.add_option("--block-size", f->block_size,
                  "positions per KV page: the unit of KV memory, of prefix caching and of the "
-                 "runs of memory attention reads (larger pages read faster on CPUs, "
-                 "docs/CPU_PERFORMANCE.md; smaller ones waste less of a sequence's last page)")
+                 "host KV backup, and the length of the runs of memory attention reads (pages "
+                 "scattered over the pool read faster when larger, docs/CPU_PERFORMANCE.md; a "
+                 "sequence's last page is half empty on average)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(CLI::Range(1, 256));
   app.add_flag("--processes", f->processes, "run even a single device as a worker process");
   app.add_option("--recovery", f->recovery, "recovery mode: recompute, host or full")
       ->capture_default_str();

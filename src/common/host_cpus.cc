@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string_view>
 #include <vector>
@@ -102,7 +103,10 @@ int TightestUpTo(std::string dir, const std::string& point, Quota quota) {
 
 int CeilDiv(int64_t quota, int64_t period) {
   if (quota <= 0 || period <= 0) return 0;
-  return static_cast<int>(std::max<int64_t>(1, (quota + period - 1) / period));
+  // A quota may be set far above any host's CPUs (up to about 2^44 us a
+  // period of 1 ms).
+  return static_cast<int>(std::clamp<int64_t>(quota / period + (quota % period != 0), 1,
+                                              std::numeric_limits<int>::max()));
 }
 
 int64_t ParseInt(const std::string& s) {

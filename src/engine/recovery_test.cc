@@ -644,8 +644,9 @@ TEST_P(PageSizeTest, SameOutputsThroughFailuresAndCacheHits) {
   s.devices = 5;
   s.policy = Policy::kHybrid;
   s.block_size = block_size;
-  // As tight as 240 pages of 16, and room for each slot's last page of a
-  // sequence whose size is not a multiple of the page's.
+  // About as tight as 240 pages of 16: the same positions, and 16 pages
+  // more for the part of a sequence's last pages it does not fill
+  // (preemptions still happen, checked below).
   s.kv_pages = 240 * 16 / block_size + 16;
   BackupWatch watch;
   s.on_step = [&watch](Engine& e, const StepOutcome& out) { watch.Check(e, out); };

@@ -76,9 +76,9 @@ void PrefetchAttentionStart(const AttentionArgs& a) {
   // The first query tile's keys and values: the scores' first kRowsAheadNT
   // keys and the weighted values' first kRowsAheadNN rows.
   const int k0 = FirstKey(a, a.start_pos);
-  const int k1 = a.start_pos + std::min(kQueryTile, a.num_tokens);  // past the tile's last
+  const int end = a.start_pos + std::min(kQueryTile, a.num_tokens);  // past the tile's last
   auto ask = [&](int p1, int offset) {
-    for (int p = k0; p < std::min(k1, p1); ++p) {
+    for (int p = k0; p < std::min(end, p1); ++p) {
       const char* row = reinterpret_cast<const char*>(a.pages[p / bs] + (offset + p % bs) * hd);
       for (int64_t b = 0; b < static_cast<int64_t>(hd) * 4; b += 64) __builtin_prefetch(row + b);
     }

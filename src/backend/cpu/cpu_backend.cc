@@ -128,7 +128,7 @@ class CpuBackend final : public Backend {
       }
     };
     if (threads_ > 1 && n > 1) {
-      cpu::UnitShares shares(n, threads_, /*takes=*/n);
+      cpu::UnitShares shares(n, threads_, cpu::kUnitShareTakes, /*max_chunk=*/1);
 #pragma omp parallel num_threads(threads_)
       shares.Run(omp_get_thread_num(), run);
     } else {

@@ -32,7 +32,8 @@ void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int6
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa);
 // Asks for the keys and values a problem reads first, which the kernels'
 // own requests (kRowsAheadNT, kRowsAheadNN: gemm.h) start after: to be
-// called while the problem before it runs. Reads nothing into a register.
+// called while the problem before it runs. Of the problem it reads only its
+// page table (no key or value).
 void PrefetchAttentionStart(const AttentionArgs& a);
 // out[i] = g[i] / (1 + exp(-g[i])) * u[i], i < n; row[i] = exp(row[i] -
 // shift), i < n: vectorised at the level's width with one exp (Exp in simd.h)

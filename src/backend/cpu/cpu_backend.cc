@@ -127,13 +127,7 @@ class CpuBackend final : public Backend {
         cpu::Attention(problems[i], linear_.isa);
       }
     };
-    if (threads_ > 1 && n > 1) {
-      cpu::UnitShares shares(n, threads_, cpu::kUnitShareTakes, /*max_chunk=*/1);
-#pragma omp parallel num_threads(threads_)
-      shares.Run(omp_get_thread_num(), run);
-    } else {
-      run(0, n);
-    }
+    cpu::ShareOut(n, threads_, run, cpu::kUnitShareTakes, /*max_chunk=*/1);
   }
 
   int Sample(const float* logits, int vocab, const SamplingParams& params,

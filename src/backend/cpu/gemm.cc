@@ -35,18 +35,6 @@ const GemmKernels& KernelsFor(CpuIsa isa) {
   return GemmKernelsGeneric();
 }
 
-// run(u0, u1) over [0, count) units: on one thread the whole range in one
-// call, else shared out over `threads` (UnitShares: pieces taken in about
-// `takes` chunks of at most `max_chunk` units).
-template <typename Run>
-void ShareOut(int count, int threads, Run run, int takes = kUnitShareTakes,
-              int max_chunk = 1 << 30) {
-  if (threads == 1) return run(0, count);
-  UnitShares shares(count, threads, takes, max_chunk);
-#pragma omp parallel num_threads(threads)
-  shares.Run(omp_get_thread_num(), run);
-}
-
 float* Scratch(int64_t floats) {
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);

@@ -2,6 +2,8 @@
 // starting on its own piece and taking over a slower one's tail.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -100,5 +102,18 @@ class UnitShares {
   int chunk_ = 1;
   std::unique_ptr<Slot[]> slots_;
 };
+
+// run(u0, u1) over [0, count) units: on one thread (or with one unit) the
+// whole range in one call, else shared out over `threads` in a parallel
+// region (UnitShares: pieces taken in about `takes` chunks of at most
+// `max_chunk` units).
+template <typename Run>
+void ShareOut(int count, int threads, Run run, int takes = kUnitShareTakes,
+              int max_chunk = 1 << 30) {
+  if (threads <= 1 || count <= 1) return run(0, count);
+  UnitShares shares(count, threads, takes, max_chunk);
+#pragma omp parallel num_threads(threads)
+  shares.Run(omp_get_thread_num(), run);
+}
 
 }  // namespace failsafe::cpu

@@ -1,25 +1,24 @@
-#include "common/host_cpus.h"
+#include "engine/host_cpus.h"
 
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <string_view>
 #include <vector>
 
+#include "model/file_util.h"
+
 namespace failsafe {
 
 namespace {
 
+// A file's text, or "" where it cannot be read (no such cgroup file).
 std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return {};
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  Result<std::string> text = ReadFileToString(path);
+  return text.ok() ? *text : std::string();
 }
 
 std::vector<std::string> Split(std::string_view text, char sep) {

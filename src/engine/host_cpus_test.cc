@@ -1,4 +1,4 @@
-#include "common/host_cpus.h"
+#include "engine/host_cpus.h"
 
 #include <gtest/gtest.h>
 #include <sched.h>

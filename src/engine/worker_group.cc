@@ -7,9 +7,9 @@
 #include <cstdlib>
 
 #include "common/clock.h"
-#include "common/host_cpus.h"
 #include "common/log.h"
 #include "core/step_cost.h"
+#include "engine/host_cpus.h"
 #include "engine/step_timing.h"
 #include "placement/plan_json.h"
 #include "placement/plan_stats.h"

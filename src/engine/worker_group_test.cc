@@ -18,12 +18,12 @@
 
 #include "backend/backend.h"
 #include "common/clock.h"
-#include "common/host_cpus.h"
 #include "common/rng.h"
 #include "common/row_error.h"
 #include "common/scratch_dir.h"
 #include "engine/device_process.h"
 #include "engine/executor.h"
+#include "engine/host_cpus.h"
 #include "engine/kv_tables.h"
 #include "engine/test_support.h"
 #include "engine/worker_group.h"

@@ -553,11 +553,11 @@ int main(int argc, char** argv) {
       LocalExecutorOptions eo;
       eo.threads = threads;
       eo.block_size = block_size;
-      // The pool: 64K positions per (layer, head group), or what the
-      // decoding sequences need if more.
-      const int64_t slots = static_cast<int64_t>(c.num_layers) * c.num_kv_heads;
-      const int64_t blocks = (static_cast<int64_t>(context) + steps + block_size - 1) / block_size;
-      eo.kv_pages = slots * std::max<int64_t>(65536 / block_size, blocks * batch);
+      // The pool: what the timed sequences need at most (the batch's
+      // decoding, or one prefill), every (layer, head group) of them.
+      auto blocks = [block_size](int64_t tokens) { return (tokens + block_size - 1) / block_size; };
+      eo.kv_pages = static_cast<int64_t>(c.num_layers) * c.num_kv_heads *
+                    std::max(batch * blocks(context + steps), blocks(prefill_tokens));
       eo.isa = isa;
       eo.dpbf16 = dpbf16;
       auto exec = LocalExecutor::Create(dir, eo);

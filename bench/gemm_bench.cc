@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,7 +72,16 @@ int main(int argc, char** argv) {
   bool row_major_nn = false;
   app.add_flag("--row-major-nn", row_major_nn,
                "o and down row-major even where the engine holds them column-blocked");
+  std::string bf16_products = "auto";
+  app.add_option("--bf16-products", bf16_products,
+                 "bf16 weights' products: auto (the engine's choice), dpbf16 (vdpbf16ps wherever "
+                 "it computes the chain) or fma")
+      ->check(CLI::IsMember({"auto", "dpbf16", "fma"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const std::optional<bool> dpbf16 = bf16_products == "fma"      ? std::optional<bool>(false)
+                                     : bf16_products == "dpbf16" ? std::optional<bool>(true)
+                                                                 : std::nullopt;
 
   auto cfg = SyntheticPresetConfig(preset);
   if (!cfg.ok()) {
@@ -92,8 +102,12 @@ int main(int argc, char** argv) {
     }
   }
   const CpuFeatures& f = HostCpuFeatures();
-  std::printf("cpu: %s\nkernel: %s%s\n", f.model.c_str(), CpuIsaName(cpu::GemmIsa()),
-              cpu::GemmDpbf16For(cpu::GemmIsa()) ? " (bf16 products: vdpbf16ps)" : "");
+  const CpuIsa level = cpu::GemmIsa();
+  std::printf("cpu: %s\nkernel: %s%s\n", f.model.c_str(), CpuIsaName(level),
+              !cpu::GemmDpbf16For(level) ? ""
+              : cpu::GemmDpbf16TilesFor(level)
+                  ? " (bf16 products: vdpbf16ps)"
+                  : " (bf16 products: vdpbf16ps in decode's few rows, fma in register tiles)");
   std::printf("%-8s %-5s %5s %7s %9s %9s\n", "product", "dtype", "rows", "threads", "GB/s",
               "GFLOP/s");
 
@@ -135,6 +149,7 @@ int main(int argc, char** argv) {
               a.n = p.n;
               a.k = p.k;
               a.threads = threads;
+              a.dpbf16 = dpbf16;
               if (p.nt) {
                 a.ldw = p.k;
                 a.w_blocked16 = true;

@@ -127,8 +127,9 @@ void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
 // panels of 32); every column is one thread's, so no sums are split.
 //  - Few rows: the direct kernel, item after item over a thread's columns
 //    (each item's part of them one run of memory).
-//  - More, bf16 by vdpbf16ps with even items: panel after panel, every item
-//    in one call, its pairs read where they lie as a packed panel's are.
+//  - More, bf16 with even items (on a CPU with AVX512_BF16): panel after
+//    panel, every item in one call, its pairs read where they lie as a
+//    packed panel's are, by vdpbf16ps or widened.
 //  - Else item after item over blocks of panels whose sums (m x 32 per
 //    panel) stay in the second-level cache while every item adds to them.
 void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int threads) {
@@ -136,8 +137,12 @@ void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int thread
   const bool direct = a.m <= kDirectRows;
   const int units = direct ? (a.n + 15) / 16 : (a.n + kNR - 1) / kNR;
   const int block = std::max(1, (128 << 10) / (a.m * kNR * 8));
-  // Panels of whole blocks of 16 columns.
-  const int whole_panels = a.dpbf16 && a.item_k % 2 == 0 ? a.n / 16 * 16 / kNR : 0;
+  // Panels of whole blocks of 16 columns, bf16 pairs read where they lie
+  // (by vdpbf16ps or widened for fused multiply-adds: kernels built where
+  // the CPU has AVX512_BF16).
+  const bool pairs =
+      a.wtype == DType::kBF16 && kern.column_panels != nullptr && HostCpuFeatures().avx512_bf16;
+  const int whole_panels = pairs && a.item_k % 2 == 0 ? a.n / 16 * 16 / kNR : 0;
   auto run = [&](int u0, int u1) {
     if (direct) return kern.direct(a, 16 * u0, std::min(a.n, 16 * u1));
     float* packed = Scratch(static_cast<int64_t>(a.item_k) * kNR);
@@ -173,6 +178,21 @@ bool GemmDpbf16For(CpuIsa isa) {
                               GemmIsaFor(CpuIsa::kAvx512) == CpuIsa::kAvx512 &&
                               Dpbf16MatchesChain();
   return isa == CpuIsa::kAvx512 && matches;
+}
+
+bool GemmDpbf16TilesFor(CpuIsa isa) {
+  // Register tiles over many rows are compute bound: vdpbf16ps pays where
+  // it runs at least 3/8 as fast as a fused multiply-add (3/4 of the two it
+  // replaces; the widening they need makes up the rest). Zen 4 and 5 run it
+  // as fast as one; an Emerald Rapids Xeon a quarter as fast, where 512-row
+  // products by fused multiply-adds are up to 1.75x as fast
+  // (docs/CPU_PERFORMANCE.md, "Xeon, bf16 tiles by fused multiply-adds").
+  return GemmDpbf16For(isa) && GemmDpbf16PerFma() >= 0.375;
+}
+
+double GemmDpbf16PerFma() {
+  static const double ratio = GemmDpbf16For(CpuIsa::kAvx512) ? Dpbf16PerFma() : 0;
+  return ratio;
 }
 
 CpuIsa GemmIsa() {
@@ -233,7 +253,13 @@ void Gemm(const GemmArgs& a) {
   static_cast<GemmArgs&>(ka) = a;
   if (a.wtype == DType::kBF16) {
     FS_CHECK_MSG(!a.w_rows, "weights given by rows are f32");
-    ka.dpbf16 = a.dpbf16.value_or(true) && GemmDpbf16For(isa);
+    // Unset: by vdpbf16ps where few rows stream weights from memory
+    // (decode), and in register tiles where it outruns fused multiply-adds
+    // (GemmDpbf16TilesFor) or where the tiles' widening of a plain product's
+    // weight is shared by too few rows to pay (up to kDpbf16Rows). Tiles of
+    // fixed-point items widen each pair in registers for all their rows.
+    const bool few = a.m <= kDirectRows || (a.out != GemmOut::kFixedItems && a.m <= kDpbf16Rows);
+    ka.dpbf16 = a.dpbf16.value_or(few || GemmDpbf16TilesFor(isa)) && GemmDpbf16For(isa);
   }
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);

@@ -113,7 +113,8 @@ struct GemmArgs {
   // lacks is lowered to the best it has.
   std::optional<CpuIsa> isa;
   // bf16 weights: whether products are taken by vdpbf16ps (same results
-  // either way); unset or true: where GemmDpbf16For(level) allows.
+  // either way); true: where GemmDpbf16For(level) allows; unset: there, and
+  // with more than a few rows only where GemmDpbf16TilesFor(level).
   std::optional<bool> dpbf16;
 };
 
@@ -129,6 +130,14 @@ int GemmTileRows(CpuIsa isa);
 // the level is avx512, the CPU has AVX512_BF16 and the instruction computes
 // the chain bit for bit (checked once, on fixed operands).
 bool GemmDpbf16For(CpuIsa isa);
+// Whether, by default, products with more rows than batched decode's
+// (register tiles, compute bound) take vdpbf16ps too: where
+// GemmDpbf16For(isa) and the instruction, measured at start-up, runs at
+// least 3/8 as fast as a fused multiply-add.
+bool GemmDpbf16TilesFor(CpuIsa isa);
+// vdpbf16ps's throughput over a 16-float fused multiply-add's, as measured
+// once on this CPU; 0 where GemmDpbf16For(kAvx512) is false.
+double GemmDpbf16PerFma();
 
 // x rounded to bf16 (to nearest, ties to even; a NaN stays a NaN), as f32.
 float RoundToBf16(float x);

@@ -2,6 +2,9 @@
 // src/backend/CMakeLists.txt); called only on CPUs that have it. The
 // functions that use AVX512_BF16 (vdpbf16ps) carry it as a target attribute,
 // so nothing else in this file needs it; they run only where the CPU has it.
+#include <cstdint>
+#include <ctime>
+
 #include "backend/cpu/gemm_impl.h"
 
 #if !defined(__AVX512F__)
@@ -74,7 +77,62 @@ float ProbeAcc(uint64_t r) {
   return f;
 }
 
+// `iters` rounds of 12 independent chains of vdpbf16ps (fma: of fused
+// multiply-adds), so that the rate is the instruction's throughput, not its
+// latency. The empty asm keeps the operand in a register the compiler
+// cannot see through.
+template <bool kDp>
+__attribute__((target("avx512bf16"), noinline)) float Chains(int iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.5f);
+  for (int t = 0; t < iters; ++t) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      if constexpr (kDp) {
+        acc[i] =
+            _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+      } else {
+        acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+      }
+    }
+    asm volatile("" : "+v"(a));
+  }
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) sum += reinterpret_cast<V16>(acc[i])[i];
+  return sum;
+}
+
+// Nanoseconds of the fastest of `reps` runs of `f`.
+template <typename F>
+int64_t Fastest(int reps, F f) {
+  int64_t best = INT64_MAX;
+  for (int r = 0; r < reps; ++r) {
+    timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    volatile float sink = f();
+    (void)sink;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    best = std::min<int64_t>(best, (t1.tv_sec - t0.tv_sec) * 1000000000 + t1.tv_nsec - t0.tv_nsec);
+  }
+  return best;
+}
+
 }  // namespace
+
+double Dpbf16PerFma() {
+  if (!HostCpuFeatures().avx512_bf16) return 0;
+  // About 0.1-0.4 ms per run; the fastest of several, alternating, so that
+  // a run the scheduler interrupts does not decide.
+  constexpr int kIters = 4096;
+  int64_t dp = INT64_MAX, fma = INT64_MAX;
+  for (int r = 0; r < 4; ++r) {
+    dp = std::min(dp, Fastest(2, [] { return Chains<true>(kIters); }));
+    fma = std::min(fma, Fastest(2, [] { return Chains<false>(kIters); }));
+  }
+  return static_cast<double>(std::max<int64_t>(fma, 1)) /
+         static_cast<double>(std::max<int64_t>(dp, 1));
+}
 
 bool Dpbf16MatchesChain() {
   if (!HostCpuFeatures().avx512_bf16) return false;

@@ -782,28 +782,36 @@ __attribute__((target("avx512bf16"), noinline)) Acc<MR> ChainDpbf16(const Kernel
 
 #if defined(__AVX512F__)
 // A tile in fixed-point mode on bf16 [k, n] panels in pairs
-// (Panel::slot_pairs: packed, or a column-blocked weight's as they lie) by vdpbf16ps: each item's
-// chain as ChainDpbf16 computes it, from zero, made fixed point (ToFixed) and added to the item
-// sums.
+// (Panel::slot_pairs: packed, or a column-blocked weight's as they lie): each
+// item's chain from zero, made fixed point (ToFixed) and added to the item
+// sums. kDp: by vdpbf16ps, as ChainDpbf16 computes it; else each pair widened
+// in registers (shared by the tile's rows) for the chain's two fused
+// multiply-adds, as ChainBf16 computes it (where vdpbf16ps is slow,
+// GemmDpbf16TilesFor).
 // kWhole: the panel's 32 columns all there (the sums' additions straight
 // vector stores). kFar: a column-blocked weight (Panel::item_step), whose
 // items lie far apart, each read as a short run the hardware prefetchers do
 // not follow: each load asks for the line kFixedAhead items on (after the
 // last item, the next panel's first ones).
 inline constexpr int kFixedAhead = 2;
-template <int MR, bool kWhole, bool kFar>
-__attribute__((target("avx512bf16"))) FS_INLINE void TileFixedDpbf16Items(const KernelArgs& a,
-                                                                          int i0, int j0,
-                                                                          const Panel<BF16>& p) {
+template <int MR, bool kWhole, bool kFar, bool kDp>
+__attribute__((target("avx512bf16"))) FS_INLINE void TileFixedPairsItems(const KernelArgs& a,
+                                                                         int i0, int j0,
+                                                                         const Panel<BF16>& p) {
   const int pairs = (a.item_k + 1) / 2, items = a.k / a.item_k;
   const int64_t item_slots = (a.item_k + 1) & ~1;     // XSlot of item c's first k-value: c * this
   const int v0 = kWhole ? 16 : std::min(16, p.cols);  // columns per vector
   const int v1 = kWhole ? 16 : std::max(0, p.cols - 16);
   const uint32_t* xw[MR];
+  const float* xs[MR];
   int64_t* row[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
-    xw[i] = a.xw + (i0 + i) * a.ldxs / 2;
+    if constexpr (kDp) {
+      xw[i] = a.xw + (i0 + i) * a.ldxs / 2;
+    } else {
+      xs[i] = a.xs + (i0 + i) * a.ldxs;
+    }
     row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
   }
   const int64_t item_step = p.item_step ? p.item_step : item_slots * p.step;
@@ -822,14 +830,30 @@ __attribute__((target("avx512bf16"))) FS_INLINE void TileFixedDpbf16Items(const 
         __builtin_prefetch(b0 + ahead);
         __builtin_prefetch(b1 + ahead);
       }
-      const __m512bh wv0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
-      const __m512bh wv1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
+      if constexpr (kDp) {
+        const __m512bh wv0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
+        const __m512bh wv1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512bh x =
-            reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xw[i][w0 + q])));
-        a0[i] = _mm512_dpbf16_ps(a0[i], x, wv0);
-        a1[i] = _mm512_dpbf16_ps(a1[i], x, wv1);
+        for (int i = 0; i < MR; ++i) {
+          const __m512bh x =
+              reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xw[i][w0 + q])));
+          a0[i] = _mm512_dpbf16_ps(a0[i], x, wv0);
+          a1[i] = _mm512_dpbf16_ps(a1[i], x, wv1);
+        }
+      } else {
+        V16 e0, o0, e1, o1;
+        LoadPair(b0, &e0, &o0);
+        LoadPair(b1, &e1, &o1);
+        const int64_t s = 2 * (w0 + q);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          const V16 xe = Splat(xs[i][s]), xo = Splat(xs[i][s + 1]);
+          V16 c0 = reinterpret_cast<V16>(a0[i]), c1 = reinterpret_cast<V16>(a1[i]);
+          c0 = Fma(xo, o0, c0);
+          c1 = Fma(xo, o1, c1);
+          a0[i] = reinterpret_cast<__m512>(Fma(xe, e0, c0));
+          a1[i] = reinterpret_cast<__m512>(Fma(xe, e1, c1));
+        }
       }
     }
 #pragma GCC unroll 16
@@ -840,12 +864,12 @@ __attribute__((target("avx512bf16"))) FS_INLINE void TileFixedDpbf16Items(const 
   }
 }
 
-template <int MR>
-__attribute__((target("avx512bf16"), noinline)) void TileFixedDpbf16(const KernelArgs& a, int i0,
-                                                                     int j0, const Panel<BF16>& p) {
-  if (p.cols < 32) return TileFixedDpbf16Items<MR, false, false>(a, i0, j0, p);
-  if (p.item_step) return TileFixedDpbf16Items<MR, true, true>(a, i0, j0, p);
-  TileFixedDpbf16Items<MR, true, false>(a, i0, j0, p);
+template <int MR, bool kDp>
+__attribute__((target("avx512bf16"), noinline)) void TileFixedPairs(const KernelArgs& a, int i0,
+                                                                    int j0, const Panel<BF16>& p) {
+  if (p.cols < 32) return TileFixedPairsItems<MR, false, false, kDp>(a, i0, j0, p);
+  if (p.item_step) return TileFixedPairsItems<MR, true, true, kDp>(a, i0, j0, p);
+  TileFixedPairsItems<MR, true, false, kDp>(a, i0, j0, p);
 }
 #endif
 
@@ -880,7 +904,10 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
   Acc<MR> acc;
 #if defined(__AVX512F__)
   if constexpr (kB && kPairs<W>) {
-    if (a.out == GemmOut::kFixedItems && p.slot_pairs) return TileFixedDpbf16<MR>(a, i0, j0, p);
+    if (a.out == GemmOut::kFixedItems && p.slot_pairs) {
+      return a.dpbf16 ? TileFixedPairs<MR, true>(a, i0, j0, p)
+                      : TileFixedPairs<MR, false>(a, i0, j0, p);
+    }
   }
 #endif
   if (a.out == GemmOut::kFixedItems) {

@@ -6,7 +6,7 @@
 //
 //   failsafe_bench_engine [--model DIR | --preset 1b-llama] [--dtypes f32,bf16]
 //                         [--threads 1,2] [--isa avx512|avx2|generic]
-//                         [--bf16-products auto|fma]
+//                         [--bf16-products auto|dpbf16|fma]
 #include <immintrin.h>
 #include <omp.h>
 
@@ -70,7 +70,7 @@ double MeasureReadBandwidth(int threads) {
         for (int q = 0; q < 4; ++q) r[q] = buf + b + q * len;
         for (size_t i = 0; i < len; i += 16) {
           for (int q = 0; q < 4; ++q) {
-            __builtin_prefetch(r[q] + i + 512);
+            __builtin_prefetch(r[q] + std::min(i + 512, len - 16));
             V16 x;
             __builtin_memcpy(&x, r[q] + i, 64);
             acc[q] += x;
@@ -484,7 +484,8 @@ int main(int argc, char** argv) {
   std::printf("bf16 chain (bf16 activations, pairs odd then even): %s%s\n",
               !uses_dpbf16   ? "fused multiply-adds"
               : tiles_dpbf16 ? "vdpbf16ps"
-                             : "vdpbf16ps in decode's few rows, fused multiply-adds in tiles",
+                             : "vdpbf16ps in decode and plain products of up to 16 rows, fused "
+                               "multiply-adds in other tiles",
               uses_dpbf16 || !f.avx512_bf16          ? ""
               : !cpu::GemmDpbf16For(CpuIsa::kAvx512) ? " (vdpbf16ps differs from the chain here)"
                                                      : " (vdpbf16ps not used: forced)");

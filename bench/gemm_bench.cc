@@ -12,7 +12,7 @@
 //
 //   failsafe_bench_gemm [--preset 1b-llama] [--rows 1,16] [--threads 1,2]
 //                       [--dtypes f32,bf16] [--products o,down] [--plain]
-//                       [--row-major-nn]
+//                       [--row-major-nn] [--bf16-products auto|dpbf16|fma]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
               !cpu::GemmDpbf16For(level) ? ""
               : cpu::GemmDpbf16TilesFor(level)
                   ? " (bf16 products: vdpbf16ps)"
-                  : " (bf16 products: vdpbf16ps in decode's few rows, fma in register tiles)");
+                  : " (bf16 products by default: vdpbf16ps in decode and plain products of up to "
+                    "16 rows, fma in other tiles)");
   std::printf("%-8s %-5s %5s %7s %9s %9s\n", "product", "dtype", "rows", "threads", "GB/s",
               "GFLOP/s");
 

@@ -161,8 +161,10 @@ struct CpuBackendOptions {
   // best it has. Every level computes the same results (backend/cpu/gemm.h).
   std::optional<CpuIsa> isa;
   // bf16 weights: whether the avx512 level takes products by vdpbf16ps where
-  // the CPU has it and it computes the bf16 chain (unset or true) or by fused
-  // multiply-adds (false). The same results either way (backend/cpu/gemm.h).
+  // the CPU has it and it computes the bf16 chain (true), by fused
+  // multiply-adds (false), or unset: by vdpbf16ps where it pays on this CPU
+  // (cpu::Gemm's default, measured at start-up). The same results either
+  // way (backend/cpu/gemm.h).
   std::optional<bool> dpbf16;
 };
 

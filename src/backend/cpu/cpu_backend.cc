@@ -32,7 +32,8 @@ class CpuBackend final : public Backend {
                      int n, int k, int item_k) override {
     cpu::LinearNNFixed(x, ldx, w, acc, ldacc, m, n, k, item_k, linear_);
   }
-  // bf16 by vdpbf16ps: an item's 16 columns are a run of memory, read
+  // bf16 where vdpbf16ps computes the chain (whether or not tiles take it):
+  // an item's 16 columns are a run of memory, read
   // four runs at a time (measured in docs/CPU_PERFORMANCE.md, "Zen 5, bf16
   // o and down column-blocked"). Elsewhere rows stream as fast.
   bool ColumnBlockedNN(DType dtype) const override {

@@ -138,8 +138,8 @@ void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int thread
   const int units = direct ? (a.n + 15) / 16 : (a.n + kNR - 1) / kNR;
   const int block = std::max(1, (128 << 10) / (a.m * kNR * 8));
   // Panels of whole blocks of 16 columns, bf16 pairs read where they lie
-  // (by vdpbf16ps or widened for fused multiply-adds: kernels built where
-  // the CPU has AVX512_BF16).
+  // (by vdpbf16ps or widened for fused multiply-adds). Their tiles carry
+  // AVX512_BF16 as a target, so only CPUs that have it take them.
   const bool pairs =
       a.wtype == DType::kBF16 && kern.column_panels != nullptr && HostCpuFeatures().avx512_bf16;
   const int whole_panels = pairs && a.item_k % 2 == 0 ? a.n / 16 * 16 / kNR : 0;
@@ -259,7 +259,7 @@ void Gemm(const GemmArgs& a) {
     // weight is shared by too few rows to pay (up to kDpbf16Rows). Tiles of
     // fixed-point items widen each pair in registers for all their rows.
     const bool few = a.m <= kDirectRows || (a.out != GemmOut::kFixedItems && a.m <= kDpbf16Rows);
-    ka.dpbf16 = a.dpbf16.value_or(few || GemmDpbf16TilesFor(isa)) && GemmDpbf16For(isa);
+    ka.dpbf16 = (a.dpbf16 ? *a.dpbf16 : few || GemmDpbf16TilesFor(isa)) && GemmDpbf16For(isa);
   }
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);

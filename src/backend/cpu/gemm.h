@@ -113,8 +113,9 @@ struct GemmArgs {
   // lacks is lowered to the best it has.
   std::optional<CpuIsa> isa;
   // bf16 weights: whether products are taken by vdpbf16ps (same results
-  // either way); true: where GemmDpbf16For(level) allows; unset: there, and
-  // with more than a few rows only where GemmDpbf16TilesFor(level).
+  // either way); true: where GemmDpbf16For(level) allows; unset: there for
+  // decode's few rows (kDirectRows) and plain products of up to
+  // kDpbf16Rows, elsewhere only where GemmDpbf16TilesFor(level).
   std::optional<bool> dpbf16;
 };
 

@@ -104,10 +104,12 @@ struct GemmKernels {
   // block packed into `packed` (ItemScratchFloats(a) floats), then every
   // row's tiles over its panels.
   void (*item_panels)(const KernelArgs& a, float* packed);
-  // nn in fixed-point items on a column-blocked bf16 weight by vdpbf16ps
-  // (a.dpbf16, item_k even): panels [p0, p1), each 32 columns of two whole
-  // blocks of 16, panel after panel, every row and every item. Null at the
-  // levels without vdpbf16ps (never asked there).
+  // nn in fixed-point items on a column-blocked bf16 weight, its pairs read
+  // where they lie, by vdpbf16ps (a.dpbf16) or widened for fused
+  // multiply-adds (item_k even): panels [p0, p1), each 32 columns of two
+  // whole blocks of 16, panel after panel, every row and every item. Its
+  // tiles are built for AVX512_BF16, so it runs only on CPUs that have it.
+  // Null at the levels without it (never asked there).
   void (*column_panels)(const KernelArgs& a, int p0, int p1);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.

@@ -473,6 +473,50 @@ TEST(GemmLevels, ColumnBlockedItemsComputeTheSameSums) {
   }
 }
 
+// Column-blocked bf16 items with denormals, tiny products, signed zeros and
+// an infinity (as Bf16ChainFlushesDenormalsAlikeEverywhere, which takes
+// row-major weights): the panels that read the pairs where they lie, by
+// vdpbf16ps or widened, flush and clamp as the row-major chains do, on every
+// choice of products and thread count.
+TEST(GemmLevels, ColumnBlockedBf16ItemsFlushDenormalsAlike) {
+  Rng r(23);
+  auto tiny = [&r] {
+    const double e = -70.0 + 14.0 * r.Uniform();
+    return static_cast<float>((r.Uniform() < 0.5 ? -1 : 1) * std::ldexp(1.0 + r.Uniform(), e));
+  };
+  for (int m : {5, 11, 16}) {
+    for (int item_k : {34, 64}) {
+      const int n = 130, items = 3, k = item_k * items;
+      const Case c{false, m, n, k, GemmOut::kFixedItems, item_k};
+      std::vector<float> x(static_cast<size_t>(m) * (k + 1));
+      for (auto& v : x) v = tiny();
+      x[5] = 1e-41f;  // a denormal activation
+      x[7] = INFINITY;
+      std::vector<float> w(static_cast<size_t>(k) * n);
+      for (size_t i = 0; i < w.size(); ++i) {
+        w[i] = BFloat16ToFloat(FloatToBFloat16(tiny()));
+        if (i % 13 == 0) w[i] = BFloat16ToFloat(static_cast<uint16_t>(0x0001 + i % 0x7f));
+        if (i % 29 == 0) w[i] = -0.0f;
+      }
+      const auto [rows, blocked] = InTwoLayouts(DType::kBF16, w, [&](int64_t e) {
+        const int64_t kk = e / n, j = e % n, item = kk / item_k;
+        return item * n * item_k + Blocked16Index(j, kk % item_k, n, item_k, DType::kBF16);
+      });
+      const auto want = RunGemm(c, x, rows.data(), DType::kBF16, CpuIsa::kGeneric, 1);
+      for (CpuIsa isa : Levels()) {
+        for (int threads : {1, 2}) {
+          for (std::optional<bool> dp :
+               {std::optional<bool>(false), std::optional<bool>(true), std::optional<bool>()}) {
+            EXPECT_EQ(RunGemm(c, x, blocked.data(), DType::kBF16, isa, threads, true, 0, dp), want)
+                << CpuIsaName(isa) << " m=" << m << " item_k=" << item_k << " threads=" << threads
+                << " dpbf16=" << (dp ? (*dp ? "on" : "off") : "default");
+          }
+        }
+      }
+    }
+  }
+}
+
 // The blocked layout gives every element its own place within its block
 // (rows / 16 blocks of 16 rows, then a tail of rows % 16), no padding; bf16
 // holds k-values kk, kk + 1 (kk even) of a row in one 32-bit lane, at the

@@ -101,40 +101,9 @@ double MeasureReadBandwidth(int threads) {
 // widest FMA the kernels' `level` uses, on twelve independent chains per
 // thread: enough to cover the FMA latency, so this is the ceiling a GEMM
 // built from f32 FMAs can reach on this CPU (0 for the generic level).
-// Each function runs twelve chains of `iters` FMAs on full vectors.
-__attribute__((target("avx512f"))) double Chains512(int64_t iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  return out[0] + out[15];
-}
-
-// The same with vdpbf16ps (two bf16 products and their sums per lane: 64
-// FLOP per instruction): the ceiling of the bf16 chain's products.
-__attribute__((target("avx512f,avx512bf16"))) double ChainsDpbf16(int64_t iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
-  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-7f), _mm512_set1_ps(1e-7f));
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  return out[0] + out[15];
-}
-
+// Each function runs twelve chains of `iters` FMAs on full vectors (the
+// avx512 level's and vdpbf16ps's in the backend, cpu::Avx512FmaChains and
+// Avx512Dpbf16Chains, which also time them at start-up).
 __attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
   __m256 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
@@ -160,8 +129,8 @@ double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
     const int64_t t0 = MonotonicNanos();
     double sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += dpbf16                     ? ChainsDpbf16(iters)
-            : level == CpuIsa::kAvx512 ? Chains512(iters)
+    sink += dpbf16                     ? cpu::Avx512Dpbf16Chains(iters)
+            : level == CpuIsa::kAvx512 ? cpu::Avx512FmaChains(iters)
                                        : Chains256(iters);
     const double secs = (MonotonicNanos() - t0) * 1e-9;
     if (sink == 42.0) std::printf(" ");  // keep the chains alive
@@ -481,11 +450,15 @@ int main(int argc, char** argv) {
       "kernel: %s (register tile %d x 32, fma chains over k; f32 and f16 weights: f32 "
       "activations, f16 widened in registers)\n",
       CpuIsaName(level), cpu::GemmTileRows(level));
+  char split[128];
+  std::snprintf(split, sizeof(split),
+                "vdpbf16ps in decode and plain products of up to %d rows, fused multiply-adds in "
+                "other tiles",
+                cpu::kDpbf16Rows);
   std::printf("bf16 chain (bf16 activations, pairs odd then even): %s%s\n",
               !uses_dpbf16   ? "fused multiply-adds"
               : tiles_dpbf16 ? "vdpbf16ps"
-                             : "vdpbf16ps in decode and plain products of up to 16 rows, fused "
-                               "multiply-adds in other tiles",
+                             : split,
               uses_dpbf16 || !f.avx512_bf16          ? ""
               : !cpu::GemmDpbf16For(CpuIsa::kAvx512) ? " (vdpbf16ps differs from the chain here)"
                                                      : " (vdpbf16ps not used: forced)");
@@ -509,8 +482,8 @@ int main(int argc, char** argv) {
                   dp_peak / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
     }
     std::printf(
-        "vdpbf16ps per fused multiply-add (start-up measure, tiles take it from 0.375): %.2f\n",
-        cpu::GemmDpbf16PerFma());
+        "vdpbf16ps per fused multiply-add (start-up measure, tiles take it from %.3f): %.2f\n",
+        cpu::kDpbf16TilesFrom, cpu::GemmDpbf16PerFma());
   }
 
   // One model directory per weight type.

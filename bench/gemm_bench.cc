@@ -103,12 +103,16 @@ int main(int argc, char** argv) {
   }
   const CpuFeatures& f = HostCpuFeatures();
   const CpuIsa level = cpu::GemmIsa();
-  std::printf("cpu: %s\nkernel: %s%s\n", f.model.c_str(), CpuIsaName(level),
-              !cpu::GemmDpbf16For(level) ? ""
-              : cpu::GemmDpbf16TilesFor(level)
-                  ? " (bf16 products: vdpbf16ps)"
-                  : " (bf16 products by default: vdpbf16ps in decode and plain products of up to "
-                    "16 rows, fma in other tiles)");
+  std::printf("cpu: %s\nkernel: %s", f.model.c_str(), CpuIsaName(level));
+  if (cpu::GemmDpbf16For(level) && cpu::GemmDpbf16TilesFor(level)) {
+    std::printf(" (bf16 products: vdpbf16ps)");
+  } else if (cpu::GemmDpbf16For(level)) {
+    std::printf(
+        " (bf16 products by default: vdpbf16ps in decode and plain products of up to %d rows, "
+        "fma in other tiles)",
+        cpu::kDpbf16Rows);
+  }
+  std::printf("\n");
   std::printf("%-8s %-5s %5s %7s %9s %9s\n", "product", "dtype", "rows", "threads", "GB/s",
               "GFLOP/s");
 

@@ -187,7 +187,7 @@ bool GemmDpbf16TilesFor(CpuIsa isa) {
   // as fast as one; an Emerald Rapids Xeon a quarter as fast, where 512-row
   // products by fused multiply-adds are up to 1.75x as fast
   // (docs/CPU_PERFORMANCE.md, "Xeon, bf16 tiles by fused multiply-adds").
-  return GemmDpbf16For(isa) && GemmDpbf16PerFma() >= 0.375;
+  return GemmDpbf16For(isa) && GemmDpbf16PerFma() >= kDpbf16TilesFrom;
 }
 
 double GemmDpbf16PerFma() {

@@ -139,6 +139,21 @@ bool GemmDpbf16TilesFor(CpuIsa isa);
 // vdpbf16ps's throughput over a 16-float fused multiply-add's, as measured
 // once on this CPU; 0 where GemmDpbf16For(kAvx512) is false.
 double GemmDpbf16PerFma();
+// GemmDpbf16TilesFor's bound on GemmDpbf16PerFma.
+inline constexpr double kDpbf16TilesFrom = 0.375;
+// Plain bf16 products (not fixed-point items) with at most this many rows
+// take vdpbf16ps by default wherever it computes the chain (GemmDpbf16For);
+// more only where GemmDpbf16TilesFor. Their tiles widen a 16-bit weight
+// into a panel once for all rows: on a Xeon whose vdpbf16ps runs at a
+// quarter of a fused multiply-add's rate, 16 rows are still 1.2-1.5x as
+// fast by it on qkv and gate_up, 32 rows mixed.
+inline constexpr int kDpbf16Rows = 16;
+// Twelve independent chains of `iters` 16-float fused multiply-adds, so
+// that their time is the instruction's throughput, not its latency (for
+// measuring peaks; only on CPUs with AVX-512 F); the same of vdpbf16ps
+// (only with AVX512_BF16).
+float Avx512FmaChains(int64_t iters);
+float Avx512Dpbf16Chains(int64_t iters);
 
 // x rounded to bf16 (to nearest, ties to even; a NaN stays a NaN), as f32.
 float RoundToBf16(float x);

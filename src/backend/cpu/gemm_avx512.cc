@@ -3,9 +3,9 @@
 // functions that use AVX512_BF16 (vdpbf16ps) carry it as a target attribute,
 // so nothing else in this file needs it; they run only where the CPU has it.
 #include <cstdint>
-#include <ctime>
 
 #include "backend/cpu/gemm_impl.h"
+#include "common/clock.h"
 
 #if !defined(__AVX512F__)
 #error "gemm_avx512.cc must be compiled with the avx512 level's flags"
@@ -77,48 +77,56 @@ float ProbeAcc(uint64_t r) {
   return f;
 }
 
-// `iters` rounds of 12 independent chains of vdpbf16ps (fma: of fused
-// multiply-adds), so that the rate is the instruction's throughput, not its
-// latency. The empty asm keeps the operand in a register the compiler
-// cannot see through.
-template <bool kDp>
-__attribute__((target("avx512bf16"), noinline)) float Chains(int iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.5f);
-  for (int t = 0; t < iters; ++t) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-      if constexpr (kDp) {
-        acc[i] =
-            _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
-      } else {
-        acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
-      }
-    }
-    asm volatile("" : "+v"(a));
-  }
-  float sum = 0;
-  for (int i = 0; i < 12; ++i) sum += reinterpret_cast<V16>(acc[i])[i];
-  return sum;
-}
-
 // Nanoseconds of the fastest of `reps` runs of `f`.
 template <typename F>
 int64_t Fastest(int reps, F f) {
   int64_t best = INT64_MAX;
   for (int r = 0; r < reps; ++r) {
-    timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int64_t t0 = MonotonicNanos();
     volatile float sink = f();
     (void)sink;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    best = std::min<int64_t>(best, (t1.tv_sec - t0.tv_sec) * 1000000000 + t1.tv_nsec - t0.tv_nsec);
+    best = std::min(best, MonotonicNanos() - t0);
   }
   return best;
 }
 
+// The sum of twelve chains' lanes (keeps them alive).
+float SumLanes(const __m512 (&acc)[12]) {
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) sum += reinterpret_cast<const V16&>(acc[i])[i];
+  return sum;
+}
+
 }  // namespace
+
+// The empty asm keeps the operand in a register the compiler cannot see
+// through, so every round's instructions are issued.
+__attribute__((noinline)) float Avx512FmaChains(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.5f);
+  for (int64_t t = 0; t < iters; ++t) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+    asm volatile("" : "+v"(a));
+  }
+  return SumLanes(acc);
+}
+
+__attribute__((target("avx512bf16"), noinline)) float Avx512Dpbf16Chains(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.5f);
+  for (int64_t t = 0; t < iters; ++t) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      acc[i] =
+          _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+    }
+    asm volatile("" : "+v"(a));
+  }
+  return SumLanes(acc);
+}
 
 double Dpbf16PerFma() {
   if (!HostCpuFeatures().avx512_bf16) return 0;
@@ -127,8 +135,8 @@ double Dpbf16PerFma() {
   constexpr int kIters = 16384;
   int64_t dp = INT64_MAX, fma = INT64_MAX;
   for (int r = 0; r < 4; ++r) {
-    dp = std::min(dp, Fastest(2, [] { return Chains<true>(kIters); }));
-    fma = std::min(fma, Fastest(2, [] { return Chains<false>(kIters); }));
+    dp = std::min(dp, Fastest(2, [] { return Avx512Dpbf16Chains(kIters); }));
+    fma = std::min(fma, Fastest(2, [] { return Avx512FmaChains(kIters); }));
   }
   return static_cast<double>(std::max<int64_t>(fma, 1)) /
          static_cast<double>(std::max<int64_t>(dp, 1));

@@ -19,13 +19,6 @@ namespace failsafe::cpu {
 inline constexpr int kDirectRows = 4;  // nt with at most this many rows: Direct
 inline constexpr int kStreamRows = 4;  // nn with at most this many rows: Stream
 inline constexpr int kItemRows = 32;   // nn fixed-point items, at most this many rows: ItemPanels
-// Plain bf16 products (not fixed-point items) with at most this many rows
-// take vdpbf16ps wherever it computes the chain (GemmDpbf16For); more only
-// where GemmDpbf16TilesFor. Their tiles widen a 16-bit weight into a panel
-// once for all rows: on a Xeon whose vdpbf16ps runs at a quarter of a fused
-// multiply-add's rate, 16 rows are still 1.2-1.5x as fast by it on qkv and
-// gate_up, 32 rows mixed.
-inline constexpr int kDpbf16Rows = 16;
 inline constexpr int kStreamCols = 4096;  // accumulators of one Stream call (floats)
 inline constexpr int kNR = 32;            // columns of a packed panel
 

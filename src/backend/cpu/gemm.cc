@@ -311,8 +311,7 @@ void Gemm(const GemmArgs& a) {
     if (threads > 1 && items >= threads) return SplitItems(ka, threads, items, work);
     return work(ka);
   }
-  const int panels =
-      a.w_blocked16 ? a.n / BlockedItemRows(a) * BlockedPanelsPerItem(a) : (a.n + kNR - 1) / kNR;
+  const int panels = a.w_blocked16 ? BlockedPanels(ka) : (a.n + kNR - 1) / kNR;
   auto run = [&](int p0, int p1) {
     float* packed = Scratch(static_cast<int64_t>(a.k) * kNR);
     for (int p = p0; p < p1; ++p) kern.panel(ka, p, packed);

@@ -30,27 +30,37 @@ void WidenBlock(const W* b, int k, float* dst) {
     Store(dst + static_cast<int64_t>(kk) * kNR, Load(b + static_cast<int64_t>(kk) * 16));
 }
 
-// The tail of a blocked item of `rows` rows (its last rows % 16 rows, from
-// `item`'s start), widened into the first columns of a packed panel.
+// A vector of a blocked nt weight's panel (BlockedVectorAt) that is not a
+// whole block: its runs (an item's tail, or two items' tails) widened into
+// its lanes of a packed panel, one after the other, the lanes after them
+// zero.
 template <typename W>
-void WidenTail(const KernelArgs& a, const W* item, int rows, float* dst) {
-  const int full = rows / 16 * 16;
+void WidenRuns(const KernelArgs& a, const W* w, const BlockedVector& v, float* dst) {
+  const int used = v.width[0] + v.width[1];
   for (int kk = 0; kk < a.k; ++kk) {
-    for (int q = 0; q < rows - full; ++q) {
-      dst[static_cast<int64_t>(kk) * kNR + q] =
-          Widen(item[Blocked16Index(full + q, kk, rows, a.k, a.wtype)]);
+    float* d = dst + static_cast<int64_t>(kk) * kNR;
+    int lane = 0;
+    for (int r = 0; r < 2; ++r) {
+      const W* run = w + v.at[r];
+      const int width = v.width[r];
+      if constexpr (std::is_same_v<W, float>) {
+        std::memcpy(d + lane, run + static_cast<int64_t>(kk) * width, sizeof(float) * width);
+      } else {
+        for (int q = 0; q < width; ++q)
+          d[lane + q] = Widen(run[Blocked16Index(q, kk, width, a.k, a.wtype)]);
+      }
+      lane += width;
     }
+    std::memset(d + used, 0, sizeof(float) * (16 - used));
   }
 }
 
 #if defined(__AVX512F__)
-// The tail of a blocked bf16 item of `rows` rows, as a block of 16 rows
+// A blocked bf16 item's tail of t < 16 rows at `tail`, as a block of 16 rows
 // (Blocked16Index with 16 rows) whose rows past the tail are zero: out holds
 // 16 * a.k values. Each pair of k-values is the tail's rows' words side by
 // side, one masked load and one cache line each.
-inline void PadTailToBlock(const KernelArgs& a, const BF16* item, int rows, BF16* out) {
-  const int full = rows / 16 * 16, t = rows - full;
-  const BF16* tail = item + static_cast<int64_t>(full) * a.k;
+inline void PadTailToBlock(const KernelArgs& a, const BF16* tail, int t, BF16* out) {
   const __mmask16 lanes = static_cast<__mmask16>((1u << t) - 1);
   int kk = 0;
   for (; kk + 2 <= a.k; kk += 2) {
@@ -64,58 +74,89 @@ inline void PadTailToBlock(const KernelArgs& a, const BF16* item, int rows, BF16
 }
 #endif
 
-// Panel::ahead of a blocked panel of `cols` columns: the next panel starts
-// cols rows of the weight on (the item's next, or the next item's first).
-// Only with more rows than a register tile's, whose first pass waits on
-// memory.
-inline int64_t NextPanelAhead(const KernelArgs& a, int cols) {
-  return a.m > kMR ? static_cast<int64_t>(cols) * a.k : 0;
+// Panel::ahead of a blocked panel whose first vector is `first`, read where
+// it lies: how far on the next panel's first vector starts. Only with more
+// rows than a register tile's, whose first pass waits on memory.
+inline int64_t NextPanelAhead(const KernelArgs& a, int panel, const BlockedVector& first) {
+  if (a.m <= kMR || 2 * panel + 2 >= BlockedVectors(a)) return 0;
+  return BlockedVectorAt(a, 2 * panel + 2).at[0] - first.at[0];
 }
 
-// Panel `panel` of a blocked weight (BlockedPanelsPerItem per item), every
-// row: read where it lies, k-major already (no transposing); 16-bit weights
-// under several tiles and panels holding an item's tail are widened into
-// `packed` first (a.k * kNR floats).
+// Panel `panel` of a blocked nt weight (BlockedPanels of them: vectors
+// 2 panel and 2 panel + 1, BlockedVectorAt), every row. Whole blocks are
+// read where they lie, k-major already (no transposing); 16-bit weights
+// under several tiles, and vectors of tails, are widened into `packed`
+// first (a.k * kNR floats), except that vdpbf16ps reads a bf16 tail as a
+// block padded with zero rows.
 template <typename W>
 void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
-  const int rows = BlockedItemRows(a), full = rows / 16 * 16;
-  const int per = BlockedPanelsPerItem(a), item = panel / per, r0 = panel % per * kNR;
-  const int cols = std::min(kNR, rows - r0), j0 = item * rows + r0;
-  const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(item) * rows * a.k;
-  const W* b0 = w + static_cast<int64_t>(r0) * a.k;
-  const W* b1 = cols > 16 ? b0 + 16 * static_cast<int64_t>(a.k) : b0;
-  if (r0 + cols <= full) {  // blocks of 16 rows only
+  const int count = 2 * panel + 1 < BlockedVectors(a) ? 2 : 1;
+  BlockedVector v[2];
+  v[0] = BlockedVectorAt(a, 2 * panel);
+  if (count == 2) v[1] = BlockedVectorAt(a, 2 * panel + 1);
+  PanelOut out;
+  for (int q = 0; q < 2; ++q) {
+    for (int r = 0; r < 2; ++r) {
+      out.col[q][r] = v[q].col[r];
+      out.lanes[q][r] = v[q].width[r];
+    }
+  }
+  const int j0 = v[0].col[0], lanes0 = v[0].width[0] + v[0].width[1];
+  const int cols = lanes0 + v[1].width[0] + v[1].width[1];
+  // The default: the cols columns from j0, the first vector's 16 then the
+  // second's (or the first's alone).
+  const bool runs_on = v[0].width[1] == 0 && v[1].width[1] == 0 &&
+                       (count == 1 || (lanes0 == 16 && v[1].col[0] == j0 + 16));
+  const PanelOut* where = runs_on ? nullptr : &out;
+  const W* w = static_cast<const W*>(a.w);
+  const W* b0 = w + v[0].at[0];
+  const W* b1 = count == 2 ? w + v[1].at[0] : b0;
+  if (v[0].width[0] == 16 && (count == 1 || v[1].width[0] == 16)) {  // whole blocks
     if (std::is_same_v<W, float> || a.m <= kMR || a.dpbf16) {
       Panel<W> p{b0, b1, 16, cols};
-      p.ahead = NextPanelAhead(a, cols);
+      p.out = where;
+      p.ahead = NextPanelAhead(a, panel, v[0]);
       PanelRows<kPairs<W>>(a, j0, p);
       return;
     }
     // 16-bit weights under several tiles: widened once into the panel (the
     // same values), not once per tile.
     WidenBlock(b0, a.k, packed);
-    WidenBlock(b1, a.k, packed + 16);
+    if (count == 2) WidenBlock(b1, a.k, packed + 16);
   } else {
 #if defined(__AVX512F__)
     if constexpr (kPairs<W>) {
       if (a.dpbf16) {
-        // vdpbf16ps reads the tail as a block of 16 rows, its rows past the
-        // tail zero (never stored); the block before it stays where it lies.
-        BF16* tail = reinterpret_cast<BF16*>(packed);
-        PadTailToBlock(a, w, rows, tail);
-        Panel<W> p{r0 < full ? b0 : tail, tail, 16, cols};
-        // (b1, the padded tail, asks for lines of the packed buffer's.)
-        if (r0 < full) p.ahead = NextPanelAhead(a, cols);
+        // vdpbf16ps reads a tail (never two in a vector here:
+        // BlockedTailsJoined) as a block of 16 rows, its rows past the
+        // tail zero (never stored); a block stays where it lies.
+        const BF16* src[2] = {b0, b1};
+        for (int q = 0; q < count; ++q) {
+          if (v[q].width[0] == 16) continue;
+          BF16* pad = reinterpret_cast<BF16*>(packed) + q * 16 * static_cast<int64_t>(a.k);
+          PadTailToBlock(a, w + v[q].at[0], v[q].width[0], pad);
+          src[q] = pad;
+        }
+        Panel<W> p{src[0], count == 2 ? src[1] : src[0], 16, cols};
+        p.out = where;
+        // (A padded tail asks for lines of the packed buffer's.)
+        if (v[0].width[0] == 16) p.ahead = NextPanelAhead(a, panel, v[0]);
         PanelRows<true>(a, j0, p);
         return;
       }
     }
 #endif
-    // The item's tail (and the block before it): widened into the panel.
-    if (r0 < full) WidenBlock(b0, a.k, packed);
-    WidenTail(a, w, rows, packed + (r0 < full ? 16 : 0));
+    for (int q = 0; q < count; ++q) {
+      if (v[q].width[0] == 16) {
+        WidenBlock(w + v[q].at[0], a.k, packed + 16 * q);
+      } else {
+        WidenRuns(a, w, v[q], packed + 16 * q);
+      }
+    }
   }
-  PanelRows<kPairs<W>>(a, j0, Panel<float>{packed, cols > 16 ? packed + 16 : packed, kNR, cols});
+  Panel<float> p{packed, count == 2 ? packed + 16 : packed, kNR, cols};
+  p.out = where;
+  PanelRows<kPairs<W>>(a, j0, p);
 }
 
 // nt with few rows on a blocked weight: NB blocks of 16 rows from `w` (16 NB

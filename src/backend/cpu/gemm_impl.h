@@ -618,12 +618,24 @@ constexpr int kMR = 2;  // 4 accumulators (16 SSE registers)
 // 16 columns: column j0 + q of k-value kk at b0[kk * step + q] (q < 16) or
 // b1[kk * step + q - 16]. Packed panels are f32 with step 32; a blocked
 // weight (GemmArgs::w_blocked16) is read where it lies, in its own type.
+// Where a panel's results go when its two vectors are not the cols columns
+// from j0 (a blocked nt weight's panels, BlockedVectorAt): vector q's first
+// lanes[q][0] lanes to the columns from col[q][0], its next lanes[q][1] to
+// those from col[q][1].
+struct PanelOut {
+  int col[2][2];
+  int lanes[2][2];
+};
+
 template <typename W>
 struct Panel {
   const W* b0;
   const W* b1;  // b0 again when cols <= 16 (its results are not stored)
   int64_t step;
   int cols;
+  // Set: the results go where it says (never in fixed-point mode, whose
+  // blocked weights are one item each: their panels' columns run on).
+  const PanelOut* out = nullptr;
   // bf16 packed in pairs for vdpbf16ps (PackPairsNN): the chains' slots
   // (KernelArgs::xs) in pairs, pair p (slots 2p, 2p + 1) of 16 columns at
   // b0 + p * 2 * step, a lone k-value with its zero.
@@ -638,6 +650,20 @@ struct Panel {
   // the next panel's reads in flight too. 0: none.
   int64_t ahead = 0;
 };
+
+// Vector q of a row's results by PanelOut (row: the row's first column).
+FS_INLINE V16 LoadRuns(const float* row, const PanelOut& o, int q) {
+  float tmp[16] = {};
+  std::memcpy(tmp, row + o.col[q][0], sizeof(float) * o.lanes[q][0]);
+  std::memcpy(tmp + o.lanes[q][0], row + o.col[q][1], sizeof(float) * o.lanes[q][1]);
+  return Load(tmp);
+}
+FS_INLINE void StoreRuns(float* row, const PanelOut& o, int q, V16 v) {
+  float tmp[16];
+  Store(tmp, v);
+  std::memcpy(row + o.col[q][0], tmp, sizeof(float) * o.lanes[q][0]);
+  std::memcpy(row + o.col[q][1], tmp + o.lanes[q][0], sizeof(float) * o.lanes[q][1]);
+}
 
 template <int MR>
 struct Acc {
@@ -659,6 +685,7 @@ FS_INLINE Acc<MR> Chain(const KernelArgs& a, int i0, const Panel<W>& p, int k0, 
     a0[i] = c.v[i][0];
     a1[i] = c.v[i][1];
   }
+#pragma GCC unroll 4
   for (int kk = k0; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
     const V16 w0 = Load(b0), w1 = Load(b1);
 #pragma GCC unroll 16
@@ -873,6 +900,53 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedPairs(const Kernel
 }
 #endif
 
+// A tile in fixed-point mode on f32 (or f16) panels: each item's chain from
+// zero over its item_k k-values (Chain's, its loop unrolled the same way),
+// made fixed point (ToFixed) and added to the item sums, the accumulators
+// never leaving their registers. kWhole: the panel's 32 columns all there
+// (the sums' additions straight vector stores).
+template <int MR, bool kWhole, typename W>
+FS_INLINE void TileFixedItems(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
+  const int items = a.k / a.item_k;
+  const int v0 = kWhole ? 16 : std::min(16, p.cols);  // columns per vector
+  const int v1 = kWhole ? 16 : std::max(0, p.cols - 16);
+  const float* xr[MR];
+  int64_t* row[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    xr[i] = a.x + (i0 + i) * a.ldx;
+    row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
+  }
+  const W* b0 = p.b0;
+  const W* b1 = p.b1;
+  for (int c = 0, k0 = 0; c < items; ++c, k0 += a.item_k) {
+    V16 a0[MR], a1[MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) a0[i] = a1[i] = V16{};
+#pragma GCC unroll 4
+    for (int kk = k0; kk < k0 + a.item_k; ++kk, b0 += p.step, b1 += p.step) {
+      const V16 w0 = Load(b0), w1 = Load(b1);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const V16 s = Splat(xr[i][kk]);
+        a0[i] = Fma(s, w0, a0[i]);
+        a1[i] = Fma(s, w1, a1[i]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      AddFixed16(a0[i], row[i], v0);
+      if (v1 > 0) AddFixed16(a1[i], row[i] + 16, v1);
+    }
+  }
+}
+
+template <int MR, typename W>
+__attribute__((noinline)) void TileFixed(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
+  if (p.cols == kNR) return TileFixedItems<MR, true>(a, i0, j0, p);
+  TileFixedItems<MR, false>(a, i0, j0, p);
+}
+
 // The chain of a tile: bf16 (kB) or f32.
 template <int MR, bool kB, typename W>
 FS_INLINE Acc<MR> TileChain(const KernelArgs& a, int i0, const Panel<W>& p, int k0, int k1,
@@ -910,6 +984,9 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
     }
   }
 #endif
+  if constexpr (!kB) {
+    if (a.out == GemmOut::kFixedItems) return TileFixed<MR>(a, i0, j0, p);
+  }
   if (a.out == GemmOut::kFixedItems) {
     for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
       for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};
@@ -924,18 +1001,28 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
   }
   for (int i = 0; i < MR; ++i) {
     if (a.out == GemmOut::kAccumulate) {
-      const float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0;
-      acc.v[i][0] = LoadPart(row, std::min(16, p.cols));
-      acc.v[i][1] = p.cols > 16 ? LoadPart(row + 16, p.cols - 16) : V16{};
+      const float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy;
+      if (p.out) {
+        acc.v[i][0] = LoadRuns(row, *p.out, 0);
+        acc.v[i][1] = LoadRuns(row, *p.out, 1);
+        continue;
+      }
+      acc.v[i][0] = LoadPart(row + j0, std::min(16, p.cols));
+      acc.v[i][1] = p.cols > 16 ? LoadPart(row + j0 + 16, p.cols - 16) : V16{};
     } else {
       acc.v[i][0] = acc.v[i][1] = V16{};
     }
   }
   acc = TileChain<MR, kB>(a, i0, p, 0, a.k, acc);
   for (int i = 0; i < MR; ++i) {
-    float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy + j0;
-    StorePart(row, acc.v[i][0], std::min(16, p.cols));
-    if (p.cols > 16) StorePart(row + 16, acc.v[i][1], p.cols - 16);
+    float* row = a.y + static_cast<int64_t>(i0 + i) * a.ldy;
+    if (p.out) {
+      StoreRuns(row, *p.out, 0, acc.v[i][0]);
+      StoreRuns(row, *p.out, 1, acc.v[i][1]);
+      continue;
+    }
+    StorePart(row + j0, acc.v[i][0], std::min(16, p.cols));
+    if (p.cols > 16) StorePart(row + j0 + 16, acc.v[i][1], p.cols - 16);
   }
 }
 

@@ -24,10 +24,9 @@ inline constexpr int kNR = 32;            // columns of a packed panel
 
 // A blocked weight's items (GemmArgs::w_blocked16): rows of each, and its
 // units, the blocks of 16 rows and the tail of each item in order (what
-// threads share out in decode), and its panels of up to 32 rows, per item.
+// threads share out in decode).
 inline int BlockedItemRows(const GemmArgs& a) { return a.w_item_rows > 0 ? a.w_item_rows : a.n; }
 inline int BlockedUnitsPerItem(const GemmArgs& a) { return (BlockedItemRows(a) + 15) / 16; }
-inline int BlockedPanelsPerItem(const GemmArgs& a) { return (BlockedItemRows(a) + kNR - 1) / kNR; }
 // The first output column of unit u (u may be the number of units: n).
 inline int BlockedUnitColumn(const GemmArgs& a, int u) {
   const int per = BlockedUnitsPerItem(a), rows = BlockedItemRows(a);
@@ -50,6 +49,55 @@ struct KernelArgs : GemmArgs {
 // The slot of k-value kk in a row of KernelArgs::xs.
 inline int64_t XSlot(const KernelArgs& a, int kk) {
   return static_cast<int64_t>(kk / a.chain_k) * ((a.chain_k + 1) & ~1) + kk % a.chain_k;
+}
+
+// The vectors of a blocked nt weight's register-tile panels: its items'
+// blocks of 16 rows and tails in column order, two to a panel, a panel
+// joining one item's last block or tail to the next item's first where an
+// item's rows are not a multiple of 32 (no panel half empty). Where tails
+// are at most 8 rows, two items' tails share a vector: items 2P and 2P + 1
+// give the blocks of 2P, both tails, then the blocks of 2P + 1 (gate_up of
+// 1b-llama, items of 88 rows: 11 full vectors per two items instead of 12,
+// of which two half empty), except where vdpbf16ps reads the weight's bf16
+// pairs as they lie. A vector is up to two runs of rows (output columns),
+// each k-major, its own width wide (Blocked16Index).
+struct BlockedVector {
+  int64_t at[2] = {0, 0};  // each run's first element, from w's start
+  int width[2] = {0, 0};   // each run's rows (width[1] 0: one run)
+  int col[2] = {0, 0};     // each run's first output column
+};
+inline bool BlockedTailsJoined(const KernelArgs& a) {
+  const int rows = BlockedItemRows(a), t = rows % 16;
+  return t > 0 && t <= 8 && a.n / rows >= 2 && !(a.wtype == DType::kBF16 && a.dpbf16);
+}
+inline int BlockedVectors(const KernelArgs& a) {
+  const int rows = BlockedItemRows(a), items = a.n / rows, full = rows / 16, t = rows % 16;
+  if (!BlockedTailsJoined(a)) return items * (full + (t > 0 ? 1 : 0));
+  return items / 2 * (2 * full + 1) + items % 2 * (full + 1);
+}
+inline int BlockedPanels(const KernelArgs& a) { return (BlockedVectors(a) + 1) / 2; }
+inline BlockedVector BlockedVectorAt(const KernelArgs& a, int v) {
+  const int rows = BlockedItemRows(a), full = rows / 16, t = rows % 16;
+  // Block b (or, b = full, the tail) of `item` as run r of `out`.
+  auto run = [&a, rows, full, t](int item, int b, int r, BlockedVector* out) {
+    out->col[r] = item * rows + 16 * b;
+    out->at[r] = static_cast<int64_t>(out->col[r]) * a.k;
+    out->width[r] = b < full ? 16 : t;
+  };
+  BlockedVector out;
+  if (!BlockedTailsJoined(a)) {
+    const int per = full + (t > 0 ? 1 : 0);
+    run(v / per, v % per, 0, &out);
+    return out;
+  }
+  const int per = 2 * full + 1, item = v / per * 2, u = v % per;
+  if (u != full) {
+    run(u < full ? item : item + 1, u < full ? u : u - full - 1, 0, &out);
+  } else {
+    run(item, full, 0, &out);
+    if (item + 1 < a.n / rows) run(item + 1, full, 1, &out);
+  }
+  return out;
 }
 
 // Items [c, c + count) of a product in fixed-point items: a cut down to
@@ -89,8 +137,8 @@ struct GemmKernels {
   // scratch: StreamScratchFloats() floats.
   void (*stream)(const KernelArgs& a, int c0, int cols, float* scratch);
   // Any shape: the columns of panel `panel` (kNR columns from kNR * panel;
-  // blocked: BlockedPanelsPerItem per item), every row. packed: a.k * kNR
-  // floats.
+  // blocked nt: BlockedPanels of them, BlockedVectorAt), every row. packed:
+  // a.k * kNR floats.
   void (*panel)(const KernelArgs& a, int panel, float* packed);
   // nn in fixed-point items (a.w not by rows): block of columns after
   // block (ItemBlockCols), every item of a in turn, its weight rows in the

@@ -405,8 +405,12 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int m : {1, 2, 4, 5, 9, 40}) {
       for (int k : {1, 37, 64, 100}) {
+        // Panels across items (BlockedVectorAt): tails of up to 8 rows two
+        // to a vector (88, 24, 5, 100, 40); tails of more alone, a panel
+        // starting at one (76, 12); odd blocks per item, no tail (80).
         for (Items it : {Items{16, 1}, Items{48, 1}, Items{160, 1}, Items{88, 3}, Items{24, 2},
-                         Items{5, 7}, Items{44, 1}, Items{100, 2}, Items{40, 120}}) {
+                         Items{5, 7}, Items{44, 1}, Items{100, 2}, Items{40, 120}, Items{76, 3},
+                         Items{12, 5}, Items{80, 3}}) {
           // More units than decode takes in one batch (each thread's 2 x 120
           // blocks and 120 tails), once per weight type.
           if (it.count == 120 && (m != 1 || k != 37)) continue;

@@ -614,10 +614,6 @@ constexpr int kMR = 3;  // 6 accumulators (12 of 16 AVX2 registers)
 constexpr int kMR = 2;  // 4 accumulators (16 SSE registers)
 #endif
 
-// A panel: the weights of up to 32 output columns, k-major, as two blocks of
-// 16 columns: column j0 + q of k-value kk at b0[kk * step + q] (q < 16) or
-// b1[kk * step + q - 16]. Packed panels are f32 with step 32; a blocked
-// weight (GemmArgs::w_blocked16) is read where it lies, in its own type.
 // Where a panel's results go when its two vectors are not the cols columns
 // from j0 (a blocked nt weight's panels, BlockedVectorAt): vector q's first
 // lanes[q][0] lanes to the columns from col[q][0], its next lanes[q][1] to
@@ -627,6 +623,10 @@ struct PanelOut {
   int lanes[2][2];
 };
 
+// A panel: the weights of up to 32 output columns, k-major, as two blocks of
+// 16 columns: column j0 + q of k-value kk at b0[kk * step + q] (q < 16) or
+// b1[kk * step + q - 16]. Packed panels are f32 with step 32; a blocked
+// weight (GemmArgs::w_blocked16) is read where it lies, in its own type.
 template <typename W>
 struct Panel {
   const W* b0;

@@ -83,11 +83,12 @@ inline int64_t NextPanelAhead(const KernelArgs& a, int panel, const BlockedVecto
 }
 
 // Panel `panel` of a blocked nt weight (BlockedPanels of them: vectors
-// 2 panel and 2 panel + 1, BlockedVectorAt), every row. Whole blocks are
-// read where they lie, k-major already (no transposing); 16-bit weights
-// under several tiles, and vectors of tails, are widened into `packed`
-// first (a.k * kNR floats), except that vdpbf16ps reads a bf16 tail as a
-// block padded with zero rows.
+// 2 panel and 2 panel + 1, BlockedVectorAt), every row. A panel of whole
+// blocks is read where it lies, k-major already (no transposing), except
+// that 16-bit weights under several tiles are widened into `packed` (a.k *
+// kNR floats) first; a panel with a tail is widened into it whole, except
+// that vdpbf16ps reads a bf16 tail as a block padded with zero rows and a
+// block where it lies.
 template <typename W>
 void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
   const int count = 2 * panel + 1 < BlockedVectors(a) ? 2 : 1;
@@ -108,6 +109,9 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
   const bool runs_on = v[0].width[1] == 0 && v[1].width[1] == 0 &&
                        (count == 1 || (lanes0 == 16 && v[1].col[0] == j0 + 16));
   const PanelOut* where = runs_on ? nullptr : &out;
+  // Fixed-point tiles store by j0 and cols: their blocked weights are one
+  // item each (ColumnBlockedItem), whose panels' columns run on.
+  FS_CHECK(where == nullptr || a.out != GemmOut::kFixedItems);
   const W* w = static_cast<const W*>(a.w);
   const W* b0 = w + v[0].at[0];
   const W* b1 = count == 2 ? w + v[1].at[0] : b0;

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/gemm_kernels.h"
 #include "backend/cpu/simd.h"
+#include "common/check.h"
 #include "common/fixed_point.h"
 
 namespace failsafe::cpu {
@@ -623,18 +624,21 @@ struct PanelOut {
   int lanes[2][2];
 };
 
-// A panel: the weights of up to 32 output columns, k-major, as two blocks of
-// 16 columns: column j0 + q of k-value kk at b0[kk * step + q] (q < 16) or
-// b1[kk * step + q - 16]. Packed panels are f32 with step 32; a blocked
-// weight (GemmArgs::w_blocked16) is read where it lies, in its own type.
+// A panel: the weights of up to 32 output columns, k-major, as two vectors
+// of 16 lanes: lane q of k-value kk at b0[kk * step + q] and b1[kk * step +
+// q]; unless `out` says otherwise, b0's lanes are columns j0.. j0 + 15 and
+// b1's the rest of the cols columns. Packed panels are f32 with step 32; a
+// blocked weight (GemmArgs::w_blocked16) is read where it lies, in its own
+// type.
 template <typename W>
 struct Panel {
   const W* b0;
-  const W* b1;  // b0 again when cols <= 16 (its results are not stored)
+  const W* b1;  // b0 again when the panel is one vector (its results are not stored)
   int64_t step;
-  int cols;
-  // Set: the results go where it says (never in fixed-point mode, whose
-  // blocked weights are one item each: their panels' columns run on).
+  int cols;  // columns in all
+  // Set: the results go where it says, not to the cols columns from j0.
+  // Never in fixed-point mode, whose blocked weights are one item each
+  // (their panels' columns run on; BlockedPanel checks).
   const PanelOut* out = nullptr;
   // bf16 packed in pairs for vdpbf16ps (PackPairsNN): the chains' slots
   // (KernelArgs::xs) in pairs, pair p (slots 2p, 2p + 1) of 16 columns at

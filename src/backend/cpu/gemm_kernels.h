@@ -52,15 +52,16 @@ inline int64_t XSlot(const KernelArgs& a, int kk) {
 }
 
 // The vectors of a blocked nt weight's register-tile panels: its items'
-// blocks of 16 rows and tails in column order, two to a panel, a panel
-// joining one item's last block or tail to the next item's first where an
-// item's rows are not a multiple of 32 (no panel half empty). Where tails
-// are at most 8 rows, two items' tails share a vector: items 2P and 2P + 1
-// give the blocks of 2P, both tails, then the blocks of 2P + 1 (gate_up of
-// 1b-llama, items of 88 rows: 11 full vectors per two items instead of 12,
-// of which two half empty), except where vdpbf16ps reads the weight's bf16
-// pairs as they lie. A vector is up to two runs of rows (output columns),
-// each k-major, its own width wide (Blocked16Index).
+// blocks of 16 rows and tails, item after item, two vectors to a panel
+// whatever item they are of, so that an item of an odd number of vectors
+// leaves no panel half empty (only the weight's last panel may be one
+// vector). Where tails are at most 8 rows, two items' tails share a
+// vector: items 2P and 2P + 1 give the blocks of 2P, both tails, then the
+// blocks of 2P + 1 (gate_up of 1b-llama, items of 88 rows: 11 full vectors
+// per two items instead of 12, of which two half empty), except where
+// vdpbf16ps reads the weight's bf16 pairs as they lie. A vector is up to
+// two runs of rows (output columns), each k-major, its own width wide
+// (Blocked16Index).
 struct BlockedVector {
   int64_t at[2] = {0, 0};  // each run's first element, from w's start
   int width[2] = {0, 0};   // each run's rows (width[1] 0: one run)

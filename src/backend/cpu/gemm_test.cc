@@ -405,15 +405,20 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int m : {1, 2, 4, 5, 9, 40}) {
       for (int k : {1, 37, 64, 100}) {
-        // Panels across items (BlockedVectorAt): tails of up to 8 rows two
-        // to a vector (88, 24, 5, 100, 40); tails of more alone, a panel
-        // starting at one (76, 12); odd blocks per item, no tail (80).
+        // Panels across items (BlockedVectorAt), with more rows than
+        // decode's: tails of up to 8 rows two to a vector (88, 24, 5, 100);
+        // tails of more alone (76, 12, 25: 9 rows), a panel starting at one
+        // (76); odd blocks per item, no tail (80); one item narrower than a
+        // block (12).
         for (Items it : {Items{16, 1}, Items{48, 1}, Items{160, 1}, Items{88, 3}, Items{24, 2},
                          Items{5, 7}, Items{44, 1}, Items{100, 2}, Items{40, 120}, Items{76, 3},
-                         Items{12, 5}, Items{80, 3}}) {
-          // More units than decode takes in one batch (each thread's 2 x 120
-          // blocks and 120 tails), once per weight type.
+                         Items{12, 5}, Items{80, 3}, Items{25, 3}, Items{12, 1}, Items{88, 24}}) {
+          // More blocks than decode takes in one batch (kQuarterBlocks: 240
+          // and 120 tails), once per weight type.
           if (it.count == 120 && (m != 1 || k != 37)) continue;
+          // Enough work for decode's few rows to be shared out over the
+          // threads (each starting its batches inside an item), once.
+          if (it.count == 24 && (m != 4 || k != 100)) continue;
           for (GemmOut out : {GemmOut::kStore, GemmOut::kAccumulate}) {
             const int n = it.rows * it.count;
             const Case c{true, m, n, k, out, 0};

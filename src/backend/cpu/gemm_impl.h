@@ -674,6 +674,26 @@ struct Acc {
   V16 v[MR][2];
 };
 
+// The f32 chain's steps kk in [k0, k1): a0[i] and a1[i] (row i's two
+// vectors) take xr[i][kk] times the vectors at b0 and b1, which move on by
+// step per k-value (and are left after the last). The loop is unrolled by
+// four, so that its pointer arithmetic takes fewer of the vector ports'
+// slots.
+template <int MR, typename W>
+FS_INLINE void ChainSteps(const float* const* xr, int k0, int k1, int64_t step, const W*& b0,
+                          const W*& b1, V16* a0, V16* a1) {
+#pragma GCC unroll 4
+  for (int kk = k0; kk < k1; ++kk, b0 += step, b1 += step) {
+    const V16 w0 = Load(b0), w1 = Load(b1);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const V16 s = Splat(xr[i][kk]);
+      a0[i] = Fma(s, w0, a0[i]);
+      a1[i] = Fma(s, w1, a1[i]);
+    }
+  }
+}
+
 // acc[i][*] goes on with the f32 chain over k in [k0, k1) of x[i0 + i, kk] *
 // b[kk, *] (f32 or f16 weights).
 template <int MR, typename W>
@@ -689,16 +709,7 @@ FS_INLINE Acc<MR> Chain(const KernelArgs& a, int i0, const Panel<W>& p, int k0, 
     a0[i] = c.v[i][0];
     a1[i] = c.v[i][1];
   }
-#pragma GCC unroll 4
-  for (int kk = k0; kk < k1; ++kk, b0 += p.step, b1 += p.step) {
-    const V16 w0 = Load(b0), w1 = Load(b1);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const V16 s = Splat(xr[i][kk]);
-      a0[i] = Fma(s, w0, a0[i]);
-      a1[i] = Fma(s, w1, a1[i]);
-    }
-  }
+  ChainSteps<MR>(xr, k0, k1, p.step, b0, b1, a0, a1);
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     c.v[i][0] = a0[i];
@@ -905,7 +916,7 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedPairs(const Kernel
 #endif
 
 // A tile in fixed-point mode on f32 (or f16) panels: each item's chain from
-// zero over its item_k k-values (Chain's, its loop unrolled the same way),
+// zero over its item_k k-values (ChainSteps, as Chain),
 // made fixed point (ToFixed) and added to the item sums, the accumulators
 // never leaving their registers. kWhole: the panel's 32 columns all there
 // (the sums' additions straight vector stores).
@@ -927,16 +938,7 @@ FS_INLINE void TileFixedItems(const KernelArgs& a, int i0, int j0, const Panel<W
     V16 a0[MR], a1[MR];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) a0[i] = a1[i] = V16{};
-#pragma GCC unroll 4
-    for (int kk = k0; kk < k0 + a.item_k; ++kk, b0 += p.step, b1 += p.step) {
-      const V16 w0 = Load(b0), w1 = Load(b1);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const V16 s = Splat(xr[i][kk]);
-        a0[i] = Fma(s, w0, a0[i]);
-        a1[i] = Fma(s, w1, a1[i]);
-      }
-    }
+    ChainSteps<MR>(xr, k0, k0 + a.item_k, p.step, b0, b1, a0, a1);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       AddFixed16(a0[i], row[i], v0);

@@ -298,6 +298,11 @@ void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
   }
 }
 
+// Decode's blocks (and bf16's units by vdpbf16ps) are taken in batches of
+// up to this many, four side by side from the four quarters of a batch
+// (DirectBlockedRange, DirectDpbf16Quarters).
+inline constexpr int kQuarterUnits = 128;
+
 #if defined(__AVX512F__)
 // bf16 decode reads each weight once, unit by unit: every load also asks for
 // the line kPrefetchBytes further down its unit, so that more of the
@@ -417,7 +422,6 @@ __attribute__((target("avx512bf16"), noinline)) void DirectDpbf16Groups(const Ke
 // units lie one after another, so the weight is read as four runs far
 // apart, each going on where its last unit ended (a Zen 5, bf16 decode at
 // batch 1: 1.01-1.08x on one thread, 1.06-1.13x on two).
-inline constexpr int kQuarterUnits = 128;
 template <int MR>
 void DirectDpbf16Quarters(const KernelArgs& a, const DirectUnit* units, int count, int64_t shift) {
   static constexpr void (*kSideBySide[])(const KernelArgs&, const DirectUnit*) = {
@@ -475,11 +479,10 @@ void DirectColumnItems(const KernelArgs& a, int j0, int j1);
 
 // Columns [j0, j1) of a blocked weight, j0 and j1 at the start of a unit
 // (BlockedUnitColumn): each tail alone, the blocks of 16 rows four side by
-// side, one from each quarter of up to kQuarterBlocks of them (as bf16's
+// side, one from each quarter of up to kQuarterUnits of them (as bf16's
 // by vdpbf16ps, DirectDpbf16Quarters), so that the weight is read as four
 // runs far apart (f32 decode at batch 1 on one thread of a Xeon: 1.09-1.13x
 // against four neighbours).
-inline constexpr int kQuarterBlocks = 128;
 template <int MR, typename W>
 void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
   if (!a.nt) return DirectColumnItems<MR, W>(a, j0, j1);
@@ -492,8 +495,8 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
   static constexpr void (*kSideBySide[])(const KernelArgs&, const W* const*, const int*) = {
       nullptr, DirectBlocked<MR, 1, W>, DirectBlocked<MR, 2, W>, DirectBlocked<MR, 3, W>,
       DirectBlocked<MR, 4, W>};
-  const W* blocks[kQuarterBlocks];
-  int cols[kQuarterBlocks];
+  const W* blocks[kQuarterUnits];
+  int cols[kQuarterUnits];
   int count = 0;
   auto run = [&]() {
     const int per = (count + 3) / 4;
@@ -516,7 +519,7 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
     if (r < full) {
       blocks[count] = w + static_cast<int64_t>(r) * a.k;
       cols[count++] = j;
-      if (count == kQuarterBlocks) run();
+      if (count == kQuarterUnits) run();
       j += 16;
     } else {
       DirectTail<MR, W>(a, w + static_cast<int64_t>(full) * a.k, rows - full, c0 + full);

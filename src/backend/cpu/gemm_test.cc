@@ -413,7 +413,7 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
         for (Items it : {Items{16, 1}, Items{48, 1}, Items{160, 1}, Items{88, 3}, Items{24, 2},
                          Items{5, 7}, Items{44, 1}, Items{100, 2}, Items{40, 120}, Items{76, 3},
                          Items{12, 5}, Items{80, 3}, Items{25, 3}, Items{12, 1}, Items{88, 24}}) {
-          // More blocks than decode takes in one batch (kQuarterBlocks: 240
+          // More blocks than decode takes in one batch (kQuarterUnits: 240
           // and 120 tails), once per weight type.
           if (it.count == 120 && (m != 1 || k != 37)) continue;
           // Enough work for decode's few rows to be shared out over the

@@ -267,7 +267,8 @@ void Gemm(const GemmArgs& a) {
   if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
   // Threads take runs of whole output columns (UnitShares): no element is
   // split.
-  if (a.nt && a.m <= kDirectRows) {
+  const bool wide = a.w_blocked16 && a.wtype == DType::kF32 && a.m <= kern.wide_rows;
+  if (a.nt && (a.m <= kDirectRows || wide)) {
     if (threads == 1) return kern.direct(ka, 0, a.n);
     // Units of 16 columns (blocked: the blocks and tails of the items).
     const int units =

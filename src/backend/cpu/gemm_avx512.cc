@@ -176,9 +176,9 @@ bool Dpbf16MatchesChain() {
 }
 
 const GemmKernels& GemmKernelsAvx512() {
-  static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,   RunPanel,
-                                       RunItemPanels, RunColumnPanels, SiluMulRow,  ExpShifted,
-                                       SoftmaxRow,    RoundRowBf16,    PackPairsRow};
+  static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,    RunPanel,
+                                       RunItemPanels, RunColumnPanels, SiluMulRow,   ExpShifted,
+                                       SoftmaxRow,    RoundRowBf16,    PackPairsRow, kWideRows};
   return kernels;
 }
 

@@ -17,6 +17,9 @@
 namespace failsafe::cpu {
 
 inline constexpr int kDirectRows = 4;  // nt with at most this many rows: Direct
+// nt on a blocked f32 weight with up to this many rows: Direct where a level
+// has the registers (GemmKernels::wide_rows).
+inline constexpr int kWideRows = 16;
 inline constexpr int kStreamRows = 4;  // nn with at most this many rows: Stream
 inline constexpr int kItemRows = 32;   // nn fixed-point items, at most this many rows: ItemPanels
 inline constexpr int kStreamCols = 4096;  // accumulators of one Stream call (floats)
@@ -165,6 +168,10 @@ struct GemmKernels {
   // words[w] = the bf16 of xs[2w] (low half) and of xs[2w + 1] (high half),
   // w < n, from xs rounded to bf16 (KernelArgs::xw from xs).
   void (*pack_pairs)(const float* xs, uint32_t* words, int64_t n);
+  // nt on a blocked f32 weight with more rows than kDirectRows, up to this
+  // many: `direct` too, each block read once for all the rows (DirectWide).
+  // 0 at the levels without the registers for them.
+  int wide_rows = 0;
 };
 
 inline constexpr int64_t StreamScratchFloats() {

@@ -403,7 +403,7 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
     int rows, count;  // item_rows (0: one item of `rows`), items
   };
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int m : {1, 2, 4, 5, 9, 40}) {
+    for (int m : {1, 2, 4, 5, 9, 16, 40}) {
       for (int k : {1, 37, 64, 100}) {
         // Panels across items (BlockedVectorAt), with more rows than
         // decode's: tails of up to 8 rows two to a vector (88, 24, 5, 100);
@@ -417,8 +417,9 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
           // and 120 tails), once per weight type.
           if (it.count == 120 && (m != 1 || k != 37)) continue;
           // Enough work for decode's few rows to be shared out over the
-          // threads (each starting its batches inside an item), once.
-          if (it.count == 24 && (m != 4 || k != 100)) continue;
+          // threads (each starting its batches inside an item), once, and
+          // for batched decode's (DirectWide).
+          if (it.count == 24 && ((m != 4 && m != 16) || k != 100)) continue;
           for (GemmOut out : {GemmOut::kStore, GemmOut::kAccumulate}) {
             const int n = it.rows * it.count;
             const Case c{true, m, n, k, out, 0};

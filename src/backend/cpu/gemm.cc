@@ -266,8 +266,15 @@ void Gemm(const GemmArgs& a) {
   if (a.wtype == DType::kBF16) RoundActivations(&ka, kern, threads);
   if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
   // Threads take runs of whole output columns (UnitShares): no element is
-  // split.
-  const bool wide = a.w_blocked16 && a.wtype == DType::kF32 && a.m <= kern.wide_rows;
+  // split. Up to wide_rows rows on a blocked weight read it once for all
+  // of them (DirectWide): f32, and bf16 by fused multiply-adds (a pair
+  // widened once for every row) unless vdpbf16ps is asked for or outruns
+  // them in register tiles (on a Xeon where it runs at a quarter of their
+  // rate, 1.6-1.8x at 16 rows).
+  const bool wide =
+      a.w_blocked16 && a.m <= kern.wide_rows &&
+      (a.wtype == DType::kF32 ||
+       (a.wtype == DType::kBF16 && !a.dpbf16.value_or(false) && !GemmDpbf16TilesFor(isa)));
   if (a.nt && (a.m <= kDirectRows || wide)) {
     if (threads == 1) return kern.direct(ka, 0, a.n);
     // Units of 16 columns (blocked: the blocks and tails of the items).

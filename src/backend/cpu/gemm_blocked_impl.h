@@ -529,41 +529,66 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
   run();
 }
 
-// nt with kDirectRows < MR <= kWideRows rows on a blocked f32 weight
-// (batched decode): one block of 16 columns at a time, read once for all the
-// rows, whose chains stay in MR registers; the rows' activations packed
-// k-major (xt: [k][MR]), so that a k-value's MR broadcasts read one line of
-// the first-level cache rather than MR rows far apart; each load asks for
-// the block's line kWideAhead elements on. Register tiles of 8 rows read a
-// panel from memory in their first pass and wait on it, then again from the
-// cache (a Xeon, gate_up at 16 rows: 1.23-1.27x; docs/CPU_PERFORMANCE.md).
-inline constexpr int kWideAhead = 512;  // 2 KiB of f32
-template <int MR>
+// nt with kDirectRows < MR <= kWideRows rows on a blocked f32 weight, or a
+// bf16 one by fused multiply-adds (batched decode): one block of 16 columns
+// at a time, read once for all the rows, whose chains stay in MR registers
+// (a bf16 pair widened once for all of them); the rows' activations (bf16:
+// their chains' values, KernelArgs::xs) packed k-major (xt: [k][MR]), so
+// that a k-value's MR broadcasts read one line of the first-level cache
+// rather than MR rows far apart; each load asks for the block's line 2 KiB
+// on. Register tiles of 8 rows read a panel from memory in their first pass
+// and wait on it, then again from the cache (a Xeon, gate_up at 16 rows:
+// 1.23-1.27x; docs/CPU_PERFORMANCE.md). The chains are DirectBlocked's.
+inline constexpr int kWideAheadBytes = 2048;
+template <int MR, typename W>
 void DirectWideRows(const KernelArgs& a, int j0, int j1) {
+  // bf16: the chain's slots, with an odd k's padding zero.
+  const int slots = kPairs<W> ? (a.k + 1) & ~1 : a.k;
   thread_local std::vector<float> xt;
-  xt.resize(static_cast<size_t>(a.k) * MR);
-  for (int kk = 0; kk < a.k; ++kk) {
-    for (int i = 0; i < MR; ++i) xt[static_cast<size_t>(kk) * MR + i] = a.x[i * a.ldx + kk];
+  xt.resize(static_cast<size_t>(slots) * MR);
+  for (int i = 0; i < MR; ++i) {
+    const float* xi = kPairs<W> ? XsRow(a, i, 0) : a.x + i * a.ldx;
+    for (int kk = 0; kk < slots; ++kk) xt[static_cast<size_t>(kk) * MR + i] = xi[kk];
   }
   const int rows = BlockedItemRows(a), full = rows / 16 * 16;
   for (int j = j0; j < j1;) {
     const int item = j / rows, c0 = item * rows, r = j - c0;
-    const float* w = static_cast<const float*>(a.w) + static_cast<int64_t>(c0) * a.k;
+    const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(c0) * a.k;
     if (r >= full) {  // an item's tail
-      DirectTail<MR, float>(a, w + static_cast<int64_t>(full) * a.k, rows - full, c0 + full);
+      DirectTail<MR, W>(a, w + static_cast<int64_t>(full) * a.k, rows - full, c0 + full);
       j = c0 + rows;
       continue;
     }
-    const float* b = w + static_cast<int64_t>(r) * a.k;
+    const W* b = w + static_cast<int64_t>(r) * a.k;
     V16 acc[MR];
     StartAccumulators<MR>(a, j, 16, acc);
     const float* xk = xt.data();
-#pragma GCC unroll 2
-    for (int kk = 0; kk < a.k; ++kk, b += 16, xk += MR) {
-      __builtin_prefetch(b + kWideAhead);
-      const V16 v = Load(b);
+    constexpr int kAhead = kWideAheadBytes / sizeof(W);
+    if constexpr (kPairs<W>) {
+      // Two k-values per lane: the odd one, then the even one; an odd k's
+      // last value after a zero pair.
+      for (int kk = 0; kk < a.k; kk += 2, b += 32, xk += 2 * MR) {
+        __builtin_prefetch(b + kAhead);
+        V16 e, o{};
+        if (kk + 2 <= a.k) {
+          LoadPair(b, &e, &o);
+        } else {
+          e = Load(b);
+        }
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(xk[i]), v, acc[i]);
+        for (int i = 0; i < MR; ++i) {
+          acc[i] = Fma(Splat(xk[MR + i]), o, acc[i]);
+          acc[i] = Fma(Splat(xk[i]), e, acc[i]);
+        }
+      }
+    } else {
+#pragma GCC unroll 2
+      for (int kk = 0; kk < a.k; ++kk, b += 16, xk += MR) {
+        __builtin_prefetch(b + kAhead);
+        const V16 v = Load(b);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(xk[i]), v, acc[i]);
+      }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) Store(a.y + static_cast<int64_t>(i) * a.ldy + j, acc[i]);
@@ -571,15 +596,18 @@ void DirectWideRows(const KernelArgs& a, int j0, int j1) {
   }
 }
 
-template <int MR = kWideRows>
+template <typename W, int MR = kWideRows>
 void DirectWideDispatch(const KernelArgs& a, int j0, int j1) {
   if constexpr (MR > kDirectRows + 1) {
-    if (a.m < MR) return DirectWideDispatch<MR - 1>(a, j0, j1);
+    if (a.m < MR) return DirectWideDispatch<W, MR - 1>(a, j0, j1);
   }
-  DirectWideRows<MR>(a, j0, j1);
+  DirectWideRows<MR, W>(a, j0, j1);
 }
 
-void DirectWide(const KernelArgs& a, int j0, int j1) { DirectWideDispatch(a, j0, j1); }
+template <typename W>
+void DirectWide(const KernelArgs& a, int j0, int j1) {
+  DirectWideDispatch<W>(a, j0, j1);
+}
 
 // Columns [j0, j1) (at the start of units of 16) of a column-blocked weight
 // in fixed-point items (nn, GemmArgs::w_blocked16): item after item, each

@@ -214,13 +214,14 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
 
 template <int MR, typename W>
 void DirectBlockedRange(const KernelArgs& a, int j0, int j1);
+template <typename W>
 void DirectWide(const KernelArgs& a, int j0, int j1);
 
 template <typename W>
 void DirectRange(const KernelArgs& a, int j0, int j1) {
   if (a.w_blocked16) {
-    if constexpr (std::is_same_v<W, float>) {
-      if (a.m > kDirectRows) return DirectWide(a, j0, j1);
+    if constexpr (std::is_same_v<W, float> || kPairs<W>) {
+      if (a.m > kDirectRows) return DirectWide<W>(a, j0, j1);
     }
     switch (a.m) {
       case 1:

@@ -251,7 +251,20 @@ void Gemm(const GemmArgs& a) {
   const GemmKernels& kern = KernelsFor(isa);
   KernelArgs ka;
   static_cast<GemmArgs&>(ka) = a;
-  if (a.wtype == DType::kBF16) {
+  // Up to wide_rows rows of an nt product on a blocked weight read it once
+  // for all of them (DirectWide): f32, and bf16 by fused multiply-adds (each
+  // pair widened once for every row) unless vdpbf16ps is asked for (and runs
+  // here) or, unset, outruns them in register tiles (GemmDpbf16TilesFor). On
+  // a Xeon that runs vdpbf16ps at a quarter of their rate: 1.6-1.8x at 16
+  // rows.
+  const bool wide_shape = a.nt && a.w_blocked16 && a.m > kDirectRows && a.m <= kern.wide_rows;
+  const bool wide =
+      wide_shape && (a.wtype == DType::kF32 ||
+                     (a.wtype == DType::kBF16 &&
+                      !(a.dpbf16 ? *a.dpbf16 && GemmDpbf16For(isa) : GemmDpbf16TilesFor(isa))));
+  if (a.wtype == DType::kBF16 && wide) {
+    ka.dpbf16 = false;
+  } else if (a.wtype == DType::kBF16) {
     FS_CHECK_MSG(!a.w_rows, "weights given by rows are f32");
     // Unset: by vdpbf16ps where few rows stream weights from memory
     // (decode), and in register tiles where it outruns fused multiply-adds
@@ -266,15 +279,7 @@ void Gemm(const GemmArgs& a) {
   if (a.wtype == DType::kBF16) RoundActivations(&ka, kern, threads);
   if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
   // Threads take runs of whole output columns (UnitShares): no element is
-  // split. Up to wide_rows rows on a blocked weight read it once for all
-  // of them (DirectWide): f32, and bf16 by fused multiply-adds (a pair
-  // widened once for every row) unless vdpbf16ps is asked for or outruns
-  // them in register tiles (on a Xeon where it runs at a quarter of their
-  // rate, 1.6-1.8x at 16 rows).
-  const bool wide =
-      a.w_blocked16 && a.m <= kern.wide_rows &&
-      (a.wtype == DType::kF32 ||
-       (a.wtype == DType::kBF16 && !a.dpbf16.value_or(false) && !GemmDpbf16TilesFor(isa)));
+  // split.
   if (a.nt && (a.m <= kDirectRows || wide)) {
     if (threads == 1) return kern.direct(ka, 0, a.n);
     // Units of 16 columns (blocked: the blocks and tails of the items).

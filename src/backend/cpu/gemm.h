@@ -115,7 +115,10 @@ struct GemmArgs {
   // bf16 weights: whether products are taken by vdpbf16ps (same results
   // either way); true: where GemmDpbf16For(level) allows; unset: there for
   // decode's few rows (kDirectRows) and plain products of up to
-  // kDpbf16Rows, elsewhere only where GemmDpbf16TilesFor(level).
+  // kDpbf16Rows, elsewhere only where GemmDpbf16TilesFor(level). Unset or
+  // false, nt products on blocked weights of up to kWideRows rows are taken
+  // by fused multiply-adds, each block read once for all the rows, where
+  // vdpbf16ps does not outrun them in register tiles (DirectWide).
   std::optional<bool> dpbf16;
 };
 

@@ -17,8 +17,9 @@
 namespace failsafe::cpu {
 
 inline constexpr int kDirectRows = 4;  // nt with at most this many rows: Direct
-// nt on a blocked f32 weight with up to this many rows: Direct where a level
-// has the registers (GemmKernels::wide_rows).
+// nt on a blocked f32 weight, or a bf16 one by fused multiply-adds, with up
+// to this many rows: Direct where a level has the registers
+// (GemmKernels::wide_rows).
 inline constexpr int kWideRows = 16;
 inline constexpr int kStreamRows = 4;  // nn with at most this many rows: Stream
 inline constexpr int kItemRows = 32;   // nn fixed-point items, at most this many rows: ItemPanels
@@ -168,9 +169,10 @@ struct GemmKernels {
   // words[w] = the bf16 of xs[2w] (low half) and of xs[2w + 1] (high half),
   // w < n, from xs rounded to bf16 (KernelArgs::xw from xs).
   void (*pack_pairs)(const float* xs, uint32_t* words, int64_t n);
-  // nt on a blocked f32 weight with more rows than kDirectRows, up to this
-  // many: `direct` too, each block read once for all the rows (DirectWide).
-  // 0 at the levels without the registers for them.
+  // nt on a blocked f32 weight, or a bf16 one by fused multiply-adds, with
+  // more rows than kDirectRows, up to this many: `direct` too, each block
+  // read once for all the rows (DirectWide). 0 at the levels without the
+  // registers for them.
   int wide_rows = 0;
 };
 

@@ -244,6 +244,7 @@ TEST(GemmLevels, Bf16ChainFlushesDenormalsAlikeEverywhere) {
   };
   for (const Case& c :
        {Case{true, 3, 40, 37, GemmOut::kStore, 0}, Case{true, 11, 97, 64, GemmOut::kAccumulate, 0},
+        Case{true, 16, 40, 37, GemmOut::kStore, 0}, Case{true, 6, 97, 64, GemmOut::kAccumulate, 0},
         Case{false, 2, 48, 57, GemmOut::kStore, 0}, Case{false, 33, 130, 160, GemmOut::kStore, 0},
         Case{false, 5, 37, 99, GemmOut::kFixedItems, 33},
         Case{false, 11, 130, 99, GemmOut::kFixedItems, 33},
@@ -263,10 +264,20 @@ TEST(GemmLevels, Bf16ChainFlushesDenormalsAlikeEverywhere) {
     x[5] = 1e-41f;  // a denormal activation
     x[7] = INFINITY;
     const auto want = Bf16Chains(c, x, values);
+    // nt weights also blocked (one item), as the engine holds them: decode's
+    // and batched decode's direct kernels (DirectWide) read them.
+    std::vector<uint16_t> blocked(w16.size());
+    for (size_t e = 0; e < w16.size(); ++e) {
+      const int r = static_cast<int>(e / c.k), kk = static_cast<int>(e % c.k);
+      blocked[Blocked16Index(r, kk, c.n, c.k, DType::kBF16)] = w16[e];
+    }
     for (CpuIsa isa : Levels()) {
       for (bool dp : {false, true}) {
         EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, 2, false, 0, dp), want)
             << CpuIsaName(isa) << " nt=" << c.nt << " m=" << c.m << " dpbf16=" << dp;
+        if (!c.nt) continue;
+        EXPECT_EQ(RunGemm(c, x, blocked.data(), DType::kBF16, isa, 1, true, 0, dp), want)
+            << CpuIsaName(isa) << " blocked, m=" << c.m << " dpbf16=" << dp;
       }
     }
   }
@@ -403,7 +414,7 @@ TEST(GemmLevels, BlockedWeightsComputeTheSameChains) {
     int rows, count;  // item_rows (0: one item of `rows`), items
   };
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int m : {1, 2, 4, 5, 9, 16, 40}) {
+    for (int m : {1, 2, 4, 5, 9, 12, 16, 40}) {
       for (int k : {1, 37, 64, 100}) {
         // Panels across items (BlockedVectorAt), with more rows than
         // decode's: tails of up to 8 rows two to a vector (88, 24, 5, 100);

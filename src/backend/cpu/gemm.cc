@@ -120,6 +120,21 @@ void SplitItems(const KernelArgs& a, int threads, int items, Work work) {
   }
 }
 
+// DirectWide's activations (KernelArgs::xk) of a call on this thread: each
+// row's chain values (x, or with bf16 weights its slots in xs, an odd k's
+// padding zero with them) k-major, shared by the threads.
+void PackKMajor(KernelArgs* ka) {
+  thread_local std::vector<float> xk;
+  const bool slots = ka->wtype == DType::kBF16;
+  const int64_t per_row = slots ? ka->ldxs : ka->k, ld = slots ? ka->ldxs : ka->ldx;
+  const float* x = slots ? ka->xs : ka->x;
+  xk.resize(static_cast<size_t>(per_row * ka->m));
+  for (int i = 0; i < ka->m; ++i) {
+    for (int64_t kk = 0; kk < per_row; ++kk) xk[kk * ka->m + i] = x[i * ld + kk];
+  }
+  ka->xk = xk.data();
+}
+
 // nn in fixed-point items on a column-blocked weight (GemmArgs::w_blocked16):
 // item c is a blocked nt weight of its own, [n, item_k] at w + c * n *
 // item_k, whose products the nt kernels take in fixed-point mode (the same
@@ -257,14 +272,11 @@ void Gemm(const GemmArgs& a) {
   // here) or, unset, outruns them in register tiles (GemmDpbf16TilesFor). On
   // a Xeon that runs vdpbf16ps at a quarter of their rate: 1.6-1.8x at 16
   // rows.
-  const bool wide_shape = a.nt && a.w_blocked16 && a.m > kDirectRows && a.m <= kern.wide_rows;
-  const bool wide =
-      wide_shape && (a.wtype == DType::kF32 ||
+  const bool wide = a.nt && a.w_blocked16 && a.m > kDirectRows && a.m <= kern.wide_rows &&
+                    (a.wtype == DType::kF32 ||
                      (a.wtype == DType::kBF16 &&
                       !(a.dpbf16 ? *a.dpbf16 && GemmDpbf16For(isa) : GemmDpbf16TilesFor(isa))));
-  if (a.wtype == DType::kBF16 && wide) {
-    ka.dpbf16 = false;
-  } else if (a.wtype == DType::kBF16) {
+  if (a.wtype == DType::kBF16) {
     FS_CHECK_MSG(!a.w_rows, "weights given by rows are f32");
     // Unset: by vdpbf16ps where few rows stream weights from memory
     // (decode), and in register tiles where it outruns fused multiply-adds
@@ -272,11 +284,13 @@ void Gemm(const GemmArgs& a) {
     // weight is shared by too few rows to pay (up to kDpbf16Rows). Tiles of
     // fixed-point items widen each pair in registers for all their rows.
     const bool few = a.m <= kDirectRows || (a.out != GemmOut::kFixedItems && a.m <= kDpbf16Rows);
-    ka.dpbf16 = (a.dpbf16 ? *a.dpbf16 : few || GemmDpbf16TilesFor(isa)) && GemmDpbf16For(isa);
+    ka.dpbf16 =
+        !wide && (a.dpbf16 ? *a.dpbf16 : few || GemmDpbf16TilesFor(isa)) && GemmDpbf16For(isa);
   }
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
   if (a.wtype == DType::kBF16) RoundActivations(&ka, kern, threads);
+  if (wide) PackKMajor(&ka);
   if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
   // Threads take runs of whole output columns (UnitShares): no element is
   // split.

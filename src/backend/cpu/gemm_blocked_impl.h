@@ -303,15 +303,18 @@ void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
 // (DirectBlockedRange, DirectDpbf16Quarters).
 inline constexpr int kQuarterUnits = 128;
 
-#if defined(__AVX512F__)
-// bf16 decode reads each weight once, unit by unit: every load also asks for
-// the line kPrefetchBytes further down its unit, so that more of the
-// weight's reads are in flight than the hardware prefetchers keep (bf16
-// units are half as long as f32's, which reach the bandwidth without it).
+// bf16 decode and batched decode (DirectWide) read each weight once, unit
+// by unit: every load also asks for the line kPrefetchBytes further down
+// its unit, so that more of the weight's reads are in flight than the
+// hardware prefetchers keep (f32 decode's four runs of long units reach the
+// bandwidth without it).
 inline constexpr int kPrefetchBytes = 2048;
-FS_INLINE void PrefetchAhead(const BF16* p) {
+template <typename W>
+FS_INLINE void PrefetchAhead(const W* p) {
   __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
 }
+
+#if defined(__AVX512F__)
 
 // A unit of a blocked bf16 weight for DirectDpbf16: a block of 16 rows or an
 // item's tail of fewer, k-major in pairs ([k / 2][width][2], then an odd k's
@@ -532,24 +535,15 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
 // nt with kDirectRows < MR <= kWideRows rows on a blocked f32 weight, or a
 // bf16 one by fused multiply-adds (batched decode): one block of 16 columns
 // at a time, read once for all the rows, whose chains stay in MR registers
-// (a bf16 pair widened once for all of them); the rows' activations (bf16:
-// their chains' values, KernelArgs::xs) packed k-major (xt: [k][MR]), so
-// that a k-value's MR broadcasts read one line of the first-level cache
-// rather than MR rows far apart; each load asks for the block's line 2 KiB
-// on. Register tiles of 8 rows read a panel from memory in their first pass
-// and wait on it, then again from the cache (a Xeon, gate_up at 16 rows:
-// 1.23-1.27x; docs/CPU_PERFORMANCE.md). The chains are DirectBlocked's.
-inline constexpr int kWideAheadBytes = 2048;
+// (a bf16 pair widened once for all of them); the rows' activations k-major
+// (KernelArgs::xk), so that a k-value's MR broadcasts read one line of the
+// first-level cache rather than MR rows far apart; each load asks for the
+// block's line kPrefetchBytes on. Register tiles of 8 rows read a panel
+// from memory in their first pass and wait on it, then again from the cache
+// (a Xeon, gate_up at 16 rows: 1.23-1.27x; docs/CPU_PERFORMANCE.md). The
+// chains are DirectBlocked's.
 template <int MR, typename W>
 void DirectWideRows(const KernelArgs& a, int j0, int j1) {
-  // bf16: the chain's slots, with an odd k's padding zero.
-  const int slots = kPairs<W> ? (a.k + 1) & ~1 : a.k;
-  thread_local std::vector<float> xt;
-  xt.resize(static_cast<size_t>(slots) * MR);
-  for (int i = 0; i < MR; ++i) {
-    const float* xi = kPairs<W> ? XsRow(a, i, 0) : a.x + i * a.ldx;
-    for (int kk = 0; kk < slots; ++kk) xt[static_cast<size_t>(kk) * MR + i] = xi[kk];
-  }
   const int rows = BlockedItemRows(a), full = rows / 16 * 16;
   for (int j = j0; j < j1;) {
     const int item = j / rows, c0 = item * rows, r = j - c0;
@@ -562,13 +556,12 @@ void DirectWideRows(const KernelArgs& a, int j0, int j1) {
     const W* b = w + static_cast<int64_t>(r) * a.k;
     V16 acc[MR];
     StartAccumulators<MR>(a, j, 16, acc);
-    const float* xk = xt.data();
-    constexpr int kAhead = kWideAheadBytes / sizeof(W);
+    const float* xk = a.xk;
     if constexpr (kPairs<W>) {
       // Two k-values per lane: the odd one, then the even one; an odd k's
       // last value after a zero pair.
       for (int kk = 0; kk < a.k; kk += 2, b += 32, xk += 2 * MR) {
-        __builtin_prefetch(b + kAhead);
+        PrefetchAhead(b);
         V16 e, o{};
         if (kk + 2 <= a.k) {
           LoadPair(b, &e, &o);
@@ -584,7 +577,7 @@ void DirectWideRows(const KernelArgs& a, int j0, int j1) {
     } else {
 #pragma GCC unroll 2
       for (int kk = 0; kk < a.k; ++kk, b += 16, xk += MR) {
-        __builtin_prefetch(b + kAhead);
+        PrefetchAhead(b);
         const V16 v = Load(b);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(xk[i]), v, acc[i]);

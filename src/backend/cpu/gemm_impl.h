@@ -13,7 +13,6 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/gemm_kernels.h"

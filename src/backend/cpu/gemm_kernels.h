@@ -49,6 +49,9 @@ struct KernelArgs : GemmArgs {
   int64_t ldxs = 0;              // slots per row (even)
   int chain_k = 0;               // k-values per chain
   bool dpbf16 = false;           // products by vdpbf16ps (avx512 level only)
+  // DirectWide: the rows' activations (x, or with bf16 weights xs's slots)
+  // k-major, slot kk of row i at xk[kk * m + i], once per Gemm call.
+  const float* xk = nullptr;
 };
 // The slot of k-value kk in a row of KernelArgs::xs.
 inline int64_t XSlot(const KernelArgs& a, int kk) {

@@ -1,18 +1,32 @@
-// The kernel interface a device runs its share of the model with.
+// The kernel interface a device runs its share of the model with, and the
+// memory it runs them on.
 //
-// All buffers are device memory of the backend (for the CPU backend: host
-// memory). Matrices are row-major with explicit leading dimensions (ld*, in
+// A backend owns device memory (DeviceMemory): weights, KV pages and step
+// activations live in buffers it allocates, and its kernels read and write
+// only those. The model runner (worker/device_model.h) holds device
+// pointers and issues calls; it never loops over device memory itself.
+// Pointers are device memory unless a parameter says "host". For the CPU
+// backend device memory is host memory.
+//
+// Matrices are row-major with explicit leading dimensions (ld*, in
 // elements). A Backend is used by one thread at a time (the device's compute
-// thread); it may use more threads internally.
+// thread), except BackgroundCopyToHost; it may use more threads internally.
+// Kernels run in the order they are issued; a call that returns data to the
+// host (CopyToHost, MoeGate's outputs read back, Sample) waits for the
+// kernels before it.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu_features.h"
+#include "common/status.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
@@ -66,6 +80,7 @@ inline int64_t Blocked16Index(int64_t r, int64_t kk, int64_t rows, int64_t k, DT
 }
 
 struct AttentionArgs {
+  // Device pointers, except `pages` (a host array of device addresses).
   // Queries of one head group for num_tokens consecutive positions of one
   // sequence: head j of token t at q + t * ldq + j * head_dim.
   const float* q = nullptr;
@@ -100,9 +115,92 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
-class Backend {
+// The memory a backend computes on. Allocation failures throw
+// std::bad_alloc (a device out of memory is a configuration error the
+// caller reports); copies are complete when they return.
+class DeviceMemory {
  public:
-  virtual ~Backend() = default;
+  virtual ~DeviceMemory() = default;
+  // Whether device memory is host memory: the host may read and write it
+  // through its pointers (the CPU backend).
+  virtual bool host_memory() const = 0;
+  // `bytes` of device memory, aligned to at least 256 bytes, contents
+  // undefined. Large host allocations are committed as they are touched.
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Free(void* p, size_t bytes) = 0;
+  // Host -> device; `src` may be reused on return, and kernels issued after
+  // see the bytes.
+  virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  // Device -> host, after every kernel issued before.
+  virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // `rows` rows of `width` bytes, `spitch` bytes apart in device memory,
+  // `dpitch` bytes apart in host memory.
+  virtual void CopyToHost2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                            size_t rows) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void SetZero(void* dst, size_t bytes) = 0;
+  // Device -> host from a thread other than the compute thread (the KV
+  // backup writer), concurrently with kernels: reads bytes that kernels
+  // finished writing before the compute thread's last Synchronize or
+  // copy to the host, and that no kernel writes meanwhile.
+  virtual void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Waits until every kernel issued has finished.
+  virtual void Synchronize() = 0;
+};
+
+// Device memory owned by one object: freed with it. Grows by Reserve.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(DeviceMemory* mem, size_t n) : mem_(mem) { Reserve(n); }
+  ~DeviceArray() { Release(); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept { *this = std::move(o); }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) {
+      Release();
+      mem_ = o.mem_;
+      data_ = o.data_;
+      size_ = o.size_;
+      o.data_ = nullptr;
+      o.size_ = 0;
+    }
+    return *this;
+  }
+  void set_memory(DeviceMemory* mem) {
+    Release();
+    mem_ = mem;
+  }
+  // At least n elements (contents lost when it grows); returns data().
+  T* Reserve(size_t n) {
+    if (n > size_) {
+      Release();
+      // Grow by half again, so a slowly growing step size reallocates rarely.
+      const size_t grown = std::max(n, size_ + size_ / 2);
+      data_ = static_cast<T*>(mem_->Allocate(grown * sizeof(T)));
+      size_ = grown;
+    }
+    return data_;
+  }
+  T* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void Release() {
+    if (data_) mem_->Free(data_, size_ * sizeof(T));
+    data_ = nullptr;
+    size_ = 0;
+  }
+  DeviceMemory* mem_ = nullptr;
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class Backend : public DeviceMemory {
+ public:
+  ~Backend() override = default;
   virtual std::string name() const = 0;
   virtual int num_threads() const = 0;
 
@@ -127,6 +225,9 @@ class Backend {
   // Whether LinearNNFixed reads weights of `dtype` fastest column-blocked
   // (WeightsRef); it takes row-major ones either way, with the same results.
   virtual bool ColumnBlockedNN(DType dtype) const { return false; }
+  // Whether LinearNT (and GatherWeightRows) read [n, k] weights blocked
+  // (WeightsRef: blocks of 16 rows k-major); else row-major.
+  virtual bool BlockedNT(DType dtype) const { return false; }
   // y[r] = x[r] / rms(x[r]) * weight, rows of `dim`.
   virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy,
                        int rows, int dim, float eps) = 0;
@@ -141,13 +242,32 @@ class Backend {
   virtual void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
                        int width, int shards) = 0;
   // Mixtral routing: softmax over experts, top-k, renormalised.
-  // logits [tokens, experts] -> ids/weights [tokens, k].
+  // logits [tokens, experts] -> ids/weights [tokens, k], all device memory.
   virtual void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
                        float* weights) = 0;
   // Runs independent attention problems (sequences x head groups); the
   // backend may run them in parallel. Batch-invariant too: a query token's
   // output is the same whatever the chunk it is computed in.
   virtual void Attention(const std::vector<AttentionArgs>& problems) = 0;
+  // Data movement between a step's buffers. Index lists are host arrays.
+  //
+  // out[dst_rows[i], :cols] = row src_rows[i] of the [w_rows, cols] weight w
+  // (as it lies: WeightsRef), widened to f32 exactly; i < n.
+  virtual void GatherWeightRows(WeightsRef w, int w_rows, int cols, const int32_t* src_rows,
+                                const int32_t* dst_rows, int n, float* out, int64_t ldo) = 0;
+  // dst[i, :cols] = src[rows[i], :cols], i < n.
+  virtual void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int cols,
+                          float* dst, int64_t ldd) = 0;
+  // dst[rows[i], :cols] = AddFixed(dst[rows[i], :cols], src[i, :cols]),
+  // i < n; the rows distinct.
+  virtual void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n,
+                               int cols, int64_t* dst, int64_t ldd) = 0;
+  // x[i] += FromFixed(acc[i]), i < n: the residual stream takes a layer's
+  // exact partial sums.
+  virtual void AddFixedTo(const int64_t* acc, float* x, int64_t n) = 0;
+  // x[r, :cols] *= scale[r] (scale: host), r < rows.
+  virtual void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) = 0;
+
   // Picks a token from logits [vocab]. `counter` makes each draw of a seeded
   // request distinct and reproducible (use the token's position).
   virtual int Sample(const float* logits, int vocab, const SamplingParams& params,
@@ -172,6 +292,23 @@ struct CpuBackendOptions {
 // built per instruction-set level, paged attention), OpenMP threads.
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);
 std::unique_ptr<Backend> MakeCpuBackend(int num_threads);
+
+// Host memory as device memory: what the CPU backend allocates and copies
+// with (one instance, any thread). Allocations of 2 MiB and more are
+// mapped lazily with transparent huge pages.
+DeviceMemory& HostMemory();
+
+struct CudaBackendOptions {
+  int gpu = 0;  // CUDA device ordinal
+};
+
+// The CUDA backend (backend/cuda): bf16, f16 and f32 weights, cuBLASLt
+// GEMMs with one algorithm per shape, the engine's own kernels for the rest;
+// batch-invariant like the CPU backend. An error where the program was
+// built without CUDA, or the GPU cannot be used.
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options);
+// Whether this build has the CUDA backend.
+bool CudaBackendBuilt();
 
 // RoPE inverse frequencies [head_dim / 2] with Llama-3 scaling if configured.
 std::vector<float> RopeInvFreq(const ModelConfig& config);

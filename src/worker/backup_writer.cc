@@ -1,14 +1,15 @@
 #include "worker/backup_writer.h"
 
-#include <cstring>
-
 namespace failsafe {
 
 BackupWriter::BackupWriter(void* base, const BackupLayout& layout, int device,
-                           DeviceProgressSlot* progress)
-    : base_(base), layout_(layout), device_(device), progress_(progress), thread_([this] {
-        Run();
-      }) {}
+                           DeviceProgressSlot* progress, DeviceMemory* memory)
+    : base_(base),
+      layout_(layout),
+      device_(device),
+      progress_(progress),
+      memory_(memory),
+      thread_([this] { Run(); }) {}
 
 BackupWriter::~BackupWriter() {
   {
@@ -50,10 +51,10 @@ void BackupWriter::Run() {
     }
     for (const auto& c : job.copies) {
       const size_t n = static_cast<size_t>(c.to - c.from) * hd;
-      std::memcpy(c.dst + static_cast<size_t>(c.from) * hd,
-                  c.page + static_cast<size_t>(c.from) * hd, n * 4);
-      std::memcpy(c.dst + static_cast<size_t>(bs + c.from) * hd,
-                  c.page + static_cast<size_t>(bs + c.from) * hd, n * 4);
+      memory_->BackgroundCopyToHost(c.dst + static_cast<size_t>(c.from) * hd,
+                                    c.page + static_cast<size_t>(c.from) * hd, n * 4);
+      memory_->BackgroundCopyToHost(c.dst + static_cast<size_t>(bs + c.from) * hd,
+                                    c.page + static_cast<size_t>(bs + c.from) * hd, n * 4);
       bytes_copied_ += static_cast<int64_t>(2 * n * 4);
     }
     // Publish only after the copies: a reader that sees `tokens` sees the data.

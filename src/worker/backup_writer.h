@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
 #include "worker/device_progress.h"
 #include "worker/kv_backup_layout.h"
 
@@ -28,7 +29,7 @@ struct BackupJob {
   int start = 0;  // positions [start, end) were written
   int end = 0;
   struct Copy {
-    const float* page;  // device page holding the positions' K then V
+    const float* page;  // device page holding the positions' K then V (device memory)
     float* dst;         // backup slot of the same logical block
     int from, to;       // positions within the block
   };
@@ -39,8 +40,10 @@ class BackupWriter {
  public:
   // `progress` (optional): the device's progress slot, moved after every
   // job, so that a device busy draining its backup is seen to be alive.
+  // Pages are read through `memory` (the device's backend:
+  // BackgroundCopyToHost).
   BackupWriter(void* base, const BackupLayout& layout, int device,
-               DeviceProgressSlot* progress = nullptr);
+               DeviceProgressSlot* progress = nullptr, DeviceMemory* memory = &HostMemory());
   ~BackupWriter();
   // Called on the writer's thread after each job is copied and published (a
   // device on another host sends the bytes to the coordinator). Set before
@@ -57,6 +60,7 @@ class BackupWriter {
   const BackupLayout layout_;
   const int device_;
   DeviceProgressSlot* const progress_;
+  DeviceMemory* const memory_;
   std::function<void(const BackupJob&)> uploader_;  // set before the first job
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;

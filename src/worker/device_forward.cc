@@ -12,16 +12,6 @@
 
 namespace failsafe {
 
-namespace {
-
-template <typename T>
-T* Sized(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
-}  // namespace
-
 Status DeviceModel::ApplyKvTables(const StepBatch& b) {
   if (device_ < static_cast<int>(b.kv.size())) {
     const KvTableUpdate& u = b.kv[device_];
@@ -56,6 +46,17 @@ Status DeviceModel::ApplyKvTables(const StepBatch& b) {
   return CopyHostHits(b);
 }
 
+template <typename T>
+Status DeviceModel::AllReduce(Communicator& comm, T* data, size_t n, std::vector<T>* staging) {
+  if (backend_->host_memory()) return comm.AllReduceSum(data, n);
+  if (comm.size() == 1) return Status::Ok();
+  if (staging->size() < n) staging->resize(n);
+  backend_->CopyToHost(staging->data(), data, n * sizeof(T));
+  FS_RETURN_IF_ERROR(comm.AllReduceSum(staging->data(), n));
+  backend_->CopyToDevice(data, staging->data(), n * sizeof(T));
+  return Status::Ok();
+}
+
 Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logits,
                             ForwardStats* stats) {
   const int T = b.num_tokens();
@@ -74,14 +75,20 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   }
   FS_RETURN_IF_ERROR(ApplyKvTables(b));
 
-  int32_t* pos = Sized(positions_, T);
+  host_positions_.resize(T);
+  int32_t* pos = host_positions_.data();
   int end_pos = 0;
   for (const StepSeq& s : b.seqs) {
     for (int i = 0; i < s.num_tokens; ++i) pos[s.token_offset + i] = s.start_pos + i;
     end_pos = std::max(end_pos, s.start_pos + s.num_tokens);
   }
+  backend_->CopyToDevice(positions_.Reserve(T), pos, sizeof(int32_t) * T);
   // Rows in steps of 1024, so a growing context extends it now and then.
   ExtendRopeTable(inv_freq_, (end_pos + 1023) / 1024 * 1024, &rope_table_);
+  if (rope_rows_device_ * config_.head_dim != rope_table_.size()) {
+    Upload(rope_table_, &rope_table_device_);
+    rope_rows_device_ = rope_table_.size() / config_.head_dim;
+  }
 
   ForwardStats local;
   if (!stats) stats = &local;
@@ -95,9 +102,9 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     seg_cpu = c;
     seg_wall = w;
   };
-  auto all_reduce = [&](auto* data, size_t n) -> Status {
+  auto all_reduce = [&](auto* data, size_t n, auto* staging) -> Status {
     end_segment();
-    Status st = comm.AllReduceSum(data, n);
+    Status st = AllReduce(comm, data, n, staging);
     int64_t w = MonotonicNanos();
     stats->collective_wall_ns += w - seg_wall;
     seg_cpu = ThreadCpuNanos();
@@ -105,25 +112,33 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     return st;
   };
 
-  float* x = Sized(x_, static_cast<size_t>(T) * H);
+  const size_t n = static_cast<size_t>(T) * H;
+  float* x = x_.Reserve(n);
   Embed(b);
-  FS_RETURN_IF_ERROR(all_reduce(x, static_cast<size_t>(T) * H));
+  FS_RETURN_IF_ERROR(all_reduce(x, n, &host_stage_f32_));
   // The partial sums of query heads and FFN shards are exact (fixed point):
   // whichever devices hold which items, the sums and so the residual stream
   // are the same bit for bit.
   for (int l = 0; l < config_.num_layers; ++l) {
     AttentionPartial(l, b, stats);
-    FS_RETURN_IF_ERROR(all_reduce(partial_.data(), static_cast<size_t>(T) * H));
-    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += FromFixed(partial_[i]);
+    FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
+    backend_->AddFixedTo(partial_.data(), x, static_cast<int64_t>(n));
     FfnPartial(l, T, stats);
-    FS_RETURN_IF_ERROR(all_reduce(partial_.data(), static_cast<size_t>(T) * H));
-    for (int64_t i = 0; i < static_cast<int64_t>(T) * H; ++i) x[i] += FromFixed(partial_[i]);
+    FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
+    backend_->AddFixedTo(partial_.data(), x, static_cast<int64_t>(n));
   }
   LmHead(b, logits, stats);
+  // The step's KV is in its pages before the backup reads them.
+  backend_->Synchronize();
   end_segment();
   EnqueueBackup(b);
   stats->kv_bytes = kv_.used_pages() * kv_.page_bytes();
   return Status::Ok();
+}
+
+void DeviceModel::Upload(const std::vector<float>& host, DeviceArray<float>* dst) {
+  if (dst->size() < host.size()) *dst = DeviceArray<float>(backend_, host.size());
+  backend_->CopyToDevice(dst->data(), host.data(), sizeof(float) * host.size());
 }
 
 void DeviceModel::Stretch(int64_t start_ns) {
@@ -142,12 +157,22 @@ void DeviceModel::Stretch(int64_t start_ns) {
 void DeviceModel::Embed(const StepBatch& b) {
   const int H = config_.hidden_size;
   const int cs = plan_.shape.vocab_chunk_size;
-  float* x = x_.data();
-  std::memset(x, 0, sizeof(float) * static_cast<size_t>(b.num_tokens()) * H);
-  for (int t = 0; t < b.num_tokens(); ++t) {
-    const int tok = b.tokens[t];
-    if (embed_.Has(tok / cs))
-      embed_.ReadRows(tok / cs, tok % cs, 1, x + static_cast<int64_t>(t) * H);
+  const int T = b.num_tokens();
+  backend_->SetZero(x_.data(), sizeof(float) * static_cast<size_t>(T) * H);
+  // Each held segment of chunks gives the rows of its tokens.
+  for (const auto& seg : embed_.segments()) {
+    host_rows_.clear();
+    host_dst_rows_.clear();
+    for (int t = 0; t < T; ++t) {
+      const int chunk = b.tokens[t] / cs;
+      if (chunk < seg.first || chunk >= seg.first + seg.count) continue;
+      host_rows_.push_back((chunk - seg.first) * cs + b.tokens[t] % cs);
+      host_dst_rows_.push_back(t);
+    }
+    if (host_rows_.empty()) continue;
+    backend_->GatherWeightRows(embed_.Weights(seg), seg.count * cs, H, host_rows_.data(),
+                               host_dst_rows_.data(), static_cast<int>(host_rows_.size()),
+                               x_.data(), H);
   }
 }
 
@@ -174,10 +199,10 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   }
   stats->attention_flops += 2.0 * hr.rows * H * (ld_q + ld_kv);
   // 2) RoPE on the query heads and on the key of each group.
-  backend_->Rope(q, ld_q, hr.positions, hr.rows, n_q, hd, rope_table_.data());
+  backend_->Rope(q, ld_q, hr.positions, hr.rows, n_q, hd, rope_table_device_.data());
   for (int k = 0; k < n_kv; ++k) {
     backend_->Rope(kv + static_cast<int64_t>(k) * 2 * hd, ld_kv, hr.positions, hr.rows, 1, hd,
-                   rope_table_.data());
+                   rope_table_device_.data());
   }
   // The query heads of each held group are adjacent in q (both ascending):
   // group k's are [first[k], first[k] + count[k]).
@@ -248,9 +273,9 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   const int T = b.num_tokens(), H = config_.hidden_size;
   const int hd = config_.head_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  float* h = Sized(h_, static_cast<size_t>(T) * H);
-  int64_t* partial = Sized(partial_, static_cast<size_t>(T) * H);
-  std::memset(partial, 0, sizeof(int64_t) * static_cast<size_t>(T) * H);
+  float* h = h_.Reserve(static_cast<size_t>(T) * H);
+  int64_t* partial = partial_.Reserve(static_cast<size_t>(T) * H);
+  backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
   backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
 
   // TP head groups: every token.
@@ -262,9 +287,9 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
     hr.positions = positions_.data();
     for (size_t i = 0; i < b.seqs.size(); ++i)
       hr.seqs.emplace_back(static_cast<int>(i), b.seqs[i].token_offset);
-    float* q = Sized(q_, static_cast<size_t>(T) * n_tp * hd);
-    float* kv = Sized(kv_proj_, static_cast<size_t>(T) * lw.tp.kv.num_items() * 2 * hd);
-    float* attn = Sized(attn_, static_cast<size_t>(T) * n_tp * hd);
+    float* q = q_.Reserve(static_cast<size_t>(T) * n_tp * hd);
+    float* kv = kv_proj_.Reserve(static_cast<size_t>(T) * lw.tp.kv.num_items() * 2 * hd);
+    float* attn = attn_.Reserve(static_cast<size_t>(T) * n_tp * hd);
     RunHeads(lw.tp, layer, b, hr, q, kv, attn, stats);
   }
   if (n_tp > 0) OProjection(lw.tp, attn_.data(), T, partial, stats);
@@ -273,46 +298,41 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   const int n_dp = lw.dp.q.num_items();
   if (n_dp == 0) return;
   HeadRows hr;
-  int rows = 0;
+  host_rows_.clear();  // the batch's token of each DP row
+  host_dp_positions_.clear();
   for (size_t i = 0; i < b.seqs.size(); ++i) {
-    if (b.seqs[i].dp_rank != device_) continue;
-    hr.seqs.emplace_back(static_cast<int>(i), rows);
-    rows += b.seqs[i].num_tokens;
+    const StepSeq& s = b.seqs[i];
+    if (s.dp_rank != device_) continue;
+    hr.seqs.emplace_back(static_cast<int>(i), static_cast<int>(host_rows_.size()));
+    for (int t = 0; t < s.num_tokens; ++t) {
+      host_rows_.push_back(s.token_offset + t);
+      host_dp_positions_.push_back(host_positions_[s.token_offset + t]);
+    }
   }
+  const int rows = static_cast<int>(host_rows_.size());
   if (rows == 0) return;
-  float* in = Sized(dp_in_, static_cast<size_t>(rows) * H);
-  int32_t* dpos = Sized(dp_positions_, rows);
-  for (auto [si, row0] : hr.seqs) {
-    const StepSeq& s = b.seqs[si];
-    std::memcpy(in + static_cast<int64_t>(row0) * H, h + static_cast<int64_t>(s.token_offset) * H,
-                sizeof(float) * static_cast<size_t>(s.num_tokens) * H);
-    std::memcpy(dpos + row0, positions_.data() + s.token_offset, sizeof(int32_t) * s.num_tokens);
-  }
+  float* in = dp_in_.Reserve(static_cast<size_t>(rows) * H);
+  backend_->GatherRows(h, H, host_rows_.data(), rows, H, in, H);
+  int32_t* dpos = dp_positions_.Reserve(rows);
+  backend_->CopyToDevice(dpos, host_dp_positions_.data(), sizeof(int32_t) * rows);
   hr.in = in;
   hr.rows = rows;
   hr.positions = dpos;
-  float* q = Sized(dp_q_, static_cast<size_t>(rows) * n_dp * hd);
-  float* kv = Sized(dp_kv_proj_, static_cast<size_t>(rows) * lw.dp.kv.num_items() * 2 * hd);
-  float* attn = Sized(dp_attn_, static_cast<size_t>(rows) * n_dp * hd);
+  float* q = dp_q_.Reserve(static_cast<size_t>(rows) * n_dp * hd);
+  float* kv = dp_kv_proj_.Reserve(static_cast<size_t>(rows) * lw.dp.kv.num_items() * 2 * hd);
+  float* attn = dp_attn_.Reserve(static_cast<size_t>(rows) * n_dp * hd);
   RunHeads(lw.dp, layer, b, hr, q, kv, attn, stats);
-  int64_t* out = Sized(dp_out_, static_cast<size_t>(rows) * H);
-  std::memset(out, 0, sizeof(int64_t) * static_cast<size_t>(rows) * H);
+  int64_t* out = dp_out_.Reserve(static_cast<size_t>(rows) * H);
+  backend_->SetZero(out, sizeof(int64_t) * static_cast<size_t>(rows) * H);
   OProjection(lw.dp, attn, rows, out, stats);
-  for (auto [si, row0] : hr.seqs) {
-    const StepSeq& s = b.seqs[si];
-    for (int i = 0; i < s.num_tokens; ++i) {
-      int64_t* dst = partial + static_cast<int64_t>(s.token_offset + i) * H;
-      const int64_t* src = out + static_cast<int64_t>(row0 + i) * H;
-      for (int j = 0; j < H; ++j) dst[j] = AddFixed(dst[j], src[j]);
-    }
-  }
+  backend_->ScatterAddFixed(out, H, host_rows_.data(), rows, H, partial, H);
 }
 
 void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
                             const float* row_scale, int64_t* out, ForwardStats* stats) {
   const int H = config_.hidden_size;
   const int w = plan_.shape.shard_width;
-  std::memset(out, 0, sizeof(int64_t) * static_cast<size_t>(rows) * H);
+  backend_->SetZero(out, sizeof(int64_t) * static_cast<size_t>(rows) * H);
   const auto& down_segs = lw.ffn_down.segments();
   const auto& gu_segs = lw.ffn_gate_up.segments();
   FS_CHECK(down_segs.size() == gu_segs.size());
@@ -321,16 +341,11 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
     FS_CHECK(down_segs[si].first == seg.first && down_segs[si].count == seg.count);
     if (expert >= 0 && plan_.shape.ShardExpert(seg.first) != expert) continue;
     const int cols = seg.count * 2 * w;
-    float* gu = Sized(gu_, static_cast<size_t>(rows) * cols);
-    float* act = Sized(act_, static_cast<size_t>(rows) * seg.count * w);
+    float* gu = gu_.Reserve(static_cast<size_t>(rows) * cols);
+    float* act = act_.Reserve(static_cast<size_t>(rows) * seg.count * w);
     backend_->LinearNT(in, H, lw.ffn_gate_up.Weights(seg), gu, cols, rows, cols, H, false);
     backend_->SiluMul(gu, cols, act, seg.count * w, rows, w, seg.count);
-    if (row_scale) {
-      for (int r = 0; r < rows; ++r) {
-        float* a = act + static_cast<int64_t>(r) * seg.count * w;
-        for (int j = 0; j < seg.count * w; ++j) a[j] *= row_scale[r];
-      }
-    }
+    if (row_scale) backend_->ScaleRows(act, seg.count * w, row_scale, rows, seg.count * w);
     // One exact partial sum per FFN shard.
     backend_->LinearNNFixed(act, seg.count * w, lw.ffn_down.Weights(down_segs[si]), out, H, rows, H,
                             seg.count * w, w);
@@ -352,13 +367,18 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   // Mixtral: every device routes every token (same inputs, same result), then
   // computes its shards of each chosen expert on that expert's tokens.
   const int E = config_.num_experts, k = config_.experts_per_token;
-  float* logits = Sized(router_logits_, static_cast<size_t>(T) * E);
+  float* logits = router_logits_.Reserve(static_cast<size_t>(T) * E);
   backend_->LinearNT(h, H, lw.router.data(), logits, E, T, E, H, false);
   stats->ffn_flops += 2.0 * T * H * E;
-  int32_t* ids = Sized(gate_ids_, static_cast<size_t>(T) * k);
-  float* weights = Sized(gate_w_, static_cast<size_t>(T) * k);
+  int32_t* ids = gate_ids_.Reserve(static_cast<size_t>(T) * k);
+  float* weights = gate_w_.Reserve(static_cast<size_t>(T) * k);
   backend_->MoeGate(logits, T, E, k, ids, weights);
-  std::memset(partial, 0, sizeof(int64_t) * static_cast<size_t>(T) * H);
+  // The routing decides which rows each expert takes: read it on the host.
+  host_gate_ids_.resize(static_cast<size_t>(T) * k);
+  host_gate_w_.resize(static_cast<size_t>(T) * k);
+  backend_->CopyToHost(host_gate_ids_.data(), ids, sizeof(int32_t) * host_gate_ids_.size());
+  backend_->CopyToHost(host_gate_w_.data(), weights, sizeof(float) * host_gate_w_.size());
+  backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
   std::vector<bool> held(E, false);
   for (const auto& seg : lw.ffn_gate_up.segments()) held[plan_.shape.ShardExpert(seg.first)] = true;
   for (int e = 0; e < E; ++e) {
@@ -366,26 +386,22 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
     expert_rows_.clear();
     for (int t = 0; t < T; ++t) {
       for (int j = 0; j < k; ++j) {
-        if (ids[t * k + j] == e) expert_rows_.push_back(t * k + j);
+        if (host_gate_ids_[t * k + j] == e) expert_rows_.push_back(t * k + j);
       }
     }
     const int rows = static_cast<int>(expert_rows_.size());
     if (rows == 0) continue;
-    float* in = Sized(expert_in_, static_cast<size_t>(rows) * H);
-    float* scale = Sized(row_scale_, rows);
+    host_rows_.resize(rows);
+    host_row_scale_.resize(rows);
     for (int r = 0; r < rows; ++r) {
-      const int t = expert_rows_[r] / k;
-      std::memcpy(in + static_cast<int64_t>(r) * H, h + static_cast<int64_t>(t) * H,
-                  sizeof(float) * H);
-      scale[r] = weights[expert_rows_[r]];
+      host_rows_[r] = expert_rows_[r] / k;  // the token
+      host_row_scale_[r] = host_gate_w_[expert_rows_[r]];
     }
-    int64_t* out = Sized(expert_out_, static_cast<size_t>(rows) * H);
-    FfnOnRows(lw, e, in, rows, scale, out, stats);
-    for (int r = 0; r < rows; ++r) {
-      int64_t* dst = partial + static_cast<int64_t>(expert_rows_[r] / k) * H;
-      const int64_t* src = out + static_cast<int64_t>(r) * H;
-      for (int j = 0; j < H; ++j) dst[j] = AddFixed(dst[j], src[j]);
-    }
+    float* in = expert_in_.Reserve(static_cast<size_t>(rows) * H);
+    backend_->GatherRows(h, H, host_rows_.data(), rows, H, in, H);
+    int64_t* out = expert_out_.Reserve(static_cast<size_t>(rows) * H);
+    FfnOnRows(lw, e, in, rows, host_row_scale_.data(), out, stats);
+    backend_->ScatterAddFixed(out, H, host_rows_.data(), rows, H, partial, H);
   }
 }
 
@@ -393,26 +409,27 @@ void DeviceModel::LmHead(const StepBatch& b, float* logits, ForwardStats* stats)
   const int H = config_.hidden_size, V = config_.vocab_size;
   const int R = b.num_logits_rows;
   if (R == 0 || lm_head_.num_items() == 0) return;
-  float* h = Sized(h_, static_cast<size_t>(R) * H);
+  // Each sequence's last token, at its logits row (a row no sequence names
+  // takes token 0: its logits are never read).
+  host_rows_.assign(R, 0);
   for (const StepSeq& s : b.seqs) {
-    if (s.logits_row < 0) continue;
-    const int t = s.token_offset + s.num_tokens - 1;
-    backend_->RmsNorm(x_.data() + static_cast<int64_t>(t) * H, H, final_norm_.data(),
-                      h + static_cast<int64_t>(s.logits_row) * H, H, 1, H,
-                      static_cast<float>(config_.rms_norm_eps));
+    if (s.logits_row >= 0) host_rows_[s.logits_row] = s.token_offset + s.num_tokens - 1;
   }
+  float* last = lm_in_.Reserve(static_cast<size_t>(R) * H);
+  backend_->GatherRows(x_.data(), H, host_rows_.data(), R, H, last, H);
+  float* h = h_.Reserve(static_cast<size_t>(R) * H);
+  backend_->RmsNorm(last, H, final_norm_.data(), h, H, R, H,
+                    static_cast<float>(config_.rms_norm_eps));
   const PlanShape& shape = plan_.shape;
   const int cs = shape.vocab_chunk_size;
   for (const auto& seg : lm_head_.segments()) {
     const int cols = seg.count * cs;
-    float* out = Sized(lm_out_, static_cast<size_t>(R) * cols);
+    float* out = lm_out_.Reserve(static_cast<size_t>(R) * cols);
     backend_->LinearNT(h, H, lm_head_.Weights(seg), out, cols, R, cols, H, false);
     const int begin = shape.ChunkBegin(seg.first);
     const int end = shape.ChunkEnd(seg.first + seg.count - 1);
-    for (int r = 0; r < R; ++r) {
-      std::memcpy(logits + static_cast<int64_t>(r) * V + begin,
-                  out + static_cast<int64_t>(r) * cols, sizeof(float) * (end - begin));
-    }
+    backend_->CopyToHost2D(logits + begin, sizeof(float) * V, out, sizeof(float) * cols,
+                           sizeof(float) * (end - begin), R);
     stats->other_flops += 2.0 * R * H * cols;
   }
 }

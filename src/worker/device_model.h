@@ -165,21 +165,22 @@ class DeviceModel {
 
   double speed_ = 1.0;           // SetComputeSpeed
   int64_t stretch_debt_ns_ = 0;  // sleep owed, not yet slept
+  // Weights and activations are in the backend's device memory.
   struct LayerWeights {
-    std::vector<float> attn_norm, ffn_norm;
+    DeviceArray<float> attn_norm, ffn_norm;  // [hidden]
     AttentionWeights tp;        // TP head groups (or this device's part of replicated ones)
     AttentionWeights dp;        // DP head groups, every query head
     ItemMatrix ffn_gate_up;     // per shard: gate rows then up rows [2 * width, hidden]
     ItemMatrix ffn_down;        // per shard: down^T rows [width, hidden]
-    std::vector<float> router;  // MoE: [experts, hidden]
+    DeviceArray<float> router;  // MoE: [experts, hidden]
   };
 
   // Rows of one attention computation: all tokens (TP heads) or the tokens of
   // the sequences whose DP rank this device is (DP heads).
   struct HeadRows {
-    const float* in = nullptr;  // [rows, hidden], normalised
+    const float* in = nullptr;  // device: [rows, hidden], normalised
     int rows = 0;
-    const int32_t* positions = nullptr;     // [rows]
+    const int32_t* positions = nullptr;     // device: [rows]
     std::vector<std::pair<int, int>> seqs;  // (index in the batch, first row)
   };
 
@@ -198,7 +199,8 @@ class DeviceModel {
   void OProjection(const AttentionWeights& w, const float* attn, int rows, int64_t* out,
                    ForwardStats* stats);
   // out[rows, hidden] = FFN of `in` over the held shards of one expert (-1:
-  // dense), as exact fixed-point partial sums (one per shard).
+  // dense), as exact fixed-point partial sums (one per shard); each row's
+  // activations scaled by row_scale[row] (host; nullptr: 1).
   void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
                  const float* row_scale, int64_t* out, ForwardStats* stats);
   // Takes this device's new block-table entries and checks that every
@@ -215,6 +217,13 @@ class DeviceModel {
   const std::vector<int>& KvSlots(int dp_rank) const {
     return dp_rank == device_ ? kv_slots_rank_ : kv_slots_tp_;
   }
+  // A host vector into device memory.
+  void Upload(const std::vector<float>& host, DeviceArray<float>* dst);
+  // Sums `n` elements of device memory over the group: in place where
+  // device memory is host memory, else through host staging; nothing to do
+  // alone on a GPU.
+  template <typename T>
+  Status AllReduce(Communicator& comm, T* data, size_t n, std::vector<T>* staging);
   // Norms, routers and empty item matrices: a device holding nothing yet.
   void InitLayers(const Plan& plan, const WeightStore& host);
   void EnqueueBackup(const StepBatch& b);
@@ -240,12 +249,14 @@ class DeviceModel {
   Backend* const backend_;
   const DeviceOptions options_;
   const std::vector<float> inv_freq_;
-  std::vector<float> rope_table_;  // ExtendRopeTable's, for every position seen
+  std::vector<float> rope_table_;         // host: ExtendRopeTable's, for every position seen
+  DeviceArray<float> rope_table_device_;  // its copy the kernels read
+  size_t rope_rows_device_ = 0;           // rows of rope_table_ in rope_table_device_
   Plan plan_;
   std::vector<LayerWeights> layers_;
   ItemMatrix embed_,
       lm_head_;  // per vocabulary chunk [chunk_size, hidden]; lm_head_ shares embed_ when tied
-  std::vector<float> final_norm_;
+  DeviceArray<float> final_norm_;
   KvCache kv_;
   BackupWriter* backup_ = nullptr;
   BackupLayout backup_layout_;
@@ -253,12 +264,18 @@ class DeviceModel {
   std::vector<char> backup_tp_slot_;  // [slot] -> this device writes the TP slot to the backup
   std::vector<int> kv_slots_tp_, kv_slots_rank_;  // from plan_ (UpdateBackupSlots)
 
-  // Step scratch, [tokens, ...] unless noted.
-  std::vector<float> x_, h_, q_, kv_proj_, attn_, dp_in_, dp_q_, dp_kv_proj_, dp_attn_;
-  std::vector<float> gu_, act_, expert_in_, router_logits_, gate_w_, row_scale_, lm_out_;
+  // Step scratch in device memory, [tokens, ...] unless noted.
+  DeviceArray<float> x_, h_, q_, kv_proj_, attn_, dp_in_, dp_q_, dp_kv_proj_, dp_attn_;
+  DeviceArray<float> gu_, act_, expert_in_, router_logits_, gate_w_, lm_in_, lm_out_;
   // Fixed-point partial sums (common/fixed_point.h), [tokens, hidden].
-  std::vector<int64_t> partial_, dp_out_, expert_out_;
-  std::vector<int32_t> positions_, gate_ids_, dp_positions_;
+  DeviceArray<int64_t> partial_, dp_out_, expert_out_;
+  DeviceArray<int32_t> positions_, gate_ids_, dp_positions_;
+  // Host scratch: positions, index lists, a MoE step's routing, staging for
+  // collectives when device memory is not host memory.
+  std::vector<int32_t> host_positions_, host_dp_positions_, host_rows_, host_dst_rows_;
+  std::vector<int32_t> host_gate_ids_;
+  std::vector<float> host_gate_w_, host_row_scale_, host_stage_f32_;
+  std::vector<int64_t> host_stage_fixed_;
   std::vector<int> expert_rows_;
   std::vector<AttentionArgs> problems_;
 };

@@ -151,9 +151,9 @@ int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t
   const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
   const float* src = backup_layout_.Slot(backup_base_, backup_block, layer, head);
   float* page = kv_.Page(seq_id, slot, block);
-  std::memcpy(page, src, sizeof(float) * static_cast<size_t>(rows) * hd);
-  std::memcpy(page + static_cast<int64_t>(bs) * hd, src + static_cast<int64_t>(bs) * hd,
-              sizeof(float) * static_cast<size_t>(rows) * hd);
+  backend_->CopyToDevice(page, src, sizeof(float) * static_cast<size_t>(rows) * hd);
+  backend_->CopyToDevice(page + static_cast<int64_t>(bs) * hd, src + static_cast<int64_t>(bs) * hd,
+                         sizeof(float) * static_cast<size_t>(rows) * hd);
   return 2LL * rows * hd * 4;
 }
 

@@ -17,13 +17,23 @@ DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* back
       options_(options),
       inv_freq_(RopeInvFreq(config)),
       kv_(config.num_layers, config.num_kv_heads, options.block_size, config.head_dim,
-          options.kv_pages) {}
+          options.kv_pages, backend) {
+  for (DeviceArray<float>* a : {&rope_table_device_, &final_norm_, &x_, &h_, &q_, &kv_proj_, &attn_,
+                                &dp_in_, &dp_q_, &dp_kv_proj_, &dp_attn_, &gu_, &act_, &expert_in_,
+                                &router_logits_, &gate_w_, &lm_in_, &lm_out_})
+    a->set_memory(backend);
+  for (DeviceArray<int64_t>* a : {&partial_, &dp_out_, &expert_out_}) a->set_memory(backend);
+  for (DeviceArray<int32_t>* a : {&positions_, &gate_ids_, &dp_positions_}) a->set_memory(backend);
+}
 
 int64_t DeviceModel::weight_bytes() const {
   int64_t b = embed_.bytes() + (config_.tie_word_embeddings ? 0 : lm_head_.bytes()) +
-              final_norm_.size() * 4;
+              config_.hidden_size * 4;  // the final norm
   for (auto& l : layers_) {
-    b += (l.attn_norm.size() + l.ffn_norm.size() + l.router.size()) * 4;
+    b +=
+        (2 * config_.hidden_size +
+         (config_.is_moe() ? static_cast<int64_t>(config_.num_experts) * config_.hidden_size : 0)) *
+        4;
     b += l.tp.bytes() + l.dp.bytes();
     b += l.ffn_gate_up.bytes() + l.ffn_down.bytes();
   }
@@ -164,35 +174,37 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   const int w = plan.shape.shard_width;
   const DType wt = host.MatrixDType();
   // The matrices LinearNT multiplies by ([n, k]: q/k/v, gate/up, the
-  // vocabulary) are held blocked whatever their rows per item (an item's last
-  // rows % 16 rows in a narrower block), read as they lie; the transposed-stored
-  // o and down projections as the backend's LinearNNFixed reads them fastest.
-  constexpr ItemLayout kBlocked = ItemLayout::kBlocked;
+  // vocabulary) and the transposed-stored o and down projections are held
+  // as the backend reads them fastest (the CPU's: [n, k] blocked whatever
+  // their rows per item, an item's last rows % 16 rows in a narrower block).
+  const ItemLayout nt = backend_->BlockedNT(wt) ? ItemLayout::kBlocked : ItemLayout::kRowMajor;
   const ItemLayout nn =
       backend_->ColumnBlockedNN(wt) ? ItemLayout::kColumnBlocked : ItemLayout::kRowMajor;
-  layers_.assign(c.num_layers, {});
+  Backend* mem = backend_;
+  auto vector_of = [&](const std::string& name, int rows, DeviceArray<float>* dst) {
+    std::vector<float> v(static_cast<size_t>(rows) * hidden);
+    host.Get(name).ReadRows(0, rows, v.data());
+    dst->set_memory(mem);
+    Upload(v, dst);
+  };
+  layers_.clear();
+  layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
-    lw.attn_norm.resize(hidden);
-    lw.ffn_norm.resize(hidden);
-    host.Get(tn::AttnNorm(l)).ReadRows(0, 1, lw.attn_norm.data());
-    host.Get(tn::FfnNorm(l)).ReadRows(0, 1, lw.ffn_norm.data());
+    vector_of(tn::AttnNorm(l), 1, &lw.attn_norm);
+    vector_of(tn::FfnNorm(l), 1, &lw.ffn_norm);
     for (AttentionWeights* a : {&lw.tp, &lw.dp}) {
-      a->q = ItemMatrix(hd, hidden, wt, kBlocked);
-      a->kv = ItemMatrix(2 * hd, hidden, wt, kBlocked);
-      a->o = ItemMatrix(hd, hidden, wt, nn);
+      a->q = ItemMatrix(hd, hidden, wt, nt, mem);
+      a->kv = ItemMatrix(2 * hd, hidden, wt, nt, mem);
+      a->o = ItemMatrix(hd, hidden, wt, nn, mem);
     }
-    lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, kBlocked);
-    lw.ffn_down = ItemMatrix(w, hidden, wt, nn);
-    if (c.is_moe()) {
-      lw.router.resize(static_cast<size_t>(c.num_experts) * hidden);
-      host.Get(tn::Router(l)).ReadRows(0, c.num_experts, lw.router.data());
-    }
+    lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, nt, mem);
+    lw.ffn_down = ItemMatrix(w, hidden, wt, nn, mem);
+    if (c.is_moe()) vector_of(tn::Router(l), c.num_experts, &lw.router);
   }
-  final_norm_.resize(hidden);
-  host.Get(tn::FinalNorm()).ReadRows(0, 1, final_norm_.data());
-  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, kBlocked);
-  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, kBlocked);
+  vector_of(tn::FinalNorm(), 1, &final_norm_);
+  embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, nt, mem);
+  lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, nt, mem);
 }
 
 Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {

@@ -15,6 +15,11 @@ namespace {
 constexpr size_t kHugePage = 2u << 20;
 }
 
+DeviceBytes::DeviceBytes(DeviceMemory* m, size_t n)
+    : memory(m), data(static_cast<unsigned char*>(m->Allocate(n))), size(n) {}
+
+DeviceBytes::~DeviceBytes() { memory->Free(data, size); }
+
 // Large weight buffers are mapped with transparent huge pages: decode streams
 // every weight byte each step, and 4 KiB pages would cost TLB misses.
 AlignedFloats::AlignedFloats(size_t n) : size(n) {
@@ -92,8 +97,15 @@ int64_t StorageIndex(ItemLayout layout, int64_t r, int64_t c, int64_t rows, int6
 }  // namespace
 
 void ItemMatrix::ReadRows(int item, int row, int rows, float* dst) const {
-  const unsigned char* base = Find(item);
-  FS_CHECK_MSG(base != nullptr, "item {} is not held", item);
+  const unsigned char* held = Find(item);
+  FS_CHECK_MSG(held != nullptr, "item {} is not held", item);
+  std::vector<unsigned char> copy;
+  const unsigned char* base = held;
+  if (!memory_->host_memory()) {  // the whole item to the host
+    copy.resize(static_cast<size_t>(item_bytes()));
+    memory_->CopyToHost(copy.data(), held, copy.size());
+    base = copy.data();
+  }
   if (layout_ != ItemLayout::kRowMajor) {
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < cols_; ++c)
@@ -132,19 +144,27 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
   if (count <= 0) return;
   Segment seg;
   const int64_t bytes = count * item_bytes();
-  seg.storage = std::make_shared<AlignedFloats>(static_cast<size_t>((bytes + 3) / 4));
-  seg.data = reinterpret_cast<unsigned char*>(seg.storage->data);
+  seg.storage = std::make_shared<DeviceBytes>(memory_, static_cast<size_t>(bytes));
+  seg.data = seg.storage->data;
   seg.first = first;
   seg.count = count;
-  if (dtype_ == DType::kF32 && layout_ == ItemLayout::kRowMajor) {
+  const bool host = memory_->host_memory();
+  if (host && dtype_ == DType::kF32 && layout_ == ItemLayout::kRowMajor) {
     for (int i = 0; i < count; ++i)
       fill(first + i, reinterpret_cast<float*>(seg.data + i * item_bytes()));
   } else {
-    // Through one item of f32, rounded to the element type and laid out.
+    // Through one item of f32, rounded to the element type and laid out (on
+    // the host), then copied to device memory.
     std::vector<float> item(static_cast<size_t>(item_elements()));
+    std::vector<unsigned char> staged(host ? 0 : static_cast<size_t>(item_bytes()));
     for (int i = 0; i < count; ++i) {
       fill(first + i, item.data());
-      unsigned char* dst = seg.data + i * item_bytes();
+      unsigned char* dst = host ? seg.data + i * item_bytes() : staged.data();
+      if (dtype_ == DType::kF32 && layout_ == ItemLayout::kRowMajor) {
+        std::memcpy(dst, item.data(), static_cast<size_t>(item_bytes()));
+        memory_->CopyToDevice(seg.data + i * item_bytes(), dst, staged.size());
+        continue;
+      }
       for (int r = 0; r < rows_per_item_; ++r) {
         for (int c = 0; c < cols_; ++c) {
           const float v = item[static_cast<size_t>(r) * cols_ + c];
@@ -162,6 +182,7 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
           }
         }
       }
+      if (!host) memory_->CopyToDevice(seg.data + i * item_bytes(), dst, staged.size());
     }
   }
   Insert(seg);

@@ -1,9 +1,9 @@
 // A weight matrix held as a set of items (head groups, FFN shards, vocabulary
 // chunks), each a fixed number of rows. Items live in segments of consecutive
-// ids with their own storage, so a device can gain and drop items without
-// copying the items it keeps. Elements are f32, bf16 or f16 (the
-// checkpoint's type: 16-bit weights stay 16-bit in device memory, and the
-// kernels widen them in registers).
+// ids with their own storage in a backend's device memory, so a device can
+// gain and drop items without copying the items it keeps. Elements are f32,
+// bf16 or f16 (the checkpoint's type: 16-bit weights stay 16-bit in device
+// memory, and the kernels widen them in registers).
 //
 // Thread-safety: not thread-safe; owned by the device's compute thread.
 #pragma once
@@ -18,7 +18,18 @@
 
 namespace failsafe {
 
-// 64-byte aligned float storage.
+// Bytes of a backend's device memory, freed with this object.
+struct DeviceBytes {
+  DeviceBytes(DeviceMemory* memory, size_t n);
+  ~DeviceBytes();
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  DeviceMemory* const memory;
+  unsigned char* data = nullptr;
+  const size_t size;
+};
+
+// 64-byte aligned float storage in host memory (benchmarks).
 struct AlignedFloats {
   explicit AlignedFloats(size_t n);
   ~AlignedFloats();
@@ -44,16 +55,21 @@ enum class ItemLayout {
 class ItemMatrix {
  public:
   struct Segment {
-    std::shared_ptr<AlignedFloats> storage;
-    unsigned char* data = nullptr;  // rows of item `first`, elements of the matrix's dtype
+    std::shared_ptr<DeviceBytes> storage;
+    unsigned char* data = nullptr;  // device memory: rows of item `first`, elements of the dtype
     int first = 0;                  // items [first, first + count)
     int count = 0;
   };
 
   ItemMatrix() = default;
+  // Items in `memory` (a backend's; HostMemory() where none is given).
   ItemMatrix(int rows_per_item, int cols, DType dtype = DType::kF32,
-             ItemLayout layout = ItemLayout::kRowMajor)
-      : rows_per_item_(rows_per_item), cols_(cols), dtype_(dtype), layout_(layout) {}
+             ItemLayout layout = ItemLayout::kRowMajor, DeviceMemory* memory = &HostMemory())
+      : memory_(memory),
+        rows_per_item_(rows_per_item),
+        cols_(cols),
+        dtype_(dtype),
+        layout_(layout) {}
 
   int rows_per_item() const { return rows_per_item_; }
   int cols() const { return cols_; }
@@ -71,9 +87,10 @@ class ItemMatrix {
   int num_items() const;
   std::vector<int> items() const;
   bool Has(int item) const { return Find(item) != nullptr; }
-  // The item's rows (elements of dtype()), or nullptr.
+  // The item's rows in device memory (elements of dtype()), or nullptr.
   const unsigned char* Find(int item) const;
-  // Rows [row, row + rows) of a held item, as f32 (exact), into dst [rows, cols].
+  // Rows [row, row + rows) of a held item, as f32 (exact), into host dst
+  // [rows, cols] (copied from device memory).
   void ReadRows(int item, int row, int rows, float* dst) const;
   int64_t bytes() const { return static_cast<int64_t>(num_items()) * item_bytes(); }
 
@@ -91,6 +108,7 @@ class ItemMatrix {
 
  private:
   void Insert(const Segment& s);
+  DeviceMemory* memory_ = &HostMemory();
   int rows_per_item_ = 0;
   int cols_ = 0;
   DType dtype_ = DType::kF32;

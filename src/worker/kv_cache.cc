@@ -1,27 +1,24 @@
 #include "worker/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <new>
 #include <unordered_set>
 
 namespace failsafe {
 
-KvCache::KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim, int64_t max_pages)
+KvCache::KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim, int64_t max_pages,
+                 DeviceMemory* memory)
     : num_layers_(num_layers),
       num_kv_heads_(num_kv_heads),
       block_size_(block_size),
       head_dim_(head_dim),
-      max_pages_(max_pages) {
-  mapped_bytes_ = static_cast<size_t>(std::max<int64_t>(max_pages_, 1) * page_bytes());
-  void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  base_ = static_cast<float*>(p);
+      max_pages_(max_pages),
+      memory_(memory) {
+  pool_bytes_ = static_cast<size_t>(std::max<int64_t>(max_pages_, 1) * page_bytes());
+  base_ = static_cast<float*>(memory_->Allocate(pool_bytes_));
 }
 
-KvCache::~KvCache() { ::munmap(base_, mapped_bytes_); }
+KvCache::~KvCache() { memory_->Free(base_, pool_bytes_); }
 
 Status KvCache::AddBlocks(int64_t seq, const std::vector<int>& slots, int first_block,
                           int num_blocks, const int32_t* pages, int shared_blocks) {

@@ -23,14 +23,17 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/backend.h"
 #include "common/status.h"
 
 namespace failsafe {
 
 class KvCache {
  public:
-  // max_pages: the pool's size (virtual memory, committed as pages are used).
-  KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim, int64_t max_pages);
+  // max_pages: the pool's size, in `memory` (a backend's device memory; host
+  // memory is committed as pages are used).
+  KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim, int64_t max_pages,
+          DeviceMemory* memory = &HostMemory());
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -55,9 +58,11 @@ class KvCache {
                    const int32_t* pages, int shared_blocks = 0);
   // Leading blocks of the sequence's table that are shared (read-only).
   int SharedBlocks(int64_t seq) const;
-  // Pages of one slot (one per block), or nullptr if the slot holds none.
+  // Pages of one slot (one per block, device addresses in a host array), or
+  // nullptr if the slot holds none.
   float* const* Pages(int64_t seq, int slot) const;
-  // The page of a block the table covers (the caller checked NumBlocks).
+  // The page (device memory) of a block the table covers (the caller checked
+  // NumBlocks).
   float* Page(int64_t seq, int slot, int block);
   int NumBlocks(int64_t seq, int slot) const;
   // Page ids of one slot, one per block (empty if it holds none).
@@ -80,8 +85,9 @@ class KvCache {
 
   const int num_layers_, num_kv_heads_, block_size_, head_dim_;
   const int64_t max_pages_;
+  DeviceMemory* const memory_;
   float* base_ = nullptr;
-  size_t mapped_bytes_ = 0;
+  size_t pool_bytes_ = 0;
   // [page id] -> tables naming it (0: free; more than one only for shared
   // blocks); grows on demand.
   std::vector<int32_t> holders_;

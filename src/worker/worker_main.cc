@@ -211,8 +211,8 @@ class Worker {
           init.device_id >= h->num_devices) {
         return InvalidArgument("the KV backup region does not match the model");
       }
-      backup_writer_ =
-          std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id, progress_slot_);
+      backup_writer_ = std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id,
+                                                      progress_slot_, backend_.get());
       if (link_) {
         backup_writer_->SetUploader(
             [this, layout](const BackupJob& job) { UploadBackup(layout, job); });

@@ -8,6 +8,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/unit_shares.h"
+#include "common/fixed_point.h"
 
 namespace failsafe {
 namespace {
@@ -19,6 +20,29 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return threads_; }
+
+  // Device memory is host memory.
+  bool host_memory() const override { return true; }
+  void* Allocate(size_t bytes) override { return HostMemory().Allocate(bytes); }
+  void Free(void* p, size_t bytes) override { HostMemory().Free(p, bytes); }
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    HostMemory().CopyToDevice(dst, src, bytes);
+  }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override {
+    HostMemory().CopyToHost(dst, src, bytes);
+  }
+  void CopyToHost2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                    size_t rows) override {
+    HostMemory().CopyToHost2D(dst, dpitch, src, spitch, width, rows);
+  }
+  void CopyOnDevice(void* dst, const void* src, size_t bytes) override {
+    HostMemory().CopyOnDevice(dst, src, bytes);
+  }
+  void SetZero(void* dst, size_t bytes) override { HostMemory().SetZero(dst, bytes); }
+  void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) override {
+    HostMemory().BackgroundCopyToHost(dst, src, bytes);
+  }
+  void Synchronize() override {}
 
   void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
                 int k, bool accumulate) override {
@@ -39,6 +63,51 @@ class CpuBackend final : public Backend {
   bool ColumnBlockedNN(DType dtype) const override {
     return dtype == DType::kBF16 && linear_.dpbf16.value_or(true) &&
            cpu::GemmDpbf16For(cpu::GemmIsaFor(linear_.isa));
+  }
+
+  bool BlockedNT(DType) const override { return true; }
+
+  void GatherWeightRows(WeightsRef w, int w_rows, int cols, const int32_t* src_rows,
+                        const int32_t* dst_rows, int n, float* out, int64_t ldo) override {
+    const int item_rows = w.blocked16 && w.blocked_rows > 0 ? w.blocked_rows : w_rows;
+    for (int i = 0; i < n; ++i) {
+      float* o = out + static_cast<int64_t>(dst_rows[i]) * ldo;
+      const int64_t r = src_rows[i];
+      if (!w.blocked16) {
+        const int64_t base = r * cols;
+        for (int c = 0; c < cols; ++c) o[c] = cpu::WeightAt(w, base + c);
+        continue;
+      }
+      // Items of item_rows rows one after another, each blocked on its own.
+      const int64_t item = r / item_rows, in_item = r % item_rows;
+      const int64_t base = item * item_rows * cols;
+      for (int c = 0; c < cols; ++c)
+        o[c] = cpu::WeightAt(w, base + Blocked16Index(in_item, c, item_rows, cols, w.dtype));
+    }
+  }
+  void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int cols, float* dst,
+                  int64_t ldd) override {
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(dst + i * ldd, src + static_cast<int64_t>(rows[i]) * lds,
+                  sizeof(float) * static_cast<size_t>(cols));
+    }
+  }
+  void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
+                       int64_t* dst, int64_t ldd) override {
+    for (int i = 0; i < n; ++i) {
+      int64_t* d = dst + static_cast<int64_t>(rows[i]) * ldd;
+      const int64_t* s = src + i * lds;
+      for (int j = 0; j < cols; ++j) d[j] = AddFixed(d[j], s[j]);
+    }
+  }
+  void AddFixedTo(const int64_t* acc, float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] += FromFixed(acc[i]);
+  }
+  void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) override {
+    for (int r = 0; r < rows; ++r) {
+      float* a = x + r * ldx;
+      for (int j = 0; j < cols; ++j) a[j] *= scale[r];
+    }
   }
 
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,

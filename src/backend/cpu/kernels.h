@@ -15,6 +15,18 @@ inline float Sum(V16 v) {
   return s;
 }
 float Dot(const float* a, const float* b, int n);
+// Element i of a weight's storage (in elements of its dtype), as f32.
+inline float WeightAt(WeightsRef w, int64_t i) {
+  switch (w.dtype) {
+    case DType::kBF16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kF32:
+      break;
+  }
+  return static_cast<const float*>(w.data)[i];
+}
 
 // The kernels' instruction-set level and threads, for the Linear* calls.
 struct LinearOptions {

@@ -42,14 +42,23 @@ namespace failsafe {
 //    [n, item_k], blocked the same way.
 // bf16 and f16 weights stay 16-bit; the kernels widen them exactly in
 // registers.
+//  - LinearNNFixed (transposed, where the backend takes it:
+//    Backend::TransposedNN): each item of item_k rows as its transpose
+//    [n, item_k], row-major.
 struct WeightsRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   bool blocked16 = false;
   int blocked_rows = 0;
+  bool transposed = false;
   WeightsRef() = default;
-  WeightsRef(const void* d, DType t, bool blocked = false, int item_rows = 0)
-      : data(d), dtype(t), blocked16(blocked), blocked_rows(item_rows) {}
+  WeightsRef(const void* d, DType t, bool blocked = false, int item_rows = 0,
+             bool transposed_items = false)
+      : data(d),
+        dtype(t),
+        blocked16(blocked),
+        blocked_rows(item_rows),
+        transposed(transposed_items) {}
   WeightsRef(const float* f32) : data(f32) {}  // NOLINT: f32 weights convert implicitly
 };
 
@@ -225,6 +234,9 @@ class Backend : public DeviceMemory {
   // Whether LinearNNFixed reads weights of `dtype` fastest column-blocked
   // (WeightsRef); it takes row-major ones either way, with the same results.
   virtual bool ColumnBlockedNN(DType dtype) const { return false; }
+  // Whether LinearNNFixed takes its items transposed (WeightsRef), and only
+  // so.
+  virtual bool TransposedNN(DType dtype) const { return false; }
   // Whether LinearNT (and GatherWeightRows) read [n, k] weights blocked
   // (WeightsRef: blocks of 16 rows k-major); else row-major.
   virtual bool BlockedNT(DType dtype) const { return false; }
@@ -298,8 +310,15 @@ std::unique_ptr<Backend> MakeCpuBackend(int num_threads);
 // mapped lazily with transparent huge pages.
 DeviceMemory& HostMemory();
 
+// How the CUDA backend multiplies by 16-bit weights: cuBLASLt's tensor
+// cores (a fixed algorithm per shape, checked to keep a row's bits whatever
+// the batch), or the CPU backend's chains (its products bit for bit, on
+// CUDA cores). f32 weights always take the chains.
+enum class GpuGemm { kLt = 0, kChain = 1 };
+
 struct CudaBackendOptions {
   int gpu = 0;  // CUDA device ordinal
+  GpuGemm gemm = GpuGemm::kLt;
 };
 
 // The CUDA backend (backend/cuda): bf16, f16 and f32 weights, cuBLASLt

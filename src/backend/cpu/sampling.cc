@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
-#include "common/rng.h"
+#include "backend/sampling.h"
 
 namespace failsafe::cpu {
 
@@ -29,33 +29,10 @@ int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t cou
   } else {
     std::sort(idx.begin(), idx.end(), cmp);
   }
-  thread_local std::vector<double> prob;
-  prob.resize(keep);
-  const double inv_t = 1.0 / p.temperature;
-  const double mx = logits[idx[0]];
-  double sum = 0;
-  for (int i = 0; i < keep; ++i) {
-    prob[i] = std::exp((logits[idx[i]] - mx) * inv_t);
-    sum += prob[i];
-  }
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    int n = 0;
-    while (n < keep) {
-      cum += prob[n] / sum;
-      ++n;
-      if (cum >= p.top_p) break;
-    }
-    keep = n;
-    sum = 0;
-    for (int i = 0; i < keep; ++i) sum += prob[i];
-  }
-  double u = ToUnitDouble(HashCombine(p.seed, counter)) * sum;
-  for (int i = 0; i < keep; ++i) {
-    u -= prob[i];
-    if (u < 0) return idx[i];
-  }
-  return idx[keep - 1];
+  thread_local std::vector<float> sorted;
+  sorted.resize(keep);
+  for (int i = 0; i < keep; ++i) sorted[i] = logits[idx[i]];
+  return DrawSorted(sorted.data(), idx.data(), keep, p, counter);
 }
 
 }  // namespace failsafe::cpu

@@ -1,0 +1,446 @@
+// The CUDA backend against the CPU backend, kernel by kernel, on random
+// inputs; and its batch invariance. Skipped where no GPU is found (every
+// build machine): scripts/gpu-check.sh runs them on one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/fixed_point.h"
+#include "model/safetensors.h"
+
+namespace failsafe {
+namespace {
+
+Backend* Gpu(GpuGemm gemm = GpuGemm::kLt) {
+  static std::unique_ptr<Backend> lt, chain;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    CudaBackendOptions o;
+    o.gemm = GpuGemm::kLt;
+    auto a = MakeCudaBackend(o);
+    if (a.ok()) lt = std::move(*a);
+    o.gemm = GpuGemm::kChain;
+    auto b = MakeCudaBackend(o);
+    if (b.ok()) chain = std::move(*b);
+  }
+  return gemm == GpuGemm::kLt ? lt.get() : chain.get();
+}
+
+#define REQUIRE_GPU()                                                      \
+  if (!Gpu()) {                                                            \
+    GTEST_SKIP() << "no GPU: " << MakeCudaBackend({}).status().ToString(); \
+  }
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A host vector in device memory, freed with this object.
+template <typename T>
+struct OnDevice {
+  OnDevice(Backend* b, const std::vector<T>& host) : mem(b, host.size()), n(host.size()) {
+    b->CopyToDevice(mem.data(), host.data(), sizeof(T) * n);
+  }
+  OnDevice(Backend* b, size_t count) : mem(b, count), n(count) {}
+  std::vector<T> Read(Backend* b) const {
+    std::vector<T> out(n);
+    b->CopyToHost(out.data(), mem.data(), sizeof(T) * n);
+    return out;
+  }
+  T* get() const { return mem.data(); }
+  DeviceArray<T> mem;
+  size_t n;
+};
+
+// Weights of `dtype`, as their elements' bits, from f32 values (rounded).
+std::vector<uint16_t> To16(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = t == DType::kBF16 ? FloatToBFloat16(v[i]) : FloatToHalf(v[i]);
+  return out;
+}
+std::vector<float> Widened(const std::vector<uint16_t>& v, DType t) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = t == DType::kBF16 ? BFloat16ToFloat(v[i]) : HalfToFloat(v[i]);
+  return out;
+}
+
+// Raw weight bytes of `dtype` for values w (f32 values kept as they are).
+std::vector<unsigned char> WeightBytes(const std::vector<float>& w, DType t) {
+  std::vector<unsigned char> out;
+  if (t == DType::kF32) {
+    out.resize(w.size() * 4);
+    std::memcpy(out.data(), w.data(), out.size());
+  } else {
+    auto h = To16(w, t);
+    out.resize(h.size() * 2);
+    std::memcpy(out.data(), h.data(), out.size());
+  }
+  return out;
+}
+
+double MaxRelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num = std::max(num, std::fabs(static_cast<double>(got[i]) - want[i]));
+    den = std::max(den, std::fabs(static_cast<double>(want[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+struct Shape {
+  int m, n, k;
+};
+
+class CudaLinearTest : public ::testing::TestWithParam<DType> {};
+
+// The chains are the CPU backend's products bit for bit; cuBLASLt's are
+// within bf16 rounding of them.
+TEST_P(CudaLinearTest, LinearNTMatchesTheCpuBackend) {
+  REQUIRE_GPU();
+  const DType t = GetParam();
+  auto cpu = MakeCpuBackend(1);
+  for (Shape s : {Shape{1, 40, 64}, Shape{5, 257, 96}, Shape{33, 128, 130}, Shape{130, 96, 512}}) {
+    auto x = Random(static_cast<size_t>(s.m) * s.k, 1);
+    auto w = Random(static_cast<size_t>(s.n) * s.k, 2, 0.1f);
+    if (t != DType::kF32) w = Widened(To16(w, t), t);
+    const auto wb = WeightBytes(w, t);
+    std::vector<float> want(static_cast<size_t>(s.m) * s.n);
+    cpu->LinearNT(x.data(), s.k, WeightsRef(wb.data(), t), want.data(), s.n, s.m, s.n, s.k, false);
+    for (GpuGemm mode : {GpuGemm::kChain, GpuGemm::kLt}) {
+      Backend* gpu = Gpu(mode);
+      OnDevice<float> dx(gpu, x), dy(gpu, want.size());
+      OnDevice<unsigned char> dw(gpu, wb);
+      gpu->LinearNT(dx.get(), s.k, WeightsRef(dw.get(), t), dy.get(), s.n, s.m, s.n, s.k, false);
+      auto got = dy.Read(gpu);
+      if (mode == GpuGemm::kChain || t == DType::kF32) {
+        EXPECT_TRUE(SameBits(got, want))
+            << "m " << s.m << " n " << s.n << " k " << s.k << " rel " << MaxRelError(got, want);
+      } else {
+        // 16-bit activations (f16: rounded, where the CPU keeps f32).
+        EXPECT_LT(MaxRelError(got, want), t == DType::kBF16 ? 1e-5 : 5e-3)
+            << "m " << s.m << " n " << s.n << " k " << s.k;
+      }
+    }
+  }
+}
+
+TEST_P(CudaLinearTest, LinearNNFixedMatchesTheCpuBackend) {
+  REQUIRE_GPU();
+  const DType t = GetParam();
+  auto cpu = MakeCpuBackend(1);
+  for (Shape s : {Shape{1, 64, 32}, Shape{7, 96, 48}, Shape{150, 128, 256}}) {
+    for (int item_k : {8, 16}) {
+      auto x = Random(static_cast<size_t>(s.m) * s.k, 3);
+      auto w = Random(static_cast<size_t>(s.k) * s.n, 4, 0.1f);  // [k, n]
+      if (t != DType::kF32) w = Widened(To16(w, t), t);
+      // The CUDA backend's layout: each item's [item_k, n] as [n, item_k].
+      std::vector<float> wt(w.size());
+      for (int i = 0; i < s.k / item_k; ++i)
+        for (int r = 0; r < item_k; ++r)
+          for (int c = 0; c < s.n; ++c)
+            wt[static_cast<size_t>(i) * s.n * item_k + static_cast<size_t>(c) * item_k + r] =
+                w[(static_cast<size_t>(i) * item_k + r) * s.n + c];
+      const auto wb = WeightBytes(w, t), wtb = WeightBytes(wt, t);
+      std::vector<int64_t> acc0(static_cast<size_t>(s.m) * s.n);
+      for (auto& a : acc0) a = ToFixed(0.25f);
+      std::vector<int64_t> want = acc0;
+      cpu->LinearNNFixed(x.data(), s.k, WeightsRef(wb.data(), t), want.data(), s.n, s.m, s.n, s.k,
+                         item_k);
+      for (GpuGemm mode : {GpuGemm::kChain, GpuGemm::kLt}) {
+        Backend* gpu = Gpu(mode);
+        OnDevice<float> dx(gpu, x);
+        OnDevice<int64_t> dacc(gpu, acc0);
+        OnDevice<unsigned char> dw(gpu, wtb);
+        WeightsRef ref(dw.get(), t, false, 0, true);
+        gpu->LinearNNFixed(dx.get(), s.k, ref, dacc.get(), s.n, s.m, s.n, s.k, item_k);
+        auto got = dacc.Read(gpu);
+        if (mode == GpuGemm::kChain || t == DType::kF32) {
+          EXPECT_EQ(got, want) << "m " << s.m << " item_k " << item_k;
+        } else {
+          std::vector<float> g(got.size()), wf(want.size());
+          for (size_t i = 0; i < got.size(); ++i) {
+            g[i] = FromFixed(got[i]);
+            wf[i] = FromFixed(want[i]);
+          }
+          EXPECT_LT(MaxRelError(g, wf), t == DType::kBF16 ? 1e-5 : 5e-3) << "m " << s.m;
+        }
+      }
+    }
+  }
+}
+
+// A row's bits do not depend on the rows beside it, nor on which columns a
+// call computes (a device holding other heads): every m, and slices of n.
+TEST_P(CudaLinearTest, ProductsAreBatchAndPlacementInvariant) {
+  REQUIRE_GPU();
+  const DType t = GetParam();
+  const int n = 1024, k = 512, big = 1100;
+  auto x = Random(static_cast<size_t>(big) * k, 5);
+  auto w = Random(static_cast<size_t>(n) * k, 6, 0.1f);
+  const auto wb = WeightBytes(w, t);
+  for (GpuGemm mode : {GpuGemm::kChain, GpuGemm::kLt}) {
+    Backend* gpu = Gpu(mode);
+    OnDevice<float> dx(gpu, x), all(gpu, static_cast<size_t>(big) * n);
+    OnDevice<unsigned char> dw(gpu, wb);
+    gpu->LinearNT(dx.get(), k, WeightsRef(dw.get(), t), all.get(), n, big, n, k, false);
+    const auto ref = all.Read(gpu);
+    for (int m : {1, 3, 8, 9, 40, 128, 300, 513}) {
+      OnDevice<float> part(gpu, static_cast<size_t>(m) * n);
+      gpu->LinearNT(dx.get(), k, WeightsRef(dw.get(), t), part.get(), n, m, n, k, false);
+      const auto got = part.Read(gpu);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin(),
+                             [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }))
+          << "gemm " << static_cast<int>(mode) << ": " << m << " rows differ from " << big;
+    }
+    // Columns [c0, c1) alone, as a device holding those heads computes them.
+    for (auto [c0, c1] : {std::pair{0, 128}, std::pair{384, 896}, std::pair{1000, 1024}}) {
+      const int cols = c1 - c0;
+      for (int m : {1, 37, 1100}) {
+        OnDevice<float> part(gpu, static_cast<size_t>(m) * cols);
+        const size_t off = static_cast<size_t>(c0) * k * (t == DType::kF32 ? 4 : 2);
+        gpu->LinearNT(dx.get(), k, WeightsRef(dw.get() + off, t), part.get(), cols, m, cols, k,
+                      false);
+        const auto got = part.Read(gpu);
+        int differ = 0;
+        for (int r = 0; r < m; ++r)
+          for (int c = 0; c < cols; ++c)
+            differ += std::memcmp(&got[static_cast<size_t>(r) * cols + c],
+                                  &ref[static_cast<size_t>(r) * n + c0 + c], 4) != 0;
+        EXPECT_EQ(differ, 0) << "gemm " << static_cast<int>(mode) << ": columns [" << c0 << ", "
+                             << c1 << ") at " << m << " rows";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaLinearTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
+
+TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  auto cpu = MakeCpuBackend(1);
+  const int rows = 37, dim = 320;
+  auto x = Random(static_cast<size_t>(rows) * dim, 7);
+  auto w = Random(dim, 8);
+  {  // RmsNorm
+    std::vector<float> want(x.size());
+    cpu->RmsNorm(x.data(), dim, w.data(), want.data(), dim, rows, dim, 1e-5f);
+    OnDevice<float> dx(gpu, x), dw(gpu, w), dy(gpu, x.size());
+    gpu->RmsNorm(dx.get(), dim, dw.get(), dy.get(), dim, rows, dim, 1e-5f);
+    EXPECT_LT(MaxRelError(dy.Read(gpu), want), 1e-6);
+  }
+  {  // Rope: 5 heads of 64 per token
+    std::vector<int32_t> pos(rows);
+    for (int i = 0; i < rows; ++i) pos[i] = (i * 37) % 500;
+    std::vector<float> inv(32);
+    for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / 32);
+    std::vector<float> table;
+    ExtendRopeTable(inv, 512, &table);
+    std::vector<float> want = x;
+    cpu->Rope(want.data(), dim, pos.data(), rows, 5, 64, table.data());
+    OnDevice<float> dx(gpu, x), dt(gpu, table);
+    OnDevice<int32_t> dp(gpu, pos);
+    gpu->Rope(dx.get(), dim, dp.get(), rows, 5, 64, dt.get());
+    EXPECT_LT(MaxRelError(dx.Read(gpu), want), 1e-6);
+  }
+  {  // SiluMul: 2 shards of 80
+    std::vector<float> want(static_cast<size_t>(rows) * 160);
+    cpu->SiluMul(x.data(), dim, want.data(), 160, rows, 80, 2);
+    OnDevice<float> dx(gpu, x), dy(gpu, want.size());
+    gpu->SiluMul(dx.get(), dim, dy.get(), 160, rows, 80, 2);
+    EXPECT_LT(MaxRelError(dy.Read(gpu), want), 1e-6);
+  }
+  {  // MoeGate: 8 experts, top 2
+    std::vector<int32_t> ids(rows * 2);
+    std::vector<float> weights(rows * 2);
+    auto logits = Random(static_cast<size_t>(rows) * 8, 9, 3.0f);
+    cpu->MoeGate(logits.data(), rows, 8, 2, ids.data(), weights.data());
+    OnDevice<float> dl(gpu, logits), dw(gpu, weights.size());
+    OnDevice<int32_t> di(gpu, ids.size());
+    gpu->MoeGate(dl.get(), rows, 8, 2, di.get(), dw.get());
+    EXPECT_EQ(di.Read(gpu), ids);
+    EXPECT_LT(MaxRelError(dw.Read(gpu), weights), 1e-6);
+  }
+  {  // Gathers, scatters, fixed-point adds, row scales
+    std::vector<int32_t> src = {4, 0, 36, 10}, dst = {3, 1, 0, 2};
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      const auto wb = WeightBytes(x, t);
+      std::vector<float> want(4 * dim, 0.0f);
+      cpu->GatherWeightRows(WeightsRef(wb.data(), t), rows, dim, src.data(), dst.data(), 4,
+                            want.data(), dim);
+      OnDevice<unsigned char> dw(gpu, wb);
+      OnDevice<float> dy(gpu, std::vector<float>(4 * dim, 0.0f));
+      gpu->GatherWeightRows(WeightsRef(dw.get(), t), rows, dim, src.data(), dst.data(), 4, dy.get(),
+                            dim);
+      EXPECT_TRUE(SameBits(dy.Read(gpu), want));
+    }
+    std::vector<float> gathered(4 * 100);
+    cpu->GatherRows(x.data(), dim, src.data(), 4, 100, gathered.data(), 100);
+    OnDevice<float> dx(gpu, x), dg(gpu, gathered.size());
+    gpu->GatherRows(dx.get(), dim, src.data(), 4, 100, dg.get(), 100);
+    EXPECT_TRUE(SameBits(dg.Read(gpu), gathered));
+
+    std::vector<int64_t> acc(static_cast<size_t>(rows) * dim), part(4 * dim);
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] = ToFixed(x[i]);
+    for (size_t i = 0; i < part.size(); ++i) part[i] = ToFixed(x[i] * 3);
+    std::vector<int64_t> want = acc;
+    cpu->ScatterAddFixed(part.data(), dim, src.data(), 4, dim, want.data(), dim);
+    OnDevice<int64_t> da(gpu, acc), dp(gpu, part);
+    gpu->ScatterAddFixed(dp.get(), dim, src.data(), 4, dim, da.get(), dim);
+    EXPECT_EQ(da.Read(gpu), want);
+
+    std::vector<float> res = x;
+    cpu->AddFixedTo(want.data(), res.data(), static_cast<int64_t>(res.size()));
+    OnDevice<float> dr(gpu, x);
+    OnDevice<int64_t> dw(gpu, want);
+    gpu->AddFixedTo(dw.get(), dr.get(), static_cast<int64_t>(x.size()));
+    EXPECT_TRUE(SameBits(dr.Read(gpu), res));
+
+    std::vector<float> scale = Random(rows, 10), scaled = x;
+    cpu->ScaleRows(scaled.data(), dim, scale.data(), rows, 200);
+    OnDevice<float> ds(gpu, x);
+    gpu->ScaleRows(ds.get(), dim, scale.data(), rows, 200);
+    EXPECT_TRUE(SameBits(ds.Read(gpu), scaled));
+  }
+}
+
+// Sequences of several lengths with scattered pages, GQA and a sliding
+// window: each query against the CPU backend, and the same query computed in
+// a prefill chunk and in a decode step with the same bits.
+TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  auto cpu = MakeCpuBackend(1);
+  for (int hd : {64, 128}) {
+    for (int window : {0, 40}) {
+      const int bs = 16, group = 4, pool_pages = 64;
+      const int64_t page_floats = 2LL * bs * hd;
+      // The pool, on the host and on the device, filled with the same keys.
+      auto pool = Random(static_cast<size_t>(pool_pages) * page_floats, 11);
+      OnDevice<float> dpool(gpu, pool);
+      std::mt19937 rng(hd + window);
+      std::vector<int> order(pool_pages);
+      for (int i = 0; i < pool_pages; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      struct Seq {
+        int start, tokens;
+      };
+      const std::vector<Seq> seqs = {{0, 70}, {45, 1}, {100, 23}, {5, 1}};
+      int next_page = 0;
+      std::vector<AttentionArgs> cpu_p, gpu_p;
+      std::vector<std::vector<float*>> cpu_pages(seqs.size()), gpu_pages(seqs.size());
+      std::vector<std::vector<float>> q(seqs.size()), kv(seqs.size()), out(seqs.size());
+      std::vector<std::unique_ptr<OnDevice<float>>> dq, dkv, dout;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const int pos = seqs[i].start + seqs[i].tokens;
+        for (int p = 0; p < (pos + bs - 1) / bs; ++p) {
+          const int page = order[next_page++];
+          cpu_pages[i].push_back(pool.data() + page * page_floats);
+          gpu_pages[i].push_back(dpool.get() + page * page_floats);
+        }
+        q[i] = Random(static_cast<size_t>(seqs[i].tokens) * group * hd, 20 + i);
+        kv[i] = Random(static_cast<size_t>(seqs[i].tokens) * 2 * hd, 30 + i);
+        out[i].assign(q[i].size(), 0.0f);
+        dq.push_back(std::make_unique<OnDevice<float>>(gpu, q[i]));
+        dkv.push_back(std::make_unique<OnDevice<float>>(gpu, kv[i]));
+        dout.push_back(std::make_unique<OnDevice<float>>(gpu, out[i].size()));
+        AttentionArgs a;
+        a.q = q[i].data();
+        a.ldq = group * hd;
+        a.out = out[i].data();
+        a.ldo = group * hd;
+        a.num_tokens = seqs[i].tokens;
+        a.start_pos = seqs[i].start;
+        a.group_size = group;
+        a.head_dim = hd;
+        a.pages = cpu_pages[i].data();
+        a.new_kv = kv[i].data();
+        a.ld_new_kv = 2 * hd;
+        a.block_size = bs;
+        a.sliding_window = window;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        cpu_p.push_back(a);
+        a.q = dq.back()->get();
+        a.out = dout.back()->get();
+        a.new_kv = dkv.back()->get();
+        a.pages = gpu_pages[i].data();
+        gpu_p.push_back(a);
+      }
+      cpu->Attention(cpu_p);
+      gpu->Attention(gpu_p);
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        EXPECT_LT(MaxRelError(dout[i]->Read(gpu), out[i]), 2e-5)
+            << "hd " << hd << " window " << window << " sequence " << i;
+      }
+      // Sequence 0's last token again, alone (a decode step after its
+      // prefill): the same bits as in the chunk.
+      AttentionArgs a = gpu_p[0];
+      const int last = seqs[0].tokens - 1;
+      OnDevice<float> one(gpu, static_cast<size_t>(group) * hd);
+      a.q = dq[0]->get() + static_cast<int64_t>(last) * group * hd;
+      a.out = one.get();
+      a.num_tokens = 1;
+      a.start_pos = seqs[0].start + last;
+      a.new_kv = nullptr;
+      gpu->Attention({a});
+      const auto chunk = dout[0]->Read(gpu);
+      const auto alone = one.Read(gpu);
+      EXPECT_EQ(std::memcmp(alone.data(), chunk.data() + static_cast<size_t>(last) * group * hd,
+                            alone.size() * 4),
+                0)
+          << "hd " << hd << " window " << window;
+    }
+  }
+}
+
+TEST(CudaBackend, SamplingDrawsTheCpuBackendsTokens) {
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  auto cpu = MakeCpuBackend(1);
+  const int vocab = 32000;
+  auto logits = Random(vocab, 12, 8.0f);
+  logits[777] = logits[123] = 20.0f;  // a tie: the lower id wins
+  OnDevice<float> dl(gpu, logits);
+  EXPECT_EQ(gpu->Sample(dl.get(), vocab, {}, 0), 123);
+  for (SamplingParams p : {SamplingParams{0.8f, 0, 1.0f, 7}, SamplingParams{1.0f, 40, 1.0f, 8},
+                           SamplingParams{0.7f, 0, 0.9f, 9}, SamplingParams{1.2f, 50, 0.8f, 10}}) {
+    for (uint64_t counter = 0; counter < 20; ++counter) {
+      EXPECT_EQ(gpu->Sample(dl.get(), vocab, p, counter),
+                cpu->Sample(logits.data(), vocab, p, counter))
+          << "temperature " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p;
+    }
+  }
+}
+
+TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  auto x = Random(1 << 16, 13);
+  OnDevice<float> dx(gpu, x);
+  gpu->Synchronize();
+  std::vector<float> got(x.size());
+  std::thread t([&] { gpu->BackgroundCopyToHost(got.data(), dx.get(), x.size() * 4); });
+  t.join();
+  EXPECT_TRUE(SameBits(got, x));
+}
+
+}  // namespace
+}  // namespace failsafe

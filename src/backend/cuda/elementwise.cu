@@ -1,0 +1,345 @@
+// The CUDA backend's kernels that are not products or attention: gathers
+// and scatters of rows, the exact fixed-point adds, RMS norm, RoPE, SiLU,
+// MoE routing and activation rounding.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace failsafe::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n, int per_block = kThreads) {
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<int>(b < 1 ? 1 : (b > (1 << 30) ? (1 << 30) : b));
+}
+
+// common/fixed_point.h, on the device.
+__device__ __forceinline__ int64_t ToFixedDevice(float v) {
+  if (!(v == v)) v = 0;
+  v = v < -16777216.0f ? -16777216.0f : (v > 16777216.0f ? 16777216.0f : v);
+  return static_cast<int64_t>(v * 4294967296.0f);
+}
+__device__ __forceinline__ float FromFixedDevice(int64_t s) {
+  return static_cast<float>(static_cast<double>(s) / 4294967296.0);
+}
+__device__ __forceinline__ int64_t AddFixedDevice(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
+__device__ __forceinline__ float Widen(const void* w, WType t, int64_t i) {
+  switch (t) {
+    case WType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(w)[i]);
+    case WType::kF16:
+      return __half2float(static_cast<const __half*>(w)[i]);
+    case WType::kF32:
+      break;
+  }
+  return static_cast<const float*>(w)[i];
+}
+
+__global__ void GatherWeightRowsKernel(const void* w, WType type, int cols, const int32_t* src_rows,
+                                       const int32_t* dst_rows, int n, float* out, int64_t ldo) {
+  for (int i = blockIdx.y; i < n; i += gridDim.y) {
+    const int64_t src = static_cast<int64_t>(src_rows[i]) * cols;
+    float* o = out + static_cast<int64_t>(dst_rows[i]) * ldo;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+      o[c] = Widen(w, type, src + c);
+  }
+}
+
+__global__ void GatherRowsKernel(const float* src, int64_t lds, const int32_t* rows, int n,
+                                 int cols, float* dst, int64_t ldd) {
+  for (int i = blockIdx.y; i < n; i += gridDim.y) {
+    const float* s = src + static_cast<int64_t>(rows[i]) * lds;
+    float* d = dst + static_cast<int64_t>(i) * ldd;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+      d[c] = s[c];
+  }
+}
+
+__global__ void ScatterAddFixedKernel(const int64_t* src, int64_t lds, const int32_t* rows, int n,
+                                      int cols, int64_t* dst, int64_t ldd) {
+  for (int i = blockIdx.y; i < n; i += gridDim.y) {
+    const int64_t* s = src + static_cast<int64_t>(i) * lds;
+    int64_t* d = dst + static_cast<int64_t>(rows[i]) * ldd;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+      d[c] = AddFixedDevice(d[c], s[c]);
+  }
+}
+
+__global__ void AddFixedToKernel(const int64_t* acc, float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] += FromFixedDevice(acc[i]);
+}
+
+__global__ void ScaleRowsKernel(float* x, int64_t ldx, const float* scale, int rows, int cols) {
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    float* a = x + static_cast<int64_t>(r) * ldx;
+    const float f = scale[r];
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+      a[c] *= f;
+  }
+}
+
+// One block per row: the sum of squares in a fixed tree (the same for every
+// row whatever the launch), then y = x * inv * weight as the CPU backend.
+__global__ void RmsNormKernel(const float* x, int64_t ldx, const float* weight, float* y,
+                              int64_t ldy, int dim, float eps) {
+  const int r = blockIdx.x;
+  const float* xr = x + static_cast<int64_t>(r) * ldx;
+  float* yr = y + static_cast<int64_t>(r) * ldy;
+  float s = 0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
+  __shared__ float part[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    s = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) part[0] = s;
+  }
+  __syncthreads();
+  const float ms = part[0] / static_cast<float>(dim);
+  const float inv = 1.0f / sqrtf(ms + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * weight[i];
+}
+
+__global__ void RopeKernel(float* x, int64_t ldx, const int32_t* positions, int heads, int head_dim,
+                           const float* cos_sin) {
+  const int t = blockIdx.x;
+  const int half = head_dim / 2;
+  const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
+  const float* sn = cs + half;
+  for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
+    const int h = e / half, i = e % half;
+    float* v = x + static_cast<int64_t>(t) * ldx + static_cast<int64_t>(h) * head_dim;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cs[i] - b * sn[i];
+    v[i + half] = b * cs[i] + a * sn[i];
+  }
+}
+
+__global__ void SiluMulKernel(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
+                              int width, int shards) {
+  const int n = width * shards;
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* in = gu + static_cast<int64_t>(r) * ld_in;
+    float* o = out + static_cast<int64_t>(r) * ld_out;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
+      const int j = e / width, i = e % width;
+      const float g = in[2 * j * width + i], u = in[(2 * j + 1) * width + i];
+      o[e] = g / (1.0f + expf(-g)) * u;
+    }
+  }
+}
+
+// One thread per token: softmax over the experts, the k largest (lowest id
+// on ties), renormalised, as the CPU backend.
+__global__ void MoeGateKernel(const float* logits, int tokens, int experts, int k, int32_t* ids,
+                              float* weights) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  const float* l = logits + static_cast<int64_t>(t) * experts;
+  float mx = -FLT_MAX;
+  for (int e = 0; e < experts; ++e) mx = fmaxf(mx, l[e]);
+  float sum = 0;
+  for (int e = 0; e < experts; ++e) sum += expf(l[e] - mx);
+  // Selection by repeated maximum over probabilities (k is small).
+  constexpr int kMaxK = 16;
+  int chosen[kMaxK];
+  float p[kMaxK];
+  float top = 0;
+  for (int i = 0; i < k && i < kMaxK; ++i) {
+    int best = -1;
+    float bp = -1;
+    for (int e = 0; e < experts; ++e) {
+      bool taken = false;
+      for (int j = 0; j < i; ++j) taken |= chosen[j] == e;
+      if (taken) continue;
+      const float pe = expf(l[e] - mx) / sum;
+      if (pe > bp) {
+        bp = pe;
+        best = e;
+      }
+    }
+    chosen[i] = best;
+    p[i] = bp;
+    top += bp;
+  }
+  for (int i = 0; i < k && i < kMaxK; ++i) {
+    ids[static_cast<int64_t>(t) * k + i] = chosen[i];
+    weights[static_cast<int64_t>(t) * k + i] = p[i] / top;
+  }
+}
+
+__global__ void RoundActivationsKernel(const float* x, int64_t ldx, int m, int k, WType type,
+                                       void* dst) {
+  for (int r = blockIdx.y; r < m; r += gridDim.y) {
+    const float* xr = x + static_cast<int64_t>(r) * ldx;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < k; c += gridDim.x * blockDim.x) {
+      const int64_t at = static_cast<int64_t>(r) * k + c;
+      if (type == WType::kBF16) {
+        static_cast<__nv_bfloat16*>(dst)[at] = __float2bfloat16_rn(xr[c]);
+      } else {
+        static_cast<__half*>(dst)[at] = __float2half_rn(xr[c]);
+      }
+    }
+  }
+}
+
+__global__ void AddItemsFixedKernel(const float* parts, int items, int64_t item_stride, int m,
+                                    int n, int64_t* acc, int64_t ldacc) {
+  const int64_t total = static_cast<int64_t>(m) * n;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / n, c = e % n;
+    int64_t s = 0;
+    for (int i = 0; i < items; ++i)
+      s = AddFixedDevice(s, ToFixedDevice(parts[i * item_stride + e]));
+    int64_t* d = acc + r * ldacc + c;
+    *d = AddFixedDevice(*d, s);
+  }
+}
+
+// Blocks over a row's columns, rows over grid.y (kernels stride by
+// gridDim.y past its limit).
+__global__ void FillRandomKernel(void* dst, WType type, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float v = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    if (type == WType::kBF16) {
+      static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(v);
+    } else {
+      static_cast<__half*>(dst)[i] = __float2half_rn(v);
+    }
+  }
+}
+
+__global__ void CountMismatchesKernel(const float* a, const float* b, int rows, int n, int64_t ld,
+                                      int batch, int64_t stride, int* mismatches) {
+  const int64_t per = static_cast<int64_t>(rows) * n, total = per * batch;
+  int count = 0;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bi = e / per, r = (e % per) / n, c = e % n;
+    const int64_t at = bi * stride + r * ld + c;
+    count += __float_as_uint(a[at]) != __float_as_uint(b[at]);
+  }
+  if (count) atomicAdd(mismatches, count);
+}
+
+dim3 RowGrid(int cols, int rows) {
+  const int x = Blocks(cols) < 64 ? Blocks(cols) : 64;
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(rows < 65535 ? rows : 65535));
+}
+
+}  // namespace
+
+void GatherWeightRows(const void* w, WType type, int cols, const int32_t* src_rows,
+                      const int32_t* dst_rows, int n, float* out, int64_t ldo, cudaStream_t s) {
+  if (n <= 0) return;
+  GatherWeightRowsKernel<<<RowGrid(cols, n), kThreads, 0, s>>>(w, type, cols, src_rows, dst_rows, n,
+                                                               out, ldo);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int cols, float* dst,
+                int64_t ldd, cudaStream_t s) {
+  if (n <= 0) return;
+  GatherRowsKernel<<<RowGrid(cols, n), kThreads, 0, s>>>(src, lds, rows, n, cols, dst, ldd);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
+                     int64_t* dst, int64_t ldd, cudaStream_t s) {
+  if (n <= 0) return;
+  ScatterAddFixedKernel<<<RowGrid(cols, n), kThreads, 0, s>>>(src, lds, rows, n, cols, dst, ldd);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  AddFixedToKernel<<<Blocks(n), kThreads, 0, s>>>(acc, x, n);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s) {
+  if (rows <= 0) return;
+  ScaleRowsKernel<<<RowGrid(cols, rows), kThreads, 0, s>>>(x, ldx, scale, rows, cols);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
+             int dim, float eps, cudaStream_t s) {
+  if (rows <= 0) return;
+  FS_CHECK(rows <= (1 << 30));
+  RmsNormKernel<<<rows, kThreads, 0, s>>>(x, ldx, weight, y, ldy, dim, eps);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
+          const float* cos_sin, cudaStream_t s) {
+  if (tokens <= 0 || heads <= 0) return;
+  RopeKernel<<<tokens, 128, 0, s>>>(x, ldx, positions, heads, head_dim, cos_sin);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+             int shards, cudaStream_t s) {
+  if (rows <= 0) return;
+  SiluMulKernel<<<RowGrid(width * shards, rows), kThreads, 0, s>>>(gu, ld_in, out, ld_out, rows,
+                                                                   width, shards);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights,
+             cudaStream_t s) {
+  if (tokens <= 0) return;
+  MoeGateKernel<<<Blocks(tokens, 64), 64, 0, s>>>(logits, tokens, experts, k, ids, weights);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void RoundActivations(const float* x, int64_t ldx, int m, int k, WType type, void* dst,
+                      cudaStream_t s) {
+  if (m <= 0) return;
+  RoundActivationsKernel<<<RowGrid(k, m), kThreads, 0, s>>>(x, ldx, m, k, type, dst);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void FillRandom(void* dst, WType type, int64_t n, uint64_t seed, cudaStream_t s) {
+  if (n <= 0) return;
+  FillRandomKernel<<<Blocks(n) < 4096 ? Blocks(n) : 4096, kThreads, 0, s>>>(dst, type, n, seed);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void CountMismatches(const float* a, const float* b, int rows, int n, int64_t ld, int batch,
+                     int64_t stride, int* mismatches, cudaStream_t s) {
+  const int64_t total = static_cast<int64_t>(rows) * n * batch;
+  if (total <= 0) return;
+  CountMismatchesKernel<<<Blocks(total) < 4096 ? Blocks(total) : 4096, kThreads, 0, s>>>(
+      a, b, rows, n, ld, batch, stride, mismatches);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddItemsFixed(const float* parts, int items, int64_t item_stride, int m, int n, int64_t* acc,
+                   int64_t ldacc, cudaStream_t s) {
+  if (m <= 0 || n <= 0) return;
+  AddItemsFixedKernel<<<Blocks(static_cast<int64_t>(m) * n), kThreads, 0, s>>>(
+      parts, items, item_stride, m, n, acc, ldacc);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace failsafe::cuda

@@ -1,0 +1,296 @@
+#include "backend/cuda/gemm_lt.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace failsafe::cuda {
+
+namespace {
+
+#define FS_LT_CHECK(expr)                                                        \
+  do {                                                                           \
+    const cublasStatus_t fs_lt_st_ = (expr);                                     \
+    FS_CHECK_MSG(fs_lt_st_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt status {} in {}", \
+                 static_cast<int>(fs_lt_st_), #expr);                            \
+  } while (0)
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kProbeRows = 1024;  // the reference band's probe
+constexpr int kSmallProbe = 7;
+constexpr int kCandidates = 8;
+
+// Bands of m, ascending; the last is the reference.
+constexpr int kBands[][2] = {{1, 8}, {9, 32}, {33, 128}, {129, 512}, {513, INT_MAX}};
+constexpr int kNumBands = 5;
+
+// The largest power of two up to 256 dividing every value.
+int Alignment(std::initializer_list<int64_t> values) {
+  int a = 256;
+  for (int64_t v : values) {
+    while (a > 1 && v % a != 0) a /= 2;
+  }
+  return a;
+}
+
+int ElementBytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+template <typename T>
+T AlgoAttr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+  return v;
+}
+
+std::string Describe(const cublasLtMatmulAlgo_t& algo) {
+  return fmt::format("algo {} tile {} stages {} splitK {}",
+                     AlgoAttr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID),
+                     AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                     AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                     AlgoAttr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+}
+
+}  // namespace
+
+struct LtGemm::Family {
+  LtProblem shape;  // m, pointers of the first call
+  int align_x = 0, align_w = 0, align_d = 0;
+  int max_rows = INT_MAX;  // batched: the rows stride_d leaves room for
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;  // W
+  struct Layouts {
+    cublasLtMatrixLayout_t b = nullptr, c = nullptr;
+  };
+  std::map<int, Layouts> by_m;
+  struct Band {
+    cublasLtMatmulAlgo_t algo{};
+    std::string how;
+  };
+  Band bands[kNumBands];
+
+  ~Family() {
+    for (auto& [m, l] : by_m) {
+      cublasLtMatrixLayoutDestroy(l.b);
+      cublasLtMatrixLayoutDestroy(l.c);
+    }
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+
+  void SetBatch(cublasLtMatrixLayout_t l, int64_t stride) const {
+    if (shape.batch <= 1) return;
+    const int32_t count = shape.batch;
+    FS_LT_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                 sizeof(count)));
+    FS_LT_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                 &stride, sizeof(stride)));
+  }
+
+  const Layouts& For(int m) {
+    auto it = by_m.find(m);
+    if (it != by_m.end()) return it->second;
+    Layouts l;
+    // Column-major views: X^T [k, m], D^T [n, m].
+    FS_LT_CHECK(cublasLtMatrixLayoutCreate(&l.b, shape.type, shape.k, m, shape.ldx));
+    FS_LT_CHECK(cublasLtMatrixLayoutCreate(&l.c, CUDA_R_32F, shape.n, m, shape.ldd));
+    SetBatch(l.b, shape.stride_x);
+    SetBatch(l.c, shape.stride_d);
+    return by_m.emplace(m, l).first->second;
+  }
+
+  int BandOf(int m) const {
+    for (int i = 0; i < kNumBands; ++i) {
+      if (m <= kBands[i][1]) return i;
+    }
+    return kNumBands - 1;
+  }
+};
+
+LtGemm::LtGemm(cudaStream_t stream) : stream_(stream) {
+  FS_LT_CHECK(cublasLtCreate(&handle_));
+  workspace_bytes_ = kWorkspaceBytes;
+  FS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+LtGemm::~LtGemm() {
+  families_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
+  const int eb = ElementBytes(p.type);
+  const int ax = Alignment({reinterpret_cast<int64_t>(p.x), p.ldx * eb, p.stride_x * eb});
+  const int aw = Alignment({reinterpret_cast<int64_t>(p.w), p.ldw * eb, p.stride_w * eb});
+  const int ad = Alignment({reinterpret_cast<int64_t>(p.d), p.ldd * 4, p.stride_d * 4});
+  const Key key{static_cast<int>(p.type),
+                p.n,
+                p.k,
+                p.ldx,
+                p.ldw,
+                p.ldd,
+                p.batch,
+                p.stride_x,
+                p.stride_w,
+                p.stride_d,
+                ax,
+                aw,
+                ad};
+  auto it = families_.find(key);
+  if (it != families_.end()) return *it->second;
+  auto f = std::make_unique<Family>();
+  f->shape = p;
+  f->align_x = ax;
+  f->align_w = aw;
+  f->align_d = ad;
+  if (p.batch > 1) f->max_rows = static_cast<int>(p.stride_d / p.ldd);
+  FS_LT_CHECK(cublasLtMatmulDescCreate(&f->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  FS_LT_CHECK(cublasLtMatmulDescSetAttribute(f->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  FS_LT_CHECK(cublasLtMatmulDescSetAttribute(f->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  // W [n, k] row-major is the column-major [k, n]; op T makes it [n, k].
+  FS_LT_CHECK(cublasLtMatrixLayoutCreate(&f->a, p.type, p.k, p.n, p.ldw));
+  f->SetBatch(f->a, p.stride_w);
+  Family& ref = *families_.emplace(key, std::move(f)).first->second;
+  Choose(ref, p);
+  return ref;
+}
+
+bool LtGemm::Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m,
+                    const void* x, float* d, bool accumulate) {
+  const auto& l = f.For(m);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  return cublasLtMatmul(handle_, f.op, &alpha, p.w, f.a, x, l.b, &beta, d, l.c, d, l.c, &algo,
+                        workspace_, workspace_bytes_, stream_) == CUBLAS_STATUS_SUCCESS;
+}
+
+void LtGemm::Choose(Family& f, const LtProblem& p) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  FS_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = workspace_bytes_;
+  FS_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &ws, sizeof(ws)));
+  const uint32_t ax = f.align_x, aw = f.align_w, ad = f.align_d;
+  FS_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                   &aw, sizeof(aw)));
+  FS_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                   &ax, sizeof(ax)));
+  FS_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                   &ad, sizeof(ad)));
+  FS_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                   &ad, sizeof(ad)));
+  // Candidates at m rows, without split-K (whose partial sums change a
+  // row's order with the problem's size).
+  auto candidates = [&](int m) {
+    std::vector<cublasLtMatmulAlgo_t> out;
+    cublasLtMatmulHeuristicResult_t results[kCandidates];
+    int returned = 0;
+    const auto& l = f.For(m);
+    if (cublasLtMatmulAlgoGetHeuristic(handle_, f.op, f.a, l.b, l.c, l.c, pref, kCandidates,
+                                       results, &returned) != CUBLAS_STATUS_SUCCESS)
+      return out;
+    for (int i = 0; i < returned; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      if (AlgoAttr<uint32_t>(results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) continue;
+      out.push_back(results[i].algo);
+    }
+    return out;
+  };
+
+  // Probe buffers: random activations laid out as the family's, and two
+  // outputs.
+  const int probe = std::min(kProbeRows, f.max_rows);
+  const int eb = ElementBytes(p.type);
+  const int64_t x_elems = static_cast<int64_t>(probe) * p.ldx + (p.batch - 1) * p.stride_x + p.k;
+  const int64_t d_elems = static_cast<int64_t>(probe) * p.ldd + (p.batch - 1) * p.stride_d + p.n;
+  void* xp = nullptr;
+  float *dref = nullptr, *dcand = nullptr;
+  int* mismatches = nullptr;
+  FS_CUDA_CHECK(cudaMalloc(&xp, x_elems * eb));
+  FS_CUDA_CHECK(cudaMalloc(&dref, d_elems * 4));
+  FS_CUDA_CHECK(cudaMalloc(&dcand, d_elems * 4));
+  FS_CUDA_CHECK(cudaMalloc(&mismatches, sizeof(int)));
+  FillRandom(xp, p.type == CUDA_R_16BF ? WType::kBF16 : WType::kF16, x_elems, 0x5eed, stream_);
+  auto differs = [&](int rows) {
+    FS_CUDA_CHECK(cudaMemsetAsync(mismatches, 0, sizeof(int), stream_));
+    CountMismatches(dref, dcand, rows, p.n, p.ldd, p.batch, p.stride_d, mismatches, stream_);
+    int host = 0;
+    FS_CUDA_CHECK(cudaMemcpyAsync(&host, mismatches, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return host;
+  };
+
+  // The reference: a row's bits the same at kSmallProbe rows as at `probe`.
+  Family::Band& last = f.bands[kNumBands - 1];
+  std::vector<cublasLtMatmulAlgo_t> refs = candidates(probe);
+  FS_CHECK_MSG(!refs.empty(), "cuBLASLt offers no algorithm for n {} k {} batch {}", p.n, p.k,
+               p.batch);
+  bool found = false;
+  for (const auto& algo : refs) {
+    if (!Launch(f, algo, p, probe, xp, dref, false)) continue;
+    if (!Launch(f, algo, p, kSmallProbe, xp, dcand, false)) continue;
+    if (differs(kSmallProbe) == 0) {
+      last.algo = algo;
+      last.how = "reference, checked";
+      found = true;
+      break;
+    }
+  }
+  if (!found) {
+    last.algo = refs.front();
+    last.how = "reference, UNCHECKED (no candidate kept its rows)";
+    FS_CHECK_MSG(Launch(f, last.algo, p, probe, xp, dref, false),
+                 "cuBLASLt refuses its own algorithm for n {} k {}", p.n, p.k);
+  }
+  for (int b = 0; b < kNumBands - 1; ++b) {
+    Family::Band& band = f.bands[b];
+    band.algo = last.algo;
+    band.how = "reference";
+    const int lo = kBands[b][0], hi = std::min(kBands[b][1], probe);
+    if (lo > probe) continue;
+    for (const auto& algo : candidates(hi)) {
+      if (!Launch(f, algo, p, hi, xp, dcand, false) || differs(hi) != 0) continue;
+      if (!Launch(f, algo, p, lo, xp, dcand, false) || differs(lo) != 0) continue;
+      band.algo = algo;
+      band.how = "own, checked";
+      break;
+    }
+  }
+  FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaFree(xp);
+  cudaFree(dref);
+  cudaFree(dcand);
+  cudaFree(mismatches);
+  cublasLtMatmulPreferenceDestroy(pref);
+}
+
+void LtGemm::Run(const LtProblem& p) {
+  if (p.m <= 0 || p.n <= 0) return;
+  Family& f = FamilyOf(p);
+  FS_CHECK_MSG(p.m <= f.max_rows, "{} rows over the batched family's {}", p.m, f.max_rows);
+  if (Launch(f, f.bands[f.BandOf(p.m)].algo, p, p.m, p.x, p.d, p.accumulate)) return;
+  FS_CHECK_MSG(Launch(f, f.bands[kNumBands - 1].algo, p, p.m, p.x, p.d, p.accumulate),
+               "cuBLASLt cannot run n {} k {} m {}", p.n, p.k, p.m);
+}
+
+std::vector<std::string> LtGemm::Report() const {
+  std::vector<std::string> out;
+  for (const auto& [key, f] : families_) {
+    std::string line = fmt::format("n {} k {} batch {} ldd {}:", f->shape.n, f->shape.k,
+                                   f->shape.batch, f->shape.ldd);
+    for (int b = 0; b < kNumBands; ++b) {
+      line += fmt::format(" [{}-{}] {} ({})", kBands[b][0],
+                          kBands[b][1] == INT_MAX ? std::string("") : std::to_string(kBands[b][1]),
+                          Describe(f->bands[b].algo), f->bands[b].how);
+    }
+    out.push_back(line);
+  }
+  return out;
+}
+
+}  // namespace failsafe::cuda

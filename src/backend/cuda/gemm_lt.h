@@ -1,0 +1,75 @@
+// Tensor-core products through cuBLASLt, batch-invariant by a fixed
+// algorithm per shape.
+//
+// cuBLASLt's heuristics pick a kernel for each problem size, and two
+// kernels may add a row's products in different orders (split-K, stream-K,
+// other tiles), so a row's result could depend on how many rows share its
+// batch. Here each family of problems (every parameter but the row count m)
+// gets its algorithms once: one for each band of m, the largest band's
+// (the reference) checked to give a row the same bits at 7 rows and at the
+// band's size, every other band's chosen among the heuristic's candidates
+// as the first whose rows equal the reference's, bit for bit, at the band's
+// smallest and largest m. A band without such a candidate takes the
+// reference. The checks run once per family, on the family's own weights
+// and random activations.
+//
+// Thread-safety: one thread (the backend's).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace failsafe::cuda {
+
+// D[b][m, n] (f32, row-major, ldd) (+)= X[b][m, k] W[b][n, k]^T, b < batch:
+// X and W row-major of `type` (CUDA_R_16BF or CUDA_R_16F), batch entries
+// stride_* elements apart.
+struct LtProblem {
+  cudaDataType_t type = CUDA_R_16BF;
+  const void* x = nullptr;
+  int64_t ldx = 0;
+  const void* w = nullptr;
+  int64_t ldw = 0;
+  float* d = nullptr;
+  int64_t ldd = 0;
+  int m = 0, n = 0, k = 0;
+  int batch = 1;
+  int64_t stride_x = 0, stride_w = 0, stride_d = 0;
+  bool accumulate = false;
+};
+
+class LtGemm {
+ public:
+  explicit LtGemm(cudaStream_t stream);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  void Run(const LtProblem& p);
+  // How the families' bands were chosen: one line per family.
+  std::vector<std::string> Report() const;
+
+ private:
+  struct Family;
+  using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t,
+                         int, int, int>;
+  Family& FamilyOf(const LtProblem& p);
+  void Choose(Family& f, const LtProblem& p);
+  bool Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m, const void* x,
+              float* d, bool accumulate);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, std::unique_ptr<Family>> families_;
+};
+
+}  // namespace failsafe::cuda

@@ -1,0 +1,121 @@
+// The CUDA backend's kernels, as host functions that launch them on a
+// stream. Every pointer is device memory (index lists too: the backend
+// uploads them first). Shapes as in backend/backend.h.
+//
+// Like the CPU backend's, every kernel is batch-invariant: a row's result
+// depends only on that row (and, for attention, on its own sequence), never
+// on how many rows a launch covers or where the row lies in it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace failsafe::cuda {
+
+// Element types of weights.
+enum class WType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// --- elementwise.cu ---
+// out[dst_rows[i], :cols] = row src_rows[i] of the row-major [*, cols]
+// weight w, widened to f32.
+void GatherWeightRows(const void* w, WType type, int cols, const int32_t* src_rows,
+                      const int32_t* dst_rows, int n, float* out, int64_t ldo, cudaStream_t s);
+void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int cols, float* dst,
+                int64_t ldd, cudaStream_t s);
+void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
+                     int64_t* dst, int64_t ldd, cudaStream_t s);
+void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s);
+void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s);
+void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
+             int dim, float eps, cudaStream_t s);
+void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
+          const float* cos_sin, cudaStream_t s);
+void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+             int shards, cudaStream_t s);
+void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights,
+             cudaStream_t s);
+// dst[r, :k] = x[r, :k] rounded to nearest even as `type` (bf16 or f16),
+// contiguous [m, k].
+void RoundActivations(const float* x, int64_t ldx, int m, int k, WType type, void* dst,
+                      cudaStream_t s);
+// acc[r, c] += sum over i < items of ToFixed(parts[i * item_stride + r * n
+// + c]): the exact sum of items' products.
+void AddItemsFixed(const float* parts, int items, int64_t item_stride, int m, int n, int64_t* acc,
+                   int64_t ldacc, cudaStream_t s);
+
+// n elements of `type` (bf16 or f16) drawn from [-1, 1) by a hash of
+// (seed, index): probes and checks.
+void FillRandom(void* dst, WType type, int64_t n, uint64_t seed, cudaStream_t s);
+// *mismatches += the elements (b, r, c), r < rows, c < n, whose bits differ
+// between a and b (at b * stride + r * ld + c).
+void CountMismatches(const float* a, const float* b, int rows, int n, int64_t ld, int batch,
+                     int64_t stride, int* mismatches, cudaStream_t s);
+
+// --- gemm_chain.cu ---
+// Products as the CPU backend's chains (backend/cpu/gemm.h): every output
+// element one chain of fused multiply-adds over its k-values in increasing
+// order; bf16 weights take the bf16 chain (activations rounded to bf16,
+// pairs odd before even, denormals flushed). Bit for bit the CPU backend's
+// products, whatever m, n or the launch's shape.
+//
+// Items: the weight is `items` matrices [n, item_k] (row `c` of item i at
+// w + (i * item_stride + c * row_stride) elements), multiplying
+// x[:, i * item_k .. (i + 1) * item_k).
+struct ChainGemm {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const void* w = nullptr;
+  WType type = WType::kF32;
+  int64_t item_stride = 0;  // elements between items
+  int64_t row_stride = 0;   // elements between rows of an item (its k-values contiguous)
+  int items = 1;
+  int item_k = 0;
+  int m = 0, n = 0;
+  // Out: y = product (accumulate: y += product), or, with acc, acc +=
+  // ToFixed(each item's product).
+  float* y = nullptr;
+  int64_t ldy = 0;
+  bool accumulate = false;
+  int64_t* acc = nullptr;
+  int64_t ldacc = 0;
+};
+void RunChainGemm(const ChainGemm& g, cudaStream_t s);
+// y[m, n] (+)= x[m, k] w[k, n] (w row-major [k, n]), the f32 or bf16 chain.
+void RunChainGemmNN(const float* x, int64_t ldx, const void* w, WType type, float* y, int64_t ldy,
+                    int m, int n, int k, bool accumulate, cudaStream_t s);
+
+// --- attention.cu ---
+// One attention problem as the kernels read it (AttentionArgs, with the
+// page list in device memory).
+struct AttentionProblem {
+  const float* q;
+  float* out;
+  const float* new_kv;
+  const float* const* pages;  // device array of device pages
+  int64_t ldq, ldo, ld_new_kv;
+  int num_tokens, start_pos, group_size, head_dim, block_size, sliding_window;
+  float scale;
+};
+// Stores every problem's new keys and values into its pages (before any
+// problem attends: another problem of the step may read them).
+void StoreKv(const AttentionProblem* problems, int num_problems, int max_tokens, cudaStream_t s);
+// Blocks of one problem, and the shared memory of a block.
+int AttentionBlocks(int num_tokens, int group_size);
+size_t AttentionSharedBytes(int head_dim);
+// Computes each problem's (token, query head) outputs; problem i takes
+// blocks [first_block[i], first_block[i + 1]) (AttentionBlocks each).
+void Attend(const AttentionProblem* problems, const int* first_block, int num_problems,
+            int total_blocks, int max_head_dim, cudaStream_t s);
+
+// --- sampling.cu ---
+// Greedy: the index of the largest logit, lowest on ties, into *out.
+void ArgMax(const float* logits, int vocab, int* out, cudaStream_t s);
+// Logits sorted descending with their ids (ascending among equal logits);
+// `scratch` of SortScratchBytes(vocab), ids_scratch [vocab].
+size_t SortScratchBytes(int vocab);
+void SortDescending(const float* logits, int vocab, float* sorted, int* ids_scratch, int* ids,
+                    void* scratch, size_t scratch_bytes, cudaStream_t s);
+
+}  // namespace failsafe::cuda

@@ -1,0 +1,79 @@
+// Sampling's device side: the greedy choice, and the logits sorted for a
+// seeded draw (kernels.h).
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace failsafe::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+
+// One block: each thread the best of its stride, then a tree; the larger
+// logit wins, the lower index on ties (the CPU backend's rule).
+__global__ void ArgMaxKernel(const float* logits, int vocab, int* out) {
+  __shared__ float best_v[kThreads];
+  __shared__ int best_i[kThreads];
+  float v = -FLT_MAX;
+  int idx = -1;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float x = logits[i];
+    if (idx < 0 || x > v) {
+      v = x;
+      idx = i;
+    }
+  }
+  best_v[threadIdx.x] = v;
+  best_i[threadIdx.x] = idx;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float ov = best_v[threadIdx.x + s];
+      const int oi = best_i[threadIdx.x + s];
+      const int mi = best_i[threadIdx.x];
+      if (oi >= 0 &&
+          (mi < 0 || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < mi))) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = best_i[0];
+}
+
+__global__ void IotaKernel(int* ids, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    ids[i] = i;
+}
+
+}  // namespace
+
+void ArgMax(const float* logits, int vocab, int* out, cudaStream_t s) {
+  ArgMaxKernel<<<1, kThreads, 0, s>>>(logits, vocab, out);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t SortScratchBytes(int vocab) {
+  size_t bytes = 0;
+  FS_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+      static_cast<const int*>(nullptr), static_cast<int*>(nullptr), vocab));
+  return bytes;
+}
+
+void SortDescending(const float* logits, int vocab, float* sorted, int* ids_scratch, int* ids,
+                    void* scratch, size_t scratch_bytes, cudaStream_t s) {
+  IotaKernel<<<(vocab + 255) / 256 < 1024 ? (vocab + 255) / 256 : 1024, 256, 0, s>>>(ids_scratch,
+                                                                                     vocab);
+  FS_CUDA_CHECK(cudaGetLastError());
+  // Radix sort is stable: equal logits keep ascending ids.
+  FS_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(scratch, scratch_bytes, logits, sorted,
+                                                          ids_scratch, ids, vocab, 0,
+                                                          static_cast<int>(sizeof(float) * 8), s));
+}
+
+}  // namespace failsafe::cuda

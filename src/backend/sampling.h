@@ -1,0 +1,18 @@
+// The seeded draw every backend samples with, from candidates already
+// sorted by logit (descending, equal logits by ascending id): temperature,
+// then top-p over the first `keep` (top-k), then one draw from a hash of
+// (seed, counter). The sums run in one order on the host, so a backend that
+// sorts on its device draws the CPU backend's token exactly.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace failsafe {
+
+// logits[i] is the logit of ids[i], i < keep (keep >= 1).
+int DrawSorted(const float* logits, const int* ids, int keep, const SamplingParams& p,
+               uint64_t counter);
+
+}  // namespace failsafe

@@ -1,5 +1,8 @@
 #include "cli/engine_flags.h"
 
+#include <algorithm>
+#include <charconv>
+
 #include "common/log.h"
 #include "common/units.h"
 #include "worker/cluster_protocol.h"
@@ -33,6 +36,14 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_option(
       "--device-memory", f->device_memory,
       "memory of one device for weights, KV and activations (e.g. 2GiB; default: no limit)");
+  app.add_option("--gpus", f->gpus,
+                 "run the devices on GPUs (the CUDA backend): each device's CUDA device, e.g. "
+                 "0,0,0,0 for four devices sharing GPU 0, or one id for every device");
+  app.add_option("--gpu-gemm", f->gpu_gemm,
+                 "products by 16-bit weights on a GPU: lt (cuBLASLt's tensor cores, one "
+                 "algorithm per shape checked to keep a row's bits) or chain (the CPU backend's "
+                 "products bit for bit, on CUDA cores)")
+      ->capture_default_str();
   app.add_flag("--rebalance-slow", f->rebalance_slow,
                "re-plan so that a device that stays slower than its peers (measured per step) "
                "gets a smaller share of heads and FFN shards");
@@ -134,8 +145,33 @@ Status CheckPrefixCacheTier(const std::string& value, Executor& executor) {
   return Status::Ok();
 }
 
+Result<std::vector<int>> ParseGpus(const std::string& text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    int v = -1;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || end != item.data() + item.size() || v < 0)
+      return InvalidArgument("--gpus: '{}' is not a GPU id", item);
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
+
+Result<GpuGemm> ParseGpuGemm(const std::string& text) {
+  if (text == "lt") return GpuGemm::kLt;
+  if (text == "chain") return GpuGemm::kChain;
+  return InvalidArgument("--gpu-gemm: unknown '{}' (known: lt, chain)", text);
+}
+
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, const DeviceFlags& f) {
   FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
+  FS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseGpus(f.gpus));
+  FS_ASSIGN_OR_RETURN(GpuGemm gpu_gemm, ParseGpuGemm(f.gpu_gemm));
   if (f.comm != "shm" && f.comm != "gloo")
     return InvalidArgument("--comm: unknown '{}' (known: shm, gloo)", f.comm);
   if (f.remote_devices > 0 && f.listen.empty()) {
@@ -148,6 +184,8 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     LocalExecutorOptions o;
     o.threads = f.threads;
     o.block_size = f.block_size;
+    if (!gpus.empty()) o.gpu = gpus[0];
+    o.gpu_gemm = gpu_gemm;
     FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
     return std::unique_ptr<Executor>(std::move(e));
   }
@@ -166,6 +204,8 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.policy = policy;
   o.threads_per_device = f.threads;
   o.block_size = f.block_size;
+  o.gpus = gpus;
+  o.gpu_gemm = gpu_gemm;
   o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;
   static const char* kLevels[] = {"debug", "info", "warn", "error", "off"};
   o.log_level = kLevels[static_cast<int>(GetLogLevel())];

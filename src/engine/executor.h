@@ -136,6 +136,8 @@ struct LocalExecutorOptions {
   // The CPU kernels' instruction-set level; unset: the best the CPU has.
   std::optional<CpuIsa> isa;
   std::optional<bool> dpbf16;  // CpuBackendOptions::dpbf16
+  int gpu = -1;                // >= 0: the CUDA backend on this GPU
+  GpuGemm gpu_gemm = GpuGemm::kLt;
 };
 
 // One device, in this process.

@@ -17,7 +17,14 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   bo.threads = options.threads;
   bo.isa = options.isa;
   bo.dpbf16 = options.dpbf16;
-  e->backend_ = MakeCpuBackend(bo);
+  if (options.gpu >= 0) {
+    CudaBackendOptions co;
+    co.gpu = options.gpu;
+    co.gemm = options.gpu_gemm;
+    FS_ASSIGN_OR_RETURN(e->backend_, MakeCudaBackend(co));
+  } else {
+    e->backend_ = MakeCpuBackend(bo);
+  }
   DeviceOptions d;
   d.block_size = options.block_size;
   const int64_t slots = static_cast<int64_t>(e->config_.num_layers) * e->config_.num_kv_heads;

@@ -47,6 +47,14 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
       options.collective_timeout_ms <= 0) {
     return InvalidArgument("timeouts must be positive (step timeout: 0 derives it)");
   }
+  if (!options.gpus.empty() && options.gpus.size() != 1 &&
+      static_cast<int>(options.gpus.size()) != options.num_devices) {
+    return InvalidArgument("{} GPUs for {} devices: give one GPU per device, or one for all",
+                           options.gpus.size(), options.num_devices);
+  }
+  for (int gpu : options.gpus) {
+    if (gpu < 0) return InvalidArgument("GPU {} is not a CUDA device ordinal", gpu);
+  }
   if (options.remote_devices < 0 || options.remote_devices > options.num_devices) {
     return InvalidArgument("{} remote devices of {}", options.remote_devices, options.num_devices);
   }
@@ -168,6 +176,10 @@ Status WorkerGroup::InitDevice(int device) {
   init.logits_rows = options_.max_logits_rows;
   init.device_id = device;
   init.kv_pages = pool_pages_;
+  if (!options_.gpus.empty()) {
+    init.gpu = options_.gpus.size() == 1 ? options_.gpus[0] : options_.gpus[device];
+    init.gpu_gemm = static_cast<int32_t>(options_.gpu_gemm);
+  }
   WireWriter w;
   init.Encode(&w);
   std::vector<int> fds = {logits_.fd(), progress_.fd()};

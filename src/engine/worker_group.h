@@ -53,6 +53,10 @@ struct WorkerGroupOptions {
   Policy policy = Policy::kHybrid;
   std::vector<int> alive;  // empty: every device
   int threads_per_device = 1;
+  // The GPU of each device (a CUDA backend; several devices may share one),
+  // or one GPU for every device; empty: CPU devices.
+  std::vector<int> gpus;
+  GpuGemm gpu_gemm = GpuGemm::kLt;
   int block_size = 16;
   int64_t kv_pages = 0;  // per device; 0: from device_memory_bytes
   // Memory of one device (weights + KV + activations); 0: KV for 64K tokens

@@ -119,11 +119,14 @@ std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break
 void DeviceModel::AddAttention(AttentionWeights* w, int layer, const std::vector<int>& queries,
                                const std::vector<int>& groups, const HostLoader& load) {
   for (auto [first, count] : ItemRuns(queries, 0)) {
-    w->q.Add(first, count, [&](int q, float* dst) { load.Query(layer, q, dst); });
-    w->o.Add(first, count, [&](int q, float* dst) { load.O(layer, q, dst); });
+    w->q.Add(
+        first, count, [&](int q, float* dst) { load.Query(layer, q, dst); }, true);
+    w->o.Add(
+        first, count, [&](int q, float* dst) { load.O(layer, q, dst); }, true);
   }
   for (auto [first, count] : ItemRuns(groups, 0))
-    w->kv.Add(first, count, [&](int h, float* dst) { load.Kv(layer, h, dst); });
+    w->kv.Add(
+        first, count, [&](int h, float* dst) { load.Kv(layer, h, dst); }, true);
 }
 
 std::vector<int> DeviceModel::QueriesOfGroups(const std::vector<int>& groups) const {
@@ -149,20 +152,24 @@ void DeviceModel::UpdateBackupSlots() {
 void DeviceModel::AddShards(LayerWeights* lw, int layer, const std::vector<int>& shards,
                             const HostLoader& load) {
   for (auto [first, count] : ItemRuns(shards, plan_.shape.shards_per_expert)) {
-    lw->ffn_gate_up.Add(first, count, [&](int s, float* dst) { load.GateUp(layer, s, dst); });
-    lw->ffn_down.Add(first, count, [&](int s, float* dst) { load.Down(layer, s, dst); });
+    lw->ffn_gate_up.Add(
+        first, count, [&](int s, float* dst) { load.GateUp(layer, s, dst); }, true);
+    lw->ffn_down.Add(
+        first, count, [&](int s, float* dst) { load.Down(layer, s, dst); }, true);
   }
 }
 
 void DeviceModel::AddChunks(const std::vector<int>& chunks, const HostLoader& load) {
   for (auto [first, count] : ItemRuns(chunks, 0)) {
-    embed_.Add(first, count, [&](int ch, float* dst) { load.Vocab(false, ch, dst); });
+    embed_.Add(
+        first, count, [&](int ch, float* dst) { load.Vocab(false, ch, dst); }, true);
     if (config_.tie_word_embeddings) {
       for (auto& seg : embed_.segments()) {
         if (seg.first == first) lm_head_.AddShared(seg);
       }
     } else {
-      lm_head_.Add(first, count, [&](int ch, float* dst) { load.Vocab(true, ch, dst); });
+      lm_head_.Add(
+          first, count, [&](int ch, float* dst) { load.Vocab(true, ch, dst); }, true);
     }
   }
 }
@@ -178,8 +185,9 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   // as the backend reads them fastest (the CPU's: [n, k] blocked whatever
   // their rows per item, an item's last rows % 16 rows in a narrower block).
   const ItemLayout nt = backend_->BlockedNT(wt) ? ItemLayout::kBlocked : ItemLayout::kRowMajor;
-  const ItemLayout nn =
-      backend_->ColumnBlockedNN(wt) ? ItemLayout::kColumnBlocked : ItemLayout::kRowMajor;
+  const ItemLayout nn = backend_->ColumnBlockedNN(wt) ? ItemLayout::kColumnBlocked
+                        : backend_->TransposedNN(wt)  ? ItemLayout::kTransposed
+                                                      : ItemLayout::kRowMajor;
   Backend* mem = backend_;
   auto vector_of = [&](const std::string& name, int rows, DeviceArray<float>* dst) {
     std::vector<float> v(static_cast<size_t>(rows) * hidden);

@@ -88,6 +88,8 @@ int64_t StorageIndex(ItemLayout layout, int64_t r, int64_t c, int64_t rows, int6
       return Blocked16Index(r, c, rows, cols, t);
     case ItemLayout::kColumnBlocked:
       return Blocked16Index(c, r, cols, rows, t);
+    case ItemLayout::kTransposed:
+      return c * rows + r;
     case ItemLayout::kRowMajor:
       break;
   }
@@ -140,7 +142,43 @@ void ItemMatrix::Insert(const Segment& seg) {
   segments_.insert(it, seg);
 }
 
-void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)>& fill) {
+void ItemMatrix::LayOut(const float* item, unsigned char* dst) const {
+  const int64_t n = item_elements();
+  if (layout_ == ItemLayout::kRowMajor) {
+    switch (dtype_) {
+      case DType::kF32:
+        std::memcpy(dst, item, static_cast<size_t>(n) * 4);
+        return;
+      case DType::kBF16:
+        for (int64_t i = 0; i < n; ++i)
+          reinterpret_cast<uint16_t*>(dst)[i] = FloatToBFloat16(item[i]);
+        return;
+      case DType::kF16:
+        for (int64_t i = 0; i < n; ++i) reinterpret_cast<uint16_t*>(dst)[i] = FloatToHalf(item[i]);
+        return;
+    }
+  }
+  for (int r = 0; r < rows_per_item_; ++r) {
+    for (int c = 0; c < cols_; ++c) {
+      const float v = item[static_cast<size_t>(r) * cols_ + c];
+      const int64_t at = StorageIndex(layout_, r, c, rows_per_item_, cols_, dtype_);
+      switch (dtype_) {
+        case DType::kF32:
+          reinterpret_cast<float*>(dst)[at] = v;
+          break;
+        case DType::kBF16:
+          reinterpret_cast<uint16_t*>(dst)[at] = FloatToBFloat16(v);
+          break;
+        case DType::kF16:
+          reinterpret_cast<uint16_t*>(dst)[at] = FloatToHalf(v);
+          break;
+      }
+    }
+  }
+}
+
+void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)>& fill,
+                     bool fill_is_thread_safe) {
   if (count <= 0) return;
   Segment seg;
   const int64_t bytes = count * item_bytes();
@@ -148,43 +186,32 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
   seg.data = seg.storage->data;
   seg.first = first;
   seg.count = count;
-  const bool host = memory_->host_memory();
-  if (host && dtype_ == DType::kF32 && layout_ == ItemLayout::kRowMajor) {
-    for (int i = 0; i < count; ++i)
-      fill(first + i, reinterpret_cast<float*>(seg.data + i * item_bytes()));
-  } else {
-    // Through one item of f32, rounded to the element type and laid out (on
-    // the host), then copied to device memory.
-    std::vector<float> item(static_cast<size_t>(item_elements()));
-    std::vector<unsigned char> staged(host ? 0 : static_cast<size_t>(item_bytes()));
-    for (int i = 0; i < count; ++i) {
-      fill(first + i, item.data());
-      unsigned char* dst = host ? seg.data + i * item_bytes() : staged.data();
-      if (dtype_ == DType::kF32 && layout_ == ItemLayout::kRowMajor) {
-        std::memcpy(dst, item.data(), static_cast<size_t>(item_bytes()));
-        memory_->CopyToDevice(seg.data + i * item_bytes(), dst, staged.size());
-        continue;
+  if (memory_->host_memory()) {
+    if (dtype_ == DType::kF32 && layout_ == ItemLayout::kRowMajor) {
+      for (int i = 0; i < count; ++i)
+        fill(first + i, reinterpret_cast<float*>(seg.data + i * item_bytes()));
+    } else {
+      // Through one item of f32, rounded to the element type and laid out.
+      std::vector<float> item(static_cast<size_t>(item_elements()));
+      for (int i = 0; i < count; ++i) {
+        fill(first + i, item.data());
+        LayOut(item.data(), seg.data + i * item_bytes());
       }
-      for (int r = 0; r < rows_per_item_; ++r) {
-        for (int c = 0; c < cols_; ++c) {
-          const float v = item[static_cast<size_t>(r) * cols_ + c];
-          const int64_t at = StorageIndex(layout_, r, c, rows_per_item_, cols_, dtype_);
-          switch (dtype_) {
-            case DType::kF32:
-              reinterpret_cast<float*>(dst)[at] = v;
-              break;
-            case DType::kBF16:
-              reinterpret_cast<uint16_t*>(dst)[at] = FloatToBFloat16(v);
-              break;
-            case DType::kF16:
-              reinterpret_cast<uint16_t*>(dst)[at] = FloatToHalf(v);
-              break;
-          }
-        }
-      }
-      if (!host) memory_->CopyToDevice(seg.data + i * item_bytes(), dst, staged.size());
     }
+    Insert(seg);
+    return;
   }
+  // Device memory: the segment laid out on the host (its items on all the
+  // host's threads where the fill allows: a GPU's host is otherwise idle
+  // while it loads), then copied in one piece.
+  std::vector<unsigned char> staged(static_cast<size_t>(bytes));
+#pragma omp parallel for schedule(dynamic) if (fill_is_thread_safe && count > 1)
+  for (int i = 0; i < count; ++i) {
+    std::vector<float> item(static_cast<size_t>(item_elements()));
+    fill(first + i, item.data());
+    LayOut(item.data(), staged.data() + i * item_bytes());
+  }
+  memory_->CopyToDevice(seg.data, staged.data(), staged.size());
   Insert(seg);
 }
 

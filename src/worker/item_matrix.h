@@ -50,6 +50,9 @@ enum class ItemLayout {
   // The item's transpose [cols, rows] blocked the same way: a [k, n] item of
   // LinearNNFixed (rows its k-values) in blocks of 16 output columns.
   kColumnBlocked,
+  // The item's transpose [cols, rows], row-major: a [k, n] item of
+  // LinearNNFixed as the [n, k] weight of a product by its transpose.
+  kTransposed,
 };
 
 class ItemMatrix {
@@ -79,8 +82,9 @@ class ItemMatrix {
   int64_t item_bytes() const { return item_elements() * static_cast<int64_t>(DTypeSize(dtype_)); }
   // A segment's rows as the kernels take them.
   WeightsRef Weights(const Segment& s) const {
-    return {s.data, dtype_, layout_ != ItemLayout::kRowMajor,
-            layout_ == ItemLayout::kBlocked ? rows_per_item_ : 0};
+    const bool blocked = layout_ == ItemLayout::kBlocked || layout_ == ItemLayout::kColumnBlocked;
+    return {s.data, dtype_, blocked, layout_ == ItemLayout::kBlocked ? rows_per_item_ : 0,
+            layout_ == ItemLayout::kTransposed};
   }
   // Segments ascending by item id.
   const std::vector<Segment>& segments() const { return segments_; }
@@ -97,8 +101,10 @@ class ItemMatrix {
   // Adds items [first, first + count) (none may be held) in one new segment;
   // fill(item, dst) writes each item's rows as f32, stored as dtype()
   // (rounded to nearest even: exact for values read from a file of that
-  // type).
-  void Add(int first, int count, const std::function<void(int item, float* dst)>& fill);
+  // type). `fill_is_thread_safe`: items may be filled on several threads at
+  // once (into device memory that is not host memory).
+  void Add(int first, int count, const std::function<void(int item, float* dst)>& fill,
+           bool fill_is_thread_safe = false);
   // Adds a segment that shares storage with another matrix (no copy).
   void AddShared(const Segment& segment);
   // Takes the item out (no copy: a segment may split in two) and returns a
@@ -108,6 +114,8 @@ class ItemMatrix {
 
  private:
   void Insert(const Segment& s);
+  // An item's f32 rows into its storage: dtype() and layout().
+  void LayOut(const float* item, unsigned char* dst) const;
   DeviceMemory* memory_ = &HostMemory();
   int rows_per_item_ = 0;
   int cols_ = 0;

@@ -10,6 +10,8 @@ void WorkerInit::Encode(WireWriter* w) const {
   w->Put(block_size);
   w->Put(kv_pages);
   w->Put(logits_rows);
+  w->Put(gpu);
+  w->Put(gpu_gemm);
 }
 
 bool WorkerInit::Decode(WireReader* r) {
@@ -21,7 +23,9 @@ bool WorkerInit::Decode(WireReader* r) {
   block_size = r->Get<int32_t>();
   kv_pages = r->Get<int64_t>();
   logits_rows = r->Get<int64_t>();
-  return r->ok();
+  gpu = r->Get<int32_t>();
+  gpu_gemm = r->Get<int32_t>();
+  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 1;
 }
 
 void GroupSpec::Encode(WireWriter* w) const {

@@ -40,7 +40,8 @@ enum class WorkerOp : uint32_t {
 // 6: a plan change's restores name shared cached blocks
 // (SeqRestore::shared_blocks) and start past those an earlier sequence
 // restores (SeqRestore::restore_from).
-constexpr int32_t kWorkerProtocolVersion = 6;
+// 7: a device may run on a GPU (WorkerInit::gpu, gpu_gemm).
+constexpr int32_t kWorkerProtocolVersion = 7;
 
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.
@@ -52,6 +53,8 @@ struct WorkerInit {
   int32_t block_size = 16;
   int64_t kv_pages = 0;
   int64_t logits_rows = 0;  // rows of the shared logits region
+  int32_t gpu = -1;         // CUDA device of the CUDA backend; -1: the CPU backend
+  int32_t gpu_gemm = 0;     // GpuGemm
 
   void Encode(WireWriter* w) const;
   bool Decode(WireReader* r);

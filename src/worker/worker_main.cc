@@ -196,7 +196,14 @@ class Worker {
     if (static_cast<size_t>(logits_rows_) * config_.vocab_size * sizeof(float) > logits_.size()) {
       return InvalidArgument("logits region is too small");
     }
-    backend_ = MakeCpuBackend(init.threads);
+    if (init.gpu >= 0) {
+      CudaBackendOptions o;
+      o.gpu = init.gpu;
+      o.gemm = static_cast<GpuGemm>(init.gpu_gemm);
+      FS_ASSIGN_OR_RETURN(backend_, MakeCudaBackend(o));
+    } else {
+      backend_ = MakeCpuBackend(init.threads);
+    }
     DeviceOptions d;
     d.block_size = init.block_size;
     d.kv_pages = init.kv_pages;

@@ -28,12 +28,18 @@
 #include "common/rng.h"
 #include "engine/executor.h"
 #include "engine/kv_tables.h"
+#include "engine_steps.h"
 #include "gemm_libs.h"
 #include "model/synthetic.h"
 #include "placement/plan.h"
 #include "worker/item_matrix.h"
 
 using namespace failsafe;
+using failsafe::bench::Decode;
+using failsafe::bench::Median;
+using failsafe::bench::ProcessCpuNanos;
+using failsafe::bench::RunDecode;
+using failsafe::bench::RunPrefill;
 
 namespace {
 
@@ -137,113 +143,6 @@ double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
     best = std::max(best, (dpbf16 ? 4.0 : 2.0) * lanes * 12 * iters * threads / secs);
   }
   return best;
-}
-
-// CPU time of the whole process (all its threads), in nanoseconds.
-int64_t ProcessCpuNanos() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-struct Decode {
-  double step_s;
-  double tokens_per_s;
-  // By the process's CPU time per step instead of the wall clock: with one
-  // thread, what the step costs when it has its core to itself (a loaded
-  // machine's waits for a core do not count; its use of memory does).
-  double cpu_tokens_per_s;
-};
-
-// Decodes `steps` steps for `batch` sequences after a prefill of `prompt`
-// tokens each. `scatter`: their pages come from a pool whose every page was
-// handed out and freed in a random order first, as a long-running server's
-// are after many sequences of every length; else from a fresh pool, in
-// order.
-Decode RunDecode(Executor& exec, int batch, int steps, int prompt = 32, bool scatter = false) {
-  const ModelConfig& c = exec.config();
-  Rng rng(1);
-  DirectKvTables kv(exec.plan(), exec.block_size(), exec.kv_capacity_pages());
-  if (scatter) {
-    // Every page to a one-block sequence (tables only: the device never
-    // sees them), then all of them freed in a random order.
-    std::vector<int64_t> ids;
-    for (int64_t id = 1000000;; ++id) {
-      StepBatch b;
-      b.seqs.push_back({id, 0, 1, 0, 0, 0});
-      b.tokens.push_back(0);
-      if (!kv.Fill(&b).ok()) break;
-      ids.push_back(id);
-    }
-    for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.Below(i)]);
-    for (int64_t id : ids) kv.Free(id);
-  }
-  auto run_step = [&](StepBatch& b) {
-    Status st = kv.Fill(&b);
-    if (st.ok()) st = exec.Step(b, nullptr).status();
-    return st;
-  };
-  for (int s = 0; s < batch; ++s) {
-    StepBatch b;
-    b.seqs.push_back({100 + s, 0, prompt, 0, 0, 0});
-    for (int i = 0; i < prompt; ++i)
-      b.tokens.push_back(static_cast<int32_t>(rng.Below(c.vocab_size)));
-    b.num_logits_rows = 1;
-    const Status st = run_step(b);
-    if (!st.ok()) {  // a figure from failed steps would mean nothing
-      std::fprintf(stderr, "error: prefill of sequence %d: %s\n", s, st.ToString().c_str());
-      std::exit(1);
-    }
-  }
-  std::vector<double> times, cpu_times;
-  for (int step = 0; step < steps; ++step) {
-    StepBatch b;
-    for (int s = 0; s < batch; ++s) {
-      b.seqs.push_back({100 + s, prompt + step, 1, 0, s, s});
-      b.tokens.push_back(static_cast<int32_t>(rng.Below(c.vocab_size)));
-    }
-    b.num_logits_rows = batch;
-    int64_t t0 = MonotonicNanos(), c0 = ProcessCpuNanos();
-    const Status st = run_step(b);
-    if (!st.ok()) {
-      std::fprintf(stderr, "error: decode step %d: %s\n", step, st.ToString().c_str());
-      std::exit(1);
-    }
-    times.push_back((MonotonicNanos() - t0) * 1e-9);
-    cpu_times.push_back((ProcessCpuNanos() - c0) * 1e-9);
-  }
-  for (int s = 0; s < batch; ++s) {
-    (void)exec.FreeSeq(100 + s);
-    kv.Free(100 + s);
-  }
-  double t = Median(times);
-  return {t, batch / t, batch / Median(cpu_times)};
-}
-
-double RunPrefill(Executor& exec, int tokens, int reps) {
-  const ModelConfig& c = exec.config();
-  Rng rng(2);
-  std::vector<double> times;
-  DirectKvTables kv(exec.plan(), exec.block_size(), exec.kv_capacity_pages());
-  for (int r = 0; r < reps; ++r) {
-    StepBatch b;
-    b.seqs.push_back({7, 0, tokens, 0, 0, 0});
-    for (int i = 0; i < tokens; ++i)
-      b.tokens.push_back(static_cast<int32_t>(rng.Below(c.vocab_size)));
-    b.num_logits_rows = 1;
-    if (Status st = kv.Fill(&b); !st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
-    int64_t t0 = MonotonicNanos();
-    (void)exec.Step(b, nullptr);
-    times.push_back((MonotonicNanos() - t0) * 1e-9);
-    (void)exec.FreeSeq(7);
-    kv.Free(7);
-  }
-  return Median(times);
 }
 
 // The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down;

@@ -233,9 +233,13 @@ def llama2c_forward(path, ids):
     return rms_norm(x, rms_final, 1e-5) @ wcls.T
 
 
+ENGINE_ARGS = []  # --engine-args: e.g. a GPU's (scripts/gpu-check.sh)
+
+
 def check(failsafe, model_dir, prompt, chunk, threads, label, dtype, reference=None):
     cmd = [failsafe, "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-           "--decode", "16", "--prefill-chunk", str(chunk), "--threads", str(threads)]
+           "--decode", "16", "--prefill-chunk", str(chunk), "--threads", str(threads),
+           *ENGINE_ARGS]
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     full = prompt + res["output_ids"][:-1]
     if reference is None:
@@ -268,7 +272,14 @@ def main():
     ap.add_argument("--failsafe", required=True)
     ap.add_argument("--llama2c", help="a llama2.c checkpoint")
     ap.add_argument("--converted", help="its conversion (failsafe convert-llama2c)")
+    ap.add_argument("--engine-args", default="",
+                    help="more `failsafe logits` flags, e.g. '--gpus 0' (the CUDA backend)")
     args = ap.parse_args()
+    ENGINE_ARGS.extend(args.engine_args.split())
+    if "--gpus" in ENGINE_ARGS and "chain" not in ENGINE_ARGS:
+        # cuBLASLt rounds f16 products' activations to f16 (the CPU keeps them
+        # in f32): the bound of 16-bit activations, as bf16's.
+        TOLERANCE["f16"] = TOLERANCE["bf16"]
     torch.set_num_threads(2)
     ok = True
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,210 @@
+// The engine on one GPU: decode at several batch sizes and a long prefill,
+// beside the GPU's measured limits (a device-to-device copy for bandwidth, a
+// large bf16 product through cuBLASLt for compute). A program that prints
+// figures, not a test.
+//
+//   failsafe_bench_gpu --model DIR [--gpu 0] [--batches 1,16,64]
+//                      [--prefill 2048] [--steps 24] [--gpu-gemm lt|chain]
+//                      [--json FILE]
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_lt.h"
+#include "backend/cuda/kernels.h"
+#include "common/clock.h"
+#include "engine/executor.h"
+#include "engine_steps.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+using namespace failsafe;
+
+namespace {
+
+// Device-to-device copy of 2 GiB, bytes read plus bytes written per second.
+double CopyBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  FS_CUDA_CHECK(cudaMalloc(&a, bytes));
+  FS_CUDA_CHECK(cudaMalloc(&b, bytes));
+  FS_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  FS_CUDA_CHECK(cudaEventCreate(&e0));
+  FS_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> rates;
+  for (int rep = 0; rep < 12; ++rep) {
+    FS_CUDA_CHECK(cudaEventRecord(e0));
+    FS_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    FS_CUDA_CHECK(cudaEventRecord(e1));
+    FS_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    FS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep >= 2) rates.push_back(2.0 * bytes / (ms * 1e-3));
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return bench::Median(rates);
+}
+
+// An 8192^3 bf16 product (f32 out) through the engine's cuBLASLt path, on
+// random data: FLOP per second.
+double MatmulRate() {
+  const int n = 8192;
+  cudaStream_t s;
+  FS_CUDA_CHECK(cudaStreamCreate(&s));
+  void *x = nullptr, *w = nullptr;
+  float* d = nullptr;
+  FS_CUDA_CHECK(cudaMalloc(&x, size_t{2} * n * n));
+  FS_CUDA_CHECK(cudaMalloc(&w, size_t{2} * n * n));
+  FS_CUDA_CHECK(cudaMalloc(&d, size_t{4} * n * n));
+  cuda::FillRandom(x, cuda::WType::kBF16, int64_t{n} * n, 1, s);
+  cuda::FillRandom(w, cuda::WType::kBF16, int64_t{n} * n, 2, s);
+  double rate = 0;
+  {
+    cuda::LtGemm lt(s);
+    cuda::LtProblem p;
+    p.x = x;
+    p.ldx = n;
+    p.w = w;
+    p.ldw = n;
+    p.d = d;
+    p.ldd = n;
+    p.m = p.n = p.k = n;
+    lt.Run(p);
+    cudaEvent_t e0, e1;
+    FS_CUDA_CHECK(cudaEventCreate(&e0));
+    FS_CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<double> rates;
+    for (int rep = 0; rep < 10; ++rep) {
+      FS_CUDA_CHECK(cudaEventRecord(e0, s));
+      lt.Run(p);
+      FS_CUDA_CHECK(cudaEventRecord(e1, s));
+      FS_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      FS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      rates.push_back(2.0 * n * n * double(n) / (ms * 1e-3));
+    }
+    rate = bench::Median(rates);
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(d);
+  cudaStreamDestroy(s);
+  return rate;
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at < s.size()) {
+    size_t comma = s.find(',', at);
+    if (comma == std::string::npos) comma = s.size();
+    out.push_back(std::stoi(s.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"FailSafe on one GPU: decode and prefill beside the GPU's limits"};
+  std::string model, batches = "1,16,64", gemm = "lt", json_out;
+  int gpu = 0, prefill = 2048, steps = 24, context = 128;
+  app.add_option("--model", model, "model directory (Hugging Face layout)")->required();
+  app.add_option("--gpu", gpu, "CUDA device")->capture_default_str();
+  app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
+  app.add_option("--context", context, "prompt tokens of each decoding sequence")
+      ->capture_default_str();
+  app.add_option("--prefill", prefill, "prefill tokens (0: none)")->capture_default_str();
+  app.add_option("--steps", steps, "decode steps timed per batch size")->capture_default_str();
+  app.add_option("--gpu-gemm", gemm, "lt or chain")->capture_default_str();
+  app.add_option("--json", json_out, "also write the figures here");
+  CLI11_PARSE(app, argc, argv);
+
+  FS_CUDA_CHECK(cudaSetDevice(gpu));
+  cudaDeviceProp prop{};
+  FS_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
+  const double bandwidth = CopyBandwidth();
+  const double matmul = MatmulRate();
+  std::printf("GPU %d: %s, %d SMs, %.1f GiB\n", gpu, prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / double(1 << 30));
+  std::printf("limits: copy %.0f GB/s (read + write), bf16 matmul 8192^3 %.0f TFLOP/s\n",
+              bandwidth / 1e9, matmul / 1e12);
+
+  auto config = ModelConfig::Load(model);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+    return 1;
+  }
+  auto store = WeightStore::Open(model, *config);
+  if (!store.ok()) {
+    std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  const double weight_bytes = static_cast<double>((*store)->FileBytes());
+  const DType wtype = (*store)->MatrixDType();
+  store->reset();
+  // Bytes a decode step must read: every weight but the embedding table
+  // (one row per token), plus the KV it attends to.
+  const double embed_bytes = static_cast<double>(config->vocab_size) * config->hidden_size *
+                             DTypeSize(wtype) * (config->tie_word_embeddings ? 0 : 1);
+  const double kv_token_bytes =
+      2.0 * config->num_layers * config->num_kv_heads * config->head_dim * 4;
+
+  LocalExecutorOptions o;
+  o.gpu = gpu;
+  o.gpu_gemm = gemm == "chain" ? GpuGemm::kChain : GpuGemm::kLt;
+  const std::vector<int> bs = ParseList(batches);
+  const int max_batch = *std::max_element(bs.begin(), bs.end());
+  const int64_t slots = static_cast<int64_t>(config->num_layers) * config->num_kv_heads;
+  const int tokens = std::max(prefill, max_batch * (context + steps + 16));
+  o.kv_pages = slots * ((tokens + 15) / 16 + 2 * max_batch + 16);
+  const int64_t t0 = MonotonicNanos();
+  auto exec = LocalExecutor::Create(model, o);
+  if (!exec.ok()) {
+    std::fprintf(stderr, "%s\n", exec.status().ToString().c_str());
+    return 1;
+  }
+  const double load_s = (MonotonicNanos() - t0) * 1e-9;
+  std::printf("model: %s, %.2f GB of weights, loaded in %.1f s; products: %s\n", model.c_str(),
+              weight_bytes / 1e9, load_s, gemm.c_str());
+  nlohmann::json out = {{"gpu", prop.name},
+                        {"copy_bandwidth", bandwidth},
+                        {"matmul_flops", matmul},
+                        {"weight_bytes", weight_bytes},
+                        {"gemm", gemm}};
+  std::printf("%-10s %10s %12s %12s %14s\n", "decode", "step ms", "tokens/s", "GB/s read",
+              "of copy limit");
+  for (int b : bs) {
+    bench::RunDecode(**exec, b, 3, context);  // warm: first uses of each shape
+    const bench::Decode d = bench::RunDecode(**exec, b, steps, context);
+    const double bytes = weight_bytes - embed_bytes + b * (context + steps / 2.0) * kv_token_bytes;
+    const double rate = bytes / d.step_s;
+    std::printf("batch %-4d %10.3f %12.1f %12.0f %13.1f%%\n", b, d.step_s * 1e3, d.tokens_per_s,
+                rate / 1e9, 100 * rate / bandwidth);
+    out["decode"].push_back({{"batch", b},
+                             {"step_s", d.step_s},
+                             {"tokens_per_s", d.tokens_per_s},
+                             {"read_bytes_per_s", rate}});
+  }
+  if (prefill > 0) {
+    double flops = 0;
+    bench::RunPrefill(**exec, prefill, 1, &flops);  // warm
+    const double s = bench::RunPrefill(**exec, prefill, 3, &flops);
+    std::printf(
+        "prefill %d tokens: %.1f ms, %.0f tokens/s, %.0f TFLOP/s (%.1f%% of the matmul "
+        "limit)\n",
+        prefill, s * 1e3, prefill / s, flops / s / 1e12, 100 * flops / s / matmul);
+    out["prefill"] = {{"tokens", prefill}, {"s", s}, {"flops", flops}};
+  }
+  if (!json_out.empty()) std::ofstream(json_out) << out.dump(2) << "\n";
+  return 0;
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The CUDA backend's whole check, on a machine with an NVIDIA GPU, in one
+# run that prints one summary:
+#   kernels      the CUDA backend against the CPU backend, kernel by kernel,
+#                and its batch invariance (fs_backend_tests' CUDA tests);
+#   torch-ref    logits against an independent PyTorch float64 forward pass
+#                on the same weights (tests/python/torch_reference.py, its
+#                tolerances per dtype), with cuBLASLt and with the chains;
+#   e2e          the published story of stories260K, the same tokens (and
+#                logits, bit for bit) on 1, 2, 3, 4 and 7 device processes
+#                under every placement, chunked prefill, the prefix cache
+#                (scripts/gpu/e2e.py);
+#   bench        a Llama-3.1-8B-shaped and a Mixtral-8x7B-shaped bf16 model
+#                with synthetic weights made here: decode at batch 1, 16
+#                and 64 and a 2,048-token prefill beside the GPU's measured
+#                limits (failsafe_bench_gpu) and PyTorch with transformers
+#                on the same weights (scripts/gpu/torch_bench.py).
+#
+# The programs come from scripts/gpu-pack.sh (built where the build
+# dependencies are; the GPU machine needs only the CUDA driver, cuBLASLt and
+# a python3 with PyTorch and transformers). Usage:
+#   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
+#                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
+# --quick: the correctness stages only. Exits 1 if any stage failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bin=.gpu/bin
+out=/tmp/failsafe-gpu-check
+quick=0
+compile=""
+mixtral_layers=4
+llama_layers=32
+skip=""
+while (($#)); do
+  case "$1" in
+    --bin) bin=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --compile) compile=$2; shift 2 ;;
+    --mixtral-layers) mixtral_layers=$2; shift 2 ;;
+    --llama-layers) llama_layers=$2; shift 2 ;;
+    --skip) skip=$2; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+bin=$(realpath "$bin")
+mkdir -p "$out"
+rm -f "$out/stages.log" "$out/progress.txt"
+logs=$(mktemp -d)
+lib=$(dirname "$bin")/lib
+
+# cuBLASLt from the toolkit or from PyTorch's CUDA packages.
+cublas=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -e $d/libcublasLt.so.13 ]] && cublas=$d && break
+done
+if [[ -z $cublas ]]; then
+  f=$(find / -xdev -name 'libcublasLt.so.13*' -path '*nvidia*' 2>/dev/null | head -1)
+  [[ -n $f ]] && cublas=$(dirname "$f")
+fi
+export LD_LIBRARY_PATH="$lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1
+
+results=()
+failed=0
+# stage NAME TIMEOUT_S COMMAND...: runs it, its output to the stage's log.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  if [[ ",$skip," == *",$name,"* ]]; then
+    results+=("skip $name")
+    return
+  fi
+  echo "=== $name: $*" | tee "$logs/$name.log"
+  local t0=$SECONDS rc=0
+  timeout "$limit" "$@" >>"$logs/$name.log" 2>&1 || rc=$?
+  local took=$((SECONDS - t0))
+  if ((rc == 0)); then
+    results+=("PASS $name (${took}s)")
+  else
+    results+=("FAIL $name (exit $rc, ${took}s)")
+    failed=1
+  fi
+  tail -n 25 "$logs/$name.log"
+  # As it goes, so that a run cut short still leaves what it did.
+  cat "$logs/$name.log" >>"$out/stages.log"
+  echo "${results[-1]}" >>"$out/progress.txt"
+}
+
+stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
+  --format=csv; echo cuBLASLt: ${cublas:-not found}; '$bin/failsafe' --help >/dev/null && echo \
+  'failsafe runs'; ldd '$bin/failsafe' | grep -i 'not found' && exit 1; true"
+stage kernels 300 "$bin/fs_backend_tests" --gtest_filter='*Cuda*' --gtest_brief=1
+stories=data/models/stories260K
+stage torch-ref-lt 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
+  --engine-args "--gpus 0" --llama2c $stories/llama2c/stories260K.bin --converted $stories
+stage torch-ref-chain 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
+  --engine-args "--gpus 0 --gpu-gemm chain"
+stage e2e-lt 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories --gemm lt
+stage e2e-chain 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
+  --gemm chain
+
+if ((quick == 0)); then
+  models=/tmp/failsafe-gpu-models
+  if [[ $(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1) -gt 40 ]]; then
+    models=/dev/shm/failsafe-gpu-models
+  fi
+  mkdir -p $models
+  stage bench-llama-8b 600 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b llama-3.1-8b \
+    "$llama_layers" "$compile"
+  stage bench-mixtral 600 scripts/gpu/bench.sh "$bin" $models "$out" mixtral mixtral-8x7b \
+    "$mixtral_layers" "$compile"
+fi
+
+{
+  echo "=== summary"
+  for r in "${results[@]}"; do echo "$r"; done
+  for f in "$logs"/bench-*.log; do
+    [[ -e $f ]] || continue
+    echo "--- $(basename "$f" .log)"
+    grep -E "^(GPU|limits|model:|batch|prefill|eager|torch.compile|transformers)" "$f"
+  done
+  for f in "$logs"/e2e-*.log "$logs"/torch-ref-*.log; do
+    [[ -e $f ]] || continue
+    grep -E "^(ok|FAIL)" "$f" | sed "s/^/$(basename "$f" .log): /"
+  done
+} | tee "$out/summary.txt"
+exit $failed

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# One model's GPU benchmark (scripts/gpu-check.sh): makes the model, then
+# the engine's figures and PyTorch's on the same files; removes the model.
+# Usage: scripts/gpu/bench.sh BIN_DIR MODELS_DIR OUT_DIR NAME SHAPE LAYERS [COMPILE_BATCHES]
+set -euo pipefail
+bin=$1 models=$2 out=$3 name=$4 shape=$5 layers=$6 compile=${7:-}
+dir=$models/$name
+trap 'rm -rf "$dir"' EXIT
+python3 "$(dirname "$0")/make_model.py" --shape "$shape" --layers "$layers" --out "$dir"
+"$bin/failsafe_bench_gpu" --model "$dir" --json "$out/failsafe_$name.json"
+python3 "$(dirname "$0")/torch_bench.py" --model "$dir" --json "$out/torch_$name.json" \
+  ${compile:+--compile "$compile"}

@@ -244,10 +244,10 @@ class Backend : public DeviceMemory {
   virtual void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy,
                        int rows, int dim, float eps) = 0;
   // Rotates `heads` heads of each token in place (rotate-half convention).
-  // x: head h of token t at x + t * ldx + h * head_dim. cos_sin: a RoPE
+  // x: head h of token t at x + t * ldx + h * head_stride. cos_sin: a RoPE
   // table (ExtendRopeTable) with rows for every position given.
-  virtual void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads,
-                    int head_dim, const float* cos_sin) = 0;
+  virtual void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions,
+                    int tokens, int heads, int head_dim, const float* cos_sin) = 0;
   // FFN shards side by side, each its gate then its up columns: for shard
   // j < shards and i < width,
   //   out[r, j * width + i] = silu(gu[r, 2 j width + i]) * gu[r, (2 j + 1) width + i].
@@ -280,6 +280,20 @@ class Backend : public DeviceMemory {
   // x[r, :cols] *= scale[r] (scale: host), r < rows.
   virtual void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) = 0;
 
+  // A step's calls as one graph, for steps that repeat with the same
+  // shapes (CUDA graphs: one launch instead of hundreds). The model runner
+  // brackets a step's device work with BeginGraph(key, argument_bytes) and
+  // EndGraph(), `key` naming everything that shapes the calls in between
+  // (their order, sizes and buffers; argument_bytes: about how much they
+  // upload). The first step of a key runs as usual; the second is recorded
+  // and run as a graph; later ones replay it: the calls then only stage
+  // their arguments, in the same order and sizes, and launch nothing.
+  // Between the two no call may return data to the host, allocate or free.
+  // Returns whether the step is bracketed; false: run it as usual (no
+  // EndGraph). Freeing device memory forgets every graph (they may name it).
+  virtual bool BeginGraph(uint64_t key, size_t argument_bytes) { return false; }
+  virtual void EndGraph() {}
+
   // Picks a token from logits [vocab]. `counter` makes each draw of a seeded
   // request distinct and reproducible (use the token's position).
   virtual int Sample(const float* logits, int vocab, const SamplingParams& params,
@@ -310,15 +324,22 @@ std::unique_ptr<Backend> MakeCpuBackend(int num_threads);
 // mapped lazily with transparent huge pages.
 DeviceMemory& HostMemory();
 
-// How the CUDA backend multiplies by 16-bit weights: cuBLASLt's tensor
-// cores (a fixed algorithm per shape, checked to keep a row's bits whatever
-// the batch), or the CPU backend's chains (its products bit for bit, on
-// CUDA cores). f32 weights always take the chains.
-enum class GpuGemm { kLt = 0, kChain = 1 };
+// How the CUDA backend multiplies by 16-bit weights:
+//  - kLt: cuBLASLt's tensor cores (a fixed algorithm per shape, checked to
+//    keep a row's bits whatever the batch), fixed-point items as a batched
+//    product whose f32 items are then summed exactly;
+//  - kFused: cuBLASLt for [n, k] products, and the engine's own
+//    tensor-core kernel for fixed-point items, converting each item's chain
+//    in registers (no f32 product per item in memory);
+//  - kChain: the CPU backend's chains (its products bit for bit, on CUDA
+//    cores).
+// f32 weights always take the chains.
+enum class GpuGemm { kLt = 0, kChain = 1, kFused = 2 };
 
 struct CudaBackendOptions {
   int gpu = 0;  // CUDA device ordinal
   GpuGemm gemm = GpuGemm::kLt;
+  bool graphs = false;  // steps that repeat their shapes as CUDA graphs (BeginGraph)
 };
 
 // The CUDA backend (backend/cuda): bf16, f16 and f32 weights, cuBLASLt

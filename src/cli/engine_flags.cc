@@ -41,9 +41,13 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
                  "0,0,0,0 for four devices sharing GPU 0, or one id for every device");
   app.add_option("--gpu-gemm", f->gpu_gemm,
                  "products by 16-bit weights on a GPU: lt (cuBLASLt's tensor cores, one "
-                 "algorithm per shape checked to keep a row's bits) or chain (the CPU backend's "
-                 "products bit for bit, on CUDA cores)")
+                 "algorithm per shape checked to keep a row's bits), fused (cuBLASLt, and the "
+                 "engine's own tensor-core kernel for the exact sums of heads and FFN shards) "
+                 "or chain (the CPU backend's products bit for bit, on CUDA cores)")
       ->capture_default_str();
+  app.add_flag("--cuda-graphs", f->cuda_graphs,
+               "on a GPU, run decode steps that repeat their shapes as CUDA graphs (one launch "
+               "a step; a device alone in its group, dense models)");
   app.add_flag("--rebalance-slow", f->rebalance_slow,
                "re-plan so that a device that stays slower than its peers (measured per step) "
                "gets a smaller share of heads and FFN shards");
@@ -165,7 +169,8 @@ Result<std::vector<int>> ParseGpus(const std::string& text) {
 Result<GpuGemm> ParseGpuGemm(const std::string& text) {
   if (text == "lt") return GpuGemm::kLt;
   if (text == "chain") return GpuGemm::kChain;
-  return InvalidArgument("--gpu-gemm: unknown '{}' (known: lt, chain)", text);
+  if (text == "fused") return GpuGemm::kFused;
+  return InvalidArgument("--gpu-gemm: unknown '{}' (known: lt, fused, chain)", text);
 }
 
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, const DeviceFlags& f) {
@@ -186,6 +191,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     o.block_size = f.block_size;
     if (!gpus.empty()) o.gpu = gpus[0];
     o.gpu_gemm = gpu_gemm;
+    o.gpu_graphs = f.cuda_graphs;
     FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
     return std::unique_ptr<Executor>(std::move(e));
   }
@@ -206,6 +212,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.block_size = f.block_size;
   o.gpus = gpus;
   o.gpu_gemm = gpu_gemm;
+  o.gpu_graphs = f.cuda_graphs;
   o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;
   static const char* kLevels[] = {"debug", "info", "warn", "error", "off"};
   o.log_level = kLevels[static_cast<int>(GetLogLevel())];

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -138,6 +139,9 @@ struct LocalExecutorOptions {
   std::optional<bool> dpbf16;  // CpuBackendOptions::dpbf16
   int gpu = -1;                // >= 0: the CUDA backend on this GPU
   GpuGemm gpu_gemm = GpuGemm::kLt;
+  bool gpu_graphs = false;  // CudaBackendOptions::graphs
+  // Benchmarks: wraps the backend (e.g. to time its calls); unset: none.
+  std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
 };
 
 // One device, in this process.

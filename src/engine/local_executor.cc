@@ -21,10 +21,12 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
     CudaBackendOptions co;
     co.gpu = options.gpu;
     co.gemm = options.gpu_gemm;
+    co.graphs = options.gpu_graphs;
     FS_ASSIGN_OR_RETURN(e->backend_, MakeCudaBackend(co));
   } else {
     e->backend_ = MakeCpuBackend(bo);
   }
+  if (options.wrap_backend) e->backend_ = options.wrap_backend(std::move(e->backend_));
   DeviceOptions d;
   d.block_size = options.block_size;
   const int64_t slots = static_cast<int64_t>(e->config_.num_layers) * e->config_.num_kv_heads;

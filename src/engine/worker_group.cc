@@ -179,6 +179,7 @@ Status WorkerGroup::InitDevice(int device) {
   if (!options_.gpus.empty()) {
     init.gpu = options_.gpus.size() == 1 ? options_.gpus[0] : options_.gpus[device];
     init.gpu_gemm = static_cast<int32_t>(options_.gpu_gemm);
+    init.gpu_graphs = options_.gpu_graphs ? 1 : 0;
   }
   WireWriter w;
   init.Encode(&w);

@@ -57,6 +57,7 @@ struct WorkerGroupOptions {
   // or one GPU for every device; empty: CPU devices.
   std::vector<int> gpus;
   GpuGemm gpu_gemm = GpuGemm::kLt;
+  bool gpu_graphs = false;  // CudaBackendOptions::graphs
   int block_size = 16;
   int64_t kv_pages = 0;  // per device; 0: from device_memory_bytes
   // Memory of one device (weights + KV + activations); 0: KV for 64K tokens

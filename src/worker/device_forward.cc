@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/fixed_point.h"
+#include "common/rng.h"
 #include "worker/device_model.h"
 
 namespace failsafe {
@@ -90,6 +91,11 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     rope_rows_device_ = rope_table_.size() / config_.head_dim;
   }
 
+  // Steps that repeat their shapes run as one graph where the backend keeps
+  // them (backend.h: BeginGraph).
+  bool in_graph = false;
+  if (auto key = GraphKey(b, comm)) in_graph = backend_->BeginGraph(key->first, key->second);
+
   ForwardStats local;
   if (!stats) stats = &local;
   *stats = ForwardStats();
@@ -127,7 +133,9 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
     backend_->AddFixedTo(partial_.data(), x, static_cast<int64_t>(n));
   }
-  LmHead(b, logits, stats);
+  LmHead(b, stats);
+  if (in_graph) backend_->EndGraph();
+  CopyLogits(b, logits);
   // The step's KV is in its pages before the backup reads them.
   backend_->Synchronize();
   end_segment();
@@ -199,11 +207,9 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   }
   stats->attention_flops += 2.0 * hr.rows * H * (ld_q + ld_kv);
   // 2) RoPE on the query heads and on the key of each group.
-  backend_->Rope(q, ld_q, hr.positions, hr.rows, n_q, hd, rope_table_device_.data());
-  for (int k = 0; k < n_kv; ++k) {
-    backend_->Rope(kv + static_cast<int64_t>(k) * 2 * hd, ld_kv, hr.positions, hr.rows, 1, hd,
-                   rope_table_device_.data());
-  }
+  backend_->Rope(q, ld_q, hd, hr.positions, hr.rows, n_q, hd, rope_table_device_.data());
+  // Each group's key: heads 2 * hd apart (its value between).
+  backend_->Rope(kv, ld_kv, 2 * hd, hr.positions, hr.rows, n_kv, hd, rope_table_device_.data());
   // The query heads of each held group are adjacent in q (both ascending):
   // group k's are [first[k], first[k] + count[k]).
   const std::vector<int> groups = w.kv.items(), queries = w.q.items();
@@ -405,8 +411,8 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   }
 }
 
-void DeviceModel::LmHead(const StepBatch& b, float* logits, ForwardStats* stats) {
-  const int H = config_.hidden_size, V = config_.vocab_size;
+void DeviceModel::LmHead(const StepBatch& b, ForwardStats* stats) {
+  const int H = config_.hidden_size;
   const int R = b.num_logits_rows;
   if (R == 0 || lm_head_.num_items() == 0) return;
   // Each sequence's last token, at its logits row (a row no sequence names
@@ -420,18 +426,63 @@ void DeviceModel::LmHead(const StepBatch& b, float* logits, ForwardStats* stats)
   float* h = h_.Reserve(static_cast<size_t>(R) * H);
   backend_->RmsNorm(last, H, final_norm_.data(), h, H, R, H,
                     static_cast<float>(config_.rms_norm_eps));
-  const PlanShape& shape = plan_.shape;
-  const int cs = shape.vocab_chunk_size;
+  const int cs = plan_.shape.vocab_chunk_size;
+  // Each segment's columns side by side in lm_out_ [R, held chunks * cs].
+  const int64_t ld = static_cast<int64_t>(lm_head_.num_items()) * cs;
+  float* out = lm_out_.Reserve(static_cast<size_t>(R) * ld);
+  int64_t col = 0;
   for (const auto& seg : lm_head_.segments()) {
     const int cols = seg.count * cs;
-    float* out = lm_out_.Reserve(static_cast<size_t>(R) * cols);
-    backend_->LinearNT(h, H, lm_head_.Weights(seg), out, cols, R, cols, H, false);
-    const int begin = shape.ChunkBegin(seg.first);
-    const int end = shape.ChunkEnd(seg.first + seg.count - 1);
-    backend_->CopyToHost2D(logits + begin, sizeof(float) * V, out, sizeof(float) * cols,
-                           sizeof(float) * (end - begin), R);
+    backend_->LinearNT(h, H, lm_head_.Weights(seg), out + col, ld, R, cols, H, false);
+    col += cols;
     stats->other_flops += 2.0 * R * H * cols;
   }
+}
+
+void DeviceModel::CopyLogits(const StepBatch& b, float* logits) {
+  const int V = config_.vocab_size, R = b.num_logits_rows;
+  if (R == 0 || lm_head_.num_items() == 0) return;
+  const PlanShape& shape = plan_.shape;
+  const int cs = shape.vocab_chunk_size;
+  const int64_t ld = static_cast<int64_t>(lm_head_.num_items()) * cs;
+  int64_t col = 0;
+  for (const auto& seg : lm_head_.segments()) {
+    const int begin = shape.ChunkBegin(seg.first);
+    const int end = shape.ChunkEnd(seg.first + seg.count - 1);
+    backend_->CopyToHost2D(logits + begin, sizeof(float) * V, lm_out_.data() + col,
+                           sizeof(float) * ld, sizeof(float) * (end - begin), R);
+    col += static_cast<int64_t>(seg.count) * cs;
+  }
+}
+
+std::optional<std::pair<uint64_t, size_t>> DeviceModel::GraphKey(const StepBatch& b,
+                                                                 const Communicator& comm) const {
+  // A step of one device, dense, every sequence decoding one token: its
+  // calls repeat with the same shapes while the batch keeps its sequences
+  // and their contexts stay within the same runs of 64 pages.
+  if (comm.size() != 1 || config_.is_moe() || b.seqs.empty()) return std::nullopt;
+  constexpr int kPageRun = 64;
+  const int bs = kv_.block_size();
+  uint64_t key = HashCombine(graph_epoch_, rope_rows_device_);
+  key = HashCombine(key, HashCombine(b.num_tokens(), b.num_logits_rows));
+  // How many of the step's tokens each held embedding segment gives.
+  const int cs = plan_.shape.vocab_chunk_size;
+  for (const auto& seg : embed_.segments()) {
+    int rows = 0;
+    for (int32_t t : b.tokens) rows += t / cs >= seg.first && t / cs < seg.first + seg.count;
+    key = HashCombine(key, rows);
+  }
+  size_t bytes = 0;
+  for (const StepSeq& s : b.seqs) {
+    if (s.num_tokens != 1) return std::nullopt;
+    const int pages = (s.start_pos + s.num_tokens + bs - 1) / bs;
+    const int runs = (pages + kPageRun - 1) / kPageRun;
+    key = HashCombine(key, HashCombine(HashCombine(s.token_offset, s.logits_row),
+                                       HashCombine(runs, s.dp_rank == device_)));
+    // Its page tables and attention problems, the largest arguments.
+    bytes += KvSlots(s.dp_rank).size() * (static_cast<size_t>(runs) * kPageRun * 8 + 128);
+  }
+  return std::make_pair(key, bytes);
 }
 
 }  // namespace failsafe

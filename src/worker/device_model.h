@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -188,7 +190,14 @@ class DeviceModel {
   void Embed(const StepBatch& b);
   void AttentionPartial(int layer, const StepBatch& b, ForwardStats* stats);
   void FfnPartial(int layer, int num_tokens, ForwardStats* stats);
-  void LmHead(const StepBatch& b, float* logits, ForwardStats* stats);
+  // The logits of the held vocabulary chunks into lm_out_ (device), then
+  // their columns into the host's rows [num_logits_rows, vocab_size].
+  void LmHead(const StepBatch& b, ForwardStats* stats);
+  void CopyLogits(const StepBatch& b, float* logits);
+  // The key a step runs as a graph under (Backend::BeginGraph) and the bytes
+  // of arguments it uploads, or none where the step cannot be a graph.
+  std::optional<std::pair<uint64_t, size_t>> GraphKey(const StepBatch& b,
+                                                      const Communicator& comm) const;
   // Projections, RoPE, KV writes and attention of the held heads of `w`:
   // q [rows, queries * head_dim], kv [rows, groups * 2 * head_dim] and attn
   // [rows, queries * head_dim] (the o-projection's input).
@@ -252,6 +261,7 @@ class DeviceModel {
   std::vector<float> rope_table_;         // host: ExtendRopeTable's, for every position seen
   DeviceArray<float> rope_table_device_;  // its copy the kernels read
   size_t rope_rows_device_ = 0;           // rows of rope_table_ in rope_table_device_
+  uint64_t graph_epoch_ = 0;  // changes with the weights held: graphs of other epochs are stale
   Plan plan_;
   std::vector<LayerWeights> layers_;
   ItemMatrix embed_,

@@ -254,6 +254,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
                               const WeightStore& host, Communicator& comm,
                               const std::vector<SeqRestore>& seqs, ApplyStats* stats) {
   *stats = ApplyStats();
+  ++graph_epoch_;
   DrainBackup();
   int64_t t0 = ThreadCpuNanos(), w0 = MonotonicNanos();
   if (mode == RecoveryMode::kFull && layers_.empty()) InitLayers(prev, host);  // a device joining

@@ -216,6 +216,7 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
 }
 
 Status DeviceModel::LoadShare(const Plan& plan, const WeightStore& host) {
+  ++graph_epoch_;
   InitLayers(plan, host);
   UpdateBackupSlots();
   if (!plan.IsActive(device_)) return Status::Ok();

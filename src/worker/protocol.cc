@@ -12,6 +12,7 @@ void WorkerInit::Encode(WireWriter* w) const {
   w->Put(logits_rows);
   w->Put(gpu);
   w->Put(gpu_gemm);
+  w->Put(gpu_graphs);
 }
 
 bool WorkerInit::Decode(WireReader* r) {
@@ -25,7 +26,8 @@ bool WorkerInit::Decode(WireReader* r) {
   logits_rows = r->Get<int64_t>();
   gpu = r->Get<int32_t>();
   gpu_gemm = r->Get<int32_t>();
-  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 1;
+  gpu_graphs = r->Get<uint8_t>();
+  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2;
 }
 
 void GroupSpec::Encode(WireWriter* w) const {

@@ -40,7 +40,7 @@ enum class WorkerOp : uint32_t {
 // 6: a plan change's restores name shared cached blocks
 // (SeqRestore::shared_blocks) and start past those an earlier sequence
 // restores (SeqRestore::restore_from).
-// 7: a device may run on a GPU (WorkerInit::gpu, gpu_gemm).
+// 7: a device may run on a GPU (WorkerInit::gpu, gpu_gemm, gpu_graphs).
 constexpr int32_t kWorkerProtocolVersion = 7;
 
 // kInit carries the logits region, the device progress region and, if the
@@ -55,6 +55,7 @@ struct WorkerInit {
   int64_t logits_rows = 0;  // rows of the shared logits region
   int32_t gpu = -1;         // CUDA device of the CUDA backend; -1: the CPU backend
   int32_t gpu_gemm = 0;     // GpuGemm
+  uint8_t gpu_graphs = 0;   // CudaBackendOptions::graphs
 
   void Encode(WireWriter* w) const;
   bool Decode(WireReader* r);

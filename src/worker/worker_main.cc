@@ -200,6 +200,7 @@ class Worker {
       CudaBackendOptions o;
       o.gpu = init.gpu;
       o.gemm = static_cast<GpuGemm>(init.gpu_gemm);
+      o.graphs = init.gpu_graphs != 0;
       FS_ASSIGN_OR_RETURN(backend_, MakeCudaBackend(o));
     } else {
       backend_ = MakeCpuBackend(init.threads);

@@ -124,8 +124,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
-            const float* cos_sin) override {
+  void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, int tokens,
+            int heads, int head_dim, const float* cos_sin) override {
     const int half = head_dim / 2;
     const bool split = threads_ > 1 && static_cast<int64_t>(tokens) * heads * head_dim >= (1 << 16);
 #pragma omp parallel for num_threads(threads_) schedule(static) if (split)
@@ -133,7 +133,7 @@ class CpuBackend final : public Backend {
       const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
       const float* sn = cs + half;
       for (int h = 0; h < heads; ++h) {
-        float* v = x + t * ldx + h * head_dim;
+        float* v = x + t * ldx + h * head_stride;
         for (int i = 0; i < half; ++i) {
           float a = v[i], b = v[i + half];
           v[i] = a * cs[i] - b * sn[i];

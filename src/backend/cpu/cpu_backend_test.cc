@@ -362,7 +362,7 @@ TEST(Rope, RotatesPairsAndPreservesNorm) {
   ASSERT_EQ(table.size(), 32u);
   EXPECT_EQ(table[8 + 1], static_cast<float>(std::cos(1.0 * freq[1])));
   EXPECT_EQ(table[8 + 4 + 1], static_cast<float>(std::sin(1.0 * freq[1])));
-  be->Rope(x.data(), 8, &pos, 1, 1, 8, table.data());
+  be->Rope(x.data(), 8, 8, &pos, 1, 1, 8, table.data());
   EXPECT_NEAR(x[0], std::cos(3.0), 1e-6);
   EXPECT_NEAR(x[4], std::sin(3.0), 1e-6);
 }

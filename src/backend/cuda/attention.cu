@@ -16,7 +16,7 @@
 namespace failsafe::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 16;      // queries per block, sharing each chunk's keys
 constexpr int kChunk = 32;      // keys per chunk: one per lane
 constexpr int kMaxPerLane = 8;  // head_dim up to 256
 

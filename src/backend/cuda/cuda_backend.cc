@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/backend.h"
@@ -37,10 +39,14 @@ WType TypeOf(DType t) {
 // wait in a buffer of items x this x n.
 constexpr int kFixedRows = 128;
 constexpr size_t kRingBytes = 16u << 20;
+// With graphs: a graphed step's arguments must fit without wrapping.
+constexpr size_t kGraphRingBytes = 48u << 20;
+constexpr size_t kMaxGraphs = 64;
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const CudaBackendOptions& o) : gpu_(o.gpu), gemm_(o.gemm) {}
+  explicit CudaBackend(const CudaBackendOptions& o)
+      : gpu_(o.gpu), gemm_(o.gemm), graphs_enabled_(o.graphs) {}
 
   Status Init() {
     int count = 0;
@@ -50,10 +56,11 @@ class CudaBackend final : public Backend {
       return InvalidArgument("GPU {} does not exist ({} CUDA devices)", gpu_, count);
     e = cudaSetDevice(gpu_);
     if (e != cudaSuccess) return FailedPrecondition("GPU {}: {}", gpu_, cudaGetErrorString(e));
+    FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, gpu_));
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
-    GrowRing(kRingBytes);
+    GrowRing(graphs_enabled_ ? kGraphRingBytes : kRingBytes);
     lt_ = std::make_unique<cuda::LtGemm>(stream_);
     return Status::Ok();
   }
@@ -61,6 +68,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     if (!stream_) return;
     cudaStreamSynchronize(stream_);
+    ForgetGraphs();
     x16_ = DeviceArray<uint16_t>();
     parts_ = DeviceArray<float>();
     sort_ = DeviceArray<float>();
@@ -80,6 +88,7 @@ class CudaBackend final : public Backend {
   // --- DeviceMemory ---
   bool host_memory() const override { return false; }
   void* Allocate(size_t bytes) override {
+    FS_CHECK_MSG(graph_ == Graph::kOff, "device memory allocated inside a graphed step");
     void* p = nullptr;
     if (cudaMalloc(&p, std::max<size_t>(bytes, 1)) != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: the device is usable
@@ -89,6 +98,8 @@ class CudaBackend final : public Backend {
   }
   void Free(void* p, size_t) override {
     if (!p) return;
+    FS_CHECK_MSG(graph_ == Graph::kOff, "device memory freed inside a graphed step");
+    ForgetGraphs();  // a graph may name this memory
     const cudaError_t e = cudaFree(p);
     // At exit the runtime may be gone before the last buffers.
     FS_CHECK_MSG(e == cudaSuccess || e == cudaErrorCudartUnloading, "cudaFree: {}",
@@ -96,26 +107,35 @@ class CudaBackend final : public Backend {
   }
   void CopyToDevice(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
+    if (graph_ != Graph::kOff) {  // staged in the ring, which the graph copies from
+      const void* staged = Upload(static_cast<const unsigned char*>(src), bytes);
+      if (Launching())
+        FS_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
     // From pageable memory the call returns once the bytes are staged.
     FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   }
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a copy to the host inside a graphed step");
     FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     Synchronize();
   }
   void CopyToHost2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                     size_t rows) override {
     if (rows == 0 || width == 0) return;
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a copy to the host inside a graphed step");
     FS_CUDA_CHECK(
         cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost, stream_));
     Synchronize();
   }
   void CopyOnDevice(void* dst, const void* src, size_t bytes) override {
-    if (bytes) FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    if (bytes && Launching())
+      FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   void SetZero(void* dst, size_t bytes) override {
-    if (bytes) FS_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+    if (bytes && Launching()) FS_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
   }
   void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -125,8 +145,62 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   }
   void Synchronize() override {
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");
     FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     ring_used_ = 0;  // every upload was read
+  }
+
+  // --- graphs ---
+  bool BeginGraph(uint64_t key, size_t argument_bytes) override {
+    FS_CHECK(graph_ == Graph::kOff);
+    if (!graphs_enabled_ || argument_bytes > ring_bytes_ / 2) return false;
+    auto it = graphs_.find(key);
+    if (it == graphs_.end() && seen_.insert(key).second) return false;  // first: as usual
+    Synchronize();  // every slot of the ring is free: the uploads start at 0
+    graph_key_ = key;
+    if (it != graphs_.end()) {
+      graph_ = Graph::kReplay;
+      replay_ = &it->second;
+      replay_->last_use = ++graph_clock_;
+      upload_index_ = 0;
+      return true;
+    }
+    graph_ = Graph::kCapture;
+    capture_uploads_.clear();
+    FS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    return true;
+  }
+
+  void EndGraph() override {
+    if (graph_ == Graph::kReplay) {
+      FS_CHECK_MSG(upload_index_ == replay_->uploads.size(),
+                   "a replayed step uploaded {} arguments, its graph {}", upload_index_,
+                   replay_->uploads.size());
+      graph_ = Graph::kOff;
+      FS_CUDA_CHECK(cudaGraphLaunch(replay_->exec, stream_));
+      return;
+    }
+    FS_CHECK(graph_ == Graph::kCapture);
+    cudaGraph_t graph = nullptr;
+    FS_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    graph_ = Graph::kOff;
+    cudaGraphExec_t exec = nullptr;
+    FS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    FS_CUDA_CHECK(cudaGraphDestroy(graph));
+    if (graphs_.size() >= kMaxGraphs) {  // the least recently used goes
+      auto oldest = graphs_.begin();
+      for (auto i = graphs_.begin(); i != graphs_.end(); ++i) {
+        if (i->second.last_use < oldest->second.last_use) oldest = i;
+      }
+      FS_CUDA_CHECK(cudaGraphExecDestroy(oldest->second.exec));
+      graphs_.erase(oldest);
+    }
+    StepGraph& g = graphs_[graph_key_];
+    g.exec = exec;
+    g.uploads = std::move(capture_uploads_);
+    g.last_use = ++graph_clock_;
+    // Recorded, not run: run it now.
+    FS_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
   }
 
   // --- products ---
@@ -134,22 +208,11 @@ class CudaBackend final : public Backend {
 
   void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
                 int k, bool accumulate) override {
+    if (!Launching()) return;  // the graph has it
     FS_CHECK_MSG(!w.blocked16 && !w.transposed, "the CUDA backend reads [n, k] weights row-major");
     if (m <= 0 || n <= 0) return;
     if (Chains(w.dtype)) {
-      cuda::ChainGemm g;
-      g.x = x;
-      g.ldx = ldx;
-      g.w = w.data;
-      g.type = TypeOf(w.dtype);
-      g.row_stride = k;
-      g.item_k = k;
-      g.m = m;
-      g.n = n;
-      g.y = y;
-      g.ldy = ldy;
-      g.accumulate = accumulate;
-      cuda::RunChainGemm(g, stream_);
+      RunChains(x, ldx, w, y, ldy, m, n, k, accumulate);
       return;
     }
     const void* x16 = Round(x, ldx, m, k, w.dtype);
@@ -165,41 +228,45 @@ class CudaBackend final : public Backend {
     p.n = n;
     p.k = k;
     p.accumulate = accumulate;
-    lt_->Run(p);
+    if (!lt_->Run(p)) RunChains(x, ldx, w, y, ldy, m, n, k, accumulate);
   }
 
   void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
                 int k, bool accumulate) override {
+    if (!Launching()) return;  // the graph has it
     FS_CHECK_MSG(!w.blocked16 && !w.transposed, "the CUDA backend reads [k, n] weights row-major");
     cuda::RunChainGemmNN(x, ldx, w.data, TypeOf(w.dtype), y, ldy, m, n, k, accumulate, stream_);
   }
 
   void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc, int m,
                      int n, int k, int item_k) override {
+    if (!Launching()) return;  // the graph has it
     FS_CHECK_MSG(w.transposed, "the CUDA backend takes fixed-point items transposed");
     if (m <= 0 || n <= 0 || k <= 0) return;
     FS_CHECK(item_k > 0 && k % item_k == 0);
     const int items = k / item_k;
     if (Chains(w.dtype)) {
-      cuda::ChainGemm g;
-      g.x = x;
-      g.ldx = ldx;
-      g.w = w.data;
-      g.type = TypeOf(w.dtype);
-      g.item_stride = static_cast<int64_t>(n) * item_k;
-      g.row_stride = item_k;
-      g.items = items;
-      g.item_k = item_k;
-      g.m = m;
-      g.n = n;
+      RunFixedChains(x, ldx, w, acc, ldacc, m, n, k, item_k);
+      return;
+    }
+    const auto* x16 = static_cast<const uint16_t*>(Round(x, ldx, m, k, w.dtype));
+    if (gemm_ == GpuGemm::kFused && cuda::FixedItemsSupported(item_k, k, x16, w.data)) {
+      cuda::FixedItems g;
+      g.a = x16;
+      g.lda = k;
+      g.b = static_cast<const uint16_t*>(w.data);
+      g.bf16 = w.dtype == DType::kBF16;
       g.acc = acc;
       g.ldacc = ldacc;
-      cuda::RunChainGemm(g, stream_);
+      g.m = m;
+      g.n = n;
+      g.item_k = item_k;
+      g.items = items;
+      cuda::FixedItemsGemm(g, sms_, stream_);
       return;
     }
     // Each item's product by cuBLASLt (one batch entry per item), then
     // their exact fixed-point sum.
-    const auto* x16 = static_cast<const uint16_t*>(Round(x, ldx, m, k, w.dtype));
     const int64_t item_stride = static_cast<int64_t>(kFixedRows) * n;
     float* parts = parts_.Reserve(static_cast<size_t>(items) * item_stride);
     for (int r0 = 0; r0 < m; r0 += kFixedRows) {
@@ -219,7 +286,11 @@ class CudaBackend final : public Backend {
       p.stride_x = item_k;
       p.stride_w = static_cast<int64_t>(n) * item_k;
       p.stride_d = item_stride;
-      lt_->Run(p);
+      if (!lt_->Run(p)) {  // not cuBLASLt's family (checked once, for any m)
+        FS_CHECK(r0 == 0);
+        RunFixedChains(x, ldx, w, acc, ldacc, m, n, k, item_k);
+        return;
+      }
       cuda::AddItemsFixed(parts, items, item_stride, rows, n,
                           acc + static_cast<int64_t>(r0) * ldacc, ldacc, stream_);
     }
@@ -232,41 +303,50 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     const auto* src = Upload<int32_t>(src_rows, n);
     const auto* dst = Upload<int32_t>(dst_rows, n);
+    if (!Launching()) return;
     cuda::GatherWeightRows(w.data, TypeOf(w.dtype), cols, src, dst, n, out, ldo, stream_);
   }
   void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int cols, float* dst,
                   int64_t ldd) override {
     if (n <= 0) return;
-    cuda::GatherRows(src, lds, Upload<int32_t>(rows, n), n, cols, dst, ldd, stream_);
+    const int32_t* r = Upload<int32_t>(rows, n);
+    if (Launching()) cuda::GatherRows(src, lds, r, n, cols, dst, ldd, stream_);
   }
   void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
                        int64_t* dst, int64_t ldd) override {
     if (n <= 0) return;
-    cuda::ScatterAddFixed(src, lds, Upload<int32_t>(rows, n), n, cols, dst, ldd, stream_);
+    const int32_t* r = Upload<int32_t>(rows, n);
+    if (Launching()) cuda::ScatterAddFixed(src, lds, r, n, cols, dst, ldd, stream_);
   }
   void AddFixedTo(const int64_t* acc, float* x, int64_t n) override {
+    if (!Launching()) return;  // the graph has it
     cuda::AddFixedTo(acc, x, n, stream_);
   }
   void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) override {
     if (rows <= 0) return;
-    cuda::ScaleRows(x, ldx, Upload<float>(scale, rows), rows, cols, stream_);
+    const float* f = Upload<float>(scale, rows);
+    if (Launching()) cuda::ScaleRows(x, ldx, f, rows, cols, stream_);
   }
 
   // --- the rest of the layer ---
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
                int dim, float eps) override {
+    if (!Launching()) return;  // the graph has it
     cuda::RmsNorm(x, ldx, weight, y, ldy, rows, dim, eps, stream_);
   }
-  void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
-            const float* cos_sin) override {
-    cuda::Rope(x, ldx, positions, tokens, heads, head_dim, cos_sin, stream_);
+  void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, int tokens,
+            int heads, int head_dim, const float* cos_sin) override {
+    if (!Launching()) return;  // the graph has it
+    cuda::Rope(x, ldx, head_stride, positions, tokens, heads, head_dim, cos_sin, stream_);
   }
   void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
                int shards) override {
+    if (!Launching()) return;  // the graph has it
     cuda::SiluMul(gu, ld_in, out, ld_out, rows, width, shards, stream_);
   }
   void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
                float* weights) override {
+    if (!Launching()) return;  // the graph has it
     FS_CHECK_MSG(k <= 16, "top-{} routing is over the CUDA backend's 16", k);
     cuda::MoeGate(logits, tokens, experts, k, ids, weights, stream_);
   }
@@ -284,6 +364,9 @@ class CudaBackend final : public Backend {
       const int pages = (positions + a.block_size - 1) / a.block_size;
       page_offset[i] = host_pages_.size();
       host_pages_.insert(host_pages_.end(), a.pages, a.pages + pages);
+      // Padded to runs of 64 pages: a graphed step's uploads keep their
+      // sizes while its contexts grow within a run.
+      host_pages_.resize(page_offset[i] + (pages + 63) / 64 * 64, a.pages[pages - 1]);
       max_tokens = std::max(max_tokens, a.num_tokens);
       max_hd = std::max(max_hd, a.head_dim);
     }
@@ -315,6 +398,7 @@ class CudaBackend final : public Backend {
     host_first_block_[problems.size()] = blocks;
     const auto* dev = Upload<cuda::AttentionProblem>(host_problems_.data(), host_problems_.size());
     const int* first = Upload<int>(host_first_block_.data(), host_first_block_.size());
+    if (!Launching()) return;
     cuda::StoreKv(dev, static_cast<int>(problems.size()), max_tokens, stream_);
     cuda::Attend(dev, first, static_cast<int>(problems.size()), blocks, max_hd, stream_);
   }
@@ -346,6 +430,37 @@ class CudaBackend final : public Backend {
  private:
   bool Chains(DType t) const { return t == DType::kF32 || gemm_ == GpuGemm::kChain; }
 
+  // The chains of x [m, *] by w over n columns (kernels.h: ChainGemm).
+  cuda::ChainGemm Chain(const float* x, int64_t ldx, WeightsRef w, int m, int n) const {
+    cuda::ChainGemm g;
+    g.x = x;
+    g.ldx = ldx;
+    g.w = w.data;
+    g.type = TypeOf(w.dtype);
+    g.m = m;
+    g.n = n;
+    return g;
+  }
+  void RunChains(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
+                 int k, bool accumulate) {
+    cuda::ChainGemm g = Chain(x, ldx, w, m, n);
+    g.row_stride = g.item_k = k;
+    g.y = y;
+    g.ldy = ldy;
+    g.accumulate = accumulate;
+    cuda::RunChainGemm(g, stream_);
+  }
+  void RunFixedChains(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int64_t ldacc, int m,
+                      int n, int k, int item_k) {
+    cuda::ChainGemm g = Chain(x, ldx, w, m, n);
+    g.item_stride = static_cast<int64_t>(n) * item_k;
+    g.row_stride = g.item_k = item_k;
+    g.items = k / item_k;
+    g.acc = acc;
+    g.ldacc = ldacc;
+    cuda::RunChainGemm(g, stream_);
+  }
+
   // x [m, k] rounded to the weights' 16-bit type, contiguous.
   const void* Round(const float* x, int64_t ldx, int m, int k, DType t) {
     uint16_t* dst = x16_.Reserve(static_cast<size_t>(m) * k);
@@ -356,6 +471,7 @@ class CudaBackend final : public Backend {
   void GrowRing(size_t bytes) {
     if (ring_) {
       Synchronize();
+      ForgetGraphs();  // they copy from the ring
       FS_CUDA_CHECK(cudaFree(ring_));
       FS_CUDA_CHECK(cudaFreeHost(pinned_));
     }
@@ -370,18 +486,43 @@ class CudaBackend final : public Backend {
   template <typename T>
   const T* Upload(const T* src, size_t n) {
     const size_t bytes = sizeof(T) * n, padded = (bytes + 255) / 256 * 256;
-    if (padded > ring_bytes_) GrowRing(std::max(2 * ring_bytes_, padded));
-    if (ring_used_ + padded > ring_bytes_) Synchronize();  // every slot was read
+    if (graph_ != Graph::kOff) {
+      // Same offsets every replay: the graph copies from these slots.
+      FS_CHECK_MSG(ring_used_ + padded <= ring_bytes_,
+                   "a graphed step's arguments pass the upload ring's {} bytes", ring_bytes_);
+      if (graph_ == Graph::kCapture) {
+        capture_uploads_.push_back(bytes);
+      } else {
+        FS_CHECK_MSG(
+            upload_index_ < replay_->uploads.size() && replay_->uploads[upload_index_] == bytes,
+            "a replayed step's arguments differ from its graph's (upload {})", upload_index_);
+        ++upload_index_;
+      }
+    } else {
+      if (padded > ring_bytes_) GrowRing(std::max(2 * ring_bytes_, padded));
+      if (ring_used_ + padded > ring_bytes_) Synchronize();  // every slot was read
+    }
     char* host = static_cast<char*>(pinned_) + ring_used_;
     char* dev = static_cast<char*>(ring_) + ring_used_;
     std::memcpy(host, src, bytes);
-    FS_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
+    if (Launching())
+      FS_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
     ring_used_ += padded;
     return reinterpret_cast<const T*>(dev);
   }
 
+  // Whether calls launch work: not while a graph replays (it has them).
+  bool Launching() const { return graph_ != Graph::kReplay; }
+
+  void ForgetGraphs() {
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+    seen_.clear();
+  }
+
   const int gpu_;
   const GpuGemm gemm_;
+  int sms_ = 1;                         // multiprocessors
   cudaStream_t stream_ = nullptr;       // every kernel and copy of the compute thread
   cudaStream_t copy_stream_ = nullptr;  // BackgroundCopyToHost
   std::mutex copy_mu_;
@@ -400,6 +541,22 @@ class CudaBackend final : public Backend {
   std::vector<int> host_first_block_;
   std::vector<float> host_sorted_;
   std::vector<int> host_ids_;
+  // Graphs (BeginGraph): every key seen once, the graphs recorded, and the
+  // step under way.
+  enum class Graph { kOff, kCapture, kReplay };
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<size_t> uploads;  // bytes of each argument upload, in order
+    uint64_t last_use = 0;
+  };
+  const bool graphs_enabled_;
+  Graph graph_ = Graph::kOff;
+  std::unordered_set<uint64_t> seen_;
+  std::unordered_map<uint64_t, StepGraph> graphs_;
+  uint64_t graph_key_ = 0, graph_clock_ = 0;
+  std::vector<size_t> capture_uploads_;
+  StepGraph* replay_ = nullptr;
+  size_t upload_index_ = 0;
 };
 
 }  // namespace

@@ -16,20 +16,21 @@
 namespace failsafe {
 namespace {
 
+constexpr GpuGemm kModes[] = {GpuGemm::kChain, GpuGemm::kLt, GpuGemm::kFused};
+
 Backend* Gpu(GpuGemm gemm = GpuGemm::kLt) {
-  static std::unique_ptr<Backend> lt, chain;
+  static std::unique_ptr<Backend> backends[3];
   static bool tried = false;
   if (!tried) {
     tried = true;
-    CudaBackendOptions o;
-    o.gemm = GpuGemm::kLt;
-    auto a = MakeCudaBackend(o);
-    if (a.ok()) lt = std::move(*a);
-    o.gemm = GpuGemm::kChain;
-    auto b = MakeCudaBackend(o);
-    if (b.ok()) chain = std::move(*b);
+    for (GpuGemm mode : kModes) {
+      CudaBackendOptions o;
+      o.gemm = mode;
+      auto b = MakeCudaBackend(o);
+      if (b.ok()) backends[static_cast<int>(mode)] = std::move(*b);
+    }
   }
-  return gemm == GpuGemm::kLt ? lt.get() : chain.get();
+  return backends[static_cast<int>(gemm)].get();
 }
 
 #define REQUIRE_GPU()                                                      \
@@ -116,14 +117,15 @@ TEST_P(CudaLinearTest, LinearNTMatchesTheCpuBackend) {
   REQUIRE_GPU();
   const DType t = GetParam();
   auto cpu = MakeCpuBackend(1);
-  for (Shape s : {Shape{1, 40, 64}, Shape{5, 257, 96}, Shape{33, 128, 130}, Shape{130, 96, 512}}) {
+  for (Shape s : {Shape{1, 40, 64}, Shape{5, 257, 96}, Shape{33, 128, 130}, Shape{130, 96, 512},
+                  Shape{1, 8, 4096}, Shape{70, 8, 300}}) {
     auto x = Random(static_cast<size_t>(s.m) * s.k, 1);
     auto w = Random(static_cast<size_t>(s.n) * s.k, 2, 0.1f);
     if (t != DType::kF32) w = Widened(To16(w, t), t);
     const auto wb = WeightBytes(w, t);
     std::vector<float> want(static_cast<size_t>(s.m) * s.n);
     cpu->LinearNT(x.data(), s.k, WeightsRef(wb.data(), t), want.data(), s.n, s.m, s.n, s.k, false);
-    for (GpuGemm mode : {GpuGemm::kChain, GpuGemm::kLt}) {
+    for (GpuGemm mode : kModes) {
       Backend* gpu = Gpu(mode);
       OnDevice<float> dx(gpu, x), dy(gpu, want.size());
       OnDevice<unsigned char> dw(gpu, wb);
@@ -145,8 +147,10 @@ TEST_P(CudaLinearTest, LinearNNFixedMatchesTheCpuBackend) {
   REQUIRE_GPU();
   const DType t = GetParam();
   auto cpu = MakeCpuBackend(1);
-  for (Shape s : {Shape{1, 64, 32}, Shape{7, 96, 48}, Shape{150, 128, 256}}) {
-    for (int item_k : {8, 16}) {
+  for (Shape s : {Shape{1, 64, 32}, Shape{7, 96, 48}, Shape{150, 128, 256}, Shape{3, 200, 448},
+                  Shape{70, 136, 224}}) {
+    for (int item_k : {8, 16, 112}) {
+      if (s.k % item_k != 0) continue;
       auto x = Random(static_cast<size_t>(s.m) * s.k, 3);
       auto w = Random(static_cast<size_t>(s.k) * s.n, 4, 0.1f);  // [k, n]
       if (t != DType::kF32) w = Widened(To16(w, t), t);
@@ -163,7 +167,7 @@ TEST_P(CudaLinearTest, LinearNNFixedMatchesTheCpuBackend) {
       std::vector<int64_t> want = acc0;
       cpu->LinearNNFixed(x.data(), s.k, WeightsRef(wb.data(), t), want.data(), s.n, s.m, s.n, s.k,
                          item_k);
-      for (GpuGemm mode : {GpuGemm::kChain, GpuGemm::kLt}) {
+      for (GpuGemm mode : kModes) {
         Backend* gpu = Gpu(mode);
         OnDevice<float> dx(gpu, x);
         OnDevice<int64_t> dacc(gpu, acc0);
@@ -195,7 +199,7 @@ TEST_P(CudaLinearTest, ProductsAreBatchAndPlacementInvariant) {
   auto x = Random(static_cast<size_t>(big) * k, 5);
   auto w = Random(static_cast<size_t>(n) * k, 6, 0.1f);
   const auto wb = WeightBytes(w, t);
-  for (GpuGemm mode : {GpuGemm::kChain, GpuGemm::kLt}) {
+  for (GpuGemm mode : kModes) {
     Backend* gpu = Gpu(mode);
     OnDevice<float> dx(gpu, x), all(gpu, static_cast<size_t>(big) * n);
     OnDevice<unsigned char> dw(gpu, wb);
@@ -230,8 +234,45 @@ TEST_P(CudaLinearTest, ProductsAreBatchAndPlacementInvariant) {
   }
 }
 
+// The exact sums of items: the same bits for any m, and for any run of
+// items a device holds (their sums then added).
+TEST_P(CudaLinearTest, FixedItemsAreBatchAndPlacementInvariant) {
+  REQUIRE_GPU();
+  const DType t = GetParam();
+  const int n = 384, item_k = 128, items = 12, k = item_k * items, big = 300;
+  auto x = Random(static_cast<size_t>(big) * k, 14);
+  auto w = Random(static_cast<size_t>(k) * n, 15, 0.1f);  // items x [n, item_k]
+  const auto wb = WeightBytes(w, t);
+  const size_t esize = t == DType::kF32 ? 4 : 2;
+  for (GpuGemm mode : kModes) {
+    Backend* gpu = Gpu(mode);
+    OnDevice<float> dx(gpu, x);
+    OnDevice<unsigned char> dw(gpu, wb);
+    OnDevice<int64_t> all(gpu, std::vector<int64_t>(static_cast<size_t>(big) * n, 0));
+    gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), all.get(), n, big, n,
+                       k, item_k);
+    const auto ref = all.Read(gpu);
+    for (int m : {1, 2, 16, 17, 64, 257}) {
+      // Items [0, 5) and [5, 12) as two devices hold them, summed.
+      OnDevice<int64_t> part(gpu, std::vector<int64_t>(static_cast<size_t>(m) * n, 0));
+      gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), part.get(), n, m, n,
+                         5 * item_k, item_k);
+      gpu->LinearNNFixed(
+          dx.get() + 5 * item_k, k,
+          WeightsRef(dw.get() + 5 * static_cast<size_t>(n) * item_k * esize, t, false, 0, true),
+          part.get(), n, m, n, 7 * item_k, item_k);
+      const auto got = part.Read(gpu);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
+          << "gemm " << static_cast<int>(mode) << ": " << m << " rows in two runs of items";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaLinearTest,
-                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
 
 TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
   REQUIRE_GPU();
@@ -255,10 +296,10 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
     std::vector<float> table;
     ExtendRopeTable(inv, 512, &table);
     std::vector<float> want = x;
-    cpu->Rope(want.data(), dim, pos.data(), rows, 5, 64, table.data());
+    cpu->Rope(want.data(), dim, 64, pos.data(), rows, 5, 64, table.data());
     OnDevice<float> dx(gpu, x), dt(gpu, table);
     OnDevice<int32_t> dp(gpu, pos);
-    gpu->Rope(dx.get(), dim, dp.get(), rows, 5, 64, dt.get());
+    gpu->Rope(dx.get(), dim, 64, dp.get(), rows, 5, 64, dt.get());
     EXPECT_LT(MaxRelError(dx.Read(gpu), want), 1e-6);
   }
   {  // SiluMul: 2 shards of 80
@@ -427,6 +468,92 @@ TEST(CudaBackend, SamplingDrawsTheCpuBackendsTokens) {
                 cpu->Sample(logits.data(), vocab, p, counter))
           << "temperature " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p;
     }
+  }
+}
+
+// A step's calls recorded once and replayed with new arguments (index
+// lists, positions, page tables) give what they give run one by one.
+TEST(CudaBackend, GraphsReplayStepsWithNewArguments) {
+  REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.graphs = true;
+  auto made = MakeCudaBackend(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Backend* graphs = made->get();
+  Backend* plain = Gpu();
+  const int rows = 6, dim = 128, n = 256, hd = 64, bs = 16;
+  auto table = Random(static_cast<size_t>(50) * dim, 16);
+  auto w = Random(static_cast<size_t>(n) * dim, 17, 0.1f);
+  auto norm = Random(dim, 18);
+  auto pool = Random(static_cast<size_t>(8) * 2 * bs * hd, 19);
+  std::vector<float> rope_inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) rope_inv[i] = std::pow(10000.0f, -2.0f * i / hd);
+  std::vector<float> rope;
+  ExtendRopeTable(rope_inv, 128, &rope);
+  // The same buffers on each backend.
+  struct Buffers {
+    Buffers(Backend* b, const std::vector<float>& table, const std::vector<float>& w,
+            const std::vector<float>& norm, const std::vector<float>& pool,
+            const std::vector<float>& rope)
+        : table(b, table),
+          w(b, w),
+          norm(b, norm),
+          pool(b, pool),
+          rope(b, rope),
+          x(b, static_cast<size_t>(rows) * dim),
+          h(b, static_cast<size_t>(rows) * dim),
+          y(b, static_cast<size_t>(rows) * n),
+          out(b, static_cast<size_t>(rows) * hd),
+          pos(b, static_cast<size_t>(rows)) {}
+    OnDevice<float> table, w, norm, pool, rope, x, h, y, out;
+    OnDevice<int32_t> pos;
+  };
+  Buffers gb(graphs, table, w, norm, pool, rope), pb(plain, table, w, norm, pool, rope);
+  auto step = [&](Backend* be, Buffers& b, int round, bool bracket) {
+    std::vector<int32_t> src(rows), dst(rows), pos(rows);
+    for (int r = 0; r < rows; ++r) {
+      src[r] = (round * 7 + r * 3) % 50;
+      dst[r] = r;
+      pos[r] = round * 5 + r;
+    }
+    const bool in = bracket && be->BeginGraph(42, 1 << 20);
+    if (bracket) {
+      EXPECT_EQ(in, round > 0);  // the first runs as usual, the second is recorded
+    }
+    be->CopyToDevice(b.pos.get(), pos.data(), sizeof(int32_t) * rows);
+    be->GatherWeightRows(WeightsRef(b.table.get(), DType::kF32), 50, dim, src.data(), dst.data(),
+                         rows, b.x.get(), dim);
+    be->RmsNorm(b.x.get(), dim, b.norm.get(), b.h.get(), dim, rows, dim, 1e-5f);
+    be->LinearNT(b.h.get(), dim, WeightsRef(b.w.get(), DType::kF32), b.y.get(), n, rows, n, dim,
+                 false);
+    be->Rope(b.y.get(), n, hd, b.pos.get(), rows, 2, hd, b.rope.get());
+    // Each row a query of its own one-token sequence over pages that change
+    // with the round.
+    std::vector<std::vector<float*>> pages(rows);
+    std::vector<AttentionArgs> problems;
+    for (int r = 0; r < rows; ++r) {
+      for (int p = 0; p <= pos[r] / bs; ++p)
+        pages[r].push_back(b.pool.get() + ((r + p + round) % 8) * 2 * bs * hd);
+      AttentionArgs a;
+      a.q = b.y.get() + static_cast<int64_t>(r) * n;
+      a.out = b.out.get() + static_cast<int64_t>(r) * hd;
+      a.num_tokens = 1;
+      a.start_pos = pos[r];
+      a.group_size = 1;
+      a.head_dim = hd;
+      a.pages = pages[r].data();
+      a.block_size = bs;
+      a.scale = 0.125f;
+      problems.push_back(a);
+    }
+    be->Attention(problems);
+    if (in) be->EndGraph();
+  };
+  for (int round = 0; round < 5; ++round) {
+    step(graphs, gb, round, true);
+    step(plain, pb, round, false);
+    EXPECT_TRUE(SameBits(gb.out.Read(graphs), pb.out.Read(plain))) << "round " << round;
+    EXPECT_TRUE(SameBits(gb.y.Read(graphs), pb.y.Read(plain))) << "round " << round;
   }
 }
 

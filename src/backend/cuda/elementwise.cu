@@ -113,15 +113,15 @@ __global__ void RmsNormKernel(const float* x, int64_t ldx, const float* weight, 
   for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * weight[i];
 }
 
-__global__ void RopeKernel(float* x, int64_t ldx, const int32_t* positions, int heads, int head_dim,
-                           const float* cos_sin) {
+__global__ void RopeKernel(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions,
+                           int heads, int head_dim, const float* cos_sin) {
   const int t = blockIdx.x;
   const int half = head_dim / 2;
   const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
   const float* sn = cs + half;
   for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
     const int h = e / half, i = e % half;
-    float* v = x + static_cast<int64_t>(t) * ldx + static_cast<int64_t>(h) * head_dim;
+    float* v = x + static_cast<int64_t>(t) * ldx + static_cast<int64_t>(h) * head_stride;
     const float a = v[i], b = v[i + half];
     v[i] = a * cs[i] - b * sn[i];
     v[i + half] = b * cs[i] + a * sn[i];
@@ -290,10 +290,11 @@ void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
-void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
-          const float* cos_sin, cudaStream_t s) {
+void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, int tokens,
+          int heads, int head_dim, const float* cos_sin, cudaStream_t s) {
   if (tokens <= 0 || heads <= 0) return;
-  RopeKernel<<<tokens, 128, 0, s>>>(x, ldx, positions, heads, head_dim, cos_sin);
+  FS_CHECK(tokens <= (1 << 30));
+  RopeKernel<<<tokens, 128, 0, s>>>(x, ldx, head_stride, positions, heads, head_dim, cos_sin);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

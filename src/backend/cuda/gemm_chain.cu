@@ -150,6 +150,40 @@ __global__ void ChainNNKernel(const float* x, int64_t ldx, const void* w, WType 
   for (int r = 0; r < rows; ++r) y[static_cast<int64_t>(r0 + r) * ldy + c] = acc[r];
 }
 
+// Few columns of f32 weights (a MoE router: 8 experts): a thread per
+// column would leave the GPU idle, each waiting on its own loads. Here a
+// block takes one column and up to kFewRows rows; all its threads stage
+// chunks of the weight row and of the activations in shared memory, and one
+// thread per row runs the row's chain from there.
+constexpr int kFewRows = 32;
+constexpr int kFewChunk = 256;
+
+__global__ void ChainFewColumnsKernel(const float* x, int64_t ldx, const float* w, float* y,
+                                      int64_t ldy, int m, int k, bool accumulate) {
+  __shared__ float ws[kFewChunk];
+  __shared__ float xs[kFewRows][kFewChunk + 1];
+  const int c = blockIdx.x, r0 = blockIdx.y * kFewRows;
+  const int rows = m - r0 < kFewRows ? m - r0 : kFewRows;
+  const int t = threadIdx.x;
+  float acc = 0;
+  if (t < rows && accumulate) acc = y[static_cast<int64_t>(r0 + t) * ldy + c];
+  for (int k0 = 0; k0 < k; k0 += kFewChunk) {
+    const int len = k - k0 < kFewChunk ? k - k0 : kFewChunk;
+    __syncthreads();  // the previous chunk is read
+    for (int e = t; e < len; e += blockDim.x) ws[e] = w[static_cast<int64_t>(c) * k + k0 + e];
+    for (int e = t; e < rows * len; e += blockDim.x) {
+      const int r = e / len, i = e % len;
+      xs[r][i] = x[static_cast<int64_t>(r0 + r) * ldx + k0 + i];
+    }
+    __syncthreads();
+    if (t < rows) {
+#pragma unroll 8
+      for (int i = 0; i < len; ++i) acc = fmaf(xs[t][i], ws[i], acc);
+    }
+  }
+  if (t < rows) y[static_cast<int64_t>(r0 + t) * ldy + c] = acc;
+}
+
 dim3 Grid(int m, int n) {
   return dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads),
               static_cast<unsigned>((m + kRows - 1) / kRows));
@@ -159,6 +193,15 @@ dim3 Grid(int m, int n) {
 
 void RunChainGemm(const ChainGemm& g, cudaStream_t s) {
   if (g.m <= 0 || g.n <= 0) return;
+  if (g.type == WType::kF32 && g.items == 1 && !g.acc && g.n <= 32 && g.row_stride == g.item_k) {
+    const dim3 grid(static_cast<unsigned>(g.n),
+                    static_cast<unsigned>((g.m + kFewRows - 1) / kFewRows));
+    FS_CHECK(grid.y <= 65535);
+    ChainFewColumnsKernel<<<grid, 128, 0, s>>>(g.x, g.ldx, static_cast<const float*>(g.w), g.y,
+                                               g.ldy, g.m, g.item_k, g.accumulate);
+    FS_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   FS_CHECK((g.m + kRows - 1) / kRows <= 65535);
   if (g.type == WType::kBF16) {
     ChainKernel<true><<<Grid(g.m, g.n), kThreads, 0, s>>>(g);

@@ -61,6 +61,7 @@ struct LtGemm::Family {
   LtProblem shape;  // m, pointers of the first call
   int align_x = 0, align_w = 0, align_d = 0;
   int max_rows = INT_MAX;  // batched: the rows stride_d leaves room for
+  bool usable = false;     // a reference was found that keeps a row's bits
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr;  // W
   struct Layouts {
@@ -228,8 +229,6 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
   // The reference: a row's bits the same at kSmallProbe rows as at `probe`.
   Family::Band& last = f.bands[kNumBands - 1];
   std::vector<cublasLtMatmulAlgo_t> refs = candidates(probe);
-  FS_CHECK_MSG(!refs.empty(), "cuBLASLt offers no algorithm for n {} k {} batch {}", p.n, p.k,
-               p.batch);
   bool found = false;
   for (const auto& algo : refs) {
     if (!Launch(f, algo, p, probe, xp, dref, false)) continue;
@@ -241,13 +240,10 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
       break;
     }
   }
-  if (!found) {
-    last.algo = refs.front();
-    last.how = "reference, UNCHECKED (no candidate kept its rows)";
-    FS_CHECK_MSG(Launch(f, last.algo, p, probe, xp, dref, false),
-                 "cuBLASLt refuses its own algorithm for n {} k {}", p.n, p.k);
-  }
-  for (int b = 0; b < kNumBands - 1; ++b) {
+  // Without a reference that keeps its rows, the family is not cuBLASLt's
+  // (the caller takes its own kernels).
+  f.usable = found;
+  for (int b = 0; found && b < kNumBands - 1; ++b) {
     Family::Band& band = f.bands[b];
     band.algo = last.algo;
     band.how = "reference";
@@ -269,13 +265,15 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
   cublasLtMatmulPreferenceDestroy(pref);
 }
 
-void LtGemm::Run(const LtProblem& p) {
-  if (p.m <= 0 || p.n <= 0) return;
+bool LtGemm::Run(const LtProblem& p) {
+  if (p.m <= 0 || p.n <= 0) return true;
   Family& f = FamilyOf(p);
+  if (!f.usable) return false;
   FS_CHECK_MSG(p.m <= f.max_rows, "{} rows over the batched family's {}", p.m, f.max_rows);
-  if (Launch(f, f.bands[f.BandOf(p.m)].algo, p, p.m, p.x, p.d, p.accumulate)) return;
+  if (Launch(f, f.bands[f.BandOf(p.m)].algo, p, p.m, p.x, p.d, p.accumulate)) return true;
   FS_CHECK_MSG(Launch(f, f.bands[kNumBands - 1].algo, p, p.m, p.x, p.d, p.accumulate),
                "cuBLASLt cannot run n {} k {} m {}", p.n, p.k, p.m);
+  return true;
 }
 
 std::vector<std::string> LtGemm::Report() const {
@@ -283,7 +281,8 @@ std::vector<std::string> LtGemm::Report() const {
   for (const auto& [key, f] : families_) {
     std::string line = fmt::format("n {} k {} batch {} ldd {}:", f->shape.n, f->shape.k,
                                    f->shape.batch, f->shape.ldd);
-    for (int b = 0; b < kNumBands; ++b) {
+    if (!f->usable) line += " not cuBLASLt's (no algorithm keeps a row's bits)";
+    for (int b = 0; f->usable && b < kNumBands; ++b) {
       line += fmt::format(" [{}-{}] {} ({})", kBands[b][0],
                           kBands[b][1] == INT_MAX ? std::string("") : std::to_string(kBands[b][1]),
                           Describe(f->bands[b].algo), f->bands[b].how);

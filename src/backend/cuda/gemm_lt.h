@@ -10,8 +10,8 @@
 // band's size, every other band's chosen among the heuristic's candidates
 // as the first whose rows equal the reference's, bit for bit, at the band's
 // smallest and largest m. A band without such a candidate takes the
-// reference. The checks run once per family, on the family's own weights
-// and random activations.
+// reference; a family without a reference is not cuBLASLt's (Run: false). The checks run once per
+// family, on the family's own weights and random activations.
 //
 // Thread-safety: one thread (the backend's).
 #pragma once
@@ -52,7 +52,10 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  void Run(const LtProblem& p);
+  // False, doing nothing, for a family cuBLASLt cannot run batch-invariant
+  // (no algorithm, or none that keeps a row's bits): the caller's own
+  // kernels take it.
+  bool Run(const LtProblem& p);
   // How the families' bands were chosen: one line per family.
   std::vector<std::string> Report() const;
 

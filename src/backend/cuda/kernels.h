@@ -30,8 +30,8 @@ void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s);
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s);
 void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
              int dim, float eps, cudaStream_t s);
-void Rope(float* x, int64_t ldx, const int32_t* positions, int tokens, int heads, int head_dim,
-          const float* cos_sin, cudaStream_t s);
+void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, int tokens,
+          int heads, int head_dim, const float* cos_sin, cudaStream_t s);
 void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
              int shards, cudaStream_t s);
 void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights,
@@ -85,6 +85,28 @@ void RunChainGemm(const ChainGemm& g, cudaStream_t s);
 // y[m, n] (+)= x[m, k] w[k, n] (w row-major [k, n]), the f32 or bf16 chain.
 void RunChainGemmNN(const float* x, int64_t ldx, const void* w, WType type, float* y, int64_t ldy,
                     int m, int n, int k, bool accumulate, cudaStream_t s);
+
+// --- gemm_fixed.cu ---
+// acc[m, n] += sum over items i of ToFixed(A[:, i * item_k, + item_k) B_i^T)
+// on tensor cores: A row-major [m, items * item_k] (lda), B items of
+// [n, item_k] one after another, both bf16 (or f16) bits. Each item's
+// product is one chain of m16n8k16 products over its k-values from zero,
+// the same bits whatever m, the tiles or how the items are split over
+// blocks (their fixed-point sums are added as integers).
+struct FixedItems {
+  const uint16_t* a = nullptr;
+  int64_t lda = 0;
+  const uint16_t* b = nullptr;
+  bool bf16 = true;
+  int64_t* acc = nullptr;
+  int64_t ldacc = 0;
+  int m = 0, n = 0, item_k = 0, items = 0;
+};
+// Whether FixedItemsGemm takes these: item_k a multiple of 16 up to 256,
+// rows and operands 16-byte aligned.
+bool FixedItemsSupported(int item_k, int64_t lda, const void* a, const void* b);
+// `sms`: the GPU's multiprocessors (blocks are sized to fill them).
+void FixedItemsGemm(const FixedItems& g, int sms, cudaStream_t s);
 
 // --- attention.cu ---
 // One attention problem as the kernels read it (AttentionArgs, with the

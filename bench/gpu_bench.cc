@@ -4,15 +4,22 @@
 // figures, not a test.
 //
 //   failsafe_bench_gpu --model DIR [--gpu 0] [--batches 1,16,64]
-//                      [--prefill 2048] [--steps 24] [--gpu-gemm lt|chain]
-//                      [--json FILE]
+//                      [--prefill 2048] [--steps 24] [--gpu-gemm lt,fused]
+//                      [--breakdown] [--json FILE]
+//
+// Each product mode loads the model anew. --breakdown then times every
+// backend call of one decode step per batch size and of one prefill, each
+// call alone (bench/timed_backend.h), and prints where the time goes.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -23,6 +30,7 @@
 #include "engine_steps.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "timed_backend.h"
 
 using namespace failsafe;
 
@@ -77,14 +85,14 @@ double MatmulRate() {
     p.d = d;
     p.ldd = n;
     p.m = p.n = p.k = n;
-    lt.Run(p);
+    FS_CHECK_MSG(lt.Run(p), "cuBLASLt runs no 8192^3 bf16 product");
     cudaEvent_t e0, e1;
     FS_CUDA_CHECK(cudaEventCreate(&e0));
     FS_CUDA_CHECK(cudaEventCreate(&e1));
     std::vector<double> rates;
     for (int rep = 0; rep < 10; ++rep) {
       FS_CUDA_CHECK(cudaEventRecord(e0, s));
-      lt.Run(p);
+      (void)lt.Run(p);
       FS_CUDA_CHECK(cudaEventRecord(e1, s));
       FS_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
@@ -98,6 +106,19 @@ double MatmulRate() {
   cudaFree(d);
   cudaStreamDestroy(s);
   return rate;
+}
+
+// Weight bytes a decode step of `batch` tokens reads: all of a dense
+// model's; of a MoE model's experts, those its tokens choose, expected
+// under uniform routing (E (1 - (1 - k/E)^batch) of E).
+double WeightBytesRead(double weights, const ModelConfig& c, int batch, int element_bytes) {
+  if (!c.is_moe()) return weights;
+  const double e = c.num_experts, k = c.experts_per_token;
+  // One expert's gate, up and down in every layer.
+  const double expert_bytes =
+      3.0 * c.hidden_size * c.intermediate_size * element_bytes * c.num_layers;
+  const double touched = e * (1 - std::pow(1 - k / e, batch));
+  return weights - e * expert_bytes + touched * expert_bytes;
 }
 
 std::vector<int> ParseList(const std::string& s) {
@@ -125,7 +146,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--prefill", prefill, "prefill tokens (0: none)")->capture_default_str();
   app.add_option("--steps", steps, "decode steps timed per batch size")->capture_default_str();
-  app.add_option("--gpu-gemm", gemm, "lt or chain")->capture_default_str();
+  app.add_option("--gpu-gemm", gemm,
+                 "product modes, each a run: lt, fused, chain, each with +graphs for CUDA graphs")
+      ->capture_default_str();
+  bool breakdown_on = false;
+  app.add_flag("--breakdown", breakdown_on, "time each backend call of a step alone");
   app.add_option("--json", json_out, "also write the figures here");
   CLI11_PARSE(app, argc, argv);
 
@@ -159,51 +184,112 @@ int main(int argc, char** argv) {
   const double kv_token_bytes =
       2.0 * config->num_layers * config->num_kv_heads * config->head_dim * 4;
 
-  LocalExecutorOptions o;
-  o.gpu = gpu;
-  o.gpu_gemm = gemm == "chain" ? GpuGemm::kChain : GpuGemm::kLt;
+  nlohmann::json out = {{"gpu", prop.name},
+                        {"copy_bandwidth", bandwidth},
+                        {"matmul_flops", matmul},
+                        {"weight_bytes", weight_bytes}};
   const std::vector<int> bs = ParseList(batches);
   const int max_batch = *std::max_element(bs.begin(), bs.end());
   const int64_t slots = static_cast<int64_t>(config->num_layers) * config->num_kv_heads;
   const int tokens = std::max(prefill, max_batch * (context + steps + 16));
-  o.kv_pages = slots * ((tokens + 15) / 16 + 2 * max_batch + 16);
-  const int64_t t0 = MonotonicNanos();
-  auto exec = LocalExecutor::Create(model, o);
-  if (!exec.ok()) {
-    std::fprintf(stderr, "%s\n", exec.status().ToString().c_str());
-    return 1;
-  }
-  const double load_s = (MonotonicNanos() - t0) * 1e-9;
-  std::printf("model: %s, %.2f GB of weights, loaded in %.1f s; products: %s\n", model.c_str(),
-              weight_bytes / 1e9, load_s, gemm.c_str());
-  nlohmann::json out = {{"gpu", prop.name},
-                        {"copy_bandwidth", bandwidth},
-                        {"matmul_flops", matmul},
-                        {"weight_bytes", weight_bytes},
-                        {"gemm", gemm}};
-  std::printf("%-10s %10s %12s %12s %14s\n", "decode", "step ms", "tokens/s", "GB/s read",
-              "of copy limit");
-  for (int b : bs) {
-    bench::RunDecode(**exec, b, 3, context);  // warm: first uses of each shape
-    const bench::Decode d = bench::RunDecode(**exec, b, steps, context);
-    const double bytes = weight_bytes - embed_bytes + b * (context + steps / 2.0) * kv_token_bytes;
-    const double rate = bytes / d.step_s;
-    std::printf("batch %-4d %10.3f %12.1f %12.0f %13.1f%%\n", b, d.step_s * 1e3, d.tokens_per_s,
-                rate / 1e9, 100 * rate / bandwidth);
-    out["decode"].push_back({{"batch", b},
-                             {"step_s", d.step_s},
-                             {"tokens_per_s", d.tokens_per_s},
-                             {"read_bytes_per_s", rate}});
-  }
-  if (prefill > 0) {
-    double flops = 0;
-    bench::RunPrefill(**exec, prefill, 1, &flops);  // warm
-    const double s = bench::RunPrefill(**exec, prefill, 3, &flops);
-    std::printf(
-        "prefill %d tokens: %.1f ms, %.0f tokens/s, %.0f TFLOP/s (%.1f%% of the matmul "
-        "limit)\n",
-        prefill, s * 1e3, prefill / s, flops / s / 1e12, 100 * flops / s / matmul);
-    out["prefill"] = {{"tokens", prefill}, {"s", s}, {"flops", flops}};
+  size_t at = 0;
+  while (at < gemm.size()) {
+    size_t comma = gemm.find(',', at);
+    if (comma == std::string::npos) comma = gemm.size();
+    const std::string mode = gemm.substr(at, comma - at);
+    at = comma + 1;
+    LocalExecutorOptions o;
+    o.gpu = gpu;
+    // A mode: lt, fused or chain, "+graphs" for CUDA graphs.
+    const std::string products = mode.substr(0, mode.find('+'));
+    o.gpu_gemm = products == "chain"   ? GpuGemm::kChain
+                 : products == "fused" ? GpuGemm::kFused
+                                       : GpuGemm::kLt;
+    o.gpu_graphs = mode.find("+graphs") != std::string::npos;
+    o.kv_pages = slots * ((tokens + 15) / 16 + 2 * max_batch + 16);
+    bench::TimedBackend* timed = nullptr;
+    o.wrap_backend = [&](std::unique_ptr<Backend> b) {
+      auto t = std::make_unique<bench::TimedBackend>(std::move(b));
+      timed = t.get();
+      return std::unique_ptr<Backend>(std::move(t));
+    };
+    const int64_t t0 = MonotonicNanos();
+    auto exec = LocalExecutor::Create(model, o);
+    if (!exec.ok()) {
+      std::fprintf(stderr, "%s\n", exec.status().ToString().c_str());
+      return 1;
+    }
+    const double load_s = (MonotonicNanos() - t0) * 1e-9;
+    std::printf("model: %s, %.2f GB of weights, loaded in %.1f s; products: %s\n", model.c_str(),
+                weight_bytes / 1e9, load_s, mode.c_str());
+    nlohmann::json& res = out["modes"][mode];
+    std::printf("%-10s %10s %12s %12s %14s\n", "decode", "step ms", "tokens/s", "GB/s read",
+                "of copy limit");
+    // Prints the calls of `after` beyond those of `before`, longest first.
+    using Entries = std::map<std::string, bench::TimedBackend::Entry>;
+    auto breakdown = [&](const std::string& what, const Entries& before, const Entries& after) {
+      int64_t total = 0;
+      std::vector<std::tuple<int64_t, int64_t, std::string>> rows;
+      for (const auto& [kind, e] : after) {
+        auto it = before.find(kind);
+        const int64_t ns = e.ns - (it == before.end() ? 0 : it->second.ns);
+        const int64_t calls = e.calls - (it == before.end() ? 0 : it->second.calls);
+        // Fewer calls or less time than one step less: noise of the
+        // subtraction, not a call of the step.
+        if (calls <= 0 || ns <= 0) continue;
+        total += ns;
+        rows.emplace_back(ns, calls, kind);
+      }
+      std::sort(rows.rbegin(), rows.rend());
+      std::printf("  breakdown of %s, each call alone: %.3f ms in all:", what.c_str(),
+                  total * 1e-6);
+      for (size_t i = 0; i < rows.size() && i < 9; ++i) {
+        std::printf(" %s %.3f ms/%lld;", std::get<2>(rows[i]).c_str(), std::get<0>(rows[i]) * 1e-6,
+                    static_cast<long long>(std::get<1>(rows[i])));
+      }
+      std::printf("\n");
+    };
+    for (int b : bs) {
+      bench::RunDecode(**exec, b, 3, context);  // warm: first uses of each shape
+      const bench::Decode d = bench::RunDecode(**exec, b, steps, context);
+      const double bytes = WeightBytesRead(weight_bytes - embed_bytes, *config, b,
+                                           static_cast<int>(DTypeSize(wtype))) +
+                           b * (context + steps / 2.0) * kv_token_bytes;
+      const double rate = bytes / d.step_s;
+      std::printf("batch %-4d %10.3f %12.1f %12.0f %13.1f%%\n", b, d.step_s * 1e3, d.tokens_per_s,
+                  rate / 1e9, 100 * rate / bandwidth);
+      res["decode"].push_back({{"batch", b},
+                               {"step_s", d.step_s},
+                               {"tokens_per_s", d.tokens_per_s},
+                               {"read_bytes_per_s", rate}});
+      if (breakdown_on && !o.gpu_graphs) {  // two decode steps less one: one step
+        timed->enabled = true;
+        timed->Reset();
+        bench::RunDecode(**exec, b, 1, context);
+        const Entries one = timed->entries();
+        timed->Reset();
+        bench::RunDecode(**exec, b, 2, context);
+        timed->enabled = false;
+        breakdown("a decode step at batch " + std::to_string(b), one, timed->entries());
+      }
+    }
+    if (prefill > 0) {
+      double flops = 0;
+      bench::RunPrefill(**exec, prefill, 1, &flops);  // warm
+      const double s = bench::RunPrefill(**exec, prefill, 3, &flops);
+      std::printf(
+          "prefill %d tokens: %.1f ms, %.0f tokens/s, %.0f TFLOP/s (%.1f%% of the matmul "
+          "limit)\n",
+          prefill, s * 1e3, prefill / s, flops / s / 1e12, 100 * flops / s / matmul);
+      res["prefill"] = {{"tokens", prefill}, {"s", s}, {"flops", flops}};
+      if (breakdown_on && !o.gpu_graphs) {
+        timed->enabled = true;
+        timed->Reset();
+        bench::RunPrefill(**exec, prefill, 1);
+        timed->enabled = false;
+        breakdown("the prefill", {}, timed->entries());
+      }
+    }
   }
   if (!json_out.empty()) std::ofstream(json_out) << out.dump(2) << "\n";
   return 0;

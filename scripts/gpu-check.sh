@@ -5,7 +5,8 @@
 #                and its batch invariance (fs_backend_tests' CUDA tests);
 #   torch-ref    logits against an independent PyTorch float64 forward pass
 #                on the same weights (tests/python/torch_reference.py, its
-#                tolerances per dtype), with cuBLASLt and with the chains;
+#                tolerances per dtype), for each product mode (--gpu-gemm
+#                lt, chain, fused);
 #   e2e          the published story of stories260K, the same tokens (and
 #                logits, bit for bit) on 1, 2, 3, 4 and 7 device processes
 #                under every placement, chunked prefill, the prefix cache
@@ -13,14 +14,16 @@
 #   bench        a Llama-3.1-8B-shaped and a Mixtral-8x7B-shaped bf16 model
 #                with synthetic weights made here: decode at batch 1, 16
 #                and 64 and a 2,048-token prefill beside the GPU's measured
-#                limits (failsafe_bench_gpu) and PyTorch with transformers
-#                on the same weights (scripts/gpu/torch_bench.py).
+#                limits (failsafe_bench_gpu, modes lt and fused, with a
+#                breakdown of each step by kernel) and PyTorch with
+#                transformers on the same weights (scripts/gpu/torch_bench.py).
 #
 # The programs come from scripts/gpu-pack.sh (built where the build
 # dependencies are; the GPU machine needs only the CUDA driver, cuBLASLt and
 # a python3 with PyTorch and transformers). Usage:
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
+#                        [--bench-modes lt,fused,fused+graphs] [--no-torch-bench]
 # --quick: the correctness stages only. Exits 1 if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,8 @@ compile=""
 mixtral_layers=4
 llama_layers=32
 skip=""
+bench_modes="lt,fused,fused+graphs"
+torch_bench=1
 while (($#)); do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -41,6 +46,8 @@ while (($#)); do
     --mixtral-layers) mixtral_layers=$2; shift 2 ;;
     --llama-layers) llama_layers=$2; shift 2 ;;
     --skip) skip=$2; shift 2 ;;
+    --bench-modes) bench_modes=$2; shift 2 ;;
+    --no-torch-bench) torch_bench=0; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -97,9 +104,15 @@ stage torch-ref-lt 300 python3 tests/python/torch_reference.py --failsafe "$bin/
   --engine-args "--gpus 0" --llama2c $stories/llama2c/stories260K.bin --converted $stories
 stage torch-ref-chain 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
   --engine-args "--gpus 0 --gpu-gemm chain"
+stage torch-ref-fused 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
+  --engine-args "--gpus 0 --gpu-gemm fused"
 stage e2e-lt 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories --gemm lt
 stage e2e-chain 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
   --gemm chain
+stage e2e-fused 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
+  --gemm fused --bf16-only
+stage e2e-graphs 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
+  --gemm fused --graphs-only
 
 if ((quick == 0)); then
   models=/tmp/failsafe-gpu-models
@@ -107,10 +120,11 @@ if ((quick == 0)); then
     models=/dev/shm/failsafe-gpu-models
   fi
   mkdir -p $models
-  stage bench-llama-8b 600 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b llama-3.1-8b \
-    "$llama_layers" "$compile"
-  stage bench-mixtral 600 scripts/gpu/bench.sh "$bin" $models "$out" mixtral mixtral-8x7b \
-    "$mixtral_layers" "$compile"
+  stage bench-llama-8b 300 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b llama-3.1-8b \
+    "$llama_layers" "$bench_modes" "$torch_bench" "$compile"
+  # torch.compile on the 8B shape only: its compile alone takes minutes.
+  stage bench-mixtral 200 scripts/gpu/bench.sh "$bin" $models "$out" mixtral mixtral-8x7b \
+    "$mixtral_layers" "$bench_modes" "$torch_bench"
 fi
 
 {
@@ -119,7 +133,7 @@ fi
   for f in "$logs"/bench-*.log; do
     [[ -e $f ]] || continue
     echo "--- $(basename "$f" .log)"
-    grep -E "^(GPU|limits|model:|batch|prefill|eager|torch.compile|transformers)" "$f"
+    grep -E "^(GPU|limits|model:|batch|prefill|eager|torch.compile|transformers|  breakdown)" "$f"
   done
   for f in "$logs"/e2e-*.log "$logs"/torch-ref-*.log; do
     [[ -e $f ]] || continue

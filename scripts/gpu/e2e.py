@@ -178,24 +178,48 @@ def check_prefix_cache(fs, stories, gemm, tmp):
            "prefix cache on 4 GPU devices: requests sharing a prefix answer as without the cache")
 
 
+def check_graphs(fs, stories, bf16, gemm, prompt_stories, prompt_bf16):
+    """CUDA graphs (--cuda-graphs) change no bit: decode steps replayed."""
+    try:
+        r = generate(fs, stories, 1, "hybrid", gpu_args(1, gemm) + ["--cuda-graphs"])
+        report(r["text"].strip() == PUBLISHED,
+               f"stories260K on 1 GPU device with CUDA graphs, gemm {gemm}: the published story")
+        for label, model, prompt in [("stories260K", stories, prompt_stories),
+                                     ("tiny-llama bf16", bf16, prompt_bf16)]:
+            a = logits(fs, model, prompt, 1, "hybrid", gpu_args(1, gemm))
+            b = logits(fs, model, prompt, 1, "hybrid", gpu_args(1, gemm) + ["--cuda-graphs"])
+            report(a["logits"] == b["logits"] and a["output_ids"] == b["output_ids"],
+                   f"{label}, gemm {gemm}: CUDA graphs give the logits without them, bit for bit")
+    except Exception as e:  # noqa: BLE001
+        report(False, f"CUDA graphs, gemm {gemm}: {e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--failsafe", required=True)
     ap.add_argument("--stories", required=True, help="data/models/stories260K")
     ap.add_argument("--gemm", default="lt")
+    ap.add_argument("--bf16-only", action="store_true",
+                    help="only the synthetic bf16 model (what a product mode changes)")
+    ap.add_argument("--graphs-only", action="store_true", help="only the CUDA graphs checks")
     args = ap.parse_args()
     fs = args.failsafe
     with tempfile.TemporaryDirectory() as tmp:
         bf16 = os.path.join(tmp, "tiny-llama-bf16")
         run([fs, "make-model", "--preset", "tiny-llama", "--dtype", "bf16", "--out", bf16,
              "--seed", "3"])
-        check_stories(fs, args.stories, args.gemm)
         rng = random.Random(11)
-        check_placements(fs, args.stories, "stories260K", args.gemm,
-                         [1] + [rng.randrange(3, 500) for _ in range(40)], True)
-        check_placements(fs, bf16, "tiny-llama bf16", args.gemm,
-                         [rng.randrange(0, 500) for _ in range(90)], True)
-        check_prefix_cache(fs, args.stories, args.gemm, tmp)
+        stories_prompt = [1] + [rng.randrange(3, 500) for _ in range(40)]
+        bf16_prompt = [rng.randrange(0, 500) for _ in range(90)]
+        check_graphs(fs, args.stories, bf16, args.gemm, stories_prompt, bf16_prompt)
+        if args.graphs_only:
+            sys.exit(1 if failures else 0)
+        if not args.bf16_only:
+            check_stories(fs, args.stories, args.gemm)
+            check_placements(fs, args.stories, "stories260K", args.gemm, stories_prompt, True)
+        check_placements(fs, bf16, "tiny-llama bf16", args.gemm, bf16_prompt, True)
+        if not args.bf16_only:
+            check_prefix_cache(fs, args.stories, args.gemm, tmp)
     sys.exit(1 if failures else 0)
 
 

@@ -1,0 +1,139 @@
+// A backend that forwards every call to another and times it, for a
+// benchmark's breakdown of a step: each call waits for the device before
+// and after (Synchronize), so the time is the call's own (launch plus
+// device work, serialised; the sum exceeds an unprofiled step by the
+// waits). Products are told apart by their shape's role (rows, columns).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/clock.h"
+
+namespace failsafe::bench {
+
+class TimedBackend final : public Backend {
+ public:
+  explicit TimedBackend(std::unique_ptr<Backend> inner) : b_(std::move(inner)) {}
+
+  struct Entry {
+    int64_t calls = 0;
+    int64_t ns = 0;
+  };
+  // Per kind of call since the last Reset.
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  void Reset() { entries_.clear(); }
+  bool enabled = false;
+
+  bool host_memory() const override { return b_->host_memory(); }
+  void* Allocate(size_t bytes) override { return b_->Allocate(bytes); }
+  void Free(void* p, size_t bytes) override { b_->Free(p, bytes); }
+  void CopyToDevice(void* d, const void* s, size_t n) override {
+    Time("copy to device", [&] { b_->CopyToDevice(d, s, n); });
+  }
+  void CopyToHost(void* d, const void* s, size_t n) override {
+    Time("copy to host", [&] { b_->CopyToHost(d, s, n); });
+  }
+  void CopyToHost2D(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t r) override {
+    Time("copy to host", [&] { b_->CopyToHost2D(d, dp, s, sp, w, r); });
+  }
+  void CopyOnDevice(void* d, const void* s, size_t n) override {
+    Time("copy on device", [&] { b_->CopyOnDevice(d, s, n); });
+  }
+  void SetZero(void* d, size_t n) override {
+    Time("set zero", [&] { b_->SetZero(d, n); });
+  }
+  void BackgroundCopyToHost(void* d, const void* s, size_t n) override {
+    b_->BackgroundCopyToHost(d, s, n);
+  }
+  void Synchronize() override { b_->Synchronize(); }
+  std::string name() const override { return b_->name(); }
+  int num_threads() const override { return b_->num_threads(); }
+
+  void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
+                int k, bool acc) override {
+    Time("linear nt n=" + std::to_string(n) + " k=" + std::to_string(k),
+         [&] { b_->LinearNT(x, ldx, w, y, ldy, m, n, k, acc); });
+  }
+  void LinearNN(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
+                int k, bool acc) override {
+    Time("linear nn", [&] { b_->LinearNN(x, ldx, w, y, ldy, m, n, k, acc); });
+  }
+  void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* a, int64_t lda, int m,
+                     int n, int k, int item_k) override {
+    Time("fixed items k=" + std::to_string(k) + " item_k=" + std::to_string(item_k),
+         [&] { b_->LinearNNFixed(x, ldx, w, a, lda, m, n, k, item_k); });
+  }
+  bool ColumnBlockedNN(DType t) const override { return b_->ColumnBlockedNN(t); }
+  bool TransposedNN(DType t) const override { return b_->TransposedNN(t); }
+  bool BlockedNT(DType t) const override { return b_->BlockedNT(t); }
+  void RmsNorm(const float* x, int64_t ldx, const float* w, float* y, int64_t ldy, int rows,
+               int dim, float eps) override {
+    Time("rms norm", [&] { b_->RmsNorm(x, ldx, w, y, ldy, rows, dim, eps); });
+  }
+  void Rope(float* x, int64_t ldx, int64_t hs, const int32_t* pos, int tokens, int heads, int hd,
+            const float* cs) override {
+    Time("rope", [&] { b_->Rope(x, ldx, hs, pos, tokens, heads, hd, cs); });
+  }
+  void SiluMul(const float* gu, int64_t li, float* out, int64_t lo, int rows, int width,
+               int shards) override {
+    Time("silu mul", [&] { b_->SiluMul(gu, li, out, lo, rows, width, shards); });
+  }
+  void MoeGate(const float* l, int tokens, int experts, int k, int32_t* ids, float* w) override {
+    Time("moe gate", [&] { b_->MoeGate(l, tokens, experts, k, ids, w); });
+  }
+  void Attention(const std::vector<AttentionArgs>& p) override {
+    Time("attention", [&] { b_->Attention(p); });
+  }
+  void GatherWeightRows(WeightsRef w, int wr, int cols, const int32_t* s, const int32_t* d, int n,
+                        float* out, int64_t ldo) override {
+    Time("gather", [&] { b_->GatherWeightRows(w, wr, cols, s, d, n, out, ldo); });
+  }
+  void GatherRows(const float* s, int64_t lds, const int32_t* rows, int n, int cols, float* d,
+                  int64_t ldd) override {
+    Time("gather", [&] { b_->GatherRows(s, lds, rows, n, cols, d, ldd); });
+  }
+  void ScatterAddFixed(const int64_t* s, int64_t lds, const int32_t* rows, int n, int cols,
+                       int64_t* d, int64_t ldd) override {
+    Time("scatter", [&] { b_->ScatterAddFixed(s, lds, rows, n, cols, d, ldd); });
+  }
+  void AddFixedTo(const int64_t* a, float* x, int64_t n) override {
+    Time("add fixed", [&] { b_->AddFixedTo(a, x, n); });
+  }
+  void ScaleRows(float* x, int64_t ldx, const float* s, int rows, int cols) override {
+    Time("scale rows", [&] { b_->ScaleRows(x, ldx, s, rows, cols); });
+  }
+  // Graphs only while calls are not timed (timing waits inside the step).
+  bool BeginGraph(uint64_t key, size_t bytes) override {
+    return !enabled && b_->BeginGraph(key, bytes);
+  }
+  void EndGraph() override { b_->EndGraph(); }
+  int Sample(const float* l, int vocab, const SamplingParams& p, uint64_t c) override {
+    return b_->Sample(l, vocab, p, c);
+  }
+
+ private:
+  template <typename F>
+  void Time(const std::string& kind, F&& f) {
+    if (!enabled) {
+      f();
+      return;
+    }
+    b_->Synchronize();
+    const int64_t t0 = MonotonicNanos();
+    f();
+    b_->Synchronize();
+    Entry& e = entries_[kind];
+    e.calls++;
+    e.ns += MonotonicNanos() - t0;
+  }
+
+  std::unique_ptr<Backend> b_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace failsafe::bench

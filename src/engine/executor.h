@@ -55,6 +55,8 @@ struct ApplyReport {
   int64_t wall_ns = 0;
 };
 
+// A new virtual method here must be forwarded by ExecutorWrapper below and
+// called in fault_injection_test.cc's WrappersForwardEveryMethod.
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -127,8 +129,59 @@ class DeviceFaults {
   virtual Status SetDeviceSpeed(int device, double speed) = 0;
 };
 
-// The executor's fault interface, or null if its devices cannot be killed.
-inline DeviceFaults* FaultsOf(Executor* e) { return dynamic_cast<DeviceFaults*>(e); }
+// An executor over another that forwards every call to it (LevelDB's
+// EnvWrapper): a wrapper overrides only the calls it changes and cannot drop
+// the others. `inner` must outlive the wrapper.
+class ExecutorWrapper : public Executor {
+ public:
+  explicit ExecutorWrapper(Executor* inner) : inner_(inner) {}
+  Executor* inner() const { return inner_; }
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  const Plan& plan() const override { return inner_->plan(); }
+  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override {
+    return inner_->Step(batch, timing);
+  }
+  bool models_devices() const override { return inner_->models_devices(); }
+  const std::vector<int32_t>* sampled_tokens() const override { return inner_->sampled_tokens(); }
+  Status FreeSeqs(const std::vector<int64_t>& seq_ids) override {
+    return inner_->FreeSeqs(seq_ids);
+  }
+  std::vector<int64_t> kv_capacity_pages() const override { return inner_->kv_capacity_pages(); }
+  int block_size() const override { return inner_->block_size(); }
+  bool supports_recovery() const override { return inner_->supports_recovery(); }
+  HostKvBackup* backup() override { return inner_->backup(); }
+  std::vector<int> alive_devices() const override { return inner_->alive_devices(); }
+  Status CheckHealth(int64_t timeout_ms) override { return inner_->CheckHealth(timeout_ms); }
+  Status DrainBackup() override { return inner_->DrainBackup(); }
+  Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override {
+    return inner_->KvCapacityFor(plan);
+  }
+  Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
+                                const DeviceRestores& seqs) override {
+    return inner_->ApplyPlan(next, mode, seqs);
+  }
+  void ChargePlanning(const Plan& next, int64_t sequences) override {
+    inner_->ChargePlanning(next, sequences);
+  }
+  Status SpawnDevice(int device) override { return inner_->SpawnDevice(device); }
+  DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }
+  int device_pid(int device) const override { return inner_->device_pid(device); }
+
+ private:
+  Executor* const inner_;
+};
+
+// The executor's fault interface, or null if its devices cannot be killed:
+// its own, or that of the executor under any stack of wrappers.
+inline DeviceFaults* FaultsOf(Executor* e) {
+  while (e) {
+    if (auto* f = dynamic_cast<DeviceFaults*>(e)) return f;
+    auto* w = dynamic_cast<ExecutorWrapper*>(e);
+    e = w ? w->inner() : nullptr;
+  }
+  return nullptr;
+}
 
 struct LocalExecutorOptions {
   int threads = 1;

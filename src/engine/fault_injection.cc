@@ -50,35 +50,35 @@ R FaultInjectingExecutor::Forward(ExecutorCall which, Call call) const {
 
 Result<const float*> FaultInjectingExecutor::Step(const StepBatch& batch, StepTiming* timing) {
   return Forward<Result<const float*>>(ExecutorCall::kStep,
-                                       [&] { return inner_->Step(batch, timing); });
+                                       [&] { return inner()->Step(batch, timing); });
 }
 
 Status FaultInjectingExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {
-  return Forward<Status>(ExecutorCall::kFreeSeqs, [&] { return inner_->FreeSeqs(seq_ids); });
+  return Forward<Status>(ExecutorCall::kFreeSeqs, [&] { return inner()->FreeSeqs(seq_ids); });
 }
 
 Status FaultInjectingExecutor::CheckHealth(int64_t timeout_ms) {
   return Forward<Status>(ExecutorCall::kCheckHealth,
-                         [&] { return inner_->CheckHealth(timeout_ms); });
+                         [&] { return inner()->CheckHealth(timeout_ms); });
 }
 
 Status FaultInjectingExecutor::DrainBackup() {
-  return Forward<Status>(ExecutorCall::kDrainBackup, [&] { return inner_->DrainBackup(); });
+  return Forward<Status>(ExecutorCall::kDrainBackup, [&] { return inner()->DrainBackup(); });
 }
 
 Result<std::vector<int64_t>> FaultInjectingExecutor::KvCapacityFor(const Plan& plan) const {
   return Forward<Result<std::vector<int64_t>>>(ExecutorCall::kKvCapacityFor,
-                                               [&] { return inner_->KvCapacityFor(plan); });
+                                               [&] { return inner()->KvCapacityFor(plan); });
 }
 
 Result<ApplyReport> FaultInjectingExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
                                                       const DeviceRestores& seqs) {
   return Forward<Result<ApplyReport>>(ExecutorCall::kApplyPlan,
-                                      [&] { return inner_->ApplyPlan(next, mode, seqs); });
+                                      [&] { return inner()->ApplyPlan(next, mode, seqs); });
 }
 
 Status FaultInjectingExecutor::SpawnDevice(int device) {
-  return Forward<Status>(ExecutorCall::kSpawnDevice, [&] { return inner_->SpawnDevice(device); });
+  return Forward<Status>(ExecutorCall::kSpawnDevice, [&] { return inner()->SpawnDevice(device); });
 }
 
 }  // namespace failsafe

@@ -36,10 +36,10 @@ struct InjectedFault {
   bool after = false;  // fail after the wrapped executor did the work (a lost reply)
 };
 
-class FaultInjectingExecutor final : public Executor {
+class FaultInjectingExecutor final : public ExecutorWrapper {
  public:
   // `inner` must outlive the wrapper.
-  explicit FaultInjectingExecutor(Executor* inner) : inner_(inner) {}
+  explicit FaultInjectingExecutor(Executor* inner) : ExecutorWrapper(inner) {}
 
   // Arms a fault for a call (replacing any armed before for it).
   void Inject(ExecutorCall call, InjectedFault fault);
@@ -47,25 +47,15 @@ class FaultInjectingExecutor final : public Executor {
   int calls(ExecutorCall call) const;     // calls made so far
   int injected(ExecutorCall call) const;  // of which failed on purpose
 
-  const ModelConfig& config() const override { return inner_->config(); }
-  const Plan& plan() const override { return inner_->plan(); }
+  // The calls faults can be injected into; ExecutorWrapper forwards the rest.
   Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
-  bool models_devices() const override { return inner_->models_devices(); }
-  const std::vector<int32_t>* sampled_tokens() const override { return inner_->sampled_tokens(); }
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
-  std::vector<int64_t> kv_capacity_pages() const override { return inner_->kv_capacity_pages(); }
-  int block_size() const override { return inner_->block_size(); }
-  bool supports_recovery() const override { return inner_->supports_recovery(); }
-  HostKvBackup* backup() override { return inner_->backup(); }
-  std::vector<int> alive_devices() const override { return inner_->alive_devices(); }
   Status CheckHealth(int64_t timeout_ms) override;
   Status DrainBackup() override;
   Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
                                 const DeviceRestores& seqs) override;
   Status SpawnDevice(int device) override;
-  DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }
-  int device_pid(int device) const override { return inner_->device_pid(device); }
 
  private:
   struct Armed {
@@ -86,7 +76,6 @@ class FaultInjectingExecutor final : public Executor {
   template <typename R, typename Call>
   R Forward(ExecutorCall which, Call call) const;
 
-  Executor* const inner_;
   mutable std::mutex mu_;
   mutable std::array<Armed, kNumExecutorCalls> armed_;  // guarded by mu_
 };

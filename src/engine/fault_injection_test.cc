@@ -25,6 +25,105 @@ namespace {
 
 const std::string& Dir() { return TestModelDir("tiny-llama", 41); }
 
+// An executor that records which of its methods were called, and can be
+// killed (DeviceFaults).
+class RecordingExecutor final : public Executor, public DeviceFaults {
+ public:
+  std::map<std::string, int> calls;
+  const ModelConfig& config() const override { return Note("config"), config_; }
+  const Plan& plan() const override { return Note("plan"), plan_; }
+  Result<const float*> Step(const StepBatch&, StepTiming*) override {
+    Note("Step");
+    return static_cast<const float*>(nullptr);
+  }
+  bool models_devices() const override { return Note("models_devices"), true; }
+  const std::vector<int32_t>* sampled_tokens() const override {
+    return Note("sampled_tokens"), nullptr;
+  }
+  Status FreeSeqs(const std::vector<int64_t>&) override { return Note("FreeSeqs"), Status::Ok(); }
+  std::vector<int64_t> kv_capacity_pages() const override {
+    return Note("kv_capacity_pages"), std::vector<int64_t>{};
+  }
+  int block_size() const override { return Note("block_size"), 16; }
+  bool supports_recovery() const override { return Note("supports_recovery"), true; }
+  HostKvBackup* backup() override { return Note("backup"), nullptr; }
+  std::vector<int> alive_devices() const override {
+    return Note("alive_devices"), std::vector<int>{};
+  }
+  Status CheckHealth(int64_t) override { return Note("CheckHealth"), Status::Ok(); }
+  Status DrainBackup() override { return Note("DrainBackup"), Status::Ok(); }
+  Result<std::vector<int64_t>> KvCapacityFor(const Plan&) const override {
+    return Note("KvCapacityFor"), std::vector<int64_t>{};
+  }
+  Result<ApplyReport> ApplyPlan(const Plan&, RecoveryMode, const DeviceRestores&) override {
+    return Note("ApplyPlan"), ApplyReport{};
+  }
+  void ChargePlanning(const Plan&, int64_t) override { Note("ChargePlanning"); }
+  Status SpawnDevice(int) override { return Note("SpawnDevice"), Status::Ok(); }
+  DeviceLoss device_loss(int) const override { return Note("device_loss"), DeviceLoss{}; }
+  int device_pid(int) const override { return Note("device_pid"), -1; }
+  Status KillDevice(int) override { return Status::Ok(); }
+  Status SetDeviceSpeed(int, double) override { return Status::Ok(); }
+
+ private:
+  void Note(const std::string& m) const { ++const_cast<RecordingExecutor*>(this)->calls[m]; }
+  ModelConfig config_;
+  Plan plan_;
+};
+
+// Every Executor method called through a stack of wrappers reaches the
+// executor underneath once (a wrapper that dropped one, as the fault
+// injector once dropped ChargePlanning, would leave it uncalled), and the
+// executor's fault interface is found through them.
+TEST(ExecutorWrapper, WrappersForwardEveryMethod) {
+  RecordingExecutor inner;
+  ExecutorWrapper middle(&inner);
+  FaultInjectingExecutor top(&middle);
+  Executor& e = top;
+  Plan plan;
+  (void)e.config();
+  (void)e.plan();
+  (void)e.Step(StepBatch{}, nullptr);
+  (void)e.models_devices();
+  (void)e.sampled_tokens();
+  (void)e.FreeSeqs({});
+  (void)e.kv_capacity_pages();
+  (void)e.block_size();
+  (void)e.supports_recovery();
+  (void)e.backup();
+  (void)e.alive_devices();
+  (void)e.CheckHealth(1);
+  (void)e.DrainBackup();
+  (void)e.KvCapacityFor(plan);
+  (void)e.ApplyPlan(plan, RecoveryMode::kFull, {});
+  e.ChargePlanning(plan, 3);
+  (void)e.SpawnDevice(0);
+  (void)e.device_loss(0);
+  (void)e.device_pid(0);
+  const std::vector<std::string> methods = {"config",
+                                            "plan",
+                                            "Step",
+                                            "models_devices",
+                                            "sampled_tokens",
+                                            "FreeSeqs",
+                                            "kv_capacity_pages",
+                                            "block_size",
+                                            "supports_recovery",
+                                            "backup",
+                                            "alive_devices",
+                                            "CheckHealth",
+                                            "DrainBackup",
+                                            "KvCapacityFor",
+                                            "ApplyPlan",
+                                            "ChargePlanning",
+                                            "SpawnDevice",
+                                            "device_loss",
+                                            "device_pid"};
+  for (const std::string& m : methods) EXPECT_EQ(inner.calls[m], 1) << m;
+  EXPECT_EQ(inner.calls.size(), methods.size());
+  EXPECT_EQ(FaultsOf(&top), static_cast<DeviceFaults*>(&inner));
+}
+
 std::vector<RequestSpec> Requests(int n, uint64_t seed) {
   Rng rng(seed);
   std::vector<RequestSpec> out;

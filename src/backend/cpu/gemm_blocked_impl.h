@@ -163,6 +163,28 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
   PanelRows<kPairs<W>>(a, j0, p);
 }
 
+// bf16 decode and batched decode (DirectWide) read each weight once, unit
+// by unit: every load also asks for the line kPrefetchBytes further down
+// its unit, so that more of the weight's reads are in flight than the
+// hardware prefetchers keep (f32 decode's four runs of long units reach the
+// bandwidth without it).
+inline constexpr int kPrefetchBytes = 2048;
+template <typename W>
+FS_INLINE void PrefetchAhead(const W* p) {
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
+}
+
+// Below AVX-512 a vector is two registers (or four) of sixteen: the blocks
+// read side by side are fewer (DirectBlockedRange) and each block's vectors
+// go straight into its chains, where loading every block's first kept more
+// vectors live than there are registers (each k-value spilled and
+// reloaded).
+#if defined(__AVX512F__)
+inline constexpr bool kFewRegisters = false;
+#else
+inline constexpr bool kFewRegisters = true;
+#endif
+
 // nt with few rows on a blocked weight: NB blocks of 16 rows (b[q], output
 // columns from col[q]) stream side by side, one vector of each per k-value,
 // into MR x NB accumulators.
@@ -189,6 +211,20 @@ void DirectBlocked(const KernelArgs& a, const W* const* bp, const int* col) {
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
     for (; kk < a.k; kk += 2) {
+      if (kFewRegisters && kk + 2 <= a.k) {
+#pragma GCC unroll 4
+        for (int q = 0; q < NB; ++q) {
+          V16 e, o;
+          PrefetchAhead(b[q] + static_cast<int64_t>(kk) * 16);
+          LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &e, &o);
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) {
+            acc[i][q] = Fma(Splat(xs[i][kk + 1]), o, acc[i][q]);
+            acc[i][q] = Fma(Splat(xs[i][kk]), e, acc[i][q]);
+          }
+        }
+        continue;
+      }
       V16 we[NB], wo[NB];
       if (kk + 2 <= a.k) {
 #pragma GCC unroll 4
@@ -212,6 +248,15 @@ void DirectBlocked(const KernelArgs& a, const W* const* bp, const int* col) {
     }
   } else {
     for (; kk < a.k; ++kk) {
+      if constexpr (kFewRegisters) {
+#pragma GCC unroll 4
+        for (int q = 0; q < NB; ++q) {
+          const V16 w = Load(b[q] + static_cast<int64_t>(kk) * 16);
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) acc[i][q] = Fma(Splat(a.x[i * a.ldx + kk]), w, acc[i][q]);
+        }
+        continue;
+      }
       V16 w[NB];
 #pragma GCC unroll 4
       for (int q = 0; q < NB; ++q) w[q] = Load(b[q] + static_cast<int64_t>(kk) * 16);
@@ -302,17 +347,6 @@ void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
 // up to this many, four side by side from the four quarters of a batch
 // (DirectBlockedRange, DirectDpbf16Quarters).
 inline constexpr int kQuarterUnits = 128;
-
-// bf16 decode and batched decode (DirectWide) read each weight once, unit
-// by unit: every load also asks for the line kPrefetchBytes further down
-// its unit, so that more of the weight's reads are in flight than the
-// hardware prefetchers keep (f32 decode's four runs of long units reach the
-// bandwidth without it).
-inline constexpr int kPrefetchBytes = 2048;
-template <typename W>
-FS_INLINE void PrefetchAhead(const W* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
-}
 
 #if defined(__AVX512F__)
 
@@ -501,12 +535,15 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
   const W* blocks[kQuarterUnits];
   int cols[kQuarterUnits];
   int count = 0;
+  // Side by side: four, or with fewer registers as many as keep MR x NB
+  // vectors of accumulators in eight of them.
+  constexpr int kSide = kFewRegisters ? std::max(1, 4 / MR) : 4;
   auto run = [&]() {
-    const int per = (count + 3) / 4;
+    const int per = (count + kSide - 1) / kSide;
     for (int g = 0; g < per; ++g) {
       const W* b[4];
       int c[4], n = 0;
-      for (int q = 0; q < 4; ++q) {
+      for (int q = 0; q < kSide; ++q) {
         if (q * per + g < count) {
           b[n] = blocks[q * per + g];
           c[n++] = cols[q * per + g];

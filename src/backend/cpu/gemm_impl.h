@@ -68,28 +68,23 @@ FS_INLINE const W* WRow(const KernelArgs& a, int r) {
   return static_cast<const W*>(a.w) + static_cast<int64_t>(r) * a.ldw;
 }
 
-// Shuffle masks over (a, b): lanes 0-15 pick from a, 16-31 from b.
-template <int B, int... L>
-constexpr I16 SwapLo(std::integer_sequence<int, L...>) {
-  return I16{((L & B) ? 16 + (L - B) : L)...};
-}
-template <int B, int... L>
-constexpr I16 SwapHi(std::integer_sequence<int, L...>) {
-  return I16{((L & B) ? 16 + L : L + B)...};
+// Rows x and y (B apart) of the recursive block transpose's round B:
+// lanes 0-15 of the shuffles pick from x, 16-31 from y.
+template <int B, typename V, int... L>
+FS_INLINE void SwapRows(V* x, V* y, std::integer_sequence<int, L...>) {
+  const V a = *x, c = *y;
+  *x = Shuffle<((L & B) ? 16 + (L - B) : L)...>(a, c);
+  *y = Shuffle<((L & B) ? 16 + L : L + B)...>(a, c);
 }
 
 // One round of the recursive block transpose: swaps the off-diagonal B x B
 // blocks of every 2B x 2B block.
 template <int B, typename V>
 FS_INLINE void SwapBlocks(V r[16]) {
-  constexpr I16 lo = SwapLo<B>(std::make_integer_sequence<int, 16>());
-  constexpr I16 hi = SwapHi<B>(std::make_integer_sequence<int, 16>());
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) {
     if (i & B) continue;
-    const V a = r[i], c = r[i + B];
-    r[i] = __builtin_shuffle(a, c, lo);
-    r[i + B] = __builtin_shuffle(a, c, hi);
+    SwapRows<B>(&r[i], &r[i + B], std::make_integer_sequence<int, 16>());
   }
 }
 
@@ -261,18 +256,20 @@ void DirectRange(const KernelArgs& a, int j0, int j1) {
 
 // ToFixed's clamp (NaN counts as 0); the two bounds in the operand order of
 // vminps / vmaxps, so that each is one instruction.
-inline V16 ClampForFixed(V16 v) {
+FS_INLINE V16 ClampForFixed(V16 v) {
   const V16 lim = Splat(kFixedLimit), zero{};
-  v = v == v ? v : zero;
-  v = lim < v ? lim : v;
-  return -lim > v ? -lim : v;
+  v = Select(v == v, v, zero);
+  v = Select(lim < v, lim, v);
+  return Select(-lim > v, -lim, v);
 }
 
 // acc64[j] += ToFixed(v[j]) for j < cols (up to 16).
-inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
+FS_INLINE void AddFixed16(V16 v, int64_t* acc64, int cols) {
+#if defined(__AVX512F__)
   typedef float V8F __attribute__((vector_size(32)));
   typedef int64_t V8L __attribute__((vector_size(64)));
   typedef uint64_t V8U __attribute__((vector_size(64)));
+#endif
 #if defined(__AVX512DQ__)
   if (cols >= 16) {
     // ToFixed in three instructions: vrangeps takes the smaller magnitude
@@ -290,6 +287,7 @@ inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
   }
 #endif
   const V16 c = ClampForFixed(v) * Splat(kFixedOne);
+#if defined(__AVX512F__)
   if (cols >= 16) {
     const V8F lo = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7);
     const V8F hi = __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -302,8 +300,62 @@ inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
     __builtin_memcpy(acc64 + 8, &a1, 64);
     return;
   }
+#elif defined(__AVX2__)
+  if (cols >= 16) {
+    // Four lanes at a time: four int64 sums are one AVX2 register.
+    typedef float F4 __attribute__((vector_size(16)));
+    typedef int64_t L4 __attribute__((vector_size(32)));
+    typedef uint64_t U4 __attribute__((vector_size(32)));
+#pragma GCC unroll 2
+    for (int j = 0; j < V16::kParts; ++j) {
+      const F4 lo = __builtin_shufflevector(c.p[j], c.p[j], 0, 1, 2, 3);
+      const F4 hi = __builtin_shufflevector(c.p[j], c.p[j], 4, 5, 6, 7);
+      U4 s0, s1;
+      __builtin_memcpy(&s0, acc64 + 8 * j, 32);
+      __builtin_memcpy(&s1, acc64 + 8 * j + 4, 32);
+      s0 += reinterpret_cast<U4>(__builtin_convertvector(lo, L4));  // wrapping, as AddFixed
+      s1 += reinterpret_cast<U4>(__builtin_convertvector(hi, L4));
+      __builtin_memcpy(acc64 + 8 * j, &s0, 32);
+      __builtin_memcpy(acc64 + 8 * j + 4, &s1, 32);
+    }
+    return;
+  }
+#endif
   for (int j = 0; j < cols; ++j) acc64[j] = AddFixed(acc64[j], static_cast<int64_t>(c[j]));
 }
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// The sum of ToFixed over items, split: a value v (clamped, NaN as 0) is
+// h + r, h = trunc(v) and r = v - h (both exact), so ToFixed(v) =
+// h 2^32 + trunc(r 2^32) exactly, the second part below 2^32 in magnitude.
+// Over items the h add up in int32 lanes (only their low 32 bits reach the
+// int64 sum: it wraps at 2^64) and the second parts in double lanes (exact
+// below 2^53: 2^21 items). The same bits as AddFixed16 item by item.
+FS_INLINE void FixedSplitAdd(const V16& v, int32_t* h, double* t) {
+  const __m256 lim = _mm256_set1_ps(kFixedLimit), one = _mm256_set1_ps(kFixedOne);
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; ++j) {
+    __m256 x = reinterpret_cast<__m256>(v.p[j]);
+    x = _mm256_and_ps(_mm256_cmp_ps(x, x, _CMP_ORD_Q), x);  // NaN: 0
+    x = _mm256_max_ps(_mm256_min_ps(x, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+    const __m256 whole = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 part = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(x, whole), one),
+                                        _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256i* hv = reinterpret_cast<__m256i*>(h + 8 * j);
+    _mm256_store_si256(hv, _mm256_add_epi32(_mm256_load_si256(hv), _mm256_cvttps_epi32(whole)));
+    double* tv = t + 8 * j;
+    _mm256_store_pd(
+        tv, _mm256_add_pd(_mm256_load_pd(tv), _mm256_cvtps_pd(_mm256_castps256_ps128(part))));
+    _mm256_store_pd(tv + 4, _mm256_add_pd(_mm256_load_pd(tv + 4),
+                                          _mm256_cvtps_pd(_mm256_extractf128_ps(part, 1))));
+  }
+}
+// The int64 a split sum stands for (wrapping, as AddFixed).
+inline int64_t FixedSplitValue(int32_t h, double t) {
+  return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(h)) << 32) +
+                              static_cast<uint64_t>(static_cast<int64_t>(t)));
+}
+#endif
 
 // bf16 rows stream 32 columns at a time: one vector holds them as pairs
 // (columns 2q and 2q + 1 in 32-bit lane q), which LoadPair widens in-lane
@@ -314,30 +366,32 @@ inline void AddFixed16(V16 v, int64_t* acc64, int cols) {
 template <typename W>
 constexpr bool kParityGroups = std::is_same_v<W, BF16>;
 
-template <int... L>
-constexpr I16 Lanes() {
-  return I16{L...};
+// The even and the odd lanes of (a, b), 32 lanes in all.
+template <typename T>
+FS_INLINE T EvenLanes(T a, T b) {
+  return Shuffle<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30>(a, b);
+}
+template <typename T>
+FS_INLINE T OddLanes(T a, T b) {
+  return Shuffle<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31>(a, b);
 }
 
 // Columns [0, 32 * groups) of acc from column order to parity order.
 inline void ParityOrder(float* acc, int groups) {
-  constexpr I16 even = Lanes<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30>();
-  constexpr I16 odd = Lanes<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31>();
   for (int g = 0; g < groups; ++g) {
     const V16 c0 = Load(acc + 32 * g), c1 = Load(acc + 32 * g + 16);
-    Store(acc + 32 * g, __builtin_shuffle(c0, c1, even));
-    Store(acc + 32 * g + 16, __builtin_shuffle(c0, c1, odd));
+    Store(acc + 32 * g, EvenLanes(c0, c1));
+    Store(acc + 32 * g + 16, OddLanes(c0, c1));
   }
 }
 
 // Columns [0, 32 * groups) of acc from parity order to column order.
 inline void ColumnOrder(float* acc, int groups) {
-  constexpr I16 lo = Lanes<0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23>();
-  constexpr I16 hi = Lanes<8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31>();
   for (int g = 0; g < groups; ++g) {
     const V16 e = Load(acc + 32 * g), o = Load(acc + 32 * g + 16);
-    Store(acc + 32 * g, __builtin_shuffle(e, o, lo));
-    Store(acc + 32 * g + 16, __builtin_shuffle(e, o, hi));
+    Store(acc + 32 * g, Shuffle<0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23>(e, o));
+    Store(acc + 32 * g + 16,
+          Shuffle<8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31>(e, o));
   }
 }
 
@@ -687,6 +741,33 @@ struct Acc {
 template <int MR, typename W>
 FS_INLINE void ChainSteps(const float* const* xr, int k0, int k1, int64_t step, const W*& b0,
                           const W*& b1, V16* a0, V16* a1) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  if constexpr (std::is_same_v<W, float>) {
+    // Sixteen registers: MR x 4 accumulators, the MR rows' broadcasts and
+    // one part of the weights at a time (all four parts at once left no
+    // register for the broadcast, and one accumulator went to the stack).
+    typedef V16::Part P;
+#pragma GCC unroll 2
+    for (int kk = k0; kk < k1; ++kk, b0 += step, b1 += step) {
+      P s[MR];
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) s[i] = reinterpret_cast<P>(_mm256_set1_ps(xr[i][kk]));
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) {
+        P w;
+        __builtin_memcpy(&w, (q < 2 ? b0 : b1) + 8 * (q % 2), sizeof(w));
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          V16& acc = q < 2 ? a0[i] : a1[i];
+          acc.p[q % 2] = reinterpret_cast<P>(
+              _mm256_fmadd_ps(reinterpret_cast<__m256>(s[i]), reinterpret_cast<__m256>(w),
+                              reinterpret_cast<__m256>(acc.p[q % 2])));
+        }
+      }
+    }
+    return;
+  }
+#endif
 #pragma GCC unroll 4
   for (int kk = k0; kk < k1; ++kk, b0 += step, b1 += step) {
     const V16 w0 = Load(b0), w1 = Load(b1);
@@ -743,6 +824,43 @@ FS_INLINE Acc<MR> ChainBf16(const KernelArgs& a, int i0, const Panel<W>& p, int 
     a1[i] = c.v[i][1];
   }
   int kk = k0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  // Sixteen registers (as ChainSteps): the odd k-value's products of every
+  // part, then the even one's, one part of the weights at a time, each
+  // chain taking its pair's two in the chain's order. A blocked bf16
+  // pair's odd value is widened by two shifts, which need no mask register.
+  {
+    typedef V16::Part P;
+    for (; kk + 2 <= k1; kk += 2, b0 += 2 * p.step, b1 += 2 * p.step) {
+      const int s = kk - k0;
+#pragma GCC unroll 2
+      for (int odd = 1; odd >= 0; --odd) {
+        P x[MR];
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) x[i] = reinterpret_cast<P>(_mm256_set1_ps(xs[i][s + odd]));
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+          const W* src = q < 2 ? b0 : b1;
+          __m256 w;
+          if constexpr (kPairs<W>) {
+            const __m256i raw =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * (q % 2)));
+            w = _mm256_castsi256_ps(odd ? _mm256_slli_epi32(_mm256_srli_epi32(raw, 16), 16)
+                                        : _mm256_slli_epi32(raw, 16));
+          } else {
+            w = _mm256_loadu_ps(src + (odd ? p.step : 0) + 8 * (q % 2));
+          }
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) {
+            V16& acc = q < 2 ? a0[i] : a1[i];
+            acc.p[q % 2] = reinterpret_cast<P>(_mm256_fmadd_ps(
+                reinterpret_cast<__m256>(x[i]), w, reinterpret_cast<__m256>(acc.p[q % 2])));
+          }
+        }
+      }
+    }
+  }
+#endif
   for (; kk + 2 <= k1; kk += 2, b0 += 2 * p.step, b1 += 2 * p.step) {
     V16 e0, o0, e1, o1;
     if constexpr (kPairs<W>) {
@@ -939,6 +1057,15 @@ FS_INLINE void TileFixedItems(const KernelArgs& a, int i0, int j0, const Panel<W
   }
   const W* b0 = p.b0;
   const W* b1 = p.b1;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  // Without AVX-512 there is no vector conversion to int64: the items'
+  // ToFixed values are summed split (FixedSplit) over the tile's items, and
+  // added to the sums once.
+  alignas(32) int32_t h[MR][kNR];
+  alignas(32) double t[MR][kNR];
+  std::memset(h, 0, sizeof(h));
+  std::memset(t, 0, sizeof(t));
+#endif
   for (int c = 0, k0 = 0; c < items; ++c, k0 += a.item_k) {
     V16 a0[MR], a1[MR];
 #pragma GCC unroll 16
@@ -946,10 +1073,23 @@ FS_INLINE void TileFixedItems(const KernelArgs& a, int i0, int j0, const Panel<W
     ChainSteps<MR>(xr, k0, k0 + a.item_k, p.step, b0, b1, a0, a1);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+      FixedSplitAdd(a0[i], h[i], t[i]);
+      FixedSplitAdd(a1[i], h[i] + 16, t[i] + 16);
+#else
       AddFixed16(a0[i], row[i], v0);
       if (v1 > 0) AddFixed16(a1[i], row[i] + 16, v1);
+#endif
     }
   }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < v0 + v1; ++j) {
+      const int jj = j < v0 ? j : 16 + j - v0;
+      row[i][jj] = AddFixed(row[i][jj], FixedSplitValue(h[i][jj], t[i][jj]));
+    }
+  }
+#endif
 }
 
 template <int MR, typename W>
@@ -999,15 +1139,32 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
     if (a.out == GemmOut::kFixedItems) return TileFixed<MR>(a, i0, j0, p);
   }
   if (a.out == GemmOut::kFixedItems) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    alignas(32) int32_t h[MR][kNR];  // as TileFixedItems
+    alignas(32) double t[MR][kNR];
+    std::memset(h, 0, sizeof(h));
+    std::memset(t, 0, sizeof(t));
+#endif
     for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
       for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};
       acc = TileChain<MR, kB>(a, i0, p, k0, k0 + a.item_k, acc);
       for (int i = 0; i < MR; ++i) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+        FixedSplitAdd(acc.v[i][0], h[i], t[i]);
+        FixedSplitAdd(acc.v[i][1], h[i] + 16, t[i] + 16);
+#else
         int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
         AddFixed16(acc.v[i][0], row, std::min(16, p.cols));
         if (p.cols > 16) AddFixed16(acc.v[i][1], row + 16, p.cols - 16);
+#endif
       }
     }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    for (int i = 0; i < MR; ++i) {
+      int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
+      for (int j = 0; j < p.cols; ++j) row[j] = AddFixed(row[j], FixedSplitValue(h[i][j], t[i][j]));
+    }
+#endif
     return;
   }
   for (int i = 0; i < MR; ++i) {
@@ -1434,14 +1591,8 @@ void ExpShifted(float* row, int n, float shift) {
 // so every level gives the same bits. dst[i] = RoundToBf16(src[i]), i < n,
 // 16 at a time.
 void RoundRowBf16(const float* src, float* dst, int n) {
-  typedef uint32_t U16 __attribute__((vector_size(64)));
   int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    U16 b;
-    std::memcpy(&b, src + i, 64);
-    b = Bf16Bits(b);
-    std::memcpy(dst + i, &b, 64);
-  }
+  for (; i + 16 <= n; i += 16) StoreBits(dst + i, Bf16Bits(LoadBits(src + i)));
   for (; i < n; ++i) dst[i] = RoundToBf16(src[i]);
 }
 
@@ -1449,18 +1600,10 @@ void RoundRowBf16(const float* src, float* dst, int n) {
 // w < n; xs holds values rounded to bf16 (their low halves are zero). 16
 // words at a time.
 void PackPairsRow(const float* xs, uint32_t* words, int64_t n) {
-  typedef uint32_t U16 __attribute__((vector_size(64)));
   int64_t w = 0;
   for (; w + 16 <= n; w += 16) {
-    U16 lo, hi;
-    std::memcpy(&lo, xs + 2 * w, 64);
-    std::memcpy(&hi, xs + 2 * w + 16, 64);
-    const U16 even =
-        __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const U16 odd =
-        __builtin_shufflevector(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    const U16 packed = (even >> 16) | (odd & 0xffff0000u);
-    std::memcpy(words + w, &packed, 64);
+    const U16 lo = LoadBits(xs + 2 * w), hi = LoadBits(xs + 2 * w + 16);
+    StoreBits(words + w, (EvenLanes(lo, hi) >> 16) | (OddLanes(lo, hi) & 0xffff0000u));
   }
   for (; w < n; ++w) {
     uint32_t even, odd;
@@ -1472,7 +1615,7 @@ void PackPairsRow(const float* xs, uint32_t* words, int64_t n) {
 
 // Lanes [0, count) of a vector: true (all ones), the others 0.
 FS_INLINE I16 FirstLanes(int count) {
-  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const I16 lane{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   return lane < I16{} + count;
 }
 
@@ -1483,15 +1626,17 @@ void SoftmaxRow(float* row, int width, int lo, int hi, float scale) {
   V16 top = none;
   for (int i = 0; i < n; i += 16) {
     const int c = std::min(16, n - i);
-    const V16 v = FirstLanes(c) ? LoadPart(r + i, c) * Splat(scale) : none;
+    const V16 v = Select(FirstLanes(c), LoadPart(r + i, c) * Splat(scale), none);
     StorePart(r + i, v, c);
-    top = top < v ? v : top;  // NaN never taken, as std::max(top, v) does
+    top = Select(top < v, v, top);  // NaN never taken, as std::max(top, v) does
   }
   float mx = -__builtin_inff();
   for (int j = 0; j < 16; ++j) mx = std::max(mx, top[j]);
   ExpShifted(r, n, mx);
-  V16 lanes{};
-  for (int i = 0; i < n; i += 16) lanes += LoadPart(r + i, std::min(16, n - i));
+  V16 sums{};
+  for (int i = 0; i < n; i += 16) sums += LoadPart(r + i, std::min(16, n - i));
+  float lanes[16];
+  Store(lanes, sums);
   for (int half = 8; half >= 1; half /= 2) {
     for (int j = 0; j < half; ++j) lanes[j] += lanes[j + half];
   }

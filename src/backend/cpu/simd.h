@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #if defined(__AVX512F__)
 #define FS_SIMD_NAMESPACE simd_avx512
@@ -26,28 +27,258 @@
 #define FS_SIMD_NAMESPACE simd_generic
 #endif
 
+// The small helpers are always inlined: a call passes its vectors through
+// memory.
+#define FS_SIMD_INLINE __attribute__((always_inline)) inline
+
 namespace failsafe::cpu {
 inline namespace FS_SIMD_NAMESPACE {
 
+#if defined(__AVX512F__)
+// One register: GCC's vector extensions, native.
 typedef float V16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t I16 __attribute__((vector_size(64)));
+typedef uint32_t U16 __attribute__((vector_size(64)));
 
-inline V16 Load(const float* p) {
+FS_SIMD_INLINE V16 Load(const float* p) {
   V16 v;
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void Store(float* p, V16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+FS_SIMD_INLINE void Store(float* p, V16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+FS_SIMD_INLINE U16 LoadBits(const void* p) {
+  U16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+FS_SIMD_INLINE void StoreBits(void* p, U16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+
+// Lanes of b where mask is set (all ones), else of c.
+template <typename M, typename T>
+FS_SIMD_INLINE T Select(M mask, T b, T c) {
+  return mask ? b : c;
+}
+// The same bits as another vector type of 16 lanes.
+template <typename To, typename From>
+FS_SIMD_INLINE To BitCast(From v) {
+  return reinterpret_cast<To>(v);
+}
+// Lanes L... of (a, b): 0-15 pick from a, 16-31 from b.
+template <int... L, typename T>
+FS_SIMD_INLINE T Shuffle(T a, T b) {
+  return __builtin_shufflevector(a, b, L...);
+}
+#else
+// Without AVX-512 a 64-byte GCC vector has no machine mode: the compiler
+// keeps it in memory and moves it through general registers piece by piece
+// (every fused multiply-add of a register tile waited on stores and
+// reloads). So a vector here is its 16 lanes in parts of the widest native
+// width, two AVX2 registers or four SSE registers, each operation applied
+// part by part; the lanes, and so every chain, are the same as one
+// AVX-512 register's.
+#if defined(__AVX2__)
+inline constexpr int kPartBytes = 32;
+#else
+inline constexpr int kPartBytes = 16;
+#endif
+
+template <typename E>
+struct Vec16 {
+  static constexpr int kLanes = kPartBytes / static_cast<int>(sizeof(E));  // per part
+  static constexpr int kParts = 16 / kLanes;
+  // (Natural alignment and no may_alias: either made GCC copy every
+  // loaded part through the stack.)
+  typedef E Part __attribute__((vector_size(kPartBytes)));
+  Part p[kParts];
+
+  Vec16() = default;  // V16{} is zero; V16 v; is not set
+  // Sixteen lanes, in order.
+  template <typename... T>
+  requires(sizeof...(T) == 16) explicit Vec16(T... lanes) {
+    const E v[16] = {static_cast<E>(lanes)...};
+    __builtin_memcpy(p, v, sizeof(p));
+  }
+  E operator[](int i) const { return p[i / kLanes][i % kLanes]; }
+};
+typedef Vec16<float> V16;
+typedef Vec16<int32_t> I16;
+typedef Vec16<uint32_t> U16;
+
+#define FS_SIMD_PARTS(T) _Pragma("GCC unroll 4") for (int j = 0; j < T::kParts; ++j)
+
+// The result type of a comparison: lanes of all ones or zero.
+template <typename E>
+using MaskOf = Vec16<int32_t>;
+
+#define FS_SIMD_BINARY(op)                                                    \
+  template <typename E>                                                       \
+  FS_SIMD_INLINE Vec16<E> operator op(const Vec16<E>& a, const Vec16<E>& b) { \
+    Vec16<E> r;                                                               \
+    FS_SIMD_PARTS(Vec16<E>) r.p[j] = a.p[j] op b.p[j];                        \
+    return r;                                                                 \
+  }                                                                           \
+  template <typename E, typename S>                                           \
+  FS_SIMD_INLINE Vec16<E> operator op(const Vec16<E>& a, S b) {               \
+    Vec16<E> r;                                                               \
+    FS_SIMD_PARTS(Vec16<E>) r.p[j] = a.p[j] op static_cast<E>(b);             \
+    return r;                                                                 \
+  }                                                                           \
+  template <typename E, typename S>                                           \
+  FS_SIMD_INLINE Vec16<E> operator op(S a, const Vec16<E>& b) {               \
+    Vec16<E> r;                                                               \
+    FS_SIMD_PARTS(Vec16<E>) r.p[j] = static_cast<E>(a) op b.p[j];             \
+    return r;                                                                 \
+  }                                                                           \
+  template <typename E, typename S>                                           \
+  FS_SIMD_INLINE Vec16<E>& operator op##=(Vec16<E>& a, const S& b) {          \
+    return a = a op b;                                                        \
+  }
+FS_SIMD_BINARY(+)
+FS_SIMD_BINARY(-)
+FS_SIMD_BINARY(*)
+FS_SIMD_BINARY(/)
+FS_SIMD_BINARY(&)
+FS_SIMD_BINARY(|)
+FS_SIMD_BINARY(^)
+#undef FS_SIMD_BINARY
+
+template <typename E>
+FS_SIMD_INLINE Vec16<E> operator<<(const Vec16<E>& a, int s) {
+  Vec16<E> r;
+  FS_SIMD_PARTS(Vec16<E>) r.p[j] = a.p[j] << s;
+  return r;
+}
+template <typename E>
+FS_SIMD_INLINE Vec16<E> operator>>(const Vec16<E>& a, int s) {
+  Vec16<E> r;
+  FS_SIMD_PARTS(Vec16<E>) r.p[j] = a.p[j] >> s;
+  return r;
+}
+template <typename E>
+FS_SIMD_INLINE Vec16<E> operator-(const Vec16<E>& a) {
+  Vec16<E> r;
+  FS_SIMD_PARTS(Vec16<E>) r.p[j] = -a.p[j];
+  return r;
+}
+
+#define FS_SIMD_COMPARE(op)                                                                    \
+  template <typename E>                                                                        \
+  FS_SIMD_INLINE MaskOf<E> operator op(const Vec16<E>& a, const Vec16<E>& b) {                 \
+    MaskOf<E> r;                                                                               \
+    FS_SIMD_PARTS(Vec16<E>) r.p[j] = reinterpret_cast<I16::Part>(a.p[j] op b.p[j]);            \
+    return r;                                                                                  \
+  }                                                                                            \
+  template <typename E, typename S>                                                            \
+  FS_SIMD_INLINE MaskOf<E> operator op(const Vec16<E>& a, S b) {                               \
+    MaskOf<E> r;                                                                               \
+    FS_SIMD_PARTS(Vec16<E>) r.p[j] = reinterpret_cast<I16::Part>(a.p[j] op static_cast<E>(b)); \
+    return r;                                                                                  \
+  }
+FS_SIMD_COMPARE(<)
+FS_SIMD_COMPARE(>)
+FS_SIMD_COMPARE(<=)
+FS_SIMD_COMPARE(>=)
+FS_SIMD_COMPARE(==)
+FS_SIMD_COMPARE(!=)
+#undef FS_SIMD_COMPARE
+
+FS_SIMD_INLINE V16 Load(const float* p) {
+  V16 v;
+  FS_SIMD_PARTS(V16) __builtin_memcpy(&v.p[j], p + j * V16::kLanes, kPartBytes);
+  return v;
+}
+FS_SIMD_INLINE void Store(float* p, const V16& v) {
+  FS_SIMD_PARTS(V16) __builtin_memcpy(p + j * V16::kLanes, &v.p[j], kPartBytes);
+}
+FS_SIMD_INLINE U16 LoadBits(const void* p) {
+  U16 v;
+  FS_SIMD_PARTS(U16)
+  __builtin_memcpy(&v.p[j], static_cast<const char*>(p) + j * kPartBytes, kPartBytes);
+  return v;
+}
+FS_SIMD_INLINE void StoreBits(void* p, const U16& v) {
+  FS_SIMD_PARTS(U16) __builtin_memcpy(static_cast<char*>(p) + j * kPartBytes, &v.p[j], kPartBytes);
+}
+
+template <typename E>
+FS_SIMD_INLINE Vec16<E> Select(const I16& mask, const Vec16<E>& b, const Vec16<E>& c) {
+  Vec16<E> r;
+  FS_SIMD_PARTS(Vec16<E>) r.p[j] = mask.p[j] ? b.p[j] : c.p[j];
+  return r;
+}
+template <typename To, typename From>
+FS_SIMD_INLINE To BitCast(const From& v) {
+  static_assert(sizeof(To) == sizeof(From));
+  To r;
+  FS_SIMD_PARTS(To) r.p[j] = reinterpret_cast<typename To::Part>(v.p[j]);
+  return r;
+}
+
+// Shuffle's part j: lanes L... (0-15 of a, 16-31 of b) that fall in output
+// part j, taken from at most two source parts by one native shuffle
+// (every shuffle the kernels use is so); more, lane by lane.
+template <int J, int... L, typename T>
+FS_SIMD_INLINE void ShufflePart(const T& a, const T& b, T* r) {
+  constexpr int n = T::kLanes, idx[] = {L...};
+  constexpr int s0 = idx[J * n] / n;  // a source part of 2 * kParts (a's, then b's)
+  constexpr int s1 = [] {
+    for (int l = 0; l < n; ++l)
+      if (idx[J * n + l] / n != s0) return idx[J * n + l] / n;
+    return s0;
+  }();
+  constexpr bool two = [] {
+    for (int l = 0; l < n; ++l)
+      if (idx[J * n + l] / n != s0 && idx[J * n + l] / n != s1) return false;
+    return true;
+  }();
+  auto part = [&](int s) -> const typename T::Part& {
+    return s < T::kParts ? a.p[s] : b.p[s - T::kParts];
+  };
+  if constexpr (two) {
+    using M = typename Vec16<int32_t>::Part;
+    constexpr auto local = [](int i) { return i / n == s0 ? i % n : n + i % n; };
+    M mask;
+    for (int l = 0; l < n; ++l) mask[l] = local(idx[J * n + l]);
+    r->p[J] = __builtin_shuffle(part(s0), part(s1), mask);
+  } else {
+    for (int l = 0; l < n; ++l) r->p[J][l] = part(idx[J * n + l] / n)[idx[J * n + l] % n];
+  }
+}
+template <int... L, typename T, int... J>
+FS_SIMD_INLINE T ShuffleParts(const T& a, const T& b, std::integer_sequence<int, J...>) {
+  T r;
+  (ShufflePart<J, L...>(a, b, &r), ...);
+  return r;
+}
+template <int... L, typename T>
+FS_SIMD_INLINE T Shuffle(const T& a, const T& b) {
+  static_assert(sizeof...(L) == 16);
+  return ShuffleParts<L...>(a, b, std::make_integer_sequence<int, T::kParts>());
+}
+#endif
 
 // An f32's bits rounded to bf16 (the upper half; the lower is zero), on one
 // uint32_t or on a GCC vector of them lane by lane: branch-free. NaN: quiet,
 // with the payload's upper bits; else to nearest, ties to even.
+FS_SIMD_INLINE uint32_t Select(bool c, uint32_t b, uint32_t d) { return c ? b : d; }
 template <typename U>
-inline U Bf16Bits(U b) {
+FS_SIMD_INLINE U Bf16Bits(U b) {
   const U nan = b | 0x00400000u, rounded = b + 0x7fffu + ((b >> 16) & 1u);
-  return ((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded) & 0xffff0000u;
+  return Select((b & 0x7fffffffu) > 0x7f800000u, nan, rounded) & 0xffff0000u;
 }
-inline V16 Splat(float x) { return V16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+FS_SIMD_INLINE V16 Splat(float x) {
+#if defined(__AVX512F__)
+  return V16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+#elif defined(__AVX2__)
+  V16 v;
+  v.p[0] = v.p[1] = V16::Part{x, x, x, x, x, x, x, x};
+  return v;
+#else
+  V16 v;
+  v.p[0] = v.p[1] = v.p[2] = v.p[3] = V16::Part{x, x, x, x};
+  return v;
+#endif
+}
 
 // 16-bit weights, widened exactly to f32 in registers.
 struct BF16 {
@@ -57,38 +288,49 @@ struct F16 {
   uint16_t bits;
 };
 
-inline V16 Load(const BF16* p) {
+FS_SIMD_INLINE V16 Load(const BF16* p) {
+#if defined(__AVX512F__)
   typedef uint16_t U16x16 __attribute__((vector_size(32), aligned(2)));
-  typedef uint32_t U32x16 __attribute__((vector_size(64)));
   U16x16 h;
   __builtin_memcpy(&h, p, sizeof(h));
-  const U32x16 w = __builtin_convertvector(h, U32x16) << 16;  // bf16 is f32's upper half
-  V16 v;
-  __builtin_memcpy(&v, &w, sizeof(v));
-  return v;
+  const U16 w = __builtin_convertvector(h, U16) << 16;  // bf16 is f32's upper half
+  return reinterpret_cast<V16>(w);
+#else
+  U16 w;
+#if defined(__AVX2__)
+  FS_SIMD_PARTS(U16) {
+    w.p[j] = reinterpret_cast<U16::Part>(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * j))), 16));
+  }
+#else
+  typedef uint16_t Half __attribute__((vector_size(kPartBytes / 2), aligned(2)));
+  FS_SIMD_PARTS(U16) {
+    Half h;
+    __builtin_memcpy(&h, p + j * U16::kLanes, sizeof(h));
+    w.p[j] = __builtin_convertvector(h, U16::Part) << 16;
+  }
+#endif
+  return BitCast<V16>(w);
+#endif
 }
 
 // Sixteen 32-bit lanes, each holding two bf16 values (low and high half),
 // widened exactly and in-lane: even = lane << 16, odd = lane & 0xffff0000.
-inline void WidenPair(I16 lanes, V16* even, V16* odd) {
-  typedef uint32_t U32x16 __attribute__((vector_size(64)));
-  const U32x16 w = reinterpret_cast<U32x16>(lanes);
-  const U32x16 lo = w << 16, hi = w & 0xffff0000u;
-  __builtin_memcpy(even, &lo, sizeof(lo));
-  __builtin_memcpy(odd, &hi, sizeof(hi));
+FS_SIMD_INLINE void WidenPair(I16 lanes, V16* even, V16* odd) {
+  const U16 w = BitCast<U16>(lanes);
+  *even = BitCast<V16>(w << 16);
+  *odd = BitCast<V16>(w & 0xffff0000u);
 }
 
 // 32 bf16 values as 16 lanes of two (for WidenPair), bits unchanged.
-inline I16 LoadLanes(const BF16* p) {
-  I16 v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
+FS_SIMD_INLINE I16 LoadLanes(const BF16* p) { return BitCast<I16>(LoadBits(p)); }
 
 // Two k-values of 16 columns of bf16, interleaved: column q's values for the
 // even and the odd k-value in the low and high half of 32-bit lane q (the
 // paired blocked layout, Blocked16Index in backend/backend.h).
-inline void LoadPair(const BF16* p, V16* even, V16* odd) { WidenPair(LoadLanes(p), even, odd); }
+FS_SIMD_INLINE void LoadPair(const BF16* p, V16* even, V16* odd) {
+  WidenPair(LoadLanes(p), even, odd);
+}
 
 inline float Widen(BF16 b) {
   const uint32_t bits = static_cast<uint32_t>(b.bits) << 16;
@@ -116,61 +358,48 @@ inline float Widen(F16 h) {
   return f;
 }
 
-inline V16 Load(const F16* p) {
+FS_SIMD_INLINE V16 Load(const F16* p) {
 #if defined(__AVX512F__)
   return reinterpret_cast<V16>(
       _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-#elif defined(__F16C__)
-  typedef float V8 __attribute__((vector_size(32)));
-  struct Halves {
-    V8 lo, hi;
-  } r;
-  r.lo =
-      reinterpret_cast<V8>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  r.hi = reinterpret_cast<V8>(
-      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))));
+#elif defined(__AVX2__) && defined(__F16C__)
   V16 v;
-  __builtin_memcpy(&v, &r, sizeof(v));
+  FS_SIMD_PARTS(V16) {
+    v.p[j] = reinterpret_cast<V16::Part>(
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * j))));
+  }
   return v;
 #else
-  V16 v;
+  float v[16];
   for (int i = 0; i < 16; ++i) v[i] = Widen(p[i]);
-  return v;
+  return Load(v);
 #endif
 }
 
 inline float Widen(float f) { return f; }
 
 // a * b + c with one rounding, lane by lane.
-inline V16 Fma(V16 a, V16 b, V16 c) {
+FS_SIMD_INLINE V16 Fma(V16 a, V16 b, V16 c) {
 #if defined(__AVX512F__)
   return reinterpret_cast<V16>(_mm512_fmadd_ps(
       reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
-#elif defined(__FMA__)
-  typedef float V8 __attribute__((vector_size(32)));
-  struct Halves {
-    V8 lo, hi;
-  };
-  Halves ha, hb, hc, r;
-  __builtin_memcpy(&ha, &a, 64);
-  __builtin_memcpy(&hb, &b, 64);
-  __builtin_memcpy(&hc, &c, 64);
-  r.lo = reinterpret_cast<V8>(_mm256_fmadd_ps(reinterpret_cast<__m256>(ha.lo),
-                                              reinterpret_cast<__m256>(hb.lo),
-                                              reinterpret_cast<__m256>(hc.lo)));
-  r.hi = reinterpret_cast<V8>(_mm256_fmadd_ps(reinterpret_cast<__m256>(ha.hi),
-                                              reinterpret_cast<__m256>(hb.hi),
-                                              reinterpret_cast<__m256>(hc.hi)));
+#elif defined(__AVX2__) && defined(__FMA__)
   V16 out;
-  __builtin_memcpy(&out, &r, 64);
+  FS_SIMD_PARTS(V16) {
+    out.p[j] = reinterpret_cast<V16::Part>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a.p[j]),
+                                                           reinterpret_cast<__m256>(b.p[j]),
+                                                           reinterpret_cast<__m256>(c.p[j])));
+  }
   return out;
 #else
   V16 out;
-  for (int i = 0; i < 16; ++i) out[i] = std::fma(a[i], b[i], c[i]);
+  FS_SIMD_PARTS(V16) {
+    for (int l = 0; l < V16::kLanes; ++l) out.p[j][l] = std::fma(a.p[j][l], b.p[j][l], c.p[j][l]);
+  }
   return out;
 #endif
 }
-inline float Fma(float a, float b, float c) {
+FS_SIMD_INLINE float Fma(float a, float b, float c) {
 #if defined(__FMA__)
   return __builtin_fmaf(a, b, c);
 #else
@@ -185,10 +414,9 @@ inline float Fma(float a, float b, float c) {
 // of the exact value; +inf above 88.72, 0 below -87.34 (where exp is
 // subnormal), NaN for NaN.
 inline V16 Exp(V16 x) {
-  typedef uint32_t U16 __attribute__((vector_size(64)));
   const V16 big = Splat(88.7228391f), tiny = Splat(-87.3365479f);
-  V16 c = x < tiny ? tiny : x;
-  c = c > big ? big : c;
+  V16 c = Select(x < tiny, tiny, x);
+  c = Select(c > big, big, c);
   // 1.5 * 2^23 + n: one rounding, to the integer nearest x / ln 2. (Every
   // product here is a fused multiply-add or stands alone, so no level's
   // compiler can contract it otherwise.)
@@ -203,18 +431,13 @@ inline V16 Exp(V16 x) {
   p = Fma(p, r, Splat(1.6666665459e-1f));
   p = Fma(p, r, Splat(5.0000001201e-1f));
   V16 y = Fma(p, r * r, r) + Splat(1.0f);
-  U16 tb;
-  __builtin_memcpy(&tb, &t, 64);
-  const I16 ni = reinterpret_cast<I16>(tb - 0x4B400000u);  // n, from t's low bits
-  const I16 n1 = ni >> 1, n2 = ni - n1;                    // both in [-63, 64]
+  const I16 ni = BitCast<I16>(BitCast<U16>(t) - 0x4B400000u);  // n, from t's low bits
+  const I16 n1 = ni >> 1, n2 = ni - n1;                        // both in [-63, 64]
   const I16 s1 = (n1 + 127) << 23, s2 = (n2 + 127) << 23;
-  V16 f1, f2;
-  __builtin_memcpy(&f1, &s1, 64);
-  __builtin_memcpy(&f2, &s2, 64);
-  y = y * f1 * f2;
-  y = x > big ? Splat(__builtin_inff()) : y;
-  y = x < tiny ? V16{} : y;
-  return x != x ? x : y;
+  y = y * BitCast<V16>(s1) * BitCast<V16>(s2);
+  y = Select(x > big, Splat(__builtin_inff()), y);
+  y = Select(x < tiny, V16{}, y);
+  return Select(x != x, x, y);
 }
 
 // While alive, this thread's floating-point operations read denormal inputs

@@ -5,10 +5,12 @@
 // test.
 //
 //   failsafe_bench_engine [--model DIR | --preset 1b-llama] [--dtypes f32,bf16]
-//                         [--threads 1,2] [--isa avx512|avx2|generic]
+//                         [--threads 1,2] [--isa all|avx512,avx2,generic]
 //                         [--bf16-products auto|dpbf16|fma]
 #include <immintrin.h>
 #include <omp.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -43,12 +45,87 @@ using failsafe::bench::RunPrefill;
 
 namespace {
 
+// One thread's read of floats [b, e) of a buffer (whole 64-byte lines), its
+// sum returned: the fastest readers there are on this CPU, at the widest
+// vectors it has whatever the kernels' level (the limit is the machine's).
+// `runs`: the part as that many runs far apart, side by side, each load
+// asking for its line 2 KiB on (as decode reads its blocked weights); else
+// one stream into eight accumulators (enough loads in flight for the
+// hardware prefetchers).
+template <int kRuns>
+__attribute__((target("avx2"))) float ReadRunsAvx2(const float* buf, size_t b, size_t e) {
+  const size_t len = (e - b) / 16 / kRuns * 16;  // floats per run, whole lines
+  __m256 acc[2 * kRuns];
+  for (int q = 0; q < 2 * kRuns; ++q) acc[q] = _mm256_setzero_ps();
+  const float* r[kRuns];
+  for (int q = 0; q < kRuns; ++q) r[q] = buf + b + q * len;
+  for (size_t i = 0; i < len; i += 16) {
+#pragma GCC unroll 8
+    for (int q = 0; q < kRuns; ++q) {
+      if (kRuns > 1) __builtin_prefetch(r[q] + std::min(i + 512, len - 16));
+      acc[2 * q] = _mm256_add_ps(acc[2 * q], _mm256_load_ps(r[q] + i));
+      acc[2 * q + 1] = _mm256_add_ps(acc[2 * q + 1], _mm256_load_ps(r[q] + i + 8));
+    }
+  }
+  __m256 s = acc[0];
+  for (int q = 1; q < 2 * kRuns; ++q) s = _mm256_add_ps(s, acc[q]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0] + out[7];
+}
+__attribute__((target("avx2"))) float ReadStreamAvx2(const float* buf, size_t b, size_t e) {
+  __m256 acc[8];
+  for (int q = 0; q < 8; ++q) acc[q] = _mm256_setzero_ps();
+  for (size_t i = b; i + 64 <= e; i += 64) {
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) acc[q] = _mm256_add_ps(acc[q], _mm256_load_ps(buf + i + 8 * q));
+  }
+  __m256 s = acc[0];
+  for (int q = 1; q < 8; ++q) s = _mm256_add_ps(s, acc[q]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0] + out[7];
+}
+template <int kRuns>
+__attribute__((target("avx512f"))) float ReadRunsAvx512(const float* buf, size_t b, size_t e) {
+  const size_t len = (e - b) / 16 / kRuns * 16;
+  __m512 acc[kRuns];
+  for (int q = 0; q < kRuns; ++q) acc[q] = _mm512_setzero_ps();
+  const float* r[kRuns];
+  for (int q = 0; q < kRuns; ++q) r[q] = buf + b + q * len;
+  for (size_t i = 0; i < len; i += 16) {
+#pragma GCC unroll 8
+    for (int q = 0; q < kRuns; ++q) {
+      if (kRuns > 1) __builtin_prefetch(r[q] + std::min(i + 512, len - 16));
+      acc[q] = _mm512_add_ps(acc[q], _mm512_load_ps(r[q] + i));
+    }
+  }
+  __m512 s = acc[0];
+  for (int q = 1; q < kRuns; ++q) s = _mm512_add_ps(s, acc[q]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
+}
+__attribute__((target("avx512f"))) float ReadStreamAvx512(const float* buf, size_t b, size_t e) {
+  __m512 acc[8];
+  for (int q = 0; q < 8; ++q) acc[q] = _mm512_setzero_ps();
+  for (size_t i = b; i + 128 <= e; i += 128) {
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) acc[q] = _mm512_add_ps(acc[q], _mm512_load_ps(buf + i + 16 * q));
+  }
+  __m512 s = acc[0];
+  for (int q = 1; q < 8; ++q) s = _mm512_add_ps(s, acc[q]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
+}
+
 // Streaming read bandwidth (bytes/s) of `threads` threads over a 1 GiB buffer
 // allocated the way the engine allocates weights (transparent huge pages):
-// the better of a plain streaming sum and one that reads each thread's part
-// as four runs far apart, each asking for its line 2 KiB on, as bf16 decode
-// reads its weights. (On a Xeon a core's plain sum reached 8.8 GB/s where
-// decode read 13-15 GB/s; the limit is what a reader can reach.)
+// the best of several readers (one stream, and two, four or eight runs far
+// apart with prefetches), each the best of three passes. (A single 64-byte
+// GCC vector sum read 12.5 GB/s on one thread of a Zen 3 where llama.cpp's
+// decode streamed 20: without AVX-512 such a vector lives in memory.)
 double MeasureReadBandwidth(int threads) {
   const size_t n = (1ull << 30) / sizeof(float);
   static AlignedFloats storage(n);
@@ -58,47 +135,28 @@ double MeasureReadBandwidth(int threads) {
     std::fill(buf, buf + n, 1.0f);
     filled = true;
   }
-  typedef float V16 __attribute__((vector_size(64)));
+  const bool wide = HostCpuFeatures().avx512f;
+  typedef float (*Reader)(const float*, size_t, size_t);
+  const Reader readers[] = {
+      wide ? ReadStreamAvx512 : ReadStreamAvx2, wide ? ReadRunsAvx512<2> : ReadRunsAvx2<2>,
+      wide ? ReadRunsAvx512<4> : ReadRunsAvx2<4>, wide ? ReadRunsAvx512<8> : ReadRunsAvx2<8>};
   double best = 0;
-  for (int rep = 0; rep < 10; ++rep) {
-    const bool runs = rep % 2 == 1;
-    int64_t t0 = MonotonicNanos();
-    float total = 0;
-    size_t bytes = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total, bytes)
-    {
-      int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      size_t b = n / nt * t, e = t + 1 == nt ? n : n / nt * (t + 1);
-      V16 acc[4] = {};
-      if (runs) {
-        const size_t len = (e - b) / 64 * 16;  // floats per run, whole lines
-        const float* r[4];
-        for (int q = 0; q < 4; ++q) r[q] = buf + b + q * len;
-        for (size_t i = 0; i < len; i += 16) {
-          for (int q = 0; q < 4; ++q) {
-            __builtin_prefetch(r[q] + std::min(i + 512, len - 16));
-            V16 x;
-            __builtin_memcpy(&x, r[q] + i, 64);
-            acc[q] += x;
-          }
-        }
-        bytes += 4 * len * sizeof(float);
-      } else {
-        for (size_t i = b; i + 64 <= e; i += 64) {
-          for (int q = 0; q < 4; ++q) {
-            V16 x;
-            __builtin_memcpy(&x, &buf[i + 16 * q], 64);
-            acc[q] += x;
-          }
-        }
-        bytes += (e - b) / 64 * 64 * sizeof(float);
+  for (Reader read : readers) {
+    for (int rep = 0; rep < 3; ++rep) {
+      const int64_t t0 = MonotonicNanos();
+      float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+      {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        // Each thread's part: whole multiples of eight runs of whole lines.
+        const size_t part = n / nt / 1024 * 1024;
+        total += read(buf, part * t, part * (t + 1));
       }
-      V16 s = acc[0] + acc[1] + acc[2] + acc[3];
-      for (int i = 0; i < 16; ++i) total += s[i];
+      const double secs = (MonotonicNanos() - t0) * 1e-9;
+      if (total == 42.0f) std::printf(" ");  // keep the sum alive
+      const size_t bytes = n / threads / 1024 * 1024 * threads * sizeof(float);
+      best = std::max(best, bytes / secs);
     }
-    double secs = (MonotonicNanos() - t0) * 1e-9;
-    if (total == 42.0f) std::printf(" ");  // keep the sum alive
-    best = std::max(best, bytes / secs);
   }
   return best;
 }
@@ -106,7 +164,8 @@ double MeasureReadBandwidth(int threads) {
 // The f32 multiply-add rate (FLOP/s) `threads` threads reach with the
 // widest FMA the kernels' `level` uses, on twelve independent chains per
 // thread: enough to cover the FMA latency, so this is the ceiling a GEMM
-// built from f32 FMAs can reach on this CPU (0 for the generic level).
+// built from f32 FMAs can reach on this CPU (the generic level's: sixteen
+// scalar ones, std::fma, per vector).
 // Each function runs twelve chains of `iters` FMAs on full vectors (the
 // avx512 level's and vdpbf16ps's in the backend, cpu::Avx512FmaChains and
 // Avx512Dpbf16Chains, which also time them at start-up).
@@ -127,9 +186,9 @@ __attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
 
 // dpbf16: the vdpbf16ps chains instead (the bf16 chain's ceiling).
 double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
-  if (level == CpuIsa::kGeneric) return 0;
-  const int lanes = level == CpuIsa::kAvx512 ? 16 : 8;
-  const int64_t iters = 20'000'000;
+  const int lanes = level == CpuIsa::kAvx2 ? 8 : 16;
+  // The generic level's fused multiply-add is sixteen scalar ones.
+  const int64_t iters = level == CpuIsa::kGeneric ? 500'000 : 20'000'000;
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const int64_t t0 = MonotonicNanos();
@@ -137,7 +196,8 @@ double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     sink += dpbf16                     ? cpu::Avx512Dpbf16Chains(iters)
             : level == CpuIsa::kAvx512 ? cpu::Avx512FmaChains(iters)
-                                       : Chains256(iters);
+            : level == CpuIsa::kAvx2   ? Chains256(iters)
+                                       : cpu::GenericFmaChains(iters);
     const double secs = (MonotonicNanos() - t0) * 1e-9;
     if (sink == 42.0) std::printf(" ");  // keep the chains alive
     best = std::max(best, (dpbf16 ? 4.0 : 2.0) * lanes * 12 * iters * threads / secs);
@@ -284,9 +344,75 @@ double LibraryGemmTime(const ModelConfig& c, int m, int threads, bench::LibraryG
 
 }  // namespace
 
+// The libraries held to a kernels' level, as the environment variables
+// they read when loaded: OpenBLAS's core type and oneDNN's instruction-set
+// ceiling (none for the best level: theirs).
+std::vector<std::string> LibraryEnvironment(CpuIsa level) {
+  switch (level) {
+    case CpuIsa::kAvx512:
+      return {"OPENBLAS_CORETYPE=SkylakeX", "ONEDNN_MAX_CPU_ISA=AVX512_CORE"};
+    case CpuIsa::kAvx2:
+      return {"OPENBLAS_CORETYPE=Haswell", "ONEDNN_MAX_CPU_ISA=AVX2"};
+    case CpuIsa::kGeneric:
+      return {"OPENBLAS_CORETYPE=Prescott", "ONEDNN_MAX_CPU_ISA=SSE41"};
+  }
+  return {};
+}
+
+// Runs this benchmark once per level, each in a process of its own (the
+// libraries read their level when loaded), with the same arguments but
+// --isa. Returns the first failing exit status, or 0.
+int RunEachLevel(int argc, char** argv, const std::vector<CpuIsa>& levels) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--isa") {
+      ++i;  // and its value
+      continue;
+    }
+    if (a.rfind("--isa=", 0) == 0) continue;
+    args.push_back(a);
+  }
+  for (CpuIsa level : levels) {
+    std::vector<std::string> child = args;
+    child.push_back("--isa");
+    child.push_back(CpuIsaName(level));
+    std::vector<char*> cargv;
+    for (std::string& a : child) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      const std::string v = *e;
+      if (v.rfind("OPENBLAS_CORETYPE=", 0) == 0 || v.rfind("ONEDNN_MAX_CPU_ISA=", 0) == 0 ||
+          v.rfind("FAILSAFE_BENCH_LEVEL=", 0) == 0)
+        continue;
+      env_strings.push_back(v);
+    }
+    for (const std::string& v : LibraryEnvironment(level)) env_strings.push_back(v);
+    env_strings.push_back(std::string("FAILSAFE_BENCH_LEVEL=") + CpuIsaName(level));
+    std::vector<char*> cenv;
+    for (std::string& v : env_strings) cenv.push_back(v.data());
+    cenv.push_back(nullptr);
+    std::printf("\n=== level %s (libraries:", CpuIsaName(level));
+    for (const std::string& v : LibraryEnvironment(level)) std::printf(" %s", v.c_str());
+    std::printf(") ===\n");
+    std::fflush(stdout);
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargv.data(), cenv.data()) != 0) {
+      std::perror("posix_spawn");
+      return 1;
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"FailSafe single-device benchmark"};
-  std::string model, preset = "1b-llama", cache = "/tmp/failsafe-bench", isa_name;
+  std::string model, preset = "1b-llama", cache = "/tmp/failsafe-bench", isa_name = "all";
   std::vector<int> thread_counts = {1, 2};
   std::vector<std::string> dtype_names = {"f32", "bf16"};
   int steps = 24, prefill_tokens = 512, batch = 16, context = 32, block_size = 16;
@@ -314,7 +440,10 @@ int main(int argc, char** argv) {
   app.add_flag("--scatter", scatter,
                "decode from KV pages scattered over the pool (every page handed out and freed "
                "in a random order first, as a long-running server's) rather than a fresh pool's");
-  app.add_option("--isa", isa_name, "force the kernels' level: avx512, avx2 or generic");
+  app.add_option("--isa", isa_name,
+                 "the kernels' levels, each in a process of its own with the libraries held to "
+                 "it: all (every level this CPU has) or a list of avx512, avx2, generic")
+      ->capture_default_str();
   app.add_flag("--no-libraries", skip_libraries, "skip the library GEMM comparison");
   app.add_option("--only", only,
                  "time only --steps prefills of --prefill-tokens, or --steps decode steps at "
@@ -327,14 +456,38 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "dpbf16", "fma"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  std::optional<CpuIsa> isa;
-  if (!isa_name.empty()) {
-    isa = ParseCpuIsa(isa_name);
-    if (!isa) {
-      std::fprintf(stderr, "error: --isa must be avx512, avx2 or generic, not '%s'\n",
-                   isa_name.c_str());
+  std::vector<CpuIsa> levels;
+  for (size_t at = 0; at <= isa_name.size();) {
+    const size_t comma = std::min(isa_name.find(',', at), isa_name.size());
+    const std::string name = isa_name.substr(at, comma - at);
+    at = comma + 1;
+    if (name == "all") {
+      for (CpuIsa l : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kGeneric})
+        if (CpuSupports(HostCpuFeatures(), l)) levels.push_back(l);
+      continue;
+    }
+    const std::optional<CpuIsa> l = ParseCpuIsa(name);
+    if (!l || !CpuSupports(HostCpuFeatures(), *l)) {
+      std::fprintf(stderr,
+                   "error: --isa: '%s' is not a level this CPU has (avx512, avx2, generic)\n",
+                   name.c_str());
       return 1;
     }
+    levels.push_back(*l);
+  }
+  // Each level in a process whose libraries were loaded held to it.
+  const char* running = std::getenv("FAILSAFE_BENCH_LEVEL");
+  if (levels.size() > 1 || !running || running != std::string(CpuIsaName(levels.front())))
+    return RunEachLevel(argc, argv, levels);
+  const std::optional<CpuIsa> isa = levels.front();
+  if (*isa == CpuIsa::kGeneric && (prefill_tokens > 32 || steps > 2)) {
+    // Its products are scalar fused multiply-adds, about a hundredth of the
+    // vector levels' rate: a shorter run of the same measures.
+    prefill_tokens = std::min(prefill_tokens, 32);
+    steps = std::min(steps, 2);
+    batch = std::min(batch, 4);
+    std::printf("generic level: prefill of %d tokens, %d decode steps, batch %d\n",
+                prefill_tokens, steps, batch);
   }
   const CpuFeatures& f = HostCpuFeatures();
   const CpuIsa level = cpu::GemmIsaFor(isa);
@@ -535,23 +688,33 @@ int main(int argc, char** argv) {
     return f * c.num_layers;
   }();
   auto libs = bench::FindLibraryGemms();
-  std::printf("\nGEMM on the model's linear shapes (GFLOP/s)\n%-8s %-5s %12s %12s", "threads",
-              "rows", "engine f32", "engine bf16");
-  for (auto& lib : libs) std::printf(" %20s", lib->name().c_str());
+  std::printf(
+      "\nGEMM on the model's linear shapes at level %s, GFLOP/s (share of the level's f32 FMA "
+      "peak;\nengine bf16: of its bf16 chain's)\n%-8s %-5s %16s %16s",
+      CpuIsaName(level), "threads", "rows", "engine f32", "engine bf16");
+  for (auto& lib : libs) std::printf(" %22s", lib->name().c_str());
   std::printf("\n");
+  // "12.3 (45%)": a rate and its share of a peak.
+  auto cell = [](double rate, double peak, int width) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f (%.0f%%)", rate, 100.0 * rate * 1e9 / peak);
+    std::printf(" %*s", width, text);
+  };
   auto engine_rate = [&](DType t, int m, int threads, int reps) {
     return m * flops_per_row /
            EngineGemmTime(c, m, 0, threads, t, isa, dpbf16, ColumnBlocked(t, isa, dpbf16), reps) /
            1e9;
   };
-  for (int threads : thread_counts) {
+  for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
+    const int threads = thread_counts[ti];
     for (int m : {1, batch, prefill_tokens}) {
       const int reps = m == 1 ? 5 : 3;
-      std::printf("%-8d %-5d %12.1f %12.1f", threads, m, engine_rate(DType::kF32, m, threads, reps),
-                  engine_rate(DType::kBF16, m, threads, reps));
+      std::printf("%-8d %-5d", threads, m);
+      cell(engine_rate(DType::kF32, m, threads, reps), fma_peak[ti], 16);
+      cell(engine_rate(DType::kBF16, m, threads, reps), bf16_peak[ti], 16);
       for (auto& lib : libs)
-        std::printf(" %20.1f",
-                    m * flops_per_row / LibraryGemmTime(c, m, threads, *lib, reps) / 1e9);
+        cell(m * flops_per_row / LibraryGemmTime(c, m, threads, *lib, reps) / 1e9, fma_peak[ti],
+             22);
       std::printf("\n");
     }
   }

@@ -13,6 +13,7 @@
 //   failsafe_bench_gemm [--preset 1b-llama] [--rows 1,16] [--threads 1,2]
 //                       [--dtypes f32,bf16] [--products o,down] [--plain]
 //                       [--row-major-nn] [--bf16-products auto|dpbf16|fma]
+//                       [--isa avx512|avx2|generic]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -78,7 +79,18 @@ int main(int argc, char** argv) {
                  "it computes the chain) or fma")
       ->check(CLI::IsMember({"auto", "dpbf16", "fma"}))
       ->capture_default_str();
+  std::string isa_name;
+  app.add_option("--isa", isa_name, "force the kernels' level: avx512, avx2 or generic");
   CLI11_PARSE(app, argc, argv);
+  std::optional<CpuIsa> isa;
+  if (!isa_name.empty()) {
+    isa = ParseCpuIsa(isa_name);
+    if (!isa) {
+      std::fprintf(stderr, "error: --isa must be avx512, avx2 or generic, not '%s'\n",
+                   isa_name.c_str());
+      return 1;
+    }
+  }
   const std::optional<bool> dpbf16 = bf16_products == "fma"      ? std::optional<bool>(false)
                                      : bf16_products == "dpbf16" ? std::optional<bool>(true)
                                                                  : std::nullopt;
@@ -102,7 +114,7 @@ int main(int argc, char** argv) {
     }
   }
   const CpuFeatures& f = HostCpuFeatures();
-  const CpuIsa level = cpu::GemmIsa();
+  const CpuIsa level = cpu::GemmIsaFor(isa);
   std::printf("cpu: %s\nkernel: %s", f.model.c_str(), CpuIsaName(level));
   if (cpu::GemmDpbf16For(level) && cpu::GemmDpbf16TilesFor(level)) {
     std::printf(" (bf16 products: vdpbf16ps)");
@@ -126,8 +138,12 @@ int main(int argc, char** argv) {
     std::vector<int64_t> acc(static_cast<size_t>(max_rows) * p.n);
     for (DType dtype : dtypes) {
       const int64_t bytes = elements * static_cast<int64_t>(DTypeSize(dtype));
-      const bool column_blocked =
-          !p.nt && !row_major_nn && MakeCpuBackend(1)->ColumnBlockedNN(dtype);
+      const bool column_blocked = !p.nt && !row_major_nn && [&] {
+        CpuBackendOptions o;
+        o.isa = isa;
+        o.dpbf16 = dpbf16;
+        return MakeCpuBackend(o)->ColumnBlockedNN(dtype);
+      }();
       // Every weight equal (0.25 in every type): the layout changes how
       // they are read, not y. Huge pages, as the engine holds weights.
       AlignedFloats w(static_cast<size_t>(copies * bytes / 4));
@@ -155,6 +171,7 @@ int main(int argc, char** argv) {
               a.k = p.k;
               a.threads = threads;
               a.dpbf16 = dpbf16;
+              a.isa = isa;
               if (p.nt) {
                 a.ldw = p.k;
                 a.w_blocked16 = true;

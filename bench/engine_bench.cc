@@ -46,85 +46,52 @@ using failsafe::bench::RunPrefill;
 
 namespace {
 
-// One thread's read of floats [b, e) of a buffer (whole 64-byte lines), its
-// sum returned: the fastest readers there are on this CPU, at the widest
-// vectors it has whatever the kernels' level (the limit is the machine's).
-// `runs`: the part as that many runs far apart, side by side, each load
-// asking for its line 2 KiB on (as decode reads its blocked weights); else
-// one stream into eight accumulators (enough loads in flight for the
-// hardware prefetchers).
-template <int kRuns>
-__attribute__((target("avx2"))) float ReadRunsAvx2(const float* buf, size_t b, size_t e) {
-  const size_t len = (e - b) / 16 / kRuns * 16;  // floats per run, whole lines
-  __m256 acc[2 * kRuns];
-  for (int q = 0; q < 2 * kRuns; ++q) acc[q] = _mm256_setzero_ps();
-  const float* r[kRuns];
-  for (int q = 0; q < kRuns; ++q) r[q] = buf + b + q * len;
-  for (size_t i = 0; i < len; i += 16) {
+// One thread's read of floats [b, e) of a buffer (a multiple of 1024
+// floats), its sum returned, by vectors V: the part as kRuns runs far apart,
+// side by side, eight lines in flight at a time; with several runs each load
+// asks for its line 2 KiB on (as decode reads its blocked weights).
+// Instantiated at the CPU's widest vectors whatever the kernels' level (the
+// limit is the machine's).
+template <typename V, int kRuns>
+__attribute__((always_inline)) inline float ReadRuns(const float* buf, size_t b, size_t e) {
+  constexpr int kLines = 8 / kRuns, kPerLine = 64 / sizeof(V), kFloats = sizeof(V) / 4;
+  const size_t len = (e - b) / kRuns;  // floats per run, whole groups of kLines lines
+  V acc[8] = {};
+  for (size_t i = 0; i < len; i += 16 * kLines) {
 #pragma GCC unroll 8
     for (int q = 0; q < kRuns; ++q) {
-      if (kRuns > 1) __builtin_prefetch(r[q] + std::min(i + 512, len - 16));
-      acc[2 * q] = _mm256_add_ps(acc[2 * q], _mm256_load_ps(r[q] + i));
-      acc[2 * q + 1] = _mm256_add_ps(acc[2 * q + 1], _mm256_load_ps(r[q] + i + 8));
+      const float* r = buf + b + q * len + i;
+      if (kRuns > 1) __builtin_prefetch(r + std::min<size_t>(512, len - i - 16));
+#pragma GCC unroll 8
+      for (int l = 0; l < kLines; ++l) {
+#pragma GCC unroll 4
+        for (int h = 0; h < kPerLine; ++h) {
+          V x;
+          __builtin_memcpy(&x, r + 16 * l + kFloats * h, sizeof(x));
+          acc[q * kLines + l] += x;
+        }
+      }
     }
   }
-  __m256 s = acc[0];
-  for (int q = 1; q < 2 * kRuns; ++q) s = _mm256_add_ps(s, acc[q]);
-  float out[8];
-  _mm256_storeu_ps(out, s);
-  return out[0] + out[7];
+  V s = acc[0];
+  for (int q = 1; q < 8; ++q) s += acc[q];
+  return s[0] + s[kFloats - 1];
 }
-__attribute__((target("avx2"))) float ReadStreamAvx2(const float* buf, size_t b, size_t e) {
-  __m256 acc[8];
-  for (int q = 0; q < 8; ++q) acc[q] = _mm256_setzero_ps();
-  for (size_t i = b; i + 64 <= e; i += 64) {
-#pragma GCC unroll 8
-    for (int q = 0; q < 8; ++q) acc[q] = _mm256_add_ps(acc[q], _mm256_load_ps(buf + i + 8 * q));
-  }
-  __m256 s = acc[0];
-  for (int q = 1; q < 8; ++q) s = _mm256_add_ps(s, acc[q]);
-  float out[8];
-  _mm256_storeu_ps(out, s);
-  return out[0] + out[7];
+typedef float V8f __attribute__((vector_size(32)));
+typedef float V16f __attribute__((vector_size(64)));
+template <int kRuns>
+__attribute__((target("avx2"))) float ReadRunsAvx2(const float* buf, size_t b, size_t e) {
+  return ReadRuns<V8f, kRuns>(buf, b, e);
 }
 template <int kRuns>
 __attribute__((target("avx512f"))) float ReadRunsAvx512(const float* buf, size_t b, size_t e) {
-  const size_t len = (e - b) / 16 / kRuns * 16;
-  __m512 acc[kRuns];
-  for (int q = 0; q < kRuns; ++q) acc[q] = _mm512_setzero_ps();
-  const float* r[kRuns];
-  for (int q = 0; q < kRuns; ++q) r[q] = buf + b + q * len;
-  for (size_t i = 0; i < len; i += 16) {
-#pragma GCC unroll 8
-    for (int q = 0; q < kRuns; ++q) {
-      if (kRuns > 1) __builtin_prefetch(r[q] + std::min(i + 512, len - 16));
-      acc[q] = _mm512_add_ps(acc[q], _mm512_load_ps(r[q] + i));
-    }
-  }
-  __m512 s = acc[0];
-  for (int q = 1; q < kRuns; ++q) s = _mm512_add_ps(s, acc[q]);
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  return out[0] + out[15];
-}
-__attribute__((target("avx512f"))) float ReadStreamAvx512(const float* buf, size_t b, size_t e) {
-  __m512 acc[8];
-  for (int q = 0; q < 8; ++q) acc[q] = _mm512_setzero_ps();
-  for (size_t i = b; i + 128 <= e; i += 128) {
-#pragma GCC unroll 8
-    for (int q = 0; q < 8; ++q) acc[q] = _mm512_add_ps(acc[q], _mm512_load_ps(buf + i + 16 * q));
-  }
-  __m512 s = acc[0];
-  for (int q = 1; q < 8; ++q) s = _mm512_add_ps(s, acc[q]);
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  return out[0] + out[15];
+  return ReadRuns<V16f, kRuns>(buf, b, e);
 }
 
 // Streaming read bandwidth (bytes/s) of `threads` threads over a 1 GiB buffer
 // allocated the way the engine allocates weights (transparent huge pages):
-// the best of several readers (one stream, and two, four or eight runs far
-// apart with prefetches), each the best of three passes. (A single 64-byte
+// the best of several readers (ReadRuns: one stream, and two, four or eight
+// runs far apart with prefetches), each the best of three passes. (A single 64-byte
 // GCC vector sum read 12.5 GB/s on one thread of a Zen 3 where llama.cpp's
 // decode streamed 20: without AVX-512 such a vector lives in memory.)
 double MeasureReadBandwidth(int threads) {
@@ -139,7 +106,7 @@ double MeasureReadBandwidth(int threads) {
   const bool wide = HostCpuFeatures().avx512f;
   typedef float (*Reader)(const float*, size_t, size_t);
   const Reader readers[] = {
-      wide ? ReadStreamAvx512 : ReadStreamAvx2, wide ? ReadRunsAvx512<2> : ReadRunsAvx2<2>,
+      wide ? ReadRunsAvx512<1> : ReadRunsAvx2<1>, wide ? ReadRunsAvx512<2> : ReadRunsAvx2<2>,
       wide ? ReadRunsAvx512<4> : ReadRunsAvx2<4>, wide ? ReadRunsAvx512<8> : ReadRunsAvx2<8>};
   // The best seen at this thread count, over calls: a later call (after a
   // model was loaded and dropped) read up to a quarter less on a shared

@@ -300,7 +300,7 @@ FS_INLINE void AddFixed16(V16 v, int64_t* acc64, int cols) {
     __builtin_memcpy(acc64 + 8, &a1, 64);
     return;
   }
-#elif defined(__AVX2__)
+#elif defined(FS_SIMD_AVX2_PARTS)
   if (cols >= 16) {
     // Four lanes at a time: four int64 sums are one AVX2 register.
     typedef float F4 __attribute__((vector_size(16)));
@@ -324,7 +324,7 @@ FS_INLINE void AddFixed16(V16 v, int64_t* acc64, int cols) {
   for (int j = 0; j < cols; ++j) acc64[j] = AddFixed(acc64[j], static_cast<int64_t>(c[j]));
 }
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(FS_SIMD_AVX2_PARTS)
 // The sum of ToFixed over items, split: a value v (clamped, NaN as 0) is
 // h + r, h = trunc(v) and r = v - h (both exact), so ToFixed(v) =
 // h 2^32 + trunc(r 2^32) exactly, the second part below 2^32 in magnitude.
@@ -356,6 +356,48 @@ inline int64_t FixedSplitValue(int32_t h, double t) {
                               static_cast<uint64_t>(static_cast<int64_t>(t)));
 }
 #endif
+
+// The exact item sums of a register tile: MR rows (rows[i]) of a panel's
+// first `cols` columns (up to kNR), each item's two vectors of chains per
+// row added by Add. With AVX2 parts they are summed split over the tile's
+// items (FixedSplitAdd; there is no vector conversion to int64) and added to
+// the sums once, by Finish; elsewhere each item's go straight in.
+template <int MR>
+class TileItemSums {
+ public:
+  FS_INLINE TileItemSums(int64_t* const* rows, int cols) : cols_(cols) {
+    for (int i = 0; i < MR; ++i) rows_[i] = rows[i];
+#if defined(FS_SIMD_AVX2_PARTS)
+    std::memset(h_, 0, sizeof(h_));
+    std::memset(t_, 0, sizeof(t_));
+#endif
+  }
+  FS_INLINE void Add(int i, const V16& v0, const V16& v1) {
+#if defined(FS_SIMD_AVX2_PARTS)
+    FixedSplitAdd(v0, h_[i], t_[i]);
+    FixedSplitAdd(v1, h_[i] + 16, t_[i] + 16);
+#else
+    AddFixed16(v0, rows_[i], std::min(16, cols_));
+    if (cols_ > 16) AddFixed16(v1, rows_[i] + 16, cols_ - 16);
+#endif
+  }
+  FS_INLINE void Finish() {
+#if defined(FS_SIMD_AVX2_PARTS)
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < cols_; ++j)
+        rows_[i][j] = AddFixed(rows_[i][j], FixedSplitValue(h_[i][j], t_[i][j]));
+    }
+#endif
+  }
+
+ private:
+  int64_t* rows_[MR];
+  int cols_;
+#if defined(FS_SIMD_AVX2_PARTS)
+  alignas(32) int32_t h_[MR][kNR];
+  alignas(32) double t_[MR][kNR];
+#endif
+};
 
 // bf16 rows stream 32 columns at a time: one vector holds them as pairs
 // (columns 2q and 2q + 1 in 32-bit lane q), which LoadPair widens in-lane
@@ -741,7 +783,7 @@ struct Acc {
 template <int MR, typename W>
 FS_INLINE void ChainSteps(const float* const* xr, int k0, int k1, int64_t step, const W*& b0,
                           const W*& b1, V16* a0, V16* a1) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(FS_SIMD_AVX2_PARTS)
   if constexpr (std::is_same_v<W, float>) {
     // Sixteen registers: MR x 4 accumulators, the MR rows' broadcasts and
     // one part of the weights at a time (all four parts at once left no
@@ -824,7 +866,7 @@ FS_INLINE Acc<MR> ChainBf16(const KernelArgs& a, int i0, const Panel<W>& p, int 
     a1[i] = c.v[i][1];
   }
   int kk = k0;
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(FS_SIMD_AVX2_PARTS)
   // Sixteen registers (as ChainSteps): the odd k-value's products of every
   // part, then the even one's, one part of the weights at a time, each
   // chain taking its pair's two in the chain's order. A blocked bf16
@@ -1046,8 +1088,6 @@ __attribute__((target("avx512bf16"), noinline)) void TileFixedPairs(const Kernel
 template <int MR, bool kWhole, typename W>
 FS_INLINE void TileFixedItems(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
   const int items = a.k / a.item_k;
-  const int v0 = kWhole ? 16 : std::min(16, p.cols);  // columns per vector
-  const int v1 = kWhole ? 16 : std::max(0, p.cols - 16);
   const float* xr[MR];
   int64_t* row[MR];
 #pragma GCC unroll 16
@@ -1055,41 +1095,18 @@ FS_INLINE void TileFixedItems(const KernelArgs& a, int i0, int j0, const Panel<W
     xr[i] = a.x + (i0 + i) * a.ldx;
     row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
   }
+  TileItemSums<MR> sums(row, kWhole ? kNR : p.cols);
   const W* b0 = p.b0;
   const W* b1 = p.b1;
-#if defined(__AVX2__) && !defined(__AVX512F__)
-  // Without AVX-512 there is no vector conversion to int64: the items'
-  // ToFixed values are summed split (FixedSplit) over the tile's items, and
-  // added to the sums once.
-  alignas(32) int32_t h[MR][kNR];
-  alignas(32) double t[MR][kNR];
-  std::memset(h, 0, sizeof(h));
-  std::memset(t, 0, sizeof(t));
-#endif
   for (int c = 0, k0 = 0; c < items; ++c, k0 += a.item_k) {
     V16 a0[MR], a1[MR];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) a0[i] = a1[i] = V16{};
     ChainSteps<MR>(xr, k0, k0 + a.item_k, p.step, b0, b1, a0, a1);
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
-      FixedSplitAdd(a0[i], h[i], t[i]);
-      FixedSplitAdd(a1[i], h[i] + 16, t[i] + 16);
-#else
-      AddFixed16(a0[i], row[i], v0);
-      if (v1 > 0) AddFixed16(a1[i], row[i] + 16, v1);
-#endif
-    }
+    for (int i = 0; i < MR; ++i) sums.Add(i, a0[i], a1[i]);
   }
-#if defined(__AVX2__) && !defined(__AVX512F__)
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < v0 + v1; ++j) {
-      const int jj = j < v0 ? j : 16 + j - v0;
-      row[i][jj] = AddFixed(row[i][jj], FixedSplitValue(h[i][jj], t[i][jj]));
-    }
-  }
-#endif
+  sums.Finish();
 }
 
 template <int MR, typename W>
@@ -1139,32 +1156,15 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
     if (a.out == GemmOut::kFixedItems) return TileFixed<MR>(a, i0, j0, p);
   }
   if (a.out == GemmOut::kFixedItems) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
-    alignas(32) int32_t h[MR][kNR];  // as TileFixedItems
-    alignas(32) double t[MR][kNR];
-    std::memset(h, 0, sizeof(h));
-    std::memset(t, 0, sizeof(t));
-#endif
+    int64_t* row[MR];
+    for (int i = 0; i < MR; ++i) row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
+    TileItemSums<MR> sums(row, p.cols);
     for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
       for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};
       acc = TileChain<MR, kB>(a, i0, p, k0, k0 + a.item_k, acc);
-      for (int i = 0; i < MR; ++i) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
-        FixedSplitAdd(acc.v[i][0], h[i], t[i]);
-        FixedSplitAdd(acc.v[i][1], h[i] + 16, t[i] + 16);
-#else
-        int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
-        AddFixed16(acc.v[i][0], row, std::min(16, p.cols));
-        if (p.cols > 16) AddFixed16(acc.v[i][1], row + 16, p.cols - 16);
-#endif
-      }
+      for (int i = 0; i < MR; ++i) sums.Add(i, acc.v[i][0], acc.v[i][1]);
     }
-#if defined(__AVX2__) && !defined(__AVX512F__)
-    for (int i = 0; i < MR; ++i) {
-      int64_t* row = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
-      for (int j = 0; j < p.cols; ++j) row[j] = AddFixed(row[j], FixedSplitValue(h[i][j], t[i][j]));
-    }
-#endif
+    sums.Finish();
     return;
   }
   for (int i = 0; i < MR; ++i) {

@@ -34,9 +34,10 @@ __attribute__((noinline)) V16 PairChain(V16 acc, I16 a, I16 b) {
 
 bool SameOrBothNan(V16 x, V16 y) {
   for (int i = 0; i < 16; ++i) {
+    const float fx = x[i], fy = y[i];
     uint32_t bx, by;
-    std::memcpy(&bx, &x[i], 4);
-    std::memcpy(&by, &y[i], 4);
+    std::memcpy(&bx, &fx, 4);
+    std::memcpy(&by, &fy, 4);
     if (bx != by && !(x[i] != x[i] && y[i] != y[i])) return false;
   }
   return true;

@@ -215,8 +215,8 @@ FS_SIMD_INLINE To BitCast(const From& v) {
 // Shuffle's part j: lanes L... (0-15 of a, 16-31 of b) that fall in output
 // part j, taken from at most two source parts by one native shuffle
 // (every shuffle the kernels use is so).
-template <int J, int... L, typename T>
-FS_SIMD_INLINE void ShufflePart(const T& a, const T& b, T* r) {
+template <int J, int... L, typename T, int... K>
+FS_SIMD_INLINE void ShufflePart(const T& a, const T& b, T* r, std::integer_sequence<int, K...>) {
   constexpr int n = T::kLanes, idx[] = {L...};
   constexpr int s0 = idx[J * n] / n;  // a source part of 2 * kParts (a's, then b's)
   constexpr int s1 = [] {
@@ -235,14 +235,20 @@ FS_SIMD_INLINE void ShufflePart(const T& a, const T& b, T* r) {
     return s < T::kParts ? a.p[s] : b.p[s - T::kParts];
   };
   constexpr auto local = [](int i) { return i / n == s0 ? i % n : n + i % n; };
+#if defined(__clang__)
+  r->p[J] = __builtin_shufflevector(part(s0), part(s1), local(idx[J * n + K])...);
+#else
+  // (GCC's builtin with the mask built so: the code the kernels were
+  // measured with.)
   typename I16::Part mask;
   for (int l = 0; l < n; ++l) mask[l] = local(idx[J * n + l]);
   r->p[J] = __builtin_shuffle(part(s0), part(s1), mask);
+#endif
 }
 template <int... L, typename T, int... J>
 FS_SIMD_INLINE T ShuffleParts(const T& a, const T& b, std::integer_sequence<int, J...>) {
   T r;
-  (ShufflePart<J, L...>(a, b, &r), ...);
+  (ShufflePart<J, L...>(a, b, &r, std::make_integer_sequence<int, T::kLanes>()), ...);
   return r;
 }
 template <int... L, typename T>

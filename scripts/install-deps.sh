@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libboost1.81-dev libcpp-httplib-dev libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libnlopt-cxx-dev gnuplot-nox libsentencepiece-dev libutf8proc-dev
+  libnlopt-cxx-dev gnuplot-nox libsentencepiece-dev libutf8proc-dev libssl-dev
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(python3 python3-numpy python3-torch python3-sentencepiece python3-jinja2 haproxy iproute2)

@@ -13,13 +13,13 @@ namespace failsafe {
 
 namespace {
 constexpr uint32_t kMaxFds = 16;
-constexpr uint64_t kMaxPayload = 1ull << 34;
 
 struct FrameHeader {
   uint32_t type;
   uint32_t num_fds;
   uint64_t length;
 };
+static_assert(sizeof(FrameHeader) == FrameReader::kHeaderBytes);
 }  // namespace
 
 Channel& Channel::operator=(Channel&& o) noexcept {
@@ -132,7 +132,7 @@ Status Channel::ReadFully(char* dst, size_t n, std::vector<int>* fds, int64_t de
   return Status::Ok();
 }
 
-Status Channel::Receive(Message* out, int64_t timeout_ms) {
+Status Channel::Receive(Message* out, int64_t timeout_ms, uint64_t max_payload) {
   if (fd_ < 0) return Unavailable("channel is closed");
   const int64_t deadline = timeout_ms < 0 ? -1 : MonotonicNanos() + timeout_ms * 1000000;
   FrameHeader h;
@@ -143,12 +143,55 @@ Status Channel::Receive(Message* out, int64_t timeout_ms) {
     out->fds.clear();
     return Internal("malformed frame on channel");
   }
+  if (h.length > max_payload) {
+    for (int fd : out->fds) ::close(fd);
+    out->fds.clear();
+    return InvalidArgument("a frame of {} bytes where at most {} may come", h.length, max_payload);
+  }
   out->type = h.type;
   out->payload.resize(h.length);
   // The body follows the header at once; a sender that stops half-way (a
   // process stopped or hung mid-write) fails the receive at the same
   // deadline, and the channel is then unusable.
   return ReadFully(out->payload.data(), h.length, nullptr, deadline);
+}
+
+size_t FrameReader::Want() const {
+  if (bad_) return 0;
+  if (header_got_ < kHeaderBytes) return kHeaderBytes - header_got_;
+  return static_cast<size_t>(length_ - payload_.size());
+}
+
+Status FrameReader::Add(const char* data, size_t n) {
+  if (bad_) return InvalidArgument("the frame was refused");
+  if (n > Want()) return InvalidArgument("more bytes than the frame wants");
+  if (header_got_ < kHeaderBytes) {
+    std::memcpy(header_ + header_got_, data, n);
+    header_got_ += n;
+    if (header_got_ < kHeaderBytes) return Status::Ok();
+    FrameHeader h;
+    std::memcpy(&h, header_, sizeof(h));
+    if (h.num_fds != 0 || h.length > max_payload_) {
+      bad_ = true;
+      return InvalidArgument(
+          "a frame of {} bytes and {} descriptors where at most {} bytes may come", h.length,
+          h.num_fds, max_payload_);
+    }
+    type_ = h.type;
+    length_ = h.length;
+    payload_.reserve(static_cast<size_t>(length_));
+    return Status::Ok();
+  }
+  payload_.append(data, n);
+  return Status::Ok();
+}
+
+void FrameReader::Reset() {
+  header_got_ = 0;
+  type_ = 0;
+  length_ = 0;
+  bad_ = false;
+  payload_.clear();
 }
 
 }  // namespace failsafe

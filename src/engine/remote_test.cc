@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/rng.h"
@@ -209,63 +211,134 @@ TEST(Remote, AWrongTokenIsRefusedOnBothSides) {
   EXPECT_TRUE(dev.ok()) << dev.status().ToString();
 }
 
-// A raw hello of another protocol version or another build.
-Status Hello(int port, const ClusterHello& hello, std::string* refusal) {
+// A TCP connection to the listener on loopback, from `source` (any address
+// of 127/8 is this host's).
+Channel Dial(int port, const char* source = "127.0.0.1") {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &local.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)), 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return Unavailable("connect failed");
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return Channel(fd);
+}
+
+ClusterHello MakeHello() {
+  ClusterHello hello;
+  hello.build_id = ClusterBuildId();
+  hello.host = "test";
+  hello.pid = 1;
+  hello.nonce = NewNonce();
+  return hello;
+}
+
+// A handshake by hand, proving `token`; returns the refusal, or "" once the
+// listener registered the worker (an idle frame came).
+Result<std::string> HandJoin(int port, const ClusterHello& hello, const std::string& token) {
+  Channel ch = Dial(port);
+  const std::string bytes = hello.Encode();
+  FS_RETURN_IF_ERROR(ch.Send(static_cast<uint32_t>(LinkOp::kHello), bytes));
+  while (true) {
+    Message m;
+    FS_RETURN_IF_ERROR(ch.Receive(&m, 10000));
+    switch (static_cast<LinkOp>(m.type)) {
+      case LinkOp::kRefused:
+        return m.payload;
+      case LinkOp::kIdle:
+        return std::string();
+      case LinkOp::kChallenge: {
+        ClusterChallenge c;
+        if (!c.Decode(m.payload)) return Internal("malformed challenge");
+        if (c.proof != CoordinatorProof(kToken, bytes, c.nonce)) return Internal("bad proof");
+        FS_RETURN_IF_ERROR(
+            ch.Send(static_cast<uint32_t>(LinkOp::kProof), WorkerProof(token, bytes, c.nonce)));
+        break;
+      }
+      default:
+        return Internal("unexpected frame {}", m.type);
+    }
   }
-  Channel ch(fd);
-  FS_RETURN_IF_ERROR(ch.Send(static_cast<uint32_t>(LinkOp::kHello), hello.Encode()));
-  Message m;
-  FS_RETURN_IF_ERROR(ch.Receive(&m, 10000));
-  if (m.type != static_cast<uint32_t>(LinkOp::kRefused)) return Internal("not refused");
-  *refusal = m.payload;
-  return Status::Ok();
 }
 
 TEST(Remote, AnotherProtocolVersionOrBuildIsRefused) {
   auto listener = Listen();
-  ClusterHello hello;
-  hello.build_id = ClusterBuildId();
-  hello.token = kToken;
+  ClusterHello hello = MakeHello();
   hello.version = kClusterProtocolVersion + 1;
-  std::string why;
-  ASSERT_TRUE(Hello(listener->port(), hello, &why).ok());
-  EXPECT_NE(why.find("protocol version " + std::to_string(kClusterProtocolVersion + 1)),
+  auto why = HandJoin(listener->port(), hello, kToken);
+  ASSERT_TRUE(why.ok()) << why.status().ToString();
+  EXPECT_NE(why->find("protocol version " + std::to_string(kClusterProtocolVersion + 1)),
             std::string::npos)
-      << why;
-  hello.version = kClusterProtocolVersion;
+      << *why;
+  // Another build is told so once it proved the token, and not before.
+  hello = MakeHello();
   hello.build_id = "0123456789abcdef";
-  ASSERT_TRUE(Hello(listener->port(), hello, &why).ok());
-  EXPECT_NE(why.find("another build"), std::string::npos) << why;
-  EXPECT_EQ(listener->refused(), 2);
+  why = HandJoin(listener->port(), hello, "not-the-token");
+  ASSERT_TRUE(why.ok()) << why.status().ToString();
+  EXPECT_EQ(*why, "wrong cluster token");
+  why = HandJoin(listener->port(), hello, kToken);
+  ASSERT_TRUE(why.ok()) << why.status().ToString();
+  EXPECT_NE(why->find("another build"), std::string::npos) << *why;
+  EXPECT_EQ(listener->refused(), 3);
+  // The right build and token register.
+  why = HandJoin(listener->port(), MakeHello(), kToken);
+  ASSERT_TRUE(why.ok()) << why.status().ToString();
+  EXPECT_EQ(*why, "");
 }
 
+// A coordinator of the test's own on a loopback port.
+struct FakeCoordinator {
+  FakeCoordinator() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(fd, 4), 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  ~FakeCoordinator() { ::close(fd); }
+  // The next connection, once it said hello, and a challenge proving
+  // `token` sent back; false if any of it failed.
+  bool Challenge(const std::string& token, Channel* ch, std::string* hello,
+                 ClusterChallenge* challenge) const {
+    *ch = Channel(::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+    Message m;
+    if (!ch->Receive(&m, 20000).ok() || m.type != static_cast<uint32_t>(LinkOp::kHello)) {
+      return false;
+    }
+    *hello = m.payload;
+    challenge->nonce = NewNonce();
+    challenge->proof = CoordinatorProof(token, *hello, challenge->nonce);
+    return ch->Send(static_cast<uint32_t>(LinkOp::kChallenge), challenge->Encode()).ok();
+  }
+  int fd = -1;
+  int port = 0;
+};
+
 // A worker whose coordinator goes silent without closing the connection (a
-// host that vanished, a cut link) exits within the link timeout.
+// host that vanished, a cut link) exits within the link timeout. On the way
+// the worker's side of the handshake is checked: its proof is right, and the
+// token is in none of its frames.
 TEST(Remote, AWorkerWhoseCoordinatorFallsSilentExits) {
-  // A coordinator that welcomes the worker and then says nothing.
-  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(lfd, 4), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  FakeCoordinator coordinator;
   Workers workers;
-  const pid_t pid = workers.Join(ntohs(addr.sin_port), kToken);
-  Channel ch(::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC));
-  ::close(lfd);
+  const pid_t pid = workers.Join(coordinator.port, kToken);
+  Channel ch;
+  std::string hello;
+  ClusterChallenge challenge;
+  ASSERT_TRUE(coordinator.Challenge(kToken, &ch, &hello, &challenge));
   Message m;
   ASSERT_TRUE(ch.Receive(&m, 20000).ok());
-  ASSERT_EQ(m.type, static_cast<uint32_t>(LinkOp::kHello));
+  ASSERT_EQ(m.type, static_cast<uint32_t>(LinkOp::kProof));
+  EXPECT_EQ(m.payload, WorkerProof(kToken, hello, challenge.nonce));
+  EXPECT_EQ(hello.find(kToken), std::string::npos);
+  EXPECT_EQ(m.payload.find(kToken), std::string::npos);
   ClusterWelcome welcome;
   welcome.device_id = 0;
   welcome.epoch = 7;
@@ -277,6 +350,96 @@ TEST(Remote, AWorkerWhoseCoordinatorFallsSilentExits) {
   const int64_t ms = (MonotonicNanos() - t0) / 1000000;
   EXPECT_GE(ms, 900);   // it waited for the timeout ...
   EXPECT_LT(ms, 6000);  // ... and not much longer (generous under load)
+}
+
+// A worker does not prove itself to (or take requests from) a coordinator
+// that cannot prove the token first.
+TEST(Remote, AWorkerRefusesACoordinatorWithoutTheToken) {
+  FakeCoordinator coordinator;
+  Workers workers;
+  const pid_t pid = workers.Join(coordinator.port, kToken);
+  Channel ch;
+  std::string hello;
+  ClusterChallenge challenge;
+  ASSERT_TRUE(coordinator.Challenge("a guess", &ch, &hello, &challenge));
+  EXPECT_EQ(workers.WaitExit(pid, 15000), 1);
+  Message m;
+  // It said why and closed, without a proof.
+  ASSERT_TRUE(ch.Receive(&m, 5000).ok());
+  EXPECT_EQ(m.type, static_cast<uint32_t>(LinkOp::kRefused));
+  EXPECT_EQ(ch.Receive(&m, 5000).code(), StatusCode::kUnavailable);
+}
+
+int64_t PeakRssKiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6);
+  }
+  return -1;
+}
+
+// Strangers on another address flood the cluster port while a real worker
+// joins: connections that never speak, headers claiming 8 GiB, hellos that
+// never prove the token, proofs of a wrong token. The listener's memory stays
+// flat, and the worker gets its device id at once.
+TEST(Remote, StrangersCannotMakeTheListenerAllocateOrKeepAWorkerOut) {
+  auto listener = Listen();
+  const int port = listener->port();
+  const int64_t rss_before = PeakRssKiB();
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::thread flood([&] {
+    std::vector<Channel> idle;
+    for (int i = 0; !stop.load(); ++i) {
+      Channel ch = Dial(port, "127.0.0.2");
+      switch (i % 4) {
+        case 0:  // silent
+          break;
+        case 1: {  // a header claiming 8 GiB
+          const uint64_t header[2] = {static_cast<uint32_t>(LinkOp::kHello), 8ull << 30};
+          (void)!::send(ch.fd(), header, sizeof(header), MSG_NOSIGNAL);
+          break;
+        }
+        case 2:  // a hello, then silence
+          (void)ch.Send(static_cast<uint32_t>(LinkOp::kHello), MakeHello().Encode());
+          break;
+        case 3: {  // a proof of a wrong token
+          (void)ch.Send(static_cast<uint32_t>(LinkOp::kHello), MakeHello().Encode());
+          Message m;
+          if (ch.Receive(&m, 2000, kMaxHandshakeFrame).ok()) {
+            (void)ch.Send(static_cast<uint32_t>(LinkOp::kProof), std::string(kProofBytes, 'x'));
+          }
+          break;
+        }
+      }
+      idle.push_back(std::move(ch));
+      if (idle.size() > 400) idle.erase(idle.begin(), idle.begin() + 200);
+      sent.fetch_add(1);
+      ::usleep(2000);
+    }
+  });
+  while (sent.load() < 100) ::usleep(10000);
+  Workers workers;
+  const int64_t t0 = MonotonicNanos();
+  workers.Join(port, kToken);
+  auto dev = listener->Take(0, 30000);
+  const double join_s = (MonotonicNanos() - t0) / 1e9;
+  // The flood goes on a while after the join.
+  while (sent.load() < 400) ::usleep(10000);
+  stop = true;
+  flood.join();
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  const int64_t grown_kib = PeakRssKiB() - rss_before;
+  std::printf(
+      "%d connections from strangers: %d dropped, %d refused; peak memory +%lld KiB; "
+      "the worker joined in %.2f s\n",
+      sent.load(), listener->dropped(), listener->refused(), static_cast<long long>(grown_kib),
+      join_s);
+  // The worker process starts and joins in well under this, flood or not.
+  EXPECT_LT(join_s, 10.0);
+  EXPECT_GT(listener->dropped(), 200);
+  EXPECT_LT(grown_kib, 16 * 1024);
 }
 
 TEST(Remote, TokensCompareWhole) {

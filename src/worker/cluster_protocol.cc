@@ -1,9 +1,15 @@
 #include "worker/cluster_protocol.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 
 namespace failsafe {
 
@@ -12,9 +18,9 @@ std::string ClusterHello::Encode() const {
   w.Put(magic);
   w.Put(version);
   w.PutString(build_id);
-  w.PutString(token);
   w.PutString(host);
   w.Put(pid);
+  w.PutString(nonce);
   return w.Take();
 }
 
@@ -32,11 +38,69 @@ Result<ClusterHello> ClusterHello::Decode(const std::string& payload) {
                               h.version, kClusterProtocolVersion);
   }
   h.build_id = r.GetString();
-  h.token = r.GetString();
   h.host = r.GetString();
   h.pid = r.Get<int64_t>();
-  if (!r.ok()) return InvalidArgument("malformed cluster hello");
+  h.nonce = r.GetString();
+  if (!r.ok() || h.nonce.size() != kNonceBytes || h.build_id.size() > 64 || h.host.size() > 255) {
+    return InvalidArgument("malformed cluster hello");
+  }
   return h;
+}
+
+std::string ClusterChallenge::Encode() const {
+  WireWriter w;
+  w.PutString(nonce);
+  w.PutString(proof);
+  return w.Take();
+}
+
+bool ClusterChallenge::Decode(const std::string& payload) {
+  WireReader r(payload);
+  nonce = r.GetString();
+  proof = r.GetString();
+  return r.ok() && nonce.size() == kNonceBytes && proof.size() == kProofBytes;
+}
+
+std::string NewNonce() {
+  std::string nonce(kNonceBytes, '\0');
+  size_t got = 0;
+  while (got < nonce.size()) {
+    const ssize_t n = ::getrandom(nonce.data() + got, nonce.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    // The kernel's source does not fail once it is seeded, which it is long
+    // before a serving process starts.
+    if (n < 0) throw std::runtime_error("getrandom failed");
+    got += static_cast<size_t>(n);
+  }
+  return nonce;
+}
+
+namespace {
+
+std::string Proof(const char* label, const std::string& token, const std::string& hello,
+                  const std::string& coordinator_nonce) {
+  WireWriter w;
+  w.PutString(label);
+  w.PutString(hello);
+  w.PutString(coordinator_nonce);
+  const std::string& message = w.data();
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+}  // namespace
+
+std::string CoordinatorProof(const std::string& token, const std::string& hello,
+                             const std::string& coordinator_nonce) {
+  return Proof("failsafe cluster coordinator", token, hello, coordinator_nonce);
+}
+
+std::string WorkerProof(const std::string& token, const std::string& hello,
+                        const std::string& coordinator_nonce) {
+  return Proof("failsafe cluster worker", token, hello, coordinator_nonce);
 }
 
 std::string ClusterWelcome::Encode() const {

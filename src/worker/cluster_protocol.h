@@ -1,18 +1,30 @@
 // The wire between a coordinator and the workers that join it over TCP from
 // other hosts (`failsafe worker --join HOST:PORT`).
 //
-// A link opens with a hello from the worker: a magic number, the protocol
-// version, the build id and the cluster token. The coordinator answers with a
-// refusal that says why (wrong token, another protocol version, another
-// build), or, once it gives the worker a device id, a welcome carrying that
-// id and the link's fencing epoch. Every later frame, both ways, starts with
+// A link opens with a handshake in which each side proves that it knows the
+// cluster token without the token ever crossing the wire:
+//
+//   worker       -> coordinator  kHello: magic, protocol version, build id,
+//                                host, pid and a fresh random nonce
+//   coordinator  -> worker       kChallenge: the coordinator's own nonce and
+//                                HMAC-SHA256(token, coordinator label, hello,
+//                                coordinator nonce)
+//   worker       -> coordinator  kProof: HMAC-SHA256(token, worker label,
+//                                hello, coordinator nonce)
+//
+// Until the proof checks out neither side reads a frame larger than
+// kMaxHandshakeFrame. The coordinator answers a hello of another protocol
+// version, a wrong proof or another build with a refusal that says why, or,
+// once it gives the worker a device id, a welcome carrying that id and the
+// link's fencing epoch. Every later frame, both ways, starts with
 // that epoch; a frame of another epoch (an older link of the same device) is
 // dropped. The worker's requests and replies travel inside kRequest and
 // kReply frames unchanged; what a local worker gets as shared memory travels
 // as frames of its own: logits columns, KV backup bytes (up to the
 // coordinator, and back down to restore), group aborts, heartbeats.
 //
-// Thread-safety: the functions here are pure; ReadClusterToken reads a file.
+// Thread-safety: the functions here are pure, but for NewNonce (the system's
+// random source) and ReadClusterToken (a file).
 #pragma once
 
 #include <cstdint>
@@ -26,13 +38,18 @@
 namespace failsafe {
 
 // Bumped whenever a frame or a worker message changes shape.
-inline constexpr uint32_t kClusterProtocolVersion = 1;
+inline constexpr uint32_t kClusterProtocolVersion = 2;
 inline constexpr uint64_t kClusterHelloMagic = 0x4653434c55535431ULL;  // "FSCLUST1"
+// The largest frame either side reads before the peer has proven the token.
+inline constexpr uint64_t kMaxHandshakeFrame = 1024;
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kProofBytes = 32;  // an HMAC-SHA256
 
 enum class LinkOp : uint32_t {
   kHello = 1,        // worker -> coordinator: ClusterHello (no epoch)
   kWelcome = 2,      // coordinator -> worker: ClusterWelcome (no epoch)
-  kRefused = 3,      // coordinator -> worker: the reason (no epoch)
+  kRefused = 3,      // coordinator -> worker: the reason (no epoch); also
+                     // worker -> coordinator for a challenge it cannot check
   kRequest = 4,      // coordinator -> worker: [u32 type][worker request payload]
   kReply = 5,        // worker -> coordinator: [u32 type][worker reply payload]
   kHeartbeat = 6,    // both ways; from the worker: its DeviceProgress counters
@@ -42,20 +59,40 @@ enum class LinkOp : uint32_t {
   kBackupFill = 10,  // coordinator -> worker: [u64 n][(u64 offset, string bytes) x n]
   kKill = 11,        // coordinator -> worker: die by SIGKILL now (fault injection)
   kIdle = 12,        // listener -> a worker waiting for a device id (no epoch)
+  kChallenge = 13,   // coordinator -> worker: ClusterChallenge (no epoch)
+  kProof = 14,       // worker -> coordinator: WorkerProof (no epoch)
 };
 
 struct ClusterHello {
   uint64_t magic = kClusterHelloMagic;
   uint32_t version = kClusterProtocolVersion;
   std::string build_id;
-  std::string token;
-  std::string host;  // the worker's host name, for logs
-  int64_t pid = 0;   // for logs
+  std::string host;   // the worker's host name, for logs
+  int64_t pid = 0;    // for logs
+  std::string nonce;  // kNonceBytes, fresh for every connection
 
   std::string Encode() const;
   // Fails with a message naming what does not match this build's protocol.
   static Result<ClusterHello> Decode(const std::string& payload);
 };
+
+struct ClusterChallenge {
+  std::string nonce;  // the coordinator's, kNonceBytes
+  std::string proof;  // CoordinatorProof
+
+  std::string Encode() const;
+  bool Decode(const std::string& payload);
+};
+
+// Fresh random bytes from the system's source, for a nonce.
+std::string NewNonce();
+// What each side sends to prove it holds `token`, bound to this connection's
+// hello (as the worker encoded it) and the coordinator's nonce. The two use
+// different labels, so neither proof can be replayed as the other.
+std::string CoordinatorProof(const std::string& token, const std::string& hello,
+                             const std::string& coordinator_nonce);
+std::string WorkerProof(const std::string& token, const std::string& hello,
+                        const std::string& coordinator_nonce);
 
 struct ClusterWelcome {
   int32_t device_id = 0;
@@ -105,7 +142,7 @@ struct BackupUpload {
 // a coordinator agree on every message layout.
 const std::string& ClusterBuildId();
 
-// Compares tokens in time that does not depend on where they differ.
+// Compares tokens or proofs in time that does not depend on where they differ.
 bool TokensEqual(const std::string& a, const std::string& b);
 
 // The cluster token: the first line of `file` if given, else the environment

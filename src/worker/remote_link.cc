@@ -21,60 +21,104 @@ namespace failsafe {
 namespace {
 
 // Silence from a listener before it gives a device id: it sends kIdle every
-// heartbeat, but may spend up to 5 s reading another worker's hello.
+// heartbeat.
 constexpr int64_t kWaitTimeoutMs = 15000;
 // A frame whose first byte arrived is complete within this time.
 constexpr int64_t kFrameTimeoutMs = 60000;
 
-// Waits up to timeout_ms for the first byte of a frame, then reads it whole.
-Status ReceiveWithin(Channel& ch, Message* m, int64_t timeout_ms) {
+// Waits up to timeout_ms for the first byte of a frame, then reads it whole,
+// refusing one larger than max_payload.
+Status ReceiveWithin(Channel& ch, Message* m, int64_t timeout_ms,
+                     uint64_t max_payload = Channel::kMaxPayload) {
   pollfd p{ch.fd(), POLLIN, 0};
   int r;
   do {
     r = ::poll(&p, 1, static_cast<int>(timeout_ms));
   } while (r < 0 && errno == EINTR);
   if (r == 0) return DeadlineExceeded("nothing heard for {} ms", timeout_ms);
-  return ch.Receive(m, kFrameTimeoutMs);
+  return ch.Receive(m, kFrameTimeoutMs, max_payload);
+}
+
+// One attempt at joining over a connected socket: the handshake, then the
+// wait for a device id. A refusal fails with kFailedPrecondition; anything
+// the connection did (closed, fell silent, sent what no coordinator sends)
+// fails otherwise, and the caller may try again.
+Status Handshake(Channel& ch, const JoinOptions& o, ClusterWelcome* welcome) {
+  ClusterHello hello;
+  hello.build_id = ClusterBuildId();
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  hello.host = host;
+  hello.pid = ::getpid();
+  hello.nonce = NewNonce();
+  const std::string hello_bytes = hello.Encode();
+  FS_RETURN_IF_ERROR(ch.Send(static_cast<uint32_t>(LinkOp::kHello), hello_bytes));
+  bool proven = false;
+  while (true) {
+    // Nothing large is read before the coordinator has proven the token,
+    // and nothing of a welcome, a refusal or an idle frame is large.
+    Message m;
+    FS_RETURN_IF_ERROR(ReceiveWithin(ch, &m, kWaitTimeoutMs, kMaxHandshakeFrame));
+    switch (static_cast<LinkOp>(m.type)) {
+      case LinkOp::kChallenge: {
+        ClusterChallenge challenge;
+        if (proven || !challenge.Decode(m.payload)) return Internal("malformed challenge");
+        if (!TokensEqual(challenge.proof,
+                         CoordinatorProof(o.token, hello_bytes, challenge.nonce))) {
+          // Said, so that the coordinator's log tells why too; no proof of
+          // this worker's own goes to a peer that has not proven the token.
+          (void)ch.Send(static_cast<uint32_t>(LinkOp::kRefused),
+                        "the coordinator's proof does not match the worker's cluster token");
+          return FailedPrecondition(
+              "the coordinator at {} does not know this cluster token (a wrong token on "
+              "one side, or not the coordinator)",
+              o.coordinator);
+        }
+        proven = true;
+        FS_RETURN_IF_ERROR(ch.Send(static_cast<uint32_t>(LinkOp::kProof),
+                                   WorkerProof(o.token, hello_bytes, challenge.nonce)));
+        continue;
+      }
+      case LinkOp::kIdle:
+        if (!proven) return Internal("an idle frame before the challenge");
+        continue;
+      case LinkOp::kRefused:
+        return FailedPrecondition("the coordinator at {} refused this worker: {}", o.coordinator,
+                                  m.payload);
+      case LinkOp::kWelcome:
+        if (!proven) return Internal("a welcome before the challenge");
+        if (!welcome->Decode(m.payload)) return Internal("malformed welcome");
+        return Status::Ok();
+      default:
+        return Internal("unexpected frame {} before the welcome", m.type);
+    }
+  }
 }
 
 }  // namespace
 
 Result<std::unique_ptr<RemoteWorkerLink>> RemoteWorkerLink::Join(const JoinOptions& o) {
   FS_ASSIGN_OR_RETURN(auto hp, ParseHostPort(o.coordinator));
-  // The coordinator may not listen yet.
-  FS_ASSIGN_OR_RETURN(int fd, TcpConnect(hp.first, hp.second, o.connect_timeout_ms, 200));
   auto link = std::unique_ptr<RemoteWorkerLink>(new RemoteWorkerLink());
-  link->channel_ = Channel(fd);
-  link->local_address_ = LocalAddress(fd);
   link->coordinator_ = o.coordinator;
-  ClusterHello hello;
-  hello.build_id = ClusterBuildId();
-  hello.token = o.token;
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  hello.host = host;
-  hello.pid = ::getpid();
-  FS_RETURN_IF_ERROR(link->channel_.Send(static_cast<uint32_t>(LinkOp::kHello), hello.Encode()));
+  // The coordinator may not listen yet, or may drop a handshake under a
+  // flood of connections: both are tried again until connect_timeout_ms.
+  const int64_t give_up = MonotonicNanos() + o.connect_timeout_ms * 1000000;
   while (true) {
-    Message m;
-    Status st = ReceiveWithin(link->channel_, &m, kWaitTimeoutMs);
-    if (!st.ok()) {
+    const int64_t left_ms = std::max<int64_t>((give_up - MonotonicNanos()) / 1000000, 1);
+    FS_ASSIGN_OR_RETURN(int fd, TcpConnect(hp.first, hp.second, left_ms, 200));
+    link->channel_ = Channel(fd);
+    link->local_address_ = LocalAddress(fd);
+    const Status st = Handshake(link->channel_, o, &link->welcome_);
+    if (st.ok()) break;
+    if (st.code() == StatusCode::kFailedPrecondition) return st;
+    if (MonotonicNanos() >= give_up) {
       return Unavailable("the coordinator at {} went away before giving a device id: {}",
                          o.coordinator, st.message());
     }
-    switch (static_cast<LinkOp>(m.type)) {
-      case LinkOp::kIdle:
-        continue;
-      case LinkOp::kRefused:
-        return FailedPrecondition("the coordinator at {} refused this worker: {}", o.coordinator,
-                                  m.payload);
-      case LinkOp::kWelcome:
-        if (!link->welcome_.Decode(m.payload)) return Internal("malformed welcome");
-        break;
-      default:
-        return Internal("unexpected frame {} before the welcome", m.type);
-    }
-    break;
+    FS_LOG_WARN("joining {} failed ({}); trying again", o.coordinator, st.message());
+    link->channel_.Close();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   link->reader_ = std::thread([l = link.get()] { l->ReadLoop(); });
   link->heartbeat_ = std::thread([l = link.get()] { l->HeartbeatLoop(); });

@@ -1,14 +1,16 @@
 // A worker's end of a link to a coordinator on another host, over TCP.
 //
-// JoinCluster connects, says hello (protocol version, build id, cluster
-// token) and waits for a device id; a refusal comes back as an error that
-// says why. The link then runs two threads besides the worker's own: a reader
-// that takes every frame off the socket (requests are queued for the worker;
-// group aborts, KV backup fills and kills are acted on at once, even while
-// the worker computes) and a heartbeat that sends the device's progress
-// counters. When the coordinator is silent for the link timeout (it died, or
-// the network between is cut) the process exits at once, as a local worker
-// dies with its coordinator.
+// Join connects and runs the handshake (worker/cluster_protocol.h): it says
+// hello (protocol version, build id, a nonce), checks that the coordinator
+// proves it holds the cluster token, proves the same itself, and waits for a
+// device id. A refusal, or a coordinator that cannot prove the token, comes
+// back as an error that says why; a connection lost before the device id is
+// tried again until the connect timeout. The link then runs two threads besides the worker's own: a
+// reader that takes every frame off the socket (requests are queued for the worker; group aborts,
+// KV backup fills and kills are acted on at once, even while the worker computes) and a heartbeat
+// that sends the device's progress counters. When the coordinator is silent for the link timeout
+// (it died, or the network between is cut) the process exits at once, as a local worker dies with
+// its coordinator.
 //
 // Frames of another epoch than the welcome's are dropped.
 //

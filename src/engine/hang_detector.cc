@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/clock.h"
+#include "common/log.h"
 
 namespace failsafe {
 
@@ -108,6 +109,22 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
       next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
       return dead;
     }
+    // Nobody moved and nobody answered: the whole group is paused (a host
+    // under memory pressure, a VM migrated, a debugger attached), not one
+    // device hung while its peers went on. Killing every device would turn
+    // the pause into an outage; the group answers the abort once it runs.
+    if (!moving && replied.empty() && !seen.empty()) {
+      if (!group_paused_ || now - paused_logged_ns_ >= 10 * grace_ns_) {
+        FS_LOG_WARN(
+            "every device of the step has been still for {} ms, none ahead of another: "
+            "the group is paused, not hung; waiting for it",
+            (now - start_ns_) / 1000000);
+        paused_logged_ns_ = now;
+      }
+      group_paused_ = true;
+      next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
+      return dead;
+    }
     for (const Seen& s : seen) {
       if (s.p.last_move_ns > aborted_at_ns_) continue;
       dead.push_back({s.device,
@@ -122,16 +139,21 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   // another host whose link fell silent is no witness: what it last said
   // (entering a collective, say) may never have reached its peers.
   uint64_t ahead = 0;
+  bool someone_started = false;
   for (const Seen& s : seen) {
     const bool silent = s.p.heard_ns > 0 && now - s.p.heard_ns >= deadline_ns_ / 2;
-    if (!silent) ahead = std::max(ahead, s.collectives);
+    if (silent) continue;
+    ahead = std::max(ahead, s.collectives);
+    someone_started |= s.started;
   }
   const bool someone_done = !replied.empty();
   bool all_still = true;
   for (const Seen& s : seen) {
     const bool still = s.still_ns >= deadline_ns_;
     all_still &= still;
-    const bool behind = someone_done || !s.started || s.collectives < ahead;
+    // (A device that has not taken up the request is behind only if a peer
+    // has: if none has, the whole group stands still.)
+    const bool behind = someone_done || (!s.started && someone_started) || s.collectives < ahead;
     if (still && behind) {
       dead.push_back(
           {s.device,

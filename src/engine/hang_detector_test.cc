@@ -117,6 +117,25 @@ TEST(HangWatch, NobodyAheadAbortsThenWaitsTheGrace) {
   EXPECT_NE(dead[0].reason.find("aborted"), std::string::npos);
 }
 
+// Everyone stuck at the same point and nobody moves after the abort either:
+// the whole group is paused, and nobody is declared dead for it.
+TEST(HangWatch, AWholeGroupStillAfterTheAbortIsPausedNotDead) {
+  Progress p;
+  const int64_t t0 = MonotonicNanos();
+  for (int d = 0; d < 3; ++d) p.Set(d, 3, 9, 8, t0);
+  int aborts = 0;
+  HangWatch w(&p.region, {0, 1, 2}, {}, MonotonicNanos(), 500, 250, [&] { ++aborts; });
+  EXPECT_TRUE(w.Check(t0 + 700 * kMs, {0, 1, 2}, {}).empty());
+  EXPECT_EQ(aborts, 1);
+  for (int64_t ms : {800, 1200, 5000, 60000}) {
+    EXPECT_TRUE(w.Check(t0 + ms * kMs, {0, 1, 2}, {}).empty()) << ms;
+  }
+  EXPECT_EQ(aborts, 1);
+  // Once it runs again, the group answers the abort.
+  for (int d = 0; d < 3; ++d) p.Set(d, 4, 10, 9, t0 + 61000 * kMs);
+  EXPECT_TRUE(w.Check(t0 + 61100 * kMs, {0, 1, 2}, {}).empty());
+}
+
 // A device that answered with an error of its own aborts the group, so that
 // its peers do not wait for it in a collective.
 TEST(HangWatch, AFailedReplyAbortsTheGroup) {

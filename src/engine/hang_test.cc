@@ -1,7 +1,8 @@
 // Hung devices with real processes and SIGSTOP: found at the derived step
 // deadline, fenced and recovered from with the outputs unchanged; continued
 // before the deadline at no cost; healthy devices on a busy machine are
-// never declared dead; gloo groups abort waiting peers too. A throttled
+// never declared dead; a pause of the whole group is waited for, not
+// fenced; gloo groups abort waiting peers too. A throttled
 // device is slow, not dead, and measured as slow.
 #include <gtest/gtest.h>
 
@@ -226,6 +227,61 @@ TEST(Hang, StoppedWhileIdleIsFoundByTheHeartbeat) {
   EXPECT_EQ(e.recoveries()[0].failed_devices, std::vector<int>{0});
   ::kill(victim, SIGCONT);
   Drive(e, Requests(2, 5, 10));
+}
+
+// Every device stopped at once, mid-run and while idle, for longer than the
+// step deadline (a host under memory pressure, a migrated VM): a pause, not a
+// fault. No device is declared dead, and every stream goes on with the same
+// tokens once the group runs again.
+void StopAll(WorkerGroup* group, int devices, int64_t for_ms, std::thread* resumer) {
+  std::vector<pid_t> pids;
+  for (int d = 0; d < devices; ++d) pids.push_back(group->device_pid(d));
+  for (pid_t p : pids) ASSERT_GT(p, 0);
+  for (pid_t p : pids) ::kill(p, SIGSTOP);
+  *resumer = std::thread([pids, for_ms] {
+    ::usleep(static_cast<useconds_t>(for_ms * 1000));
+    for (pid_t p : pids) ::kill(p, SIGCONT);
+  });
+}
+
+TEST(Hang, AWholeGroupPausedIsWaitedForNotKilled) {
+  const auto want = Reference(4);
+  auto g = WorkerGroup::Start(Options(4));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  WorkerGroup* group = g->get();
+  Engine e(group, Scheduler());
+  std::vector<pid_t> pids;
+  for (int d = 0; d < 4; ++d) pids.push_back(group->device_pid(d));
+  std::thread resumer;
+  int64_t stopped_ns = 0;
+  Outcome got = Drive(e, Workload(), [&](int step) {
+    if (step == 12) {
+      stopped_ns = MonotonicNanos();
+      StopAll(group, 4, 1500, &resumer);
+    }
+  });
+  resumer.join();
+  EXPECT_EQ(got.tokens, want);
+  for (const RecoveryReport& r : e.recoveries()) EXPECT_TRUE(r.failed_devices.empty());
+  for (int d = 0; d < 4; ++d) EXPECT_EQ(group->device_pid(d), pids[d]);
+  // The pause itself is the only gap.
+  int64_t resumed_ns = 0;
+  for (int64_t t : got.step_end_ns) {
+    if (t > stopped_ns) {
+      resumed_ns = t;
+      break;
+    }
+  }
+  EXPECT_LT((resumed_ns - stopped_ns) * 1e-6, 1500 + 1500);
+
+  // Idle: the heartbeat waits for the group too.
+  StopAll(group, 4, 2000, &resumer);
+  ASSERT_TRUE(e.CheckHealth().ok());
+  resumer.join();
+  EXPECT_EQ(group->alive_devices().size(), 4u);
+  for (const RecoveryReport& r : e.recoveries()) EXPECT_TRUE(r.failed_devices.empty());
+  EXPECT_EQ(Drive(e, Workload()).tokens, want);
+  for (int d = 0; d < 4; ++d) EXPECT_EQ(group->device_pid(d), pids[d]);
 }
 
 // The same over gloo: the stopped device is found and only it is lost (its

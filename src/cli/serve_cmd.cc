@@ -2,6 +2,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -92,7 +93,9 @@ CommandFn RegisterServe(CLI::App& app) {
   struct Opts {
     std::string model, cache_dir, host = "127.0.0.1", served_name, admin_token, admin_token_file;
     std::string router = "load-aware", prefill = "adaptive", max_body = "4MiB";
-    std::string outage_timeout = "30s";
+    std::string outage_timeout = "30s", respawn_backoff = "250ms", crash_loop_window = "60s";
+    bool respawn = true;
+    int crash_loop_limit = 5;
     int port = 8000, max_queue = 256, max_batch_tokens = 1024, max_num_seqs = 128,
         max_model_len = 0, max_connections = 4096, http_threads = 2, min_devices = 1;
     double drain_timeout = 30;
@@ -121,6 +124,19 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--outage-timeout", o->outage_timeout,
                  "while too few devices can serve, new requests get 503 at once; accepted ones "
                  "wait this long for a device to come back, then fail")
+      ->capture_default_str();
+  app.add_flag("--respawn,!--no-respawn", o->respawn,
+               "start a device that died again on its own, after a backoff that doubles with "
+               "each death (up to 30 s); a device on another host comes back once a worker "
+               "joins to be it")
+      ->capture_default_str();
+  app.add_option("--respawn-backoff", o->respawn_backoff, "the first backoff")
+      ->capture_default_str();
+  app.add_option("--crash-loop-limit", o->crash_loop_limit,
+                 "a device that dies or fails to start more often than this within "
+                 "--crash-loop-window is left dead until restored by hand")
+      ->capture_default_str();
+  app.add_option("--crash-loop-window", o->crash_loop_window, "see --crash-loop-limit")
       ->capture_default_str();
   app.add_option("--min-devices", o->min_devices,
                  "below this many alive devices /health answers 503 (the node still serves): a "
@@ -195,6 +211,16 @@ CommandFn RegisterServe(CLI::App& app) {
     auto outage = ParseDuration(o->outage_timeout);
     if (!outage.ok()) return Fail("--outage-timeout: " + outage.status().message());
     so.outage_timeout_ms = static_cast<int64_t>(*outage * 1e3);
+    so.respawn.enabled = o->respawn;
+    auto backoff = ParseDuration(o->respawn_backoff);
+    if (!backoff.ok() || *backoff <= 0) return Fail("--respawn-backoff: a positive duration");
+    so.respawn.backoff_ms = std::max<int64_t>(1, static_cast<int64_t>(*backoff * 1e3));
+    so.respawn.max_backoff_ms = std::max<int64_t>(so.respawn.backoff_ms, 30000);
+    auto window = ParseDuration(o->crash_loop_window);
+    if (!window.ok() || *window <= 0) return Fail("--crash-loop-window: a positive duration");
+    so.respawn.crash_loop_window_ms = static_cast<int64_t>(*window * 1e3);
+    if (o->crash_loop_limit < 1) return Fail("--crash-loop-limit: at least 1");
+    so.respawn.crash_loop_limit = o->crash_loop_limit;
     auto service = std::make_unique<EngineService>(std::move(*exec), *sc, eo, so);
     ServerOptions opts;
     opts.host = o->host;

@@ -86,7 +86,14 @@ json StatusJson(const ServiceStatus& st) {
                       {"slow", d.speed.slow},
                       {"share", d.speed.share},
                       {"work_fraction", d.speed.work_fraction},
-                      {"gflops_per_s", d.speed.gflops_per_s}}}});
+                      {"gflops_per_s", d.speed.gflops_per_s}}},
+                    {"respawn",
+                     {{"deaths", d.respawn.deaths},
+                      {"respawns", d.respawn.respawns},
+                      {"failed_starts", d.respawn.failed_starts},
+                      {"pending", d.respawn.pending},
+                      {"crash_looping", d.respawn.crash_looping},
+                      {"last_error", d.respawn.last_error}}}});
   }
   json recs = json::array();
   for (const RecoveryReport& r : st.recoveries) recs.push_back(json::parse(r.ToJson()));

@@ -60,7 +60,8 @@ EngineService::EngineService(std::unique_ptr<Executor> executor, const Scheduler
       config_(executor_->config()),
       max_model_len_(config.max_model_len),
       max_num_seqs_(config.max_num_seqs),
-      speed_(options.speed) {
+      speed_(options.speed),
+      respawn_(service.respawn, executor_->plan().num_devices) {
   std::vector<int> every(executor_->plan().num_devices);
   std::iota(every.begin(), every.end(), 0);
   auto fault_free =
@@ -147,9 +148,35 @@ Status EngineService::RestoreDevice(int device) {
   Status st;
   RunOnEngine([&] {
     st = engine_.Rejoin(device);
+    if (device >= 0 && device < executor_->plan().num_devices) {
+      // By hand: a crash-looping device gets a clean slate.
+      const int64_t now = MonotonicNanos();
+      respawn_.Reset(device, st.ok(), now);
+      if (!st.ok()) respawn_.StartFailed(device, st.message(), true, now);
+    }
     UpdateGauges();
   });
   return st;
+}
+
+void EngineService::Respawn() {
+  if (!executor_->supports_recovery()) return;
+  respawn_.Observe(executor_->alive_devices(), MonotonicNanos());
+  for (int d : respawn_.Due(MonotonicNanos())) {
+    const int64_t t0 = MonotonicNanos();
+    const Status st = engine_.Rejoin(d);
+    const int64_t now = MonotonicNanos();
+    if (st.ok()) {
+      respawn_.Started(d, now);
+      FS_LOG_INFO("device {} started again ({} ms); respawn {} of the device", d,
+                  (now - t0) / 1000000, respawn_.record(d).respawns);
+      continue;
+    }
+    // A device on another host waits for a worker to join to be it.
+    const bool counts = st.code() != StatusCode::kNotFound;
+    if (counts) FS_LOG_WARN("device {} did not start again: {}", d, st.ToString());
+    respawn_.StartFailed(d, st.message(), counts, now);
+  }
 }
 
 ServiceStatus EngineService::GetStatus() {
@@ -172,6 +199,7 @@ ServiceStatus EngineService::GetStatus() {
       ds.kv_capacity_pages = ds.active ? engine_.scheduler().kv().capacity(d) : 0;
       ds.dp_load_tokens = d < static_cast<int>(load.size()) ? load[d] : 0;
       if (d < static_cast<int>(speeds.size())) ds.speed = speeds[d];
+      ds.respawn = respawn_.record(d);
       s.devices.push_back(ds);
     }
     s.running = engine_.scheduler().num_running();
@@ -203,7 +231,9 @@ void EngineService::UpdateGauges() {
     const double t = ReferenceStepTime(plan, config_, speed_, max_num_seqs_, max_model_len_ / 2);
     capacity_ = t > 0 && fault_free_step_s_ > 0 ? std::min(1.0, fault_free_step_s_ / t) : 0;
   }
-  g.capacity = capacity_;
+  // A node that cannot serve now has no capacity, whatever its last plan
+  // would give: a router weighting by the gauge sends it nothing.
+  g.capacity = engine_.degraded() || alive.empty() ? 0 : capacity_;
   g.prefix_cache = engine_.scheduler().config().prefix_cache;
   g.prefix = engine_.scheduler().prefix_cache_stats();
   int64_t kv_used = 0, kv_capacity = 0;
@@ -226,6 +256,8 @@ void EngineService::UpdateGauges() {
       dg.share = s.share;
       dg.work_fraction = s.work_fraction;
     }
+    dg.respawns = respawn_.record(d).respawns;
+    dg.crash_looping = respawn_.record(d).crash_looping;
     g.devices.push_back(dg);
   }
   g.kv_usage = kv_capacity > 0 ? static_cast<double>(kv_used) / kv_capacity : 0;
@@ -286,8 +318,13 @@ void EngineService::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       const bool nothing = submissions_.empty() && cancels_.empty() && tasks_.empty() && !stop_;
       if (nothing && (engine_.idle() || engine_.degraded())) {
-        // Idle, or waiting for devices: wake for requests, tasks or the next heartbeat.
-        cv_.wait_for(lock, std::chrono::milliseconds(service_.heartbeat_ms));
+        // Idle, or waiting for devices: wake for requests, tasks, the next
+        // heartbeat or the next device due to be started again.
+        int64_t wait_ms = service_.heartbeat_ms;
+        if (const int64_t due = respawn_.NextDueNs(); due >= 0) {
+          wait_ms = std::clamp<int64_t>((due - MonotonicNanos()) / 1000000 + 1, 0, wait_ms);
+        }
+        cv_.wait_for(lock, std::chrono::milliseconds(wait_ms));
       }
       if (stop_) break;
       subs.swap(submissions_);
@@ -295,6 +332,7 @@ void EngineService::Loop() {
       tasks.swap(tasks_);
     }
     for (auto& task : tasks) task();
+    Respawn();
     for (auto& [spec, h] : subs) {
       Result<int64_t> id = engine_.degraded()
                                ? Result<int64_t>(Unavailable("{}", engine_.degraded_reason()))

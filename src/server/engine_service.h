@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "server/metrics.h"
+#include "server/respawn.h"
 
 namespace failsafe {
 
@@ -71,6 +72,8 @@ struct ServiceOptions {
   // still serves what it is sent: a load balancer's health check then sends
   // new work to fuller nodes.
   int min_devices = 1;
+  // Dead devices started again on their own (server/respawn.h).
+  RespawnOptions respawn;
 };
 
 struct DeviceStatus {
@@ -82,6 +85,7 @@ struct DeviceStatus {
   int64_t kv_capacity_pages = 0;
   int64_t dp_load_tokens = 0;
   MeasuredSpeed speed;  // speed on its work relative to its peers, and its share
+  RespawnRecord respawn;
 };
 
 struct ServiceStatus {
@@ -127,6 +131,8 @@ class EngineService {
   // has lasted outage_timeout_ms.
   void DuringOutage();
   void UpdateGauges();
+  // Engine thread: notes deaths and starts the devices whose time has come.
+  void Respawn();
   // Runs `task` on the engine thread and waits for it.
   void RunOnEngine(Task task);
 
@@ -141,6 +147,7 @@ class EngineService {
   Plan capacity_plan_;            // the plan capacity_ was computed for, engine thread only
   double capacity_ = 1;           // fraction of fault-free throughput, engine thread only
   Metrics metrics_;
+  RespawnPolicy respawn_;  // engine thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -183,6 +183,20 @@ std::string Metrics::Render(const std::string& model_name) const {
     out += fmt::format("failsafe_device_work_fraction{{device=\"{}\"}} {}\n", d.device,
                        d.work_fraction);
   }
+  out +=
+      "# HELP failsafe_device_respawns_total Times the device was started again after it died.\n"
+      "# TYPE failsafe_device_respawns_total counter\n";
+  for (const DeviceGauge& d : gauges_.devices) {
+    out +=
+        fmt::format("failsafe_device_respawns_total{{device=\"{}\"}} {}\n", d.device, d.respawns);
+  }
+  out +=
+      "# HELP failsafe_device_crash_looping 1 if the device died too often to be started again "
+      "until restored by hand.\n# TYPE failsafe_device_crash_looping gauge\n";
+  for (const DeviceGauge& d : gauges_.devices) {
+    out += fmt::format("failsafe_device_crash_looping{{device=\"{}\"}} {}\n", d.device,
+                       d.crash_looping ? 1 : 0);
+  }
   out += fmt::format(
       "# HELP failsafe_rebalances_total Plan changes that gave slow devices another share.\n"
       "# TYPE failsafe_rebalances_total counter\nfailsafe_rebalances_total {}\n",

@@ -42,6 +42,8 @@ struct DeviceGauge {
   bool slow = false;
   double share = 1;
   double work_fraction = 0;
+  int respawns = 0;  // started again after a death (server/respawn.h)
+  bool crash_looping = false;
 };
 
 // Latest values of the engine's gauges, set by the engine thread.

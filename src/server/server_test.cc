@@ -396,8 +396,8 @@ struct Streamer {
 };
 
 // While the engine cannot serve, /health and new requests say so at once
-// (503 with the reason); a request accepted before waits for a device to
-// come back and completes.
+// (503 with the reason, a capacity of 0); a request accepted before waits
+// for a device to come back and completes.
 TEST(Server, DuringAnOutageNewRequestsGet503AndAcceptedOnesWait) {
   Fixture f(2);
   Streamer running(f, 600);
@@ -406,6 +406,9 @@ TEST(Server, DuringAnOutageNewRequestsGet503AndAcceptedOnesWait) {
   auto h = f.client->Get("/health");
   EXPECT_EQ(h->status, 503);
   EXPECT_FALSE(json::parse(h->body)["reason"].get<std::string>().empty());
+  // A router weighting nodes by their capacity sends this one nothing.
+  EXPECT_NE(f.client->Get("/metrics")->body.find("\nfailsafe_capacity_fraction 0\n"),
+            std::string::npos);
   // A new request fails at once with the reason; a restored device serves.
   const int64_t t0 = MonotonicNanos();
   auto r = f.Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}});

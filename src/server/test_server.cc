@@ -44,6 +44,7 @@ TestServer::TestServer(const TestServerOptions& options) {
   ServiceOptions so;
   so.max_queue = options.max_queue;
   so.outage_timeout_ms = options.outage_timeout_ms;
+  so.respawn = options.respawn;
   service = std::make_unique<EngineService>(std::move(group).value(), sc, EngineOptions{}, so);
   server = std::make_unique<HttpServer>(service.get(), tok.get(), options.server);
   ::failsafe::Status st = server->Start();

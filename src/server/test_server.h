@@ -28,6 +28,7 @@ struct TestServerOptions {
   int max_batch_tokens = 256;
   int max_model_len = 1024;
   int64_t outage_timeout_ms = 30000;  // ServiceOptions::outage_timeout_ms
+  RespawnOptions respawn;             // off unless a test turns it on
   ServerOptions server;               // port 0, model "tiny", admin enabled unless changed
   TestServerOptions() {
     server.port = 0;

@@ -18,7 +18,7 @@ if (!failsafe) throw new Error("usage: node openai_stream.mjs --failsafe PATH");
 const dir = mkdtempSync(join(tmpdir(), "fs-node-"));
 execFileSync(failsafe, ["make-model", "--preset", "tiny-llama", "--out", join(dir, "model"), "--seed", "3"]);
 const server = spawn(failsafe, ["serve", "--model", join(dir, "model"), "--devices", "4", "--port", "0",
-                                "--enable-admin", "--served-model-name", "tiny"],
+                                "--enable-admin", "--served-model-name", "tiny", "--no-respawn"],
                      { stdio: ["ignore", "pipe", "inherit"] });
 const base = await new Promise((resolve, reject) => {
   let out = "";

@@ -186,7 +186,7 @@ def main():
         model = os.path.join(tmp, "model")
         subprocess.run([args.failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
                         "--seed", "5"], check=True, capture_output=True)
-        node_args = ["--min-devices", "2", "--enable-admin", "--max-num-seqs", "16"]
+        node_args = ["--min-devices", "2", "--enable-admin", "--max-num-seqs", "16", "--no-respawn"]
         a = Server(args.failsafe, model, tmp, node_args, name="a", devices=3)
         b = Server(args.failsafe, model, tmp, node_args, name="b", devices=3)
         lb = None

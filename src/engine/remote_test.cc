@@ -27,6 +27,7 @@
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 #include "worker/cluster_protocol.h"
+#include "worker/remote_link.h"
 
 extern char** environ;
 
@@ -58,7 +59,7 @@ class Workers {
       ::waitpid(p, nullptr, 0);
     }
   }
-  pid_t Join(int port, const std::string& token) {
+  pid_t Join(int port, const std::string& token, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {Binary(),
                                      "worker",
                                      "--join",
@@ -67,6 +68,7 @@ class Workers {
                                      TokenFile(token),
                                      "--log-level",
                                      "warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -321,14 +323,24 @@ struct FakeCoordinator {
   int port = 0;
 };
 
+ClusterWelcome Welcome() {
+  ClusterWelcome welcome;
+  welcome.device_id = 0;
+  welcome.epoch = 7;
+  welcome.heartbeat_ms = 100;
+  welcome.link_timeout_ms = 1000;
+  return welcome;
+}
+
 // A worker whose coordinator goes silent without closing the connection (a
-// host that vanished, a cut link) exits within the link timeout. On the way
-// the worker's side of the handshake is checked: its proof is right, and the
+// host that vanished, a cut link) exits within the link timeout (with
+// --no-rejoin; by default it joins again, next test). On the way the
+// worker's side of the handshake is checked: its proof is right, and the
 // token is in none of its frames.
 TEST(Remote, AWorkerWhoseCoordinatorFallsSilentExits) {
   FakeCoordinator coordinator;
   Workers workers;
-  const pid_t pid = workers.Join(coordinator.port, kToken);
+  const pid_t pid = workers.Join(coordinator.port, kToken, {"--no-rejoin"});
   Channel ch;
   std::string hello;
   ClusterChallenge challenge;
@@ -339,17 +351,44 @@ TEST(Remote, AWorkerWhoseCoordinatorFallsSilentExits) {
   EXPECT_EQ(m.payload, WorkerProof(kToken, hello, challenge.nonce));
   EXPECT_EQ(hello.find(kToken), std::string::npos);
   EXPECT_EQ(m.payload.find(kToken), std::string::npos);
-  ClusterWelcome welcome;
-  welcome.device_id = 0;
-  welcome.epoch = 7;
-  welcome.heartbeat_ms = 100;
-  welcome.link_timeout_ms = 1000;
-  ASSERT_TRUE(ch.Send(static_cast<uint32_t>(LinkOp::kWelcome), welcome.Encode()).ok());
+  ASSERT_TRUE(ch.Send(static_cast<uint32_t>(LinkOp::kWelcome), Welcome().Encode()).ok());
   const int64_t t0 = MonotonicNanos();
-  EXPECT_EQ(workers.WaitExit(pid, 15000), 1);
+  EXPECT_EQ(workers.WaitExit(pid, 15000), kLinkLostExitCode);
   const int64_t ms = (MonotonicNanos() - t0) / 1000000;
   EXPECT_GE(ms, 900);   // it waited for the timeout ...
   EXPECT_LT(ms, 6000);  // ... and not much longer (generous under load)
+}
+
+// By default a worker that lost its link, or was killed, joins again: a new
+// hello arrives once the link has timed out, and again after a kill.
+TEST(Remote, AWorkerThatLostItsLinkJoinsAgain) {
+  FakeCoordinator coordinator;
+  Workers workers;
+  const pid_t pid = workers.Join(coordinator.port, kToken);
+  std::vector<int64_t> pids;
+  for (int round = 0; round < 3; ++round) {
+    Channel ch;
+    std::string hello;
+    ClusterChallenge challenge;
+    ASSERT_TRUE(coordinator.Challenge(kToken, &ch, &hello, &challenge)) << round;
+    auto h = ClusterHello::Decode(hello);
+    ASSERT_TRUE(h.ok());
+    pids.push_back(h->pid);
+    Message m;
+    ASSERT_TRUE(ch.Receive(&m, 20000).ok());
+    ASSERT_EQ(m.type, static_cast<uint32_t>(LinkOp::kProof));
+    ClusterWelcome welcome = Welcome();
+    welcome.epoch = 7 + round;
+    ASSERT_TRUE(ch.Send(static_cast<uint32_t>(LinkOp::kWelcome), welcome.Encode()).ok());
+    // Round 0: silence, the link times out. Round 1: a kill (fault injection).
+    if (round == 1) {
+      ASSERT_TRUE(ch.Send(static_cast<uint32_t>(LinkOp::kKill), LinkFrame(welcome.epoch, "")).ok());
+    }
+  }
+  // A new worker process each time, under the same supervisor, still running.
+  EXPECT_NE(pids[0], pids[1]);
+  EXPECT_NE(pids[1], pids[2]);
+  EXPECT_EQ(workers.WaitExit(pid, 100), -1);
 }
 
 // A worker does not prove itself to (or take requests from) a coordinator

@@ -141,7 +141,7 @@ void RemoteWorkerLink::Lost(const std::string& why) {
   // Like a local worker whose coordinator died (PDEATHSIG): nothing to save.
   FS_LOG_ERROR("lost the coordinator at {}: {}; exiting", coordinator_, why);
   std::fflush(stderr);
-  ::_exit(1);
+  ::_exit(kLinkLostExitCode);
 }
 
 void RemoteWorkerLink::ReadLoop() {

@@ -5,12 +5,16 @@
 // proves it holds the cluster token, proves the same itself, and waits for a
 // device id. A refusal, or a coordinator that cannot prove the token, comes
 // back as an error that says why; a connection lost before the device id is
-// tried again until the connect timeout. The link then runs two threads besides the worker's own: a
-// reader that takes every frame off the socket (requests are queued for the worker; group aborts,
-// KV backup fills and kills are acted on at once, even while the worker computes) and a heartbeat
-// that sends the device's progress counters. When the coordinator is silent for the link timeout
-// (it died, or the network between is cut) the process exits at once, as a local worker dies with
-// its coordinator.
+// tried again until the connect timeout.
+//
+// The link then runs two threads besides the worker's own: a reader that
+// takes every frame off the socket (requests are queued for the worker;
+// group aborts, KV backup fills and kills are acted on at once, even while
+// the worker computes) and a heartbeat that sends the device's progress
+// counters. When the coordinator is silent for the link timeout (it died, or
+// the network between is cut) the process exits at once with
+// kLinkLostExitCode, as a local worker dies with its coordinator; `failsafe
+// worker --join` then starts another that joins again (cli/worker_cmd.cc).
 //
 // Frames of another epoch than the welcome's are dropped.
 //
@@ -33,6 +37,10 @@
 #include "worker/device_progress.h"
 
 namespace failsafe {
+
+// The exit code of a worker that lost its coordinator, or could not reach
+// it: worth joining again, unlike a refusal (1).
+inline constexpr int kLinkLostExitCode = 3;
 
 struct JoinOptions {
   std::string coordinator;  // HOST:PORT

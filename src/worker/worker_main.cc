@@ -365,7 +365,8 @@ int RunJoinedWorker(const JoinedWorkerOptions& options) {
   auto link = RemoteWorkerLink::Join(j);
   if (!link.ok()) {
     FS_LOG_ERROR("{}", link.status().message());
-    return 1;
+    // A refusal is final; a coordinator out of reach may come back.
+    return link.status().code() == StatusCode::kFailedPrecondition ? 1 : kLinkLostExitCode;
   }
   FS_LOG_INFO("joined {} as device {} (epoch {})", options.coordinator,
               (*link)->welcome().device_id, (*link)->welcome().epoch);

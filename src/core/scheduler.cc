@@ -243,8 +243,6 @@ void Scheduler::Abort(int64_t id, FinishReason why) {
   if (it != seqs_.end()) FinishSeq(it->second.get(), why);
 }
 
-void Scheduler::Finish(int64_t id, FinishReason why) { Abort(id, why); }
-
 std::vector<std::unique_ptr<Sequence>> Scheduler::TakeFinished() { return std::move(finished_); }
 
 bool Scheduler::CanAdmit(const Sequence& s, int tokens) const {

@@ -141,8 +141,6 @@ class Scheduler {
   // Applies a step's results: sampled[i] is the token of plan.seqs[i] if it
   // sampled (ignored otherwise). Finishes sequences that hit a limit.
   void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
-  // Marks a sequence finished by the caller (a stop string).
-  void Finish(int64_t id, FinishReason why);
 
   // Sequences finished since the last call (their KV must be freed on the
   // devices); ownership passes to the caller.

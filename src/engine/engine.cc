@@ -77,7 +77,26 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
   return id;
 }
 
-void Engine::Abort(int64_t id) { scheduler_->Abort(id, FinishReason::kAborted); }
+void Engine::Abort(int64_t id, FinishReason why) { scheduler_->Abort(id, why); }
+
+EngineSnapshot Engine::Snapshot() const {
+  EngineSnapshot s;
+  s.running = scheduler_->num_running();
+  s.waiting = scheduler_->num_waiting();
+  s.max_num_seqs = scheduler_->config().max_num_seqs;
+  const Plan& plan = executor_->plan();
+  s.dp_load_tokens = scheduler_->DpLoad();
+  s.dp_load_tokens.resize(plan.num_devices, 0);
+  for (int d = 0; d < plan.num_devices; ++d) {
+    const bool active = plan.IsActive(d);
+    const KvBlockManager& kv = scheduler_->kv();
+    s.kv_capacity_pages.push_back(active ? kv.capacity(d) : 0);
+    s.kv_used_pages.push_back(active ? kv.used(d) - kv.evictable(d) : 0);
+  }
+  s.prefix_cache = scheduler_->config().prefix_cache;
+  s.prefix = scheduler_->prefix_cache_stats();
+  return s;
+}
 
 void Engine::Fail(const std::vector<int64_t>& ids, const Status& why) {
   for (int64_t id : ids) {
@@ -151,6 +170,78 @@ void Engine::CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal
   }
 }
 
+StepBatch Engine::BuildBatch(const StepPlan& plan, bool shared_backup) {
+  HostKvBackup* backup = executor_->backup();
+  StepBatch batch;
+  batch.estimated_s = plan.estimated_time;
+  // Every new sequence names the backup blocks of its prefix hits before any
+  // block of the step is allocated (which may evict an unnamed one): those of
+  // its host-tier hit are copied into its pages by this step.
+  std::vector<int32_t> host_from(plan.seqs.size(), 0);
+  if (shared_backup) {
+    const int bs = scheduler_->kv().block_size();
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const ScheduledSeq& ss = plan.seqs[i];
+      const Sequence* s = scheduler_->Find(ss.seq_id);
+      const std::span<const uint64_t> hashes(s->block_hashes);
+      const int named =
+          backup->Name(ss.seq_id, hashes.first(std::min<size_t>(hashes.size(), ss.start / bs)),
+                       s->tokens, ss.start);
+      if (ss.host_blocks == 0) continue;
+      FS_CHECK_MSG(named >= ss.host_first_block + ss.host_blocks,
+                   "sequence {}: {} blocks of its host-tier hit named, {} needed", ss.seq_id, named,
+                   ss.host_first_block + ss.host_blocks);
+      const std::vector<int32_t>& blocks = backup->Blocks(ss.seq_id);
+      host_from[i] = static_cast<int32_t>(batch.backup_blocks.size());
+      batch.backup_blocks.insert(batch.backup_blocks.end(), blocks.begin() + ss.host_first_block,
+                                 blocks.begin() + ss.host_first_block + ss.host_blocks);
+    }
+  }
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& ss = plan.seqs[i];
+    const Sequence* s = scheduler_->Find(ss.seq_id);
+    StepSeq st;
+    st.seq_id = ss.seq_id;
+    st.start_pos = ss.start;
+    st.num_tokens = ss.num_tokens;
+    st.dp_rank = ss.dp_rank;
+    st.token_offset = batch.num_tokens();
+    st.logits_row = ss.sample ? batch.num_logits_rows++ : -1;
+    if (backup) {
+      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, &st, &batch.backup_blocks);
+      st.host_first_block = ss.host_first_block;
+      st.host_blocks = ss.host_blocks;
+      st.host_offset = host_from[i];
+    }
+    batch.seqs.push_back(st);
+    AddKvTables(scheduler_->kv(), executor_->plan(), *s, ss.kv_first_block, &batch);
+    batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + ss.start,
+                        s->tokens.begin() + ss.start + ss.num_tokens);
+  }
+  return batch;
+}
+
+std::vector<int32_t> Engine::Sample(const StepPlan& plan, const StepBatch& batch,
+                                    const float* logits) {
+  const int vocab = executor_->config().vocab_size;
+  std::vector<int32_t> sampled(plan.seqs.size(), -1);
+  // An executor that models its devices has no logits: it gives the tokens.
+  const std::vector<int32_t>* given = logits ? nullptr : executor_->sampled_tokens();
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (batch.seqs[i].logits_row < 0) continue;
+    if (given) {
+      sampled[i] = (*given)[batch.seqs[i].logits_row];
+      continue;
+    }
+    const Sequence* s = scheduler_->Find(plan.seqs[i].seq_id);
+    // The draw is keyed by the token's position: the same request samples the
+    // same tokens however it is batched, preempted or recovered.
+    sampled[i] = sampler_->Sample(logits + static_cast<int64_t>(batch.seqs[i].logits_row) * vocab,
+                                  vocab, sampling_[s->id], static_cast<uint64_t>(s->len()));
+  }
+  return sampled;
+}
+
 Result<StepOutcome> Engine::Step() {
   StepOutcome out;
   CollectFinished(&out.events, true);
@@ -201,73 +292,13 @@ Result<StepOutcome> Engine::Step() {
     return failed(freed);
   }
   if (plan.empty()) return out;
-  StepBatch batch;
-  batch.estimated_s = plan.estimated_time;
-  // Every new sequence names the backup blocks of its prefix hits before any
-  // block of the step is allocated (which may evict an unnamed one): those of
-  // its host-tier hit are copied into its pages by this step.
-  std::vector<int32_t> host_from(plan.seqs.size(), 0);
-  if (shared_backup) {
-    const int bs = scheduler_->kv().block_size();
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      const ScheduledSeq& ss = plan.seqs[i];
-      const Sequence* s = scheduler_->Find(ss.seq_id);
-      const std::span<const uint64_t> hashes(s->block_hashes);
-      const int named =
-          backup->Name(ss.seq_id, hashes.first(std::min<size_t>(hashes.size(), ss.start / bs)),
-                       s->tokens, ss.start);
-      if (ss.host_blocks == 0) continue;
-      FS_CHECK_MSG(named >= ss.host_first_block + ss.host_blocks,
-                   "sequence {}: {} blocks of its host-tier hit named, {} needed", ss.seq_id, named,
-                   ss.host_first_block + ss.host_blocks);
-      const std::vector<int32_t>& blocks = backup->Blocks(ss.seq_id);
-      host_from[i] = static_cast<int32_t>(batch.backup_blocks.size());
-      batch.backup_blocks.insert(batch.backup_blocks.end(), blocks.begin() + ss.host_first_block,
-                                 blocks.begin() + ss.host_first_block + ss.host_blocks);
-    }
-  }
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const ScheduledSeq& ss = plan.seqs[i];
-    const Sequence* s = scheduler_->Find(ss.seq_id);
-    StepSeq st;
-    st.seq_id = ss.seq_id;
-    st.start_pos = ss.start;
-    st.num_tokens = ss.num_tokens;
-    st.dp_rank = ss.dp_rank;
-    st.token_offset = batch.num_tokens();
-    st.logits_row = ss.sample ? batch.num_logits_rows++ : -1;
-    if (backup) {
-      backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, &st, &batch.backup_blocks);
-      st.host_first_block = ss.host_first_block;
-      st.host_blocks = ss.host_blocks;
-      st.host_offset = host_from[i];
-    }
-    batch.seqs.push_back(st);
-    AddKvTables(scheduler_->kv(), executor_->plan(), *s, ss.kv_first_block, &batch);
-    batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + ss.start,
-                        s->tokens.begin() + ss.start + ss.num_tokens);
-  }
+  const StepBatch batch = BuildBatch(plan, shared_backup);
   const int64_t started = clock_->NowNanos();
   auto logits = executor_->Step(batch, &out.timing);
   if (!logits.ok()) return failed(logits.status());
   step_failures_ = 0;
   out.ran = true;
-  const int vocab = executor_->config().vocab_size;
-  std::vector<int32_t> sampled(plan.seqs.size(), -1);
-  // An executor that models its devices has no logits: it gives the tokens.
-  const std::vector<int32_t>* given = *logits ? nullptr : executor_->sampled_tokens();
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (batch.seqs[i].logits_row < 0) continue;
-    if (given) {
-      sampled[i] = (*given)[batch.seqs[i].logits_row];
-      continue;
-    }
-    const Sequence* s = scheduler_->Find(plan.seqs[i].seq_id);
-    // The draw is keyed by the token's position: the same request samples the
-    // same tokens however it is batched, preempted or recovered.
-    sampled[i] = sampler_->Sample(*logits + static_cast<int64_t>(batch.seqs[i].logits_row) * vocab,
-                                  vocab, sampling_[s->id], static_cast<uint64_t>(s->len()));
-  }
+  const std::vector<int32_t> sampled = Sample(plan, batch, *logits);
   AfterStep(plan, started);
   scheduler_->Update(plan, sampled);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {

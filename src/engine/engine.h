@@ -81,6 +81,20 @@ struct EngineOptions {
   SlowDeviceOptions slow;
 };
 
+// What the engine holds now, for status pages and gauges: read through
+// Engine::Snapshot, so that a front end needs nothing of the scheduler.
+struct EngineSnapshot {
+  int running = 0;  // requests being computed
+  int waiting = 0;  // requests queued
+  int max_num_seqs = 0;
+  // Per device id: KV pages requests hold (cached blocks nobody uses count
+  // as free: they are evicted for room), pages it has under the current plan
+  // (0 if inactive), and tokens of the requests on its DP rank.
+  std::vector<int64_t> kv_used_pages, kv_capacity_pages, dp_load_tokens;
+  bool prefix_cache = false;
+  PrefixCacheStats prefix;  // totals since start
+};
+
 class Engine {
  public:
   // `executor` must outlive the engine.
@@ -89,8 +103,10 @@ class Engine {
   // Queues a request; ids are assigned in submission order from 1. Fails
   // (kInvalidArgument, kOutOfRange) for a request that can never run.
   Result<int64_t> Submit(RequestSpec spec);
-  // Finishes a request early and frees its KV.
-  void Abort(int64_t id);
+  // Finishes a request early, for `why` (a client gone: kAborted; a stop
+  // string matched: kStop), and frees its KV. Unknown ids are ignored.
+  void Abort(int64_t id, FinishReason why = FinishReason::kAborted);
+  EngineSnapshot Snapshot() const;
   // Runs one step if there is work; recovers if devices died.
   //
   // No request is ever left without an outcome: a step that fails for another
@@ -125,6 +141,13 @@ class Engine {
 
  private:
   Status FreeSeqs(std::vector<int64_t> ids);
+  // The devices' batch for a scheduled step: its sequences, tokens, KV
+  // tables and backup copies (`shared_backup`: the host backup is the prefix
+  // cache's host tier too).
+  StepBatch BuildBatch(const StepPlan& plan, bool shared_backup);
+  // The token each sampling sequence of the step draws from `logits` (or
+  // the executor's own tokens where it gives no logits); -1 for the others.
+  std::vector<int32_t> Sample(const StepPlan& plan, const StepBatch& batch, const float* logits);
   void CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal);
   // Finishes requests with kError and `why` (they are reported by the next
   // CollectFinished).

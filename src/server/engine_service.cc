@@ -185,7 +185,7 @@ ServiceStatus EngineService::GetStatus() {
     const Plan& plan = executor_->plan();
     s.plan_json = PlanToJson(plan);
     const auto alive = executor_->alive_devices();
-    const auto load = engine_.scheduler().DpLoad();
+    const EngineSnapshot snap = engine_.Snapshot();
     const std::vector<MeasuredSpeed> speeds = engine_.device_speeds();
     for (int d = 0; d < plan.num_devices; ++d) {
       DeviceStatus ds;
@@ -193,17 +193,15 @@ ServiceStatus EngineService::GetStatus() {
       ds.pid = executor_->device_pid(d);
       ds.alive = std::count(alive.begin(), alive.end(), d) > 0;
       ds.active = plan.IsActive(d);
-      // Cached blocks no request uses count as free (they are evicted for room).
-      ds.kv_used_pages =
-          ds.active ? engine_.scheduler().kv().used(d) - engine_.scheduler().kv().evictable(d) : 0;
-      ds.kv_capacity_pages = ds.active ? engine_.scheduler().kv().capacity(d) : 0;
-      ds.dp_load_tokens = d < static_cast<int>(load.size()) ? load[d] : 0;
+      ds.kv_used_pages = snap.kv_used_pages[d];
+      ds.kv_capacity_pages = snap.kv_capacity_pages[d];
+      ds.dp_load_tokens = snap.dp_load_tokens[d];
       if (d < static_cast<int>(speeds.size())) ds.speed = speeds[d];
       ds.respawn = respawn_.record(d);
       s.devices.push_back(ds);
     }
-    s.running = engine_.scheduler().num_running();
-    s.waiting = engine_.scheduler().num_waiting();
+    s.running = snap.running;
+    s.waiting = snap.waiting;
     s.degraded = engine_.degraded();
     s.degraded_reason = engine_.degraded_reason();
     s.recoveries = engine_.recoveries();
@@ -219,8 +217,9 @@ bool EngineService::Healthy(std::string* reason) const {
 
 void EngineService::UpdateGauges() {
   EngineGauges g;
-  g.running = engine_.scheduler().num_running();
-  g.waiting = engine_.scheduler().num_waiting();
+  const EngineSnapshot snap = engine_.Snapshot();
+  g.running = snap.running;
+  g.waiting = snap.waiting;
   const Plan& plan = executor_->plan();
   const auto alive = executor_->alive_devices();
   g.devices_alive = static_cast<int>(alive.size());
@@ -234,17 +233,16 @@ void EngineService::UpdateGauges() {
   // A node that cannot serve now has no capacity, whatever its last plan
   // would give: a router weighting by the gauge sends it nothing.
   g.capacity = engine_.degraded() || alive.empty() ? 0 : capacity_;
-  g.prefix_cache = engine_.scheduler().config().prefix_cache;
-  g.prefix = engine_.scheduler().prefix_cache_stats();
+  g.prefix_cache = snap.prefix_cache;
+  g.prefix = snap.prefix;
   int64_t kv_used = 0, kv_capacity = 0;
   const std::vector<MeasuredSpeed> speeds = engine_.device_speeds();
   for (int d = 0; d < plan.num_devices; ++d) {
     DeviceGauge dg;
     dg.device = d;
     dg.alive = std::count(alive.begin(), alive.end(), d) > 0;
-    const int64_t cap = plan.IsActive(d) ? engine_.scheduler().kv().capacity(d) : 0;
-    const int64_t used =
-        cap > 0 ? engine_.scheduler().kv().used(d) - engine_.scheduler().kv().evictable(d) : 0;
+    const int64_t cap = snap.kv_capacity_pages[d];
+    const int64_t used = cap > 0 ? snap.kv_used_pages[d] : 0;
     dg.kv_usage = cap > 0 ? static_cast<double>(used) / cap : 0;
     kv_used += used;
     kv_capacity += cap;
@@ -350,8 +348,7 @@ void EngineService::Loop() {
       live_[*id] = h;
     }
     for (auto& [h, why] : cancels) {
-      if (h->engine_id_ >= 0 && live_.count(h->engine_id_))
-        engine_.scheduler().Finish(h->engine_id_, why);
+      if (h->engine_id_ >= 0 && live_.count(h->engine_id_)) engine_.Abort(h->engine_id_, why);
     }
     if (engine_.idle() || engine_.degraded()) {
       if (MonotonicNanos() - last_health > service_.heartbeat_ms * 1000000) {
@@ -383,9 +380,10 @@ void EngineService::Loop() {
       metrics_.AddRecovery(engine_.recoveries()[recoveries_seen_++]);
     }
     {
+      const EngineSnapshot snap = engine_.Snapshot();
       std::lock_guard<std::mutex> lock(mu_);
-      queued_ = engine_.scheduler().num_waiting() + static_cast<int>(submissions_.size());
-      free_slots_ = std::max(0, max_num_seqs_ - engine_.scheduler().num_running());
+      queued_ = snap.waiting + static_cast<int>(submissions_.size());
+      free_slots_ = std::max(0, max_num_seqs_ - snap.running);
     }
     UpdateGauges();
   }

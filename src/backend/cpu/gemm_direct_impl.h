@@ -1,0 +1,162 @@
+// The nt kernels with few rows (decode): weights read once, as they lie.
+// Part of the GEMM's kernel body: gemm_impl.h includes it once per
+// instruction-set level, in order, inside an unnamed namespace; not a
+// header of its own.
+#pragma once
+
+namespace failsafe::cpu {
+namespace {
+
+// ---------------------------------------------------------------------------
+// nt with few rows (decode): the weights are read once, as they lie. Sixteen
+// weight rows at a time (sixteen output columns, one vector): each 16 x 16
+// block is transposed in registers, so that the chains over k run along the
+// columns. MR <= kDirectRows rows of x.
+
+// The accumulators of MR rows over output columns [j0, j0 + cols), cols <=
+// 16: y's values when accumulating onto it, else zero.
+template <int MR>
+inline void StartAccumulators(const KernelArgs& a, int j0, int cols, V16* acc) {
+  float tmp[16];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    if (a.out == GemmOut::kAccumulate) {
+      std::memset(tmp, 0, sizeof(tmp));
+      std::memcpy(tmp, a.y + static_cast<int64_t>(i) * a.ldy + j0, sizeof(float) * cols);
+      acc[i] = Load(tmp);
+    } else {
+      acc[i] = V16{};
+    }
+  }
+}
+
+// Rows given by pointers (GemmArgs::w_rows) are asked for kRowsAheadNT /
+// kRowsAheadNN rows ahead of their use (gemm.h).
+template <typename W>
+FS_INLINE void PrefetchRows(const KernelArgs& a, int r0, int r1, int c0, int64_t bytes) {
+  for (int r = r0; r < r1; ++r) {
+    const char* row = reinterpret_cast<const char*>(WRow<W>(a, r) + c0);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+  }
+}
+
+template <int MR, typename W>
+void DirectNT(const KernelArgs& a, int j0, int cols) {
+  V16 acc[MR];
+  StartAccumulators<MR>(a, j0, cols, acc);
+  float tmp[16];
+  const W* wr[16];
+  for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
+  if (a.w_rows) {
+    PrefetchRows<W>(a, std::min(a.n, j0 + kRowsAheadNT), std::min(a.n, j0 + kRowsAheadNT + 16), 0,
+                    static_cast<int64_t>(a.k * sizeof(W)));
+  }
+  int kb = 0;
+  if constexpr (kPairs<W>) {
+    // bf16: 32 k-values of each row at a time, as 16 lanes of two; the
+    // transpose moves the lanes (half the shuffles per value of transposing
+    // widened values), then each lane is widened in-lane into k-values
+    // kb + 2t and kb + 2t + 1, taken odd first (the bf16 chain).
+    const float* xs[MR];
+    for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
+    for (; kb + 32 <= a.k; kb += 32) {
+      I16 r[16];
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) r[q] = LoadLanes(wr[q] + kb);
+      Transpose16(r);  // lane q of r[t]: w[j0 + q][kb + 2t], w[j0 + q][kb + 2t + 1]
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        V16 even, odd;
+        WidenPair(r[t], &even, &odd);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          acc[i] = Fma(Splat(xs[i][kb + 2 * t + 1]), odd, acc[i]);
+          acc[i] = Fma(Splat(xs[i][kb + 2 * t]), even, acc[i]);
+        }
+      }
+    }
+    // The last pairs, an odd k's last value with a zero (its slot is 0).
+    for (; kb < a.k; kb += 2) {
+      float even[16], odd[16];
+      for (int q = 0; q < 16; ++q) {
+        even[q] = Widen(wr[q][kb]);
+        odd[q] = kb + 1 < a.k ? Widen(wr[q][kb + 1]) : 0.0f;
+      }
+      for (int i = 0; i < MR; ++i) {
+        acc[i] = Fma(Splat(xs[i][kb + 1]), Load(odd), acc[i]);
+        acc[i] = Fma(Splat(xs[i][kb]), Load(even), acc[i]);
+      }
+    }
+  } else {
+    for (; kb + 16 <= a.k; kb += 16) {
+      V16 r[16];
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) r[q] = Load(wr[q] + kb);
+      Transpose16(r);  // r[t][q] = w[j0 + q][kb + t]
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb + t]), r[t], acc[i]);
+      }
+    }
+    for (; kb < a.k; ++kb) {
+      for (int q = 0; q < 16; ++q) tmp[q] = Widen(wr[q][kb]);
+      for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb]), Load(tmp), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* y = a.y + static_cast<int64_t>(i) * a.ldy + j0;
+    if (cols == 16) {  // a whole vector: no call (decode attention's scores: 4 a block)
+      Store(y, acc[i]);
+      continue;
+    }
+    Store(tmp, acc[i]);
+    std::memcpy(y, tmp, sizeof(float) * cols);
+  }
+}
+
+template <int MR, typename W>
+void DirectBlockedRange(const KernelArgs& a, int j0, int j1);
+template <typename W>
+void DirectWide(const KernelArgs& a, int j0, int j1);
+
+template <typename W>
+void DirectRange(const KernelArgs& a, int j0, int j1) {
+  if (a.w_blocked16) {
+    if constexpr (std::is_same_v<W, float> || kPairs<W>) {
+      if (a.m > kDirectRows) return DirectWide<W>(a, j0, j1);
+    }
+    switch (a.m) {
+      case 1:
+        return DirectBlockedRange<1, W>(a, j0, j1);
+      case 2:
+        return DirectBlockedRange<2, W>(a, j0, j1);
+      case 3:
+        return DirectBlockedRange<3, W>(a, j0, j1);
+      default:
+        return DirectBlockedRange<4, W>(a, j0, j1);
+    }
+  }
+  // Sixteen rows of weights are read side by side; more streams than that
+  // serve worse.
+  for (int j = j0; j < j1; j += 16) {
+    const int cols = std::min(16, j1 - j);
+    switch (a.m) {
+      case 1:
+        DirectNT<1, W>(a, j, cols);
+        break;
+      case 2:
+        DirectNT<2, W>(a, j, cols);
+        break;
+      case 3:
+        DirectNT<3, W>(a, j, cols);
+        break;
+      default:
+        DirectNT<4, W>(a, j, cols);
+        break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace failsafe::cpu

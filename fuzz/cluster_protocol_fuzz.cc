@@ -2,6 +2,7 @@
 // the listener reads them before a peer has proven the token (in pieces of
 // the sizes the input gives), and every cluster message decoder on their
 // bodies.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>

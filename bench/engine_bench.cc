@@ -31,6 +31,7 @@
 #include "common/rng.h"
 #include "engine/executor.h"
 #include "engine/kv_tables.h"
+#include "engine/local_executor.h"
 #include "engine_steps.h"
 #include "gemm_libs.h"
 #include "model/synthetic.h"

@@ -27,6 +27,7 @@
 #include "backend/cuda/kernels.h"
 #include "common/clock.h"
 #include "engine/executor.h"
+#include "engine/local_executor.h"
 #include "engine_steps.h"
 #include "model/config.h"
 #include "model/weights.h"

@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "engine/local_executor.h"
 #include "worker/cluster_protocol.h"
 
 namespace failsafe {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 
+#include "engine/local_executor.h"
 #include "engine/offline_run.h"
 #include "engine/test_support.h"
 #include "engine/worker_group.h"

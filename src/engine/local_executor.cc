@@ -4,6 +4,7 @@
 #include "common/clock.h"
 #include "engine/executor.h"
 #include "engine/kv_tables.h"
+#include "engine/local_executor.h"
 
 namespace failsafe {
 

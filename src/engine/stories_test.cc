@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "engine/engine.h"
+#include "engine/local_executor.h"
 #include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/tokenizer.h"

@@ -25,6 +25,7 @@
 #include "engine/executor.h"
 #include "engine/host_cpus.h"
 #include "engine/kv_tables.h"
+#include "engine/local_executor.h"
 #include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"

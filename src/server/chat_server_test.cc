@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/executor.h"
+#include "engine/local_executor.h"
 #include "model/file_util.h"
 #include "model/synthetic.h"
 #include "server/http_server.h"

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "engine/executor.h"
+#include "engine/local_executor.h"
 #include "server/test_server.h"
 
 namespace failsafe {

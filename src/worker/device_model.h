@@ -60,42 +60,6 @@ class HostLoader {
 // breaks at multiples of `break_every` (> 0).
 std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break_every);
 
-// What a device must know of one sequence when the plan changes.
-struct SeqRestore {
-  int64_t seq_id = 0;
-  int32_t dp_rank = 0;
-  // Positions [restore_from, restore_tokens) of every slot in restore_slots
-  // come from the host backup; later positions will be recomputed, earlier
-  // ones are in cached blocks another sequence's restore writes (restore_from
-  // a multiple of the block size).
-  int32_t restore_tokens = 0;
-  int32_t restore_from = 0;
-  // Leading blocks of the table that are cached (shared, read-only): their
-  // pages may be named by other tables.
-  int32_t shared_blocks = 0;
-  std::vector<int32_t> backup_blocks;  // logical block -> backup block
-  // The sequence's whole block table on this device under the new plan:
-  // num_blocks blocks of Plan::KvSlots(device, dp_rank) pages each.
-  int32_t num_blocks = 0;
-  std::vector<int32_t> pages;  // [block][slot position] -> page id
-  // Slots whose pages are new to the device (restored or recomputed); every
-  // other slot keeps the pages, and the KV, it held.
-  std::vector<int32_t> restore_slots;
-};
-// [device id] -> what the device holds after a plan change.
-using DeviceRestores = std::vector<std::vector<SeqRestore>>;
-
-// What applying a plan cost on one device.
-struct ApplyStats {
-  int64_t host_bytes = 0;         // weights read from the host copy (PCIe)
-  int64_t peer_bytes = 0;         // weights received from other devices (NVLink)
-  int64_t kv_restored_bytes = 0;  // KV copied from the host backup
-  int64_t weights_ns = 0;         // CPU time spent on weights
-  int64_t kv_ns = 0;              // CPU time spent restoring KV
-  int64_t weights_wall_ns = 0;    // wall time of the weights phase
-  int64_t kv_wall_ns = 0;         // wall time of the KV phase
-};
-
 struct DeviceOptions {
   int block_size = 16;   // tokens per KV page
   int64_t kv_pages = 0;  // KV pool size in pages

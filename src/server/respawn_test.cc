@@ -139,7 +139,13 @@ TEST(Respawn, ACrashLoopingDeviceIsLeftForTheOperator) {
     ASSERT_GT(pid, 0) << round;
     ::kill(pid, SIGKILL);
     if (round == 0) {
-      ASSERT_GE(WaitFor([&] { return Pid(s, 2) > 0 && Pid(s, 2) != pid; }, 20000), 0);
+      ASSERT_GE(WaitFor(
+                    [&] {
+                      const int now = Pid(s, 2);  // one read: -1 while it is dead
+                      return now > 0 && now != pid;
+                    },
+                    20000),
+                0);
     }
   }
   ASSERT_GE(WaitFor(

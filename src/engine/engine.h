@@ -159,8 +159,17 @@ class Engine {
   // Moves to a plan for the alive devices (`joined` rejoined).
   // `step_failed_ns`: when the failed step (if any) returned.
   Status Recover(const std::vector<int>& joined, int64_t step_failed_ns);
-  // One attempt loop of Recover, filling `r`.
+  // One attempt loop of Recover, filling `r`; its phases below.
   Status RecoverOnce(RecoveryReport* r);
+  void NoteLosses(RecoveryReport* r);
+  Result<std::vector<int64_t>> CapacityFor(const Plan& next);
+  std::unordered_map<int64_t, int> RestorableTokens(const Plan& next, const std::vector<int>& alive,
+                                                    bool conservative) const;
+  DeviceRestores RestoreTables(const Plan& next, const std::unordered_map<int64_t, int>& restore_of,
+                               const Scheduler::KeptSharing& kept, bool conservative,
+                               std::vector<SeqRestore>* seqs) const;
+  void NoteApply(RecoveryReport* r, const ApplyReport& applied);
+  void Settle(RecoveryReport* r, const Plan& next, const std::vector<SeqRestore>& seqs);
   // The report a new recovery extends: the last one if no step ran since.
   RecoveryReport* OpenReport(int64_t now_ns);
   void AfterStep(const StepPlan& plan, int64_t started_ns);

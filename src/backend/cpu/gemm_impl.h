@@ -22,7 +22,9 @@
 
 #define FS_INLINE __attribute__((always_inline)) inline
 
-// The kernels by concept, in the order each needs the ones before.
+// The kernels by concept, in the order each needs the ones before (so not
+// sorted).
+// clang-format off
 #include "backend/cpu/gemm_lanes_impl.h"
 #include "backend/cpu/gemm_direct_impl.h"
 #include "backend/cpu/gemm_fixed_impl.h"
@@ -31,6 +33,7 @@
 #include "backend/cpu/gemm_pack_impl.h"
 #include "backend/cpu/gemm_blocked_impl.h"
 #include "backend/cpu/gemm_panels_impl.h"
+// clang-format on
 
 namespace failsafe::cpu {
 namespace {

@@ -83,7 +83,6 @@ EngineSnapshot Engine::Snapshot() const {
   EngineSnapshot s;
   s.running = scheduler_->num_running();
   s.waiting = scheduler_->num_waiting();
-  s.max_num_seqs = scheduler_->config().max_num_seqs;
   const Plan& plan = executor_->plan();
   s.dp_load_tokens = scheduler_->DpLoad();
   s.dp_load_tokens.resize(plan.num_devices, 0);

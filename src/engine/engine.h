@@ -86,7 +86,6 @@ struct EngineOptions {
 struct EngineSnapshot {
   int running = 0;  // requests being computed
   int waiting = 0;  // requests queued
-  int max_num_seqs = 0;
   // Per device id: KV pages requests hold (cached blocks nobody uses count
   // as free: they are evicted for room), pages it has under the current plan
   // (0 if inactive), and tokens of the requests on its DP rank.

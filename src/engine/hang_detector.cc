@@ -114,14 +114,13 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     // device hung while its peers went on. Killing every device would turn
     // the pause into an outage; the group answers the abort once it runs.
     if (!moving && replied.empty() && !seen.empty()) {
-      if (!group_paused_ || now - paused_logged_ns_ >= 10 * grace_ns_) {
+      if (paused_logged_ns_ == 0 || now - paused_logged_ns_ >= 10 * grace_ns_) {
         FS_LOG_WARN(
             "every device of the step has been still for {} ms, none ahead of another: "
             "the group is paused, not hung; waiting for it",
             (now - start_ns_) / 1000000);
         paused_logged_ns_ = now;
       }
-      group_paused_ = true;
       next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
       return dead;
     }

@@ -94,8 +94,7 @@ class HangWatch final : public ReplyWatch {
   int64_t next_check_ns_;
   bool aborted_ = false;
   int64_t aborted_at_ns_ = 0;
-  bool group_paused_ = false;  // nobody moved after the abort
-  int64_t paused_logged_ns_ = 0;
+  int64_t paused_logged_ns_ = 0;  // last said the group is paused (0: never)
 };
 
 }  // namespace failsafe

@@ -215,9 +215,10 @@ bool EngineService::Healthy(std::string* reason) const {
   return healthy_;
 }
 
-void EngineService::UpdateGauges() {
+void EngineService::UpdateGauges() { UpdateGauges(engine_.Snapshot()); }
+
+void EngineService::UpdateGauges(const EngineSnapshot& snap) {
   EngineGauges g;
-  const EngineSnapshot snap = engine_.Snapshot();
   g.running = snap.running;
   g.waiting = snap.waiting;
   const Plan& plan = executor_->plan();
@@ -379,13 +380,13 @@ void EngineService::Loop() {
            engine_.recoveries()[recoveries_seen_].resumed()) {
       metrics_.AddRecovery(engine_.recoveries()[recoveries_seen_++]);
     }
+    const EngineSnapshot snap = engine_.Snapshot();
     {
-      const EngineSnapshot snap = engine_.Snapshot();
       std::lock_guard<std::mutex> lock(mu_);
       queued_ = snap.waiting + static_cast<int>(submissions_.size());
       free_slots_ = std::max(0, max_num_seqs_ - snap.running);
     }
-    UpdateGauges();
+    UpdateGauges(snap);
   }
 }
 

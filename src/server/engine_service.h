@@ -131,6 +131,7 @@ class EngineService {
   // has lasted outage_timeout_ms.
   void DuringOutage();
   void UpdateGauges();
+  void UpdateGauges(const EngineSnapshot& snap);
   // Engine thread: notes deaths and starts the devices whose time has come.
   void Respawn();
   // Runs `task` on the engine thread and waits for it.

@@ -122,6 +122,9 @@ struct SamplingParams {
   int top_k = 0;             // 0: off
   float top_p = 1.0f;        // 1: off
   uint64_t seed = 0;
+  // Drops tokens whose probability (after temperature) is below min_p times
+  // the most likely token's (0: off); applied after top-k, before top-p.
+  float min_p = 0.0f;
 };
 
 // The memory a backend computes on. Allocation failures throw

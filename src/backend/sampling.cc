@@ -18,6 +18,14 @@ int DrawSorted(const float* logits, const int* ids, int keep, const SamplingPara
     prob[i] = std::exp((logits[i] - mx) * inv_t);
     sum += prob[i];
   }
+  if (p.min_p > 0.0f) {
+    // prob[0] is the most likely token's (exp(0) = 1).
+    int n = 1;
+    while (n < keep && prob[n] >= p.min_p) ++n;
+    keep = n;
+    sum = 0;
+    for (int i = 0; i < keep; ++i) sum += prob[i];
+  }
   if (p.top_p < 1.0f) {
     double cum = 0;
     int n = 0;

@@ -1,6 +1,6 @@
 // The seeded draw every backend samples with, from candidates already
 // sorted by logit (descending, equal logits by ascending id): temperature,
-// then top-p over the first `keep` (top-k), then one draw from a hash of
+// then min-p and top-p over the first `keep` (top-k), then one draw from a hash of
 // (seed, counter). The sums run in one order on the host, so a backend that
 // sorts on its device draws the CPU backend's token exactly.
 #pragma once

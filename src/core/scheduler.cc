@@ -1,6 +1,7 @@
 #include "core/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_set>
 
 #include "common/check.h"
@@ -138,6 +139,8 @@ void Scheduler::RouteCandidate(Sequence* s) {
 
 void Scheduler::AttachCandidate(Sequence* s, const std::vector<int64_t>& pending,
                                 const std::vector<int64_t>& keep) {
+  // Prompt logprobs come from computing the prompt's positions.
+  if (s->prompt_logits_from >= 0) return;
   const auto lookup = LookupHashes(s);
   if (!lookup) return;
   const std::span<const uint64_t> hashes = *lookup;
@@ -319,12 +322,13 @@ StepPlan Scheduler::ScheduleOnce() {
     }
     if (preempted_self) break;
     kv_.Grow(*s, s->num_computed + 1);
-    plan.seqs.push_back({s->id, s->num_computed, 1, s->dp_rank, true});
+    plan.seqs.push_back({s->id, s->num_computed, 1, s->dp_rank, true, 1});
     cost_.AddChunk(1, s->num_computed, s->dp_rank);
     plan.decode_tokens++;
     --budget;
   }
   // 2) Prefill chunks.
+  spare_rows_ = config_.max_num_seqs - plan.decode_tokens;
   std::vector<Sequence*> chunks;
   std::vector<int> sizes;
   if (budget > 0) {
@@ -354,6 +358,7 @@ StepPlan Scheduler::ScheduleOnce() {
     kv_.Grow(*s, s->num_computed + sizes[i]);
     const bool sample = s->num_computed + sizes[i] == s->len();
     ScheduledSeq ss{s->id, s->num_computed, sizes[i], s->dp_rank, sample};
+    ss.logits_rows = s->LogitsRows(s->num_computed, sizes[i]);
     ss.host_blocks = host;
     ss.host_first_block = s->num_computed / kv_.block_size() - host;
     plan.seqs.push_back(ss);
@@ -368,6 +373,11 @@ StepPlan Scheduler::ScheduleOnce() {
   return plan;
 }
 
+int Scheduler::ChunkForRows(const Sequence& s, int extra) {
+  if (s.prompt_logits_from < 0) return std::numeric_limits<int>::max();
+  return std::max(s.num_computed, s.prompt_logits_from) - s.num_computed + extra + 1;
+}
+
 std::vector<int64_t> Scheduler::PrefillAdmitReserve() const {
   std::vector<int64_t> keep(plan_.num_devices, 0);
   if (running_.empty()) return keep;
@@ -380,12 +390,15 @@ void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequ
                                     std::vector<int>* sizes) {
   std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
       keep = PrefillAdmitReserve();
-  for (Sequence* s : PrefillCandidates(1 << 30)) {
+  const std::vector<Sequence*> cands = PrefillCandidates(1 << 30);
+  // Every candidate may sample (one row each); the rest are for prompt logprobs.
+  int spare = spare_rows_ - static_cast<int>(cands.size());
+  for (Sequence* s : cands) {
     if (budget <= 0) break;
     const bool admitting = s->state == SeqState::kWaiting;
     RouteCandidate(s);
     AttachCandidate(s, pending, keep);
-    int n = std::min(s->pending(), budget);
+    int n = std::min({s->pending(), budget, ChunkForRows(*s, std::max(0, spare))});
     // Shrink the chunk to what the devices can hold.
     while (n > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, s->num_computed + n, pending,
                               admitting ? keep : none)) {
@@ -400,6 +413,7 @@ void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequ
     chunks->push_back(s);
     sizes->push_back(n);
     budget -= n;
+    spare -= std::max(0, s->LogitsRows(s->num_computed, n) - 1);
   }
 }
 
@@ -410,6 +424,7 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     int chunk = 0;
     bool admitting;
     bool blocked = false;  // out of KV
+    int extra_rows = 0;    // logits rows past one (prompt logprobs)
   };
   std::vector<Cand> cands;
   std::vector<int64_t> pending(plan_.num_devices, 0), none(plan_.num_devices, 0),
@@ -420,6 +435,7 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     cands.push_back({s, 0, s->state == SeqState::kWaiting});
   }
   if (cands.empty()) return;
+  int spare = spare_rows_ - static_cast<int>(cands.size());
   const double decode_tokens = plan->decode_tokens;
   std::vector<int> history;  // candidate index per greedy step
   std::vector<int> deltas;
@@ -431,14 +447,17 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     int pick = -1;
     for (size_t i = 0; i < cands.size(); ++i) {
       const Cand& c = cands[i];
-      if (c.blocked || c.chunk >= c.s->pending()) continue;
+      if (c.blocked || c.chunk >= c.s->pending() ||
+          c.chunk >= ChunkForRows(*c.s, std::max(0, spare) + c.extra_rows))
+        continue;
       if (pick < 0 || cost_.DeviceTime(c.s->dp_rank) < cost_.DeviceTime(cands[pick].s->dp_rank))
         pick = static_cast<int>(i);
     }
     if (pick < 0) break;
     // ... gets one more unit for its earliest request.
     Cand& c = cands[pick];
-    const int delta = std::min({config_.adaptive_unit, c.s->pending() - c.chunk, budget - tokens});
+    const int delta = std::min({config_.adaptive_unit, c.s->pending() - c.chunk, budget - tokens,
+                                ChunkForRows(*c.s, std::max(0, spare) + c.extra_rows) - c.chunk});
     const int new_end = c.s->num_computed + c.chunk + delta;
     // Blocks already counted for this request: its own plus this step's growth so far.
     const int held = c.chunk > 0
@@ -477,6 +496,9 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     kv_.AddPending(c.s->dp_rank, held, new_end, &pending);
     cost_.GrowChunk(c.chunk, delta, c.s->num_computed, c.s->dp_rank);
     c.chunk += delta;
+    const int extra = std::max(0, c.s->LogitsRows(c.s->num_computed, c.chunk) - 1);
+    spare -= extra - c.extra_rows;
+    c.extra_rows = extra;
     tokens += delta;
     history.push_back(pick);
     deltas.push_back(delta);
@@ -508,6 +530,11 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
       continue;  // preempted meanwhile
     s->num_computed += ss.num_tokens;
     kv_.CacheComputed(*s);
+    if (s->prompt_logits_from >= 0 && ss.logits_rows > 0) {
+      // The step's rows gave the prompt logprobs up to its end.
+      const int end = ss.start + ss.num_tokens;
+      s->prompt_logits_from = end >= s->prompt_len - 1 ? -1 : std::max(s->prompt_logits_from, end);
+    }
     if (!ss.sample) continue;
     const int32_t tok = sampled[i];
     s->tokens.push_back(tok);

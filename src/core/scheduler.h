@@ -102,6 +102,9 @@ struct ScheduledSeq {
   int num_tokens = 0;
   int dp_rank = 0;
   bool sample = false;  // the last token's logits are sampled
+  // Rows of logits the step returns for it (Sequence::LogitsRows): its last
+  // `logits_rows` positions'.
+  int logits_rows = 0;
   // Blocks [kv_first_block, kv_blocks) of its block tables are new to the
   // devices: the step carries them (KvBlockManager::Table).
   int kv_first_block = 0;
@@ -230,6 +233,10 @@ class Scheduler {
   void SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<Sequence*>* chunks,
                                std::vector<int>* sizes);
   std::vector<Sequence*> PrefillCandidates(int limit);
+  // The largest chunk of `s` (from num_computed) whose logits take at most
+  // `extra` rows past one: only requests asking for prompt logprobs take
+  // more than one.
+  static int ChunkForRows(const Sequence& s, int extra);
   bool CanAdmit(const Sequence& s, int tokens) const;
 
   const SchedulerConfig config_;
@@ -254,6 +261,10 @@ class Scheduler {
   PrefixCacheStats prefix_stats_;
   const PrefixHostTier* host_tier_ = nullptr;
   int64_t preempted_last_ = -1;
+  // Logits rows of this step not yet spoken for: a step returns at most
+  // max_num_seqs, one per sequence that samples, and more for chunks of
+  // prompts whose logprobs are wanted.
+  int spare_rows_ = 0;
   std::unordered_map<int64_t, int> counted_rank_;  // within Reconfigure: rerouted -> old rank
 };
 

@@ -36,6 +36,59 @@ TEST(Scheduler, CompletesEveryRequestExactlyOnce) {
   }
 }
 
+// Requests asking for prompt logprobs get a row for every prompt position
+// (exactly once, through preemptions), never take a cached prefix, and the
+// step's rows stay within max_num_seqs whatever else runs.
+TEST(Scheduler, PromptLogprobRowsOncePerPositionWithinTheRows) {
+  auto c = Model();
+  auto plan = *MakePlan(c, Policy::kHybrid, 8, Range(7));
+  for (PrefillPolicy pp : {PrefillPolicy::kFifo, PrefillPolicy::kAdaptive}) {
+    SchedulerConfig cfg;
+    cfg.prefill = pp;
+    cfg.max_batch_tokens = 256;
+    cfg.max_num_seqs = 8;
+    cfg.prefix_cache = true;
+    // Little KV: requests are preempted and computed again.
+    Scheduler s(cfg, plan, c, 16, std::vector<int64_t>(8, 1200));
+    Rng rng(3);
+    std::map<int64_t, std::vector<int>> rows_at;  // [id] -> rows per prompt position
+    for (int i = 0; i < 30; ++i) {
+      const int prompt = 2 + static_cast<int>(rng.Below(300));
+      auto r = Req(i, prompt, 1 + static_cast<int>(rng.Below(20)));
+      if (i % 2 == 0) {
+        r->prompt_logits_from = 0;
+        rows_at[i].assign(prompt - 1, 0);
+      }
+      ASSERT_TRUE(s.Add(std::move(r)).ok());
+    }
+    int steps = 0, preempted = 0;
+    while (!s.idle() && steps++ < 100000) {
+      StepPlan p = s.Schedule();
+      preempted += static_cast<int>(p.preempted.size());
+      int rows = 0;
+      for (const ScheduledSeq& ss : p.seqs) {
+        rows += ss.logits_rows;
+        const Sequence* q = s.Find(ss.seq_id);
+        if (!rows_at.count(ss.seq_id) || q->prompt_logits_from < 0) continue;
+        EXPECT_EQ(ss.host_blocks, 0);
+        const int end = ss.start + ss.num_tokens;
+        for (int pos = end - ss.logits_rows; pos < end; ++pos) {
+          if (pos >= q->prompt_logits_from && pos < q->prompt_len - 1) rows_at[ss.seq_id][pos]++;
+        }
+      }
+      EXPECT_LE(rows, cfg.max_num_seqs);
+      s.Update(p, std::vector<int32_t>(p.seqs.size(), 7));
+      s.TakeFinished();
+    }
+    EXPECT_TRUE(s.idle());
+    EXPECT_GT(preempted, 0);
+    for (const auto& [id, at] : rows_at) {
+      for (size_t pos = 0; pos < at.size(); ++pos)
+        ASSERT_EQ(at[pos], 1) << "request " << id << " position " << pos;
+    }
+  }
+}
+
 // Disaggregated decode: a sequence arrives with its prompt's KV computed and
 // its first token sampled. It is admitted only when its whole KV fits (never
 // as a one-token "prefill"), so admission never overcommits the devices.

@@ -90,6 +90,14 @@ inline DriveResult Drive(Scheduler& s, int max_steps = 100000) {
   while (!s.idle() && r.steps < max_steps) {
     StepPlan p = s.Schedule();
     EXPECT_LE(p.num_tokens(), s.config().max_batch_tokens);
+    // The step's logits fit the rows the devices have.
+    int rows = 0;
+    for (const ScheduledSeq& ss : p.seqs) {
+      rows += ss.logits_rows;
+      EXPECT_GE(ss.logits_rows, ss.sample ? 1 : 0);
+      EXPECT_LE(ss.logits_rows, ss.num_tokens);
+    }
+    EXPECT_LE(rows, s.config().max_num_seqs);
     r.preemptions += static_cast<int>(p.preempted.size());
     r.max_running = std::max(r.max_running, s.num_running());
     ExpectKvBooks(s, &p);

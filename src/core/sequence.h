@@ -1,6 +1,7 @@
 // A request as the scheduler sees it: its tokens and how far its KV reaches.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,12 +32,29 @@ struct Sequence {
   // block's hash never changes).
   std::vector<uint64_t> block_hashes;
   std::string error;  // when finish == kError
+  // Prompt logprobs: the first position whose logits are still wanted
+  // (position p's give the log-probability of prompt token p + 1); -1: none
+  // (not asked for, or all delivered). Such a sequence computes its prompt
+  // whole: it takes no cached prefix.
+  int prompt_logits_from = -1;
 
   int len() const { return static_cast<int>(tokens.size()); }
   int output_len() const { return len() - prompt_len; }
   // Tokens still to compute before the next sample.
   int pending() const { return len() - num_computed; }
   bool in_prefill() const { return pending() > 1 || num_computed == 0; }
+  // Rows of logits a chunk of positions [start, start + n) returns, for its
+  // last positions: the last one's when the chunk ends the sequence (it
+  // samples), and with prompt logprobs every position from
+  // prompt_logits_from on that precedes a prompt token.
+  int LogitsRows(int start, int n) const {
+    const int end = start + n;
+    if (prompt_logits_from >= 0) {
+      const int first = std::max(start, prompt_logits_from);
+      if (first < std::min(end, prompt_len - 1)) return end - first;
+    }
+    return end == len() ? 1 : 0;
+  }
 };
 
 }  // namespace failsafe

@@ -14,6 +14,9 @@ namespace {
 // its requests (each retry runs on a fresh collective group).
 constexpr int kMaxStepAttempts = 3;
 
+// Alternatives a request may ask for at each position (OpenAI's limit).
+constexpr int kMaxLogprobs = 20;
+
 const Clock* RealClockInstance() {
   static const RealClock real;
   return &real;
@@ -68,11 +71,22 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
                        spec.prefilled_output.end());
     seq->num_computed = static_cast<int>(seq->tokens.size()) - 1;
   }
+  if (spec.prompt_logprobs >= 0) {
+    if (!spec.prefilled_output.empty())
+      return InvalidArgument("a prefilled request has no prompt logprobs");
+    if (seq->prompt_len > 1) seq->prompt_logits_from = 0;
+  }
   seq->max_new_tokens = spec.max_new_tokens;
   seq->stop_token_ids = std::move(spec.stop_token_ids);
   seq->arrival = spec.arrival;
+  for (int top : {spec.logprobs, spec.prompt_logprobs}) {
+    if (top > kMaxLogprobs)
+      return InvalidArgument("at most {} log-probabilities per position", kMaxLogprobs);
+  }
   FS_RETURN_IF_ERROR(scheduler_->Add(std::move(seq)));
-  sampling_[id] = spec.sampling;
+  samplers_.insert_or_assign(
+      id, RequestSampler(spec.sampling, std::move(spec.controls), spec.logprobs));
+  if (spec.prompt_logprobs >= 0) prompt_logprobs_[id].top = spec.prompt_logprobs;
   ++next_id_;
   return id;
 }
@@ -140,7 +154,8 @@ void Engine::CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal
           s->id, kv.BlockHashes(s->tokens, std::min(s->num_computed, s->len()) / kv.block_size()),
           s->tokens);
     }
-    sampling_.erase(s->id);
+    samplers_.erase(s->id);
+    prompt_logprobs_.erase(s->id);
     Status error;
     if (s->finish == FinishReason::kError) {
       auto it = errors_.find(s->id);
@@ -205,7 +220,11 @@ StepBatch Engine::BuildBatch(const StepPlan& plan, bool shared_backup) {
     st.num_tokens = ss.num_tokens;
     st.dp_rank = ss.dp_rank;
     st.token_offset = batch.num_tokens();
-    st.logits_row = ss.sample ? batch.num_logits_rows++ : -1;
+    if (ss.logits_rows > 0) {
+      st.logits_row = batch.num_logits_rows;
+      st.logits_rows = ss.logits_rows;
+      batch.num_logits_rows += ss.logits_rows;
+    }
     if (backup) {
       backup->Prepare(ss.seq_id, ss.start, ss.start + ss.num_tokens, &st, &batch.backup_blocks);
       st.host_first_block = ss.host_first_block;
@@ -221,24 +240,55 @@ StepBatch Engine::BuildBatch(const StepPlan& plan, bool shared_backup) {
 }
 
 std::vector<int32_t> Engine::Sample(const StepPlan& plan, const StepBatch& batch,
-                                    const float* logits) {
+                                    const float* logits,
+                                    std::vector<std::optional<PositionLogprobs>>* lps) {
   const int vocab = executor_->config().vocab_size;
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
+  lps->assign(plan.seqs.size(), std::nullopt);
   // An executor that models its devices has no logits: it gives the tokens.
   const std::vector<int32_t>* given = logits ? nullptr : executor_->sampled_tokens();
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (batch.seqs[i].logits_row < 0) continue;
+    const StepSeq& st = batch.seqs[i];
+    if (st.logits_row < 0) continue;
+    const ScheduledSeq& ss = plan.seqs[i];
+    // The row of its last position: the one sampled.
+    const int last = st.logits_row + st.logits_rows - 1;
     if (given) {
-      sampled[i] = (*given)[batch.seqs[i].logits_row];
+      if (ss.sample) sampled[i] = (*given)[last];
       continue;
     }
-    const Sequence* s = scheduler_->Find(plan.seqs[i].seq_id);
+    const Sequence* s = scheduler_->Find(ss.seq_id);
+    const float* rows = logits + static_cast<int64_t>(st.logits_row) * vocab;
+    if (s->prompt_logits_from >= 0)
+      TakePromptLogprobs(s, ss, rows, st.logits_rows - (ss.sample ? 1 : 0));
+    if (!ss.sample) continue;
     // The draw is keyed by the token's position: the same request samples the
     // same tokens however it is batched, preempted or recovered.
-    sampled[i] = sampler_->Sample(logits + static_cast<int64_t>(batch.seqs[i].logits_row) * vocab,
-                                  vocab, sampling_[s->id], static_cast<uint64_t>(s->len()));
+    RequestSampler& sampler = samplers_.at(s->id);
+    PositionLogprobs lp;
+    sampled[i] = sampler.Draw(logits + static_cast<int64_t>(last) * vocab, vocab, s->tokens,
+                              s->prompt_len, s->stop_token_ids, sampler_.get(), &lp);
+    if (sampler.logprobs() >= 0) (*lps)[i] = std::move(lp);
   }
   return sampled;
+}
+
+void Engine::TakePromptLogprobs(const Sequence* s, const ScheduledSeq& ss, const float* logits,
+                                int rows) {
+  auto it = prompt_logprobs_.find(s->id);
+  if (it == prompt_logprobs_.end() || s->num_computed != ss.start) return;
+  const int vocab = executor_->config().vocab_size;
+  // The rows are the chunk's last positions; position p gives prompt token
+  // p + 1, from where the last step stopped.
+  const int first_row_pos = ss.start + ss.num_tokens - (rows + (ss.sample ? 1 : 0));
+  for (int k = 0; k < rows; ++k) {
+    const int p = first_row_pos + k;
+    if (p < s->prompt_logits_from || p >= s->prompt_len - 1) continue;
+    PositionLogprobs lp;
+    ComputeLogprobs(logits + static_cast<int64_t>(k) * vocab, vocab, s->tokens[p + 1],
+                    it->second.top, &lp);
+    it->second.positions.push_back(std::move(lp));
+  }
 }
 
 Result<StepOutcome> Engine::Step() {
@@ -297,12 +347,20 @@ Result<StepOutcome> Engine::Step() {
   if (!logits.ok()) return failed(logits.status());
   step_failures_ = 0;
   out.ran = true;
-  const std::vector<int32_t> sampled = Sample(plan, batch, *logits);
+  std::vector<std::optional<PositionLogprobs>> lps;
+  const std::vector<int32_t> sampled = Sample(plan, batch, *logits, &lps);
   AfterStep(plan, started);
   scheduler_->Update(plan, sampled);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (sampled[i] >= 0)
-      out.events.push_back({plan.seqs[i].seq_id, sampled[i], false, FinishReason::kNone, {}});
+    if (sampled[i] < 0) continue;
+    TokenEvent e{plan.seqs[i].seq_id, sampled[i], false, FinishReason::kNone, {}};
+    e.logprobs = std::move(lps[i]);
+    // The prompt's log-probabilities go out with the first token.
+    if (auto it = prompt_logprobs_.find(e.id); it != prompt_logprobs_.end()) {
+      e.prompt_logprobs = std::move(it->second.positions);
+      prompt_logprobs_.erase(it);
+    }
+    out.events.push_back(std::move(e));
   }
   CollectFinished(&out.events, false);
   // A rebalance re-plans between steps, as a rejoin does: after the

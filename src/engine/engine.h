@@ -27,6 +27,7 @@
 #include "core/scheduler.h"
 #include "engine/executor.h"
 #include "engine/recovery_report.h"
+#include "engine/request_sampler.h"
 #include "engine/slow_devices.h"
 
 namespace failsafe {
@@ -35,6 +36,14 @@ struct RequestSpec {
   std::vector<int32_t> prompt;
   int max_new_tokens = 16;
   SamplingParams sampling;
+  LogitControls controls;  // penalties, biases, min_tokens
+  // Log-probabilities with each generated token: the token's and this many
+  // alternatives' (0-20; -1: none).
+  int logprobs = -1;
+  // Log-probabilities of the prompt's tokens (after the first), with this
+  // many alternatives each (0-20; -1: none): on the first token's event.
+  // Such a request computes its whole prompt (no cached prefix).
+  int prompt_logprobs = -1;
   std::vector<int32_t> stop_token_ids;
   double arrival = 0;  // seconds on the caller's clock
   // Disaggregated serving: a decode instance takes over a request that
@@ -53,6 +62,11 @@ struct TokenEvent {
   // reason kError: why. kUnavailable: the engine cannot serve (too few
   // devices); kInvalidArgument: the request itself; others: an engine fault.
   Status error;
+  // With RequestSpec::logprobs: the token's log-probabilities.
+  std::optional<PositionLogprobs> logprobs = std::nullopt;
+  // With RequestSpec::prompt_logprobs, on the first token's event: those of
+  // prompt tokens 1, 2, ... (the first has none).
+  std::vector<PositionLogprobs> prompt_logprobs = {};
 };
 
 struct StepOutcome {
@@ -146,7 +160,12 @@ class Engine {
   StepBatch BuildBatch(const StepPlan& plan, bool shared_backup);
   // The token each sampling sequence of the step draws from `logits` (or
   // the executor's own tokens where it gives no logits); -1 for the others.
-  std::vector<int32_t> Sample(const StepPlan& plan, const StepBatch& batch, const float* logits);
+  // With prompt logprobs, those of the step's prompt rows are kept for the
+  // request's first token; `lps` gets each drawn token's.
+  std::vector<int32_t> Sample(const StepPlan& plan, const StepBatch& batch, const float* logits,
+                              std::vector<std::optional<PositionLogprobs>>* lps);
+  // Prompt logprobs from a chunk's rows before its last (`rows` at `logits`).
+  void TakePromptLogprobs(const Sequence* s, const ScheduledSeq& ss, const float* logits, int rows);
   void CollectFinished(std::vector<TokenEvent>* events, bool only_abnormal);
   // Finishes requests with kError and `why` (they are reported by the next
   // CollectFinished).
@@ -187,7 +206,12 @@ class Engine {
   const Clock* const clock_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Backend> sampler_;
-  std::unordered_map<int64_t, SamplingParams> sampling_;
+  std::unordered_map<int64_t, RequestSampler> samplers_;
+  struct PromptLogprobs {
+    int top = 0;
+    std::vector<PositionLogprobs> positions;  // computed, not yet reported
+  };
+  std::unordered_map<int64_t, PromptLogprobs> prompt_logprobs_;
   std::unordered_map<int64_t, Status> errors_;  // requests failed by the engine
   std::vector<int64_t> to_free_;
   int64_t next_id_ = 1;

@@ -130,6 +130,9 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     const int end = s.start_pos + s.num_tokens;
     if (s.start_pos < 0 || s.num_tokens <= 0 || s.logits_row >= batch.num_logits_rows)
       return InvalidArgument("sequence {}: a malformed step entry", s.seq_id);
+    // Its devices give sampled tokens, not logits: no prompt logprobs.
+    if (s.logits_row >= 0 && s.logits_rows != 1)
+      return InvalidArgument("sequence {}: modelled devices give no prompt logprobs", s.seq_id);
     // KV the devices did not compute arrived with the request (a decode
     // instance's prefilled prompt): it is copied to the backup as it arrives.
     const auto [held, arrived] = held_.try_emplace(s.seq_id, s.dp_rank);

@@ -70,7 +70,9 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   }
   for (const StepSeq& s : b.seqs) {
     if (s.num_tokens <= 0 || s.token_offset < 0 || s.token_offset + s.num_tokens > T ||
-        s.start_pos < 0 || s.logits_row >= b.num_logits_rows) {
+        s.start_pos < 0 ||
+        (s.logits_row >= 0 && (s.logits_rows < 1 || s.logits_rows > s.num_tokens ||
+                               s.logits_row + s.logits_rows > b.num_logits_rows))) {
       return InvalidArgument("malformed step for sequence {}", s.seq_id);
     }
   }
@@ -415,11 +417,13 @@ void DeviceModel::LmHead(const StepBatch& b, ForwardStats* stats) {
   const int H = config_.hidden_size;
   const int R = b.num_logits_rows;
   if (R == 0 || lm_head_.num_items() == 0) return;
-  // Each sequence's last token, at its logits row (a row no sequence names
+  // Each sequence's last tokens, at its logits rows (a row no sequence names
   // takes token 0: its logits are never read).
   host_rows_.assign(R, 0);
   for (const StepSeq& s : b.seqs) {
-    if (s.logits_row >= 0) host_rows_[s.logits_row] = s.token_offset + s.num_tokens - 1;
+    if (s.logits_row < 0) continue;
+    for (int k = 0; k < s.logits_rows; ++k)
+      host_rows_[s.logits_row + k] = s.token_offset + s.num_tokens - s.logits_rows + k;
   }
   float* last = lm_in_.Reserve(static_cast<size_t>(R) * H);
   backend_->GatherRows(x_.data(), H, host_rows_.data(), R, H, last, H);
@@ -477,7 +481,7 @@ std::optional<std::pair<uint64_t, size_t>> DeviceModel::GraphKey(const StepBatch
     if (s.num_tokens != 1) return std::nullopt;
     const int pages = (s.start_pos + s.num_tokens + bs - 1) / bs;
     const int runs = (pages + kPageRun - 1) / kPageRun;
-    key = HashCombine(key, HashCombine(HashCombine(s.token_offset, s.logits_row),
+    key = HashCombine(key, HashCombine(HashCombine(s.token_offset, s.logits_row + s.logits_rows),
                                        HashCombine(runs, s.dp_rank == device_)));
     // Its page tables and attention problems, the largest arguments.
     bytes += KvSlots(s.dp_rank).size() * (static_cast<size_t>(runs) * kPageRun * 8 + 128);

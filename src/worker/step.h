@@ -13,7 +13,12 @@ struct StepSeq {
       0;  // tokens computed in this step: positions [start_pos, start_pos + num_tokens)
   int32_t dp_rank = 0;       // device that computes this sequence's DP heads
   int32_t token_offset = 0;  // index of its first token in StepBatch::tokens
-  int32_t logits_row = -1;   // row of the logits output for its last token, or -1
+  // Rows [logits_row, logits_row + logits_rows) of the logits output hold
+  // the logits of its last logits_rows tokens (the last one's are sampled
+  // when it ends the sequence; the others are for prompt logprobs);
+  // logits_row -1: none.
+  int32_t logits_row = -1;
+  int32_t logits_rows = 1;
   // Host KV backup: progress slot (-1: not backed up) and the backup blocks of
   // logical blocks [backup_first_block, backup_first_block + backup_count),
   // at StepBatch::backup_blocks[backup_offset...] (-1 entries: no backup).

@@ -7,9 +7,11 @@
 // whatever state it is in: being parsed, queued, prefilling, or streaming.
 #include <atomic>
 #include <ctime>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "common/rng.h"
 #include "server/api_routes.h"
 #include "server/openai_api.h"
 
@@ -38,14 +40,90 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 std::string SseFrame(const std::string& data) { return "data: " + data + "\n\n"; }
 
-// One completion request, from its body to its last byte. Strand-only state
-// unless noted.
+// A choice's log-probabilities in its endpoint's shape: chat's `content`
+// entries, or the completions endpoint's columns. Entries accumulate until
+// Take (a stream sends each chunk's own).
+class LogprobsOut {
+ public:
+  LogprobsOut(bool chat, const Tokenizer* tok, const std::vector<int32_t>& context)
+      : chat_(chat), texts_(tok, context) {}
+
+  // A position's entry: `lp` null for a prompt's first token.
+  void Add(int32_t token, const PositionLogprobs* lp) {
+    const std::string text = texts_.Next(token);
+    json top = json::array();
+    if (lp) {
+      for (const TokenLogprob& t : lp->top) {
+        const std::string alt = t.token == token ? text : texts_.Peek(t.token);
+        top.push_back({alt, t.logprob});
+      }
+    }
+    if (chat_) {
+      json alternatives = json::array();
+      for (auto& t : top) alternatives.push_back(Entry(t[0], t[1], nullptr));
+      content_.push_back(Entry(text, lp ? json(lp->logprob) : json(nullptr), alternatives));
+    } else {
+      tokens_.push_back(text);
+      token_logprobs_.push_back(lp ? json(lp->logprob) : json(nullptr));
+      if (lp) {
+        json dict = json::object();
+        for (auto& t : top) dict[t[0].get<std::string>()] = t[1];
+        // As vLLM: the chosen token is always among them.
+        dict[text] = lp->logprob;
+        top_logprobs_.push_back(std::move(dict));
+      } else {
+        top_logprobs_.push_back(nullptr);
+      }
+      text_offset_.push_back(offset_);
+    }
+    offset_ += static_cast<int64_t>(text.size());
+  }
+
+  bool empty() const { return chat_ ? content_.empty() : tokens_.empty(); }
+
+  json Take() {
+    json out;
+    if (chat_) {
+      out = {{"content", std::move(content_)}, {"refusal", nullptr}};
+      content_ = json::array();
+    } else {
+      out = {{"tokens", std::move(tokens_)},
+             {"token_logprobs", std::move(token_logprobs_)},
+             {"top_logprobs", std::move(top_logprobs_)},
+             {"text_offset", std::move(text_offset_)}};
+      tokens_ = token_logprobs_ = top_logprobs_ = text_offset_ = json::array();
+    }
+    return out;
+  }
+
+ private:
+  static json Entry(const json& text, const json& logprob, const json& top) {
+    const std::string& s = text.get_ref<const std::string&>();
+    json e = {{"token", s}, {"logprob", logprob}, {"bytes", std::vector<int>(s.begin(), s.end())}};
+    for (auto& b : e["bytes"]) b = static_cast<int>(static_cast<unsigned char>(b.get<int>()));
+    if (!top.is_null()) e["top_logprobs"] = top;
+    return e;
+  }
+
+  const bool chat_;
+  TokenTexts texts_;
+  int64_t offset_ = 0;
+  json content_ = json::array();
+  json tokens_ = json::array(), token_logprobs_ = json::array(), top_logprobs_ = json::array(),
+       text_offset_ = json::array();
+};
+
+// One completion request, from its body to its last byte: one or more
+// choices (n, best_of, a list of prompts), each an engine request of its
+// own. Strand-only state unless noted.
 class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
  public:
   CompletionCall(const ApiContext& ctx, std::shared_ptr<HttpExchange> ex, bool chat)
       : ctx_(ctx), ex_(std::move(ex)), chat_(chat) {}
   ~CompletionCall() {
-    if (handle_) handle_->SetNotify(nullptr);
+    for (Choice& c : choices_) {
+      if (c.handle) c.handle->SetNotify(nullptr);
+    }
   }
 
   void Start() {
@@ -56,6 +134,21 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   }
 
  private:
+  struct Choice {
+    int prompt = 0;  // index into the request's prompts
+    int draw = 0;    // its draw for that prompt (0 .. best_of - 1)
+    RequestSpec spec;
+    std::shared_ptr<RequestHandle> handle;
+    std::unique_ptr<TextStream> text;
+    std::unique_ptr<LogprobsOut> logprobs;
+    bool started = false;  // its first event came
+    int generated = 0;
+    double cum_logprob = 0;
+    std::string text_all;  // non-streaming: the whole text
+    FinishReason finish = FinishReason::kNone;
+    int index = 0;  // in the response
+  };
+
   // Work pool: parse, validate, tokenize; then back to the strand.
   void Parse() {
     CompletionLimits limits;
@@ -64,103 +157,197 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     CompletionRequest r;
     if (auto err = ParseCompletionRequest(ex_->request().body, chat_, *ctx_.tokenizer, limits, &r))
       return ex_->Post([self = shared_from_this(), e = *err] { self->Fail(e); });
-    RequestSpec spec;
-    spec.prompt = r.prompt;
-    spec.max_new_tokens = r.max_tokens;
-    spec.sampling = r.sampling;
-    if (!r.ignore_eos) {
-      spec.stop_token_ids.assign(ctx_.tokenizer->stop_token_ids().begin(),
-                                 ctx_.tokenizer->stop_token_ids().end());
-      if (ctx_.service->config().eos_token_id >= 0)
-        spec.stop_token_ids.push_back(ctx_.service->config().eos_token_id);
+    auto choices = std::make_shared<std::vector<Choice>>();
+    for (size_t p = 0; p < r.prompts.size(); ++p) {
+      for (int k = 0; k < r.best_of; ++k) {
+        Choice c;
+        c.prompt = static_cast<int>(p);
+        c.draw = k;
+        c.index = static_cast<int>(p) * r.n + k;
+        RequestSpec& spec = c.spec;
+        spec.prompt = r.prompts[p];
+        // max_tokens 0 (echo): one token is drawn and dropped.
+        spec.max_new_tokens = std::max(1, r.max_tokens);
+        spec.sampling = r.sampling;
+        // Each draw of a prompt is seeded from the request's seed and its index.
+        if (k > 0) spec.sampling.seed = HashCombine(r.sampling.seed, static_cast<uint64_t>(k));
+        spec.controls = r.controls;
+        // Ranking best_of draws needs each token's log-probability.
+        spec.logprobs = r.best_of > r.n ? std::max(r.logprobs, 0) : r.logprobs;
+        // A prompt's log-probabilities come from its first draw.
+        if (r.echo && r.logprobs >= 0 && k == 0) spec.prompt_logprobs = r.logprobs;
+        if (!r.ignore_eos) {
+          spec.stop_token_ids.assign(ctx_.tokenizer->stop_token_ids().begin(),
+                                     ctx_.tokenizer->stop_token_ids().end());
+          if (ctx_.service->config().eos_token_id >= 0)
+            spec.stop_token_ids.push_back(ctx_.service->config().eos_token_id);
+        }
+        choices->push_back(std::move(c));
+      }
     }
-    ex_->Post([self = shared_from_this(), r = std::move(r), spec = std::move(spec)]() mutable {
-      self->Submit(std::move(r), std::move(spec));
+    ex_->Post([self = shared_from_this(), r = std::move(r), choices]() mutable {
+      self->Submit(std::move(r), std::move(*choices));
     });
   }
 
-  void Submit(CompletionRequest r, RequestSpec spec) {
+  void Submit(CompletionRequest r, std::vector<Choice> choices) {
     if (over_) return;
     req_ = std::move(r);
-    text_ = std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens,
-                                         req_.prompt);
-    auto handle = ctx_.service->Submit(std::move(spec));
-    if (!handle.ok()) return Fail(ErrorFromStatus(handle.status(), false));
-    handle_ = *handle;
+    choices_ = std::move(choices);
+    for (Choice& c : choices_) {
+      const std::vector<int32_t>& prompt = req_.prompts[c.prompt];
+      c.text = std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens,
+                                            prompt, req_.controls.min_tokens);
+      if (req_.logprobs >= 0) {
+        c.logprobs = std::make_unique<LogprobsOut>(chat_, ctx_.tokenizer,
+                                                   req_.echo ? std::vector<int32_t>{} : prompt);
+      }
+    }
+    // With the prefix cache, a prompt's other draws wait for its first draw's
+    // first token: its prompt KV is cached by then, and they take it rather
+    // than compute it again (and they take its prompt logprobs).
+    const bool stagger = ctx_.service->prefix_cache() || (req_.echo && req_.logprobs >= 0);
+    for (Choice& c : choices_) {
+      if (c.draw == 0 || !stagger) {
+        if (!SubmitChoice(c)) return;
+      }
+    }
+    posted_->store(true);
+    Pump();  // events that came before the callbacks were in place
+  }
+
+  // False when the engine refused it (the request is answered).
+  bool SubmitChoice(Choice& c) {
+    auto handle = ctx_.service->Submit(c.spec);
+    if (!handle.ok()) {
+      Fail(ErrorFromStatus(handle.status(), false));
+      return false;
+    }
+    c.handle = *handle;
     // The engine thread only posts a wake-up, at most one at a time.
-    handle_->SetNotify([ex = ex_, posted = posted_, weak = weak_from_this()] {
+    c.handle->SetNotify([ex = ex_, posted = posted_, weak = weak_from_this()] {
       if (posted->exchange(true)) return;
       ex->Post([weak] {
         if (auto self = weak.lock()) self->Pump();
       });
     });
-    posted_->store(true);
-    Pump();  // events that came before the callback was in place
+    return true;
   }
 
   void Pump() {
     posted_->store(false);
-    if (over_ || !handle_) return;
     std::vector<TokenEvent> events;
-    handle_->TakeEvents(&events);
-    for (const TokenEvent& e : events) {
-      if (Consume(e)) return;
+    for (size_t i = 0; i < choices_.size() && !over_; ++i) {
+      if (!choices_[i].handle || choices_[i].finish != FinishReason::kNone) continue;
+      events.clear();
+      choices_[i].handle->TakeEvents(&events);
+      for (const TokenEvent& e : events) {
+        if (over_ || Consume(choices_[i], e)) break;
+      }
     }
   }
 
-  // Handles one event; true when the request is over.
-  bool Consume(const TokenEvent& e) {
-    if (!started_) {
+  // Handles one event of a choice; true when the choice is over.
+  bool Consume(Choice& c, const TokenEvent& e) {
+    std::string piece;
+    if (!c.started) {
       if (e.finished && e.token < 0 && e.reason == FinishReason::kError) {
-        Fail(ErrorFromStatus(handle_->error(), /*refused_at_admission=*/true));
+        const ApiError err = ErrorFromStatus(c.handle->error(), /*refused_at_admission=*/true);
+        if (started_ && req_.stream) {
+          FailStream(err);
+        } else {
+          Fail(err);
+        }
         return true;
       }
-      started_ = true;
-      id_ = (chat_ ? "chatcmpl-" : "cmpl-") + std::to_string(g_next_id++);
-      created_ = static_cast<int64_t>(std::time(nullptr));
-      if (req_.stream) {
-        ex_->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-        if (chat_) ex_->Write(Chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr));
+      c.started = true;
+      StartResponse();
+      if (c.draw == 0) {
+        prompt_logprobs_[c.prompt] = e.prompt_logprobs;
+        // Its prompt is computed (and cached): the prompt's other draws start.
+        for (Choice& o : choices_) {
+          if (o.prompt == c.prompt && !o.handle && !SubmitChoice(o)) return true;
+        }
       }
+      if (chat_ && req_.stream) ex_->Write(Chunk(c, json{{"role", "assistant"}, {"content", ""}}));
+      if (req_.echo) piece = Echo(c);
     }
-    std::string piece;
     FinishReason finish = FinishReason::kNone;
-    if (e.token >= 0) {
-      ++generated_;
-      piece = text_->Add(e.token);
-      if (text_->stopped() && !e.finished) {
-        ctx_.service->Cancel(handle_, FinishReason::kStop);
+    // max_tokens 0 (echo): the one token drawn is not part of the answer.
+    if (e.token >= 0 && req_.max_tokens > 0) {
+      ++c.generated;
+      piece += c.text->Add(e.token);
+      if (e.logprobs) c.cum_logprob += e.logprobs->logprob;
+      if (c.logprobs && e.logprobs) c.logprobs->Add(e.token, &*e.logprobs);
+      if (c.text->stopped() && !e.finished) {
+        ctx_.service->Cancel(c.handle, FinishReason::kStop);
         finish = FinishReason::kStop;
       }
     }
-    if (e.finished) {
-      piece += text_->Finish();
-      finish = text_->stopped() ? FinishReason::kStop : e.reason;
+    if (e.finished && finish == FinishReason::kNone) {
+      piece += c.text->Finish();
+      finish = c.text->stopped() ? FinishReason::kStop : e.reason;
     }
-    if (req_.stream && !piece.empty())
-      ex_->Write(chat_ ? Chunk(json{{"content", piece}}, nullptr) : Chunk(piece, nullptr));
-    if (!req_.stream) text_all_ += piece;
+    if (finish == FinishReason::kError) {
+      const ApiError err = ErrorFromStatus(c.handle->error(), false);
+      if (req_.stream) {
+        FailStream(err);
+      } else {
+        Fail(err);
+      }
+      return true;
+    }
+    if (req_.stream && (!piece.empty() || (c.logprobs && !c.logprobs->empty()))) {
+      if (chat_) {
+        ex_->Write(Chunk(c, json{{"content", piece}}));
+      } else {
+        ex_->Write(Chunk(c, piece));
+      }
+    }
+    if (!req_.stream) c.text_all += piece;
     if (finish == FinishReason::kNone) return false;
-    Finish(finish);
+    c.finish = finish;
+    c.handle->SetNotify(nullptr);
+    if (req_.stream) ex_->Write(Chunk(c, chat_ ? json::object() : json(""), FinishName(finish)));
+    for (const Choice& o : choices_) {
+      if (o.finish == FinishReason::kNone) return true;
+    }
+    Finish();
     return true;
   }
 
-  void Finish(FinishReason finish) {
-    over_ = true;
-    handle_->SetNotify(nullptr);
-    const json usage = {{"prompt_tokens", req_.prompt.size()},
-                        {"completion_tokens", generated_},
-                        {"total_tokens", static_cast<int>(req_.prompt.size()) + generated_}};
-    if (finish == FinishReason::kError) {
-      const ApiError err = ErrorFromStatus(handle_->error(), false);
-      if (!req_.stream) return Fail(err);
-      // Headers are out: the error is an event of its own.
-      ex_->Write(SseFrame(ErrorBody(err)));
-      ex_->Write(SseFrame("[DONE]"));
-      return ex_->EndStream();
+  // The prompt before the output (echo), with its log-probabilities.
+  std::string Echo(Choice& c) {
+    const std::vector<int32_t>& prompt = req_.prompts[c.prompt];
+    if (c.logprobs) {
+      const std::vector<PositionLogprobs>& lps = prompt_logprobs_[c.prompt];
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        // The first token has none; the others come from the prompt's first draw.
+        const PositionLogprobs* lp = i > 0 && i - 1 < lps.size() ? &lps[i - 1] : nullptr;
+        c.logprobs->Add(prompt[i], lp);
+      }
     }
+    if (!req_.prompt_texts[c.prompt].empty()) return req_.prompt_texts[c.prompt];
+    return ctx_.tokenizer->Decode(prompt, req_.skip_special_tokens);
+  }
+
+  void StartResponse() {
+    if (started_) return;
+    started_ = true;
+    id_ = (chat_ ? "chatcmpl-" : "cmpl-") + std::to_string(g_next_id++);
+    created_ = static_cast<int64_t>(std::time(nullptr));
+    if (req_.stream) ex_->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+  }
+
+  void Finish() {
+    over_ = true;
+    int prompt_tokens = 0, completion_tokens = 0;
+    for (const auto& p : req_.prompts) prompt_tokens += static_cast<int>(p.size());
+    for (const Choice& c : choices_) completion_tokens += c.generated;
+    const json usage = {{"prompt_tokens", prompt_tokens},
+                        {"completion_tokens", completion_tokens},
+                        {"total_tokens", prompt_tokens + completion_tokens}};
     if (req_.stream) {
-      ex_->Write(Chunk(chat_ ? json::object() : json(""), FinishName(finish)));
       if (req_.include_usage) {
         json c = Envelope();
         c["choices"] = json::array();
@@ -170,28 +357,64 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       ex_->Write(SseFrame("[DONE]"));
       return ex_->EndStream();
     }
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishName(finish)}};
-    if (chat_) {
-      choice["message"] = {{"role", "assistant"}, {"content", text_all_}};
-    } else {
-      choice["text"] = text_all_;
+    // best_of: each prompt's n draws of the highest total log-probability
+    // (equal ones in draw order).
+    std::vector<const Choice*> kept;
+    for (size_t p = 0; p < req_.prompts.size(); ++p) {
+      std::vector<const Choice*> draws;
+      for (const Choice& c : choices_) {
+        if (c.prompt == static_cast<int>(p)) draws.push_back(&c);
+      }
+      if (req_.best_of > req_.n) {
+        std::stable_sort(draws.begin(), draws.end(), [](const Choice* a, const Choice* b) {
+          return a->cum_logprob > b->cum_logprob;
+        });
+      }
+      draws.resize(req_.n);
+      kept.insert(kept.end(), draws.begin(), draws.end());
+    }
+    json list = json::array();
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const Choice& c = *kept[i];
+      json choice = {{"index", i},
+                     {"logprobs", c.logprobs ? c.logprobs->Take() : json(nullptr)},
+                     {"finish_reason", FinishName(c.finish)}};
+      if (chat_) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text_all}};
+      } else {
+        choice["text"] = c.text_all;
+      }
+      list.push_back(std::move(choice));
     }
     json body = Envelope();
     body["object"] = chat_ ? "chat.completion" : "text_completion";
-    body["choices"] = json::array({choice});
+    body["choices"] = std::move(list);
     body["usage"] = usage;
     ex_->Reply(200, Dump(body));
   }
 
-  // The client left or the server stops: the engine drops the request (and
-  // its KV) at its next step, whether it is queued or running.
+  // Headers are out: the error is an event of its own, and every choice ends.
+  void FailStream(const ApiError& err) {
+    CancelAll();
+    ex_->Write(SseFrame(ErrorBody(err)));
+    ex_->Write(SseFrame("[DONE]"));
+    ex_->EndStream();
+  }
+
+  void CancelAll() {
+    over_ = true;
+    for (Choice& c : choices_) {
+      if (!c.handle) continue;
+      c.handle->SetNotify(nullptr);
+      if (c.finish == FinishReason::kNone) ctx_.service->Cancel(c.handle);
+    }
+  }
+
+  // The client left or the server stops: the engine drops the requests (and
+  // their KV) at its next step, whether they are queued or running.
   void OnAbort(AbortCause cause) {
     if (over_) return;
-    over_ = true;
-    if (handle_) {
-      handle_->SetNotify(nullptr);
-      ctx_.service->Cancel(handle_);
-    }
+    CancelAll();
     if (cause != AbortCause::kServerStopping) return;
     const ApiError err{503, "service_unavailable_error", "server_shutting_down", "",
                        "the server is shutting down"};
@@ -202,7 +425,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
   }
 
   void Fail(const ApiError& e) {
-    over_ = true;
+    CancelAll();
     ex_->Reply(e.status, ErrorBody(e));
   }
 
@@ -213,28 +436,31 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
             {"model", ctx_.options->model_name}};
   }
 
-  std::string Chunk(const json& delta_or_text, const json& finish) const {
-    json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
+  // A stream chunk of one choice, with the log-probabilities of its tokens
+  // since the last.
+  std::string Chunk(Choice& c, const json& delta_or_text, const json& finish = nullptr) {
+    json choice = {{"index", c.index},
+                   {"logprobs", c.logprobs ? c.logprobs->Take() : json(nullptr)},
+                   {"finish_reason", finish}};
     choice[chat_ ? "delta" : "text"] = delta_or_text;
-    json c = Envelope();
-    c["choices"] = json::array({choice});
-    return SseFrame(Dump(c));
+    json chunk = Envelope();
+    chunk["choices"] = json::array({choice});
+    return SseFrame(Dump(chunk));
   }
 
   const ApiContext ctx_;
   const std::shared_ptr<HttpExchange> ex_;
   const bool chat_;
-  // Set by the engine's callback when a wake-up is on its way (any thread).
+  // Set by the engine's callbacks when a wake-up is on its way (any thread).
   const std::shared_ptr<std::atomic<bool>> posted_ = std::make_shared<std::atomic<bool>>(false);
   CompletionRequest req_;
-  std::unique_ptr<TextStream> text_;
-  std::shared_ptr<RequestHandle> handle_;
+  std::vector<Choice> choices_;
+  // Per prompt: its log-probabilities, from its first draw (echo).
+  std::map<int, std::vector<PositionLogprobs>> prompt_logprobs_;
   bool over_ = false;     // answered, failed or aborted
   bool started_ = false;  // the first event came
   std::string id_;
   int64_t created_ = 0;
-  int generated_ = 0;
-  std::string text_all_;  // non-streaming: the whole text
 };
 
 }  // namespace

@@ -59,6 +59,7 @@ EngineService::EngineService(std::unique_ptr<Executor> executor, const Scheduler
       service_(service),
       config_(executor_->config()),
       max_model_len_(config.max_model_len),
+      prefix_cache_(config.prefix_cache),
       max_num_seqs_(config.max_num_seqs),
       speed_(options.speed),
       respawn_(service.respawn, executor_->plan().num_devices) {

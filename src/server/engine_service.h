@@ -122,6 +122,8 @@ class EngineService {
   const ModelConfig& config() const { return config_; }
   const Metrics& metrics() const { return metrics_; }
   int max_model_len() const { return max_model_len_; }
+  // Requests share the KV of common prompt prefixes.
+  bool prefix_cache() const { return prefix_cache_; }
 
  private:
   using Task = std::function<void()>;
@@ -142,6 +144,7 @@ class EngineService {
   const ServiceOptions service_;
   const ModelConfig config_;
   const int max_model_len_;
+  const bool prefix_cache_;
   const int max_num_seqs_;
   const DeviceSpeed speed_;
   double fault_free_step_s_ = 0;  // the reference step on every device (core/step_cost.h)

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <set>
+#include <utility>
 
 #include "model/chat_template.h"
 
@@ -42,7 +44,15 @@ const Param kParams[] = {
     {"logit_bias", true, true},
     {"best_of", false, true},
     {"suffix", false, true},
+    {"repetition_penalty", true, true},
+    {"min_p", true, true},
+    {"min_tokens", true, true},
 };
+
+// Alternatives a request may ask for at each position.
+constexpr int kMaxTopLogprobs = 20;
+// Choices per request (n, best_of), and prompts per completions request.
+constexpr int kMaxChoices = 128;
 
 std::optional<ApiError> Fail(const std::string& param, const std::string& message,
                              const std::string& code = "invalid_value") {
@@ -105,6 +115,139 @@ std::optional<ApiError> MessageText(const nlohmann::ordered_json& content, std::
   return std::nullopt;
 }
 
+// A completions prompt: a string, a list of token ids, or a list of either
+// (one choice group per prompt).
+std::optional<ApiError> ParsePrompts(const json& p, const Tokenizer& tok, int max_model_len,
+                                     CompletionRequest* r) {
+  auto ids = [&](const json& list) -> std::optional<ApiError> {
+    if (list.size() >= static_cast<size_t>(max_model_len))
+      return ContextExceeded(false, list.size(), max_model_len);
+    std::vector<int32_t> out;
+    for (const json& t : list) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.vocab_size()) {
+        return Fail("prompt",
+                    "token ids must be integers in [0, " + std::to_string(tok.vocab_size()) + ")");
+      }
+      out.push_back(t.get<int32_t>());
+    }
+    r->prompts.push_back(std::move(out));
+    r->prompt_texts.emplace_back();
+    return std::nullopt;
+  };
+  auto text = [&](const std::string& s) {
+    r->prompts.push_back(tok.Encode(s, /*add_special=*/true, max_model_len));
+    r->prompt_texts.push_back(s);
+  };
+  if (p.is_string()) {
+    text(p.get_ref<const std::string&>());
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    if (auto err = ids(p)) return err;
+  } else if (p.is_array() && !p.empty() && p.size() <= kMaxChoices) {
+    for (const json& one : p) {
+      if (one.is_string()) {
+        text(one.get_ref<const std::string&>());
+      } else if (one.is_array() && !one.empty()) {
+        if (auto err = ids(one)) return err;
+      } else {
+        return Fail("prompt", "each prompt of a list must be a string or a list of token ids");
+      }
+    }
+  } else {
+    return Fail("prompt", "prompt must be a string, a list of token ids, or a list of up to " +
+                              std::to_string(kMaxChoices) + " of either");
+  }
+  for (const auto& one : r->prompts) {
+    if (one.empty()) return Fail("prompt", "the prompt is empty");
+    if (one.size() >= static_cast<size_t>(max_model_len))
+      return ContextExceeded(false, one.size(), max_model_len);
+  }
+  return std::nullopt;
+}
+
+// A number in [lo, hi] (or absent: `*out` unchanged).
+std::optional<ApiError> Number(const json& j, const char* name, double lo, double hi, float* out) {
+  if (!j.contains(name) || j[name].is_null()) return std::nullopt;
+  const json& v = j[name];
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo ||
+      v.get<double>() > hi) {
+    auto num = [](double x) {
+      return x == std::floor(x) ? std::to_string(static_cast<int64_t>(x)) : json(x).dump();
+    };
+    return Fail(name,
+                std::string(name) + " must be a number in [" + num(lo) + ", " + num(hi) + "]");
+  }
+  *out = v.get<float>();
+  return std::nullopt;
+}
+
+// An integer in [lo, hi] (or absent: `*out` unchanged).
+std::optional<ApiError> Integer(const json& j, const char* name, int64_t lo, int64_t hi, int* out) {
+  if (!j.contains(name) || j[name].is_null()) return std::nullopt;
+  const json& v = j[name];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    return Fail(name, std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "]");
+  }
+  *out = v.get<int>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> Boolean(const json& j, const char* name, bool* out) {
+  if (!j.contains(name) || j[name].is_null()) return std::nullopt;
+  if (!j[name].is_boolean()) return Fail(name, std::string(name) + " must be true or false");
+  *out = j[name];
+  return std::nullopt;
+}
+
+// Penalties, biases, min_p, min_tokens and log-probabilities.
+std::optional<ApiError> ParseControls(const json& j, bool chat, const Tokenizer& tok,
+                                      CompletionRequest* r) {
+  LogitControls& c = r->controls;
+  if (auto err = Number(j, "presence_penalty", -2, 2, &c.presence_penalty)) return err;
+  if (auto err = Number(j, "frequency_penalty", -2, 2, &c.frequency_penalty)) return err;
+  if (j.contains("repetition_penalty") && !j["repetition_penalty"].is_null() &&
+      (!j["repetition_penalty"].is_number() || !(j["repetition_penalty"].get<double>() > 0) ||
+       !std::isfinite(j["repetition_penalty"].get<double>()))) {
+    return Fail("repetition_penalty", "repetition_penalty must be a number > 0 (1: off)");
+  }
+  if (auto err = Number(j, "repetition_penalty", 0, 1e6, &c.repetition_penalty)) return err;
+  if (auto err = Number(j, "min_p", 0, 1, &r->sampling.min_p)) return err;
+  if (auto err = Integer(j, "min_tokens", 0, 1 << 30, &c.min_tokens)) return err;
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
+    const json& b = j["logit_bias"];
+    if (!b.is_object()) return Fail("logit_bias", "logit_bias must map token ids to numbers");
+    for (auto& [key, value] : b.items()) {
+      char* end = nullptr;
+      const long id = std::strtol(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id >= tok.vocab_size()) {
+        return Fail("logit_bias", "logit_bias key '" + key + "' is not a token id in [0, " +
+                                      std::to_string(tok.vocab_size()) + ")");
+      }
+      if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100)
+        return Fail("logit_bias", "logit_bias values must be numbers in [-100, 100]");
+      c.logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+    }
+    std::sort(c.logit_bias.begin(), c.logit_bias.end());
+    for (size_t i = 1; i < c.logit_bias.size(); ++i) {
+      if (c.logit_bias[i].first == c.logit_bias[i - 1].first)
+        return Fail("logit_bias", "logit_bias names a token twice");
+    }
+  }
+  if (chat) {
+    bool want = false;
+    if (auto err = Boolean(j, "logprobs", &want)) return err;
+    int top = 0;
+    if (auto err = Integer(j, "top_logprobs", 0, kMaxTopLogprobs, &top)) return err;
+    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && !want)
+      return Fail("top_logprobs", "top_logprobs needs logprobs: true");
+    r->logprobs = want ? top : -1;
+  } else {
+    if (auto err = Integer(j, "logprobs", 0, kMaxTopLogprobs, &r->logprobs)) return err;
+    if (auto err = Boolean(j, "echo", &r->echo)) return err;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat,
@@ -122,21 +265,8 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
     if (!known)
       return Fail(key, "Unrecognized request argument supplied: " + key, "unknown_parameter");
   }
-  // Accepted only at their defaults.
-  auto at_default = [&](const char* name, const json& ok) {
-    return !j.contains(name) || j[name].is_null() || j[name] == ok;
-  };
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    if (!at_default(name, 0) && !at_default(name, 0.0))
-      return Fail(name, std::string(name) + " is not supported");
-  }
-  if (!at_default("logprobs", false)) return Fail("logprobs", "logprobs are not supported");
-  if (!at_default("echo", false)) return Fail("echo", "echo is not supported");
-  if (!at_default("best_of", 1)) return Fail("best_of", "best_of must be 1");
-  if (!at_default("logit_bias", json::object()))
-    return Fail("logit_bias", "logit_bias is not supported");
-  if (!at_default("suffix", "")) return Fail("suffix", "suffix is not supported");
-  if (!at_default("top_logprobs", 0)) return Fail("top_logprobs", "top_logprobs are not supported");
+  if (j.contains("suffix") && !j["suffix"].is_null() && j["suffix"] != "")
+    return Fail("suffix", "suffix is not supported");
   if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string())
     return Fail("user", "user must be a string");
 
@@ -177,60 +307,43 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
     }
     auto prompt = ApplyChatTemplate(tok, messages, /*add_generation_prompt=*/true, max_model_len);
     if (!prompt.ok()) return Fail("messages", prompt.status().message());
-    r.prompt.assign(prompt->begin(), prompt->end());
+    r.prompts.emplace_back(prompt->begin(), prompt->end());
+    r.prompt_texts.emplace_back();
+    if (r.prompts[0].size() >= static_cast<size_t>(max_model_len))
+      return ContextExceeded(chat, r.prompts[0].size(), max_model_len);
   } else {
     if (!j.contains("prompt")) return Fail("prompt", "prompt is required");
-    const json& p = j["prompt"];
-    if (p.is_string()) {
-      r.prompt = tok.Encode(p.get_ref<const std::string&>(), /*add_special=*/true, max_model_len);
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      if (p.size() >= static_cast<size_t>(max_model_len))
-        return ContextExceeded(false, p.size(), max_model_len);
-      for (const json& t : p) {
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-            t.get<int64_t>() >= tok.vocab_size()) {
-          return Fail("prompt", "token ids must be integers in [0, " +
-                                    std::to_string(tok.vocab_size()) + ")");
-        }
-        r.prompt.push_back(t.get<int32_t>());
-      }
-    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      r.prompt = tok.Encode(p[0].get_ref<const std::string&>(), true, max_model_len);
-    } else {
-      return Fail("prompt",
-                  "prompt must be a string or a list of token ids (one prompt per request)");
-    }
-    if (r.prompt.empty()) return Fail("prompt", "the prompt is empty");
+    if (auto err = ParsePrompts(j["prompt"], tok, max_model_len, &r)) return err;
   }
+  if (auto err = ParseControls(j, chat, tok, &r)) return err;
   // Numbers.
   const char* max_key =
       chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (r.prompt.size() >= static_cast<size_t>(max_model_len))
-    return ContextExceeded(chat, r.prompt.size(), max_model_len);
-  const int room = max_model_len - static_cast<int>(r.prompt.size());
-  r.max_tokens = chat ? std::min(room, 1024) : 16;
+  size_t longest = 0;
+  for (const auto& p : r.prompts) longest = std::max(longest, p.size());
+  const int room = max_model_len - static_cast<int>(longest);
+  r.max_tokens = chat ? std::min(room, 1024) : std::min(room, 16);
   if (j.contains(max_key) && !j[max_key].is_null()) {
-    if (!j[max_key].is_number_integer() || j[max_key].get<int64_t>() < 1) {
-      return Fail(max_key, std::string(max_key) + " must be a positive integer");
+    // With echo, 0 returns the prompt alone (its logprobs, for scoring).
+    const int64_t least = r.echo ? 0 : 1;
+    if (!j[max_key].is_number_integer() || j[max_key].get<int64_t>() < least) {
+      return Fail(max_key, std::string(max_key) + (least ? " must be a positive integer"
+                                                         : " must be a non-negative integer"));
     }
     const int64_t m = j[max_key];
     if (m > room) {
       return Fail(max_key,
-                  "the prompt (" + std::to_string(r.prompt.size()) + " tokens) plus " + max_key +
-                      " (" + std::to_string(m) + ") exceeds the context length " +
+                  "the prompt (" + std::to_string(longest) + " tokens) plus " + max_key + " (" +
+                      std::to_string(m) + ") exceeds the context length " +
                       std::to_string(max_model_len),
                   "context_length_exceeded");
     }
     r.max_tokens = static_cast<int>(m);
   }
+  if (r.controls.min_tokens > r.max_tokens)
+    return Fail("min_tokens", "min_tokens must not exceed max_tokens");
   r.sampling.temperature = 1.0f;
-  if (j.contains("temperature") && !j["temperature"].is_null()) {
-    if (!j["temperature"].is_number() || j["temperature"].get<double>() < 0 ||
-        j["temperature"].get<double>() > 2) {
-      return Fail("temperature", "temperature must be a number in [0, 2]");
-    }
-    r.sampling.temperature = j["temperature"].get<float>();
-  }
+  if (auto err = Number(j, "temperature", 0, 2, &r.sampling.temperature)) return err;
   if (j.contains("top_p") && !j["top_p"].is_null()) {
     if (!j["top_p"].is_number() || j["top_p"].get<double>() <= 0 || j["top_p"].get<double>() > 1) {
       return Fail("top_p", "top_p must be a number in (0, 1]");
@@ -251,8 +364,14 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
     static std::atomic<uint64_t> next{0x5eed};
     r.sampling.seed = next++;
   }
-  if (j.contains("n") && !j["n"].is_null() && j["n"] != 1)
-    return Fail("n", "only n = 1 is supported");
+  if (auto err = Integer(j, "n", 1, kMaxChoices, &r.n)) return err;
+  r.best_of = r.n;
+  if (auto err = Integer(j, "best_of", 1, kMaxChoices, &r.best_of)) return err;
+  if (r.best_of < r.n) return Fail("best_of", "best_of must be at least n");
+  if (r.prompts.size() * r.best_of > static_cast<size_t>(kMaxChoices)) {
+    return Fail(chat ? "n" : "best_of", "at most " + std::to_string(kMaxChoices) +
+                                            " choices per request (prompts times best_of)");
+  }
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];
     if (s.is_string()) {
@@ -270,10 +389,9 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       if (x.empty()) return Fail("stop", "stop strings must be non-empty");
     }
   }
-  if (j.contains("stream") && !j["stream"].is_null()) {
-    if (!j["stream"].is_boolean()) return Fail("stream", "stream must be true or false");
-    r.stream = j["stream"];
-  }
+  if (auto err = Boolean(j, "stream", &r.stream)) return err;
+  if (r.stream && r.best_of > r.n)
+    return Fail("best_of", "best_of greater than n cannot be streamed");
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const json& so = j["stream_options"];
     if (!r.stream) return Fail("stream_options", "stream_options needs stream: true");
@@ -284,27 +402,21 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       r.include_usage = v;
     }
   }
-  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
-    if (!j["ignore_eos"].is_boolean())
-      return Fail("ignore_eos", "ignore_eos must be true or false");
-    r.ignore_eos = j["ignore_eos"];
-  }
-  if (j.contains("skip_special_tokens") && !j["skip_special_tokens"].is_null()) {
-    if (!j["skip_special_tokens"].is_boolean())
-      return Fail("skip_special_tokens", "skip_special_tokens must be true or false");
-    r.skip_special_tokens = j["skip_special_tokens"];
-  }
+  if (auto err = Boolean(j, "ignore_eos", &r.ignore_eos)) return err;
+  if (auto err = Boolean(j, "skip_special_tokens", &r.skip_special_tokens)) return err;
   *out = std::move(r);
   return std::nullopt;
 }
 
 std::string TextStream::Add(int32_t token) {
   if (stopped_) return {};
+  ++added_;
   pending_ += decoder_.Add(token);
   return Release();
 }
 
 std::string TextStream::Release() {
+  if (added_ < min_tokens_) return std::exchange(pending_, {});
   for (const std::string& s : stop_) {
     size_t at = pending_.find(s);
     if (at != std::string::npos) {
@@ -337,6 +449,32 @@ std::string TextStream::Finish() {
   out += pending_;
   pending_.clear();
   return out;
+}
+
+TokenTexts::TokenTexts(const Tokenizer* tokenizer, const std::vector<int32_t>& context)
+    : tokenizer_(tokenizer) {
+  const size_t keep = std::min<size_t>(context.size(), 4);
+  window_.assign(context.end() - static_cast<ptrdiff_t>(keep), context.end());
+}
+
+std::string TokenTexts::Peek(int32_t id) {
+  if (!base_ready_) {
+    base_ = tokenizer_->Decode(window_, /*skip_special=*/false);
+    base_ready_ = true;
+  }
+  std::vector<int> ids = window_;
+  ids.push_back(id);
+  const std::string text = tokenizer_->Decode(ids, /*skip_special=*/false);
+  if (text.compare(0, base_.size(), base_) == 0) return text.substr(base_.size());
+  return tokenizer_->DecodeOne(id, /*skip_special=*/false);
+}
+
+std::string TokenTexts::Next(int32_t id) {
+  std::string text = Peek(id);
+  window_.push_back(id);
+  if (window_.size() > 4) window_.erase(window_.begin());
+  base_ready_ = false;
+  return text;
 }
 
 }  // namespace failsafe

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "common/status.h"
+#include "engine/request_sampler.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "server/api_error.h"
@@ -20,9 +21,20 @@ namespace failsafe {
 struct CompletionRequest {
   bool chat = false;
   std::string model;
-  std::vector<int32_t> prompt;
-  int max_tokens = 16;
+  // One prompt per choice group: chat has one; completions one per entry of
+  // a list of prompts.
+  std::vector<std::vector<int32_t>> prompts;
+  // The prompts as the client wrote them (echo), or empty: decode them.
+  std::vector<std::string> prompt_texts;
+  int max_tokens = 16;  // 0 only with echo: the prompt alone comes back
   SamplingParams sampling;
+  LogitControls controls;
+  // Log-probabilities of each output token with this many alternatives
+  // (completions `logprobs`, chat `top_logprobs`); -1: none.
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt precedes the output (and its logprobs)
+  int n = 1;          // choices per prompt
+  int best_of = 1;    // completions: drawn per prompt; the n likeliest are returned
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;
@@ -50,9 +62,12 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
 // as it does after it).
 class TextStream {
  public:
+  // Stop strings count only once `min_tokens` tokens are out.
   TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop, bool skip_special = true,
-             const std::vector<int32_t>& prompt = {})
-      : decoder_(tokenizer, skip_special, prompt), stop_(std::move(stop)) {}
+             const std::vector<int32_t>& prompt = {}, int min_tokens = 0)
+      : decoder_(tokenizer, skip_special, prompt),
+        stop_(std::move(stop)),
+        min_tokens_(min_tokens) {}
   // Adds a token; returns the text that is now final. Sets stopped() when a
   // stop string appears (the text stops before it).
   std::string Add(int32_t token);
@@ -68,6 +83,24 @@ class TextStream {
   std::vector<std::string> stop_;
   std::string pending_;  // decoded bytes not yet emitted
   bool stopped_ = false;
+  int min_tokens_ = 0;
+  int added_ = 0;
+};
+
+// The text each token adds after the tokens before it, for log-probability
+// entries: the chosen token's (Next, which extends the context) and an
+// alternative's at the same position (Peek). Special tokens keep their text.
+class TokenTexts {
+ public:
+  TokenTexts(const Tokenizer* tokenizer, const std::vector<int32_t>& context);
+  std::string Next(int32_t id);
+  std::string Peek(int32_t id);
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::vector<int> window_;  // the last few tokens
+  std::string base_;         // their text
+  bool base_ready_ = false;
 };
 
 }  // namespace failsafe

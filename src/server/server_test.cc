@@ -45,31 +45,7 @@ struct Fixture : TestServer {
   // connection after that many events.
   std::vector<std::string> Stream(const std::string& path, const json& body, int stop_after = 0,
                                   const std::function<void(int)>& on_event = {}) {
-    std::vector<std::string> events;
-    std::string buf;
-    httplib::Client c("127.0.0.1", server->port());
-    c.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = path;
-    req.body = body.dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-      buf.append(data, n);
-      size_t at;
-      while ((at = buf.find("\n\n")) != std::string::npos) {
-        std::string ev = buf.substr(0, at);
-        buf.erase(0, at + 2);
-        if (ev.rfind("data: ", 0) == 0) {
-          events.push_back(ev.substr(6));
-          if (on_event) on_event(static_cast<int>(events.size()));
-        }
-        if (stop_after > 0 && static_cast<int>(events.size()) >= stop_after) return false;
-      }
-      return true;
-    };
-    c.send(req);
-    return events;
+    return StreamEvents(server->port(), path, body, stop_after, on_event);
   }
 };
 
@@ -180,7 +156,7 @@ TEST(Server, BadRequestsGetOpenAiErrors) {
   expect400("/v1/completions", R"({"prompt": "x", "temprature": 1})", "temprature");
   expect400("/v1/completions", R"({"prompt": "x", "temperature": 5})", "temperature");
   expect400("/v1/completions", R"({"prompt": "x", "top_p": 0})", "top_p");
-  expect400("/v1/completions", R"({"prompt": "x", "n": 2})", "n = 1");
+  expect400("/v1/completions", R"({"prompt": "x", "n": 0})", "n must be");
   expect400("/v1/completions", R"({"prompt": "x", "max_tokens": 0})", "max_tokens");
   expect400("/v1/completions", R"({"prompt": [1, 2, 99999]})", "token ids");
   expect400("/v1/completions", json{{"prompt", std::vector<int>(1030, 5)}}.dump(),

@@ -41,6 +41,7 @@ TestServer::TestServer(const TestServerOptions& options) {
   sc.max_num_seqs = options.max_num_seqs;
   sc.max_batch_tokens = options.max_batch_tokens;
   sc.max_model_len = options.max_model_len;
+  sc.prefix_cache = options.prefix_cache;
   ServiceOptions so;
   so.max_queue = options.max_queue;
   so.outage_timeout_ms = options.outage_timeout_ms;
@@ -90,6 +91,35 @@ double WaitFor(const std::function<bool()>& done, int timeout_ms) {
     if ((MonotonicNanos() - start) * 1e-6 > timeout_ms) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+std::vector<std::string> StreamEvents(int port, const std::string& path, const json& body,
+                                      int stop_after, const std::function<void(int)>& on_event) {
+  std::vector<std::string> events;
+  std::string buf;
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buf.append(data, n);
+    size_t at;
+    while ((at = buf.find("\n\n")) != std::string::npos) {
+      std::string ev = buf.substr(0, at);
+      buf.erase(0, at + 2);
+      if (ev.rfind("data: ", 0) == 0) {
+        events.push_back(ev.substr(6));
+        if (on_event) on_event(static_cast<int>(events.size()));
+      }
+      if (stop_after > 0 && static_cast<int>(events.size()) >= stop_after) return false;
+    }
+    return true;
+  };
+  c.send(req);
+  return events;
 }
 
 RawClient::RawClient(int port) {

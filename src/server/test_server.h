@@ -27,6 +27,7 @@ struct TestServerOptions {
   int max_num_seqs = 64;
   int max_batch_tokens = 256;
   int max_model_len = 1024;
+  bool prefix_cache = false;
   int64_t outage_timeout_ms = 30000;  // ServiceOptions::outage_timeout_ms
   RespawnOptions respawn;             // off unless a test turns it on
   ServerOptions server;               // port 0, model "tiny", admin enabled unless changed
@@ -62,6 +63,13 @@ double MetricValue(const std::string& metrics_text, const std::string& name);
 // Polls `done` every 10 ms until it holds or `timeout_ms` passes; returns the
 // milliseconds it took, or -1 on timeout.
 double WaitFor(const std::function<bool()>& done, int timeout_ms);
+
+// Streams a request to the server on `port`; returns the SSE data payloads
+// ("[DONE]" included). stop_after > 0 drops the connection after that many
+// events; `on_event` sees the count so far after each.
+std::vector<std::string> StreamEvents(int port, const std::string& path, const nlohmann::json& body,
+                                      int stop_after = 0,
+                                      const std::function<void(int)>& on_event = {});
 
 struct RawResponse {
   int status = 0;                              // 0: no (whole) response

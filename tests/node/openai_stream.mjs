@@ -2,11 +2,14 @@
 // port with a small synthetic model, streams a chat completion with the
 // official `openai` npm package, kills a device through the admin API in the
 // middle of the stream, and checks that the stream finishes with the same
-// text as an undisturbed one.
+// text as an undisturbed one. Then the sampling surface through the same
+// client (logprobs, echo, n, best_of, penalties, logit_bias, min_p,
+// min_tokens): each answer on the three devices left equals, bit for bit,
+// the answer the four gave before the failure.
 //
 //   node openai_stream.mjs --failsafe PATH
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
@@ -17,6 +20,7 @@ if (!failsafe) throw new Error("usage: node openai_stream.mjs --failsafe PATH");
 
 const dir = mkdtempSync(join(tmpdir(), "fs-node-"));
 execFileSync(failsafe, ["make-model", "--preset", "tiny-llama", "--out", join(dir, "model"), "--seed", "3"]);
+const eos = JSON.parse(readFileSync(join(dir, "model", "config.json"), "utf8")).eos_token_id;
 const server = spawn(failsafe, ["serve", "--model", join(dir, "model"), "--devices", "4", "--port", "0",
                                 "--enable-admin", "--served-model-name", "tiny", "--no-respawn"],
                      { stdio: ["ignore", "pipe", "inherit"] });
@@ -69,6 +73,55 @@ try {
     return { text, chunks, usage, finish };
   }
 
+  // The sampling surface; returns what must not change with the placement.
+  async function features() {
+    const out = {};
+    const scored = await client.completions.create({
+      model: "tiny", prompt: "Resilient serving keeps every request", max_tokens: 0, echo: true, logprobs: 2,
+    });
+    const lp = scored.choices[0].logprobs;
+    check(scored.choices[0].text === "Resilient serving keeps every request", "echo returns the prompt");
+    check(lp.token_logprobs[0] === null && lp.token_logprobs.slice(1).every((x) => x < 0),
+          `echo scores the prompt (${lp.token_logprobs.length} tokens)`);
+    out.scored = lp.token_logprobs;
+    const chat = await client.chat.completions.create({
+      model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 6, temperature: 0,
+      ignore_eos: true, logprobs: true, top_logprobs: 3,
+    });
+    const content = chat.choices[0].logprobs.content;
+    check(content.length === 6 && content.every((t) => t.top_logprobs.length === 3),
+          "chat logprobs: six tokens with three alternatives each");
+    out.chat = content;
+    const many = await client.completions.create({
+      model: "tiny", prompt: "Samples", max_tokens: 8, n: 3, seed: 5, temperature: 1, ignore_eos: true,
+      frequency_penalty: 0.5, presence_penalty: 0.3, min_p: 0.05,
+    });
+    check(many.choices.length === 3 && new Set(many.choices.map((c) => c.text)).size === 3,
+          "n = 3 gives three seeded samples");
+    out.many = many.choices.map((c) => c.text);
+    const best = await client.completions.create({
+      model: "tiny", prompt: "Samples", max_tokens: 8, n: 1, best_of: 3, seed: 5, temperature: 1, ignore_eos: true,
+      repetition_penalty: 1.2,
+    });
+    check(best.choices.length === 1, "best_of 3 returns one choice");
+    out.best = best.choices[0].text;
+    const biased = await client.completions.create({
+      model: "tiny", prompt: "Bias", max_tokens: 4, temperature: 0, ignore_eos: true, logprobs: 0,
+      logit_bias: { "100": 100 },
+    });
+    check(new Set(biased.choices[0].logprobs.tokens).size === 1, "logit_bias forces a token");
+    const short = await client.completions.create({
+      model: "tiny", prompt: "Short", max_tokens: 10, temperature: 0, min_tokens: 3,
+      logit_bias: { [String(eos)]: 100 },
+    });
+    check(short.usage.completion_tokens === 4 && short.choices[0].finish_reason === "stop",
+          "min_tokens holds a favoured end back for three tokens");
+    const bad = await client.completions.create({ model: "tiny", prompt: "x", logprobs: 50 }).catch((e) => e);
+    check(bad.status === 400 && bad.param === "logprobs", "an out-of-range logprobs is a 400 naming it");
+    return out;
+  }
+  const before = await features();
+
   const plain = await streamText();
   check(plain.chunks > 10, `a chat completion streams (${plain.chunks} chunks)`);
   check(plain.usage && plain.usage.completion_tokens === 120, "include_usage reports 120 completion tokens");
@@ -86,6 +139,9 @@ try {
         "the server recovered from device 2's failure");
   const health = await fetch(`${base}/health`);
   check(health.status === 200, "health is 200 with three devices left");
+  const after = await features();
+  for (const k of Object.keys(before))
+    check(JSON.stringify(after[k]) === JSON.stringify(before[k]), `${k}: the same on three devices as on four`);
 } catch (e) {
   console.log(`FAIL ${e.stack || e}`);
   failures++;

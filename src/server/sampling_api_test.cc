@@ -1,0 +1,321 @@
+// The OpenAI sampling surface over real HTTP: log-probabilities (and echo's
+// prompt log-probabilities) equal to the model's own, several choices seeded
+// per index, best_of, penalties, logit_bias, min_p and min_tokens, OpenAI's
+// 400s for bad values, and all of it unchanged when a device dies mid-request.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "backend/backend.h"
+#include "engine/local_executor.h"
+#include "engine/request_sampler.h"
+#include "server/test_server.h"
+
+namespace failsafe {
+namespace {
+
+using nlohmann::json;
+
+json PostOk(const TestServer& s, const std::string& path, const json& body) {
+  auto res = s.Post(path, body);
+  EXPECT_TRUE(res);
+  if (!res) return json();
+  EXPECT_EQ(res->status, 200) << res->body;
+  return json::parse(res->body);
+}
+
+// SSE payloads of a streamed request, parsed (all but [DONE]).
+std::vector<json> StreamChunks(const TestServer& s, const std::string& path, json body,
+                               const std::function<void(int)>& on_event = {}) {
+  body["stream"] = true;
+  std::vector<json> out;
+  for (const std::string& e : StreamEvents(s.port(), path, body, 0, on_event)) {
+    if (e != "[DONE]") out.push_back(json::parse(e));
+  }
+  return out;
+}
+
+// The single-device engine's greedy run with the logits of every position.
+GenerateResult Reference(const std::vector<int>& prompt, int max_tokens) {
+  auto exec = LocalExecutor::Create(TestModelDir(), {});
+  auto sampler = MakeCpuBackend(1);
+  GenerateOptions g;
+  g.max_tokens = max_tokens;
+  g.prefill_chunk = 1;
+  g.record_logits = true;
+  auto r = GenerateOne(**exec, *sampler, prompt, g);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(*r) : GenerateResult{};
+}
+
+TEST(OpenAiSampling, LogprobsAndEchoAreTheModelsOwn) {
+  TestServer s;
+  const std::vector<int> prompt = s.tok->Encode("Logprobs of a served model", true);
+  json j = PostOk(s, "/v1/completions",
+                  {{"prompt", prompt},
+                   {"max_tokens", 6},
+                   {"temperature", 0},
+                   {"ignore_eos", true},
+                   {"logprobs", 3},
+                   {"echo", true}});
+  const json& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size() + 6);
+  std::vector<int> all = prompt;
+  const int vocab = s.service->config().vocab_size;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  // Reference: the logits of every prompt position, and the greedy tokens.
+  const GenerateResult ref = Reference(prompt, 6);
+  all.insert(all.end(), ref.output_ids.begin(), ref.output_ids.end());
+  ASSERT_EQ(ref.logits.size(), prompt.size() + 5);
+  for (size_t p = 0; p + 1 < all.size(); ++p) {
+    PositionLogprobs want;
+    ComputeLogprobs(ref.logits[p].data(), vocab, all[p + 1], 3, &want);
+    EXPECT_EQ(lp["token_logprobs"][p + 1].get<float>(), want.logprob) << "position " << p;
+    // The alternatives, and the chosen token, by their text.
+    EXPECT_GE(lp["top_logprobs"][p + 1].size(), 1u);  // tokens of one text share a key
+    EXPECT_LE(lp["top_logprobs"][p + 1].size(), 4u);
+  }
+  // Offsets count up through the tokens' texts.
+  for (size_t i = 1; i < lp["text_offset"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<int>(),
+              lp["text_offset"][i - 1].get<int>() +
+                  static_cast<int>(lp["tokens"][i - 1].get<std::string>().size()));
+  }
+
+  // max_tokens 0 with echo: the prompt alone, scored, as evaluation
+  // harnesses ask for it.
+  json e = PostOk(s, "/v1/completions",
+                  {{"prompt", "Logprobs of a served model"},
+                   {"max_tokens", 0},
+                   {"logprobs", 0},
+                   {"echo", true}});
+  EXPECT_EQ(e["choices"][0]["text"], "Logprobs of a served model");
+  EXPECT_EQ(e["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(e["usage"]["completion_tokens"], 0);
+  ASSERT_EQ(e["choices"][0]["logprobs"]["token_logprobs"].size(), prompt.size());
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    EXPECT_EQ(e["choices"][0]["logprobs"]["token_logprobs"][p].get<float>(),
+              lp["token_logprobs"][p].get<float>());
+  }
+
+  // Chat: entries with bytes and alternatives; streamed ones are the same.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+                     {"max_tokens", 5},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"logprobs", true},
+                     {"top_logprobs", 2}};
+  json c = PostOk(s, "/v1/chat/completions", chat);
+  const json& content = c["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 5u);
+  for (const json& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 2u);
+    // Greedy: the token drawn is the likeliest.
+    EXPECT_EQ(t["logprob"], t["top_logprobs"][0]["logprob"]);
+    EXPECT_EQ(t["token"], t["top_logprobs"][0]["token"]);
+    EXPECT_TRUE(t["bytes"].is_array());
+  }
+  json streamed = json::array();
+  for (const json& chunk : StreamChunks(s, "/v1/chat/completions", chat)) {
+    const json& l = chunk["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const json& t : l["content"]) streamed.push_back(t);
+  }
+  EXPECT_EQ(streamed, content);
+}
+
+// A long prompt scored in many chunks, four logits rows a step, beside
+// other requests: every position's log-probability as computed alone.
+TEST(OpenAiSampling, PromptLogprobsOfALongPromptInChunks) {
+  TestServerOptions o;
+  o.max_num_seqs = 4;
+  o.max_batch_tokens = 32;
+  o.prefix_cache = true;
+  TestServer s(o);
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "word" + std::to_string(i) + " ";
+  const std::vector<int> prompt = s.tok->Encode(text, true);
+  ASSERT_GT(prompt.size(), 60u);
+  const GenerateResult ref = Reference(prompt, 1);
+  ASSERT_EQ(ref.logits.size(), prompt.size());
+  const int vocab = s.service->config().vocab_size;
+  // Others run meanwhile (the same prompt: its blocks are cached, and the
+  // scored request must still compute every position).
+  std::vector<std::future<httplib::Result>> others;
+  for (int i = 0; i < 3; ++i) {
+    others.push_back(std::async(std::launch::async, [&] {
+      return s.Post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 20}});
+    }));
+  }
+  json j = PostOk(s, "/v1/completions",
+                  {{"prompt", prompt}, {"max_tokens", 0}, {"logprobs", 1}, {"echo", true}});
+  for (auto& f : others) EXPECT_EQ(f.get()->status, 200);
+  const json& got = j["choices"][0]["logprobs"]["token_logprobs"];
+  ASSERT_EQ(got.size(), prompt.size());
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    PositionLogprobs want;
+    ComputeLogprobs(ref.logits[p].data(), vocab, prompt[p + 1], 0, &want);
+    ASSERT_EQ(got[p + 1].get<float>(), want.logprob) << "position " << p;
+  }
+}
+
+TEST(OpenAiSampling, ChoicesAreSeededPerIndexAndShareThePrompt) {
+  TestServerOptions o;
+  o.prefix_cache = true;
+  TestServer s(o);
+  const json base = {{"prompt", "Several samples of one prompt, long enough to share blocks"},
+                     {"max_tokens", 8},
+                     {"temperature", 1.0},
+                     {"seed", 7},
+                     {"ignore_eos", true}};
+  json one = PostOk(s, "/v1/completions", base);
+  json three = base;
+  three["n"] = 3;
+  json a = PostOk(s, "/v1/completions", three);
+  json b = PostOk(s, "/v1/completions", three);
+  ASSERT_EQ(a["choices"].size(), 3u);
+  std::set<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a["choices"][i]["index"], i);
+    EXPECT_EQ(a["choices"][i]["text"], b["choices"][i]["text"]);
+    texts.insert(a["choices"][i]["text"].get<std::string>());
+  }
+  // Choice 0 is the request's own seed; the others differ.
+  EXPECT_EQ(a["choices"][0]["text"], one["choices"][0]["text"]);
+  EXPECT_EQ(texts.size(), 3u);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 24);
+  // Streamed, each index's chunks concatenate to the same texts.
+  std::vector<std::string> streamed(3);
+  for (const json& chunk : StreamChunks(s, "/v1/completions", three)) {
+    for (const json& ch : chunk["choices"])
+      streamed[ch["index"].get<int>()] += ch["text"].get<std::string>();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(streamed[i], a["choices"][i]["text"]);
+  // best_of 3, n 1: the draw of the highest total log-probability, one of
+  // the three.
+  json best = base;
+  best["best_of"] = 3;
+  json bo = PostOk(s, "/v1/completions", best);
+  ASSERT_EQ(bo["choices"].size(), 1u);
+  EXPECT_TRUE(texts.count(bo["choices"][0]["text"].get<std::string>()));
+  EXPECT_TRUE(bo["choices"][0]["logprobs"].is_null());
+  // The prompt's KV was computed for the first draws and reused by the others.
+  const std::string m = s.Metrics();
+  EXPECT_GT(MetricValue(m, "failsafe_prefix_cache_hit_tokens_total"), 0) << m;
+}
+
+TEST(OpenAiSampling, ControlsChangeTheDraw) {
+  TestServer s;
+  const int eos = s.service->config().eos_token_id;
+  ASSERT_GE(eos, 0);
+  const std::vector<int> prompt = s.tok->Encode("Controls", true);
+  auto tokens_of = [&](const json& body) {
+    json j = body;
+    j["prompt"] = prompt;
+    j["logprobs"] = 0;
+    json r = PostOk(s, "/v1/completions", j);
+    std::vector<std::string> out;
+    for (const json& t : r["choices"][0]["logprobs"]["tokens"]) out.push_back(t);
+    return std::make_pair(out, r["choices"][0]["finish_reason"].get<std::string>());
+  };
+  // A bias of 100 on one token: greedy draws nothing else.
+  const int forced = 100;
+  auto [biased, why] = tokens_of({{"max_tokens", 5},
+                                  {"temperature", 0},
+                                  {"ignore_eos", true},
+                                  {"logit_bias", {{std::to_string(forced), 100}}}});
+  ASSERT_EQ(biased.size(), 5u);
+  for (const std::string& t : biased) EXPECT_EQ(t, biased[0]);
+  EXPECT_EQ(why, "length");
+  // The end-of-sequence token favoured, min_tokens holds it back for 4.
+  auto [held, why2] = tokens_of({{"max_tokens", 10},
+                                 {"temperature", 0},
+                                 {"min_tokens", 4},
+                                 {"logit_bias", {{std::to_string(eos), 100}}}});
+  EXPECT_EQ(held.size(), 5u);  // four, then the end
+  EXPECT_EQ(why2, "stop");
+  // Penalties change a greedy draw, reproducibly.
+  const json plain = {{"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  json pen = plain;
+  pen["frequency_penalty"] = 2.0;
+  pen["presence_penalty"] = 2.0;
+  pen["repetition_penalty"] = 1.5;
+  auto p0 = tokens_of(plain).first, p1 = tokens_of(pen).first, p2 = tokens_of(pen).first;
+  EXPECT_NE(p0, p1);
+  EXPECT_EQ(p1, p2);
+}
+
+TEST(OpenAiSampling, BadValuesGetOpenAiErrors) {
+  TestServer s;
+  auto expect400 = [&](const std::string& path, json body, const std::string& param) {
+    if (path == "/v1/completions" && !body.contains("prompt")) body["prompt"] = "x";
+    if (path == "/v1/chat/completions") body["messages"] = {{{"role", "user"}, {"content", "x"}}};
+    auto r = s.Post(path, body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body.dump() << " " << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], param) << r->body;
+  };
+  expect400("/v1/completions", {{"logprobs", 21}}, "logprobs");
+  expect400("/v1/completions", {{"logprobs", true}}, "logprobs");
+  expect400("/v1/chat/completions", {{"top_logprobs", 2}}, "top_logprobs");
+  expect400("/v1/chat/completions", {{"logprobs", true}, {"top_logprobs", 30}}, "top_logprobs");
+  expect400("/v1/completions", {{"logit_bias", {{"x", 1}}}}, "logit_bias");
+  expect400("/v1/completions", {{"logit_bias", {{"5", 101}}}}, "logit_bias");
+  expect400("/v1/completions", {{"presence_penalty", 3}}, "presence_penalty");
+  expect400("/v1/completions", {{"repetition_penalty", 0}}, "repetition_penalty");
+  expect400("/v1/completions", {{"min_p", 1.5}}, "min_p");
+  expect400("/v1/completions", {{"min_tokens", 20}, {"max_tokens", 5}}, "min_tokens");
+  expect400("/v1/completions", {{"n", 3}, {"best_of", 2}}, "best_of");
+  expect400("/v1/completions", {{"best_of", 2}, {"stream", true}}, "best_of");
+  expect400("/v1/completions", {{"max_tokens", 0}}, "max_tokens");
+  expect400("/v1/completions", {{"prompt", json::array({"a", 5})}}, "prompt");
+  // A list of prompts: one choice each, in order.
+  json two = PostOk(s, "/v1/completions",
+                    {{"prompt", {"first", "second"}}, {"max_tokens", 2}, {"temperature", 0}});
+  ASSERT_EQ(two["choices"].size(), 2u);
+  EXPECT_EQ(two["choices"][1]["index"], 1);
+}
+
+// A device killed mid-request changes no log-probability, no seeded choice
+// and no penalised token.
+TEST(OpenAiSampling, UnchangedWhenADeviceDies) {
+  TestServer s;
+  const json body = {{"prompt", "Through a failure the figures stay"},
+                     {"max_tokens", 40},
+                     {"temperature", 0.8},
+                     {"seed", 11},
+                     {"n", 2},
+                     {"logprobs", 2},
+                     {"frequency_penalty", 0.5},
+                     {"ignore_eos", true}};
+  json calm = PostOk(s, "/v1/completions", body);
+  std::vector<json> lps(2, json::array());
+  std::vector<std::string> texts(2);
+  auto chunks = StreamChunks(s, "/v1/completions", body, [&](int n) {
+    if (n == 10) {
+      httplib::Client admin("127.0.0.1", s.port());
+      auto r = admin.Post("/admin/devices/1/fail", "", "application/json");
+      EXPECT_EQ(r->status, 200);
+    }
+  });
+  for (const json& c : chunks) {
+    for (const json& ch : c["choices"]) {
+      const int i = ch["index"];
+      texts[i] += ch["text"].get<std::string>();
+      if (ch["logprobs"].is_null()) continue;
+      for (const json& v : ch["logprobs"]["token_logprobs"]) lps[i].push_back(v);
+    }
+  }
+  ASSERT_EQ(s.Status()["recoveries"].size(), 1u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(texts[i], calm["choices"][i]["text"]);
+    EXPECT_EQ(lps[i], calm["choices"][i]["logprobs"]["token_logprobs"]);
+  }
+}
+
+}  // namespace
+}  // namespace failsafe

@@ -84,8 +84,8 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
       return InvalidArgument("at most {} log-probabilities per position", kMaxLogprobs);
   }
   FS_RETURN_IF_ERROR(scheduler_->Add(std::move(seq)));
-  samplers_.insert_or_assign(
-      id, RequestSampler(spec.sampling, std::move(spec.controls), spec.logprobs));
+  samplers_.insert_or_assign(id, RequestSampler(spec.sampling, std::move(spec.controls),
+                                                spec.logprobs, std::move(spec.constraint)));
   if (spec.prompt_logprobs >= 0) prompt_logprobs_[id].top = spec.prompt_logprobs;
   ++next_id_;
   return id;

@@ -37,6 +37,8 @@ struct RequestSpec {
   int max_new_tokens = 16;
   SamplingParams sampling;
   LogitControls controls;  // penalties, biases, min_tokens
+  // Constrained decoding (null: none); shared by nobody else.
+  std::shared_ptr<TokenConstraint> constraint;
   // Log-probabilities with each generated token: the token's and this many
   // alternatives' (0-20; -1: none).
   int logprobs = -1;

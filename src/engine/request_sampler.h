@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
@@ -52,6 +53,17 @@ struct LogitControls {
   }
 };
 
+// Which tokens a request may draw next (constrained decoding: a grammar
+// its output must follow). Called on the engine thread only, with the
+// request's output so far, which only ever grows.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // (*allowed)[t] != 0 for every token t that may follow `output`; at least
+  // one is allowed.
+  virtual void Allowed(std::span<const int32_t> output, std::vector<uint8_t>* allowed) = 0;
+};
+
 // The log-softmax of `logits` [vocab] at `token`, and its `top` best tokens,
 // into `out`. Sums run in id order in double: the same row gives the same
 // figures on every machine.
@@ -61,13 +73,18 @@ class RequestSampler {
  public:
   // `logprobs`: alternatives to report with each drawn token (-1: no
   // log-probabilities at all).
-  RequestSampler(const SamplingParams& params, LogitControls controls, int logprobs)
-      : params_(params), controls_(std::move(controls)), logprobs_(logprobs) {}
+  // `constraint` (may be null): tokens it does not allow are never drawn.
+  RequestSampler(const SamplingParams& params, LogitControls controls, int logprobs,
+                 std::shared_ptr<TokenConstraint> constraint = nullptr)
+      : params_(params),
+        controls_(std::move(controls)),
+        logprobs_(logprobs),
+        constraint_(std::move(constraint)) {}
 
   // The token after `tokens` (the first `prompt_len` the prompt) from its
   // logits [vocab]; with logprobs() >= 0 fills `lp` from the model's own
-  // distribution (before penalties, biases and temperature, as vLLM reports
-  // them by default). `sampler` draws; `stop_ids` are masked by min_tokens.
+  // distribution (before penalties, biases, the constraint and temperature,
+  // as vLLM reports them by default). `sampler` draws; `stop_ids` are masked by min_tokens.
   int32_t Draw(const float* logits, int vocab, std::span<const int32_t> tokens, int prompt_len,
                std::span<const int32_t> stop_ids, Backend* sampler, PositionLogprobs* lp);
 
@@ -81,6 +98,8 @@ class RequestSampler {
   SamplingParams params_;
   LogitControls controls_;
   int logprobs_;
+  std::shared_ptr<TokenConstraint> constraint_;
+  std::vector<uint8_t> allowed_;
   // Output tokens counted so far, and how often each came (penalties);
   // with a repetition penalty, every token of the prompt or the output.
   int counted_ = 0;

@@ -5,6 +5,7 @@
 
 #include "model/tokenizer.h"
 #include "server/engine_service.h"
+#include "server/grammar.h"
 #include "server/http_metrics.h"
 #include "server/http_server.h"
 #include "server/router.h"
@@ -17,6 +18,8 @@ struct ApiContext {
   const Tokenizer* tokenizer = nullptr;
   const ServerOptions* options = nullptr;
   const HttpMetrics* http_metrics = nullptr;
+  // Compiled grammars of structured outputs, by schema.
+  std::shared_ptr<GrammarCache> grammars;
   // Runs a call that may wait for the engine (admin) off the I/O threads.
   std::function<void(std::function<void()>)> run_admin;
 };

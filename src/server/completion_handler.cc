@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "server/api_routes.h"
+#include "server/json_schema_grammar.h"
 #include "server/openai_api.h"
 
 namespace failsafe {
@@ -157,6 +158,22 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     CompletionRequest r;
     if (auto err = ParseCompletionRequest(ex_->request().body, chat_, *ctx_.tokenizer, limits, &r))
       return ex_->Post([self = shared_from_this(), e = *err] { self->Fail(e); });
+    // Structured outputs: the schema's grammar, compiled once for every
+    // request that names it.
+    std::shared_ptr<const CompiledGrammar> grammar;
+    if (r.json_object || !r.json_schema.empty()) {
+      const std::string key = r.json_object ? std::string("json_object") : r.json_schema;
+      auto compiled = ctx_.grammars->Get(key, [&]() -> Result<Grammar> {
+        if (r.json_object) return JsonObjectGrammar();
+        return JsonSchemaGrammar(nlohmann::ordered_json::parse(r.json_schema));
+      });
+      if (!compiled.ok()) {
+        const ApiError e = BadRequest("response_format: " + compiled.status().message(),
+                                      "response_format", "invalid_value");
+        return ex_->Post([self = shared_from_this(), e] { self->Fail(e); });
+      }
+      grammar = *compiled;
+    }
     auto choices = std::make_shared<std::vector<Choice>>();
     for (size_t p = 0; p < r.prompts.size(); ++p) {
       for (int k = 0; k < r.best_of; ++k) {
@@ -181,6 +198,12 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                                      ctx_.tokenizer->stop_token_ids().end());
           if (ctx_.service->config().eos_token_id >= 0)
             spec.stop_token_ids.push_back(ctx_.service->config().eos_token_id);
+        }
+        if (grammar) {
+          // A whole JSON text ends the request, ignore_eos or not.
+          if (spec.stop_token_ids.empty())
+            spec.stop_token_ids.push_back(ctx_.service->config().eos_token_id);
+          spec.constraint = std::make_shared<GrammarConstraint>(grammar, spec.stop_token_ids);
         }
         choices->push_back(std::move(c));
       }

@@ -133,6 +133,7 @@ Status HttpServer::Start() {
   ctx.tokenizer = m.tokenizer;
   ctx.options = &m.shared->options;
   ctx.http_metrics = &m.shared->metrics;
+  ctx.grammars = std::make_shared<GrammarCache>(m.tokenizer);
   ctx.run_admin = [this](std::function<void()> fn) { asio::post(impl_->admin, std::move(fn)); };
   AddApiRoutes(ctx, &m.shared->router);
   AddCompletionRoutes(ctx, &m.shared->router);

@@ -47,6 +47,7 @@ const Param kParams[] = {
     {"repetition_penalty", true, true},
     {"min_p", true, true},
     {"min_tokens", true, true},
+    {"response_format", true, true},
 };
 
 // Alternatives a request may ask for at each position.
@@ -400,6 +401,26 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       if (k != "include_usage") return Fail("stream_options", "unknown stream option " + k);
       if (!v.is_boolean()) return Fail("stream_options", "include_usage must be true or false");
       r.include_usage = v;
+    }
+  }
+  if (j.contains("response_format") && !j["response_format"].is_null()) {
+    const json& f = j["response_format"];
+    const std::string type =
+        f.is_object() && f.contains("type") && f["type"].is_string() ? f["type"] : "";
+    if (type == "json_object") {
+      r.json_object = true;
+    } else if (type == "json_schema") {
+      if (!f.contains("json_schema") || !f["json_schema"].is_object() ||
+          !f["json_schema"].contains("schema") ||
+          !(f["json_schema"]["schema"].is_object() || f["json_schema"]["schema"].is_boolean())) {
+        return Fail("response_format", "a json_schema response_format needs json_schema.schema");
+      }
+      // In the body's order: properties are written in the schema's order.
+      r.json_schema =
+          nlohmann::ordered_json::parse(body)["response_format"]["json_schema"]["schema"].dump();
+    } else if (type != "text") {
+      return Fail("response_format",
+                  "response_format type must be text, json_object or json_schema");
     }
   }
   if (auto err = Boolean(j, "ignore_eos", &r.ignore_eos)) return err;

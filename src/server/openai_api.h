@@ -36,6 +36,10 @@ struct CompletionRequest {
   int n = 1;          // choices per prompt
   int best_of = 1;    // completions: drawn per prompt; the n likeliest are returned
   std::vector<std::string> stop;
+  // response_format: a JSON object (json_object) or a JSON text of a schema
+  // (json_schema: the schema, dumped); empty: free text.
+  bool json_object = false;
+  std::string json_schema;
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;

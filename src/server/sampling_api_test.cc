@@ -319,3 +319,87 @@ TEST(OpenAiSampling, UnchangedWhenADeviceDies) {
 
 }  // namespace
 }  // namespace failsafe
+
+namespace failsafe {
+namespace {
+
+// response_format json_schema: every choice that ends is JSON of the schema,
+// the same when a device dies under the stream; json_object gives objects;
+// a schema the grammar cannot honour is a 400.
+TEST(OpenAiSampling, StructuredOutputsFollowTheSchemaThroughAFailure) {
+  TestServer s;
+  const json schema = json::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "maxLength": 6},
+      "count": {"type": "integer"},
+      "ok": {"type": "boolean"},
+      "mode": {"enum": ["fast", "safe"]}
+    },
+    "required": ["name", "count", "ok", "mode"]
+  })");
+  const json body = {
+      {"messages", {{{"role", "user"}, {"content", "Describe a device as JSON."}}}},
+      {"max_tokens", 200},
+      {"temperature", 0.7},
+      {"seed", 3},
+      {"n", 2},
+      {"response_format",
+       {{"type", "json_schema"}, {"json_schema", {{"name", "device"}, {"schema", schema}}}}}};
+  json calm = PostOk(s, "/v1/chat/completions", body);
+  ASSERT_EQ(calm["choices"].size(), 2u);
+  for (const json& c : calm["choices"]) {
+    EXPECT_EQ(c["finish_reason"], "stop") << c.dump();
+    const json v = json::parse(c["message"]["content"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(v.is_object()) << c["message"]["content"];
+    ASSERT_EQ(v.size(), 4u) << v.dump();
+    EXPECT_TRUE(v["name"].is_string());
+    EXPECT_LE(v["name"].get<std::string>().size(), 6u * 4);  // six characters of UTF-8
+    EXPECT_TRUE(v["count"].is_number_integer());
+    EXPECT_TRUE(v["ok"].is_boolean());
+    EXPECT_TRUE(v["mode"] == "fast" || v["mode"] == "safe") << v.dump();
+  }
+  std::vector<std::string> texts(2);
+  auto chunks = StreamChunks(s, "/v1/chat/completions", body, [&](int n) {
+    if (n == 8) {
+      httplib::Client admin("127.0.0.1", s.port());
+      EXPECT_EQ(admin.Post("/admin/devices/3/fail", "", "application/json")->status, 200);
+    }
+  });
+  for (const json& c : chunks) {
+    for (const json& ch : c["choices"]) {
+      if (ch["delta"].contains("content"))
+        texts[ch["index"].get<int>()] += ch["delta"]["content"].get<std::string>();
+    }
+  }
+  ASSERT_EQ(s.Status()["recoveries"].size(), 1u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(texts[i], calm["choices"][i]["message"]["content"]);
+
+  // JSON mode: an object, whole if it ended.
+  for (int seed = 0; seed < 3; ++seed) {
+    json j = PostOk(s, "/v1/completions",
+                    {{"prompt", "An object:"},
+                     {"max_tokens", 120},
+                     {"seed", seed},
+                     {"response_format", {{"type", "json_object"}}}});
+    const std::string text = j["choices"][0]["text"];
+    ASSERT_FALSE(text.empty());
+    EXPECT_EQ(text[0], '{');
+    if (j["choices"][0]["finish_reason"] == "stop") {
+      EXPECT_TRUE(json::parse(text, nullptr, false).is_object()) << text;
+    }
+  }
+  auto bad = s.Post(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+       {"response_format",
+        {{"type", "json_schema"},
+         {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}}});
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "response_format");
+  EXPECT_NE(bad->body.find("pattern"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace failsafe

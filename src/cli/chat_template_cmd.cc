@@ -44,6 +44,7 @@ CommandFn RegisterChatTemplate(CLI::App& app) {
   app.add_option(
          "--jsonl", o->jsonl,
          "JSON Lines ('-': stdin): {\"messages\": [...], \"add_generation_prompt\": true, "
+         "\"tools\": [...], "
          "\"special\": {\"bos\", \"eos\", \"unk\", \"pad\"}}; answers {\"text\"[, \"ids\"]} "
          "or {\"error\"}")
       ->capture_default_str();
@@ -85,7 +86,8 @@ CommandFn RegisterChatTemplate(CLI::App& app) {
       if (chat) {
         auto text = chat->Render(
             req["messages"], gen,
-            Specials(req.contains("special") ? req["special"] : ordered_json(), special));
+            Specials(req.contains("special") ? req["special"] : ordered_json(), special),
+            req.contains("tools") ? req["tools"] : ordered_json());
         if (text.ok()) {
           out["text"] = *text;
         } else {
@@ -93,7 +95,8 @@ CommandFn RegisterChatTemplate(CLI::App& app) {
         }
       }
       if (tok && !out.contains("error")) {
-        auto ids = ApplyChatTemplate(*tok, req["messages"], gen);
+        auto ids = ApplyChatTemplate(*tok, req["messages"], gen, SIZE_MAX,
+                                     req.contains("tools") ? req["tools"] : ordered_json());
         if (ids.ok()) {
           out["ids"] = *ids;
         } else {

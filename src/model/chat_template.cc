@@ -66,12 +66,14 @@ Result<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(const std::string& sou
 
 Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
                                          bool add_generation_prompt,
-                                         const SpecialTokenStrings& special) const {
+                                         const SpecialTokenStrings& special,
+                                         const nlohmann::ordered_json& tools) const {
   if (Depth(messages) > 64) return InvalidArgument("the messages nest deeper than 64 levels");
+  if (Depth(tools) > 64) return InvalidArgument("the tools nest deeper than 64 levels");
   Dict context;
   auto set = [&](const char* name, Value v) { context.Set(Value(name), std::move(v)); };
   set("messages", Value::FromJson(messages));
-  set("tools", Value::None());
+  set("tools", tools.is_null() ? Value::None() : Value::FromJson(tools));
   set("documents", Value::None());
   set("add_generation_prompt", Value(add_generation_prompt));
   // Hugging Face passes the special tokens that are set.
@@ -91,16 +93,29 @@ Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
 
 Result<std::vector<int>> ApplyChatTemplate(const Tokenizer& tok,
                                            const nlohmann::ordered_json& messages,
-                                           bool add_generation_prompt, size_t max_tokens) {
+                                           bool add_generation_prompt, size_t max_tokens,
+                                           const nlohmann::ordered_json& tools) {
   if (const ChatTemplate* t = tok.chat_template()) {
     FS_ASSIGN_OR_RETURN(std::string text,
-                        t->Render(messages, add_generation_prompt, tok.special_tokens()));
+                        t->Render(messages, add_generation_prompt, tok.special_tokens(), tools));
     return tok.Encode(text, /*add_special=*/false, max_tokens);
   }
   auto field = [](const nlohmann::ordered_json& m, const char* key) {
     auto it = m.find(key);
     return it != m.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
+  if (!tools.is_null() && tools.is_array() && !tools.empty()) {
+    // The built-in format has no tool syntax: the tools lead as a system
+    // message saying how to call one.
+    nlohmann::ordered_json with = nlohmann::ordered_json::array();
+    with.push_back({{"role", "system"},
+                    {"content",
+                     "You may call one of these tools by answering with {\"name\": "
+                     "..., \"arguments\": {...}} alone: " +
+                         tools.dump()}});
+    for (const auto& m : messages) with.push_back(m);
+    return ApplyChatTemplate(tok, with, add_generation_prompt, max_tokens);
+  }
   const int bos = tok.TokenId("<|begin_of_text|>"), start = tok.TokenId("<|start_header_id|>"),
             end = tok.TokenId("<|end_header_id|>"), eot = tok.TokenId("<|eot_id|>");
   std::vector<int> out;

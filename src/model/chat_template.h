@@ -1,6 +1,7 @@
 // A model's chat template: the Jinja template of tokenizer_config.json (or
 // chat_template.jinja) rendered as Hugging Face's apply_chat_template does —
-// with `messages`, `add_generation_prompt`, `tools` and `documents` (None),
+// with `messages`, `add_generation_prompt`, `tools` (the request's tools as
+// given, or None) and `documents` (None),
 // the special tokens (bos_token, eos_token, unk_token, pad_token,
 // additional_special_tokens), and the globals raise_exception and
 // strftime_now — then tokenized with special tokens parsed from the text and
@@ -35,7 +36,8 @@ class ChatTemplate {
   // The prompt text. A raise_exception call or a template error (a message
   // the template cannot handle) is InvalidArgument with the template's words.
   Result<std::string> Render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                             const SpecialTokenStrings& special) const;
+                             const SpecialTokenStrings& special,
+                             const nlohmann::ordered_json& tools = nullptr) const;
 
  private:
   ChatTemplate() = default;
@@ -48,10 +50,13 @@ class ChatTemplate {
 // completion prompt is, with the tokenizer's BOS). Encoding stops once more
 // than `max_tokens` ids are out, as Tokenizer::Encode does: the result is then
 // a prefix of the whole prompt longer than max_tokens (a context-length check
-// that need not tokenize a huge chat whole).
+// that need not tokenize a huge chat whole). `tools` (a list of OpenAI tool
+// definitions, or null) go to the template; the built-in format lists them
+// in a first line.
 Result<std::vector<int>> ApplyChatTemplate(const Tokenizer& tokenizer,
                                            const nlohmann::ordered_json& messages,
                                            bool add_generation_prompt = true,
-                                           size_t max_tokens = SIZE_MAX);
+                                           size_t max_tokens = SIZE_MAX,
+                                           const nlohmann::ordered_json& tools = nullptr);
 
 }  // namespace failsafe

@@ -23,6 +23,7 @@ using nlohmann::json;
 namespace {
 
 std::atomic<uint64_t> g_next_id{1};
+std::atomic<uint64_t> g_next_call{1};
 
 const char* FinishName(FinishReason r) {
   switch (r) {
@@ -147,7 +148,13 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     double cum_logprob = 0;
     std::string text_all;  // non-streaming: the whole text
     FinishReason finish = FinishReason::kNone;
-    int index = 0;  // in the response
+    std::string finish_name;  // as answered
+    int index = 0;            // in the response
+    // Tools: output held back while it may be a tool call (streams), and
+    // the calls found in it.
+    bool holding = false;
+    std::string held;
+    json tool_calls;
   };
 
   // Work pool: parse, validate, tokenize; then back to the strand.
@@ -221,6 +228,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       const std::vector<int32_t>& prompt = req_.prompts[c.prompt];
       c.text = std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens,
                                             prompt, req_.controls.min_tokens);
+      c.holding = chat_ && req_.tool_choice != "none";
       if (req_.logprobs >= 0) {
         c.logprobs = std::make_unique<LogprobsOut>(chat_, ctx_.tokenizer,
                                                    req_.echo ? std::vector<int32_t>{} : prompt);
@@ -320,6 +328,16 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       }
       return true;
     }
+    // A text that may be a tool call is held back until it is known.
+    if (req_.stream && c.holding) {
+      c.held += piece;
+      piece.clear();
+      if (req_.tool_choice == "auto" && !MayBeToolCall(c.held)) {
+        c.holding = false;
+        piece = std::move(c.held);
+        c.held.clear();
+      }
+    }
     if (req_.stream && (!piece.empty() || (c.logprobs && !c.logprobs->empty()))) {
       if (chat_) {
         ex_->Write(Chunk(c, json{{"content", piece}}));
@@ -330,13 +348,51 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     if (!req_.stream) c.text_all += piece;
     if (finish == FinishReason::kNone) return false;
     c.finish = finish;
+    c.finish_name = FinishName(finish);
     c.handle->SetNotify(nullptr);
-    if (req_.stream) ex_->Write(Chunk(c, chat_ ? json::object() : json(""), FinishName(finish)));
+    if (chat_ && req_.tool_choice != "none") TakeToolCalls(c);
+    if (req_.stream) {
+      if (!c.tool_calls.is_null()) {
+        json delta = {{"tool_calls", c.tool_calls}};
+        if (!c.held.empty()) delta["content"] = c.held;
+        ex_->Write(Chunk(c, delta));
+      } else if (!c.held.empty()) {
+        ex_->Write(Chunk(c, json{{"content", c.held}}));
+      }
+      ex_->Write(Chunk(c, chat_ ? json::object() : json(""), c.finish_name));
+    }
     for (const Choice& o : choices_) {
       if (o.finish == FinishReason::kNone) return true;
     }
     Finish();
     return true;
+  }
+
+  // Tool calls out of a finished choice's text (a forced call's text is its
+  // arguments, or {"name", "arguments"} objects); what is left is content.
+  void TakeToolCalls(Choice& c) {
+    std::string& text = req_.stream ? c.held : c.text_all;
+    std::vector<ToolCall> calls;
+    std::string content;
+    if (req_.tool_choice == "named") {
+      calls.push_back({req_.tool_name, text});
+    } else if (auto parsed = ParseToolCalls(text, &content)) {
+      calls = std::move(*parsed);
+    } else {
+      return;  // plain content (or a forced call cut short: its text as it is)
+    }
+    c.tool_calls = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      c.tool_calls.push_back(
+          {{"index", i},
+           {"id", "call_" + std::to_string(g_next_call++)},
+           {"type", "function"},
+           {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}});
+    }
+    text = content;
+    // As OpenAI: a named function's call ends as stop, others as tool_calls.
+    if (req_.tool_choice != "named" && c.finish == FinishReason::kStop)
+      c.finish_name = "tool_calls";
   }
 
   // The prompt before the output (echo), with its log-probabilities.
@@ -401,9 +457,16 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       const Choice& c = *kept[i];
       json choice = {{"index", i},
                      {"logprobs", c.logprobs ? c.logprobs->Take() : json(nullptr)},
-                     {"finish_reason", FinishName(c.finish)}};
+                     {"finish_reason", c.finish_name}};
       if (chat_) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text_all}};
+        if (!c.tool_calls.is_null()) {
+          // Non-streamed tool calls carry no index.
+          json calls = c.tool_calls;
+          for (json& call : calls) call.erase("index");
+          choice["message"]["tool_calls"] = std::move(calls);
+          if (c.text_all.empty()) choice["message"]["content"] = nullptr;
+        }
       } else {
         choice["text"] = c.text_all;
       }

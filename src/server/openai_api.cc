@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <set>
 #include <utility>
@@ -48,6 +49,9 @@ const Param kParams[] = {
     {"min_p", true, true},
     {"min_tokens", true, true},
     {"response_format", true, true},
+    {"tools", true, false},
+    {"tool_choice", true, false},
+    {"parallel_tool_calls", true, false},
 };
 
 // Alternatives a request may ask for at each position.
@@ -249,6 +253,87 @@ std::optional<ApiError> ParseControls(const json& j, bool chat, const Tokenizer&
   return std::nullopt;
 }
 
+// tools, tool_choice and parallel_tool_calls (chat). A forced call
+// (required, or a named function) becomes a JSON schema the output follows.
+std::optional<ApiError> ParseTools(const json& j, const std::string& body, CompletionRequest* r) {
+  const bool has_tools = j.contains("tools") && !j["tools"].is_null();
+  if (j.contains("parallel_tool_calls") && !j["parallel_tool_calls"].is_null()) {
+    if (!j["parallel_tool_calls"].is_boolean())
+      return Fail("parallel_tool_calls", "parallel_tool_calls must be true or false");
+    r->parallel_tool_calls = j["parallel_tool_calls"];
+  }
+  if (!has_tools) {
+    if (j.contains("tool_choice") && !j["tool_choice"].is_null() && j["tool_choice"] != "none")
+      return Fail("tool_choice", "tool_choice needs tools");
+    return std::nullopt;
+  }
+  // In the body's order: the template and the schemas see them as written.
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(body)["tools"];
+  if (!tools.is_array() || tools.empty() || tools.size() > 128)
+    return Fail("tools", "tools must be a list of 1 to 128 functions");
+  std::set<std::string> names;
+  for (const auto& t : tools) {
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+        !t["function"].is_object())
+      return Fail("tools", "each tool needs type function and a function object");
+    const auto& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string())
+      return Fail("tools", "each function needs a name");
+    const std::string name = f["name"];
+    const bool ok_name =
+        !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        });
+    if (!ok_name) return Fail("tools", "function names are 1-64 of a-z, A-Z, 0-9, _ and -");
+    if (!names.insert(name).second) return Fail("tools", "two functions are named " + name);
+    if (f.contains("parameters") && !f["parameters"].is_object())
+      return Fail("tools", "function parameters must be a JSON schema object");
+  }
+  r->tools = tools;
+  r->tool_choice = "auto";
+  if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
+    const json& c = j["tool_choice"];
+    if (c.is_string() && (c == "none" || c == "auto" || c == "required")) {
+      r->tool_choice = c;
+    } else if (c.is_object() && c.value("type", "") == "function" && c.contains("function") &&
+               c["function"].is_object() && c["function"].contains("name") &&
+               c["function"]["name"].is_string()) {
+      r->tool_choice = "named";
+      r->tool_name = c["function"]["name"];
+      if (!names.count(r->tool_name))
+        return Fail("tool_choice", "tool_choice names no function of tools: " + r->tool_name);
+    } else {
+      return Fail("tool_choice",
+                  "tool_choice must be none, auto, required or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}");
+    }
+  }
+  auto parameters = [](const nlohmann::ordered_json& f) {
+    return f.contains("parameters") ? f["parameters"] : nlohmann::ordered_json{{"type", "object"}};
+  };
+  if (r->tool_choice == "named") {
+    for (const auto& t : tools) {
+      if (t["function"]["name"] == r->tool_name) r->json_schema = parameters(t["function"]).dump();
+    }
+  } else if (r->tool_choice == "required") {
+    nlohmann::ordered_json any = nlohmann::ordered_json::array();
+    for (const auto& t : tools) {
+      any.push_back({{"type", "object"},
+                     {"properties",
+                      {{"name", {{"const", t["function"]["name"]}}},
+                       {"arguments", parameters(t["function"])}}},
+                     {"required", {"name", "arguments"}}});
+    }
+    nlohmann::ordered_json call = {{"anyOf", any}};
+    r->json_schema =
+        (r->parallel_tool_calls
+             ? nlohmann::ordered_json{{"type", "array"}, {"items", call}, {"minItems", 1}}
+             : call)
+            .dump();
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat,
@@ -299,6 +384,23 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
         return Fail("messages",
                     "each message needs a role: system, user, assistant, developer or tool");
       }
+      // An assistant's tool calls may come without content; their
+      // arguments reach the template as objects (as vLLM gives them).
+      if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+        if (m["role"] != "assistant" || !m["tool_calls"].is_array())
+          return Fail("messages", "tool_calls must be a list, on an assistant message");
+        for (auto& call : m["tool_calls"]) {
+          if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+              !call["function"].contains("name") || !call["function"]["name"].is_string())
+            return Fail("messages", "each tool call needs a function with a name");
+          auto& args = call["function"]["arguments"];
+          if (args.is_string()) {
+            auto parsed = nlohmann::ordered_json::parse(args.get<std::string>(), nullptr, false);
+            if (!parsed.is_discarded()) args = std::move(parsed);
+          }
+        }
+        if (!m.contains("content") || m["content"].is_null()) m["content"] = "";
+      }
       if (!m.contains("content")) {
         return Fail("messages", "each message needs a string content or a list of text parts");
       }
@@ -306,7 +408,9 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       if (auto err = MessageText(m["content"], &text)) return err;
       m["content"] = std::move(text);
     }
-    auto prompt = ApplyChatTemplate(tok, messages, /*add_generation_prompt=*/true, max_model_len);
+    if (auto err = ParseTools(j, body, &r)) return err;
+    auto prompt =
+        ApplyChatTemplate(tok, messages, /*add_generation_prompt=*/true, max_model_len, r.tools);
     if (!prompt.ok()) return Fail("messages", prompt.status().message());
     r.prompts.emplace_back(prompt->begin(), prompt->end());
     r.prompt_texts.emplace_back();
@@ -407,20 +511,23 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
     const json& f = j["response_format"];
     const std::string type =
         f.is_object() && f.contains("type") && f["type"].is_string() ? f["type"] : "";
-    if (type == "json_object") {
-      r.json_object = true;
-    } else if (type == "json_schema") {
-      if (!f.contains("json_schema") || !f["json_schema"].is_object() ||
-          !f["json_schema"].contains("schema") ||
-          !(f["json_schema"]["schema"].is_object() || f["json_schema"]["schema"].is_boolean())) {
-        return Fail("response_format", "a json_schema response_format needs json_schema.schema");
-      }
+    if (type != "text" && type != "json_object" && type != "json_schema") {
+      return Fail("response_format",
+                  "response_format type must be text, json_object or json_schema");
+    }
+    if (type == "json_schema" &&
+        (!f.contains("json_schema") || !f["json_schema"].is_object() ||
+         !f["json_schema"].contains("schema") ||
+         !(f["json_schema"]["schema"].is_object() || f["json_schema"]["schema"].is_boolean()))) {
+      return Fail("response_format", "a json_schema response_format needs json_schema.schema");
+    }
+    // A forced tool call's own schema holds: the answer is the call.
+    const bool forced_call = r.tool_choice == "named" || r.tool_choice == "required";
+    if (!forced_call && type == "json_object") r.json_object = true;
+    if (!forced_call && type == "json_schema") {
       // In the body's order: properties are written in the schema's order.
       r.json_schema =
           nlohmann::ordered_json::parse(body)["response_format"]["json_schema"]["schema"].dump();
-    } else if (type != "text") {
-      return Fail("response_format",
-                  "response_format type must be text, json_object or json_schema");
     }
   }
   if (auto err = Boolean(j, "ignore_eos", &r.ignore_eos)) return err;
@@ -470,6 +577,86 @@ std::string TextStream::Finish() {
   out += pending_;
   pending_.clear();
   return out;
+}
+
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// {"name", "arguments" | "parameters"} as a call.
+bool CallOf(const nlohmann::ordered_json& v, ToolCall* out) {
+  if (!v.is_object() || !v.contains("name") || !v["name"].is_string()) return false;
+  const char* key = v.contains("arguments") ? "arguments" : "parameters";
+  if (!v.contains(key)) return false;
+  out->name = v["name"];
+  out->arguments = v[key].is_string() ? v[key].get<std::string>() : v[key].dump();
+  return true;
+}
+
+// One call or a list of calls.
+bool CallsOf(std::string_view text, std::vector<ToolCall>* out) {
+  const auto v = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (v.is_discarded()) return false;
+  if (v.is_array()) {
+    if (v.empty()) return false;
+    for (const auto& c : v) {
+      ToolCall call;
+      if (!CallOf(c, &call)) return false;
+      out->push_back(std::move(call));
+    }
+    return true;
+  }
+  ToolCall call;
+  if (!CallOf(v, &call)) return false;
+  out->push_back(std::move(call));
+  return true;
+}
+
+constexpr std::string_view kToolCallOpen = "<tool_call>", kToolCallClose = "</tool_call>";
+constexpr std::string_view kMarkers[] = {"<|python_tag|>", "[TOOL_CALLS]"};
+
+}  // namespace
+
+std::optional<std::vector<ToolCall>> ParseToolCalls(const std::string& text, std::string* content) {
+  std::vector<ToolCall> calls;
+  const size_t open = text.find(kToolCallOpen);
+  if (open != std::string::npos) {
+    size_t at = open;
+    while (at != std::string::npos) {
+      const size_t from = at + kToolCallOpen.size();
+      const size_t close = text.find(kToolCallClose, from);
+      const std::string_view inner = std::string_view(text).substr(
+          from, close == std::string::npos ? std::string::npos : close - from);
+      if (!CallsOf(Trim(inner), &calls)) return std::nullopt;
+      if (close == std::string::npos) break;
+      at = text.find(kToolCallOpen, close);
+    }
+    *content = std::string(Trim(std::string_view(text).substr(0, open)));
+    return calls;
+  }
+  std::string_view rest = Trim(text);
+  for (std::string_view m : kMarkers) {
+    if (rest.substr(0, m.size()) == m) rest = Trim(rest.substr(m.size()));
+  }
+  if (rest.empty() || (rest.front() != '{' && rest.front() != '[')) return std::nullopt;
+  if (!CallsOf(rest, &calls)) return std::nullopt;
+  content->clear();
+  return calls;
+}
+
+bool MayBeToolCall(std::string_view text) {
+  const std::string_view t = Trim(text);
+  if (t.empty()) return true;
+  if (t.front() == '{' || t.front() == '[') return true;
+  for (std::string_view m : {kToolCallOpen, kMarkers[0], kMarkers[1]}) {
+    const size_t n = std::min(m.size(), t.size());
+    if (t.substr(0, n) == m.substr(0, n)) return true;
+  }
+  return false;
 }
 
 TokenTexts::TokenTexts(const Tokenizer* tokenizer, const std::vector<int32_t>& context)

@@ -40,6 +40,14 @@ struct CompletionRequest {
   // (json_schema: the schema, dumped); empty: free text.
   bool json_object = false;
   std::string json_schema;
+  // Chat tools (null: none) and tool_choice: none, auto, required or named
+  // (tool_name). A forced call sets json_schema: the function's parameters
+  // (named) or {"name", "arguments"} objects (required; a list of them with
+  // parallel_tool_calls).
+  nlohmann::ordered_json tools;
+  std::string tool_choice = "none";
+  std::string tool_name;
+  bool parallel_tool_calls = true;
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;
@@ -90,6 +98,22 @@ class TextStream {
   int min_tokens_ = 0;
   int added_ = 0;
 };
+
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
+// The tool calls in a model's answer, in the formats of the families' chat
+// templates: Hermes / Qwen's <tool_call>{...}</tool_call> blocks, Llama 3's
+// {"name", "parameters"} (after <|python_tag|> or not), Mistral's
+// [TOOL_CALLS] [{"name", "arguments"}], or a bare {"name", "arguments"} object
+// or list of them. Null when the text is not a call (plain content);
+// `content` gets the text before the calls.
+std::optional<std::vector<ToolCall>> ParseToolCalls(const std::string& text, std::string* content);
+// Whether text generated so far may still turn out to be a tool call (a
+// stream holds it back until it knows).
+bool MayBeToolCall(std::string_view text);
 
 // The text each token adds after the tokens before it, for log-probability
 // entries: the chosen token's (Next, which extends the context) and an

@@ -1,7 +1,8 @@
 // The OpenAI sampling surface over real HTTP: log-probabilities (and echo's
 // prompt log-probabilities) equal to the model's own, several choices seeded
 // per index, best_of, penalties, logit_bias, min_p and min_tokens, OpenAI's
-// 400s for bad values, and all of it unchanged when a device dies mid-request.
+// 400s for bad values, structured outputs and tool calls, and all of it
+// unchanged when a device dies mid-request.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -12,6 +13,7 @@
 #include "backend/backend.h"
 #include "engine/local_executor.h"
 #include "engine/request_sampler.h"
+#include "server/openai_api.h"
 #include "server/test_server.h"
 
 namespace failsafe {
@@ -317,11 +319,6 @@ TEST(OpenAiSampling, UnchangedWhenADeviceDies) {
   }
 }
 
-}  // namespace
-}  // namespace failsafe
-
-namespace failsafe {
-namespace {
 
 // response_format json_schema: every choice that ends is JSON of the schema,
 // the same when a device dies under the stream; json_object gives objects;
@@ -399,6 +396,133 @@ TEST(OpenAiSampling, StructuredOutputsFollowTheSchemaThroughAFailure) {
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(json::parse(bad->body)["error"]["param"], "response_format");
   EXPECT_NE(bad->body.find("pattern"), std::string::npos);
+}
+
+
+TEST(ToolCalls, FoundInEachFamilysFormat) {
+  std::string content;
+  auto qwen = ParseToolCalls(
+      "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}"
+      "\n</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>",
+      &content);
+  ASSERT_TRUE(qwen);
+  ASSERT_EQ(qwen->size(), 2u);
+  EXPECT_EQ((*qwen)[0].name, "get_weather");
+  EXPECT_EQ(json::parse((*qwen)[0].arguments), json::parse(R"({"city": "Bern"})"));
+  EXPECT_EQ((*qwen)[1].name, "now");
+  EXPECT_EQ(content, "Let me look.");
+  auto llama = ParseToolCalls(
+      "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", &content);
+  ASSERT_TRUE(llama);
+  EXPECT_EQ((*llama)[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_TRUE(content.empty());
+  auto mistral = ParseToolCalls(
+      "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": "
+      "\"{\\\"x\\\": 1}\"}]",
+      &content);
+  ASSERT_TRUE(mistral);
+  ASSERT_EQ(mistral->size(), 2u);
+  EXPECT_EQ((*mistral)[1].arguments, R"({"x": 1})");
+  EXPECT_FALSE(ParseToolCalls("The weather is fine.", &content));
+  EXPECT_FALSE(ParseToolCalls("{\"answer\": 42}", &content));  // JSON, not a call
+  EXPECT_FALSE(ParseToolCalls("<tool_call>{\"name\": \"a\"", &content));
+  EXPECT_TRUE(MayBeToolCall("  <tool_"));
+  EXPECT_TRUE(MayBeToolCall("[TOOL"));
+  EXPECT_TRUE(MayBeToolCall("{\"na"));
+  EXPECT_FALSE(MayBeToolCall("The"));
+}
+
+const json kTools = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city.",
+   "parameters": {"type": "object", "properties": {
+     "city": {"type": "string", "maxLength": 8},
+     "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}},
+  {"type": "function", "function": {"name": "now", "parameters": {"type": "object",
+   "properties": {"zone": {"enum": ["utc", "local"]}}, "required": ["zone"]}}}])");
+
+json ChatWithTools(const json& tool_choice) {
+  return {{"messages",
+           {{{"role", "user"}, {"content", "Weather in Bern?"}},
+            {{"role", "assistant"},
+             {"content", nullptr},
+             {"tool_calls",
+              {{{"id", "call_1"},
+                {"type", "function"},
+                {"function", {{"name", "now"}, {"arguments", "{\"zone\": \"utc\"}"}}}}}}},
+            {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "12:00"}}}},
+          {"tools", kTools},
+          {"tool_choice", tool_choice},
+          {"max_tokens", 150},
+          {"temperature", 0.7},
+          {"seed", 4}};
+}
+
+// A forced call (a named function, or required) comes back as tool_calls
+// whose arguments follow the function's parameters, streamed or not, and
+// the same when a device dies; bad tool requests are 400s.
+TEST(ToolCalls, ForcedCallsFollowTheParameters) {
+  TestServer s;
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  json one = PostOk(s, "/v1/chat/completions", ChatWithTools(named));
+  const json& msg = one["choices"][0]["message"];
+  EXPECT_EQ(one["choices"][0]["finish_reason"], "stop") << one.dump();
+  EXPECT_TRUE(msg["content"].is_null());
+  ASSERT_EQ(msg["tool_calls"].size(), 1u) << one.dump();
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  const json args = json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>());
+  EXPECT_TRUE(args["city"].is_string());
+  EXPECT_TRUE(args["unit"] == "celsius" || args["unit"] == "fahrenheit") << args.dump();
+
+  json req = PostOk(s, "/v1/chat/completions", ChatWithTools("required"));
+  EXPECT_EQ(req["choices"][0]["finish_reason"], "tool_calls") << req.dump();
+  const json& calls = req["choices"][0]["message"]["tool_calls"];
+  ASSERT_GE(calls.size(), 1u) << req.dump();
+  for (const json& c : calls) {
+    const std::string name = c["function"]["name"];
+    EXPECT_TRUE(name == "get_weather" || name == "now");
+    EXPECT_TRUE(json::parse(c["function"]["arguments"].get<std::string>()).is_object());
+  }
+
+  // Streamed, through a device failure: the same call, in one delta.
+  json streamed_calls;
+  auto chunks = StreamChunks(s, "/v1/chat/completions", ChatWithTools("required"), [&](int n) {
+    if (n == 1) {
+      httplib::Client admin("127.0.0.1", s.port());
+      EXPECT_EQ(admin.Post("/admin/devices/0/fail", "", "application/json")->status, 200);
+    }
+  });
+  std::string finish;
+  for (const json& c : chunks) {
+    const json& ch = c["choices"][0];
+    if (ch["delta"].contains("tool_calls")) streamed_calls = ch["delta"]["tool_calls"];
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(finish, "tool_calls");
+  ASSERT_EQ(streamed_calls.size(), calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(streamed_calls[i]["function"], calls[i]["function"]);
+    EXPECT_EQ(streamed_calls[i]["index"], i);
+  }
+
+  // auto: a free answer; this random model's is no call, so it is content.
+  json free = PostOk(s, "/v1/chat/completions", ChatWithTools("auto"));
+  EXPECT_TRUE(free["choices"][0]["message"]["content"].is_string());
+
+  auto expect400 = [&](json body, const std::string& param) {
+    auto r = s.Post("/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], param) << r->body;
+  };
+  json no_tools = ChatWithTools("required");
+  no_tools.erase("tools");
+  expect400(no_tools, "tool_choice");
+  expect400(ChatWithTools({{"type", "function"}, {"function", {{"name", "missing"}}}}),
+            "tool_choice");
+  json bad = ChatWithTools("auto");
+  bad["tools"][0]["function"]["name"] = "has space";
+  expect400(bad, "tools");
 }
 
 }  // namespace

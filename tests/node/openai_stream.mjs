@@ -4,7 +4,7 @@
 // middle of the stream, and checks that the stream finishes with the same
 // text as an undisturbed one. Then the sampling surface through the same
 // client (logprobs, echo, n, best_of, penalties, logit_bias, min_p,
-// min_tokens): each answer on the three devices left equals, bit for bit,
+// min_tokens, a forced tool call, a JSON schema): each answer on the three devices left equals, bit for bit,
 // the answer the four gave before the failure.
 //
 //   node openai_stream.mjs --failsafe PATH
@@ -116,6 +116,27 @@ try {
     });
     check(short.usage.completion_tokens === 4 && short.choices[0].finish_reason === "stop",
           "min_tokens holds a favoured end back for three tokens");
+    const tools = [{ type: "function", function: { name: "get_weather", parameters: {
+      type: "object", properties: { city: { type: "string", maxLength: 8 }, days: { type: "integer" } },
+      required: ["city", "days"] } } }];
+    const call = await client.chat.completions.create({
+      model: "tiny", messages: [{ role: "user", content: "Weather?" }], tools, max_tokens: 80, seed: 2,
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+    });
+    const tc = call.choices[0].message.tool_calls;
+    const args = tc && tc.length === 1 ? JSON.parse(tc[0].function.arguments) : {};
+    check(tc && tc[0].function.name === "get_weather" && typeof args.city === "string" &&
+          Number.isInteger(args.days), "a named tool_choice gives a call whose arguments follow the parameters");
+    out.call = tc && tc[0].function.arguments;
+    const shaped = await client.chat.completions.create({
+      model: "tiny", messages: [{ role: "user", content: "JSON" }], max_tokens: 80, seed: 3,
+      response_format: { type: "json_schema", json_schema: { name: "x", schema: {
+        type: "object", properties: { ok: { type: "boolean" }, mode: { enum: ["a", "b"] } },
+        required: ["ok", "mode"] } } },
+    });
+    const parsed = JSON.parse(shaped.choices[0].message.content);
+    check(typeof parsed.ok === "boolean" && ["a", "b"].includes(parsed.mode), "json_schema output parses and follows it");
+    out.shaped = shaped.choices[0].message.content;
     const bad = await client.completions.create({ model: "tiny", prompt: "x", logprobs: 50 }).catch((e) => e);
     check(bad.status === 400 && bad.param === "logprobs", "an out-of-range logprobs is a 400 naming it");
     return out;

@@ -93,13 +93,25 @@ def conversations():
     for c in chats:
         for gen in (True, False):
             out.append({"messages": c, "add_generation_prompt": gen})
+    # With tools, as an OpenAI request gives them.
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather of a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "Its name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "now", "description": "The time.",
+                                          "parameters": {"type": "object", "properties": {}}}}]
+    for c in (chats[0], chats[1], chats[13]):
+        out.append({"messages": c, "add_generation_prompt": True, "tools": tools})
     return out
 
 
 def reference(template, convo, specials):
     kw = {k + "_token": v for k, v in specials.items()}
     try:
-        return {"text": template.render(messages=convo["messages"], tools=None, documents=None,
+        return {"text": template.render(messages=convo["messages"], tools=convo.get("tools"),
+                                        documents=None,
                                         add_generation_prompt=convo["add_generation_prompt"], **kw)}
     except TemplateError as e:
         return {"error": str(e), "raised": isinstance(e.__class__, type) and

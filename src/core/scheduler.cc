@@ -44,15 +44,16 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Plan& plan, const Mode
 }
 
 Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
-  if (seqs_.count(seq->id))
-    return InvalidArgument(
-        "request id {} is already in use",
-        seq->id);  // A sequence arrives either as a prompt, or (disaggregated decode) with the
-  // prompt's KV already computed elsewhere and its first token sampled.
+  if (seqs_.count(seq->id)) return InvalidArgument("request id {} is already in use", seq->id);
+  // A sequence arrives as a prompt (with the output tokens of a request
+  // resumed from another node, computed again here), or (disaggregated
+  // decode) with the prompt's KV already computed elsewhere and its first
+  // token sampled.
   const bool migrated = seq->num_computed > 0;
   if (seq->prompt_len <= 0) return InvalidArgument("the prompt is empty");
-  if (!migrated && seq->len() != seq->prompt_len)
-    return InvalidArgument("a new request holds only its prompt");
+  if (!migrated && seq->output_len() >= seq->max_new_tokens)
+    return InvalidArgument("{} output tokens leave nothing to generate (max_tokens {})",
+                           seq->output_len(), seq->max_new_tokens);
   if (migrated && (seq->num_computed != seq->prompt_len || seq->len() != seq->prompt_len + 1)) {
     return InvalidArgument("a migrated request has its prompt's KV and one sampled token");
   }

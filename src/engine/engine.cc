@@ -47,19 +47,31 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
     if (t < 0 || t >= vocab)
       return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
   }
-  if (!spec.prefilled_output.empty()) {
-    if (!executor_->models_devices())
-      return InvalidArgument("a prefilled request needs devices that hold its KV already");
-    if (spec.prompt.empty()) return InvalidArgument("a prefilled request needs its prompt");
-    // Its prefilled tokens count towards max_new_tokens: with as many or
-    // more, nothing is left to generate (a step would sample one too many).
-    if (static_cast<int64_t>(spec.prefilled_output.size()) >= spec.max_new_tokens)
-      return InvalidArgument("{} prefilled output tokens leave nothing to generate (max_tokens {})",
-                             spec.prefilled_output.size(), spec.max_new_tokens);
-    for (int32_t t : spec.prefilled_output) {
+  // Output tokens the request comes with count towards max_new_tokens: with
+  // as many or more, nothing is left to generate (a step would sample one
+  // too many).
+  auto check_output = [&](const std::vector<int32_t>& out, const char* what) -> Status {
+    if (spec.prompt.empty()) return InvalidArgument("a {} request needs its prompt", what);
+    if (static_cast<int64_t>(out.size()) >= spec.max_new_tokens)
+      return InvalidArgument("{} {} output tokens leave nothing to generate (max_tokens {})",
+                             out.size(), what, spec.max_new_tokens);
+    for (int32_t t : out) {
       if (t < 0 || t >= vocab)
         return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
     }
+    return Status::Ok();
+  };
+  if (!spec.prefilled_output.empty()) {
+    if (!executor_->models_devices())
+      return InvalidArgument("a prefilled request needs devices that hold its KV already");
+    if (!spec.resumed_output.empty())
+      return InvalidArgument("a request is either prefilled or resumed");
+    FS_RETURN_IF_ERROR(check_output(spec.prefilled_output, "prefilled"));
+  }
+  if (!spec.resumed_output.empty()) {
+    FS_RETURN_IF_ERROR(check_output(spec.resumed_output, "resumed"));
+    if (spec.prompt_logprobs >= 0)
+      return InvalidArgument("a resumed request has no prompt logprobs (they went out before)");
   }
   auto seq = std::make_unique<Sequence>();
   const int64_t id = next_id_;
@@ -71,6 +83,10 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
                        spec.prefilled_output.end());
     seq->num_computed = static_cast<int>(seq->tokens.size()) - 1;
   }
+  // A resumed request computes its output again (its KV stayed elsewhere)
+  // and goes on from there: positions, the draw's counter, penalties,
+  // min_tokens and max_new_tokens count as for the original.
+  seq->tokens.insert(seq->tokens.end(), spec.resumed_output.begin(), spec.resumed_output.end());
   if (spec.prompt_logprobs >= 0) {
     if (!spec.prefilled_output.empty())
       return InvalidArgument("a prefilled request has no prompt logprobs");

@@ -54,6 +54,12 @@ struct RequestSpec {
   // arrives with the request. Only an executor that models its devices
   // (Executor::models_devices) accepts them.
   std::vector<int32_t> prefilled_output;
+  // Resuming a request another node began (and lost): the output tokens it
+  // already generated. They follow the prompt and count towards
+  // max_new_tokens; their KV is computed again here. Sampling is keyed by
+  // position and the logits are the same on every placement, so the
+  // request goes on with exactly the tokens the first node would have drawn.
+  std::vector<int32_t> resumed_output;
 };
 
 struct TokenEvent {

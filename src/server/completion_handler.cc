@@ -155,6 +155,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     bool holding = false;
     std::string held;
     json tool_calls;
+    std::vector<int32_t> token_ids;  // not yet sent (return_token_ids)
   };
 
   // Work pool: parse, validate, tokenize; then back to the strand.
@@ -190,6 +191,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         c.index = static_cast<int>(p) * r.n + k;
         RequestSpec& spec = c.spec;
         spec.prompt = r.prompts[p];
+        spec.resumed_output = r.resume_token_ids;
         // max_tokens 0 (echo): one token is drawn and dropped.
         spec.max_new_tokens = std::max(1, r.max_tokens);
         spec.sampling = r.sampling;
@@ -224,10 +226,15 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     if (over_) return;
     req_ = std::move(r);
     choices_ = std::move(choices);
+    const int resumed = static_cast<int>(req_.resume_token_ids.size());
     for (Choice& c : choices_) {
-      const std::vector<int32_t>& prompt = req_.prompts[c.prompt];
-      c.text = std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens,
-                                            prompt, req_.controls.min_tokens);
+      // A resumed request's text goes on from the text already sent.
+      std::vector<int32_t> prompt = req_.prompts[c.prompt];
+      prompt.insert(prompt.end(), req_.resume_token_ids.begin(), req_.resume_token_ids.end());
+      c.generated = resumed;
+      c.text =
+          std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens, prompt,
+                                       std::max(0, req_.controls.min_tokens - resumed));
       c.holding = chat_ && req_.tool_choice != "none";
       if (req_.logprobs >= 0) {
         c.logprobs = std::make_unique<LogprobsOut>(chat_, ctx_.tokenizer,
@@ -307,6 +314,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     // max_tokens 0 (echo): the one token drawn is not part of the answer.
     if (e.token >= 0 && req_.max_tokens > 0) {
       ++c.generated;
+      c.token_ids.push_back(e.token);
       piece += c.text->Add(e.token);
       if (e.logprobs) c.cum_logprob += e.logprobs->logprob;
       if (c.logprobs && e.logprobs) c.logprobs->Add(e.token, &*e.logprobs);
@@ -338,7 +346,8 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
         c.held.clear();
       }
     }
-    if (req_.stream && (!piece.empty() || (c.logprobs && !c.logprobs->empty()))) {
+    if (req_.stream && (!piece.empty() || (c.logprobs && !c.logprobs->empty()) ||
+                        (req_.return_token_ids && !c.token_ids.empty() && !c.holding))) {
       if (chat_) {
         ex_->Write(Chunk(c, json{{"content", piece}}));
       } else {
@@ -458,6 +467,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       json choice = {{"index", i},
                      {"logprobs", c.logprobs ? c.logprobs->Take() : json(nullptr)},
                      {"finish_reason", c.finish_name}};
+      if (req_.return_token_ids) choice["token_ids"] = c.token_ids;
       if (chat_) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text_all}};
         if (!c.tool_calls.is_null()) {
@@ -529,6 +539,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
                    {"logprobs", c.logprobs ? c.logprobs->Take() : json(nullptr)},
                    {"finish_reason", finish}};
     choice[chat_ ? "delta" : "text"] = delta_or_text;
+    if (req_.return_token_ids) choice["token_ids"] = std::exchange(c.token_ids, {});
     json chunk = Envelope();
     chunk["choices"] = json::array({choice});
     return SseFrame(Dump(chunk));

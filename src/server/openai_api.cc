@@ -52,6 +52,8 @@ const Param kParams[] = {
     {"tools", true, false},
     {"tool_choice", true, false},
     {"parallel_tool_calls", true, false},
+    {"resume_token_ids", true, true},
+    {"return_token_ids", true, true},
 };
 
 // Alternatives a request may ask for at each position.
@@ -529,6 +531,22 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       r.json_schema =
           nlohmann::ordered_json::parse(body)["response_format"]["json_schema"]["schema"].dump();
     }
+  }
+  if (auto err = Boolean(j, "return_token_ids", &r.return_token_ids)) return err;
+  if (j.contains("resume_token_ids") && !j["resume_token_ids"].is_null()) {
+    const json& ids = j["resume_token_ids"];
+    if (!ids.is_array()) return Fail("resume_token_ids", "resume_token_ids must be a list");
+    for (const json& t : ids) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.vocab_size())
+        return Fail("resume_token_ids",
+                    "token ids must be integers in [0, " + std::to_string(tok.vocab_size()) + ")");
+      r.resume_token_ids.push_back(t.get<int32_t>());
+    }
+    if (r.best_of != 1 || r.prompts.size() != 1 || r.echo)
+      return Fail("resume_token_ids", "a resumed request has one choice and no echo");
+    if (static_cast<int>(r.resume_token_ids.size()) >= r.max_tokens)
+      return Fail("resume_token_ids", "the resumed tokens leave nothing to generate (max_tokens " +
+                                          std::to_string(r.max_tokens) + ")");
   }
   if (auto err = Boolean(j, "ignore_eos", &r.ignore_eos)) return err;
   if (auto err = Boolean(j, "skip_special_tokens", &r.skip_special_tokens)) return err;

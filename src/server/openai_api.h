@@ -48,6 +48,12 @@ struct CompletionRequest {
   std::string tool_choice = "none";
   std::string tool_name;
   bool parallel_tool_calls = true;
+  // FailSafe's extensions for a router that resumes requests: the output
+  // tokens a failed node already sent (the answer goes on after them,
+  // counted as the original request), and token ids in every choice and
+  // chunk.
+  std::vector<int32_t> resume_token_ids;
+  bool return_token_ids = false;
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;

@@ -319,7 +319,6 @@ TEST(OpenAiSampling, UnchangedWhenADeviceDies) {
   }
 }
 
-
 // response_format json_schema: every choice that ends is JSON of the schema,
 // the same when a device dies under the stream; json_object gives objects;
 // a schema the grammar cannot honour is a 400.
@@ -398,6 +397,68 @@ TEST(OpenAiSampling, StructuredOutputsFollowTheSchemaThroughAFailure) {
   EXPECT_NE(bad->body.find("pattern"), std::string::npos);
 }
 
+// A request resumed on another node (other device count) from the tokens the
+// first one sent goes on with exactly the tokens the first would have
+// produced: greedy, seeded, penalised, on both endpoints; a router counts
+// what it sent through return_token_ids.
+TEST(OpenAiSampling, AResumedRequestGoesOnWithTheSameTokens) {
+  TestServerOptions four, three;
+  four.devices = 4;
+  three.devices = 3;
+  TestServer a(four), b(three);
+  const json completions = {{"prompt", "A node dies and another one goes on"},
+                            {"max_tokens", 30},
+                            {"temperature", 0.9},
+                            {"seed", 21},
+                            {"frequency_penalty", 0.3},
+                            {"ignore_eos", true},
+                            {"return_token_ids", true}};
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Go on."}}}},
+                     {"max_tokens", 24},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"return_token_ids", true}};
+  for (const auto& [path, body] : {std::make_pair("/v1/completions", completions),
+                                   std::make_pair("/v1/chat/completions", chat)}) {
+    json whole = PostOk(a, path, body);
+    const json& choice = whole["choices"][0];
+    const std::vector<int> ids = choice["token_ids"];
+    ASSERT_EQ(static_cast<int>(ids.size()), body["max_tokens"].get<int>());
+    const std::string text = path == std::string("/v1/completions")
+                                 ? choice["text"].get<std::string>()
+                                 : choice["message"]["content"].get<std::string>();
+    // What a router saw of a stream before the node died: the token ids of
+    // its first chunks.
+    std::vector<int> sent;
+    auto chunks = StreamChunks(a, path, body);
+    for (const json& c : chunks) {
+      if (c["choices"].empty()) continue;
+      for (int t : c["choices"][0]["token_ids"]) sent.push_back(t);
+    }
+    EXPECT_EQ(sent, ids);
+    for (size_t k : {size_t{1}, size_t{7}, ids.size() - 1}) {
+      json resumed = body;
+      resumed["resume_token_ids"] = std::vector<int>(ids.begin(), ids.begin() + k);
+      json rest = PostOk(b, path, resumed);
+      const json& rc = rest["choices"][0];
+      EXPECT_EQ(rc["token_ids"].get<std::vector<int>>(),
+                std::vector<int>(ids.begin() + k, ids.end()))
+          << path << " resumed after " << k;
+      const std::string tail = path == std::string("/v1/completions")
+                                   ? rc["text"].get<std::string>()
+                                   : rc["message"]["content"].get<std::string>();
+      ASSERT_LE(tail.size(), text.size());
+      EXPECT_EQ(text.substr(text.size() - tail.size()), tail) << path << " resumed after " << k;
+      EXPECT_EQ(rest["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
+      EXPECT_EQ(rc["finish_reason"], choice["finish_reason"]);
+    }
+  }
+  auto r = a.Post("/v1/completions",
+                  {{"prompt", "x"}, {"max_tokens", 3}, {"resume_token_ids", {1, 2, 3}}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "resume_token_ids");
+}
 
 TEST(ToolCalls, FoundInEachFamilysFormat) {
   std::string content;

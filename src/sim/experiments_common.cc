@@ -168,6 +168,15 @@ Status KeepQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests,
   return Status::Ok();
 }
 
+Status RunQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests, size_t* next,
+                    double until) {
+  while (inst->clock() < until) {
+    FS_RETURN_IF_ERROR(KeepQueueFull(inst, requests, next));
+    inst->RunUntil(std::min(until, inst->clock() + kQueueRefillS));
+  }
+  return Status::Ok();
+}
+
 Result<double> SustainedThroughput(const ModelConfig& model, const HardwareProfile& hw,
                                    const SystemSpec& system,
                                    const std::vector<SimRequest>& requests, double warmup_s,
@@ -181,20 +190,10 @@ Result<double> SustainedThroughput(const ModelConfig& model, const HardwareProfi
   FS_RETURN_IF_ERROR(made.status());
   SimInstance& inst = **made;
   size_t next = 0;
-  // Refilled every few seconds of virtual time: far fewer requests finish
-  // in that time than the queue holds.
-  constexpr double kRefillS = 5;
-  auto run = [&](double until) -> Status {
-    while (inst.clock() < until) {
-      FS_RETURN_IF_ERROR(KeepQueueFull(&inst, requests, &next));
-      inst.RunUntil(std::min(until, inst.clock() + kRefillS));
-    }
-    return Status::Ok();
-  };
-  Status st = run(warmup_s);
+  Status st = RunQueueFull(&inst, requests, &next, warmup_s);
   const int64_t out0 = inst.tokens_out();
   const double t0 = inst.clock();
-  if (st.ok()) st = run(warmup_s + window_s);
+  if (st.ok()) st = RunQueueFull(&inst, requests, &next, warmup_s + window_s);
   if (st.code() == StatusCode::kResourceExhausted) {
     FS_LOG_INFO("{} cannot serve this workload: {}", system.name, st.message());
     return 0.0;

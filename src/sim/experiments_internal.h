@@ -35,6 +35,13 @@ Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile&
 // many unfinished requests as there are in `requests`: an offline queue that
 // never empties.
 Status KeepQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests, size_t* next);
+// How often (virtual seconds) an offline queue is refilled: far fewer
+// requests finish in that time than the queue holds.
+constexpr double kQueueRefillS = 5;
+// Runs `inst` until `until` (virtual seconds) with its queue kept full
+// (KeepQueueFull), refilled every kQueueRefillS.
+Status RunQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests, size_t* next,
+                    double until);
 // Sustained output tokens/s of an instance whose offline queue never
 // empties (KeepQueueFull): measured over `window_s` after `warmup_s`, long
 // enough for requests to finish and new ones to take their place (the

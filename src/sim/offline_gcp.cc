@@ -193,11 +193,10 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   // degree, reloading its weights over PCIe and recomputing the KV the old
   // instance had in flight at the new instance's prefill speed; FailSafe
   // recovers in place (its modelled full recovery).
-  const double model_bytes = static_cast<double>(m.NumParameters()) * hw.bytes_per_element;
   auto base_pause = [&](int old_tp, int new_tp) {
     if (new_tp == 0) return 0.0;
     const double inflight = old_tp > 0 ? static_cast<double>(tp_inflight[old_tp]) : 0.0;
-    return model_bytes / new_tp / hw.pcie_bytes_per_s + inflight / tp_prefill[new_tp];
+    return ColdStartS(m, hw, new_tp) + inflight / tp_prefill[new_tp];
   };
   double fs_pause = 0;
   {

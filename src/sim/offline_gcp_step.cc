@@ -40,7 +40,6 @@ using nlohmann::json;
 namespace {
 
 constexpr double kBucketS = 600;  // seconds per row of the timeline
-constexpr double kRefillS = 5;    // the queue is refilled this often (SustainedThroughput's)
 
 // Output tokens over the trace in buckets of kBucketS of virtual time.
 class Timeline {
@@ -128,7 +127,7 @@ class NodeRunner {
       FS_RETURN_IF_ERROR(TopUp());
       const double t0 = inst_->clock();
       const int64_t tok0 = inst_->tokens_out(), steps0 = inst_->steps();
-      inst_->RunUntil(std::min(t_end, t0 + kRefillS));
+      inst_->RunUntil(std::min(t_end, t0 + kQueueRefillS));
       const double t1 = inst_->clock();
       const double tokens = static_cast<double>(inst_->tokens_out() - tok0);
       stats_->stepped_s += t1 - t0;
@@ -272,9 +271,7 @@ Status RunFailsafeNode(const OfflineTables& t, const OfflineStepOptions& o, Poli
     } else if (!run.inst()) {
       FS_ASSIGN_OR_RETURN(run.inst(), MakeFailsafe(t, policy, next));
       if (!run.inst()) return Internal("FailSafe cannot start on {} devices", std::popcount(next));
-      const double load = static_cast<double>(t.model.NumParameters()) * t.hw.bytes_per_element /
-                          std::popcount(next) / t.hw.pcie_bytes_per_s;
-      run.inst()->AdvanceTo(at + load + o.switch_delay_s);
+      run.inst()->AdvanceTo(at + ColdStartS(t.model, t.hw, std::popcount(next)) + o.switch_delay_s);
       FS_RETURN_IF_ERROR(run.TopUp());
     } else {
       SimInstance& inst = *run.inst();
@@ -305,14 +302,12 @@ Status RunBaselineNode(const OfflineTables& t, const OfflineStepOptions& o, int 
   };
   group.Update(FullMask(t.gpus_per_node), BaselineTp(t.gpus_per_node, t.tp_thr));
   FS_RETURN_IF_ERROR(start(0, 0));
-  const double model_bytes = static_cast<double>(t.model.NumParameters()) * t.hw.bytes_per_element;
   return run.Replay(node, [&](double at, uint64_t, uint64_t next) -> Status {
     if (!group.Update(next, BaselineTp(std::popcount(next), t.tp_thr))) return Status::Ok();
     // A restart: every unfinished request moves to the new instance.
     stats->reconfigurations++;
     if (group.tp == 0) stats->degraded++;
-    const double pause = group.tp > 0 ? model_bytes / group.tp / t.hw.pcie_bytes_per_s : 0;
-    return start(at, pause + o.switch_delay_s);
+    return start(at, ColdStartS(t.model, t.hw, group.tp) + o.switch_delay_s);
   });
 }
 

@@ -85,4 +85,10 @@ Result<ModelConfig> GetModelProfile(const std::string& name) {
       "unknown model '{}' (known: llama-3.1-70b, mixtral-8x22b, or a synthetic preset)", name);
 }
 
+double ColdStartS(const ModelConfig& model, const HardwareProfile& hw, int devices) {
+  if (devices <= 0) return 0.0;
+  return static_cast<double>(model.NumParameters()) * hw.bytes_per_element / devices /
+         hw.pcie_bytes_per_s;
+}
+
 }  // namespace failsafe

@@ -50,6 +50,10 @@ struct HardwareProfile {
 
 // "h100-sxm-80gb" and "cpu" (this machine, see profiles.cc).
 Result<HardwareProfile> GetHardwareProfile(const std::string& name);
+
+// Seconds a new instance on `devices` devices spends loading the model's
+// weights from host memory: each device its share, over its own PCIe link.
+double ColdStartS(const ModelConfig& model, const HardwareProfile& hw, int devices);
 // "llama-3.1-70b", "mixtral-8x22b", or a synthetic preset name.
 Result<ModelConfig> GetModelProfile(const std::string& name);
 

@@ -19,7 +19,6 @@ using nlohmann::json;
 namespace {
 
 constexpr int kSlowDevice = 3;
-constexpr double kRefillS = 5;  // the queue is refilled this often (SustainedThroughput's)
 
 struct SlowRun {
   double tokens_per_s = 0;
@@ -39,16 +38,9 @@ Result<SlowRun> Run(const ModelConfig& m, const HardwareProfile& hw, Policy poli
   FS_ASSIGN_OR_RETURN(auto inst, SimInstance::Create(ic));
   if (speed < 1) FS_RETURN_IF_ERROR(inst->executor().SetDeviceSpeed(kSlowDevice, speed));
   size_t next = 0;
-  auto run_to = [&](double end) -> Status {
-    while (inst->clock() < end) {
-      FS_RETURN_IF_ERROR(KeepQueueFull(inst.get(), reqs, &next));
-      inst->RunUntil(std::min(end, inst->clock() + kRefillS));
-    }
-    return Status::Ok();
-  };
-  FS_RETURN_IF_ERROR(run_to(warmup_s));
+  FS_RETURN_IF_ERROR(RunQueueFull(inst.get(), reqs, &next, warmup_s));
   const int64_t tokens0 = inst->tokens_out();
-  FS_RETURN_IF_ERROR(run_to(warmup_s + window_s));
+  FS_RETURN_IF_ERROR(RunQueueFull(inst.get(), reqs, &next, warmup_s + window_s));
   SlowRun r;
   r.tokens_per_s = static_cast<double>(inst->tokens_out() - tokens0) / window_s;
   for (const RecoveryReport& rep : inst->engine().recoveries()) r.rebalances += rep.rebalance;

@@ -148,8 +148,7 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
     }
     if (s.logits_row >= 0) tokens_[s.logits_row] = SyntheticToken(s.seq_id, end);
     if (backup_ && s.backup_slot >= 0) {
-      const int from = s.backup_from >= 0 ? std::min(s.backup_from, s.start_pos) : s.start_pos;
-      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], arrived ? 0 : from, end);
+      backup_->CopiedByStep(s.seq_id, writers_[s.dp_rank], arrived ? 0 : s.BackupStart(), end);
     }
   }
   // Host-tier prefix hits: each device copies the blocks' slots it caches

@@ -33,7 +33,7 @@ void DeviceModel::EnqueueBackup(const StepBatch& b) {
     job.seq_id = s.seq_id;
     job.slot = s.backup_slot;
     // Positions before start_pos the backup lacks are in the pages already.
-    job.start = s.backup_from >= 0 ? std::min(s.backup_from, s.start_pos) : s.start_pos;
+    job.start = s.BackupStart();
     job.end = s.start_pos + s.num_tokens;
     // Stop at the first block without a backup block.
     for (int blk = job.start / bs; blk * bs < job.end; ++blk) {

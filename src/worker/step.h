@@ -1,6 +1,7 @@
 // One forward step as every device of the group sees it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -39,6 +40,11 @@ struct StepSeq {
   int32_t host_first_block = 0;
   int32_t host_blocks = 0;
   int32_t host_offset = 0;
+
+  // The first position the step's backup copy covers (see backup_from).
+  int32_t BackupStart() const {
+    return backup_from >= 0 ? std::min(backup_from, start_pos) : start_pos;
+  }
 };
 
 // Entries a sequence's block table on one device gains: blocks

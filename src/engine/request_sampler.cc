@@ -78,13 +78,8 @@ int32_t RequestSampler::Draw(const float* logits, int vocab, std::span<const int
   if (controls_.active() || constraint_) {
     scratch_.assign(logits, logits + vocab);
     Apply(vocab, tokens, prompt_len, stop_ids);
-    if (constraint_) {
-      constraint_->Allowed(tokens.subspan(std::min<size_t>(prompt_len, tokens.size())), &allowed_);
-      for (int t = 0; t < vocab; ++t) {
-        if (t >= static_cast<int>(allowed_.size()) || !allowed_[t])
-          scratch_[t] = -std::numeric_limits<float>::infinity();
-      }
-    }
+    if (constraint_)
+      constraint_->Mask(tokens.subspan(std::min<size_t>(prompt_len, tokens.size())), scratch_);
     token = sampler->Sample(scratch_.data(), vocab, params_, counter);
   } else {
     token = sampler->Sample(logits, vocab, params_, counter);

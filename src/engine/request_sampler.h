@@ -59,9 +59,9 @@ struct LogitControls {
 class TokenConstraint {
  public:
   virtual ~TokenConstraint() = default;
-  // (*allowed)[t] != 0 for every token t that may follow `output`; at least
-  // one is allowed.
-  virtual void Allowed(std::span<const int32_t> output, std::vector<uint8_t>* allowed) = 0;
+  // Sets logits[t] to -infinity for every token t that may not follow
+  // `output`; at least one token keeps its logit.
+  virtual void Mask(std::span<const int32_t> output, std::span<float> logits) = 0;
 };
 
 // The log-softmax of `logits` [vocab] at `token`, and its `top` best tokens,
@@ -99,7 +99,6 @@ class RequestSampler {
   LogitControls controls_;
   int logprobs_;
   std::shared_ptr<TokenConstraint> constraint_;
-  std::vector<uint8_t> allowed_;
   // Output tokens counted so far, and how often each came (penalties);
   // with a repetition penalty, every token of the prompt or the output.
   int counted_ = 0;

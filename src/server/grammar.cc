@@ -1,6 +1,7 @@
 #include "server/grammar.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "common/check.h"
 
@@ -152,7 +153,7 @@ TokenTrie::TokenTrie(const Tokenizer& tokenizer) : vocab_(tokenizer.vocab_size()
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTrie> trie)
     : grammar_(std::move(grammar)), trie_(std::move(trie)) {}
 
-std::shared_ptr<const std::vector<uint8_t>> CompiledGrammar::Mask(
+std::shared_ptr<const CompiledGrammar::TokenMask> CompiledGrammar::Mask(
     const Grammar::Stacks& state) const {
   std::string key;
   for (const auto& s : state) {
@@ -164,7 +165,8 @@ std::shared_ptr<const std::vector<uint8_t>> CompiledGrammar::Mask(
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
   }
-  auto mask = std::make_shared<std::vector<uint8_t>>(trie_->vocab_size(), 0);
+  auto mask = std::make_shared<TokenMask>();
+  mask->allowed.assign(trie_->vocab_size(), 0);
   const auto& nodes = trie_->nodes();
   // Depth first through the trie, a state per level: a subtree is skipped at
   // the first byte the grammar refuses.
@@ -180,7 +182,8 @@ std::shared_ptr<const std::vector<uint8_t>> CompiledGrammar::Mask(
     for (const auto& [byte, child] : nodes[f.node].children) {
       Grammar::Stacks next = grammar_.Advance(f.state, byte);
       if (next.empty()) continue;
-      for (int32_t t : nodes[child].tokens) (*mask)[t] = 1;
+      for (int32_t t : nodes[child].tokens) mask->allowed[t] = 1;
+      mask->any |= !nodes[child].tokens.empty();
       if (!nodes[child].children.empty()) todo.push_back({child, std::move(next)});
     }
   }
@@ -203,7 +206,7 @@ GrammarConstraint::GrammarConstraint(std::shared_ptr<const CompiledGrammar> gram
       stop_ids_(std::move(stop_ids)),
       state_(grammar_->grammar().Start()) {}
 
-void GrammarConstraint::Allowed(std::span<const int32_t> output, std::vector<uint8_t>* allowed) {
+void GrammarConstraint::Mask(std::span<const int32_t> output, std::span<float> logits) {
   const Grammar& g = grammar_->grammar();
   const TokenTrie& trie = grammar_->trie();
   for (; consumed_ < output.size(); ++consumed_) {
@@ -211,27 +214,24 @@ void GrammarConstraint::Allowed(std::span<const int32_t> output, std::vector<uin
     if (t < 0 || t >= trie.vocab_size()) continue;
     for (unsigned char c : trie.bytes(t)) state_ = g.Advance(state_, c);
   }
-  const int vocab = trie.vocab_size();
-  if (state_.empty()) {
-    allowed->assign(vocab, 0);
-  } else {
-    auto mask = grammar_->Mask(state_);
-    allowed->assign(mask->begin(), mask->end());
-  }
+  const auto mask = state_.empty() ? nullptr : grammar_->Mask(state_);
+  const bool any = mask && mask->any;
   // Once the output is whole it may end; a dead end (a vocabulary that
   // cannot spell what the grammar needs) ends too rather than wander.
-  bool any = false;
-  for (uint8_t a : *allowed) any |= a != 0;
+  std::vector<std::pair<int32_t, float>> ends;
   if (Grammar::Accepting(state_) || !any) {
     for (int32_t s : stop_ids_) {
-      if (s >= 0 && s < vocab) {
-        (*allowed)[s] = 1;
-        any = true;
-      }
+      if (s >= 0 && s < static_cast<int32_t>(logits.size())) ends.emplace_back(s, logits[s]);
     }
   }
   // No way on and no way to end: the constraint lets go.
-  if (!any) allowed->assign(vocab, 1);
+  if (!any && ends.empty()) return;
+  const int n = static_cast<int>(std::min(logits.size(), mask ? mask->allowed.size() : 0));
+  for (int t = 0; t < n; ++t) {
+    if (!mask->allowed[t]) logits[t] = -std::numeric_limits<float>::infinity();
+  }
+  for (size_t t = n; t < logits.size(); ++t) logits[t] = -std::numeric_limits<float>::infinity();
+  for (const auto& [t, l] : ends) logits[t] = l;
 }
 
 Result<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(

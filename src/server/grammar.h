@@ -105,8 +105,12 @@ class CompiledGrammar {
   CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTrie> trie);
   const Grammar& grammar() const { return grammar_; }
   const TokenTrie& trie() const { return *trie_; }
-  // Tokens whose bytes the state accepts, as a mask [vocab].
-  std::shared_ptr<const std::vector<uint8_t>> Mask(const Grammar::Stacks& state) const;
+  // Tokens whose bytes the state accepts: allowed[t] != 0; `any` if one is.
+  struct TokenMask {
+    std::vector<uint8_t> allowed;  // [vocab]
+    bool any = false;
+  };
+  std::shared_ptr<const TokenMask> Mask(const Grammar::Stacks& state) const;
   // States computed and served from the cache so far.
   int64_t masks_computed() const;
 
@@ -114,7 +118,7 @@ class CompiledGrammar {
   const Grammar grammar_;
   const std::shared_ptr<const TokenTrie> trie_;
   mutable std::mutex mu_;
-  mutable std::unordered_map<std::string, std::shared_ptr<const std::vector<uint8_t>>> cache_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> cache_;
   mutable int64_t computed_ = 0;
 };
 
@@ -123,7 +127,7 @@ class CompiledGrammar {
 class GrammarConstraint : public TokenConstraint {
  public:
   GrammarConstraint(std::shared_ptr<const CompiledGrammar> grammar, std::vector<int32_t> stop_ids);
-  void Allowed(std::span<const int32_t> output, std::vector<uint8_t>* allowed) override;
+  void Mask(std::span<const int32_t> output, std::span<float> logits) override;
 
  private:
   std::shared_ptr<const CompiledGrammar> grammar_;

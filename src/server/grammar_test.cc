@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/rng.h"
@@ -160,15 +161,44 @@ TEST(JsonSchemaGrammar, MasksAreEveryTokenTheStateAccepts) {
         s = g.Advance(s, c);
         ok = !s.empty();
       }
-      EXPECT_EQ((*mask)[t] != 0, ok) << "prefix '" << prefix << "' token " << t << " '" << b << "'";
+      EXPECT_EQ(mask->allowed[t] != 0, ok)
+          << "prefix '" << prefix << "' token " << t << " '" << b << "'";
       allowed += ok;
     }
     EXPECT_GT(allowed, 0) << prefix;
+    EXPECT_EQ(mask->any, allowed > 0);
   }
   // The same state again comes from the cache.
   const int64_t computed = compiled->masks_computed();
   compiled->Mask(StateAfter(g, "{"));
   EXPECT_EQ(compiled->masks_computed(), computed);
+}
+
+// A request's constraint masks its row: first what the grammar allows, then,
+// once the text is whole, only the stop tokens.
+TEST(JsonSchemaGrammar, AConstraintLeavesOnlyTheStopsOnceWhole) {
+  auto tok = std::move(Tokenizer::LoadDir(TestModelDir())).value();
+  auto trie = std::make_shared<const TokenTrie>(*tok);
+  int32_t one = -1;
+  for (int t = 0; t < trie->vocab_size() && one < 0; ++t) {
+    if (trie->bytes(t) == "7") one = t;
+  }
+  ASSERT_GE(one, 0) << "the test vocabulary spells no 7";
+  const int32_t stop = tok->vocab_size() - 1;
+  GrammarConstraint c(std::make_shared<const CompiledGrammar>(
+                          Compile(nlohmann::ordered_json::parse(R"({"const": 7})")), trie),
+                      {stop});
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<float> logits(trie->vocab_size(), 1.0f);
+  std::vector<int32_t> output;
+  c.Mask(output, logits);
+  for (int t = 0; t < trie->vocab_size(); ++t)
+    EXPECT_EQ(logits[t] != kNegInf, trie->bytes(t) == "7") << t;
+  output.push_back(one);
+  logits.assign(trie->vocab_size(), 2.0f);
+  c.Mask(output, logits);
+  for (int t = 0; t < trie->vocab_size(); ++t) EXPECT_EQ(logits[t] != kNegInf, t == stop) << t;
+  EXPECT_EQ(logits[stop], 2.0f);
 }
 
 }  // namespace

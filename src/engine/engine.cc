@@ -14,9 +14,6 @@ namespace {
 // its requests (each retry runs on a fresh collective group).
 constexpr int kMaxStepAttempts = 3;
 
-// Alternatives a request may ask for at each position (OpenAI's limit).
-constexpr int kMaxLogprobs = 20;
-
 const Clock* RealClockInstance() {
   static const RealClock real;
   return &real;

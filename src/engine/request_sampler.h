@@ -18,6 +18,9 @@
 
 namespace failsafe {
 
+// Alternatives a request may ask for at each position (OpenAI's limit).
+constexpr int kMaxLogprobs = 20;
+
 struct TokenLogprob {
   int32_t token = -1;
   float logprob = 0;

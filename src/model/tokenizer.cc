@@ -144,4 +144,30 @@ std::string StreamDecoder::Finish() {
   return text.size() > prefix_text.size() ? text.substr(prefix_text.size()) : std::string();
 }
 
+TokenTexts::TokenTexts(const Tokenizer* tokenizer, const std::vector<int32_t>& context)
+    : tokenizer_(tokenizer) {
+  const size_t keep = std::min<size_t>(context.size(), 4);
+  window_.assign(context.end() - static_cast<ptrdiff_t>(keep), context.end());
+}
+
+std::string TokenTexts::Peek(int32_t id) {
+  if (!base_ready_) {
+    base_ = tokenizer_->Decode(window_, /*skip_special=*/false);
+    base_ready_ = true;
+  }
+  std::vector<int> ids = window_;
+  ids.push_back(id);
+  const std::string text = tokenizer_->Decode(ids, /*skip_special=*/false);
+  if (text.compare(0, base_.size(), base_) == 0) return text.substr(base_.size());
+  return tokenizer_->DecodeOne(id, /*skip_special=*/false);
+}
+
+std::string TokenTexts::Next(int32_t id) {
+  std::string text = Peek(id);
+  window_.push_back(id);
+  if (window_.size() > 4) window_.erase(window_.begin());
+  base_ready_ = false;
+  return text;
+}
+
 }  // namespace failsafe

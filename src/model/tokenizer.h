@@ -119,4 +119,21 @@ class StreamDecoder {
   size_t read_ = 0;    // ids whose text has been returned
 };
 
+// The text each token adds after the tokens before it, for log-probability
+// entries: the chosen token's (Next, which extends the context) and an
+// alternative's at the same position (Peek). Special tokens keep their text.
+// A token that is part of a character gives U+FFFD.
+class TokenTexts {
+ public:
+  TokenTexts(const Tokenizer* tokenizer, const std::vector<int32_t>& context);
+  std::string Next(int32_t id);
+  std::string Peek(int32_t id);
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::vector<int> window_;  // the last few tokens
+  std::string base_;         // their text
+  bool base_ready_ = false;
+};
+
 }  // namespace failsafe

@@ -114,22 +114,15 @@ bool Grammar::Accepting(const Stacks& s) {
 TokenTrie::TokenTrie(const Tokenizer& tokenizer) : vocab_(tokenizer.vocab_size()) {
   bytes_.resize(vocab_);
   nodes_.emplace_back();
-  // A token's text after plain text: decoders drop a leading space at the
-  // start of the text only.
+  // A token's text after plain text ("a"): decoders drop a leading space
+  // at the start of the text only.
   const std::vector<int> plain = tokenizer.Encode("a");
-  const int ref = plain.empty() ? -1 : plain.back();
-  const std::string base = ref >= 0 ? tokenizer.Decode({ref}) : std::string();
+  TokenTexts after(&tokenizer,
+                   plain.empty() ? std::vector<int32_t>{} : std::vector<int32_t>{plain.back()});
   static const std::string kReplacement = "\xEF\xBF\xBD";
   for (int id = 0; id < vocab_; ++id) {
     if (tokenizer.IsSpecial(id)) continue;
-    std::string text;
-    if (ref >= 0) {
-      text = tokenizer.Decode({ref, id});
-      text = text.compare(0, base.size(), base) == 0 ? text.substr(base.size())
-                                                     : tokenizer.DecodeOne(id);
-    } else {
-      text = tokenizer.DecodeOne(id);
-    }
+    const std::string text = after.Peek(id);
     // Part of a character: no bytes of its own.
     if (text.empty() || text.find(kReplacement) != std::string::npos) continue;
     bytes_[id] = text;

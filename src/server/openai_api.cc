@@ -56,8 +56,6 @@ const Param kParams[] = {
     {"return_token_ids", true, true},
 };
 
-// Alternatives a request may ask for at each position.
-constexpr int kMaxTopLogprobs = 20;
 // Choices per request (n, best_of), and prompts per completions request.
 constexpr int kMaxChoices = 128;
 
@@ -212,12 +210,12 @@ std::optional<ApiError> ParseControls(const json& j, bool chat, const Tokenizer&
   LogitControls& c = r->controls;
   if (auto err = Number(j, "presence_penalty", -2, 2, &c.presence_penalty)) return err;
   if (auto err = Number(j, "frequency_penalty", -2, 2, &c.frequency_penalty)) return err;
-  if (j.contains("repetition_penalty") && !j["repetition_penalty"].is_null() &&
-      (!j["repetition_penalty"].is_number() || !(j["repetition_penalty"].get<double>() > 0) ||
-       !std::isfinite(j["repetition_penalty"].get<double>()))) {
-    return Fail("repetition_penalty", "repetition_penalty must be a number > 0 (1: off)");
+  if (j.contains("repetition_penalty") && !j["repetition_penalty"].is_null()) {
+    const json& v = j["repetition_penalty"];
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+      return Fail("repetition_penalty", "repetition_penalty must be a number > 0 (1: off)");
+    c.repetition_penalty = v.get<float>();
   }
-  if (auto err = Number(j, "repetition_penalty", 0, 1e6, &c.repetition_penalty)) return err;
   if (auto err = Number(j, "min_p", 0, 1, &r->sampling.min_p)) return err;
   if (auto err = Integer(j, "min_tokens", 0, 1 << 30, &c.min_tokens)) return err;
   if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
@@ -244,12 +242,12 @@ std::optional<ApiError> ParseControls(const json& j, bool chat, const Tokenizer&
     bool want = false;
     if (auto err = Boolean(j, "logprobs", &want)) return err;
     int top = 0;
-    if (auto err = Integer(j, "top_logprobs", 0, kMaxTopLogprobs, &top)) return err;
+    if (auto err = Integer(j, "top_logprobs", 0, kMaxLogprobs, &top)) return err;
     if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && !want)
       return Fail("top_logprobs", "top_logprobs needs logprobs: true");
     r->logprobs = want ? top : -1;
   } else {
-    if (auto err = Integer(j, "logprobs", 0, kMaxTopLogprobs, &r->logprobs)) return err;
+    if (auto err = Integer(j, "logprobs", 0, kMaxLogprobs, &r->logprobs)) return err;
     if (auto err = Boolean(j, "echo", &r->echo)) return err;
   }
   return std::nullopt;
@@ -257,7 +255,8 @@ std::optional<ApiError> ParseControls(const json& j, bool chat, const Tokenizer&
 
 // tools, tool_choice and parallel_tool_calls (chat). A forced call
 // (required, or a named function) becomes a JSON schema the output follows.
-std::optional<ApiError> ParseTools(const json& j, const std::string& body, CompletionRequest* r) {
+std::optional<ApiError> ParseTools(const json& j, const nlohmann::ordered_json& ordered,
+                                   CompletionRequest* r) {
   const bool has_tools = j.contains("tools") && !j["tools"].is_null();
   if (j.contains("parallel_tool_calls") && !j["parallel_tool_calls"].is_null()) {
     if (!j["parallel_tool_calls"].is_boolean())
@@ -270,7 +269,7 @@ std::optional<ApiError> ParseTools(const json& j, const std::string& body, Compl
     return std::nullopt;
   }
   // In the body's order: the template and the schemas see them as written.
-  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(body)["tools"];
+  const nlohmann::ordered_json& tools = ordered["tools"];
   if (!tools.is_array() || tools.empty() || tools.size() > 128)
     return Fail("tools", "tools must be a list of 1 to 128 functions");
   std::set<std::string> names;
@@ -358,6 +357,14 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
   if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string())
     return Fail("user", "user must be a string");
 
+  // The body with its keys in order, where order matters (the chat
+  // template's messages and tools, a schema's properties): parsed once, if
+  // needed.
+  std::optional<nlohmann::ordered_json> ordered_body;
+  auto ordered = [&]() -> const nlohmann::ordered_json& {
+    if (!ordered_body) ordered_body = nlohmann::ordered_json::parse(body);
+    return *ordered_body;
+  };
   CompletionRequest r;
   r.chat = chat;
   if (j.contains("model") && !j["model"].is_null()) {
@@ -378,8 +385,7 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
                                                  "tool"};
     // The model's chat template sees the messages with their keys in order
     // and every content as a string; a prompt past the context stops there.
-    nlohmann::ordered_json messages =
-        nlohmann::ordered_json::parse(body, nullptr, false)["messages"];
+    nlohmann::ordered_json messages = ordered()["messages"];
     for (auto& m : messages) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
           !kRoles.count(m["role"].get<std::string>())) {
@@ -410,7 +416,7 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       if (auto err = MessageText(m["content"], &text)) return err;
       m["content"] = std::move(text);
     }
-    if (auto err = ParseTools(j, body, &r)) return err;
+    if (auto err = ParseTools(j, ordered(), &r)) return err;
     auto prompt =
         ApplyChatTemplate(tok, messages, /*add_generation_prompt=*/true, max_model_len, r.tools);
     if (!prompt.ok()) return Fail("messages", prompt.status().message());
@@ -528,8 +534,7 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
     if (!forced_call && type == "json_object") r.json_object = true;
     if (!forced_call && type == "json_schema") {
       // In the body's order: properties are written in the schema's order.
-      r.json_schema =
-          nlohmann::ordered_json::parse(body)["response_format"]["json_schema"]["schema"].dump();
+      r.json_schema = ordered()["response_format"]["json_schema"]["schema"].dump();
     }
   }
   if (auto err = Boolean(j, "return_token_ids", &r.return_token_ids)) return err;
@@ -675,32 +680,6 @@ bool MayBeToolCall(std::string_view text) {
     if (t.substr(0, n) == m.substr(0, n)) return true;
   }
   return false;
-}
-
-TokenTexts::TokenTexts(const Tokenizer* tokenizer, const std::vector<int32_t>& context)
-    : tokenizer_(tokenizer) {
-  const size_t keep = std::min<size_t>(context.size(), 4);
-  window_.assign(context.end() - static_cast<ptrdiff_t>(keep), context.end());
-}
-
-std::string TokenTexts::Peek(int32_t id) {
-  if (!base_ready_) {
-    base_ = tokenizer_->Decode(window_, /*skip_special=*/false);
-    base_ready_ = true;
-  }
-  std::vector<int> ids = window_;
-  ids.push_back(id);
-  const std::string text = tokenizer_->Decode(ids, /*skip_special=*/false);
-  if (text.compare(0, base_.size(), base_) == 0) return text.substr(base_.size());
-  return tokenizer_->DecodeOne(id, /*skip_special=*/false);
-}
-
-std::string TokenTexts::Next(int32_t id) {
-  std::string text = Peek(id);
-  window_.push_back(id);
-  if (window_.size() > 4) window_.erase(window_.begin());
-  base_ready_ = false;
-  return text;
 }
 
 }  // namespace failsafe

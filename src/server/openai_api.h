@@ -121,20 +121,4 @@ std::optional<std::vector<ToolCall>> ParseToolCalls(const std::string& text, std
 // stream holds it back until it knows).
 bool MayBeToolCall(std::string_view text);
 
-// The text each token adds after the tokens before it, for log-probability
-// entries: the chosen token's (Next, which extends the context) and an
-// alternative's at the same position (Peek). Special tokens keep their text.
-class TokenTexts {
- public:
-  TokenTexts(const Tokenizer* tokenizer, const std::vector<int32_t>& context);
-  std::string Next(int32_t id);
-  std::string Peek(int32_t id);
-
- private:
-  const Tokenizer* tokenizer_;
-  std::vector<int> window_;  // the last few tokens
-  std::string base_;         // their text
-  bool base_ready_ = false;
-};
-
 }  // namespace failsafe

@@ -68,10 +68,15 @@ class LogprobsOut {
       tokens_.push_back(text);
       token_logprobs_.push_back(lp ? json(lp->logprob) : json(nullptr));
       if (lp) {
+        // As vLLM: the chosen token is always among them. Tokens of one
+        // text share a key, which keeps the likeliest's figure: the top
+        // entry stays the position's best (a harness's greedy check).
         json dict = json::object();
-        for (auto& t : top) dict[t[0].get<std::string>()] = t[1];
-        // As vLLM: the chosen token is always among them.
-        dict[text] = lp->logprob;
+        auto put = [&](const std::string& key, float v) {
+          if (!dict.contains(key) || dict[key].get<float>() < v) dict[key] = v;
+        };
+        for (auto& t : top) put(t[0].get<std::string>(), t[1].get<float>());
+        put(text, lp->logprob);
         top_logprobs_.push_back(std::move(dict));
       } else {
         top_logprobs_.push_back(nullptr);

@@ -22,6 +22,7 @@ CommandFn RegisterSlowBench(CLI::App& app);
 CommandFn RegisterStallBench(CLI::App& app);
 CommandFn RegisterSoak(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
+CommandFn RegisterRouter(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterSimulate(CLI::App& app);
 CommandFn RegisterTokenize(CLI::App& app);

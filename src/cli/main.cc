@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
       "convert a llama2.c checkpoint and its SentencePiece tokenizer to Hugging Face layout",
       RegisterConvertLlama2c);
   add("serve", "serve an OpenAI-compatible API", RegisterServe);
+  add("router",
+      "an OpenAI-compatible front over several serve nodes that resumes a request on "
+      "another node when its node fails",
+      RegisterRouter);
   add("bench", "replay a trace against a running server and report latency percentiles",
       RegisterBench);
   add("generate", "generate text for one prompt", RegisterGenerate);

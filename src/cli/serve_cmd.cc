@@ -18,6 +18,7 @@
 #include "cli/default_model.h"
 #include "cli/engine_flags.h"
 #include "cli/model_cache.h"
+#include "cli/signal_wait.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "model/tokenizer.h"
@@ -26,42 +27,6 @@
 namespace failsafe {
 
 namespace {
-
-// SIGTERM and SIGINT wake the main thread through a pipe (write is
-// async-signal-safe), whatever the HTTP threads are doing.
-int g_signal_pipe[2] = {-1, -1};
-
-void OnSignal(int sig) {
-  const int saved = errno;
-  const char c = static_cast<char>(sig);
-  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
-  errno = saved;
-}
-
-Status InstallSignalPipe() {
-  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-    return Internal("pipe: {}", std::strerror(errno));
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
-  return Status::Ok();
-}
-
-// Written to the pipe when the drain is over.
-constexpr int kDrained = 0x7f;
-
-// Blocks until a signal (or kDrained) arrives; returns it.
-int WaitForSignal() {
-  while (true) {
-    pollfd p{g_signal_pipe[0], POLLIN, 0};
-    if (::poll(&p, 1, -1) < 0 && errno != EINTR) return SIGTERM;
-    char c = 0;
-    if (::read(g_signal_pipe[0], &c, 1) == 1) return c;
-  }
-}
 
 // The engine stops with its devices. A step on a hung device may not end for
 // a long time: past a bound, exit anyway; the devices go with this process
@@ -241,22 +206,8 @@ CommandFn RegisterServe(CLI::App& app) {
                 o->dev.placement.c_str(), o->dev.recovery.c_str(),
                 opts.enable_admin ? ", admin enabled" : "");
     std::fflush(stdout);
-    const int sig = WaitForSignal();
-    // Drain on its own thread, so that a second signal stops at once.
-    std::printf("%s: draining (up to %g s for requests in flight)\n", strsignal(sig),
-                o->drain_timeout);
-    std::fflush(stdout);
-    int cut = 0;
-    std::thread drain([&] {
-      cut = server->Drain(static_cast<int64_t>(o->drain_timeout * 1000));
-      OnSignal(kDrained);
-    });
-    while (WaitForSignal() != kDrained) {
-      std::printf("second signal: stopping now\n");
-      std::fflush(stdout);
-      server->Stop();
-    }
-    drain.join();
+    const int cut = DrainOnSignal(
+        o->drain_timeout, [&](int64_t ms) { return server->Drain(ms); }, [&] { server->Stop(); });
     server.reset();
     std::printf("HTTP stopped (%d requests cut short); stopping the devices\n", cut);
     std::fflush(stdout);

@@ -233,14 +233,27 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
     choices_ = std::move(choices);
     const int resumed = static_cast<int>(req_.resume_token_ids.size());
     for (Choice& c : choices_) {
-      // A resumed request's text goes on from the text already sent.
       std::vector<int32_t> prompt = req_.prompts[c.prompt];
-      prompt.insert(prompt.end(), req_.resume_token_ids.begin(), req_.resume_token_ids.end());
       c.generated = resumed;
-      c.text =
-          std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens, prompt,
-                                       std::max(0, req_.controls.min_tokens - resumed));
+      c.text = std::make_unique<TextStream>(ctx_.tokenizer, req_.stop, req_.skip_special_tokens,
+                                            prompt, req_.controls.min_tokens);
       c.holding = chat_ && req_.tool_choice != "none";
+      // A resumed request's tokens go through the text stream as the first
+      // node's did, unsent: bytes it held back (a character cut between
+      // tokens, a possible stop string, a possible tool call) are held here
+      // too, and the text goes on exactly where the text already sent ends.
+      if (resumed > 0) {
+        std::string replayed;
+        for (int32_t t : req_.resume_token_ids) replayed += c.text->Add(t);
+        if (req_.stream && c.holding) {
+          c.held = std::move(replayed);
+          if (req_.tool_choice == "auto" && !MayBeToolCall(c.held)) {
+            c.holding = false;
+            c.held.clear();
+          }
+        }
+      }
+      prompt.insert(prompt.end(), req_.resume_token_ids.begin(), req_.resume_token_ids.end());
       if (req_.logprobs >= 0) {
         c.logprobs = std::make_unique<LogprobsOut>(chat_, ctx_.tokenizer,
                                                    req_.echo ? std::vector<int32_t>{} : prompt);

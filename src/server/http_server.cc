@@ -133,10 +133,13 @@ Status HttpServer::Start() {
   ctx.tokenizer = m.tokenizer;
   ctx.options = &m.shared->options;
   ctx.http_metrics = &m.shared->metrics;
-  ctx.grammars = std::make_shared<GrammarCache>(m.tokenizer);
+  if (m.tokenizer) ctx.grammars = std::make_shared<GrammarCache>(m.tokenizer);
   ctx.run_admin = [this](std::function<void()> fn) { asio::post(impl_->admin, std::move(fn)); };
-  AddApiRoutes(ctx, &m.shared->router);
-  AddCompletionRoutes(ctx, &m.shared->router);
+  // Without an engine (the fleet router) only the embedding program's routes.
+  if (m.service) {
+    AddApiRoutes(ctx, &m.shared->router);
+    AddCompletionRoutes(ctx, &m.shared->router);
+  }
 
   // An address, or a name to resolve ("localhost").
   boost::system::error_code ec;

@@ -50,7 +50,8 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  // `service` and `tokenizer` must outlive the server.
+  // `service` and `tokenizer` must outlive the server. Without them (null)
+  // the server has only the routes added with AddRoute.
   HttpServer(EngineService* service, const Tokenizer* tokenizer, const ServerOptions& options);
   ~HttpServer();  // Stop()
   HttpServer(const HttpServer&) = delete;

@@ -1,0 +1,59 @@
+#include "router/chunk_edit.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace failsafe {
+namespace {
+
+TEST(ChunkEdit, TokenIdsAreReadAndStripped) {
+  const std::string chunk =
+      R"({"choices":[{"finish_reason":null,"index":0,"text":"a \"token_ids\":[9]","token_ids":[5,17,2]}],"created":1,"id":"cmpl-1","model":"tiny"})";
+  std::vector<int32_t> ids;
+  ASSERT_EQ(AppendChunkTokenIds(chunk, &ids), 3);
+  EXPECT_EQ(ids, (std::vector<int32_t>{5, 17, 2}));
+  std::string s = chunk;
+  StripTokenIds(&s);
+  const auto j = nlohmann::json::parse(s);
+  EXPECT_FALSE(j["choices"][0].contains("token_ids"));
+  EXPECT_EQ(j["choices"][0]["text"], "a \"token_ids\":[9]");
+
+  std::string first = R"({"token_ids":[],"x":1})";
+  ids.clear();
+  EXPECT_EQ(AppendChunkTokenIds(first, &ids), 0);
+  StripTokenIds(&first);
+  EXPECT_EQ(first, R"({"x":1})");
+  EXPECT_EQ(AppendChunkTokenIds(R"({"token_ids":[1,"a"]})", &ids), std::nullopt);
+  EXPECT_EQ(AppendChunkTokenIds(R"({"token_ids":[1,)", &ids), std::nullopt);
+}
+
+TEST(ChunkEdit, TopLevelIdIsReplacedNotANestedOne) {
+  std::string s =
+      R"({"choices":[{"delta":{"tool_calls":[{"id":"call_1"}]}}],"id":"chatcmpl-2","x":"\"id\":\"no\""})";
+  EXPECT_EQ(TopLevelString(s, "id"), "\"chatcmpl-2\"");
+  ASSERT_TRUE(ReplaceTopLevelString(&s, "id", "\"chatcmpl-1\""));
+  const auto j = nlohmann::json::parse(s);
+  EXPECT_EQ(j["id"], "chatcmpl-1");
+  EXPECT_EQ(j["choices"][0]["delta"]["tool_calls"][0]["id"], "call_1");
+  EXPECT_EQ(j["x"], "\"id\":\"no\"");
+  std::string none = R"({"choices":[{"id":"x"}]})";
+  EXPECT_FALSE(ReplaceTopLevelString(&none, "id", "\"y\""));
+}
+
+TEST(ChunkEdit, SseEventsAreSplitWhenWhole) {
+  std::string buf = "data: {\"a\":1}\n\ndata: [DONE]\n\n: comment\n\ndata: {\"b\"";
+  auto events = TakeSseData(&buf);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0], "{\"a\":1}");
+  EXPECT_EQ(events[1], "[DONE]");
+  EXPECT_EQ(buf, "data: {\"b\"");
+  buf += ":2}\r\n\r\n";
+  events = TakeSseData(&buf);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0], "{\"b\":2}");
+  EXPECT_TRUE(buf.empty());
+}
+
+}  // namespace
+}  // namespace failsafe

@@ -1,0 +1,219 @@
+// The fleet router over in-process nodes (each a real engine with device
+// processes and its own HTTP server): streams and answers as a node gives
+// them, and a node that dies mid-stream costs the client nothing: the stream
+// goes on, on another node, with the fault-free text. Real `serve` processes
+// killed, stopped and restarted: tests/python/fleet_router.py.
+#include "router/router.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "server/test_server.h"
+
+namespace failsafe {
+namespace {
+
+using json = nlohmann::json;
+
+RouterOptions Options(const std::vector<const TestServer*>& nodes) {
+  RouterOptions o;
+  for (const TestServer* n : nodes) o.nodes.push_back("127.0.0.1:" + std::to_string(n->port()));
+  o.server.port = 0;
+  o.pool.health_interval_ms = 100;
+  o.pool.health_timeout_ms = 500;
+  return o;
+}
+
+struct StreamResult {
+  std::string text;
+  std::vector<int> ids;  // when asked for
+  std::set<std::string> response_ids;
+  int completion_tokens = -1;
+  bool done = false, error = false;
+  bool role_twice = false;
+};
+
+StreamResult Collect(const std::vector<std::string>& events, bool chat) {
+  StreamResult r;
+  int roles = 0;
+  for (const std::string& e : events) {
+    if (e == "[DONE]") {
+      r.done = true;
+      continue;
+    }
+    json j = json::parse(e);
+    if (j.contains("error")) r.error = true;
+    if (j.contains("id")) r.response_ids.insert(j["id"].get<std::string>());
+    if (j.contains("usage") && j["usage"].is_object())
+      r.completion_tokens = j["usage"]["completion_tokens"];
+    if (!j.contains("choices")) continue;
+    for (const json& c : j["choices"]) {
+      if (chat) {
+        if (c["delta"].contains("role")) ++roles;
+        if (c["delta"].contains("content")) r.text += c["delta"]["content"].get<std::string>();
+      } else {
+        r.text += c["text"].get<std::string>();
+      }
+      if (c.contains("token_ids"))
+        for (int t : c["token_ids"]) r.ids.push_back(t);
+    }
+  }
+  r.role_twice = roles > 1;
+  return r;
+}
+
+json Completion(bool chat, double temperature, int max_tokens) {
+  json b = {{"max_tokens", max_tokens},
+            {"temperature", temperature},
+            {"ignore_eos", true},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}}};
+  if (chat) {
+    b["messages"] = {{{"role", "user"}, {"content", "Tell a story about a node that failed."}}};
+  } else {
+    b["prompt"] = "Once upon a time a node failed and";
+  }
+  if (temperature > 0) b["seed"] = 11;
+  return b;
+}
+
+std::string Path(bool chat) { return chat ? "/v1/chat/completions" : "/v1/completions"; }
+
+TEST(FleetRouter, StreamsAndAnswersAsANodeDoes) {
+  TestServerOptions two;
+  two.devices = 2;
+  TestServer a(two), b(two);
+  FleetRouter router(Options({&a, &b}));
+  ASSERT_TRUE(router.Start().ok());
+  for (bool chat : {false, true}) {
+    const json body = Completion(chat, 0.8, 24);
+    const StreamResult direct = Collect(StreamEvents(a.port(), Path(chat), body), chat);
+    const StreamResult routed = Collect(StreamEvents(router.port(), Path(chat), body), chat);
+    ASSERT_TRUE(direct.done);
+    EXPECT_TRUE(routed.done);
+    EXPECT_FALSE(routed.error);
+    EXPECT_EQ(routed.text, direct.text);
+    EXPECT_EQ(routed.completion_tokens, 24);
+    EXPECT_TRUE(routed.ids.empty()) << "ids the client did not ask for";
+    EXPECT_EQ(routed.response_ids.size(), 1u);
+    // Not streamed: the node's answer as it is.
+    json whole = body;
+    whole["stream"] = false;
+    whole.erase("stream_options");
+    httplib::Client c("127.0.0.1", router.port());
+    auto r = c.Post(Path(chat), whole.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    const json j = json::parse(r->body);
+    EXPECT_EQ(chat ? j["choices"][0]["message"]["content"] : j["choices"][0]["text"], direct.text);
+  }
+  // A request the nodes refuse is refused as they refuse it, and not retried.
+  httplib::Client c("127.0.0.1", router.port());
+  auto bad = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": -1})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(bad->body.find("max_tokens"), std::string::npos);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(json::parse(health->body)["nodes_healthy"], 2);
+  for (int i = 0; i < static_cast<int>(ResumeCause::kCount); ++i)
+    EXPECT_EQ(router.counters().resumed[i], 0) << ResumeCauseName(static_cast<ResumeCause>(i));
+}
+
+// The node a stream is on stops (its server closes every connection) after
+// some tokens: the stream goes on elsewhere with the same text, one id, the
+// assistant's role once, and usage counted as for one request.
+TEST(FleetRouter, AStreamWhoseNodeDiesGoesOnElsewhereWithTheSameText) {
+  TestServerOptions two, three;
+  two.devices = 2;
+  three.devices = 3;
+  for (bool chat : {false, true}) {
+    for (double temperature : {0.0, 0.8}) {
+      TestServer a(two), b(three), reference(two);
+      FleetRouter router(Options({&a, &b}));
+      ASSERT_TRUE(router.Start().ok());
+      json body = Completion(chat, temperature, 40);
+      body["return_token_ids"] = true;
+      const StreamResult direct = Collect(StreamEvents(reference.port(), Path(chat), body), chat);
+      ASSERT_TRUE(direct.done);
+      bool killed = false;
+      const auto events = StreamEvents(router.port(), Path(chat), body, 0, [&](int n) {
+        if (n != 12 || killed) return;
+        const auto nodes = router.Nodes();
+        TestServer* victim = nodes[0].in_flight > 0 ? &a : &b;
+        victim->server->Stop();
+        killed = true;
+      });
+      const StreamResult routed = Collect(events, chat);
+      EXPECT_TRUE(killed);
+      EXPECT_TRUE(routed.done) << "chat " << chat << " t " << temperature;
+      EXPECT_FALSE(routed.error);
+      EXPECT_EQ(routed.text, direct.text) << "chat " << chat << " t " << temperature;
+      EXPECT_EQ(routed.ids, direct.ids);
+      EXPECT_EQ(routed.completion_tokens, 40);
+      EXPECT_EQ(routed.response_ids.size(), 1u);
+      EXPECT_FALSE(routed.role_twice);
+      int64_t resumed = 0;
+      for (const auto& r : router.counters().resumed) resumed += r;
+      EXPECT_EQ(resumed, 1);
+    }
+  }
+}
+
+// A sampled stream without a seed is given one, so that it too goes on with
+// the tokens it would have had; with no node left, a clear error.
+TEST(FleetRouter, UnseededStreamsResumeAndNoNodeLeftIsAnError) {
+  TestServerOptions two;
+  two.devices = 2;
+  TestServer a(two), b(two);
+  FleetRouter router(Options({&a, &b}));
+  ASSERT_TRUE(router.Start().ok());
+  json body = Completion(false, 1.0, 30);
+  body.erase("seed");
+  int killed = 0;
+  const auto events = StreamEvents(router.port(), "/v1/completions", body, 0, [&](int n) {
+    if (n == 10 && !killed) {
+      (router.Nodes()[0].in_flight > 0 ? a : b).server->Stop();
+      killed = 1;
+    }
+  });
+  const StreamResult r = Collect(events, false);
+  EXPECT_TRUE(r.done);
+  EXPECT_FALSE(r.error);
+  EXPECT_EQ(r.completion_tokens, 30);
+  a.server->Stop();
+  b.server->Stop();
+  ASSERT_GE(WaitFor(
+                [&] {
+                  return router.Nodes()[0].state == NodeState::kDown &&
+                         router.Nodes()[1].state == NodeState::kDown;
+                },
+                5000),
+            0);
+  httplib::Client c("127.0.0.1", router.port());
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  auto refused = c.Post("/v1/completions", Completion(false, 0, 5).dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_NE(refused->body.find("no node is available"), std::string::npos);
+  json plain = {{"prompt", "x"}, {"max_tokens", 3}};
+  auto r503 = c.Post("/v1/completions", plain.dump(), "application/json");
+  ASSERT_TRUE(r503);
+  EXPECT_EQ(r503->status, 503);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(MetricValue(metrics->body, "failsafe_router_nodes_healthy"), 0);
+  EXPECT_GE(MetricValue(metrics->body, "failsafe_router_requests_failed_total"), 2);
+}
+
+}  // namespace
+}  // namespace failsafe

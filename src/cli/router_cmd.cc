@@ -19,7 +19,7 @@ struct RouterFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   int http_threads = 2;
-  int upstream_threads = 2;
+  int upstream_threads = 1;
   int max_connections = 4096;
   int max_attempts = 3;
   std::string health_interval = "250ms", health_timeout = "750ms";

@@ -166,6 +166,9 @@ void NodePool::OnHealth(int i, int status, bool answered, bool refused) {
     }
     if (n.state == NodeState::kDown && before != NodeState::kDown) {
       if (before != NodeState::kUnknown) ++n.downs;
+      // Its gauges are gone with it (a restarted node starts empty).
+      n.running = n.waiting = n.others = n.kv_usage = 0;
+      n.capacity = 1;
       fail.swap(n.watchers);
     }
     if (!n.checked) {
@@ -215,6 +218,8 @@ void NodePool::OnMetrics(int i, const std::string& text) {
   Node& n = *nodes_[i];
   n.running = running;
   n.waiting = waiting;
+  // What other routers (or clients) have on it, as of this scrape.
+  n.others = std::max(0.0, running + waiting - n.in_flight);
   n.capacity = capacity;
   n.kv_usage = kv;
 }
@@ -241,7 +246,7 @@ int NodePool::Acquire(uint64_t affinity, const std::vector<int>& exclude) {
     for (int i = 0; i < size(); ++i) {
       const Node& n = *nodes_[i];
       if (!allowed(i) || n.state != wanted) continue;
-      const double requests = std::max<double>(n.in_flight, n.running + n.waiting);
+      const double requests = n.in_flight + n.others;
       double load = requests / std::max(n.capacity, 0.05) + n.kv_usage;
       if (i == preferred) load -= options_.affinity_weight;
       if (load < best) {
@@ -260,10 +265,11 @@ void NodePool::Release(int node) {
   --nodes_[node]->in_flight;
 }
 
-void NodePool::ObserveGap(int node, double gap_s) {
+double NodePool::ObserveGap(int node, double gap_s) {
   std::lock_guard<std::mutex> lock(mu_);
   double& g = nodes_[node]->gap_s;
   g = g == 0 ? gap_s : g + kGapWeight * (gap_s - g);
+  return g;
 }
 
 double NodePool::TokenGap(int node) const {

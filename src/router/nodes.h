@@ -12,8 +12,9 @@
 // waiting, capacity, KV-cache use).
 //
 // Choice: among up nodes not excluded, the one with the least load, where
-// load = max(requests the router has on it, its running + waiting gauges)
-// over its capacity, plus its KV-cache use; the request's prefix affinity
+// load = (requests this router has on it, plus what its gauges showed beyond
+// those at the last scrape: other routers' and clients') over its capacity,
+// plus its KV-cache use; the request's prefix affinity
 // (rendezvous hashing on the prompt's start) takes one node's load down by
 // affinity_weight, so requests that share a prefix meet its cache unless that
 // node is busier than the others by more than that.
@@ -79,8 +80,9 @@ class NodePool {
   int Acquire(uint64_t affinity, const std::vector<int>& exclude);
   void Release(int node);
 
-  // A stream's tokens came `gap_s` apart on `node`.
-  void ObserveGap(int node, double gap_s);
+  // A stream's tokens came `gap_s` apart on `node`; returns the node's
+  // measured time between tokens with it.
+  double ObserveGap(int node, double gap_s);
   // The node's measured time between tokens (0 until measured).
   double TokenGap(int node) const;
 
@@ -105,6 +107,7 @@ class NodePool {
     bool checked = false;
     int in_flight = 0;
     double running = 0, waiting = 0, capacity = 1, kv_usage = 0;
+    double others = 0;  // running + waiting less this router's, at the last scrape
     double gap_s = 0;
     int64_t downs = 0;
     std::map<uint64_t, std::function<void()>> watchers;

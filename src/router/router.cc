@@ -243,11 +243,12 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
     }
     if (*n > 0) {
       const int64_t now = MonotonicNanos();
-      if (last_token_ns_ > 0) s_->pool->ObserveGap(node_, (now - last_token_ns_) * 1e-9);
+      const double gap = last_token_ns_ > 0
+                             ? s_->pool->ObserveGap(node_, (now - last_token_ns_) * 1e-9)
+                             : s_->pool->TokenGap(node_);
       last_token_ns_ = now;
-      Arm(std::max<int64_t>(
-          s_->options.stall_floor_ms,
-          static_cast<int64_t>(s_->options.stall_factor * s_->pool->TokenGap(node_) * 1000)));
+      Arm(std::max<int64_t>(s_->options.stall_floor_ms,
+                            static_cast<int64_t>(s_->options.stall_factor * gap * 1000)));
     }
     size_t from = 0;  // ids_ not sent before
     if (!skip_.empty() && *n > 0) {
@@ -358,7 +359,7 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
 
   void LeaveNode() {
     ++gen_;
-    timer_.cancel();
+    deadline_ns_ = 0;
     if (call_) {
       call_->Cancel();
       call_.reset();
@@ -397,15 +398,35 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
     if (over_) return;
     LeaveNode();
     over_ = true;
+    timer_.cancel();
     --s_->counters.in_flight;
   }
 
+  // The stall deadline: `ms` from now. Pushed later on every token without
+  // touching the timer; the timer, when it fires early, waits for the rest.
   void Arm(int64_t ms) {
     if (ms <= 0) return;
-    timer_.expires_after(std::chrono::milliseconds(ms));
-    timer_.async_wait([self = shared_from_this(), gen = gen_, ms](boost::system::error_code ec) {
-      if (ec || gen != self->gen_ || self->over_) return;
-      self->Failover(ResumeCause::kStall, fmt::format("no token within {} ms", ms));
+    const int64_t deadline = MonotonicNanos() + ms * 1000000;
+    const bool sooner = deadline_ns_ == 0 || deadline < deadline_ns_;
+    deadline_ns_ = deadline;
+    stall_ms_ = ms;
+    if (!waiting_) {
+      Wait();
+    } else if (sooner) {
+      timer_.cancel();  // its handler waits again, for the new deadline
+    }
+  }
+
+  void Wait() {
+    waiting_ = true;
+    timer_.expires_after(
+        std::chrono::nanoseconds(std::max<int64_t>(0, deadline_ns_ - MonotonicNanos())));
+    timer_.async_wait([self = shared_from_this()](boost::system::error_code) {
+      self->waiting_ = false;
+      if (self->over_ || self->deadline_ns_ == 0) return;
+      if (self->deadline_ns_ > MonotonicNanos()) return self->Wait();
+      self->deadline_ns_ = 0;
+      self->Failover(ResumeCause::kStall, fmt::format("no token within {} ms", self->stall_ms_));
     });
   }
 
@@ -431,6 +452,9 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
   int status_ = 0;
   std::string content_type_, answer_, busy_answer_, sse_, last_error_ = "none";
   int64_t last_token_ns_ = 0;
+  int64_t deadline_ns_ = 0;  // of the stall timer; 0: none
+  int64_t stall_ms_ = 0;
+  bool waiting_ = false;  // the timer's wait is pending
 
   bool client_started_ = false, sent_any_ = false, over_ = false;
   std::vector<int32_t> sent_ids_, skip_, ids_;

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <csignal>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -213,6 +215,35 @@ TEST(FleetRouter, UnseededStreamsResumeAndNoNodeLeftIsAnError) {
   ASSERT_TRUE(metrics);
   EXPECT_EQ(MetricValue(metrics->body, "failsafe_router_nodes_healthy"), 0);
   EXPECT_GE(MetricValue(metrics->body, "failsafe_router_requests_failed_total"), 2);
+}
+
+// A node whose devices all stop (SIGSTOP) keeps its connections and its
+// health checks but sends no token: past the stall deadline the stream moves.
+TEST(FleetRouter, AStreamWithNoTokenWithinItsDeadlineMoves) {
+  TestServerOptions two;
+  two.devices = 2;
+  TestServer a(two), b(two), reference(two);
+  RouterOptions o = Options({&a, &b});
+  o.stall_floor_ms = 400;
+  FleetRouter router(o);
+  ASSERT_TRUE(router.Start().ok());
+  const json body = Completion(true, 0.7, 40);
+  const StreamResult direct = Collect(StreamEvents(reference.port(), Path(true), body), true);
+  std::vector<pid_t> stopped;
+  const auto events = StreamEvents(router.port(), Path(true), body, 0, [&](int n) {
+    if (n != 10 || !stopped.empty()) return;
+    TestServer& victim = router.Nodes()[0].in_flight > 0 ? a : b;
+    for (pid_t p : victim.worker_pids) {
+      ::kill(p, SIGSTOP);
+      stopped.push_back(p);
+    }
+  });
+  for (pid_t p : stopped) ::kill(p, SIGCONT);
+  const StreamResult routed = Collect(events, true);
+  EXPECT_TRUE(routed.done);
+  EXPECT_EQ(routed.text, direct.text);
+  EXPECT_EQ(routed.completion_tokens, 40);
+  EXPECT_EQ(router.counters().resumed[static_cast<int>(ResumeCause::kStall)], 1);
 }
 
 }  // namespace

@@ -43,8 +43,9 @@ class HAProxy:
         self.port = free_port()
         self.sock = os.path.join(tmp, "haproxy.sock")
         cfg = os.path.join(tmp, "haproxy.cfg")
-        servers = "\n".join(f"  server {name} 127.0.0.1:{port} check"
-                            for name, port in nodes)
+        # A node: a loopback port, or "host:port".
+        servers = "\n".join(f"  server {name} {port if ':' in str(port) else f'127.0.0.1:{port}'}"
+                            " check" for name, port in nodes)
         with open(cfg, "w") as f:
             f.write(f"""global
   maxconn 512

@@ -15,7 +15,7 @@
    the same kill -9 behind HAProxy alone.
 
     python3 bench/router_bench.py --failsafe build/src/cli/failsafe \\
-        [--concurrency 100,500] [--output-len 256] [--rounds 3]
+        [--concurrency 100,500] [--output-len 256] [--rounds 3] [--preset small-llama]
 """
 import argparse
 import json
@@ -73,7 +73,7 @@ def overhead(args, failsafe, model, tmp):
     finally:
         router.stop()
         node.stop()
-    print(f"\nOverhead: router / direct, {args.rounds} rounds alternating, "
+    print(f"\nOverhead: router / direct, {args.preset}, {args.rounds} rounds alternating, "
           f"{args.input_len} prompt + {args.output_len} output tokens per stream, "
           f"node on {args.devices} devices")
     print(f"{'streams':>8} {'served':>13} {'throughput':>11} {'TBT p50':>8} {'TBT p99':>8} "
@@ -136,13 +136,16 @@ def main():
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--preset", default="tiny-llama",
+                    help="the node's model (make-model preset): small-llama (175M) makes the "
+                         "node's compute dominate, as on a real model")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-failures", action="store_true")
     args = ap.parse_args()
     failsafe = os.path.abspath(args.failsafe)
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model")
-        subprocess.run([failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
+        subprocess.run([failsafe, "make-model", "--preset", args.preset, "--out", model,
                         "--seed", "5"], check=True, capture_output=True)
         result = {"overhead": overhead(args, failsafe, model, tmp)}
     if not args.skip_failures:

@@ -37,6 +37,8 @@ struct StreamResult {
   int completion_tokens = -1;
   bool done = false, error = false;
   bool role_twice = false;
+  std::string tool_calls;  // name(arguments) of each call (call ids differ between nodes)
+  std::string finish;
 };
 
 StreamResult Collect(const std::vector<std::string>& events, bool chat) {
@@ -60,6 +62,14 @@ StreamResult Collect(const std::vector<std::string>& events, bool chat) {
       } else {
         r.text += c["text"].get<std::string>();
       }
+      if (chat && c["delta"].contains("tool_calls")) {
+        for (const json& t : c["delta"]["tool_calls"]) {
+          r.tool_calls += t["function"]["name"].get<std::string>() + "(" +
+                          t["function"]["arguments"].get<std::string>() + ")";
+        }
+      }
+      if (c.contains("finish_reason") && !c["finish_reason"].is_null())
+        r.finish = c["finish_reason"];
       if (c.contains("token_ids"))
         for (int t : c["token_ids"]) r.ids.push_back(t);
     }
@@ -244,6 +254,49 @@ TEST(FleetRouter, AStreamWithNoTokenWithinItsDeadlineMoves) {
   EXPECT_EQ(routed.text, direct.text);
   EXPECT_EQ(routed.completion_tokens, 40);
   EXPECT_EQ(router.counters().resumed[static_cast<int>(ResumeCause::kStall)], 1);
+}
+
+// A forced tool call is held back by the node until it is whole; the ids
+// still flow, so a node that dies under it costs nothing: the answer comes
+// whole from the next node, the same as without a failure.
+TEST(FleetRouter, AToolCallHeldBackWhenItsNodeDiesComesWhole) {
+  TestServerOptions two;
+  two.devices = 2;
+  TestServer a(two), b(two), reference(two);
+  FleetRouter router(Options({&a, &b}));
+  ASSERT_TRUE(router.Start().ok());
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "weather", "parameters": {"type": "object",
+     "properties": {"city": {"type": "string", "maxLength": 12},
+     "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}])");
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Bern?"}}}},
+                     {"tools", tools},
+                     {"tool_choice", "required"},
+                     {"max_tokens", 120},
+                     {"temperature", 0.7},
+                     {"seed", 9},
+                     {"stream", true},
+                     {"return_token_ids", true}};
+  const StreamResult direct = Collect(StreamEvents(reference.port(), Path(true), body), true);
+  ASSERT_TRUE(direct.done);
+  // The whole answer comes at the end: a call, or (cut at max_tokens) text.
+  ASSERT_FALSE(direct.tool_calls.empty() && direct.text.empty());
+  bool killed = false;
+  const auto events = StreamEvents(router.port(), Path(true), body, 0, [&](int n) {
+    if (n != 8 || killed) return;
+    (router.Nodes()[0].in_flight > 0 ? a : b).server->Stop();
+    killed = true;
+  });
+  const StreamResult routed = Collect(events, true);
+  EXPECT_TRUE(killed);
+  EXPECT_TRUE(routed.done);
+  EXPECT_EQ(routed.tool_calls, direct.tool_calls);
+  EXPECT_EQ(routed.text, direct.text);
+  EXPECT_EQ(routed.ids, direct.ids);
+  EXPECT_EQ(routed.finish, direct.finish);
+  int64_t resumed = 0;
+  for (const auto& r : router.counters().resumed) resumed += r;
+  EXPECT_EQ(resumed, 1);
 }
 
 }  // namespace

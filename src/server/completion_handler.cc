@@ -365,7 +365,7 @@ class CompletionCall : public std::enable_shared_from_this<CompletionCall> {
       }
     }
     if (req_.stream && (!piece.empty() || (c.logprobs && !c.logprobs->empty()) ||
-                        (req_.return_token_ids && !c.token_ids.empty() && !c.holding))) {
+                        (req_.return_token_ids && !c.token_ids.empty()))) {
       if (chat_) {
         ex_->Write(Chunk(c, json{{"content", piece}}));
       } else {

@@ -295,8 +295,27 @@ def haproxy_compare(args, fleet, tmp, reference, figures):
         ok = whole(recs, reference)
         print(f"     behind HAProxy alone, kill -9 of a node: {len(recs) - ok} of {len(recs)} "
               f"streams lost", flush=True)
-        figures["haproxy_kill9"] = {"streams": len(recs), "lost": len(recs) - ok}
+        figures["haproxy_kill9"] = {"streams": len(recs), "lost": len(recs) - ok,
+                                    "max_gap_s": round(max_gap(recs), 3)}
         fleet.nodes[killed["i"]].start()
+        if not lb.wait_for({"n0": "UP", "n1": "UP", "n2": "UP"}):
+            return
+
+        # A node stopped for 3 s: HAProxy waits on its streams (they are not
+        # lost while the node comes back, but stand still as long).
+        def stop3():
+            running = [metric(h, p, "failsafe_num_requests_running") or 0 for h, p in fleet.hosts]
+            i = running.index(max(running))
+            fleet.nodes[i].signal(signal.SIGSTOP)
+            time.sleep(3)
+            fleet.nodes[i].signal(signal.SIGCONT)
+
+        recs = burst("127.0.0.1", lb.port, stop3)
+        ok = whole(recs, reference)
+        print(f"     behind HAProxy alone, a node stopped for 3 s: {len(recs) - ok} of {len(recs)} "
+              f"streams lost, longest gap {max_gap(recs) * 1e3:.0f} ms", flush=True)
+        figures["haproxy_sigstop3s"] = {"streams": len(recs), "lost": len(recs) - ok,
+                                        "max_gap_s": round(max_gap(recs), 3)}
     finally:
         lb.stop()
 

@@ -59,7 +59,7 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
     return Status::Ok();
   };
   if (!spec.prefilled_output.empty()) {
-    if (!executor_->models_devices())
+    if (!options_.accept_prefilled)
       return InvalidArgument("a prefilled request needs devices that hold its KV already");
     if (!spec.resumed_output.empty())
       return InvalidArgument("a request is either prefilled or resumed");
@@ -253,13 +253,14 @@ StepBatch Engine::BuildBatch(const StepPlan& plan, bool shared_backup) {
 }
 
 std::vector<int32_t> Engine::Sample(const StepPlan& plan, const StepBatch& batch,
-                                    const float* logits,
+                                    const StepOutput& out,
                                     std::vector<std::optional<PositionLogprobs>>* lps) {
   const int vocab = executor_->config().vocab_size;
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
   lps->assign(plan.seqs.size(), std::nullopt);
-  // An executor that models its devices has no logits: it gives the tokens.
-  const std::vector<int32_t>* given = logits ? nullptr : executor_->sampled_tokens();
+  const float* logits = out.logits;
+  // Modelled devices compute no logits: they give the tokens.
+  const int32_t* given = logits ? nullptr : out.tokens;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const StepSeq& st = batch.seqs[i];
     if (st.logits_row < 0) continue;
@@ -267,7 +268,7 @@ std::vector<int32_t> Engine::Sample(const StepPlan& plan, const StepBatch& batch
     // The row of its last position: the one sampled.
     const int last = st.logits_row + st.logits_rows - 1;
     if (given) {
-      if (ss.sample) sampled[i] = (*given)[last];
+      if (ss.sample) sampled[i] = given[last];
       continue;
     }
     const Sequence* s = scheduler_->Find(ss.seq_id);
@@ -356,12 +357,12 @@ Result<StepOutcome> Engine::Step() {
   if (plan.empty()) return out;
   const StepBatch batch = BuildBatch(plan, shared_backup);
   const int64_t started = clock_->NowNanos();
-  auto logits = executor_->Step(batch, &out.timing);
-  if (!logits.ok()) return failed(logits.status());
+  auto produced = executor_->Step(batch, &out.timing);
+  if (!produced.ok()) return failed(produced.status());
   step_failures_ = 0;
   out.ran = true;
   std::vector<std::optional<PositionLogprobs>> lps;
-  const std::vector<int32_t> sampled = Sample(plan, batch, *logits, &lps);
+  const std::vector<int32_t> sampled = Sample(plan, batch, *produced, &lps);
   AfterStep(plan, started);
   scheduler_->Update(plan, sampled);
   for (size_t i = 0; i < plan.seqs.size(); ++i) {

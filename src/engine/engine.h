@@ -51,8 +51,8 @@ struct RequestSpec {
   // Disaggregated serving: a decode instance takes over a request that
   // another instance prefilled. These output tokens follow the prompt (they
   // count towards max_new_tokens), and the KV of every position but the last
-  // arrives with the request. Only an executor that models its devices
-  // (Executor::models_devices) accepts them.
+  // arrives with the request. Only an engine over modelled devices
+  // (EngineOptions::accept_prefilled) accepts them.
   std::vector<int32_t> prefilled_output;
   // Resuming a request another node began (and lost): the output tokens it
   // already generated. They follow the prompt and count towards
@@ -101,6 +101,15 @@ struct EngineOptions {
   // its share back once it runs at normal speed again).
   bool rebalance_slow = false;
   SlowDeviceOptions slow;
+  // A recovery computed its next plan, to which `sequences` live sequences
+  // move. On a real clock that time passes by itself; a simulator advances
+  // its modelled clock by what the work costs (SimExecutor::Configure), so
+  // the replanning time the engine measures on its clock is the modelled one.
+  std::function<void(const Plan& next, int64_t sequences)> on_planned;
+  // Requests may arrive with their prompt's KV already computed
+  // (RequestSpec::prefilled_output): only devices that are modelled rather
+  // than run hold such KV (the simulator's disaggregated serving).
+  bool accept_prefilled = false;
 };
 
 // What the engine holds now, for status pages and gauges: read through
@@ -170,7 +179,7 @@ class Engine {
   // the executor's own tokens where it gives no logits); -1 for the others.
   // With prompt logprobs, those of the step's prompt rows are kept for the
   // request's first token; `lps` gets each drawn token's.
-  std::vector<int32_t> Sample(const StepPlan& plan, const StepBatch& batch, const float* logits,
+  std::vector<int32_t> Sample(const StepPlan& plan, const StepBatch& batch, const StepOutput& out,
                               std::vector<std::optional<PositionLogprobs>>* lps);
   // Prompt logprobs from a chunk's rows before its last (`rows` at `logits`).
   void TakePromptLogprobs(const Sequence* s, const ScheduledSeq& ss, const float* logits, int rows);

@@ -55,6 +55,15 @@ struct ApplyReport {
   int64_t wall_ns = 0;
 };
 
+// What a step produced, valid until the next step: the logits
+// [num_logits_rows, vocab] of devices that compute them; or, from devices
+// that are modelled rather than run (the simulator's, sim/sim_executor.h),
+// one sampled token per logits row.
+struct StepOutput {
+  const float* logits = nullptr;
+  const int32_t* tokens = nullptr;
+};
+
 // A new virtual method here must be forwarded by ExecutorWrapper below and
 // called in fault_injection_test.cc's WrappersForwardEveryMethod.
 class Executor {
@@ -62,18 +71,9 @@ class Executor {
   virtual ~Executor() = default;
   virtual const ModelConfig& config() const = 0;
   virtual const Plan& plan() const = 0;
-  // Runs one step on every active device. Returns the logits
-  // [batch.num_logits_rows, vocab], valid until the next step; or null from
-  // an executor that models its devices, whose sampled_tokens() then holds
-  // the step's tokens.
-  virtual Result<const float*> Step(const StepBatch& batch, StepTiming* timing) = 0;
-  // An executor that models its devices rather than runs them (the
-  // simulator's, sim/sim_executor.h): its steps compute no logits but give
-  // one token per logits row (sampled_tokens, valid until the next step),
-  // and requests may arrive with their prompt's KV already computed
-  // (RequestSpec::prefilled_output).
-  virtual bool models_devices() const { return false; }
-  virtual const std::vector<int32_t>* sampled_tokens() const { return nullptr; }
+  // Runs one step on every active device; what it produced is valid until
+  // the next step.
+  virtual Result<StepOutput> Step(const StepBatch& batch, StepTiming* timing) = 0;
   // Releases sequences' KV on every device.
   virtual Status FreeSeqs(const std::vector<int64_t>& seq_ids) = 0;
   Status FreeSeq(int64_t seq_id) { return FreeSeqs({seq_id}); }
@@ -99,12 +99,6 @@ class Executor {
                                         const DeviceRestores& seqs) {
     return FailedPrecondition("this executor cannot change its plan");
   }
-  // The coordinator computed a plan change (to `next`, with `sequences` live
-  // sequences whose books move to it). On a real clock that time passes by
-  // itself; an executor whose devices and clock are modelled advances its
-  // clock by what the work costs, so the engine's replanning time (which it
-  // measures on its clock) is the modelled one.
-  virtual void ChargePlanning(const Plan& next, int64_t sequences) {}
   // A new device in the place of a dead one (the engine's Rejoin).
   virtual Status SpawnDevice(int device) {
     return FailedPrecondition("this executor has no device processes");
@@ -139,11 +133,9 @@ class ExecutorWrapper : public Executor {
 
   const ModelConfig& config() const override { return inner_->config(); }
   const Plan& plan() const override { return inner_->plan(); }
-  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override {
+  Result<StepOutput> Step(const StepBatch& batch, StepTiming* timing) override {
     return inner_->Step(batch, timing);
   }
-  bool models_devices() const override { return inner_->models_devices(); }
-  const std::vector<int32_t>* sampled_tokens() const override { return inner_->sampled_tokens(); }
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override {
     return inner_->FreeSeqs(seq_ids);
   }
@@ -160,9 +152,6 @@ class ExecutorWrapper : public Executor {
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
                                 const DeviceRestores& seqs) override {
     return inner_->ApplyPlan(next, mode, seqs);
-  }
-  void ChargePlanning(const Plan& next, int64_t sequences) override {
-    inner_->ChargePlanning(next, sequences);
   }
   Status SpawnDevice(int device) override { return inner_->SpawnDevice(device); }
   DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }

@@ -48,9 +48,9 @@ R FaultInjectingExecutor::Forward(ExecutorCall which, Call call) const {
   return r;
 }
 
-Result<const float*> FaultInjectingExecutor::Step(const StepBatch& batch, StepTiming* timing) {
-  return Forward<Result<const float*>>(ExecutorCall::kStep,
-                                       [&] { return inner()->Step(batch, timing); });
+Result<StepOutput> FaultInjectingExecutor::Step(const StepBatch& batch, StepTiming* timing) {
+  return Forward<Result<StepOutput>>(ExecutorCall::kStep,
+                                     [&] { return inner()->Step(batch, timing); });
 }
 
 Status FaultInjectingExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {

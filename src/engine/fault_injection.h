@@ -48,7 +48,7 @@ class FaultInjectingExecutor final : public ExecutorWrapper {
   int injected(ExecutorCall call) const;  // of which failed on purpose
 
   // The calls faults can be injected into; ExecutorWrapper forwards the rest.
-  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
+  Result<StepOutput> Step(const StepBatch& batch, StepTiming* timing) override;
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   Status CheckHealth(int64_t timeout_ms) override;
   Status DrainBackup() override;

@@ -32,13 +32,8 @@ class RecordingExecutor final : public Executor, public DeviceFaults {
   std::map<std::string, int> calls;
   const ModelConfig& config() const override { return Note("config"), config_; }
   const Plan& plan() const override { return Note("plan"), plan_; }
-  Result<const float*> Step(const StepBatch&, StepTiming*) override {
-    Note("Step");
-    return static_cast<const float*>(nullptr);
-  }
-  bool models_devices() const override { return Note("models_devices"), true; }
-  const std::vector<int32_t>* sampled_tokens() const override {
-    return Note("sampled_tokens"), nullptr;
+  Result<StepOutput> Step(const StepBatch&, StepTiming*) override {
+    return Note("Step"), StepOutput{};
   }
   Status FreeSeqs(const std::vector<int64_t>&) override { return Note("FreeSeqs"), Status::Ok(); }
   std::vector<int64_t> kv_capacity_pages() const override {
@@ -58,7 +53,6 @@ class RecordingExecutor final : public Executor, public DeviceFaults {
   Result<ApplyReport> ApplyPlan(const Plan&, RecoveryMode, const DeviceRestores&) override {
     return Note("ApplyPlan"), ApplyReport{};
   }
-  void ChargePlanning(const Plan&, int64_t) override { Note("ChargePlanning"); }
   Status SpawnDevice(int) override { return Note("SpawnDevice"), Status::Ok(); }
   DeviceLoss device_loss(int) const override { return Note("device_loss"), DeviceLoss{}; }
   int device_pid(int) const override { return Note("device_pid"), -1; }
@@ -84,8 +78,6 @@ TEST(ExecutorWrapper, WrappersForwardEveryMethod) {
   (void)e.config();
   (void)e.plan();
   (void)e.Step(StepBatch{}, nullptr);
-  (void)e.models_devices();
-  (void)e.sampled_tokens();
   (void)e.FreeSeqs({});
   (void)e.kv_capacity_pages();
   (void)e.block_size();
@@ -96,15 +88,12 @@ TEST(ExecutorWrapper, WrappersForwardEveryMethod) {
   (void)e.DrainBackup();
   (void)e.KvCapacityFor(plan);
   (void)e.ApplyPlan(plan, RecoveryMode::kFull, {});
-  e.ChargePlanning(plan, 3);
   (void)e.SpawnDevice(0);
   (void)e.device_loss(0);
   (void)e.device_pid(0);
   const std::vector<std::string> methods = {"config",
                                             "plan",
                                             "Step",
-                                            "models_devices",
-                                            "sampled_tokens",
                                             "FreeSeqs",
                                             "kv_capacity_pages",
                                             "block_size",
@@ -115,7 +104,6 @@ TEST(ExecutorWrapper, WrappersForwardEveryMethod) {
                                             "DrainBackup",
                                             "KvCapacityFor",
                                             "ApplyPlan",
-                                            "ChargePlanning",
                                             "SpawnDevice",
                                             "device_loss",
                                             "device_pid"};

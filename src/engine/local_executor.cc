@@ -37,7 +37,7 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   return e;
 }
 
-Result<const float*> LocalExecutor::Step(const StepBatch& batch, StepTiming* timing) {
+Result<StepOutput> LocalExecutor::Step(const StepBatch& batch, StepTiming* timing) {
   LocalCommunicator comm;
   ForwardStats stats;
   int64_t t0 = MonotonicNanos();
@@ -59,7 +59,7 @@ Result<const float*> LocalExecutor::Step(const StepBatch& batch, StepTiming* tim
     timing->segment_max_ns = stats.segment_wall_ns;
   }
   FS_RETURN_IF_ERROR(st);
-  return static_cast<const float*>(logits_.data());
+  return StepOutput{logits_.data(), nullptr};
 }
 
 Status LocalExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {
@@ -105,11 +105,12 @@ Result<GenerateResult> GenerateOne(Executor& exec, Backend& sampler, const std::
     }
     done += n;
     if (o.record_logits) {
-      r.logits.emplace_back(*logits, *logits + c.vocab_size);
+      r.logits.emplace_back(logits->logits, logits->logits + c.vocab_size);
       r.logits_positions.push_back(done - 1);
     }
     if (!last) continue;
-    int tok = sampler.Sample(*logits, c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
+    int tok =
+        sampler.Sample(logits->logits, c.vocab_size, o.sampling, static_cast<uint64_t>(seq.size()));
     r.output_ids.push_back(tok);
     seq.push_back(tok);
     if (std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(), tok) != o.stop_token_ids.end())

@@ -37,7 +37,7 @@ class LocalExecutor final : public Executor {
                                                        const LocalExecutorOptions& options);
   const ModelConfig& config() const override { return config_; }
   const Plan& plan() const override { return device_->plan(); }
-  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
+  Result<StepOutput> Step(const StepBatch& batch, StepTiming* timing) override;
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   std::vector<int64_t> kv_capacity_pages() const override { return {device_->kv().max_pages()}; }
   int block_size() const override { return device_->kv().block_size(); }

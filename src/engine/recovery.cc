@@ -315,7 +315,7 @@ Status Engine::RecoverOnce(RecoveryReport* r) {
     const int64_t t0 = clock_->NowNanos();
     const std::vector<int> alive = executor_->alive_devices();
     Result<Plan> next = NextPlan(executor_->plan(), alive);
-    if (next.ok()) executor_->ChargePlanning(*next, scheduler_->num_running());
+    if (next.ok() && options_.on_planned) options_.on_planned(*next, scheduler_->num_running());
     Result<std::vector<int64_t>> capacity = next.ok() ? CapacityFor(*next) : next.status();
     if (!capacity.ok()) {
       r->replan_ms += MsSince(t0);

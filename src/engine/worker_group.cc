@@ -305,7 +305,7 @@ double WorkerGroup::EstimateSeconds(const StepBatch& batch) const {
   return cost.StepTime();
 }
 
-Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timing) {
+Result<StepOutput> WorkerGroup::Step(const StepBatch& batch, StepTiming* timing) {
   if (batch.num_logits_rows > options_.max_logits_rows) {
     return InvalidArgument("step needs {} logits rows; the group was started with {}",
                            batch.num_logits_rows, options_.max_logits_rows);
@@ -329,7 +329,7 @@ Result<const float*> WorkerGroup::Step(const StepBatch& batch, StepTiming* timin
   const int64_t wall = MonotonicNanos() - t0;
   deadline_.Observe(estimate, wall);
   if (timing) FS_RETURN_IF_ERROR(BuildStepTiming(replies, wall, timing));
-  return static_cast<const float*>(logits_.data());
+  return StepOutput{static_cast<const float*>(logits_.data()), nullptr};
 }
 
 std::vector<int64_t> WorkerGroup::kv_capacity_pages() const {

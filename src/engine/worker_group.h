@@ -112,7 +112,7 @@ class WorkerGroup final : public Executor, public DeviceFaults {
 
   const ModelConfig& config() const override { return config_; }
   const Plan& plan() const override { return plan_; }
-  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
+  Result<StepOutput> Step(const StepBatch& batch, StepTiming* timing) override;
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   std::vector<int64_t> kv_capacity_pages() const override;
   int block_size() const override { return options_.block_size; }

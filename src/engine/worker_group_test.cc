@@ -122,12 +122,13 @@ void ExpectParity(const std::string& preset, int devices, Policy policy, CommKin
     ASSERT_TRUE(group_kv.Fill(&b).ok());
     auto want = (*local)->Step(one, nullptr);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
-    std::vector<float> ref(*want, *want + static_cast<size_t>(b.num_logits_rows) * vocab);
+    std::vector<float> ref(want->logits,
+                           want->logits + static_cast<size_t>(b.num_logits_rows) * vocab);
     StepTiming timing;
     auto got = (*group)->Step(b, &timing);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     for (int r = 0; r < b.num_logits_rows; ++r) {
-      const float* g = *got + static_cast<int64_t>(r) * vocab;
+      const float* g = got->logits + static_cast<int64_t>(r) * vocab;
       const float* w = ref.data() + static_cast<int64_t>(r) * vocab;
       worst = std::max(worst, RowError(g, w, vocab));
       // Bit for bit: partial sums are exact and every kernel batch-invariant.
@@ -219,7 +220,8 @@ TEST(BatchInvariance, ASequencesLogitsDoNotDependOnItsCompany) {
       EXPECT_TRUE(kv.Fill(&b).ok());
       auto l = e.Step(b, nullptr);
       EXPECT_TRUE(l.ok()) << l.status().ToString();
-      rows.emplace_back(*l + static_cast<int64_t>(row) * vocab, *l + (row + 1) * vocab);
+      rows.emplace_back(l->logits + static_cast<int64_t>(row) * vocab,
+                        l->logits + (row + 1) * vocab);
     };
     const std::vector<int> active = e.plan().active;
     auto dp = [&](int i) { return active[i % active.size()]; };

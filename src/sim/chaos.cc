@@ -47,8 +47,8 @@ class ChaosRun {
   // The engine is made here: its before_apply hook needs the run.
   void Start(const SchedulerConfig& sched) {
     EngineOptions eo;
+    exec_->Configure(&eo);
     eo.recovery = o_.recovery;
-    eo.clock = clock_;
     eo.before_apply = [this](int attempt) { BeforeApply(attempt); };
     eo.rebalance_slow = true;  // slow devices get a smaller share, and it back
     engine_ = std::make_unique<Engine>(&faulty_, sched, eo);

@@ -46,8 +46,8 @@ Result<std::unique_ptr<SimInstance>> SimInstance::Create(const InstanceConfig& c
   eo.max_seqs = std::max(1024, 2 * config.sched.max_num_seqs);
   FS_ASSIGN_OR_RETURN(s->executor_, SimExecutor::Create(eo, s->clock_.get()));
   EngineOptions options;
+  s->executor_->Configure(&options);
   options.recovery = config.recovery;
-  options.clock = s->clock_.get();
   options.rebalance_slow = config.rebalance_slow;
   options.speed = {config.hw.peak_flops * config.hw.gemm_efficiency,
                    config.hw.hbm_bytes_per_s * config.hw.bandwidth_efficiency};

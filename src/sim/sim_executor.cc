@@ -107,7 +107,7 @@ Status SimExecutor::FailIfDown(const std::vector<int>& active) {
   return Unavailable("device {} was lost: {}", first, loss.reason);
 }
 
-Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timing) {
+Result<StepOutput> SimExecutor::Step(const StepBatch& batch, StepTiming* timing) {
   FS_RETURN_IF_ERROR(FailIfDown(plan_.active));
   StepPlan& step = step_;  // reused: its vector keeps its capacity
   step.seqs.clear();
@@ -209,7 +209,7 @@ Result<const float*> SimExecutor::Step(const StepBatch& batch, StepTiming* timin
       timing->device_kv_bytes.push_back(kv_slot_tokens_[d] * cost_->KvBytesPerTokenSlot());
     }
   }
-  return static_cast<const float*>(nullptr);
+  return StepOutput{nullptr, tokens_.data()};
 }
 
 Status SimExecutor::FreeSeqs(const std::vector<int64_t>& seq_ids) {
@@ -399,6 +399,14 @@ Status SimExecutor::SetDeviceSpeed(int device, double speed) {
 
 void SimExecutor::ChargePlanning(const Plan& next, int64_t sequences) {
   clock_->Advance(ToNanos(ReplanSeconds(options_.hw, next.shape, sequences)));
+}
+
+void SimExecutor::Configure(EngineOptions* options) {
+  options->clock = clock_;
+  options->on_planned = [this](const Plan& next, int64_t sequences) {
+    ChargePlanning(next, sequences);
+  };
+  options->accept_prefilled = true;
 }
 
 Status SimExecutor::HangDevice(int device, double detect_s) {

@@ -31,7 +31,8 @@
 //     without reaching a collective is hung, as the real hang watch finds
 //     it: declared lost at the deadline, and the step fails. A device merely
 //     slower than its peers, within the deadline, is not;
-//   - re-planning takes the coordinator's modelled time (ChargePlanning).
+//   - re-planning takes the coordinator's modelled time (ChargePlanning,
+//     through the engine's on_planned hook: Configure).
 //
 // Thread-safety: none; the engine thread drives it and the clock advances
 // only through it.
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "engine/engine.h"
 #include "engine/executor.h"
 #include "engine/hang_detector.h"
 #include "engine/kv_backup.h"
@@ -81,9 +83,7 @@ class SimExecutor final : public Executor, public DeviceFaults {
 
   const ModelConfig& config() const override { return options_.model; }
   const Plan& plan() const override { return plan_; }
-  Result<const float*> Step(const StepBatch& batch, StepTiming* timing) override;
-  bool models_devices() const override { return true; }
-  const std::vector<int32_t>* sampled_tokens() const override { return &tokens_; }
+  Result<StepOutput> Step(const StepBatch& batch, StepTiming* timing) override;
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   std::vector<int64_t> kv_capacity_pages() const override { return capacity_; }
   int block_size() const override { return options_.block_size; }
@@ -102,7 +102,11 @@ class SimExecutor final : public Executor, public DeviceFaults {
   Status SetDeviceSpeed(int device, double speed) override;
   // The coordinator's modelled time to compute a plan change
   // (ReplanSeconds) passes on the virtual clock.
-  void ChargePlanning(const Plan& next, int64_t sequences) override;
+  void ChargePlanning(const Plan& next, int64_t sequences);
+  // What an engine over this executor (or over wrappers of it) needs: the
+  // virtual clock, planning charged to it (EngineOptions::on_planned), and
+  // requests that arrive prefilled accepted.
+  void Configure(EngineOptions* options);
   // A new device in its place (alive at once; its weights and KV are priced
   // by the plan change that takes it in).
   Status SpawnDevice(int device) override;

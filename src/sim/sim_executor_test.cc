@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/engine.h"
+#include "engine/fault_injection.h"
+#include "sim/cost_model.h"
 #include "sim/profiles.h"
 
 namespace failsafe {
@@ -133,6 +136,42 @@ TEST(SimExecutor, ADpRankOutsideThePlanIsAnError) {
     EXPECT_EQ(applied.status().code(), StatusCode::kInvalidArgument) << rank;
   }
   EXPECT_TRUE(e.held().empty());
+}
+
+// An engine over the simulated devices, through a wrapper as the chaos runs
+// have it, is told of them only by Configure: a recovery's replanning time
+// is the modelled one on the virtual clock, and prefilled requests are
+// accepted (an engine not so configured refuses them).
+TEST(SimExecutor, ConfigureChargesPlanningAndAcceptsPrefilledRequests) {
+  auto rig = MakeRig();
+  FaultInjectingExecutor faulty(rig->exec.get());
+  EngineOptions eo;
+  rig->exec->Configure(&eo);
+  SchedulerConfig sc;
+  sc.kv_page_ids = false;
+  Engine engine(&faulty, sc, eo);
+  for (int i = 0; i < 4; ++i) {
+    RequestSpec spec;
+    spec.prompt.assign(300, 7);
+    spec.max_new_tokens = 50;
+    if (i == 3) spec.prefilled_output = {5};
+    ASSERT_TRUE(engine.Submit(spec).ok()) << i;
+  }
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(engine.Step().ok());
+  ASSERT_TRUE(FaultsOf(&faulty)->KillDevice(3).ok());
+  for (int i = 0; i < 50 && engine.recoveries().empty(); ++i) (void)engine.Step();
+  ASSERT_FALSE(engine.recoveries().empty());
+  const RecoveryReport& r = engine.recoveries().front();
+  const double charged_ms =
+      ReplanSeconds(*GetHardwareProfile("h100-sxm-80gb"), rig->exec->plan().shape, 4) * 1e3;
+  EXPECT_GT(charged_ms, 0);
+  EXPECT_GE(r.replan_ms, charged_ms * 0.5) << "the modelled planning time is on the clock";
+
+  Engine plain(rig->exec.get(), sc);
+  RequestSpec prefilled;
+  prefilled.prompt = {1, 2, 3};
+  prefilled.prefilled_output = {5};
+  EXPECT_EQ(plain.Submit(prefilled).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

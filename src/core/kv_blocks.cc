@@ -12,6 +12,27 @@ const std::vector<int32_t> kNoPages;
 
 }  // namespace
 
+namespace {
+
+// For each slot of `after` (a sequence's slots on a device under the new
+// plan, ascending), the position of the same slot in `before` (under the old
+// plan) when the device keeps its KV there; -1 for a slot it gains, whose KV
+// it must be given. `had` false: the sequence held nothing on the device, so
+// every slot is gained. The one rule for the devices' tables and for the
+// counting manager (and so for what the simulator restores).
+std::vector<int> KeptColumns(const std::vector<int>& before, const std::vector<int>& after,
+                             bool had) {
+  std::vector<int> from(after.size(), -1);
+  if (!had) return from;
+  for (size_t j = 0, i = 0; j < after.size(); ++j) {
+    while (i < before.size() && before[i] < after[j]) ++i;
+    if (i < before.size() && before[i] == after[j]) from[j] = static_cast<int>(i);
+  }
+  return from;
+}
+
+}  // namespace
+
 KvBlockManager::KvBlockManager(const Plan& plan, int block_size,
                                std::vector<int64_t> capacity_pages, bool page_ids)
     : block_size_(block_size), page_ids_(page_ids) {
@@ -99,11 +120,10 @@ void KvBlockManager::Grow(Sequence& s, int tokens) {
   if (!page_ids_) {
     for (int d : devices_) used_[d] += add * PagesPerBlock(d, s.dp_rank);
     s.kv_blocks += add;
-    if (cache_on_) {
-      SeqTables& t = seqs_[s.id];
-      t.dp_rank = s.dp_rank;
-      t.blocks = s.kv_blocks;
-    }
+    // Its rank and blocks, for the slots it gains at a plan change.
+    SeqTables& t = seqs_[s.id];
+    t.dp_rank = s.dp_rank;
+    t.blocks = s.kv_blocks;
     return;
   }
   SeqTables& t = seqs_[s.id];
@@ -280,6 +300,16 @@ void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity
     evictable_.assign(num_devices_, 0);
     for (const Sequence* s : live) {
       SeqTables& t = seqs_[s->id];
+      t.gained.assign(num_devices_, {});
+      for (int d = 0; d < num_devices_; ++d) {
+        const std::vector<int>& before = old_slots(d, t.dp_rank);
+        const std::vector<int>& after = Slots(d, s->dp_rank);
+        const bool had = t.blocks > 0 && t.blocks == s->kv_blocks && !before.empty();
+        const std::vector<int> from = KeptColumns(before, after, had);
+        for (size_t j = 0; j < after.size(); ++j) {
+          if (from[j] < 0) t.gained[d].push_back(after[j]);
+        }
+      }
       t.dp_rank = s->dp_rank;
       t.blocks = s->kv_blocks;
       t.shared = LeadingCached(t);
@@ -304,16 +334,10 @@ void KvBlockManager::Reconfigure(const Plan& plan, std::vector<int64_t> capacity
                        const std::vector<int32_t>* cached) {
     const bool had = !pages->empty() && !before.empty() &&
                      pages->size() == before.size() * static_cast<size_t>(blocks);
-    Move m{pages, blocks, d, std::vector<int>(after.size(), -1), after, cached};
+    Move m{pages, blocks, d, KeptColumns(before, after, had), after, cached};
     std::vector<char> kept(before.size(), 0);
-    if (had) {
-      for (size_t j = 0, i = 0; j < after.size(); ++j) {
-        while (i < before.size() && before[i] < after[j]) ++i;
-        if (i < before.size() && before[i] == after[j]) {
-          m.from[j] = static_cast<int>(i);
-          kept[i] = 1;
-        }
-      }
+    for (int f : m.from) {
+      if (f >= 0) kept[f] = 1;
     }
     for (size_t i = 0; i < pages->size(); ++i) {
       const size_t b = before.empty() ? 0 : i / before.size();

@@ -55,9 +55,10 @@ class KvBlockManager {
   KvBlockManager() = default;
   // capacity_pages: [device id] -> pages the device may hold (0 without a pool).
   // With page_ids false the manager only counts pages (the same admission,
-  // growth and re-plan arithmetic) and keeps no tables: for the simulator,
-  // which has no devices to tell where to write, and whose models hold tens
-  // of pages per block and device.
+  // growth and re-plan arithmetic, and the same slots gained at a plan
+  // change) and keeps no tables: for the simulator, which has no devices to
+  // tell where to write, and whose models hold tens of pages per block and
+  // device.
   KvBlockManager(const Plan& plan, int block_size, std::vector<int64_t> capacity_pages,
                  bool page_ids = true);
 
@@ -127,7 +128,7 @@ class KvBlockManager {
   void Reconfigure(const Plan& plan, std::vector<int64_t> capacity_pages,
                    const std::vector<const Sequence*>& live);
   // Slots of the sequence that `device` did not hold before the last
-  // Reconfigure, ascending.
+  // Reconfigure, ascending (also when counting pages only).
   std::vector<int> GainedSlots(int64_t seq_id, int device) const;
 
   // ---- Prefix cache (kv_prefix_cache.cc) ----

@@ -461,13 +461,24 @@ TEST(Scheduler, CountingPagesDecidesAsPageIdsDo) {
     ASSERT_TRUE(b.Add(Req(i, prompt, out)).ok());
   }
   int steps = 0, preempted = 0;
+  auto smaller = *Replan(plan, c, {0, 1, 2, 4, 5, 7});
+  int gained = 0;
   while (!a.idle() && steps < 20000) {
-    if (steps == 30) {
-      auto smaller = *Replan(plan, c, {0, 1, 2, 4, 5, 7});
+    if (steps == 30 || steps == 45) {
+      // A loss, then a rejoin: the same sequences move, and each device
+      // gains the same slots of each (what the simulator restores).
+      const Plan next = steps == 30 ? smaller : *Replan(smaller, c, Range(8));
       std::vector<int64_t> ra, rb;
-      EXPECT_EQ(a.Reconfigure(smaller, std::vector<int64_t>(8, 6000), &ra),
-                b.Reconfigure(smaller, std::vector<int64_t>(8, 6000), &rb));
+      EXPECT_EQ(a.Reconfigure(next, std::vector<int64_t>(8, 6000), &ra),
+                b.Reconfigure(next, std::vector<int64_t>(8, 6000), &rb));
       EXPECT_EQ(ra, rb);
+      for (const Sequence* q : a.Running()) {
+        for (int d = 0; d < 8; ++d) {
+          EXPECT_EQ(a.kv().GainedSlots(q->id, d), b.kv().GainedSlots(q->id, d))
+              << "sequence " << q->id << " device " << d << " step " << steps;
+          gained += static_cast<int>(a.kv().GainedSlots(q->id, d).size());
+        }
+      }
     }
     StepPlan pa = a.Schedule(), pb = b.Schedule();
     ASSERT_EQ(pa.seqs.size(), pb.seqs.size()) << steps;
@@ -487,6 +498,7 @@ TEST(Scheduler, CountingPagesDecidesAsPageIdsDo) {
   }
   EXPECT_TRUE(a.idle() && b.idle());
   EXPECT_GT(preempted, 0);
+  EXPECT_GT(gained, 0);
   EXPECT_TRUE(b.kv().CheckInvariants().ok());
   for (int d = 0; d < 8; ++d) EXPECT_EQ(b.kv().used(d), 0);
 }

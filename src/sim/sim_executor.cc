@@ -12,17 +12,6 @@ namespace {
 
 int64_t ToNanos(double seconds) { return std::llround(seconds * 1e9); }
 
-// Entries of `after` missing from `before` (both ascending).
-int64_t CountGained(const std::vector<int>& after, const std::vector<int>& before) {
-  int64_t n = 0;
-  size_t j = 0;
-  for (int x : after) {
-    while (j < before.size() && before[j] < x) ++j;
-    if (j == before.size() || before[j] != x) ++n;
-  }
-  return n;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<SimExecutor>> SimExecutor::Create(const SimExecutorOptions& o,
@@ -313,25 +302,15 @@ Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
         }
       }
     }
-    // KV: the slots the device restores, for the positions the engine
-    // restores. Without the tables of a counting block manager, the gained
-    // slots are what the device did not cache of the sequence before.
+    // KV: the slots the device restores (the block manager's gained slots,
+    // counted as the devices' tables are), for the positions the engine
+    // restores.
     double kv_bytes = 0;
     if (mode != RecoveryMode::kOracle && static_cast<size_t>(d) < seqs.size()) {
       for (const SeqRestore& sr : seqs[d]) {
         held[sr.seq_id] = sr.dp_rank;
         if (sr.restore_tokens <= 0) continue;
-        int64_t gained = static_cast<int64_t>(sr.restore_slots.size());
-        if (gained == 0) {
-          const std::vector<int> after = next.KvSlots(d, sr.dp_rank);
-          auto was = held_.find(sr.seq_id);
-          if (was == held_.end() || !plan_.IsActive(d) || !plan_.IsActive(was->second)) {
-            gained = static_cast<int64_t>(after.size());
-          } else {
-            gained = CountGained(after, slots_[d][was->second]);
-          }
-        }
-        kv_bytes += slot_bytes * static_cast<double>(gained) *
+        kv_bytes += slot_bytes * static_cast<double>(sr.restore_slots.size()) *
                     std::max(0, sr.restore_tokens - sr.restore_from);
       }
     } else if (static_cast<size_t>(d) < seqs.size()) {

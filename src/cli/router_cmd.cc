@@ -19,7 +19,6 @@ struct RouterFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   int http_threads = 2;
-  int upstream_threads = 1;
   int max_connections = 4096;
   int max_attempts = 3;
   std::string health_interval = "250ms", health_timeout = "750ms";
@@ -41,9 +40,8 @@ CommandFn RegisterRouter(CLI::App& app) {
       ->required();
   app.add_option("--host", o->host, "address to listen on")->capture_default_str();
   app.add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();
-  app.add_option("--http-threads", o->http_threads, "event loops for the clients")
-      ->capture_default_str();
-  app.add_option("--upstream-threads", o->upstream_threads, "event loops for the nodes")
+  app.add_option("--http-threads", o->http_threads,
+                 "event loops (for the clients and the connections to the nodes)")
       ->capture_default_str();
   app.add_option("--max-connections", o->max_connections, "open client connections (429 beyond)")
       ->capture_default_str();
@@ -88,13 +86,11 @@ CommandFn RegisterRouter(CLI::App& app) {
     ro.server.model_name = "router";
     ro.server.io_threads = o->http_threads;
     ro.server.max_connections = o->max_connections;
-    ro.upstream_threads = o->upstream_threads;
     ro.max_attempts = o->max_attempts;
     ro.stall_factor = o->stall_factor;
     ro.pool.health_fall = o->health_fall;
     ro.pool.affinity_weight = o->affinity_weight;
-    if (o->http_threads < 1 || o->upstream_threads < 1)
-      return Fail("--http-threads and --upstream-threads must be at least 1");
+    if (o->http_threads < 1) return Fail("--http-threads must be at least 1");
     if (o->health_fall < 1) return Fail("--health-fall must be at least 1");
     if (o->stall_factor <= 0) return Fail("--stall-factor must be positive");
     if (o->drain_timeout < 0) return Fail("--drain-timeout must not be negative");

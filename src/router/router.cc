@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
-#include <thread>
 #include <utility>
 
 #include "common/clock.h"
@@ -47,7 +46,9 @@ namespace {
 // What every proxied request shares.
 struct Shared {
   RouterOptions options;
-  asio::io_context io{1};
+  // The front end's event loop: a request's client side and its node side
+  // run on the same threads, so a chunk crosses no thread.
+  asio::io_context* io = nullptr;
   std::unique_ptr<NodePool> pool;
   RouterCounters counters;
 };
@@ -67,7 +68,7 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
   Proxy(std::shared_ptr<Shared> shared, std::shared_ptr<HttpExchange> ex)
       : s_(std::move(shared)),
         ex_(std::move(ex)),
-        strand_(asio::make_strand(s_->io)),
+        strand_(asio::make_strand(*s_->io)),
         timer_(strand_) {}
 
   void Start() {
@@ -466,8 +467,6 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
 struct FleetRouter::Impl {
   std::shared_ptr<Shared> shared = std::make_shared<Shared>();
   std::unique_ptr<HttpServer> server;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
-  std::vector<std::thread> threads;
   bool started = false, stopped = false;
 
   std::string Metrics() const;
@@ -549,18 +548,9 @@ Status FleetRouter::Start() {
     names.push_back(name);
     endpoints.push_back(*ep);
   }
-  m.shared->pool = std::make_unique<NodePool>(&m.shared->io, names, endpoints, o.pool);
-  m.guard.emplace(m.shared->io.get_executor());
-  for (int i = 0; i < std::max(1, o.upstream_threads); ++i) {
-    m.threads.emplace_back([io = &m.shared->io] {
-      ::pthread_setname_np(::pthread_self(), "router-io");
-      io->run();
-    });
-  }
-  m.shared->pool->Start();
-  m.shared->pool->WaitForFirstChecks(o.pool.health_timeout_ms + 500);
-
   m.server = std::make_unique<HttpServer>(nullptr, nullptr, o.server);
+  m.shared->io = &m.server->io_context();
+  m.shared->pool = std::make_unique<NodePool>(m.shared->io, names, endpoints, o.pool);
   auto shared = m.shared;
   auto proxy = [shared](const std::shared_ptr<HttpExchange>& ex) {
     std::make_shared<Proxy>(shared, ex)->Start();
@@ -598,6 +588,9 @@ Status FleetRouter::Start() {
   Status st = m.server->Start();
   if (!st.ok()) return st;
   m.started = true;
+  // Until the first checks, requests find no node up (503).
+  m.shared->pool->Start();
+  m.shared->pool->WaitForFirstChecks(o.pool.health_timeout_ms + 500);
   return Status::Ok();
 }
 
@@ -611,12 +604,10 @@ void FleetRouter::Stop() {
   Impl& m = *impl_;
   if (m.stopped) return;
   m.stopped = true;
+  // The health checks leave the event loop first, so that the server's stop
+  // finds it running out of work.
+  if (m.shared->pool && m.started) m.shared->pool->Stop();
   if (m.server) m.server->Stop();
-  if (m.shared->pool) m.shared->pool->Stop();
-  m.guard.reset();
-  m.shared->io.stop();
-  for (auto& t : m.threads) t.join();
-  m.threads.clear();
 }
 
 const RouterCounters& FleetRouter::counters() const { return impl_->shared->counters; }

@@ -44,8 +44,7 @@ struct RouterOptions {
   std::vector<std::string> nodes;  // host:port or http://host:port
   ServerOptions server;            // the front end (host, port, limits)
   NodePoolOptions pool;
-  int upstream_threads = 1;  // event loops for the connections to the nodes
-  int max_attempts = 3;      // nodes a request may be tried on
+  int max_attempts = 3;  // nodes a request may be tried on
   // Stream deadlines: the first token within first_token_timeout_ms; each next
   // one within max(stall_floor_ms, stall_factor x the node's time between
   // tokens).

@@ -105,6 +105,8 @@ void HttpServer::AddRoute(Route route) {
 }
 int HttpServer::max_connections() const { return impl_->max_connections; }
 
+asio::io_context& HttpServer::io_context() { return impl_->shared->io; }
+
 int64_t HttpServer::body_bytes_in_flight() const {
   const ServerShared& s = *impl_->shared;
   return s.options.max_body_bytes_in_flight - s.body_budget.load();

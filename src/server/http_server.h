@@ -25,6 +25,10 @@
 #include "server/engine_service.h"
 #include "server/router.h"
 
+namespace boost::asio {
+class io_context;
+}
+
 namespace failsafe {
 
 struct ServerOptions {
@@ -59,6 +63,10 @@ class HttpServer {
 
   // More routes (an embedding program's own), before Start.
   void AddRoute(Route route);
+  // The event loop the connections run on (io_threads threads from Start
+  // until Stop): an embedding program may run its own I/O on it (the fleet
+  // router's connections to its nodes), and must end that work before Stop.
+  boost::asio::io_context& io_context();
   // Binds and starts serving on background threads.
   Status Start();
   int port() const;

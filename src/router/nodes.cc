@@ -71,8 +71,8 @@ NodePool::Node::Node(asio::io_context* io, std::string a, asio::ip::tcp::endpoin
     : address(std::move(a)),
       endpoint(std::move(e)),
       strand(asio::make_strand(*io)),
-      health_timer(strand),
-      metrics_timer(strand) {}
+      health(strand),
+      metrics(strand) {}
 
 NodePool::NodePool(asio::io_context* io, std::vector<std::string> addresses,
                    std::vector<asio::ip::tcp::endpoint> endpoints, const NodePoolOptions& options)
@@ -85,9 +85,22 @@ NodePool::~NodePool() { Stop(); }
 
 void NodePool::Start() {
   for (int i = 0; i < size(); ++i) {
-    asio::post(nodes_[i]->strand, [this, i] {
-      CheckHealth(i);
-      ScrapeMetrics(i);
+    Node& n = *nodes_[i];
+    n.health.target = "/health";
+    n.health.timeout_ms = options_.health_timeout_ms;
+    n.health.interval_ms = options_.health_interval_ms;
+    n.health.done = [this](int node, int status, bool refused, const std::string&) {
+      OnHealth(node, status, status > 0, refused);
+    };
+    n.metrics.target = "/metrics";
+    n.metrics.timeout_ms = std::max<int64_t>(options_.metrics_interval_ms, 1000);
+    n.metrics.interval_ms = options_.metrics_interval_ms;
+    n.metrics.done = [this](int node, int status, bool, const std::string& text) {
+      if (status == 200) OnMetrics(node, text);
+    };
+    asio::post(n.strand, [this, i] {
+      Poll(i, &nodes_[i]->health);
+      Poll(i, &nodes_[i]->metrics);
     });
   }
 }
@@ -103,10 +116,10 @@ void NodePool::Stop() {
   for (auto& n : nodes_) {
     std::promise<void> done;
     asio::post(n->strand, [&n, &done] {
-      n->health_timer.cancel();
-      n->metrics_timer.cancel();
-      if (n->health_call) n->health_call->Cancel();
-      if (n->metrics_call) n->metrics_call->Cancel();
+      for (Poller* p : {&n->health, &n->metrics}) {
+        p->timer.cancel();
+        if (p->call) p->call->Cancel();
+      }
       done.set_value();
     });
     if (io_->stopped()) break;
@@ -121,32 +134,33 @@ void NodePool::WaitForFirstChecks(int64_t timeout_ms) {
   });
 }
 
-void NodePool::CheckHealth(int i) {
+void NodePool::Poll(int i, Poller* p) {
   Node& n = *nodes_[i];
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
   }
   UpstreamRequest req;
-  req.target = "/health";
+  req.target = p->target;
   req.host_header = n.address;
-  req.connect_timeout_ms = options_.health_timeout_ms;
-  req.total_timeout_ms = options_.health_timeout_ms;
+  req.connect_timeout_ms = std::min(options_.connect_timeout_ms, p->timeout_ms);
+  req.total_timeout_ms = p->timeout_ms;
   auto status = std::make_shared<int>(0);
+  auto body = std::make_shared<std::string>();
   UpstreamHandlers h;
   h.on_head = [status](int s, std::string) { *status = s; };
-  h.on_end = [this, i, status](bool complete, bool connected, std::string error) {
+  h.on_data = [body](std::string_view d) { body->append(d); };
+  h.on_end = [this, i, p, status, body](bool complete, bool connected, std::string error) {
     const bool refused = !connected && error.find("refused") != std::string::npos;
-    OnHealth(i, complete ? *status : 0, complete, refused);
-    Node& node = *nodes_[i];
-    node.health_call.reset();
-    node.health_timer.expires_after(std::chrono::milliseconds(options_.health_interval_ms));
-    node.health_timer.async_wait([this, i](boost::system::error_code ec) {
-      if (!ec) CheckHealth(i);
+    p->done(i, complete ? *status : 0, refused, *body);
+    p->call.reset();
+    p->timer.expires_after(std::chrono::milliseconds(p->interval_ms));
+    p->timer.async_wait([this, i, p](boost::system::error_code ec) {
+      if (!ec) Poll(i, p);
     });
   };
-  n.health_call = std::make_shared<UpstreamCall>(n.strand, n.endpoint, req, std::move(h));
-  n.health_call->Start();
+  p->call = std::make_shared<UpstreamCall>(n.strand, n.endpoint, req, std::move(h));
+  p->call->Start();
 }
 
 void NodePool::OnHealth(int i, int status, bool answered, bool refused) {
@@ -177,35 +191,6 @@ void NodePool::OnHealth(int i, int status, bool answered, bool refused) {
     }
   }
   for (auto& [ticket, fn] : fail) fn();
-}
-
-void NodePool::ScrapeMetrics(int i) {
-  Node& n = *nodes_[i];
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return;
-  }
-  UpstreamRequest req;
-  req.target = "/metrics";
-  req.host_header = n.address;
-  req.connect_timeout_ms = options_.connect_timeout_ms;
-  req.total_timeout_ms = std::max<int64_t>(options_.metrics_interval_ms, 1000);
-  auto text = std::make_shared<std::string>();
-  auto status = std::make_shared<int>(0);
-  UpstreamHandlers h;
-  h.on_head = [status](int s, std::string) { *status = s; };
-  h.on_data = [text](std::string_view d) { text->append(d); };
-  h.on_end = [this, i, text, status](bool complete, bool, std::string) {
-    if (complete && *status == 200) OnMetrics(i, *text);
-    Node& node = *nodes_[i];
-    node.metrics_call.reset();
-    node.metrics_timer.expires_after(std::chrono::milliseconds(options_.metrics_interval_ms));
-    node.metrics_timer.async_wait([this, i](boost::system::error_code ec) {
-      if (!ec) ScrapeMetrics(i);
-    });
-  };
-  n.metrics_call = std::make_shared<UpstreamCall>(n.strand, n.endpoint, req, std::move(h));
-  n.metrics_call->Start();
 }
 
 void NodePool::OnMetrics(int i, const std::string& text) {

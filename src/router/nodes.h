@@ -95,12 +95,22 @@ class NodePool {
   int Healthy() const;  // nodes up
 
  private:
+  // A GET repeated every interval_ms on a node's strand; `done` gets the
+  // status (0: no whole answer), whether the connection was refused, and
+  // the body.
+  struct Poller {
+    explicit Poller(RouterStrand& strand) : timer(strand) {}
+    const char* target = "";
+    int64_t timeout_ms = 0, interval_ms = 0;
+    std::function<void(int node, int status, bool refused, const std::string& body)> done;
+    boost::asio::steady_timer timer;
+    std::shared_ptr<UpstreamCall> call;
+  };
   struct Node {
     std::string address;
     boost::asio::ip::tcp::endpoint endpoint;
     RouterStrand strand;
-    boost::asio::steady_timer health_timer, metrics_timer;
-    std::shared_ptr<UpstreamCall> health_call, metrics_call;
+    Poller health, metrics;
     // Guarded by NodePool::mu_.
     NodeState state = NodeState::kUnknown;
     int misses = 0;
@@ -114,9 +124,8 @@ class NodePool {
     Node(boost::asio::io_context* io, std::string a, boost::asio::ip::tcp::endpoint e);
   };
 
-  void CheckHealth(int node);
+  void Poll(int node, Poller* p);
   void OnHealth(int node, int status, bool answered, bool refused);
-  void ScrapeMetrics(int node);
   void OnMetrics(int node, const std::string& text);
 
   boost::asio::io_context* io_;

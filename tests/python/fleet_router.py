@@ -285,10 +285,13 @@ def haproxy_compare(args, fleet, tmp, reference, figures):
             return
         killed = {}
 
-        def fault():
+        def busiest():
+            """The node with the most requests running (HAProxy's choice, by the nodes' gauges)."""
             running = [metric(h, p, "failsafe_num_requests_running") or 0 for h, p in fleet.hosts]
-            killed["i"] = running.index(max(running))
-            print(f"     HAProxy: requests running per node {running}; kill -9 node {killed['i']}")
+            return running.index(max(running))
+
+        def fault():
+            killed["i"] = busiest()
             fleet.nodes[killed["i"]].kill()
 
         recs = burst("127.0.0.1", lb.port, fault)
@@ -304,8 +307,7 @@ def haproxy_compare(args, fleet, tmp, reference, figures):
         # A node stopped for 3 s: HAProxy waits on its streams (they are not
         # lost while the node comes back, but stand still as long).
         def stop3():
-            running = [metric(h, p, "failsafe_num_requests_running") or 0 for h, p in fleet.hosts]
-            i = running.index(max(running))
+            i = busiest()
             fleet.nodes[i].signal(signal.SIGSTOP)
             time.sleep(3)
             fleet.nodes[i].signal(signal.SIGCONT)

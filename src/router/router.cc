@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <boost/asio.hpp>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -104,6 +105,7 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
                            !body_["prompt"].empty() && !body_["prompt"][0].is_number_integer());
         const bool echo = body_.value("echo", false) == true;
         resumable_ = stream_ && !many && !echo;
+        multi_ = stream_ && many && !echo;
         client_ids_ = body_.value("return_token_ids", false) == true;
         if (body_.contains("resume_token_ids") && body_["resume_token_ids"].is_array()) {
           for (const auto& t : body_["resume_token_ids"])
@@ -111,7 +113,7 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
         }
         if (stream_) body_["return_token_ids"] = true;
         // A sampled stream gets a seed, so that a resumed draw is the same draw.
-        if (resumable_ && (!body_.contains("seed") || body_["seed"].is_null())) {
+        if ((resumable_ || multi_) && (!body_.contains("seed") || body_["seed"].is_null())) {
           static thread_local std::mt19937_64 rng(std::random_device{}());
           body_["seed"] = static_cast<int64_t>(rng() >> 1);
         }
@@ -182,6 +184,10 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
     } else {
       req.body = body_text_;
     }
+    // Several choices go again from the start: each one's tokens already
+    // sent are produced again, checked and dropped.
+    replay_ = multi_ && sent_any_;
+    replayed_.clear();
     status_ = 0;
     sse_.clear();
     answer_.clear();
@@ -236,21 +242,14 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
       Failover(ResumeCause::kStreamError, "error event: " + event.substr(0, 200));
       return false;
     }
+    if (multi_) return OnChoicesEvent(std::move(event));
     ids_.clear();
     const std::optional<int> n = AppendChunkTokenIds(event, &ids_);
     if (!n) {
       Failover(ResumeCause::kStreamError, "a chunk with malformed token ids");
       return false;
     }
-    if (*n > 0) {
-      const int64_t now = MonotonicNanos();
-      const double gap = last_token_ns_ > 0
-                             ? s_->pool->ObserveGap(node_, (now - last_token_ns_) * 1e-9)
-                             : s_->pool->TokenGap(node_);
-      last_token_ns_ = now;
-      Arm(std::max<int64_t>(s_->options.stall_floor_ms,
-                            static_cast<int64_t>(s_->options.stall_factor * gap * 1000)));
-    }
+    if (*n > 0) ObserveToken();
     size_t from = 0;  // ids_ not sent before
     if (!skip_.empty() && *n > 0) {
       // The token held back: produced again, the same, and not sent twice.
@@ -299,6 +298,85 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
       }
       StripTokenIds(&event);
     }
+    return Forward(std::move(event));
+  }
+
+  // One chunk of a stream of several choices (parsed: such streams are
+  // rare). A replayed choice's chunks are dropped until it has produced again
+  // every token it sent, each checked; its role and finish go out once.
+  bool OnChoicesEvent(std::string event) {
+    nlohmann::json j = nlohmann::json::parse(event, nullptr, false);
+    if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array() ||
+        j["choices"].empty()) {
+      return Forward(std::move(event));  // usage, or what the router does not know
+    }
+    nlohmann::json kept = nlohmann::json::array();
+    for (nlohmann::json& c : j["choices"]) {
+      const int64_t index = c.value("index", int64_t{0});
+      ChoiceSent& cs = choices_[index];
+      std::vector<int32_t> ids;
+      if (c.contains("token_ids") && c["token_ids"].is_array())
+        ids = c["token_ids"].get<std::vector<int32_t>>();
+      if (!ids.empty()) ObserveToken();
+      if (replay_) {
+        size_t& r = replayed_[index];
+        if (r < cs.ids.size()) {
+          if (r + ids.size() > cs.ids.size()) {
+            GiveUp("the replayed stream's chunk cannot be split at the tokens already sent");
+            return false;
+          }
+          if (!std::equal(ids.begin(), ids.end(), cs.ids.begin() + static_cast<int64_t>(r))) {
+            GiveUp("the replayed stream does not produce the tokens already sent");
+            return false;
+          }
+          r += ids.size();
+          continue;  // sent already
+        }
+      }
+      const bool finishes = c.contains("finish_reason") && !c["finish_reason"].is_null();
+      if (cs.finished) continue;  // its end went out already
+      cs.ids.insert(cs.ids.end(), ids.begin(), ids.end());
+      if (replay_) replayed_[index] = cs.ids.size();  // caught up: new tokens
+      if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("role")) {
+        if (cs.role) {
+          c["delta"].erase("role");
+          const bool empty = c["delta"].empty() ||
+                             (c["delta"].size() == 1 && c["delta"].value("content", "x").empty());
+          if (empty && !finishes && ids.empty()) continue;
+        }
+        cs.role = true;
+      }
+      if (finishes) cs.finished = true;
+      if (!client_ids_) {
+        const bool no_text = c.value("text", std::string("x")).empty() ||
+                             (c.contains("delta") && c["delta"].is_object() &&
+                              c["delta"].size() == 1 && c["delta"].value("content", "x").empty());
+        if (!ids.empty() && no_text && !finishes &&
+            (!c.contains("logprobs") || c["logprobs"].is_null())) {
+          continue;  // a chunk only for its ids
+        }
+        c.erase("token_ids");
+      }
+      kept.push_back(std::move(c));
+    }
+    if (kept.empty()) return true;
+    j["choices"] = std::move(kept);
+    return Forward(j.dump());
+  }
+
+  // A token came: the node's measured gap, and the stall deadline moves.
+  void ObserveToken() {
+    const int64_t now = MonotonicNanos();
+    const double gap = last_token_ns_ > 0
+                           ? s_->pool->ObserveGap(node_, (now - last_token_ns_) * 1e-9)
+                           : s_->pool->TokenGap(node_);
+    last_token_ns_ = now;
+    Arm(std::max<int64_t>(s_->options.stall_floor_ms,
+                          static_cast<int64_t>(s_->options.stall_factor * gap * 1000)));
+  }
+
+  // Sends a chunk on, under the response's first id.
+  bool Forward(std::string event) {
     if (response_id_.empty()) {
       if (auto id = TopLevelString(event, "id")) response_id_ = *id;
     } else {
@@ -344,10 +422,10 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
     if (over_) return;
     last_error_ = fmt::format("{}: {}", s_->pool->address(node_), error);
     LeaveNode();
-    const bool can = !stream_ || resumable_ || !sent_any_;
+    const bool can = !stream_ || resumable_ || multi_ || !sent_any_;
     if (!can) {
       return GiveUp("the node failed (" + last_error_ +
-                    ") and a stream with several choices or echo cannot be resumed once sent");
+                    ") and a stream with echo cannot be resumed once sent");
     }
     if (cause != ResumeCause::kBusy) {
       FS_LOG_INFO("router: request leaves {} ({}): {}", s_->pool->address(excluded_.back()),
@@ -441,6 +519,16 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
   std::string body_text_;
   ojson body_;  // null: passed through as body_text_
   bool stream_ = false, resumable_ = false, client_ids_ = false;
+  // A stream of several choices (n, a list of prompts): what each choice
+  // (by index) has sent, and while a new node replays the request, how many
+  // of each one's tokens it has produced again.
+  struct ChoiceSent {
+    std::vector<int32_t> ids;
+    bool role = false, finished = false;
+  };
+  bool multi_ = false, replay_ = false;
+  std::map<int64_t, ChoiceSent> choices_;
+  std::map<int64_t, size_t> replayed_;
   std::vector<int32_t> base_resume_;
   uint64_t affinity_ = 0;
 

@@ -17,8 +17,10 @@
 // that died after its last token but before its finish chunk still ends the
 // stream as it would have). The client sees one stream, one response id, no
 // text repeated or missing. A request that is not streamed is sent again from
-// the start (the same tokens, greedy or seeded); a stream with several choices
-// or with echo is sent again only while nothing of it reached the client.
+// the start (the same tokens, greedy or seeded). A stream with several
+// choices is sent again whole: each choice's tokens already sent are produced
+// again, checked and dropped. A stream with echo is sent again only while
+// nothing of it reached the client.
 //
 // A request never goes back to a node that failed it; after max_attempts
 // nodes it ends with a clear error (503, or an error event in a stream). The

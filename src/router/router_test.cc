@@ -9,6 +9,7 @@
 #include <httplib.h>
 
 #include <csignal>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -297,6 +298,85 @@ TEST(FleetRouter, AToolCallHeldBackWhenItsNodeDiesComesWhole) {
   int64_t resumed = 0;
   for (const auto& r : router.counters().resumed) resumed += r;
   EXPECT_EQ(resumed, 1);
+}
+
+// A stream of several choices (n, or a list of prompts) whose node dies goes
+// again from the start on another node: each choice's tokens already sent
+// are produced again, checked and dropped, so every choice's text, role and
+// finish come once and usage counts the whole request.
+TEST(FleetRouter, AStreamOfSeveralChoicesGoesOnWithEachChoicesText) {
+  TestServerOptions two;
+  two.devices = 2;
+  struct Case {
+    std::string path;
+    json body;
+  };
+  json completions = Completion(false, 0.9, 30);
+  completions["n"] = 3;
+  json prompts = Completion(false, 0, 25);
+  prompts["prompt"] = {"A first prompt", "and a second one"};
+  prompts["n"] = 2;
+  json chat = Completion(true, 0.8, 30);
+  chat["n"] = 2;
+  chat.erase("seed");  // the router gives it one
+  for (const Case& k : {Case{"/v1/completions", completions}, Case{"/v1/completions", prompts},
+                        Case{"/v1/chat/completions", chat}}) {
+    const bool is_chat = k.path == "/v1/chat/completions";
+    TestServer a(two), b(two);
+    FleetRouter router(Options({&a, &b}));
+    ASSERT_TRUE(router.Start().ok());
+    // Per choice index: text, roles, finishes; and the usage.
+    auto collect = [&](const std::vector<std::string>& events) {
+      std::map<int, std::string> text;
+      std::map<int, int> roles, finishes;
+      int tokens = -1;
+      bool done = false;
+      for (const std::string& e : events) {
+        if (e == "[DONE]") {
+          done = true;
+          continue;
+        }
+        const json j = json::parse(e);
+        EXPECT_FALSE(j.contains("error")) << e;
+        if (j.contains("usage") && j["usage"].is_object()) tokens = j["usage"]["completion_tokens"];
+        for (const json& c : j.value("choices", json::array())) {
+          const int i = c["index"];
+          if (is_chat) {
+            roles[i] += c["delta"].contains("role");
+            text[i] += c["delta"].value("content", "");
+          } else {
+            text[i] += c["text"].get<std::string>();
+          }
+          finishes[i] += !c["finish_reason"].is_null();
+        }
+      }
+      return std::make_tuple(text, roles, finishes, tokens, done);
+    };
+    // Fault-free through the router (its seed, when it gives one, is its
+    // own: the reference for an unseeded body is the same stream's head).
+    const auto events = StreamEvents(router.port(), k.path, k.body, 0, [&](int n) {
+      if (n == 25) (router.Nodes()[0].in_flight > 0 ? a : b).server->Stop();
+    });
+    const auto [text, roles, finishes, tokens, done] = collect(events);
+    EXPECT_TRUE(done) << k.path;
+    const bool listed = k.body.contains("prompt") && k.body["prompt"].is_array();
+    const int choices = k.body["n"].get<int>() * (listed ? 2 : 1);
+    ASSERT_EQ(static_cast<int>(text.size()), choices) << k.path;
+    for (const auto& [i, f] : finishes) EXPECT_EQ(f, 1) << k.path << " choice " << i;
+    if (is_chat) {
+      for (const auto& [i, r] : roles) EXPECT_EQ(r, 1) << "choice " << i;
+    }
+    EXPECT_EQ(tokens, choices * k.body["max_tokens"].get<int>()) << k.path;
+    int64_t resumed = 0;
+    for (const auto& r : router.counters().resumed) resumed += r;
+    EXPECT_EQ(resumed, 1) << k.path;
+    if (k.body.contains("seed")) {
+      // The same request to a node directly: the same text for every choice.
+      TestServer reference(two);
+      const auto [want, r2, f2, t2, d2] = collect(StreamEvents(reference.port(), k.path, k.body));
+      EXPECT_EQ(text, want) << k.path;
+    }
+  }
 }
 
 }  // namespace

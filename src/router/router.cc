@@ -63,6 +63,20 @@ std::string SseFrame(std::string_view data) {
   return out;
 }
 
+// A member that is `true` (a value of another type is the node's to refuse).
+template <typename Json>
+bool IsTrue(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() && it->template get<bool>();
+}
+
+// A member that is the empty string.
+template <typename Json>
+bool EmptyString(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() && it->template get_ref<const std::string&>().empty();
+}
+
 // One client request and its attempts on nodes, on a strand of its own.
 class Proxy : public std::enable_shared_from_this<Proxy> {
  public:
@@ -96,17 +110,17 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
       // (400) is the client's.
       if (j.is_object()) {
         body_ = std::move(j);
-        stream_ = body_.value("stream", false) == true;
+        stream_ = IsTrue(body_, "stream");
         const auto count = [&](const char* k) {
           return body_.contains(k) && body_[k].is_number_integer() ? body_[k].get<int64_t>() : 1;
         };
         const bool many = count("n") > 1 || count("best_of") > 1 ||
                           (body_.contains("prompt") && body_["prompt"].is_array() &&
                            !body_["prompt"].empty() && !body_["prompt"][0].is_number_integer());
-        const bool echo = body_.value("echo", false) == true;
+        const bool echo = IsTrue(body_, "echo");
         resumable_ = stream_ && !many && !echo;
         multi_ = stream_ && many && !echo;
-        client_ids_ = body_.value("return_token_ids", false) == true;
+        client_ids_ = IsTrue(body_, "return_token_ids");
         if (body_.contains("resume_token_ids") && body_["resume_token_ids"].is_array()) {
           for (const auto& t : body_["resume_token_ids"])
             if (t.is_number_integer()) base_resume_.push_back(t.get<int32_t>());
@@ -242,7 +256,14 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
       Failover(ResumeCause::kStreamError, "error event: " + event.substr(0, 200));
       return false;
     }
-    if (multi_) return OnChoicesEvent(std::move(event));
+    if (multi_) {
+      try {
+        return OnChoicesEvent(std::move(event));
+      } catch (const std::exception& e) {  // a chunk of a shape no node sends
+        Failover(ResumeCause::kStreamError, std::string("a malformed chunk: ") + e.what());
+        return false;
+      }
+    }
     ids_.clear();
     const std::optional<int> n = AppendChunkTokenIds(event, &ids_);
     if (!n) {
@@ -275,7 +296,7 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
         for (auto& c : j["choices"]) {
           if (c.contains("delta") && c["delta"].is_object()) {
             c["delta"].erase("role");
-            if (!(c["delta"].size() == 1 && c["delta"].value("content", "x").empty()) &&
+            if (!(c["delta"].size() == 1 && EmptyString(c["delta"], "content")) &&
                 !c["delta"].empty())
               keep = true;
           }
@@ -312,7 +333,8 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
     }
     nlohmann::json kept = nlohmann::json::array();
     for (nlohmann::json& c : j["choices"]) {
-      const int64_t index = c.value("index", int64_t{0});
+      const int64_t index =
+          c.contains("index") && c["index"].is_number_integer() ? c["index"].get<int64_t>() : 0;
       ChoiceSent& cs = choices_[index];
       std::vector<int32_t> ids;
       if (c.contains("token_ids") && c["token_ids"].is_array())
@@ -340,17 +362,17 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
       if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("role")) {
         if (cs.role) {
           c["delta"].erase("role");
-          const bool empty = c["delta"].empty() ||
-                             (c["delta"].size() == 1 && c["delta"].value("content", "x").empty());
+          const bool empty =
+              c["delta"].empty() || (c["delta"].size() == 1 && EmptyString(c["delta"], "content"));
           if (empty && !finishes && ids.empty()) continue;
         }
         cs.role = true;
       }
       if (finishes) cs.finished = true;
       if (!client_ids_) {
-        const bool no_text = c.value("text", std::string("x")).empty() ||
+        const bool no_text = EmptyString(c, "text") ||
                              (c.contains("delta") && c["delta"].is_object() &&
-                              c["delta"].size() == 1 && c["delta"].value("content", "x").empty());
+                              c["delta"].size() == 1 && EmptyString(c["delta"], "content"));
         if (!ids.empty() && no_text && !finishes &&
             (!c.contains("logprobs") || c["logprobs"].is_null())) {
           continue;  // a chunk only for its ids

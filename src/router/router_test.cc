@@ -130,6 +130,10 @@ TEST(FleetRouter, StreamsAndAnswersAsANodeDoes) {
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_NE(bad->body.find("max_tokens"), std::string::npos);
+  auto odd = c.Post("/v1/completions", R"({"prompt": "x", "stream": "yes", "echo": 1})",
+                    "application/json");
+  ASSERT_TRUE(odd);
+  EXPECT_EQ(odd->status, 400) << odd->body;
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");

@@ -8,8 +8,8 @@ command -v clang++ >/dev/null || { echo "needs clang (apt-get install clang libc
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFAILSAFE_FUZZ=ON \
   -DFAILSAFE_TESTS=OFF -DFAILSAFE_SANITIZE=address,undefined >/dev/null
 cmake --build build-fuzz --target fuzz_safetensors_header fuzz_tokenizer_parse fuzz_tokenizer_roundtrip \
-  fuzz_chat_template fuzz_cluster_protocol
-mkdir -p build-fuzz/corpus/{safetensors_header,tokenizer_parse,tokenizer_roundtrip,chat_template,cluster_protocol}
+  fuzz_chat_template fuzz_cluster_protocol fuzz_router_chunks
+mkdir -p build-fuzz/corpus/{safetensors_header,tokenizer_parse,tokenizer_roundtrip,chat_template,cluster_protocol,router_chunks}
 # Seeds: a synthetic model's files and the default model's SentencePiece-style tokenizer.json.
 if [[ ! -f build-fuzz/corpus/seeded ]]; then
   cmake --build build --target failsafe >/dev/null 2>&1 || scripts/build.sh
@@ -23,7 +23,11 @@ if [[ ! -f build-fuzz/corpus/seeded ]]; then
   rm -rf "$tmp"
   touch build-fuzz/corpus/seeded
 fi
-for t in safetensors_header tokenizer_parse tokenizer_roundtrip chat_template cluster_protocol; do
+if [[ ! -f build-fuzz/corpus/router_chunks/seed ]]; then
+  printf '%s' $'\x40data: {"choices":[{"finish_reason":null,"index":0,"text":"a","token_ids":[5,17]}],"id":"cmpl-1"}\n\n\x10data: [DONE]\n\n' \
+    > build-fuzz/corpus/router_chunks/seed
+fi
+for t in safetensors_header tokenizer_parse tokenizer_roundtrip chat_template cluster_protocol router_chunks; do
   echo "== fuzz_$t for ${secs}s"
   build-fuzz/fuzz/fuzz_$t -max_total_time="$secs" -rss_limit_mb=4096 -print_final_stats=1 \
     build-fuzz/corpus/$t 2>&1 | grep -E "stat::number_of_executed_runs|ERROR|SUMMARY|Done" || true

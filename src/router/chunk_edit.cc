@@ -1,5 +1,6 @@
 #include "router/chunk_edit.h"
 
+#include <cctype>
 #include <cstdlib>
 
 namespace failsafe {
@@ -44,7 +45,7 @@ bool FindTopLevelString(std::string_view s, std::string_view key, size_t* begin,
     } else if (c == '{' || c == '[') {
       ++depth;
     } else if (c == '}' || c == ']') {
-      --depth;
+      if (--depth <= 0) return false;  // the top-level value ended
     }
   }
   return false;
@@ -78,9 +79,19 @@ std::optional<int> AppendChunkTokenIds(std::string_view chunk, std::vector<int32
 }
 
 void StripTokenIds(std::string* chunk) {
-  for (size_t at = chunk->find(kTokenIds); at != std::string::npos; at = chunk->find(kTokenIds)) {
-    size_t end = chunk->find(']', at + kTokenIds.size());
-    if (end == std::string::npos) return;
+  size_t from = 0;
+  for (size_t at = chunk->find(kTokenIds); at != std::string::npos;
+       at = chunk->find(kTokenIds, from)) {
+    // Only a flat list of integers (what a node sends); anything else stays.
+    size_t end = at + kTokenIds.size();
+    while (end < chunk->size() && (std::isdigit(static_cast<unsigned char>((*chunk)[end])) ||
+                                   (*chunk)[end] == ',' || (*chunk)[end] == ' ')) {
+      ++end;
+    }
+    if (end >= chunk->size() || (*chunk)[end] != ']') {
+      from = at + 1;
+      continue;
+    }
     ++end;
     if (at > 0 && (*chunk)[at - 1] == ',') {
       --at;  // ,"token_ids":[...]
@@ -88,6 +99,7 @@ void StripTokenIds(std::string* chunk) {
       ++end;  // {"token_ids":[...],
     }
     chunk->erase(at, end - at);
+    from = at;
   }
 }
 

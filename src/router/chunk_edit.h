@@ -18,7 +18,8 @@ namespace failsafe {
 // not a list of integers.
 std::optional<int> AppendChunkTokenIds(std::string_view chunk, std::vector<int32_t>* out);
 
-// Removes every "token_ids" member (key, list and one separating comma).
+// Removes every "token_ids" member that is a flat list of integers (key,
+// list and one separating comma); any other stays as it is.
 void StripTokenIds(std::string* chunk);
 
 // The value of a string member of the top-level object, or nullopt.

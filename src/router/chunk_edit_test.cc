@@ -24,6 +24,9 @@ TEST(ChunkEdit, TokenIdsAreReadAndStripped) {
   EXPECT_EQ(AppendChunkTokenIds(first, &ids), 0);
   StripTokenIds(&first);
   EXPECT_EQ(first, R"({"x":1})");
+  std::string nested = R"({"token_ids":[[1],2],"token_ids":[3]})";
+  StripTokenIds(&nested);
+  EXPECT_EQ(nested, R"({"token_ids":[[1],2]})");
   EXPECT_EQ(AppendChunkTokenIds(R"({"token_ids":[1,"a"]})", &ids), std::nullopt);
   EXPECT_EQ(AppendChunkTokenIds(R"({"token_ids":[1,)", &ids), std::nullopt);
 }

@@ -12,7 +12,9 @@ under concurrent greedy and seeded streams (completions and chat):
   cut mid-stream: the same (without root that scenario is skipped, and the
   nodes listen on loopback ports);
 - the same kill -9 behind HAProxy alone, for comparison: how many streams it
-  loses (printed, not checked: HAProxy does not resume).
+  loses (printed, not checked: HAProxy does not resume);
+- two routers behind HAProxy (a router keeps no state beyond its requests):
+  both take streams, and a node killed under them loses none.
 
 With --figures it prints, per failure kind, the longest gap between tokens a
 client saw, as JSON on the last line (bench/router_bench.py uses it).
@@ -272,6 +274,50 @@ def scenario(fleet, name, reference, fault, figures):
     return hit.get("node")
 
 
+def busiest(fleet):
+    """The node with the most requests running, by the nodes' own gauges."""
+    running = [metric(h, p, "failsafe_num_requests_running") or 0 for h, p in fleet.hosts]
+    return running.index(max(running))
+
+
+def routers_behind_haproxy(args, failsafe, fleet, tmp, reference):
+    """Two routers behind HAProxy (the router keeps no state beyond its
+    requests): both take streams, and a node killed under them costs none."""
+    if not args.haproxy or not os.path.exists(args.haproxy):
+        print("skip two routers behind HAProxy: no haproxy")
+        return
+    from fleet_haproxy import HAProxy  # noqa: E402
+    second = Proc(list(fleet.router.args), tmp, "router2")  # the same flags, its own port
+    lb = HAProxy(args.haproxy, tmp, [("r1", fleet.router.port), ("r2", second.port)])
+    try:
+        check(fleet.wait_states(["up"] * 3) and lb.wait_for({"r1": "UP", "r2": "UP"}),
+              "two routers up behind HAProxy")
+        killed = {}
+
+        def resumed():
+            return sum(metric("127.0.0.1", port, "failsafe_router_requests_resumed_total") or 0
+                       for port in (fleet.router.port, second.port))
+
+        def fault():
+            killed["i"] = busiest(fleet)
+            fleet.nodes[killed["i"]].kill()
+
+        before = resumed()
+        recs = burst("127.0.0.1", lb.port, fault)
+        ok = whole(recs, reference)
+        check(ok == len(recs), f"two routers behind HAProxy, kill -9 of a node: {ok} of "
+                               f"{len(recs)} streams finish with the fault-free text "
+                               f"({resumed() - before:.0f} resumed)")
+        check(resumed() > before, "the routers resumed the killed node's streams")
+        taken = [metric("127.0.0.1", port, "failsafe_router_requests_total") or 0
+                 for port in (fleet.router.port, second.port)]
+        check(all(t > 0 for t in taken), f"both routers took streams ({taken})")
+        fleet.nodes[killed["i"]].start()
+    finally:
+        lb.stop()
+        second.stop()
+
+
 def haproxy_compare(args, fleet, tmp, reference, figures):
     if not args.haproxy or not os.path.exists(args.haproxy):
         print("skip HAProxy comparison: no haproxy")
@@ -285,13 +331,8 @@ def haproxy_compare(args, fleet, tmp, reference, figures):
             return
         killed = {}
 
-        def busiest():
-            """The node with the most requests running (HAProxy's choice, by the nodes' gauges)."""
-            running = [metric(h, p, "failsafe_num_requests_running") or 0 for h, p in fleet.hosts]
-            return running.index(max(running))
-
         def fault():
-            killed["i"] = busiest()
+            killed["i"] = busiest(fleet)
             fleet.nodes[killed["i"]].kill()
 
         recs = burst("127.0.0.1", lb.port, fault)
@@ -307,7 +348,7 @@ def haproxy_compare(args, fleet, tmp, reference, figures):
         # A node stopped for 3 s: HAProxy waits on its streams (they are not
         # lost while the node comes back, but stand still as long).
         def stop3():
-            i = busiest()
+            i = busiest(fleet)
             fleet.nodes[i].signal(signal.SIGSTOP)
             time.sleep(3)
             fleet.nodes[i].signal(signal.SIGCONT)
@@ -394,6 +435,7 @@ def main():
                 check(fleet.wait_states(["up"] * 3), "the cut node is up again once its link is")
 
             haproxy_compare(args, fleet, tmp, reference, figures)
+            routers_behind_haproxy(args, failsafe, fleet, tmp, reference)
         finally:
             if fleet:
                 fleet.stop()

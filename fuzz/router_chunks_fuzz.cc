@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sse.h"
 #include "router/chunk_edit.h"
 
 using namespace failsafe;

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/fd_limit.h"
 #include "common/rng.h"
+#include "common/sse.h"
 #include "engine/offline_run.h"
 #include "trace/workload.h"
 
@@ -57,12 +58,9 @@ Sample RunRequest(const std::string& host, int port, const std::string& model,
   s.send_s = (sent - t0) * 1e-9;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     buf.append(data, n);
-    size_t at;
-    while ((at = buf.find("\n\n")) != std::string::npos) {
-      std::string ev = buf.substr(0, at);
-      buf.erase(0, at + 2);
-      if (ev.rfind("data: ", 0) != 0 || ev == "data: [DONE]") continue;
-      auto j = nlohmann::json::parse(ev.substr(6), nullptr, false);
+    for (const std::string& ev : TakeSseData(&buf)) {
+      if (ev == "[DONE]") continue;
+      auto j = nlohmann::json::parse(ev, nullptr, false);
       if (j.is_discarded()) continue;
       if (j.contains("usage") && j["usage"].is_object())
         s.output_tokens = j["usage"].value("completion_tokens", 0);

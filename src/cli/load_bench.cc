@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/fd_limit.h"
 #include "common/rng.h"
+#include "common/sse.h"
 
 namespace failsafe {
 
@@ -57,31 +58,25 @@ struct Level {
 };
 
 void ParseSse(Client& c) {
-  size_t at;
-  while ((at = c.sse.find("\n\n")) != std::string::npos) {
-    std::string_view ev(c.sse.data(), at);
-    if (ev.rfind("data: ", 0) == 0) {
-      ev.remove_prefix(6);
-      if (ev == "[DONE]") {
-        c.done = true;
-      } else if (ev.find("\"error\":{") != std::string_view::npos) {
-        c.error = std::string(ev.substr(0, 200));
-      } else if (ev.find("\"usage\":{") != std::string_view::npos) {
+  for (const std::string& ev : TakeSseData(&c.sse)) {
+    if (ev == "[DONE]") {
+      c.done = true;
+    } else if (ev.find("\"error\":{") != std::string::npos) {
+      c.error = ev.substr(0, 200);
+    } else if (ev.find("\"usage\":{") != std::string::npos) {
+      auto j = nlohmann::json::parse(ev, nullptr, false);
+      if (!j.is_discarded()) c.usage_tokens = j["usage"].value("completion_tokens", 0);
+    } else if (ev.find("\"finish_reason\":null") != std::string::npos) {
+      c.token_ns.push_back(MonotonicNanos());
+      if (c.keep_text) {
         auto j = nlohmann::json::parse(ev, nullptr, false);
-        if (!j.is_discarded()) c.usage_tokens = j["usage"].value("completion_tokens", 0);
-      } else if (ev.find("\"finish_reason\":null") != std::string_view::npos) {
-        c.token_ns.push_back(MonotonicNanos());
-        if (c.keep_text) {
-          auto j = nlohmann::json::parse(ev, nullptr, false);
-          if (!j.is_discarded() && j.contains("choices") && !j["choices"].empty() &&
-              j["choices"][0]["text"].is_string()) {
-            c.text += j["choices"][0]["text"].get<std::string>();
-          }
-          c.text_ends.push_back(static_cast<int>(c.text.size()));
+        if (!j.is_discarded() && j.contains("choices") && !j["choices"].empty() &&
+            j["choices"][0]["text"].is_string()) {
+          c.text += j["choices"][0]["text"].get<std::string>();
         }
+        c.text_ends.push_back(static_cast<int>(c.text.size()));
       }
     }
-    c.sse.erase(0, at + 2);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "common/rng.h"
 #include "common/scratch_dir.h"
+#include "common/sse.h"
 #include "common/status.h"
 #include "common/units.h"
 
@@ -94,6 +95,20 @@ TEST(ScratchDir, RemovedWithItsOwnerButNotByAForkedChild) {
   }
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_TRUE(std::filesystem::is_directory(ProcessScratchDir().path()));
+}
+
+TEST(Sse, EventsAreSplitWhenWhole) {
+  std::string buf = "data: {\"a\":1}\n\ndata: [DONE]\n\n: comment\n\ndata: {\"b\"";
+  auto events = TakeSseData(&buf);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0], "{\"a\":1}");
+  EXPECT_EQ(events[1], "[DONE]");
+  EXPECT_EQ(buf, "data: {\"b\"");
+  buf += ":2}\r\n\r\n";
+  events = TakeSseData(&buf);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0], "{\"b\":2}");
+  EXPECT_TRUE(buf.empty());
 }
 
 }  // namespace

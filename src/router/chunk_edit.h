@@ -29,10 +29,4 @@ std::optional<std::string> TopLevelString(std::string_view chunk, std::string_vi
 // literal `literal` (quotes included); false when there is no such member.
 bool ReplaceTopLevelString(std::string* chunk, std::string_view key, std::string_view literal);
 
-// Splits complete SSE events off the front of `buffer` (each "data: X" up to
-// a blank line) and returns their data payloads; what is left is an event
-// still arriving. Lines other than data lines (comments, "event:") are
-// dropped.
-std::vector<std::string> TakeSseData(std::string* buffer);
-
 }  // namespace failsafe

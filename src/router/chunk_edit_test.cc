@@ -43,20 +43,5 @@ TEST(ChunkEdit, TopLevelIdIsReplacedNotANestedOne) {
   std::string none = R"({"choices":[{"id":"x"}]})";
   EXPECT_FALSE(ReplaceTopLevelString(&none, "id", "\"y\""));
 }
-
-TEST(ChunkEdit, SseEventsAreSplitWhenWhole) {
-  std::string buf = "data: {\"a\":1}\n\ndata: [DONE]\n\n: comment\n\ndata: {\"b\"";
-  auto events = TakeSseData(&buf);
-  ASSERT_EQ(events.size(), 2u);
-  EXPECT_EQ(events[0], "{\"a\":1}");
-  EXPECT_EQ(events[1], "[DONE]");
-  EXPECT_EQ(buf, "data: {\"b\"");
-  buf += ":2}\r\n\r\n";
-  events = TakeSseData(&buf);
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0], "{\"b\":2}");
-  EXPECT_TRUE(buf.empty());
-}
-
 }  // namespace
 }  // namespace failsafe

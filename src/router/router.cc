@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/sse.h"
 #include "router/chunk_edit.h"
 #include "server/api_error.h"
 #include "server/http_exchange.h"

@@ -1,5 +1,7 @@
 #include "server/test_server.h"
+
 #include "common/scratch_dir.h"
+#include "common/sse.h"
 #include "engine/test_support.h"
 
 #include <arpa/inet.h>
@@ -106,14 +108,9 @@ std::vector<std::string> StreamEvents(int port, const std::string& path, const j
   req.set_header("Content-Type", "application/json");
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     buf.append(data, n);
-    size_t at;
-    while ((at = buf.find("\n\n")) != std::string::npos) {
-      std::string ev = buf.substr(0, at);
-      buf.erase(0, at + 2);
-      if (ev.rfind("data: ", 0) == 0) {
-        events.push_back(ev.substr(6));
-        if (on_event) on_event(static_cast<int>(events.size()));
-      }
+    for (std::string& ev : TakeSseData(&buf)) {
+      events.push_back(std::move(ev));
+      if (on_event) on_event(static_cast<int>(events.size()));
       if (stop_after > 0 && static_cast<int>(events.size()) >= stop_after) return false;
     }
     return true;

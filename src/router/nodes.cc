@@ -68,11 +68,9 @@ uint64_t AffinityKey(std::string_view prompt_start) {
 }
 
 NodePool::Node::Node(asio::io_context* io, std::string a, asio::ip::tcp::endpoint e)
-    : address(std::move(a)),
-      endpoint(std::move(e)),
-      strand(asio::make_strand(*io)),
-      health(strand),
-      metrics(strand) {}
+    : endpoint(std::move(e)), strand(asio::make_strand(*io)), health(strand), metrics(strand) {
+  address = std::move(a);
+}
 
 NodePool::NodePool(asio::io_context* io, std::vector<std::string> addresses,
                    std::vector<asio::ip::tcp::endpoint> endpoints, const NodePoolOptions& options)
@@ -252,14 +250,14 @@ void NodePool::Release(int node) {
 
 double NodePool::ObserveGap(int node, double gap_s) {
   std::lock_guard<std::mutex> lock(mu_);
-  double& g = nodes_[node]->gap_s;
+  double& g = nodes_[node]->token_gap_s;
   g = g == 0 ? gap_s : g + kGapWeight * (gap_s - g);
   return g;
 }
 
 double NodePool::TokenGap(int node) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return nodes_[node]->gap_s;
+  return nodes_[node]->token_gap_s;
 }
 
 uint64_t NodePool::Watch(int node, std::function<void()> fn) {
@@ -278,19 +276,7 @@ void NodePool::Unwatch(int node, uint64_t ticket) {
 std::vector<NodeSnapshot> NodePool::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<NodeSnapshot> out;
-  for (const auto& n : nodes_) {
-    NodeSnapshot s;
-    s.address = n->address;
-    s.state = n->state;
-    s.in_flight = n->in_flight;
-    s.running = n->running;
-    s.waiting = n->waiting;
-    s.capacity = n->capacity;
-    s.kv_usage = n->kv_usage;
-    s.token_gap_s = n->gap_s;
-    s.downs = n->downs;
-    out.push_back(s);
-  }
+  for (const auto& n : nodes_) out.push_back(*n);
   return out;
 }
 

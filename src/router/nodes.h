@@ -106,20 +106,16 @@ class NodePool {
     boost::asio::steady_timer timer;
     std::shared_ptr<UpstreamCall> call;
   };
-  struct Node {
-    std::string address;
+  // What Snapshot shows (guarded by NodePool::mu_, but the address), and
+  // the rest.
+  struct Node : NodeSnapshot {
     boost::asio::ip::tcp::endpoint endpoint;
     RouterStrand strand;
     Poller health, metrics;
     // Guarded by NodePool::mu_.
-    NodeState state = NodeState::kUnknown;
     int misses = 0;
     bool checked = false;
-    int in_flight = 0;
-    double running = 0, waiting = 0, capacity = 1, kv_usage = 0;
     double others = 0;  // running + waiting less this router's, at the last scrape
-    double gap_s = 0;
-    int64_t downs = 0;
     std::map<uint64_t, std::function<void()>> watchers;
     Node(boost::asio::io_context* io, std::string a, boost::asio::ip::tcp::endpoint e);
   };

@@ -78,6 +78,20 @@ bool EmptyString(const Json& j, const char* key) {
   return it != j.end() && it->is_string() && it->template get_ref<const std::string&>().empty();
 }
 
+// A choice of a chunk whose role already went out: takes the role out and
+// says whether anything is left to send (text, a tool call, a finish,
+// log-probabilities, token ids).
+template <typename Json>
+bool DropRepeatedRole(Json& c) {
+  if (!c.contains("delta") || !c["delta"].is_object()) return true;
+  Json& d = c["delta"];
+  d.erase("role");
+  const bool text = !d.empty() && !(d.size() == 1 && EmptyString(d, "content"));
+  const auto set = [&](const char* k) { return c.contains(k) && !c[k].is_null(); };
+  const bool ids = c.contains("token_ids") && c["token_ids"].is_array() && !c["token_ids"].empty();
+  return text || set("finish_reason") || set("logprobs") || ids;
+}
+
 // One client request and its attempts on nodes, on a strand of its own.
 class Proxy : public std::enable_shared_from_this<Proxy> {
  public:
@@ -182,14 +196,14 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
     req.host_header = s_->pool->address(node);
     req.connect_timeout_ms = s_->options.pool.connect_timeout_ms;
     if (!stream_) req.total_timeout_ms = s_->options.request_timeout_ms;
-    skip_.clear();
+    held_back_.reset();
     if (!body_.is_null()) {
       if (resumable_ && !sent_ids_.empty()) {
         // The ids sent but the last: the node produces the last one again,
         // which is checked and not sent twice.
         std::vector<int32_t> resume = base_resume_;
         resume.insert(resume.end(), sent_ids_.begin(), sent_ids_.end() - 1);
-        skip_.push_back(sent_ids_.back());
+        held_back_ = sent_ids_.back();
         ojson b = body_;
         b["resume_token_ids"] = resume;
         req.body = b.dump();
@@ -201,8 +215,10 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
     }
     // Several choices go again from the start: each one's tokens already
     // sent are produced again, checked and dropped.
-    replay_ = multi_ && sent_any_;
-    replayed_.clear();
+    for (auto& [index, cs] : choices_) {
+      cs.replayed = 0;
+      cs.replay_to = cs.ids.size();
+    }
     status_ = 0;
     sse_.clear();
     answer_.clear();
@@ -272,38 +288,22 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
       return false;
     }
     if (*n > 0) ObserveToken();
-    size_t from = 0;  // ids_ not sent before
-    if (!skip_.empty() && *n > 0) {
-      // The token held back: produced again, the same, and not sent twice.
-      const size_t k = std::min(skip_.size(), ids_.size());
-      if (!std::equal(skip_.begin(), skip_.begin() + k, ids_.begin())) {
-        GiveUp("the resumed stream does not go on with the tokens already sent");
-        return false;
-      }
-      skip_.erase(skip_.begin(), skip_.begin() + k);
-      from = k;
-      if (k < ids_.size()) {
-        GiveUp("the resumed stream's chunk cannot be split at the tokens already sent");
-        return false;
-      }
-      return true;  // the whole chunk was sent already
+    if (held_back_ && *n > 0) {
+      // The token held back: produced again, alone in its chunk, the same,
+      // and not sent twice.
+      const bool same = ids_.size() == 1 && ids_[0] == *held_back_;
+      held_back_.reset();
+      if (same) return true;
+      GiveUp("the resumed stream does not go on with the tokens already sent");
+      return false;
     }
-    sent_ids_.insert(sent_ids_.end(), ids_.begin() + from, ids_.end());
+    sent_ids_.insert(sent_ids_.end(), ids_.begin(), ids_.end());
     // A resumed stream's opening chunk (the assistant's role) went out already.
     if (sent_any_ && *n == 0 && event.find("\"role\"") != std::string::npos) {
       ojson j = ojson::parse(event, nullptr, false);
       if (j.is_object() && j.contains("choices") && j["choices"].is_array()) {
         bool keep = false;
-        for (auto& c : j["choices"]) {
-          if (c.contains("delta") && c["delta"].is_object()) {
-            c["delta"].erase("role");
-            if (!(c["delta"].size() == 1 && EmptyString(c["delta"], "content")) &&
-                !c["delta"].empty())
-              keep = true;
-          }
-          if (c.contains("finish_reason") && !c["finish_reason"].is_null()) keep = true;
-          if (c.contains("logprobs") && !c["logprobs"].is_null()) keep = true;
-        }
+        for (auto& c : j["choices"]) keep |= DropRepeatedRole(c);
         if (!keep) return true;
         event = j.dump();
       }
@@ -341,32 +341,23 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
       if (c.contains("token_ids") && c["token_ids"].is_array())
         ids = c["token_ids"].get<std::vector<int32_t>>();
       if (!ids.empty()) ObserveToken();
-      if (replay_) {
-        size_t& r = replayed_[index];
-        if (r < cs.ids.size()) {
-          if (r + ids.size() > cs.ids.size()) {
-            GiveUp("the replayed stream's chunk cannot be split at the tokens already sent");
-            return false;
-          }
-          if (!std::equal(ids.begin(), ids.end(), cs.ids.begin() + static_cast<int64_t>(r))) {
-            GiveUp("the replayed stream does not produce the tokens already sent");
-            return false;
-          }
-          r += ids.size();
-          continue;  // sent already
+      if (cs.replayed < cs.replay_to) {
+        if (cs.replayed + ids.size() > cs.replay_to) {
+          GiveUp("the replayed stream's chunk cannot be split at the tokens already sent");
+          return false;
         }
+        if (!std::equal(ids.begin(), ids.end(), cs.ids.begin() + cs.replayed)) {
+          GiveUp("the replayed stream does not produce the tokens already sent");
+          return false;
+        }
+        cs.replayed += ids.size();
+        continue;  // sent already
       }
       const bool finishes = c.contains("finish_reason") && !c["finish_reason"].is_null();
       if (cs.finished) continue;  // its end went out already
       cs.ids.insert(cs.ids.end(), ids.begin(), ids.end());
-      if (replay_) replayed_[index] = cs.ids.size();  // caught up: new tokens
       if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("role")) {
-        if (cs.role) {
-          c["delta"].erase("role");
-          const bool empty =
-              c["delta"].empty() || (c["delta"].size() == 1 && EmptyString(c["delta"], "content"));
-          if (empty && !finishes && ids.empty()) continue;
-        }
+        if (cs.role && !DropRepeatedRole(c)) continue;
         cs.role = true;
       }
       if (finishes) cs.finished = true;
@@ -548,10 +539,12 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
   struct ChoiceSent {
     std::vector<int32_t> ids;
     bool role = false, finished = false;
+    // While a new node replays: of the first replay_to ids (those sent when
+    // the last node failed), how many it has produced again.
+    size_t replayed = 0, replay_to = 0;
   };
-  bool multi_ = false, replay_ = false;
+  bool multi_ = false;
   std::map<int64_t, ChoiceSent> choices_;
-  std::map<int64_t, size_t> replayed_;
   std::vector<int32_t> base_resume_;
   uint64_t affinity_ = 0;
 
@@ -569,7 +562,10 @@ class Proxy : public std::enable_shared_from_this<Proxy> {
   bool waiting_ = false;  // the timer's wait is pending
 
   bool client_started_ = false, sent_any_ = false, over_ = false;
-  std::vector<int32_t> sent_ids_, skip_, ids_;
+  std::vector<int32_t> sent_ids_, ids_;
+  // A resumed one-choice stream: the last token sent, which the new node
+  // produces again (checked, not sent twice).
+  std::optional<int32_t> held_back_;
   std::string response_id_;  // a JSON string literal
 };
 

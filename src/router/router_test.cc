@@ -94,6 +94,18 @@ json Completion(bool chat, double temperature, int max_tokens) {
   return b;
 }
 
+// The node of two that has the router's request in flight.
+TestServer& Serving(const FleetRouter& router, TestServer& a, TestServer& b) {
+  return router.Nodes()[0].in_flight > 0 ? a : b;
+}
+
+// Times requests left a node for another, whatever the cause.
+int64_t Resumed(const FleetRouter& router) {
+  int64_t n = 0;
+  for (const auto& r : router.counters().resumed) n += r;
+  return n;
+}
+
 std::string Path(bool chat) { return chat ? "/v1/chat/completions" : "/v1/completions"; }
 
 TEST(FleetRouter, StreamsAndAnswersAsANodeDoes) {
@@ -163,9 +175,7 @@ TEST(FleetRouter, AStreamWhoseNodeDiesGoesOnElsewhereWithTheSameText) {
       bool killed = false;
       const auto events = StreamEvents(router.port(), Path(chat), body, 0, [&](int n) {
         if (n != 12 || killed) return;
-        const auto nodes = router.Nodes();
-        TestServer* victim = nodes[0].in_flight > 0 ? &a : &b;
-        victim->server->Stop();
+        Serving(router, a, b).server->Stop();
         killed = true;
       });
       const StreamResult routed = Collect(events, chat);
@@ -177,9 +187,7 @@ TEST(FleetRouter, AStreamWhoseNodeDiesGoesOnElsewhereWithTheSameText) {
       EXPECT_EQ(routed.completion_tokens, 40);
       EXPECT_EQ(routed.response_ids.size(), 1u);
       EXPECT_FALSE(routed.role_twice);
-      int64_t resumed = 0;
-      for (const auto& r : router.counters().resumed) resumed += r;
-      EXPECT_EQ(resumed, 1);
+      EXPECT_EQ(Resumed(router), 1);
     }
   }
 }
@@ -197,7 +205,7 @@ TEST(FleetRouter, UnseededStreamsResumeAndNoNodeLeftIsAnError) {
   int killed = 0;
   const auto events = StreamEvents(router.port(), "/v1/completions", body, 0, [&](int n) {
     if (n == 10 && !killed) {
-      (router.Nodes()[0].in_flight > 0 ? a : b).server->Stop();
+      Serving(router, a, b).server->Stop();
       killed = 1;
     }
   });
@@ -247,7 +255,7 @@ TEST(FleetRouter, AStreamWithNoTokenWithinItsDeadlineMoves) {
   std::vector<pid_t> stopped;
   const auto events = StreamEvents(router.port(), Path(true), body, 0, [&](int n) {
     if (n != 10 || !stopped.empty()) return;
-    TestServer& victim = router.Nodes()[0].in_flight > 0 ? a : b;
+    TestServer& victim = Serving(router, a, b);
     for (pid_t p : victim.worker_pids) {
       ::kill(p, SIGSTOP);
       stopped.push_back(p);
@@ -289,7 +297,7 @@ TEST(FleetRouter, AToolCallHeldBackWhenItsNodeDiesComesWhole) {
   bool killed = false;
   const auto events = StreamEvents(router.port(), Path(true), body, 0, [&](int n) {
     if (n != 8 || killed) return;
-    (router.Nodes()[0].in_flight > 0 ? a : b).server->Stop();
+    Serving(router, a, b).server->Stop();
     killed = true;
   });
   const StreamResult routed = Collect(events, true);
@@ -299,9 +307,7 @@ TEST(FleetRouter, AToolCallHeldBackWhenItsNodeDiesComesWhole) {
   EXPECT_EQ(routed.text, direct.text);
   EXPECT_EQ(routed.ids, direct.ids);
   EXPECT_EQ(routed.finish, direct.finish);
-  int64_t resumed = 0;
-  for (const auto& r : router.counters().resumed) resumed += r;
-  EXPECT_EQ(resumed, 1);
+  EXPECT_EQ(Resumed(router), 1);
 }
 
 // A stream of several choices (n, or a list of prompts) whose node dies goes
@@ -359,7 +365,7 @@ TEST(FleetRouter, AStreamOfSeveralChoicesGoesOnWithEachChoicesText) {
     // Fault-free through the router (its seed, when it gives one, is its
     // own: the reference for an unseeded body is the same stream's head).
     const auto events = StreamEvents(router.port(), k.path, k.body, 0, [&](int n) {
-      if (n == 25) (router.Nodes()[0].in_flight > 0 ? a : b).server->Stop();
+      if (n == 25) Serving(router, a, b).server->Stop();
     });
     const auto [text, roles, finishes, tokens, done] = collect(events);
     EXPECT_TRUE(done) << k.path;
@@ -371,9 +377,7 @@ TEST(FleetRouter, AStreamOfSeveralChoicesGoesOnWithEachChoicesText) {
       for (const auto& [i, r] : roles) EXPECT_EQ(r, 1) << "choice " << i;
     }
     EXPECT_EQ(tokens, choices * k.body["max_tokens"].get<int>()) << k.path;
-    int64_t resumed = 0;
-    for (const auto& r : router.counters().resumed) resumed += r;
-    EXPECT_EQ(resumed, 1) << k.path;
+    EXPECT_EQ(Resumed(router), 1) << k.path;
     if (k.body.contains("seed")) {
       // The same request to a node directly: the same text for every choice.
       TestServer reference(two);

@@ -331,16 +331,18 @@ def haproxy_compare(args, fleet, tmp, reference, figures):
             return
         killed = {}
 
+        def report(name, what, recs):
+            lost = len(recs) - whole(recs, reference)
+            print(f"     behind HAProxy alone, {what}: {lost} of {len(recs)} streams lost, "
+                  f"longest gap {max_gap(recs) * 1e3:.0f} ms", flush=True)
+            figures[name] = {"streams": len(recs), "lost": lost,
+                             "max_gap_s": round(max_gap(recs), 3)}
+
         def fault():
             killed["i"] = busiest(fleet)
             fleet.nodes[killed["i"]].kill()
 
-        recs = burst("127.0.0.1", lb.port, fault)
-        ok = whole(recs, reference)
-        print(f"     behind HAProxy alone, kill -9 of a node: {len(recs) - ok} of {len(recs)} "
-              f"streams lost", flush=True)
-        figures["haproxy_kill9"] = {"streams": len(recs), "lost": len(recs) - ok,
-                                    "max_gap_s": round(max_gap(recs), 3)}
+        report("haproxy_kill9", "kill -9 of a node", burst("127.0.0.1", lb.port, fault))
         fleet.nodes[killed["i"]].start()
         if not lb.wait_for({"n0": "UP", "n1": "UP", "n2": "UP"}):
             return
@@ -353,12 +355,7 @@ def haproxy_compare(args, fleet, tmp, reference, figures):
             time.sleep(3)
             fleet.nodes[i].signal(signal.SIGCONT)
 
-        recs = burst("127.0.0.1", lb.port, stop3)
-        ok = whole(recs, reference)
-        print(f"     behind HAProxy alone, a node stopped for 3 s: {len(recs) - ok} of {len(recs)} "
-              f"streams lost, longest gap {max_gap(recs) * 1e3:.0f} ms", flush=True)
-        figures["haproxy_sigstop3s"] = {"streams": len(recs), "lost": len(recs) - ok,
-                                        "max_gap_s": round(max_gap(recs), 3)}
+        report("haproxy_sigstop3s", "a node stopped for 3 s", burst("127.0.0.1", lb.port, stop3))
     finally:
         lb.stop()
 

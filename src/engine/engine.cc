@@ -40,10 +40,14 @@ Engine::Engine(Executor* executor, const SchedulerConfig& config, const EngineOp
 
 Result<int64_t> Engine::Submit(RequestSpec spec) {
   const int vocab = executor_->config().vocab_size;
-  for (int32_t t : spec.prompt) {
-    if (t < 0 || t >= vocab)
-      return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
-  }
+  auto check_ids = [&](const std::vector<int32_t>& ids) -> Status {
+    for (int32_t t : ids) {
+      if (t < 0 || t >= vocab)
+        return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
+    }
+    return Status::Ok();
+  };
+  FS_RETURN_IF_ERROR(check_ids(spec.prompt));
   // Output tokens the request comes with count towards max_new_tokens: with
   // as many or more, nothing is left to generate (a step would sample one
   // too many).
@@ -52,23 +56,25 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
     if (static_cast<int64_t>(out.size()) >= spec.max_new_tokens)
       return InvalidArgument("{} {} output tokens leave nothing to generate (max_tokens {})",
                              out.size(), what, spec.max_new_tokens);
-    for (int32_t t : out) {
-      if (t < 0 || t >= vocab)
-        return InvalidArgument("token id {} is outside the vocabulary [0, {})", t, vocab);
-    }
-    return Status::Ok();
+    return check_ids(out);
   };
   if (!spec.prefilled_output.empty()) {
     if (!options_.accept_prefilled)
       return InvalidArgument("a prefilled request needs devices that hold its KV already");
     if (!spec.resumed_output.empty())
       return InvalidArgument("a request is either prefilled or resumed");
+    if (spec.prompt_logprobs >= 0)
+      return InvalidArgument("a prefilled request has no prompt logprobs");
     FS_RETURN_IF_ERROR(check_output(spec.prefilled_output, "prefilled"));
   }
   if (!spec.resumed_output.empty()) {
     FS_RETURN_IF_ERROR(check_output(spec.resumed_output, "resumed"));
     if (spec.prompt_logprobs >= 0)
       return InvalidArgument("a resumed request has no prompt logprobs (they went out before)");
+  }
+  for (int top : {spec.logprobs, spec.prompt_logprobs}) {
+    if (top > kMaxLogprobs)
+      return InvalidArgument("at most {} log-probabilities per position", kMaxLogprobs);
   }
   auto seq = std::make_unique<Sequence>();
   const int64_t id = next_id_;
@@ -84,18 +90,10 @@ Result<int64_t> Engine::Submit(RequestSpec spec) {
   // and goes on from there: positions, the draw's counter, penalties,
   // min_tokens and max_new_tokens count as for the original.
   seq->tokens.insert(seq->tokens.end(), spec.resumed_output.begin(), spec.resumed_output.end());
-  if (spec.prompt_logprobs >= 0) {
-    if (!spec.prefilled_output.empty())
-      return InvalidArgument("a prefilled request has no prompt logprobs");
-    if (seq->prompt_len > 1) seq->prompt_logits_from = 0;
-  }
+  if (spec.prompt_logprobs >= 0 && seq->prompt_len > 1) seq->prompt_logits_from = 0;
   seq->max_new_tokens = spec.max_new_tokens;
   seq->stop_token_ids = std::move(spec.stop_token_ids);
   seq->arrival = spec.arrival;
-  for (int top : {spec.logprobs, spec.prompt_logprobs}) {
-    if (top > kMaxLogprobs)
-      return InvalidArgument("at most {} log-probabilities per position", kMaxLogprobs);
-  }
   FS_RETURN_IF_ERROR(scheduler_->Add(std::move(seq)));
   samplers_.insert_or_assign(id, RequestSampler(spec.sampling, std::move(spec.controls),
                                                 spec.logprobs, std::move(spec.constraint)));

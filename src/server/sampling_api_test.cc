@@ -436,14 +436,23 @@ TEST(OpenAiSampling, AResumedRequestGoesOnWithTheSameTokens) {
                                  ? choice["text"].get<std::string>()
                                  : choice["message"]["content"].get<std::string>();
     // What a router saw of a stream before the node died: the token ids of
-    // its first chunks.
+    // its first chunks, and the text sent with the first k of them.
     std::vector<int> sent;
+    std::vector<std::string> text_after;  // [k]: the text streamed with the first k tokens
+    std::string streamed;
     auto chunks = StreamChunks(a, path, body);
     for (const json& c : chunks) {
       if (c["choices"].empty()) continue;
-      for (int t : c["choices"][0]["token_ids"]) sent.push_back(t);
+      const json& ch = c["choices"][0];
+      streamed += path == std::string("/v1/completions") ? ch["text"].get<std::string>()
+                                                         : ch["delta"].value("content", "");
+      for (int t : ch["token_ids"]) {
+        sent.push_back(t);
+        text_after.resize(sent.size() + 1, streamed);
+      }
     }
     EXPECT_EQ(sent, ids);
+    EXPECT_EQ(streamed, text);
     for (size_t k : {size_t{1}, size_t{7}, ids.size() - 1}) {
       json resumed = body;
       resumed["resume_token_ids"] = std::vector<int>(ids.begin(), ids.begin() + k);
@@ -455,8 +464,8 @@ TEST(OpenAiSampling, AResumedRequestGoesOnWithTheSameTokens) {
       const std::string tail = path == std::string("/v1/completions")
                                    ? rc["text"].get<std::string>()
                                    : rc["message"]["content"].get<std::string>();
-      ASSERT_LE(tail.size(), text.size());
-      EXPECT_EQ(text.substr(text.size() - tail.size()), tail) << path << " resumed after " << k;
+      // The text goes on exactly where the text sent with k tokens ended.
+      EXPECT_EQ(text_after[k] + tail, text) << path << " resumed after " << k;
       EXPECT_EQ(rest["usage"]["completion_tokens"], whole["usage"]["completion_tokens"]);
       EXPECT_EQ(rc["finish_reason"], choice["finish_reason"]);
     }

@@ -7,16 +7,21 @@
 // pages on d: a device holding more head groups (nonuniform) fills sooner;
 // cyclic placement evens it out.
 //
-// The manager hands out page ids per device and keeps each sequence's block
-// table per device: [block][position of the slot in KvSlots] -> page id. The
-// devices are page stores: the engine sends them the tables (each step the
-// blocks it added) and they write where they are told.
+// Two classes. KvBlockManager keeps the books in pages: admission, growth,
+// re-plans (which slots each device gains), the prefix cache. That is all
+// the simulator needs: it has no devices to tell where to write, and its
+// models hold tens of pages per block and device. PagedKvBlockManager adds
+// the page ids: it hands them out per device and keeps each sequence's
+// block table per device: [block][position of the slot in KvSlots] -> page
+// id. The devices are page stores: the engine sends them the tables (each
+// step the blocks it added) and they write where they are told. Both run
+// the one set of books; the paged one only names the pages it counts.
 //
 // Check, then commit: CanGrow/Fits/FitsAlone have no side effects; Grow cannot
 // fail (the caller checked); Release frees every page of a sequence.
-// Page ids on a device are reused most recently freed first and never exceed
-// the largest number of pages the device ever held at once, so they stay
-// below its capacity (and its pool's size).
+// Page ids (PagedKvBlockManager) on a device are reused most recently freed
+// first and never exceed the largest number of pages the device ever held at
+// once, so they stay below its capacity (and its pool's size).
 //
 // Prefix cache (EnablePrefixCache): a full block whose KV is computed is
 // registered under a hash chained over the tokens of every block up to it and
@@ -54,13 +59,10 @@ class KvBlockManager {
  public:
   KvBlockManager() = default;
   // capacity_pages: [device id] -> pages the device may hold (0 without a pool).
-  // With page_ids false the manager only counts pages (the same admission,
-  // growth and re-plan arithmetic, and the same slots gained at a plan
-  // change) and keeps no tables: for the simulator, which has no devices to
-  // tell where to write, and whose models hold tens of pages per block and
-  // device.
-  KvBlockManager(const Plan& plan, int block_size, std::vector<int64_t> capacity_pages,
-                 bool page_ids = true);
+  KvBlockManager(const Plan& plan, int block_size, std::vector<int64_t> capacity_pages);
+  virtual ~KvBlockManager() = default;
+  KvBlockManager(const KvBlockManager&) = default;
+  KvBlockManager& operator=(const KvBlockManager&) = default;
 
   int block_size() const { return block_size_; }
   int BlocksFor(int tokens) const { return (tokens + block_size_ - 1) / block_size_; }
@@ -102,8 +104,8 @@ class KvBlockManager {
 
   // The sequence's block table on `device`: [block][slot position] -> page
   // id, Slots(device, dp_rank).size() entries per block (empty if it holds
-  // none there).
-  const std::vector<int32_t>& Table(int64_t seq_id, int device) const;
+  // none there, and always here: this manager only counts pages).
+  virtual const std::vector<int32_t>& Table(int64_t seq_id, int device) const;
   // Blocks the devices have not been sent yet (the first one); marks them
   // sent. A step carries the tables from there on.
   int TakeUnsent(int64_t seq_id);
@@ -176,24 +178,17 @@ class KvBlockManager {
   int64_t cached_blocks() const { return static_cast<int64_t>(index_.size()); }
   int64_t evicted_blocks() const { return evicted_blocks_; }
 
-  // Checks the books: every page of a device owned once (by one sequence's
-  // own block or one cached block; sequences referencing a cached block name
-  // its pages) and below the device's id high-water mark, owned + free ids =
-  // the mark, used = owned pages <= capacity, every table of the right size,
-  // reference counts = the blocks naming each cached block, evictable = the
-  // pages of the unreferenced ones.
-  Status CheckInvariants() const;
+  // Checks the books: used = the sequences' own pages + the cached blocks'
+  // <= capacity, reference counts = the blocks naming each cached block,
+  // evictable = the pages of the unreferenced ones (and, with page ids, more:
+  // PagedKvBlockManager::CheckInvariants).
+  virtual Status CheckInvariants() const;
 
- private:
-  struct Pool {
-    std::vector<int32_t> free_ids;  // freed ids, reused last-in first-out
-    int32_t next_id = 0;            // ids [0, next_id) have been handed out
-  };
+ protected:
   struct SeqTables {
     int dp_rank = -1;
     int blocks = 0;
     int sent = 0;                              // blocks the devices have been sent
-    std::vector<std::vector<int32_t>> pages;   // [device] -> [block][slot position]
     std::vector<std::vector<int32_t>> gained;  // [device] -> slots gained at the last plan change
     // Prefix cache: [block] -> cached block it is (-1: its own), for the
     // blocks hashed so far; chained hashes of its full computed blocks.
@@ -212,10 +207,51 @@ class KvBlockManager {
     // and the new plan has none): the second is not indexed, and is freed
     // as soon as nobody names it.
     bool indexed = true;
-    std::vector<int32_t> tokens;              // [block_size], checked on a hit
-    std::vector<std::vector<int32_t>> pages;  // [device] -> [slot position]; empty: counting only
-    std::list<int32_t>::iterator lru;         // in lru_ while refs == 0
+    std::vector<int32_t> tokens;       // [block_size], checked on a hit
+    std::list<int32_t>::iterator lru;  // in lru_ while refs == 0
   };
+  // What a plan change keeps: the slots each device held before it.
+  struct OldSlots {
+    std::vector<int> active;
+    std::vector<std::vector<int>> tp, rank;
+    const std::vector<int>& Of(int device, int dp_rank) const;
+  };
+
+  // Hooks for the page ids (PagedKvBlockManager); the books call each after
+  // counting what it names. Growth by `add` blocks (t still has the blocks
+  // before it).
+  virtual void OnGrow(int64_t /*seq_id*/, const SeqTables& /*t*/, int /*add*/) {}
+  // The sequence goes: its own blocks' pages are free (cached[b]: block b is
+  // the cache's).
+  virtual void OnRelease(int64_t /*seq_id*/, const SeqTables& /*t*/,
+                         const std::vector<char>& /*cached*/) {}
+  // The sequence (no pages yet) names the cached blocks `ids`.
+  virtual void OnAttach(int64_t /*seq_id*/, std::span<const int32_t> /*ids*/) {}
+  // Block `block` of the sequence became cached block `id`: it holds its pages.
+  virtual void OnCacheBlock(int32_t /*id*/, int64_t /*seq_id*/, const SeqTables& /*t*/,
+                            int /*block*/) {}
+  // Cached block `id` is gone: its pages are free, or (`free` false) its
+  // sharer's own now.
+  virtual void OnEntryGone(int32_t /*id*/, bool /*free*/) {}
+  // A plan change (Reconfigure): the new plan is set, the live sequences'
+  // records still hold their old ranks and blocks, `old` the slots before,
+  // `new_rank`/`old_rank` each cached block's sharers' rank after and before.
+  virtual void OnReplan(const Plan& /*plan*/, const OldSlots& /*old*/,
+                        const std::vector<const Sequence*>& /*live*/,
+                        const std::vector<int>& /*new_rank*/,
+                        const std::vector<int>& /*old_rank*/) {}
+
+  // For each slot of `after` (ascending), the position of the same slot in
+  // `before` when the device keeps its KV there, -1 for a slot it gains.
+  // `had` false: every slot is gained. The one rule for what a plan change
+  // keeps, for the tables and for the gained slots.
+  static std::vector<int> KeptColumns(const std::vector<int>& before, const std::vector<int>& after,
+                                      bool had);
+  // Whether the sequence's record keeps its KV through a plan change (its
+  // blocks unchanged and slots on the device before it).
+  static bool Keeps(const SeqTables& t, const Sequence& s, const std::vector<int>& before) {
+    return t.blocks > 0 && t.blocks == s.kv_blocks && !before.empty();
+  }
   int64_t held(int device) const { return used_[device] - evictable_[device]; }
   uint64_t CacheKey(uint64_t hash, int dp_rank) const;
   int CacheRank(int dp_rank) const { return dp_extra_ > 0 ? dp_rank : -1; }
@@ -231,19 +267,15 @@ class KvBlockManager {
   // After a plan change: each cached block's DP rank is its sharers' new one
   // (new_rank, by id), and the index is rebuilt under it.
   void RekeyCache(const std::vector<int>& new_rank);
-  int32_t Allocate(int device);
-  void FreePage(int device, int32_t id);
   void SetPlan(const Plan& plan, std::vector<int64_t> capacity_pages);
 
   int block_size_ = 16;
-  bool page_ids_ = true;
   int num_devices_ = 0;
   std::vector<int> devices_;                  // active devices
   std::vector<std::vector<int>> tp_slots_;    // [device] -> KvSlots(device, another rank)
   std::vector<std::vector<int>> rank_slots_;  // [device] -> KvSlots(device, device)
   int64_t dp_extra_ = 0;                      // DP slots (over all layers)
   std::vector<int64_t> capacity_, used_, evictable_;
-  std::vector<Pool> pools_;  // [device]
   std::unordered_map<int64_t, SeqTables> seqs_;
   // Prefix cache.
   bool cache_on_ = false;
@@ -253,6 +285,42 @@ class KvBlockManager {
   std::unordered_map<uint64_t, int32_t> index_;  // CacheKey -> entry
   std::list<int32_t> lru_;                       // unreferenced entries, least recent first
   int64_t evicted_blocks_ = 0;
+};
+
+// The books of KvBlockManager, and the page id of every page they count.
+class PagedKvBlockManager final : public KvBlockManager {
+ public:
+  PagedKvBlockManager() = default;
+  PagedKvBlockManager(const Plan& plan, int block_size, std::vector<int64_t> capacity_pages)
+      : KvBlockManager(plan, block_size, std::move(capacity_pages)) {}
+
+  const std::vector<int32_t>& Table(int64_t seq_id, int device) const override;
+  // The books, and: every page of a device owned once (by one sequence's own
+  // block or one cached block; sequences referencing a cached block name its
+  // pages) and below the device's id high-water mark, owned + free ids = the
+  // mark, owned pages = used, every table of the right size.
+  Status CheckInvariants() const override;
+
+ private:
+  struct Pool {
+    std::vector<int32_t> free_ids;  // freed ids, reused last-in first-out
+    int32_t next_id = 0;            // ids [0, next_id) have been handed out
+  };
+  using Tables = std::vector<std::vector<int32_t>>;  // [device] -> [block][slot position]
+
+  void OnGrow(int64_t seq_id, const SeqTables& t, int add) override;
+  void OnRelease(int64_t seq_id, const SeqTables& t, const std::vector<char>& cached) override;
+  void OnAttach(int64_t seq_id, std::span<const int32_t> ids) override;
+  void OnCacheBlock(int32_t id, int64_t seq_id, const SeqTables& t, int block) override;
+  void OnEntryGone(int32_t id, bool free) override;
+  void OnReplan(const Plan& plan, const OldSlots& old, const std::vector<const Sequence*>& live,
+                const std::vector<int>& new_rank, const std::vector<int>& old_rank) override;
+  Pool& PoolOf(int device);
+  void FreeIds(int device, std::span<const int32_t> ids);
+
+  std::vector<Pool> pools_;                     // [device]
+  std::unordered_map<int64_t, Tables> tables_;  // by sequence
+  std::vector<Tables> entry_pages_;             // [cached block] -> [device] -> [slot position]
 };
 
 }  // namespace failsafe

@@ -40,7 +40,6 @@ uint64_t KvBlockManager::CacheKey(uint64_t hash, int cache_rank) const {
 }
 
 int64_t KvBlockManager::EntryPages(const CachedBlock& e, int device) const {
-  if (page_ids_) return static_cast<int64_t>(e.pages[device].size());
   return PagesPerBlock(device, e.dp_rank);
 }
 
@@ -99,23 +98,16 @@ int KvBlockManager::AttachPrefix(Sequence& s, std::span<const uint64_t> hashes, 
   if (ids.empty()) return 0;
   SeqTables& t = seqs_[s.id];
   t.dp_rank = s.dp_rank;
-  if (page_ids_) {
-    t.pages.assign(num_devices_, {});
-    t.gained.assign(num_devices_, {});
-  }
   for (size_t b = 0; b < ids.size(); ++b) {
     CachedBlock& e = entries_[ids[b]];
     if (e.refs++ == 0) {
       lru_.erase(e.lru);
       for (int d : devices_) evictable_[d] -= EntryPages(e, d);
     }
-    if (page_ids_) {
-      for (int d : devices_)
-        t.pages[d].insert(t.pages[d].end(), e.pages[d].begin(), e.pages[d].end());
-    }
     t.cached.push_back(ids[b]);
     t.hashes.push_back(hashes[b]);
   }
+  OnAttach(s.id, ids);
   t.blocks = static_cast<int>(ids.size());
   t.shared = t.blocks;
   t.sent = 0;
@@ -158,14 +150,7 @@ void KvBlockManager::CacheComputed(const Sequence& s) {
     e.refs = 1;
     e.live = true;
     e.tokens.assign(block.begin(), block.end());
-    if (page_ids_) {
-      e.pages.assign(num_devices_, {});
-      for (int d : devices_) {
-        const size_t cols = Slots(d, t.dp_rank).size();
-        const auto row = t.pages[d].begin() + b * cols;
-        e.pages[d].assign(row, row + cols);
-      }
-    }
+    OnCacheBlock(id, s.id, t, b);
     index_[key] = id;
     t.cached.push_back(id);
   }
@@ -199,11 +184,8 @@ void KvBlockManager::FreeEntry(int32_t id) {
     const int64_t n = EntryPages(e, d);
     used_[d] -= n;
     evictable_[d] -= n;
-    if (page_ids_) {
-      std::vector<int32_t>& free_ids = pools_[d].free_ids;
-      free_ids.insert(free_ids.end(), e.pages[d].begin(), e.pages[d].end());
-    }
   }
+  OnEntryGone(id, /*free=*/true);
   if (e.indexed) index_.erase(CacheKey(e.hash, e.dp_rank));
   e = CachedBlock();
   free_entries_.push_back(id);
@@ -246,6 +228,7 @@ void KvBlockManager::OwnFrom(int64_t seq_id, int block) {
                  seq_id, b, e.refs);
     // Its pages (counted as used already) are the sequence's from now on.
     if (e.indexed) index_.erase(CacheKey(e.hash, e.dp_rank));
+    OnEntryGone(id, /*free=*/false);
     e = CachedBlock();
     free_entries_.push_back(id);
   }

@@ -33,14 +33,17 @@ Scheduler::Scheduler(const SchedulerConfig& config, const Plan& plan, const Mode
     : config_(config),
       model_(model),
       plan_(plan),
-      kv_(plan, block_size, std::move(kv_capacity_pages), config.kv_page_ids),
+      kv_(config.kv_page_ids
+              ? std::make_unique<PagedKvBlockManager>(plan, block_size,
+                                                      std::move(kv_capacity_pages))
+              : std::make_unique<KvBlockManager>(plan, block_size, std::move(kv_capacity_pages))),
       cost_(plan, model, speed),
       speed_(speed),
       dp_load_(plan.num_devices, 0) {
   // The seed: the model configuration (what the KV of a token depends on
   // besides the tokens before it) and the caller's salt.
   if (config.prefix_cache)
-    kv_.EnablePrefixCache(std::hash<std::string>()(model.ToJson()) ^ config.prefix_cache_seed);
+    kv_->EnablePrefixCache(std::hash<std::string>()(model.ToJson()) ^ config.prefix_cache_seed);
 }
 
 Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
@@ -70,7 +73,7 @@ Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   // waiting forever.
   // Any DP rank the router may pick must do.
   bool fits = true;
-  for (int d : plan_.active) fits &= kv_.FitsAlone(d, seq->prompt_len + seq->max_new_tokens);
+  for (int d : plan_.active) fits &= kv_->FitsAlone(d, seq->prompt_len + seq->max_new_tokens);
   if (!fits) {
     return ResourceExhausted("a request of {} tokens does not fit in the devices' KV memory",
                              seq->prompt_len + seq->max_new_tokens);
@@ -98,8 +101,8 @@ std::vector<int64_t> Scheduler::DpLoad() const { return dp_load_; }
 
 PrefixCacheStats Scheduler::prefix_cache_stats() const {
   PrefixCacheStats out = prefix_stats_;
-  out.cached_blocks = kv_.cached_blocks();
-  out.evicted_blocks = kv_.evicted_blocks();
+  out.cached_blocks = kv_->cached_blocks();
+  out.evicted_blocks = kv_->evicted_blocks();
   return out;
 }
 
@@ -108,9 +111,9 @@ int Scheduler::RouteFor(const Sequence& s, std::span<const uint64_t> hashes) {
       config_.router != RouterPolicy::kLoadAware)
     return Route();
   const int least = Route();
-  int best = least, best_hit = kv_.CachedPrefix(s.tokens, hashes, least);
+  int best = least, best_hit = kv_->CachedPrefix(s.tokens, hashes, least);
   for (int d : plan_.active) {
-    const int hit = kv_.CachedPrefix(s.tokens, hashes, d);
+    const int hit = kv_->CachedPrefix(s.tokens, hashes, d);
     if (hit > best_hit || (hit == best_hit && dp_load_[d] < dp_load_[best])) {
       best = d;
       best_hit = hit;
@@ -122,13 +125,13 @@ int Scheduler::RouteFor(const Sequence& s, std::span<const uint64_t> hashes) {
 }
 
 std::optional<std::span<const uint64_t>> Scheduler::LookupHashes(Sequence* s) {
-  if (!kv_.prefix_cache() || s->state != SeqState::kWaiting || s->num_computed != 0 ||
+  if (!kv_->prefix_cache() || s->state != SeqState::kWaiting || s->num_computed != 0 ||
       s->kv_blocks != 0)
     return std::nullopt;
   // Never the whole sequence: its last token is computed for its logits.
-  const int blocks = (s->len() - 1) / kv_.block_size();
+  const int blocks = (s->len() - 1) / kv_->block_size();
   if (static_cast<int>(s->block_hashes.size()) < blocks)
-    s->block_hashes = kv_.BlockHashes(s->tokens, blocks);
+    s->block_hashes = kv_->BlockHashes(s->tokens, blocks);
   return std::span<const uint64_t>(s->block_hashes).first(blocks);
 }
 
@@ -146,10 +149,10 @@ void Scheduler::AttachCandidate(Sequence* s, const std::vector<int64_t>& pending
   if (!lookup) return;
   const std::span<const uint64_t> hashes = *lookup;
   Lookup l{s, static_cast<int>(hashes.size()), 0};
-  const int hit = kv_.CachedPrefix(s->tokens, hashes, s->dp_rank);
+  const int hit = kv_->CachedPrefix(s->tokens, hashes, s->dp_rank);
   if (hit > 0) {
-    l.hit = kv_.AttachPrefix(*s, hashes, hit, pending);
-    s->num_computed = l.hit * kv_.block_size();
+    l.hit = kv_->AttachPrefix(*s, hashes, hit, pending);
+    s->num_computed = l.hit * kv_->block_size();
   }
   // The host tier: the blocks after the attached ones that the host holds
   // (its prefix from block 0 must reach past them) are copied into the
@@ -159,11 +162,11 @@ void Scheduler::AttachCandidate(Sequence* s, const std::vector<int64_t>& pending
   // keeps a request waiting that would be admitted without it.
   if (host_tier_ && config_.prefix_cache_host && l.hit < static_cast<int>(hashes.size())) {
     int host = std::max(0, host_tier_->HeldPrefix(hashes, s->tokens) - l.hit);
-    while (host > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, (l.hit + host) * kv_.block_size() + 1,
-                                 pending, keep))
+    while (host > 0 && !kv_->Fits(s->dp_rank, s->kv_blocks, (l.hit + host) * kv_->block_size() + 1,
+                                  pending, keep))
       --host;
     l.host = host;
-    s->num_computed += l.host * kv_.block_size();
+    s->num_computed += l.host * kv_->block_size();
   }
   lookups_.push_back(l);
 }
@@ -171,7 +174,7 @@ void Scheduler::AttachCandidate(Sequence* s, const std::vector<int64_t>& pending
 bool Scheduler::DetachCandidate(Sequence* s) {
   for (Lookup& l : lookups_) {
     if (l.s != s || (l.hit == 0 && l.host == 0)) continue;
-    if (l.hit > 0) kv_.Release(*s);
+    if (l.hit > 0) kv_->Release(*s);
     s->num_computed = 0;
     l.hit = 0;
     l.host = 0;
@@ -185,15 +188,15 @@ void Scheduler::DetachUnadmitted() {
     Sequence* s = l.s;
     if (s->state == SeqState::kRunning && s->num_preemptions > 0) {
       prefix_stats_.readmitted_hit_tokens +=
-          static_cast<int64_t>(l.hit + l.host) * kv_.block_size();
+          static_cast<int64_t>(l.hit + l.host) * kv_->block_size();
     } else if (s->state == SeqState::kRunning) {
       prefix_stats_.lookup_blocks += l.looked_up;
       prefix_stats_.hit_blocks += l.hit;
-      prefix_stats_.hit_tokens += static_cast<int64_t>(l.hit) * kv_.block_size();
+      prefix_stats_.hit_tokens += static_cast<int64_t>(l.hit) * kv_->block_size();
       prefix_stats_.host_hit_blocks += l.host;
-      prefix_stats_.host_hit_tokens += static_cast<int64_t>(l.host) * kv_.block_size();
+      prefix_stats_.host_hit_tokens += static_cast<int64_t>(l.host) * kv_->block_size();
     } else if (l.hit > 0 || l.host > 0) {
-      if (l.hit > 0) kv_.Release(*s);
+      if (l.hit > 0) kv_->Release(*s);
       s->num_computed = 0;
     }
   }
@@ -212,10 +215,10 @@ int Scheduler::Route() {
 
 void Scheduler::ReleaseKv(Sequence* s) {
   auto it = counted_rank_.find(s->id);
-  if (it == counted_rank_.end()) return kv_.Release(*s);
+  if (it == counted_rank_.end()) return kv_->Release(*s);
   const int routed = s->dp_rank;
   s->dp_rank = it->second;
-  kv_.Release(*s);
+  kv_->Release(*s);
   s->dp_rank = routed;
 }
 
@@ -250,7 +253,7 @@ void Scheduler::Abort(int64_t id, FinishReason why) {
 std::vector<std::unique_ptr<Sequence>> Scheduler::TakeFinished() { return std::move(finished_); }
 
 bool Scheduler::CanAdmit(const Sequence& s, int tokens) const {
-  return static_cast<int>(running_.size()) < config_.max_num_seqs && kv_.CanGrow(s, tokens);
+  return static_cast<int>(running_.size()) < config_.max_num_seqs && kv_->CanGrow(s, tokens);
 }
 
 std::vector<Sequence*> Scheduler::PrefillCandidates(int limit) {
@@ -300,9 +303,9 @@ StepPlan Scheduler::ScheduleOnce() {
     }
     std::vector<int64_t> none(plan_.num_devices, 0), keep(plan_.num_devices, 0);
     for (int d : plan_.active)
-      keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
-    if (!kv_.Fits(s->dp_rank, s->kv_blocks, s->len(), none, keep)) break;
-    kv_.Grow(*s, s->num_computed);
+      keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_->capacity(d));
+    if (!kv_->Fits(s->dp_rank, s->kv_blocks, s->len(), none, keep)) break;
+    kv_->Grow(*s, s->num_computed);
     waiting_.pop_front();
     s->state = SeqState::kRunning;
     running_.push_back(s);
@@ -313,7 +316,7 @@ StepPlan Scheduler::ScheduleOnce() {
     Sequence* s = running_[i];
     if (s->pending() != 1 || s->num_computed == 0) continue;
     bool preempted_self = false;
-    while (!kv_.CanGrow(*s, s->num_computed + 1)) {
+    while (!kv_->CanGrow(*s, s->num_computed + 1)) {
       Sequence* victim = running_.back();
       Preempt(victim, &plan);
       if (victim == s) {
@@ -322,7 +325,7 @@ StepPlan Scheduler::ScheduleOnce() {
       }
     }
     if (preempted_self) break;
-    kv_.Grow(*s, s->num_computed + 1);
+    kv_->Grow(*s, s->num_computed + 1);
     plan.seqs.push_back({s->id, s->num_computed, 1, s->dp_rank, true, 1});
     cost_.AddChunk(1, s->num_computed, s->dp_rank);
     plan.decode_tokens++;
@@ -356,12 +359,12 @@ StepPlan Scheduler::ScheduleOnce() {
         if (l->s == s) host = l->host;
       }
     }
-    kv_.Grow(*s, s->num_computed + sizes[i]);
+    kv_->Grow(*s, s->num_computed + sizes[i]);
     const bool sample = s->num_computed + sizes[i] == s->len();
     ScheduledSeq ss{s->id, s->num_computed, sizes[i], s->dp_rank, sample};
     ss.logits_rows = s->LogitsRows(s->num_computed, sizes[i]);
     ss.host_blocks = host;
-    ss.host_first_block = s->num_computed / kv_.block_size() - host;
+    ss.host_first_block = s->num_computed / kv_->block_size() - host;
     plan.seqs.push_back(ss);
     plan.prefill_tokens += sizes[i];
   }
@@ -370,7 +373,7 @@ StepPlan Scheduler::ScheduleOnce() {
   cost_.Reset();
   for (auto& ss : plan.seqs) cost_.AddChunk(ss.num_tokens, ss.start, ss.dp_rank);
   plan.estimated_time = cost_.StepTime();
-  for (ScheduledSeq& ss : plan.seqs) ss.kv_first_block = kv_.TakeUnsent(ss.seq_id);
+  for (ScheduledSeq& ss : plan.seqs) ss.kv_first_block = kv_->TakeUnsent(ss.seq_id);
   return plan;
 }
 
@@ -383,7 +386,7 @@ std::vector<int64_t> Scheduler::PrefillAdmitReserve() const {
   std::vector<int64_t> keep(plan_.num_devices, 0);
   if (running_.empty()) return keep;
   for (int d : plan_.active)
-    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_.capacity(d));
+    keep[d] = static_cast<int64_t>(config_.admit_watermark * kv_->capacity(d));
   return keep;
 }
 
@@ -401,16 +404,16 @@ void Scheduler::SchedulePrefillFifo(int budget, StepPlan* plan, std::vector<Sequ
     AttachCandidate(s, pending, keep);
     int n = std::min({s->pending(), budget, ChunkForRows(*s, std::max(0, spare))});
     // Shrink the chunk to what the devices can hold.
-    while (n > 0 && !kv_.Fits(s->dp_rank, s->kv_blocks, s->num_computed + n, pending,
-                              admitting ? keep : none)) {
+    while (n > 0 && !kv_->Fits(s->dp_rank, s->kv_blocks, s->num_computed + n, pending,
+                               admitting ? keep : none)) {
       n = std::max(0,
-                   (kv_.BlocksFor(s->num_computed + n) - 1) * kv_.block_size() - s->num_computed);
+                   (kv_->BlocksFor(s->num_computed + n) - 1) * kv_->block_size() - s->num_computed);
     }
     if (n <= 0) {
       if (admitting) break;  // first come, first served: do not admit past it
       continue;
     }
-    kv_.AddPending(s->dp_rank, s->kv_blocks, s->num_computed + n, &pending);
+    kv_->AddPending(s->dp_rank, s->kv_blocks, s->num_computed + n, &pending);
     chunks->push_back(s);
     sizes->push_back(n);
     budget -= n;
@@ -462,9 +465,9 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
     const int new_end = c.s->num_computed + c.chunk + delta;
     // Blocks already counted for this request: its own plus this step's growth so far.
     const int held = c.chunk > 0
-                         ? std::max(c.s->kv_blocks, kv_.BlocksFor(c.s->num_computed + c.chunk))
+                         ? std::max(c.s->kv_blocks, kv_->BlocksFor(c.s->num_computed + c.chunk))
                          : c.s->kv_blocks;
-    if (!kv_.Fits(c.s->dp_rank, held, new_end, pending, c.admitting ? keep : none)) {
+    if (!kv_->Fits(c.s->dp_rank, held, new_end, pending, c.admitting ? keep : none)) {
       // The requests queued behind hold their cached prefixes (attached up
       // front, so that this step's chunks do not evict them). Before the
       // queue's head waits for pages they pin, they let go of them for this
@@ -494,7 +497,7 @@ void Scheduler::SchedulePrefillAdaptive(int budget, StepPlan* plan, std::vector<
       }
       continue;
     }
-    kv_.AddPending(c.s->dp_rank, held, new_end, &pending);
+    kv_->AddPending(c.s->dp_rank, held, new_end, &pending);
     cost_.GrowChunk(c.chunk, delta, c.s->num_computed, c.s->dp_rank);
     c.chunk += delta;
     const int extra = std::max(0, c.s->LogitsRows(c.s->num_computed, c.chunk) - 1);
@@ -530,7 +533,7 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
     if (s->state != SeqState::kRunning || s->num_computed != ss.start)
       continue;  // preempted meanwhile
     s->num_computed += ss.num_tokens;
-    kv_.CacheComputed(*s);
+    kv_->CacheComputed(*s);
     if (s->prompt_logits_from >= 0 && ss.logits_rows > 0) {
       // The step's rows gave the prompt logprobs up to its end.
       const int end = ss.start + ss.num_tokens;
@@ -572,7 +575,7 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
   };
   std::unordered_map<int32_t, int> first_sharer;  // cached block -> a sequence naming it
   for (size_t i = 0; i < groups_in_order.size(); ++i) {
-    for (int32_t id : kv_.CachedIds(groups_in_order[i]->id)) {
+    for (int32_t id : kv_->CachedIds(groups_in_order[i]->id)) {
       if (id < 0) continue;
       auto [it, fresh] = first_sharer.emplace(id, static_cast<int>(i));
       if (!fresh) group[root(static_cast<int>(i))] = root(it->second);
@@ -622,7 +625,7 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
     if (s->dp_rank >= 0 && !plan.IsActive(s->dp_rank)) move_to(s, Route());
   }
   // Requests that no longer fit the devices' memory even alone would wait forever.
-  const KvBlockManager probe(plan, kv_.block_size(), capacity);
+  const KvBlockManager probe(plan, kv_->block_size(), capacity);
   for (Sequence* s : all) {
     bool fits = true;
     for (int d : plan.active) fits &= probe.FitsAlone(d, s->prompt_len + s->max_new_tokens);
@@ -634,12 +637,12 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
   // The newest running sequences give way until the rest fit.
   for (;;) {
     std::vector<const Sequence*> live(running_.begin(), running_.end());
-    const std::vector<int64_t> need = kv_.PagesUnder(plan, live);
+    const std::vector<int64_t> need = kv_->PagesUnder(plan, live);
     bool over = false;
     for (int d : plan.active)
       over |= need[d] > (d < static_cast<int>(capacity.size()) ? capacity[d] : 0);
     if (!over || running_.empty()) {
-      kv_.Reconfigure(plan, std::move(capacity), live);
+      kv_->Reconfigure(plan, std::move(capacity), live);
       counted_rank_.clear();
       break;
     }
@@ -652,15 +655,15 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
 Scheduler::KeptSharing Scheduler::KeepRestorableSharing(
     const std::unordered_map<int64_t, int>& restore) {
   KeptSharing out;
-  if (!kv_.prefix_cache()) return out;
-  const int bs = kv_.block_size();
+  if (!kv_->prefix_cache()) return out;
+  const int bs = kv_->block_size();
   auto restored = [&](const Sequence* s) {
     auto it = restore.find(s->id);
     return it == restore.end() ? s->num_computed : it->second;
   };
   // The sequence's cached blocks (ids, -1: its own) that its restore writes whole.
   auto restored_ids = [&](const Sequence* s) {
-    const std::span<const int32_t> ids = kv_.CachedIds(s->id);
+    const std::span<const int32_t> ids = kv_->CachedIds(s->id);
     return ids.first(std::min<size_t>(ids.size(), restored(s) / bs));
   };
   // Cached blocks some sharer restores whole.
@@ -673,12 +676,12 @@ Scheduler::KeptSharing Scheduler::KeepRestorableSharing(
   const std::vector<Sequence*> run(running_.begin(), running_.end());
   for (Sequence* s : run) {
     const int from = restored(s) / bs;  // the first block it writes again
-    const std::span<const int32_t> ids = kv_.CachedIds(s->id);
+    const std::span<const int32_t> ids = kv_->CachedIds(s->id);
     bool conflict = false;
     std::vector<int32_t> keeps;
     for (size_t b = from; b < ids.size(); ++b) {
       const int32_t id = ids[b];
-      if (id < 0 || kv_.CachedBlockRefs(id) == 1) continue;
+      if (id < 0 || kv_->CachedBlockRefs(id) == 1) continue;
       auto k = keeper.find(id);
       if (can_restore.count(id) || (k != keeper.end() && k->second != s->id)) {
         conflict = true;
@@ -693,8 +696,8 @@ Scheduler::KeptSharing Scheduler::KeepRestorableSharing(
     }
     for (int32_t id : keeps) keeper[id] = s->id;
   }
-  for (const Sequence* s : running_) kv_.OwnFrom(s->id, restored(s) / bs);
-  kv_.DropUnreferencedCache();
+  for (const Sequence* s : running_) kv_->OwnFrom(s->id, restored(s) / bs);
+  kv_->DropUnreferencedCache();
   // Each cached block is restored by the first sequence that names it: the
   // others' restores start past the leading blocks already restored.
   std::unordered_set<int32_t> restored_blocks;
@@ -710,7 +713,7 @@ Scheduler::KeptSharing Scheduler::KeepRestorableSharing(
 }
 
 void Scheduler::ResendKvTables(const std::vector<int64_t>& ids) {
-  for (int64_t id : ids) kv_.MarkUnsent(id);
+  for (int64_t id : ids) kv_->MarkUnsent(id);
 }
 
 void Scheduler::RollBack(int64_t id, int num_computed) {

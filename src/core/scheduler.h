@@ -189,7 +189,7 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty(); }
   // Sequences finished and not yet taken (TakeFinished).
   bool has_finished() const { return !finished_.empty(); }
-  const KvBlockManager& kv() const { return kv_; }
+  const KvBlockManager& kv() const { return *kv_; }
   const SchedulerConfig& config() const { return config_; }
   // Pending DP work per device, in tokens (what load-aware routing balances).
   std::vector<int64_t> DpLoad() const;
@@ -242,7 +242,8 @@ class Scheduler {
   const SchedulerConfig config_;
   ModelConfig model_;
   Plan plan_;
-  KvBlockManager kv_;
+  // Pages counted (config_.kv_page_ids false) or with ids too.
+  std::unique_ptr<KvBlockManager> kv_;
   StepCost cost_;
   DeviceSpeed speed_;
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;

@@ -45,7 +45,7 @@ class DirectKvTables {
 
  private:
   Plan plan_;
-  KvBlockManager kv_;
+  PagedKvBlockManager kv_;
   std::unordered_map<int64_t, Sequence> seqs_;
 };
 

@@ -75,7 +75,7 @@ const Model& GetModel(const ModelCase& m) {
 class Tables {
  public:
   void Reset(const Plan& plan) {
-    kv_ = KvBlockManager(plan, kBlockSize, std::vector<int64_t>(plan.num_devices, kPoolPages));
+    kv_ = PagedKvBlockManager(plan, kBlockSize, std::vector<int64_t>(plan.num_devices, kPoolPages));
     seqs_.assign(3, Sequence());
     for (int i = 0; i < 3; ++i) seqs_[i].id = i + 1;
   }
@@ -109,7 +109,7 @@ class Tables {
 
  private:
   static constexpr int64_t kPoolPages = 4096;
-  KvBlockManager kv_;
+  PagedKvBlockManager kv_;
   std::vector<Sequence> seqs_;
 };
 

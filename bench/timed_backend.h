@@ -107,6 +107,9 @@ class TimedBackend final : public Backend {
   void ScaleRows(float* x, int64_t ldx, const float* s, int rows, int cols) override {
     Time("scale rows", [&] { b_->ScaleRows(x, ldx, s, rows, cols); });
   }
+  void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols) override {
+    Time("add bias", [&] { b_->AddBias(x, ldx, bias, rows, cols); });
+  }
   // Graphs only while calls are not timed (timing waits inside the step).
   bool BeginGraph(uint64_t key, size_t bytes) override {
     return !enabled && b_->BeginGraph(key, bytes);

@@ -282,6 +282,9 @@ class Backend : public DeviceMemory {
   virtual void AddFixedTo(const int64_t* acc, float* x, int64_t n) = 0;
   // x[r, :cols] *= scale[r] (scale: host), r < rows.
   virtual void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) = 0;
+  // x[r, c] += bias[c] (bias: device), r < rows, c < cols: a projection's
+  // bias (Qwen2's q, k and v).
+  virtual void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols) = 0;
 
   // A step's calls as one graph, for steps that repeat with the same
   // shapes (CUDA graphs: one launch instead of hundreds). The model runner

@@ -16,13 +16,43 @@ const char* ArchitectureName(Architecture arch) {
       return "MistralForCausalLM";
     case Architecture::kMixtral:
       return "MixtralForCausalLM";
+    case Architecture::kQwen2:
+      return "Qwen2ForCausalLM";
+    case Architecture::kQwen3:
+      return "Qwen3ForCausalLM";
   }
   return "?";
 }
 
+namespace {
+
+const char* ModelType(Architecture arch) {
+  switch (arch) {
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kMistral:
+      return "mistral";
+    case Architecture::kMixtral:
+      return "mixtral";
+    case Architecture::kQwen2:
+      return "qwen2";
+    case Architecture::kQwen3:
+      return "qwen3";
+  }
+  return "?";
+}
+
+bool IsQwen(Architecture arch) {
+  return arch == Architecture::kQwen2 || arch == Architecture::kQwen3;
+}
+
+}  // namespace
+
 int64_t ModelConfig::NumParameters() const {
   int64_t h = hidden_size;
   int64_t attn = h * q_dim() + 2 * h * kv_dim() + int64_t(q_dim()) * h;
+  if (qkv_bias) attn += q_dim() + 2 * kv_dim();
+  if (qk_norm) attn += 2 * head_dim;
   int64_t ffn = 3 * h * intermediate_size;
   if (is_moe()) ffn = ffn * num_experts + h * num_experts;
   int64_t per_layer = attn + ffn + 2 * h;
@@ -143,12 +173,18 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     c.architecture = Architecture::kMistral;
   else if (arch == "MixtralForCausalLM")
     c.architecture = Architecture::kMixtral;
+  else if (arch == "Qwen2ForCausalLM")
+    c.architecture = Architecture::kQwen2;
+  else if (arch == "Qwen3ForCausalLM")
+    c.architecture = Architecture::kQwen3;
   else {
     return InvalidArgument(
         "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
-        "MistralForCausalLM, MixtralForCausalLM)",
+        "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
         source, arch);
   }
+  c.qkv_bias = c.architecture == Architecture::kQwen2;
+  c.qk_norm = c.architecture == Architecture::kQwen3;
 
   Reader r(j, source);
   FS_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
@@ -173,7 +209,17 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
   c.head_dim = c.hidden_size / c.num_heads;
   FS_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false));
   if (c.head_dim % 2 != 0) return InvalidArgument("{}: field 'head_dim' must be even", source);
-  if (c.architecture != Architecture::kLlama) {
+  if (IsQwen(c.architecture)) {
+    // Qwen configs name a window (and the layers it would start at) even
+    // when no layer uses one: only use_sliding_window turns it on.
+    bool windowed = false;
+    FS_RETURN_IF_ERROR(r.Bool("use_sliding_window", &windowed));
+    if (windowed)
+      return InvalidArgument(
+          "{}: field 'use_sliding_window' = true: sliding windows on some layers "
+          "(max_window_layers) are not supported",
+          source);
+  } else if (c.architecture != Architecture::kLlama) {
     FS_RETURN_IF_ERROR(r.Int("sliding_window", &c.sliding_window, false));
   }
   if (c.architecture == Architecture::kMixtral) {
@@ -231,9 +277,7 @@ Result<ModelConfig> ModelConfig::Load(const std::string& model_dir) {
 std::string ModelConfig::ToJson() const {
   json j;
   j["architectures"] = {ArchitectureName(architecture)};
-  j["model_type"] = architecture == Architecture::kMixtral   ? "mixtral"
-                    : architecture == Architecture::kMistral ? "mistral"
-                                                             : "llama";
+  j["model_type"] = ModelType(architecture);
   j["hidden_size"] = hidden_size;
   j["num_hidden_layers"] = num_layers;
   j["num_attention_heads"] = num_heads;
@@ -261,7 +305,11 @@ std::string ModelConfig::ToJson() const {
     j["num_local_experts"] = num_experts;
     j["num_experts_per_tok"] = experts_per_token;
   }
-  if (architecture != Architecture::kLlama) {
+  if (IsQwen(architecture)) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    if (architecture == Architecture::kQwen3) j["attention_bias"] = false;
+  } else if (architecture != Architecture::kLlama) {
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   }
   return j.dump(2) + "\n";

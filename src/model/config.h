@@ -8,7 +8,7 @@
 
 namespace failsafe {
 
-enum class Architecture { kLlama, kMistral, kMixtral };
+enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3 };
 const char* ArchitectureName(Architecture arch);
 
 // Llama-3 style frequency-dependent RoPE scaling ("rope_type": "llama3").
@@ -38,6 +38,8 @@ struct ModelConfig {
   int num_experts = 0;  // 0: dense FFN
   int experts_per_token = 0;
   int sliding_window = 0;  // 0: full attention
+  bool qkv_bias = false;   // biases on the q, k and v projections (Qwen2)
+  bool qk_norm = false;    // an RMS norm of each query and key head before RoPE (Qwen3)
   int bos_token_id = -1;
   int eos_token_id = -1;
 

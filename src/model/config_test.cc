@@ -40,6 +40,59 @@ TEST(Config, ParsesMixtral) {
   EXPECT_NEAR(c->NumParameters() / 1e9, 140.6, 0.2);
 }
 
+// Published config.json files: Qwen2.5-7B-Instruct and Qwen3-8B.
+TEST(Config, ParsesQwen) {
+  const char* qwen25 = R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 3584,
+    "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 32768,
+    "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 152064})";
+  auto c = ModelConfig::Parse(qwen25, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, Architecture::kQwen2);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);  // named, but use_sliding_window is false
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_NEAR(c->NumParameters() / 1e9, 7.62, 0.01);
+  const char* qwen3 = R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 12288, "max_position_embeddings": 40960, "max_window_layers": 36,
+    "model_type": "qwen3", "num_attention_heads": 32, "num_hidden_layers": 36,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})";
+  c = ModelConfig::Parse(qwen3, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->q_dim(), 4096);
+  EXPECT_NEAR(c->NumParameters() / 1e9, 8.19, 0.01);
+  // A window turned on is refused by name.
+  std::string windowed = qwen3;
+  windowed.replace(windowed.find("\"use_sliding_window\": false"), 27,
+                   "\"use_sliding_window\": true");
+  c = ModelConfig::Parse(windowed, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("use_sliding_window"), std::string::npos);
+  // Both write themselves back as they were read.
+  for (const char* preset : {"tiny-qwen2", "tiny-qwen3"}) {
+    auto p = SyntheticPresetConfig(preset);
+    ASSERT_TRUE(p.ok());
+    auto back = ModelConfig::Parse(p->ToJson(), preset);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->ToJson(), p->ToJson());
+    EXPECT_EQ(back->qkv_bias, p->qkv_bias);
+    EXPECT_EQ(back->qk_norm, p->qk_norm);
+  }
+}
+
 TEST(Config, RoundTripsThroughJson) {
   for (auto& name : SyntheticPresetNames()) {
     auto c = SyntheticPresetConfig(name);

@@ -21,8 +21,8 @@ namespace failsafe {
 using nlohmann::json;
 
 std::vector<std::string> SyntheticPresetNames() {
-  return {"tiny-llama",  "tiny-mixtral",  "small-llama", "1b-llama",
-          "micro-llama", "micro-mixtral", "stories-260k"};
+  return {"tiny-llama",  "tiny-mixtral",  "tiny-qwen2",  "tiny-qwen3",  "small-llama", "1b-llama",
+          "micro-llama", "micro-mixtral", "micro-qwen2", "micro-qwen3", "stories-260k"};
 }
 
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
@@ -54,6 +54,36 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.experts_per_token = 2;
     c.tie_word_embeddings = true;
     c.sliding_window = 96;
+  } else if (preset == "tiny-qwen2") {
+    // Qwen2.5-0.5B's proportions: 14 query heads over 2 KV heads, q/k/v
+    // biases, tied embeddings.
+    c.architecture = Architecture::kQwen2;
+    c.qkv_bias = true;
+    c.hidden_size = 224;
+    c.num_layers = 4;
+    c.num_heads = 14;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.intermediate_size = 608;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 8192;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.tie_word_embeddings = true;
+  } else if (preset == "tiny-qwen3") {
+    // Qwen3's: query and key norms, head_dim set apart from the hidden size
+    // (16 x 32 = 512 query columns over a hidden size of 256).
+    c.architecture = Architecture::kQwen3;
+    c.qk_norm = true;
+    c.hidden_size = 256;
+    c.num_layers = 4;
+    c.num_heads = 16;
+    c.head_dim = 32;
+    c.intermediate_size = 384;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 8192;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
   } else if (preset == "small-llama") {
     c.architecture = Architecture::kLlama;
     c.hidden_size = 1024;
@@ -100,6 +130,31 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.experts_per_token = 2;
     c.tie_word_embeddings = true;
     c.sliding_window = 24;
+  } else if (preset == "micro-qwen2") {
+    c.architecture = Architecture::kQwen2;
+    c.qkv_bias = true;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 8;
+    c.intermediate_size = 96;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rope_theta = 1000000.0;
+    c.tie_word_embeddings = true;
+  } else if (preset == "micro-qwen3") {
+    c.architecture = Architecture::kQwen3;
+    c.qk_norm = true;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 16;
+    c.intermediate_size = 96;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rope_theta = 1000000.0;
   } else if (preset == "stories-260k") {
     // The shape of Karpathy's llama2.c stories260K.
     c.architecture = Architecture::kLlama;
@@ -396,6 +451,10 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
   uint64_t h = 1469598103934665603ULL;
   for (char c : e.name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
   Rng rng(HashCombine(ctx->seed, h));
+  if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(0.5 * rng.Normal());
+    return;
+  }
   bool is_norm = e.shape.size() == 1;
   if (is_norm) {
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(1.0 + 0.1 * rng.Normal());

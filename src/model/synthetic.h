@@ -13,9 +13,10 @@
 
 namespace failsafe {
 
-// Known presets: tiny-llama, tiny-mixtral, small-llama, 1b-llama, and for
-// fast tests of any head layout micro-llama and micro-mixtral; stories-260k
-// has the shape of Karpathy's stories260K (random weights).
+// Known presets: tiny-llama, tiny-mixtral, tiny-qwen2, tiny-qwen3,
+// small-llama, 1b-llama, and for fast tests of any head layout micro-llama,
+// micro-mixtral, micro-qwen2 and micro-qwen3; stories-260k has the shape of
+// Karpathy's stories260K (random weights).
 std::vector<std::string> SyntheticPresetNames();
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset);
 

@@ -23,6 +23,11 @@ std::string Q(int layer) { return L(layer) + "self_attn.q_proj.weight"; }
 std::string K(int layer) { return L(layer) + "self_attn.k_proj.weight"; }
 std::string V(int layer) { return L(layer) + "self_attn.v_proj.weight"; }
 std::string O(int layer) { return L(layer) + "self_attn.o_proj.weight"; }
+std::string QBias(int layer) { return L(layer) + "self_attn.q_proj.bias"; }
+std::string KBias(int layer) { return L(layer) + "self_attn.k_proj.bias"; }
+std::string VBias(int layer) { return L(layer) + "self_attn.v_proj.bias"; }
+std::string QNorm(int layer) { return L(layer) + "self_attn.q_norm.weight"; }
+std::string KNorm(int layer) { return L(layer) + "self_attn.k_norm.weight"; }
 static std::string Expert(int layer, int e) {
   return L(layer) + "block_sparse_moe.experts." + std::to_string(e) + ".";
 }
@@ -49,6 +54,15 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
     out.push_back({tn::K(l), {c.kv_dim(), h}});
     out.push_back({tn::V(l), {c.kv_dim(), h}});
     out.push_back({tn::O(l), {h, c.q_dim()}});
+    if (c.qkv_bias) {
+      out.push_back({tn::QBias(l), {c.q_dim()}});
+      out.push_back({tn::KBias(l), {c.kv_dim()}});
+      out.push_back({tn::VBias(l), {c.kv_dim()}});
+    }
+    if (c.qk_norm) {
+      out.push_back({tn::QNorm(l), {c.head_dim}});
+      out.push_back({tn::KNorm(l), {c.head_dim}});
+    }
     out.push_back({tn::FfnNorm(l), {h}});
     if (c.is_moe()) {
       out.push_back({tn::Router(l), {c.num_experts, h}});

@@ -14,7 +14,7 @@
 
 namespace failsafe {
 
-// Hugging Face tensor names for Llama / Mistral / Mixtral.
+// Hugging Face tensor names for Llama / Mistral / Mixtral / Qwen2 / Qwen3.
 namespace tensor_names {
 std::string Embedding();
 std::string FinalNorm();
@@ -25,6 +25,11 @@ std::string Q(int layer);
 std::string K(int layer);
 std::string V(int layer);
 std::string O(int layer);
+std::string QBias(int layer);  // Qwen2: [q_dim]
+std::string KBias(int layer);  // [kv_dim]
+std::string VBias(int layer);  // [kv_dim]
+std::string QNorm(int layer);  // Qwen3: [head_dim]
+std::string KNorm(int layer);  // [head_dim]
 // Dense FFN (expert < 0) or a Mixtral expert.
 std::string Gate(int layer, int expert);  // [intermediate, hidden]
 std::string Up(int layer, int expert);    // [intermediate, hidden]

@@ -208,6 +208,31 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
     k0 += seg.count;
   }
   stats->attention_flops += 2.0 * hr.rows * H * (ld_q + ld_kv);
+  const LayerWeights& lw = layers_[layer];
+  if (config_.qkv_bias) {
+    // Each segment's columns take its items' biases.
+    k0 = 0;
+    for (const auto& seg : w.q.segments()) {
+      backend_->AddBias(q + static_cast<int64_t>(k0) * hd, ld_q,
+                        lw.q_bias.data() + static_cast<int64_t>(seg.first) * hd, hr.rows,
+                        seg.count * hd);
+      k0 += seg.count;
+    }
+    k0 = 0;
+    for (const auto& seg : w.kv.segments()) {
+      backend_->AddBias(kv + static_cast<int64_t>(k0) * 2 * hd, ld_kv,
+                        lw.kv_bias.data() + static_cast<int64_t>(seg.first) * 2 * hd, hr.rows,
+                        seg.count * 2 * hd);
+      k0 += seg.count;
+    }
+  }
+  if (config_.qk_norm) {
+    // Every query head, and the key of every group (heads 2 * hd apart),
+    // normalised in place: rows of hd at a uniform stride.
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    backend_->RmsNorm(q, hd, lw.q_norm.data(), q, hd, hr.rows * n_q, hd, eps);
+    backend_->RmsNorm(kv, 2 * hd, lw.k_norm.data(), kv, 2 * hd, hr.rows * n_kv, hd, eps);
+  }
   // 2) RoPE on the query heads and on the key of each group.
   backend_->Rope(q, ld_q, hd, hr.positions, hr.rows, n_q, hd, rope_table_device_.data());
   // Each group's key: heads 2 * hd apart (its value between).

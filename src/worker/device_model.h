@@ -139,6 +139,10 @@ class DeviceModel {
     ItemMatrix ffn_gate_up;     // per shard: gate rows then up rows [2 * width, hidden]
     ItemMatrix ffn_down;        // per shard: down^T rows [width, hidden]
     DeviceArray<float> router;  // MoE: [experts, hidden]
+    // Replicated on every device (a few head widths): Qwen2's biases, by
+    // query head [heads][hd] and by head group [kv heads][k hd, v hd] as the
+    // kv items lie; Qwen3's query and key norms [hd].
+    DeviceArray<float> q_bias, kv_bias, q_norm, k_norm;
   };
 
   // Rows of one attention computation: all tokens (TP heads) or the tokens of

@@ -354,7 +354,8 @@ std::vector<ModelCase> Cases() {
   return {{"micro-llama", 4, 1},   {"micro-llama", 4, 2},   {"micro-llama", 6, 3},
           {"stories-260k", 0, 0},  {"micro-llama", 16, 8},  {"micro-mixtral", 3, 1},
           {"micro-mixtral", 6, 2}, {"micro-mixtral", 3, 3}, {"micro-mixtral", 8, 4},
-          {"micro-mixtral", 8, 8}};
+          {"micro-mixtral", 8, 8}, {"micro-qwen2", 6, 3},   {"micro-qwen2", 8, 1},
+          {"micro-qwen3", 8, 4},   {"micro-qwen3", 10, 5}};
 }
 
 class EveryPlacement : public ::testing::TestWithParam<ModelCase> {};
@@ -459,7 +460,8 @@ TEST_P(PlanChanges, KeepTheOutputs) {
 
 std::vector<ChangeCase> ChangeCases() {
   const ModelCase stories{"stories-260k", 0, 0}, one_group{"micro-llama", 4, 1},
-      moe{"micro-mixtral", 8, 4}, moe_three{"micro-mixtral", 6, 3};
+      moe{"micro-mixtral", 8, 4}, moe_three{"micro-mixtral", 6, 3}, qwen2{"micro-qwen2", 6, 3},
+      qwen3{"micro-qwen3", 10, 5};
   return {
       // Replicated groups: lose a writer, fall to whole groups, grow back.
       {stories,
@@ -476,6 +478,10 @@ std::vector<ChangeCase> ChangeCases() {
       {moe_three, Policy::kHybrid, 5, {{false, 4}, {false, 1}, {true, 1}, {false, 0}}},
       // vLLM's layout (TP 8 over 4 groups), then TP 4 on the survivors.
       {moe, Policy::kStandard, 8, {{false, 7}, {true, 7}}},
+      // Biases and head norms go with their heads (replicated, so any device
+      // gaining a head has them).
+      {qwen2, Policy::kNonUniform, 7, {{false, 1}, {false, 4}, {true, 4}, {false, 0}}},
+      {qwen3, Policy::kHybrid, 6, {{false, 5}, {false, 2}, {true, 2}, {true, 5}}},
   };
 }
 

@@ -35,6 +35,8 @@ int64_t DeviceModel::weight_bytes() const {
          (config_.is_moe() ? static_cast<int64_t>(config_.num_experts) * config_.hidden_size : 0)) *
         4;
     b += l.tp.bytes() + l.dp.bytes();
+    if (config_.qkv_bias) b += static_cast<int64_t>(config_.q_dim() + 2 * config_.kv_dim()) * 4;
+    if (config_.qk_norm) b += 2LL * config_.head_dim * 4;
     b += l.ffn_gate_up.bytes() + l.ffn_down.bytes();
   }
   return b;
@@ -195,6 +197,15 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     dst->set_memory(mem);
     Upload(v, dst);
   };
+  auto whole = [&](const std::string& name, std::vector<float>* v) {
+    const TensorRef t = host.Get(name);
+    v->resize(static_cast<size_t>(t.rows() * t.cols()));
+    t.ReadRows(0, t.rows(), v->data());
+  };
+  auto upload = [&](const std::vector<float>& v, DeviceArray<float>* dst) {
+    dst->set_memory(mem);
+    Upload(v, dst);
+  };
   layers_.clear();
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
@@ -209,6 +220,25 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, nt, mem);
     lw.ffn_down = ItemMatrix(w, hidden, wt, nn, mem);
     if (c.is_moe()) vector_of(tn::Router(l), c.num_experts, &lw.router);
+    std::vector<float> v;
+    if (c.qk_norm) {
+      whole(tn::QNorm(l), &v);
+      upload(v, &lw.q_norm);
+      whole(tn::KNorm(l), &v);
+      upload(v, &lw.k_norm);
+    }
+    if (c.qkv_bias) {
+      whole(tn::QBias(l), &v);
+      upload(v, &lw.q_bias);
+      std::vector<float> k, kv(2 * static_cast<size_t>(c.kv_dim()));
+      whole(tn::KBias(l), &k);
+      whole(tn::VBias(l), &v);
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        std::copy_n(k.begin() + h * hd, hd, kv.begin() + 2 * h * hd);
+        std::copy_n(v.begin() + h * hd, hd, kv.begin() + (2 * h + 1) * hd);
+      }
+      upload(kv, &lw.kv_bias);
+    }
   }
   vector_of(tn::FinalNorm(), 1, &final_norm_);
   embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, nt, mem);

@@ -79,6 +79,13 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
         t[p + "self_attn.k_proj.weight"] = mat(nkv * hd, H)
         t[p + "self_attn.v_proj.weight"] = mat(nkv * hd, H)
         t[p + "self_attn.o_proj.weight"] = mat(H, nh * hd)
+        if cfg["architectures"][0] == "Qwen2ForCausalLM":
+            t[p + "self_attn.q_proj.bias"] = 0.5 * rng.normal(size=(nh * hd,))
+            t[p + "self_attn.k_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
+            t[p + "self_attn.v_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
+        if cfg["architectures"][0] == "Qwen3ForCausalLM":
+            t[p + "self_attn.q_norm.weight"] = norm(hd)
+            t[p + "self_attn.k_norm.weight"] = norm(hd)
         t[p + "post_attention_layernorm.weight"] = norm(H)
         if "num_local_experts" in cfg:
             t[p + "block_sparse_moe.gate.weight"] = mat(cfg["num_local_experts"], H)
@@ -112,6 +119,15 @@ def llama(H, layers, nh, nkv, inter, V, head_dim=None, **kw):
     return cfg
 
 
+def qwen(version, H, layers, nh, nkv, inter, V, head_dim=None, **kw):
+    cfg = llama(H, layers, nh, nkv, inter, V, head_dim=head_dim, rope_theta=1000000.0,
+                rms_norm_eps=1e-6, use_sliding_window=False, **kw)
+    cfg.update(architectures=[f"Qwen{version}ForCausalLM"], model_type=f"qwen{version}")
+    if version == 3:
+        cfg["attention_bias"] = False
+    return cfg
+
+
 # (label, config, dtype, [(devices, placements)] run by default, the same with --all)
 ALL = ["standard", "nonuniform", "cyclic", "hybrid"]
 SHAPES = [
@@ -142,6 +158,16 @@ SHAPES = [
      dict(llama(72, 2, 6, 3, 90, 409, head_dim=24), architectures=["MixtralForCausalLM"],
           model_type="mixtral", num_local_experts=3, num_experts_per_tok=2, sliding_window=None),
      "bf16", [(5, ["hybrid"])], [(2, ["hybrid"]), (5, ["hybrid", "nonuniform"])]),
+    # Qwen names a window it does not use (use_sliding_window false): a window
+    # of 24 under the 70-token prompt would change every logit after it.
+    ("Qwen2, 3 KV heads of 4, q/k/v biases, tied, window named but off",
+     qwen(2, 120, 2, 12, 3, 328, 613, head_dim=20, tie_word_embeddings=True, sliding_window=24,
+          max_window_layers=1),
+     "bf16", [(5, ["hybrid"]), (4, ["nonuniform"])],
+     [(1, ["hybrid"]), (4, ALL), (5, ["hybrid", "cyclic"])]),
+    ("Qwen3, 1 KV head of 5, head_dim 64 over hidden 96, q/k norms",
+     qwen(3, 96, 2, 5, 1, 200, 431, head_dim=64, sliding_window=None, max_window_layers=2),
+     "f32", [(3, ["cyclic", "hybrid"])], [(1, ["hybrid"]), (3, ALL), (6, ["hybrid"])]),
 ]
 
 
@@ -210,6 +236,11 @@ REFUSED = [
     ("dynamic rope scaling", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_scaling"),
     ("rope scaling without a type", dict(rope_scaling={"factor": 2.0}), "rope_scaling"),
     ("partial rotary", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    ("Qwen2 with sliding windows on", dict(architectures=["Qwen2ForCausalLM"],
+                                           use_sliding_window=True, sliding_window=32),
+     "use_sliding_window"),
+    ("Qwen3 with biases", dict(architectures=["Qwen3ForCausalLM"], attention_bias=True),
+     "attention_bias"),
 ]
 
 

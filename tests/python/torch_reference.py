@@ -3,7 +3,7 @@
 
 Builds synthetic models with `failsafe make-model`, reads the same
 safetensors files with its own parser, runs a plain PyTorch (float64)
-Llama / Mixtral forward pass over the whole sequence, and compares the logits
+Llama / Mixtral / Qwen2 / Qwen3 forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
@@ -134,7 +134,8 @@ def forward(cfg, W, ids, bf16_inputs=False):
     nkv = cfg.get("num_key_value_heads", nh)
     hd = cfg.get("head_dim") or H // nh
     eps = cfg.get("rms_norm_eps", 1e-5)
-    window = cfg.get("sliding_window") or 0
+    # Qwen names a window that only use_sliding_window turns on.
+    window = (cfg.get("sliding_window") or 0) if cfg.get("use_sliding_window", True) else 0
     T = len(ids)
     pos = torch.arange(T)
     freqs = inv_freq(cfg)
@@ -148,9 +149,13 @@ def forward(cfg, W, ids, bf16_inputs=False):
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
         h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = mm(h, p + "self_attn.q_proj.weight").view(T, nh, hd)
-        k = mm(h, p + "self_attn.k_proj.weight").view(T, nkv, hd)
-        v = mm(h, p + "self_attn.v_proj.weight").view(T, nkv, hd)
+        q, k, v = (mm(h, p + f"self_attn.{n}_proj.weight") for n in "qkv")
+        if p + "self_attn.q_proj.bias" in W:  # Qwen2
+            q, k, v = (t + W[p + f"self_attn.{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
+        q, k, v = q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd)
+        if p + "self_attn.q_norm.weight" in W:  # Qwen3: each head normalised before RoPE
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q, k = rope(q, pos, freqs), rope(k, pos, freqs)
         g = nh // nkv
         k = k.repeat_interleave(g, dim=1)
@@ -284,7 +289,9 @@ def main():
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for preset, dtype, shards in [("tiny-llama", "f32", 1), ("tiny-mixtral", "f32", 1),
-                                      ("tiny-llama", "bf16", 2), ("tiny-mixtral", "f16", 3)]:
+                                      ("tiny-llama", "bf16", 2), ("tiny-mixtral", "f16", 3),
+                                      ("tiny-qwen2", "f32", 1), ("tiny-qwen2", "bf16", 2),
+                                      ("tiny-qwen3", "f32", 1), ("tiny-qwen3", "bf16", 1)]:
             d = os.path.join(tmp, f"{preset}-{dtype}")
             subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d, "--seed", "7",
                             "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)

@@ -110,6 +110,13 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols) override {
+    for (int r = 0; r < rows; ++r) {
+      float* a = x + r * ldx;
+      for (int j = 0; j < cols; ++j) a[j] += bias[j];
+    }
+  }
+
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
                int dim, float eps) override {
     // Rows are independent: a prefill's share out over the threads.

@@ -328,6 +328,11 @@ class CudaBackend final : public Backend {
     if (Launching()) cuda::ScaleRows(x, ldx, f, rows, cols, stream_);
   }
 
+  void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols) override {
+    if (!Launching()) return;  // the graph has it
+    cuda::AddBias(x, ldx, bias, rows, cols, stream_);
+  }
+
   // --- the rest of the layer ---
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
                int dim, float eps) override {

@@ -288,6 +288,15 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
     gpu->RmsNorm(dx.get(), dim, dw.get(), dy.get(), dim, rows, dim, 1e-5f);
     EXPECT_LT(MaxRelError(dy.Read(gpu), want), 1e-6);
   }
+  {  // RmsNorm in place over heads of 16 two apart (Qwen3's key norm), and AddBias
+    std::vector<float> want = x;
+    cpu->RmsNorm(want.data(), 32, w.data(), want.data(), 32, rows * dim / 32, 16, 1e-6f);
+    cpu->AddBias(want.data() + 3, dim, w.data(), rows, 100);
+    OnDevice<float> dx(gpu, x), dw(gpu, w);
+    gpu->RmsNorm(dx.get(), 32, dw.get(), dx.get(), 32, rows * dim / 32, 16, 1e-6f);
+    gpu->AddBias(dx.get() + 3, dim, dw.get(), rows, 100);
+    EXPECT_LT(MaxRelError(dx.Read(gpu), want), 1e-6);
+  }
   {  // Rope: 5 heads of 64 per token
     std::vector<int32_t> pos(rows);
     for (int i = 0; i < rows; ++i) pos[i] = (i * 37) % 500;

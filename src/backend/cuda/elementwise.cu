@@ -89,6 +89,14 @@ __global__ void ScaleRowsKernel(float* x, int64_t ldx, const float* scale, int r
   }
 }
 
+__global__ void AddBiasKernel(float* x, int64_t ldx, const float* bias, int rows, int cols) {
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    float* a = x + static_cast<int64_t>(r) * ldx;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+      a[c] += bias[c];
+  }
+}
+
 // One block per row: the sum of squares in a fixed tree (the same for every
 // row whatever the launch), then y = x * inv * weight as the CPU backend.
 __global__ void RmsNormKernel(const float* x, int64_t ldx, const float* weight, float* y,
@@ -279,6 +287,12 @@ void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s) {
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s) {
   if (rows <= 0) return;
   ScaleRowsKernel<<<RowGrid(cols, rows), kThreads, 0, s>>>(x, ldx, scale, rows, cols);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  AddBiasKernel<<<RowGrid(cols, rows), kThreads, 0, s>>>(x, ldx, bias, rows, cols);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -20,6 +20,8 @@ const char* ArchitectureName(Architecture arch) {
       return "Qwen2ForCausalLM";
     case Architecture::kQwen3:
       return "Qwen3ForCausalLM";
+    case Architecture::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
   }
   return "?";
 }
@@ -38,12 +40,15 @@ const char* ModelType(Architecture arch) {
       return "qwen2";
     case Architecture::kQwen3:
       return "qwen3";
+    case Architecture::kQwen3Moe:
+      return "qwen3_moe";
   }
   return "?";
 }
 
 bool IsQwen(Architecture arch) {
-  return arch == Architecture::kQwen2 || arch == Architecture::kQwen3;
+  return arch == Architecture::kQwen2 || arch == Architecture::kQwen3 ||
+         arch == Architecture::kQwen3Moe;
 }
 
 }  // namespace
@@ -177,14 +182,17 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     c.architecture = Architecture::kQwen2;
   else if (arch == "Qwen3ForCausalLM")
     c.architecture = Architecture::kQwen3;
+  else if (arch == "Qwen3MoeForCausalLM")
+    c.architecture = Architecture::kQwen3Moe;
   else {
     return InvalidArgument(
         "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
-        "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+        "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+        "Qwen3MoeForCausalLM)",
         source, arch);
   }
   c.qkv_bias = c.architecture == Architecture::kQwen2;
-  c.qk_norm = c.architecture == Architecture::kQwen3;
+  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
 
   Reader r(j, source);
   FS_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
@@ -228,6 +236,29 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     if (c.experts_per_token > c.num_experts) {
       return InvalidArgument("{}: field 'num_experts_per_tok' exceeds num_local_experts", source);
     }
+  }
+  if (c.architecture == Architecture::kQwen3Moe) {
+    // Every layer sparse, each expert moe_intermediate_size wide, the top-k
+    // weights renormalised: Mixtral's routing under other names.
+    FS_RETURN_IF_ERROR(r.Int("num_experts", &c.num_experts, true));
+    FS_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.experts_per_token, true));
+    FS_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.intermediate_size, true));
+    if (c.experts_per_token > c.num_experts)
+      return InvalidArgument("{}: field 'num_experts_per_tok' exceeds num_experts", source);
+    bool renormalised = false;  // Hugging Face's default
+    FS_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &renormalised));
+    if (!renormalised)
+      return InvalidArgument(
+          "{}: field 'norm_topk_prob' is false or missing: only renormalised top-k weights are "
+          "supported",
+          source);
+    int step = 1;
+    FS_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &step, false));
+    auto dense = j.find("mlp_only_layers");
+    if (step != 1 || (dense != j.end() && !dense->is_null() && !dense->empty()))
+      return InvalidArgument(
+          "{}: field '{}': dense FFN layers among the sparse ones are not supported", source,
+          step != 1 ? "decoder_sparse_step" : "mlp_only_layers");
   }
   if (c.bos_token_id >= c.vocab_size || c.eos_token_id >= c.vocab_size) {
     return InvalidArgument("{}: bos/eos token id is not below vocab_size", source);
@@ -301,14 +332,21 @@ std::string ModelConfig::ToJson() const {
         {"high_freq_factor", rope_scaling.high_freq_factor},
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   }
-  if (is_moe()) {
+  if (architecture == Architecture::kQwen3Moe) {
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = experts_per_token;
+    j["moe_intermediate_size"] = intermediate_size;
+    j["norm_topk_prob"] = true;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+  } else if (is_moe()) {
     j["num_local_experts"] = num_experts;
     j["num_experts_per_tok"] = experts_per_token;
   }
   if (IsQwen(architecture)) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
-    if (architecture == Architecture::kQwen3) j["attention_bias"] = false;
+    if (qk_norm) j["attention_bias"] = false;
   } else if (architecture != Architecture::kLlama) {
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   }

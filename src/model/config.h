@@ -8,7 +8,7 @@
 
 namespace failsafe {
 
-enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3 };
+enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3, kQwen3Moe };
 const char* ArchitectureName(Architecture arch);
 
 // Llama-3 style frequency-dependent RoPE scaling ("rope_type": "llama3").

@@ -170,9 +170,9 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
     if (name == tn::K(l)) return permuted(s.wk + l * kv * dim, h.n_kv_heads);
     if (name == tn::V(l)) return copy(s.wv + l * kv * dim, kv * dim);
     if (name == tn::O(l)) return copy(s.wo + l * dim * dim, dim * dim);
-    if (name == tn::Gate(l, -1)) return copy(s.w1 + l * hid * dim, hid * dim);
-    if (name == tn::Down(l, -1)) return copy(s.w2 + l * dim * hid, dim * hid);
-    if (name == tn::Up(l, -1)) return copy(s.w3 + l * hid * dim, hid * dim);
+    if (name == tn::Gate(s.config, l, -1)) return copy(s.w1 + l * hid * dim, hid * dim);
+    if (name == tn::Down(s.config, l, -1)) return copy(s.w2 + l * dim * hid, dim * hid);
+    if (name == tn::Up(s.config, l, -1)) return copy(s.w3 + l * hid * dim, hid * dim);
   }
 }
 

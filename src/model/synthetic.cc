@@ -21,8 +21,9 @@ namespace failsafe {
 using nlohmann::json;
 
 std::vector<std::string> SyntheticPresetNames() {
-  return {"tiny-llama",  "tiny-mixtral",  "tiny-qwen2",  "tiny-qwen3",  "small-llama", "1b-llama",
-          "micro-llama", "micro-mixtral", "micro-qwen2", "micro-qwen3", "stories-260k"};
+  return {"tiny-llama",  "tiny-mixtral",    "tiny-qwen2",  "tiny-qwen3",    "tiny-qwen3-moe",
+          "small-llama", "1b-llama",        "micro-llama", "micro-mixtral", "micro-qwen2",
+          "micro-qwen3", "micro-qwen3-moe", "stories-260k"};
 }
 
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
@@ -80,6 +81,22 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.num_heads = 16;
     c.head_dim = 32;
     c.intermediate_size = 384;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 8192;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+  } else if (preset == "tiny-qwen3-moe") {
+    // Qwen3-30B-A3B's routing: many narrow experts, top 8 renormalised.
+    c.architecture = Architecture::kQwen3Moe;
+    c.qk_norm = true;
+    c.hidden_size = 256;
+    c.num_layers = 3;
+    c.num_heads = 16;
+    c.num_kv_heads = 4;
+    c.head_dim = 32;
+    c.intermediate_size = 64;
+    c.num_experts = 32;
+    c.experts_per_token = 8;
     c.vocab_size = 512;
     c.max_position_embeddings = 8192;
     c.rms_norm_eps = 1e-6;
@@ -152,6 +169,20 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.num_kv_heads = 4;
     c.head_dim = 16;
     c.intermediate_size = 96;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rope_theta = 1000000.0;
+  } else if (preset == "micro-qwen3-moe") {
+    c.architecture = Architecture::kQwen3Moe;
+    c.qk_norm = true;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 16;
+    c.intermediate_size = 24;
+    c.num_experts = 8;
+    c.experts_per_token = 3;
     c.vocab_size = 384;
     c.max_position_embeddings = 2048;
     c.rope_theta = 1000000.0;

@@ -28,19 +28,26 @@ std::string KBias(int layer) { return L(layer) + "self_attn.k_proj.bias"; }
 std::string VBias(int layer) { return L(layer) + "self_attn.v_proj.bias"; }
 std::string QNorm(int layer) { return L(layer) + "self_attn.q_norm.weight"; }
 std::string KNorm(int layer) { return L(layer) + "self_attn.k_norm.weight"; }
-static std::string Expert(int layer, int e) {
-  return L(layer) + "block_sparse_moe.experts." + std::to_string(e) + ".";
+static bool MixtralNames(const ModelConfig& c) { return c.architecture == Architecture::kMixtral; }
+// A projection of expert e (e < 0: the dense FFN's): Mixtral's w1/w3/w2 under
+// block_sparse_moe, or the dense names under mlp.experts.e.
+static std::string Ffn(const ModelConfig& c, int layer, int e, const char* proj,
+                       const char* mixtral) {
+  if (e < 0) return L(layer) + "mlp." + proj + ".weight";
+  if (MixtralNames(c))
+    return L(layer) + "block_sparse_moe.experts." + std::to_string(e) + "." + mixtral + ".weight";
+  return L(layer) + "mlp.experts." + std::to_string(e) + "." + proj + ".weight";
 }
-std::string Gate(int layer, int e) {
-  return e < 0 ? L(layer) + "mlp.gate_proj.weight" : Expert(layer, e) + "w1.weight";
+std::string Gate(const ModelConfig& c, int layer, int e) {
+  return Ffn(c, layer, e, "gate_proj", "w1");
 }
-std::string Up(int layer, int e) {
-  return e < 0 ? L(layer) + "mlp.up_proj.weight" : Expert(layer, e) + "w3.weight";
+std::string Up(const ModelConfig& c, int layer, int e) { return Ffn(c, layer, e, "up_proj", "w3"); }
+std::string Down(const ModelConfig& c, int layer, int e) {
+  return Ffn(c, layer, e, "down_proj", "w2");
 }
-std::string Down(int layer, int e) {
-  return e < 0 ? L(layer) + "mlp.down_proj.weight" : Expert(layer, e) + "w2.weight";
+std::string Router(const ModelConfig& c, int layer) {
+  return L(layer) + (MixtralNames(c) ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
 }
-std::string Router(int layer) { return L(layer) + "block_sparse_moe.gate.weight"; }
 }  // namespace tensor_names
 
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
@@ -65,16 +72,16 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
     }
     out.push_back({tn::FfnNorm(l), {h}});
     if (c.is_moe()) {
-      out.push_back({tn::Router(l), {c.num_experts, h}});
+      out.push_back({tn::Router(c, l), {c.num_experts, h}});
       for (int e = 0; e < c.num_experts; ++e) {
-        out.push_back({tn::Gate(l, e), {inter, h}});
-        out.push_back({tn::Down(l, e), {h, inter}});
-        out.push_back({tn::Up(l, e), {inter, h}});
+        out.push_back({tn::Gate(c, l, e), {inter, h}});
+        out.push_back({tn::Down(c, l, e), {h, inter}});
+        out.push_back({tn::Up(c, l, e), {inter, h}});
       }
     } else {
-      out.push_back({tn::Gate(l, -1), {inter, h}});
-      out.push_back({tn::Up(l, -1), {inter, h}});
-      out.push_back({tn::Down(l, -1), {h, inter}});
+      out.push_back({tn::Gate(c, l, -1), {inter, h}});
+      out.push_back({tn::Up(c, l, -1), {inter, h}});
+      out.push_back({tn::Down(c, l, -1), {h, inter}});
     }
   }
   out.push_back({tn::FinalNorm(), {h}});

@@ -30,11 +30,11 @@ std::string KBias(int layer);  // [kv_dim]
 std::string VBias(int layer);  // [kv_dim]
 std::string QNorm(int layer);  // Qwen3: [head_dim]
 std::string KNorm(int layer);  // [head_dim]
-// Dense FFN (expert < 0) or a Mixtral expert.
-std::string Gate(int layer, int expert);  // [intermediate, hidden]
-std::string Up(int layer, int expert);    // [intermediate, hidden]
-std::string Down(int layer, int expert);  // [hidden, intermediate]
-std::string Router(int layer);            // Mixtral: [experts, hidden]
+// Dense FFN (expert < 0) or an expert (Mixtral's or Qwen3-MoE's names).
+std::string Gate(const ModelConfig& c, int layer, int expert);  // [intermediate, hidden]
+std::string Up(const ModelConfig& c, int layer, int expert);    // [intermediate, hidden]
+std::string Down(const ModelConfig& c, int layer, int expert);  // [hidden, intermediate]
+std::string Router(const ModelConfig& c, int layer);            // MoE: [experts, hidden]
 }  // namespace tensor_names
 
 struct ExpectedTensor {

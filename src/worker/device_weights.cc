@@ -84,14 +84,14 @@ void HostLoader::GateUp(int layer, int shard, float* dst) const {
   const int w = shape_.shard_width, hidden = c_.hidden_size;
   const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
   const int64_t col = static_cast<int64_t>(shard % shape_.shards_per_expert) * w;
-  host_.Get(tn::Gate(layer, expert)).ReadRows(col, w, dst);
-  host_.Get(tn::Up(layer, expert)).ReadRows(col, w, dst + static_cast<int64_t>(w) * hidden);
+  host_.Get(tn::Gate(c_, layer, expert)).ReadRows(col, w, dst);
+  host_.Get(tn::Up(c_, layer, expert)).ReadRows(col, w, dst + static_cast<int64_t>(w) * hidden);
 }
 
 void HostLoader::Down(int layer, int shard, float* dst) const {
   const int w = shape_.shard_width;
   const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
-  host_.Get(tn::Down(layer, expert))
+  host_.Get(tn::Down(c_, layer, expert))
       .ReadColsTransposed(static_cast<int64_t>(shard % shape_.shards_per_expert) * w, w, dst);
 }
 
@@ -219,7 +219,7 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     }
     lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, nt, mem);
     lw.ffn_down = ItemMatrix(w, hidden, wt, nn, mem);
-    if (c.is_moe()) vector_of(tn::Router(l), c.num_experts, &lw.router);
+    if (c.is_moe()) vector_of(tn::Router(c, l), c.num_experts, &lw.router);
     std::vector<float> v;
     if (c.qk_norm) {
       whole(tn::QNorm(l), &v);

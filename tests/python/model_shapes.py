@@ -83,7 +83,7 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
             t[p + "self_attn.q_proj.bias"] = 0.5 * rng.normal(size=(nh * hd,))
             t[p + "self_attn.k_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
             t[p + "self_attn.v_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
-        if cfg["architectures"][0] == "Qwen3ForCausalLM":
+        if cfg["architectures"][0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
         t[p + "post_attention_layernorm.weight"] = norm(H)
@@ -94,6 +94,14 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
                 t[ep + "w1.weight"] = mat(inter, H)
                 t[ep + "w2.weight"] = mat(H, inter)
                 t[ep + "w3.weight"] = mat(inter, H)
+        elif "num_experts" in cfg:  # Qwen3-MoE
+            inter = cfg["moe_intermediate_size"]
+            t[p + "mlp.gate.weight"] = mat(cfg["num_experts"], H)
+            for e in range(cfg["num_experts"]):
+                ep = p + f"mlp.experts.{e}."
+                t[ep + "gate_proj.weight"] = mat(inter, H)
+                t[ep + "up_proj.weight"] = mat(inter, H)
+                t[ep + "down_proj.weight"] = mat(H, inter)
         else:
             t[p + "mlp.gate_proj.weight"] = mat(inter, H)
             t[p + "mlp.up_proj.weight"] = mat(inter, H)
@@ -125,6 +133,9 @@ def qwen(version, H, layers, nh, nkv, inter, V, head_dim=None, **kw):
     cfg.update(architectures=[f"Qwen{version}ForCausalLM"], model_type=f"qwen{version}")
     if version == 3:
         cfg["attention_bias"] = False
+    if "num_experts" in kw:  # Qwen3-MoE: every layer sparse
+        cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
     return cfg
 
 
@@ -168,6 +179,10 @@ SHAPES = [
     ("Qwen3, 1 KV head of 5, head_dim 64 over hidden 96, q/k norms",
      qwen(3, 96, 2, 5, 1, 200, 431, head_dim=64, sliding_window=None, max_window_layers=2),
      "f32", [(3, ["cyclic", "hybrid"])], [(1, ["hybrid"]), (3, ALL), (6, ["hybrid"])]),
+    ("Qwen3-MoE, 6 experts of 40 (top 3), 2 KV heads of 3, q/k norms",
+     qwen(3, 80, 2, 6, 2, 300, 457, head_dim=32, num_experts=6, num_experts_per_tok=3,
+          moe_intermediate_size=40),
+     "bf16", [(4, ["hybrid"]), (3, ["nonuniform"])], [(1, ["hybrid"]), (3, ALL), (5, ["hybrid"])]),
 ]
 
 
@@ -241,6 +256,12 @@ REFUSED = [
      "use_sliding_window"),
     ("Qwen3 with biases", dict(architectures=["Qwen3ForCausalLM"], attention_bias=True),
      "attention_bias"),
+    ("Qwen3-MoE without renormalised top-k", dict(
+        architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=False), "norm_topk_prob"),
+    ("Qwen3-MoE with dense layers", dict(
+        architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0]), "mlp_only_layers"),
 ]
 
 

@@ -3,7 +3,7 @@
 
 Builds synthetic models with `failsafe make-model`, reads the same
 safetensors files with its own parser, runs a plain PyTorch (float64)
-Llama / Mixtral / Qwen2 / Qwen3 forward pass over the whole sequence, and compares the logits
+Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
@@ -164,16 +164,24 @@ def forward(cfg, W, ids, bf16_inputs=False):
         attn = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(T, nh * hd)
         x = x + mm(attn, p + "self_attn.o_proj.weight")
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        if "num_local_experts" in cfg:
-            E, K = cfg["num_local_experts"], cfg["num_experts_per_tok"]
-            probs = torch.softmax(mm(h, p + "block_sparse_moe.gate.weight"), dim=-1)
+        experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+        if experts:
+            K = cfg["num_experts_per_tok"]
+            mixtral = "num_local_experts" in cfg  # else Qwen3-MoE's names
+            router = p + ("block_sparse_moe.gate.weight" if mixtral else "mlp.gate.weight")
+            probs = torch.softmax(mm(h, router), dim=-1)
             topw, topi = torch.topk(probs, K, dim=-1)
-            topw = topw / topw.sum(-1, keepdim=True)
+            if cfg.get("norm_topk_prob", True):
+                topw = topw / topw.sum(-1, keepdim=True)
             out = torch.zeros_like(x)
-            for e in range(E):
-                ep = p + f"block_sparse_moe.experts.{e}."
-                y = mm(torch.nn.functional.silu(mm(h, ep + "w1.weight")) * mm(h, ep + "w3.weight"),
-                       ep + "w2.weight")
+            for e in range(experts):
+                if mixtral:
+                    ep = p + f"block_sparse_moe.experts.{e}."
+                    g, u, d = ep + "w1.weight", ep + "w3.weight", ep + "w2.weight"
+                else:
+                    ep = p + f"mlp.experts.{e}."
+                    g, u, d = (ep + n + "_proj.weight" for n in ("gate", "up", "down"))
+                y = mm(torch.nn.functional.silu(mm(h, g)) * mm(h, u), d)
                 weight = (topw * (topi == e)).sum(-1, keepdim=True)
                 out = out + y * weight
             x = x + out
@@ -291,7 +299,8 @@ def main():
         for preset, dtype, shards in [("tiny-llama", "f32", 1), ("tiny-mixtral", "f32", 1),
                                       ("tiny-llama", "bf16", 2), ("tiny-mixtral", "f16", 3),
                                       ("tiny-qwen2", "f32", 1), ("tiny-qwen2", "bf16", 2),
-                                      ("tiny-qwen3", "f32", 1), ("tiny-qwen3", "bf16", 1)]:
+                                      ("tiny-qwen3", "f32", 1), ("tiny-qwen3", "bf16", 1),
+                                      ("tiny-qwen3-moe", "f32", 1), ("tiny-qwen3-moe", "f16", 2)]:
             d = os.path.join(tmp, f"{preset}-{dtype}")
             subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d, "--seed", "7",
                             "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)

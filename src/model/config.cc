@@ -22,6 +22,8 @@ const char* ArchitectureName(Architecture arch) {
       return "Qwen3ForCausalLM";
     case Architecture::kQwen3Moe:
       return "Qwen3MoeForCausalLM";
+    case Architecture::kPhi3:
+      return "Phi3ForCausalLM";
   }
   return "?";
 }
@@ -42,6 +44,8 @@ const char* ModelType(Architecture arch) {
       return "qwen3";
     case Architecture::kQwen3Moe:
       return "qwen3_moe";
+    case Architecture::kPhi3:
+      return "phi3";
   }
   return "?";
 }
@@ -184,15 +188,18 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     c.architecture = Architecture::kQwen3;
   else if (arch == "Qwen3MoeForCausalLM")
     c.architecture = Architecture::kQwen3Moe;
+  else if (arch == "Phi3ForCausalLM")
+    c.architecture = Architecture::kPhi3;
   else {
     return InvalidArgument(
         "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
         "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-        "Qwen3MoeForCausalLM)",
+        "Qwen3MoeForCausalLM, Phi3ForCausalLM)",
         source, arch);
   }
   c.qkv_bias = c.architecture == Architecture::kQwen2;
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
+  c.fused_projections = c.architecture == Architecture::kPhi3;
 
   Reader r(j, source);
   FS_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));

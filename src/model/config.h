@@ -8,7 +8,7 @@
 
 namespace failsafe {
 
-enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3, kQwen3Moe };
+enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3, kQwen3Moe, kPhi3 };
 const char* ArchitectureName(Architecture arch);
 
 // Llama-3 style frequency-dependent RoPE scaling ("rope_type": "llama3").
@@ -40,6 +40,8 @@ struct ModelConfig {
   int sliding_window = 0;  // 0: full attention
   bool qkv_bias = false;   // biases on the q, k and v projections (Qwen2)
   bool qk_norm = false;    // an RMS norm of each query and key head before RoPE (Qwen3)
+  // q, k, v in one qkv_proj and gate, up in one gate_up_proj (Phi-3).
+  bool fused_projections = false;
   int bos_token_id = -1;
   int eos_token_id = -1;
 

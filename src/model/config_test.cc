@@ -103,7 +103,7 @@ TEST(Config, ParsesQwen) {
   EXPECT_EQ(c->intermediate_size, 768);  // each expert's
   EXPECT_NEAR(c->NumParameters() / 1e9, 30.53, 0.02);
   // Both write themselves back as they were read.
-  for (const char* preset : {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe"}) {
+  for (const char* preset : {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-phi3"}) {
     auto p = SyntheticPresetConfig(preset);
     ASSERT_TRUE(p.ok());
     auto back = ModelConfig::Parse(p->ToJson(), preset);
@@ -112,6 +112,32 @@ TEST(Config, ParsesQwen) {
     EXPECT_EQ(back->qkv_bias, p->qkv_bias);
     EXPECT_EQ(back->qk_norm, p->qk_norm);
   }
+}
+
+// Phi-3-mini-4k-instruct's config.json; the 128k variants' longrope is refused.
+TEST(Config, ParsesPhi3) {
+  const char* phi3 = R"({"architectures": ["Phi3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000,
+    "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0, "sliding_window": 2047,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.40.2",
+    "use_cache": true, "vocab_size": 32064})";
+  auto c = ModelConfig::Parse(phi3, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, Architecture::kPhi3);
+  EXPECT_TRUE(c->fused_projections);
+  EXPECT_EQ(c->sliding_window, 2047);
+  EXPECT_NEAR(c->NumParameters() / 1e9, 3.82, 0.01);
+  std::string longrope = phi3;
+  longrope.replace(
+      longrope.find("\"rope_scaling\": null"), 20,
+      R"("rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]})");
+  c = ModelConfig::Parse(longrope, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("rope_scaling"), std::string::npos);
 }
 
 TEST(Config, RoundTripsThroughJson) {

@@ -21,9 +21,9 @@ namespace failsafe {
 using nlohmann::json;
 
 std::vector<std::string> SyntheticPresetNames() {
-  return {"tiny-llama",  "tiny-mixtral",    "tiny-qwen2",  "tiny-qwen3",    "tiny-qwen3-moe",
-          "small-llama", "1b-llama",        "micro-llama", "micro-mixtral", "micro-qwen2",
-          "micro-qwen3", "micro-qwen3-moe", "stories-260k"};
+  return {"tiny-llama",  "tiny-mixtral", "tiny-qwen2",      "tiny-qwen3",  "tiny-qwen3-moe",
+          "tiny-phi3",   "small-llama",  "1b-llama",        "micro-llama", "micro-mixtral",
+          "micro-qwen2", "micro-qwen3",  "micro-qwen3-moe", "micro-phi3",  "stories-260k"};
 }
 
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
@@ -101,6 +101,21 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.max_position_embeddings = 8192;
     c.rms_norm_eps = 1e-6;
     c.rope_theta = 1000000.0;
+  } else if (preset == "tiny-phi3") {
+    // Phi-3's layout: q, k, v in one qkv_proj, gate and up in one
+    // gate_up_proj; a sliding window shorter than the tests' prompts.
+    c.architecture = Architecture::kPhi3;
+    c.fused_projections = true;
+    c.hidden_size = 192;
+    c.num_layers = 3;
+    c.num_heads = 12;
+    c.num_kv_heads = 4;
+    c.head_dim = 16;
+    c.intermediate_size = 320;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 4096;
+    c.rope_theta = 10000.0;
+    c.sliding_window = 48;
   } else if (preset == "small-llama") {
     c.architecture = Architecture::kLlama;
     c.hidden_size = 1024;
@@ -186,6 +201,19 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.vocab_size = 384;
     c.max_position_embeddings = 2048;
     c.rope_theta = 1000000.0;
+  } else if (preset == "micro-phi3") {
+    c.architecture = Architecture::kPhi3;
+    c.fused_projections = true;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 8;
+    c.intermediate_size = 96;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rope_theta = 10000.0;
+    c.sliding_window = 20;
   } else if (preset == "stories-260k") {
     // The shape of Karpathy's llama2.c stories260K.
     c.architecture = Architecture::kLlama;

@@ -48,6 +48,24 @@ std::string Down(const ModelConfig& c, int layer, int e) {
 std::string Router(const ModelConfig& c, int layer) {
   return L(layer) + (MixtralNames(c) ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
 }
+std::string Qkv(int layer) { return L(layer) + "self_attn.qkv_proj.weight"; }
+std::string GateUp(int layer) { return L(layer) + "mlp.gate_up_proj.weight"; }
+Rows QRows(const ModelConfig& c, int layer) {
+  return c.fused_projections ? Rows{Qkv(layer), 0} : Rows{Q(layer), 0};
+}
+Rows KRows(const ModelConfig& c, int layer) {
+  return c.fused_projections ? Rows{Qkv(layer), c.q_dim()} : Rows{K(layer), 0};
+}
+Rows VRows(const ModelConfig& c, int layer) {
+  return c.fused_projections ? Rows{Qkv(layer), c.q_dim() + c.kv_dim()} : Rows{V(layer), 0};
+}
+Rows GateRows(const ModelConfig& c, int layer, int e) {
+  return c.fused_projections && e < 0 ? Rows{GateUp(layer), 0} : Rows{Gate(c, layer, e), 0};
+}
+Rows UpRows(const ModelConfig& c, int layer, int e) {
+  return c.fused_projections && e < 0 ? Rows{GateUp(layer), c.intermediate_size}
+                                      : Rows{Up(c, layer, e), 0};
+}
 }  // namespace tensor_names
 
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
@@ -57,9 +75,13 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   out.push_back({tn::Embedding(), {v, h}});
   for (int l = 0; l < c.num_layers; ++l) {
     out.push_back({tn::AttnNorm(l), {h}});
-    out.push_back({tn::Q(l), {c.q_dim(), h}});
-    out.push_back({tn::K(l), {c.kv_dim(), h}});
-    out.push_back({tn::V(l), {c.kv_dim(), h}});
+    if (c.fused_projections) {
+      out.push_back({tn::Qkv(l), {c.q_dim() + 2 * c.kv_dim(), h}});
+    } else {
+      out.push_back({tn::Q(l), {c.q_dim(), h}});
+      out.push_back({tn::K(l), {c.kv_dim(), h}});
+      out.push_back({tn::V(l), {c.kv_dim(), h}});
+    }
     out.push_back({tn::O(l), {h, c.q_dim()}});
     if (c.qkv_bias) {
       out.push_back({tn::QBias(l), {c.q_dim()}});
@@ -78,6 +100,9 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
         out.push_back({tn::Down(c, l, e), {h, inter}});
         out.push_back({tn::Up(c, l, e), {inter, h}});
       }
+    } else if (c.fused_projections) {
+      out.push_back({tn::GateUp(l), {2 * inter, h}});
+      out.push_back({tn::Down(c, l, -1), {h, inter}});
     } else {
       out.push_back({tn::Gate(c, l, -1), {inter, h}});
       out.push_back({tn::Up(c, l, -1), {inter, h}});

@@ -35,6 +35,20 @@ std::string Gate(const ModelConfig& c, int layer, int expert);  // [intermediate
 std::string Up(const ModelConfig& c, int layer, int expert);    // [intermediate, hidden]
 std::string Down(const ModelConfig& c, int layer, int expert);  // [hidden, intermediate]
 std::string Router(const ModelConfig& c, int layer);            // MoE: [experts, hidden]
+std::string Qkv(int layer);     // Phi-3: q, k, v rows in one [q_dim + 2 kv_dim, hidden]
+std::string GateUp(int layer);  // Phi-3: gate rows, then up rows [2 intermediate, hidden]
+
+// Where a projection's rows lie: its own tensor from row 0, or a run of a
+// fused one (Phi-3's qkv_proj and gate_up_proj).
+struct Rows {
+  std::string tensor;
+  int64_t first_row = 0;
+};
+Rows QRows(const ModelConfig& c, int layer);
+Rows KRows(const ModelConfig& c, int layer);
+Rows VRows(const ModelConfig& c, int layer);
+Rows GateRows(const ModelConfig& c, int layer, int expert);
+Rows UpRows(const ModelConfig& c, int layer, int expert);
 }  // namespace tensor_names
 
 struct ExpectedTensor {

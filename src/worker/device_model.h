@@ -51,6 +51,9 @@ class HostLoader {
   void Vocab(bool lm_head, int chunk, float* dst) const;  // [chunk_size, hidden], zero-padded
 
  private:
+  // Rows [row, row + n) of a projection (its own tensor or a fused one's run).
+  void Read(const tensor_names::Rows& rows, int64_t row, int64_t n, float* dst) const;
+
   const ModelConfig& c_;
   const PlanShape& shape_;
   const WeightStore& host_;

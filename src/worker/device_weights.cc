@@ -45,16 +45,20 @@ int64_t DeviceModel::weight_bytes() const {
 HostLoader::HostLoader(const ModelConfig& c, const PlanShape& shape, const WeightStore& host)
     : c_(c), shape_(shape), host_(host) {}
 
+void HostLoader::Read(const tn::Rows& rows, int64_t row, int64_t n, float* dst) const {
+  host_.Get(rows.tensor).ReadRows(rows.first_row + row, n, dst);
+}
+
 void HostLoader::Query(int layer, int q, float* dst) const {
   const int hd = c_.head_dim;
-  host_.Get(tn::Q(layer)).ReadRows(static_cast<int64_t>(q) * hd, hd, dst);
+  Read(tn::QRows(c_, layer), static_cast<int64_t>(q) * hd, hd, dst);
 }
 
 void HostLoader::Kv(int layer, int head, float* dst) const {
   const int hd = c_.head_dim, hidden = c_.hidden_size;
-  host_.Get(tn::K(layer)).ReadRows(static_cast<int64_t>(head) * hd, hd, dst);
-  host_.Get(tn::V(layer))
-      .ReadRows(static_cast<int64_t>(head) * hd, hd, dst + static_cast<int64_t>(hd) * hidden);
+  Read(tn::KRows(c_, layer), static_cast<int64_t>(head) * hd, hd, dst);
+  Read(tn::VRows(c_, layer), static_cast<int64_t>(head) * hd, hd,
+       dst + static_cast<int64_t>(hd) * hidden);
 }
 
 void HostLoader::O(int layer, int q, float* dst) const {
@@ -68,11 +72,11 @@ void HostLoader::HeadRows(int layer, int head, int row_begin, int row_end, float
   for (int r = row_begin; r < row_end; ++r) {
     float* out = dst + static_cast<int64_t>(r - row_begin) * hidden;
     if (r < g * hd) {
-      host_.Get(tn::Q(layer)).ReadRows(static_cast<int64_t>(head) * g * hd + r, 1, out);
+      Read(tn::QRows(c_, layer), static_cast<int64_t>(head) * g * hd + r, 1, out);
     } else if (r < (g + 1) * hd) {
-      host_.Get(tn::K(layer)).ReadRows(static_cast<int64_t>(head) * hd + r - g * hd, 1, out);
+      Read(tn::KRows(c_, layer), static_cast<int64_t>(head) * hd + r - g * hd, 1, out);
     } else if (r < (g + 2) * hd) {
-      host_.Get(tn::V(layer)).ReadRows(static_cast<int64_t>(head) * hd + r - (g + 1) * hd, 1, out);
+      Read(tn::VRows(c_, layer), static_cast<int64_t>(head) * hd + r - (g + 1) * hd, 1, out);
     } else {
       host_.Get(tn::O(layer))
           .ReadColsTransposed(static_cast<int64_t>(head) * g * hd + r - (g + 2) * hd, 1, out);
@@ -84,8 +88,8 @@ void HostLoader::GateUp(int layer, int shard, float* dst) const {
   const int w = shape_.shard_width, hidden = c_.hidden_size;
   const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
   const int64_t col = static_cast<int64_t>(shard % shape_.shards_per_expert) * w;
-  host_.Get(tn::Gate(c_, layer, expert)).ReadRows(col, w, dst);
-  host_.Get(tn::Up(c_, layer, expert)).ReadRows(col, w, dst + static_cast<int64_t>(w) * hidden);
+  Read(tn::GateRows(c_, layer, expert), col, w, dst);
+  Read(tn::UpRows(c_, layer, expert), col, w, dst + static_cast<int64_t>(w) * hidden);
 }
 
 void HostLoader::Down(int layer, int shard, float* dst) const {

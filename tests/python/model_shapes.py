@@ -111,6 +111,13 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
         t["lm_head.weight"] = mat(V, H)
     for name, shape in (extra_tensors or {}).items():
         t[name] = rng.normal(size=shape)
+    if cfg["architectures"][0] == "Phi3ForCausalLM":  # fused as Phi-3 stores them
+        for l in range(cfg["num_hidden_layers"]):
+            p = f"model.layers.{l}."
+            t[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [t.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            t[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")])
     write_safetensors(os.path.join(d, "model.safetensors"), t, dtype)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
@@ -183,6 +190,10 @@ SHAPES = [
      qwen(3, 80, 2, 6, 2, 300, 457, head_dim=32, num_experts=6, num_experts_per_tok=3,
           moe_intermediate_size=40),
      "bf16", [(4, ["hybrid"]), (3, ["nonuniform"])], [(1, ["hybrid"]), (3, ALL), (5, ["hybrid"])]),
+    ("Phi-3, fused qkv and gate_up, 6 KV heads of 2, window 40",
+     dict(llama(144, 2, 12, 6, 232, 521, head_dim=24), architectures=["Phi3ForCausalLM"],
+          model_type="phi3", sliding_window=40, original_max_position_embeddings=4096),
+     "f32", [(4, ["cyclic"]), (7, ["hybrid"])], [(1, ["hybrid"]), (4, ALL), (7, ["hybrid"])]),
 ]
 
 
@@ -256,6 +267,8 @@ REFUSED = [
      "use_sliding_window"),
     ("Qwen3 with biases", dict(architectures=["Qwen3ForCausalLM"], attention_bias=True),
      "attention_bias"),
+    ("Phi-3 with longrope", dict(architectures=["Phi3ForCausalLM"], rope_scaling={
+        "type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}), "rope_scaling"),
     ("Qwen3-MoE without renormalised top-k", dict(
         architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=32, norm_topk_prob=False), "norm_topk_prob"),

@@ -1,9 +1,11 @@
 """Real tokenizer files with weights of the right shapes, served end to end.
 
-Two checkpoint directories get random weights of a Llama shape with their
-vocabulary's size (`failsafe make-model --vocab-size`):
-  - Mistral v3: tokenizer.model (SentencePiece) and the Mistral v3 chat template;
-  - Phi-3-mini: tokenizer.json and its tokenizer_config.json (with its template).
+Two checkpoint directories get random weights with their vocabulary's size
+(`failsafe make-model --vocab-size`):
+  - Mistral v3 (a Llama shape): tokenizer.model (SentencePiece) and the Mistral
+    v3 chat template;
+  - Phi-3-mini (a Phi3ForCausalLM: fused projections, a sliding window):
+    tokenizer.json and its tokenizer_config.json (with its template).
 For each, `failsafe serve` on 2 worker processes must answer chat and streamed
 completions; the chat prompt must be the template rendered by python3-jinja2
 as Hugging Face renders it, tokenized as the reference libraries do
@@ -142,7 +144,7 @@ def main():
 
         # Phi-3-mini: tokenizer.json and its tokenizer_config.json.
         phi = os.path.join(tmp, "phi-3")
-        subprocess.run([a.failsafe, "make-model", "--preset", "tiny-llama", "--vocab-size", "32064",
+        subprocess.run([a.failsafe, "make-model", "--preset", "tiny-phi3", "--vocab-size", "32064",
                         "--out", phi], check=True, capture_output=True)
         os.remove(os.path.join(phi, "generation_config.json"))
         for f in ("tokenizer.json", "tokenizer_config.json"):

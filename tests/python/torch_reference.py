@@ -3,7 +3,7 @@
 
 Builds synthetic models with `failsafe make-model`, reads the same
 safetensors files with its own parser, runs a plain PyTorch (float64)
-Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE forward pass over the whole sequence, and compares the logits
+Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Phi-3 forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
@@ -82,6 +82,20 @@ def load_model(model_dir):
         files = ["model.safetensors"]
     for fn in files:
         weights.update(read_safetensors(os.path.join(model_dir, fn)))
+    # Phi-3's fused projections, split as its modeling code chunks them: q,
+    # k, v rows in order; the gate's rows, then the up projection's.
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    q_dim = cfg["num_attention_heads"] * hd
+    kv_dim = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * hd
+    for name in [n for n in weights if n.endswith("self_attn.qkv_proj.weight")]:
+        qkv, p = weights.pop(name), name[:-len("qkv_proj.weight")]
+        weights[p + "q_proj.weight"] = qkv[:q_dim]
+        weights[p + "k_proj.weight"] = qkv[q_dim:q_dim + kv_dim]
+        weights[p + "v_proj.weight"] = qkv[q_dim + kv_dim:]
+    for name in [n for n in weights if n.endswith("mlp.gate_up_proj.weight")]:
+        gate, up = weights.pop(name).chunk(2, dim=0)
+        p = name[:-len("gate_up_proj.weight")]
+        weights[p + "gate_proj.weight"], weights[p + "up_proj.weight"] = gate, up
     return cfg, weights
 
 
@@ -300,7 +314,8 @@ def main():
                                       ("tiny-llama", "bf16", 2), ("tiny-mixtral", "f16", 3),
                                       ("tiny-qwen2", "f32", 1), ("tiny-qwen2", "bf16", 2),
                                       ("tiny-qwen3", "f32", 1), ("tiny-qwen3", "bf16", 1),
-                                      ("tiny-qwen3-moe", "f32", 1), ("tiny-qwen3-moe", "f16", 2)]:
+                                      ("tiny-qwen3-moe", "f32", 1), ("tiny-qwen3-moe", "f16", 2),
+                                      ("tiny-phi3", "f32", 1), ("tiny-phi3", "bf16", 2)]:
             d = os.path.join(tmp, f"{preset}-{dtype}")
             subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d, "--seed", "7",
                             "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)

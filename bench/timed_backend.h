@@ -83,6 +83,10 @@ class TimedBackend final : public Backend {
                int shards) override {
     Time("silu mul", [&] { b_->SiluMul(gu, li, out, lo, rows, width, shards); });
   }
+  void GeluTanhMul(const float* gu, int64_t li, float* out, int64_t lo, int rows, int width,
+                   int shards) override {
+    Time("gelu mul", [&] { b_->GeluTanhMul(gu, li, out, lo, rows, width, shards); });
+  }
   void MoeGate(const float* l, int tokens, int experts, int k, int32_t* ids, float* w) override {
     Time("moe gate", [&] { b_->MoeGate(l, tokens, experts, k, ids, w); });
   }

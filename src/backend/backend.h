@@ -256,6 +256,10 @@ class Backend : public DeviceMemory {
   //   out[r, j * width + i] = silu(gu[r, 2 j width + i]) * gu[r, (2 j + 1) width + i].
   virtual void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
                        int width, int shards) = 0;
+  // The same with gelu's tanh approximation (GeGLU, Gemma's
+  // gelu_pytorch_tanh): gelu(g) = g / 2 (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+  virtual void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
+                           int width, int shards) = 0;
   // Mixtral routing: softmax over experts, top-k, renormalised.
   // logits [tokens, experts] -> ids/weights [tokens, k], all device memory.
   virtual void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
@@ -356,8 +360,10 @@ Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& optio
 // Whether this build has the CUDA backend.
 bool CudaBackendBuilt();
 
-// RoPE inverse frequencies [head_dim / 2] with Llama-3 scaling if configured.
-std::vector<float> RopeInvFreq(const ModelConfig& config);
+// RoPE inverse frequencies [head_dim / 2] with Llama-3 or linear scaling if
+// configured; `local`: a sliding layer's, from rope_local_theta unscaled
+// (Gemma 3).
+std::vector<float> RopeInvFreq(const ModelConfig& config, bool local = false);
 
 // Extends a RoPE table to at least `positions` rows: row p, head_dim floats,
 // holds cos(p * inv_freq[i]) for i < head_dim / 2, then sin of the same

@@ -4,12 +4,13 @@
 
 namespace failsafe {
 
-std::vector<float> RopeInvFreq(const ModelConfig& c) {
+std::vector<float> RopeInvFreq(const ModelConfig& c, bool local) {
   const int half = c.head_dim / 2;
   std::vector<float> out(half);
   for (int i = 0; i < half; ++i) {
-    double freq = 1.0 / std::pow(c.rope_theta, (2.0 * i) / c.head_dim);
-    if (c.rope_scaling.enabled) {
+    double freq = 1.0 / std::pow(local ? c.rope_local_theta : c.rope_theta, (2.0 * i) / c.head_dim);
+    if (!local) freq /= c.rope_linear_factor;
+    if (!local && c.rope_scaling.enabled) {
       const auto& s = c.rope_scaling;
       const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
       const double low_wavelen = old_ctx / s.low_freq_factor;

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "model/file_util.h"
@@ -24,6 +25,8 @@ const char* ArchitectureName(Architecture arch) {
       return "Qwen3MoeForCausalLM";
     case Architecture::kPhi3:
       return "Phi3ForCausalLM";
+    case Architecture::kGemma3:
+      return "Gemma3ForCausalLM";
   }
   return "?";
 }
@@ -46,6 +49,8 @@ const char* ModelType(Architecture arch) {
       return "qwen3_moe";
     case Architecture::kPhi3:
       return "phi3";
+    case Architecture::kGemma3:
+      return "gemma3_text";
   }
   return "?";
 }
@@ -57,11 +62,17 @@ bool IsQwen(Architecture arch) {
 
 }  // namespace
 
+float ModelConfig::AttentionScale() const {
+  return 1.0f / std::sqrt(static_cast<float>(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
+                                                                       : head_dim));
+}
+
 int64_t ModelConfig::NumParameters() const {
   int64_t h = hidden_size;
   int64_t attn = h * q_dim() + 2 * h * kv_dim() + int64_t(q_dim()) * h;
   if (qkv_bias) attn += q_dim() + 2 * kv_dim();
   if (qk_norm) attn += 2 * head_dim;
+  if (gemma) attn += 2 * h;  // the sandwich norms
   int64_t ffn = 3 * h * intermediate_size;
   if (is_moe()) ffn = ffn * num_experts + h * num_experts;
   int64_t per_layer = attn + ffn + 2 * h;
@@ -138,7 +149,8 @@ class Reader {
 // this engine does not implement (biases, other activations, partial RoPE).
 // Ignoring them would load the checkpoint and give wrong numbers, so each is
 // refused naming the field; their neutral values are accepted.
-Status RefuseUncomputedFeatures(const json& j, const std::string& source) {
+Status RefuseUncomputedFeatures(const json& j, const std::string& source, Architecture arch) {
+  const char* act = arch == Architecture::kGemma3 ? "gelu_pytorch_tanh" : "silu";
   for (const char* field : {"attention_bias", "mlp_bias"}) {
     auto it = j.find(field);
     if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
@@ -148,9 +160,10 @@ Status RefuseUncomputedFeatures(const json& j, const std::string& source) {
   for (const char* field : {"hidden_act", "hidden_activation"}) {
     auto it = j.find(field);
     if (it == j.end() || it->is_null()) continue;
-    if (it->is_string() && (*it == "silu" || *it == "swish")) continue;
-    return InvalidArgument("{}: field '{}' = {}: only silu is supported", source, field,
-                           it->dump());
+    if (it->is_string() && (*it == act || (arch != Architecture::kGemma3 && *it == "swish")))
+      continue;
+    return InvalidArgument("{}: field '{}' = {}: only {} is supported", source, field, it->dump(),
+                           act);
   }
   auto prf = j.find("partial_rotary_factor");
   if (prf != j.end() && !prf->is_null() && !(prf->is_number() && prf->get<double>() == 1.0)) {
@@ -158,6 +171,55 @@ Status RefuseUncomputedFeatures(const json& j, const std::string& source) {
         "{}: field 'partial_rotary_factor' = {}: only 1 (RoPE on the whole head) "
         "is supported",
         source, prf->dump());
+  }
+  return Status::Ok();
+}
+
+// Gemma 3's fields (ModelConfig::gemma).
+Status ParseGemma(const json& j, const std::string& source, ModelConfig* c) {
+  Reader r(j, source);
+  for (const char* field : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    auto it = j.find(field);
+    if (it != j.end() && !it->is_null())
+      return InvalidArgument("{}: field '{}' = {}: soft-capping is not supported", source, field,
+                             it->dump());
+  }
+  c->query_pre_attn_scalar = c->head_dim;
+  FS_RETURN_IF_ERROR(r.Double("query_pre_attn_scalar", &c->query_pre_attn_scalar, false));
+  c->rope_local_theta = 10000.0;
+  FS_RETURN_IF_ERROR(r.Double("rope_local_base_freq", &c->rope_local_theta, false));
+  FS_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, false));
+  // Which layers slide: layer_types, or every layer but each pattern-th.
+  c->sliding_layers.assign(c->num_layers, false);
+  auto types = j.find("layer_types");
+  if (types != j.end() && !types->is_null()) {
+    if (!types->is_array() || static_cast<int>(types->size()) != c->num_layers)
+      return InvalidArgument("{}: field 'layer_types' must list every layer", source);
+    for (int l = 0; l < c->num_layers; ++l) {
+      const json& t = (*types)[l];
+      if (t != "sliding_attention" && t != "full_attention")
+        return InvalidArgument(
+            "{}: field 'layer_types' names '{}' (supported: sliding_attention, "
+            "full_attention)",
+            source, t.dump());
+      c->sliding_layers[l] = t == "sliding_attention";
+    }
+  } else {
+    int pattern = 6;
+    FS_RETURN_IF_ERROR(r.Int("sliding_window_pattern", &pattern, false));
+    for (int l = 0; l < c->num_layers; ++l) c->sliding_layers[l] = (l + 1) % pattern != 0;
+  }
+  if (c->sliding_window == 0) c->sliding_layers.assign(c->num_layers, false);
+  auto rs = j.find("rope_scaling");
+  if (rs != j.end() && !rs->is_null()) {
+    const std::string type = rs->is_object() ? rs->value("rope_type", rs->value("type", "")) : "";
+    if (type != "linear")
+      return InvalidArgument(
+          "{}: field 'rope_scaling': unsupported rope_type '{}' (supported for "
+          "Gemma 3: linear)",
+          source, type);
+    Reader sr(*rs, source);
+    FS_RETURN_IF_ERROR(sr.Double("factor", &c->rope_linear_factor, true));
   }
   return Status::Ok();
 }
@@ -190,16 +252,21 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     c.architecture = Architecture::kQwen3Moe;
   else if (arch == "Phi3ForCausalLM")
     c.architecture = Architecture::kPhi3;
+  else if (arch == "Gemma3ForCausalLM")
+    c.architecture = Architecture::kGemma3;
   else {
     return InvalidArgument(
         "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
         "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-        "Qwen3MoeForCausalLM, Phi3ForCausalLM)",
+        "Qwen3MoeForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM)",
         source, arch);
   }
   c.qkv_bias = c.architecture == Architecture::kQwen2;
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
   c.fused_projections = c.architecture == Architecture::kPhi3;
+  c.gemma = c.architecture == Architecture::kGemma3;
+  c.qk_norm = c.qk_norm || c.gemma;
+  if (c.gemma) c.tie_word_embeddings = true;  // Gemma's default
 
   Reader r(j, source);
   FS_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
@@ -267,13 +334,15 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
           "{}: field '{}': dense FFN layers among the sparse ones are not supported", source,
           step != 1 ? "decoder_sparse_step" : "mlp_only_layers");
   }
+  if (c.gemma) FS_RETURN_IF_ERROR(ParseGemma(j, source, &c));
   if (c.bos_token_id >= c.vocab_size || c.eos_token_id >= c.vocab_size) {
     return InvalidArgument("{}: bos/eos token id is not below vocab_size", source);
   }
 
-  FS_RETURN_IF_ERROR(RefuseUncomputedFeatures(j, source));
+  FS_RETURN_IF_ERROR(RefuseUncomputedFeatures(j, source, c.architecture));
 
   auto rs = j.find("rope_scaling");
+  if (c.gemma) rs = j.end();  // read with the global layers (ParseGemma)
   if (rs != j.end() && !rs->is_null()) {
     if (!rs->is_object())
       return InvalidArgument("{}: field 'rope_scaling' must be an object", source);
@@ -327,7 +396,11 @@ std::string ModelConfig::ToJson() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  j["hidden_act"] = "silu";
+  if (gemma) {
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+  } else {
+    j["hidden_act"] = "silu";
+  }
   j["torch_dtype"] = "float32";
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
@@ -350,7 +423,18 @@ std::string ModelConfig::ToJson() const {
     j["num_local_experts"] = num_experts;
     j["num_experts_per_tok"] = experts_per_token;
   }
-  if (IsQwen(architecture)) {
+  if (gemma) {
+    j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+    j["rope_local_base_freq"] = rope_local_theta;
+    j["sliding_window"] = sliding_window;
+    json types = json::array();
+    for (int l = 0; l < num_layers; ++l)
+      types.push_back(!sliding_layers.empty() && sliding_layers[l] ? "sliding_attention"
+                                                                   : "full_attention");
+    j["layer_types"] = types;
+    if (rope_linear_factor != 1.0)
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_linear_factor}};
+  } else if (IsQwen(architecture)) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     if (qk_norm) j["attention_bias"] = false;

@@ -3,12 +3,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
 namespace failsafe {
 
-enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3, kQwen3Moe, kPhi3 };
+enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma3 };
 const char* ArchitectureName(Architecture arch);
 
 // Llama-3 style frequency-dependent RoPE scaling ("rope_type": "llama3").
@@ -42,6 +43,26 @@ struct ModelConfig {
   bool qk_norm = false;    // an RMS norm of each query and key head before RoPE (Qwen3)
   // q, k, v in one qkv_proj and gate, up in one gate_up_proj (Phi-3).
   bool fused_projections = false;
+  // Gemma 3: every RMS norm scales by (1 + w), attention and FFN outputs are
+  // normalised too before the residual takes them (sandwich norms), GeGLU
+  // (gelu_pytorch_tanh) instead of SwiGLU, embeddings times sqrt(hidden),
+  // scores times query_pre_attn_scalar^-1/2, and sliding layers (their own
+  // RoPE base) between global ones (rope_scaling linear on those only).
+  bool gemma = false;
+  double query_pre_attn_scalar = 0;  // 0: head_dim
+  std::vector<bool> sliding_layers;  // empty: every layer takes sliding_window
+  double rope_local_theta = 0;       // sliding layers' RoPE base; 0: rope_theta
+  double rope_linear_factor = 1.0;   // global layers' positions divided by it
+
+  // The window of layer l (0: full attention) and whether it is a sliding
+  // layer with its own RoPE base.
+  int LayerWindow(int l) const {
+    return sliding_layers.empty() || sliding_layers[l] ? sliding_window : 0;
+  }
+  bool LocalRope(int l) const {
+    return rope_local_theta > 0 && !sliding_layers.empty() && sliding_layers[l];
+  }
+  float AttentionScale() const;
   int bos_token_id = -1;
   int eos_token_id = -1;
 

@@ -103,7 +103,8 @@ TEST(Config, ParsesQwen) {
   EXPECT_EQ(c->intermediate_size, 768);  // each expert's
   EXPECT_NEAR(c->NumParameters() / 1e9, 30.53, 0.02);
   // Both write themselves back as they were read.
-  for (const char* preset : {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-phi3"}) {
+  for (const char* preset :
+       {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-phi3", "tiny-gemma3"}) {
     auto p = SyntheticPresetConfig(preset);
     ASSERT_TRUE(p.ok());
     auto back = ModelConfig::Parse(p->ToJson(), preset);
@@ -138,6 +139,40 @@ TEST(Config, ParsesPhi3) {
   c = ModelConfig::Parse(longrope, "config.json");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("rope_scaling"), std::string::npos);
+}
+
+// Gemma-3-1b-it's config.json (sliding_window_pattern, no layer_types).
+TEST(Config, ParsesGemma3) {
+  const char* gemma = R"({"architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "attn_logit_softcapping": null, "bos_token_id": 2,
+    "cache_implementation": "hybrid", "eos_token_id": [1, 106], "final_logit_softcapping": null,
+    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+    "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": null,
+    "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true,
+    "vocab_size": 262144})";
+  auto c = ModelConfig::Parse(gemma, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, Architecture::kGemma3);
+  EXPECT_TRUE(c->gemma && c->qk_norm && c->tie_word_embeddings);
+  EXPECT_EQ(c->LayerWindow(0), 512);
+  EXPECT_EQ(c->LayerWindow(5), 0);  // every sixth layer is global
+  EXPECT_TRUE(c->LocalRope(4));
+  EXPECT_FALSE(c->LocalRope(11));
+  EXPECT_FLOAT_EQ(c->AttentionScale(), 1.0f / 16);
+  EXPECT_EQ(c->NumParameters(), 999885952);  // Gemma-3-1B's published count
+  auto back = ModelConfig::Parse(c->ToJson(), "round trip");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ToJson(), c->ToJson());
+  std::string capped = gemma;
+  capped.replace(capped.find("\"attn_logit_softcapping\": null"), 30,
+                 "\"attn_logit_softcapping\": 50.0");
+  c = ModelConfig::Parse(capped, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("attn_logit_softcapping"), std::string::npos);
 }
 
 TEST(Config, RoundTripsThroughJson) {

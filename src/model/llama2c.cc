@@ -165,7 +165,7 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
   if (name == "lm_head.weight") return copy(s.wcls, std::abs(h.vocab_size) * dim);
   for (int l = 0; l < h.n_layers; ++l) {
     if (name == tn::AttnNorm(l)) return copy(s.rms_att + l * dim, dim);
-    if (name == tn::FfnNorm(l)) return copy(s.rms_ffn + l * dim, dim);
+    if (name == tn::FfnNorm(s.config, l)) return copy(s.rms_ffn + l * dim, dim);
     if (name == tn::Q(l)) return permuted(s.wq + l * dim * dim, h.n_heads);
     if (name == tn::K(l)) return permuted(s.wk + l * kv * dim, h.n_kv_heads);
     if (name == tn::V(l)) return copy(s.wv + l * kv * dim, kv * dim);

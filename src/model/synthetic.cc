@@ -21,9 +21,10 @@ namespace failsafe {
 using nlohmann::json;
 
 std::vector<std::string> SyntheticPresetNames() {
-  return {"tiny-llama",  "tiny-mixtral", "tiny-qwen2",      "tiny-qwen3",  "tiny-qwen3-moe",
-          "tiny-phi3",   "small-llama",  "1b-llama",        "micro-llama", "micro-mixtral",
-          "micro-qwen2", "micro-qwen3",  "micro-qwen3-moe", "micro-phi3",  "stories-260k"};
+  return {"tiny-llama",    "tiny-mixtral", "tiny-qwen2",  "tiny-qwen3",      "tiny-qwen3-moe",
+          "tiny-phi3",     "tiny-gemma3",  "small-llama", "1b-llama",        "micro-llama",
+          "micro-mixtral", "micro-qwen2",  "micro-qwen3", "micro-qwen3-moe", "micro-phi3",
+          "micro-gemma3",  "stories-260k"};
 }
 
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
@@ -116,6 +117,29 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.max_position_embeddings = 4096;
     c.rope_theta = 10000.0;
     c.sliding_window = 48;
+  } else if (preset == "tiny-gemma3") {
+    // Gemma 3's: one KV head, sliding layers (window 32, their own RoPE base)
+    // with a global one every third, (1 + w) and sandwich norms, GeGLU,
+    // scaled embeddings, a query scale apart from head_dim, linear RoPE
+    // scaling on the global layers (as Gemma 3 4B and up).
+    c.architecture = Architecture::kGemma3;
+    c.gemma = c.qk_norm = true;
+    c.hidden_size = 192;
+    c.num_layers = 6;
+    c.num_heads = 4;
+    c.num_kv_heads = 1;
+    c.head_dim = 64;
+    c.intermediate_size = 384;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 8192;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.rope_local_theta = 10000.0;
+    c.rope_linear_factor = 8.0;
+    c.query_pre_attn_scalar = 48;
+    c.sliding_window = 32;
+    c.sliding_layers = {true, true, false, true, true, false};
+    c.tie_word_embeddings = true;
   } else if (preset == "small-llama") {
     c.architecture = Architecture::kLlama;
     c.hidden_size = 1024;
@@ -214,6 +238,24 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.max_position_embeddings = 2048;
     c.rope_theta = 10000.0;
     c.sliding_window = 20;
+  } else if (preset == "micro-gemma3") {
+    c.architecture = Architecture::kGemma3;
+    c.gemma = c.qk_norm = true;
+    c.hidden_size = 64;
+    c.num_layers = 3;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 16;
+    c.intermediate_size = 96;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.rope_local_theta = 10000.0;
+    c.query_pre_attn_scalar = 16;
+    c.sliding_window = 12;
+    c.sliding_layers = {true, true, false};
+    c.tie_word_embeddings = true;
   } else if (preset == "stories-260k") {
     // The shape of Karpathy's llama2.c stories260K.
     c.architecture = Architecture::kLlama;
@@ -516,7 +558,9 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
   }
   bool is_norm = e.shape.size() == 1;
   if (is_norm) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(1.0 + 0.1 * rng.Normal());
+    // Gemma's norms scale by (1 + w): the same scales around 1.
+    const double one = ctx->config->gemma ? 0.0 : 1.0;
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(one + 0.1 * rng.Normal());
     return;
   }
   // With tied embeddings the embedding doubles as the LM head: use the LM

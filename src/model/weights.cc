@@ -18,7 +18,12 @@ std::string LmHead(const ModelConfig& c) {
 }
 static std::string L(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 std::string AttnNorm(int layer) { return L(layer) + "input_layernorm.weight"; }
-std::string FfnNorm(int layer) { return L(layer) + "post_attention_layernorm.weight"; }
+std::string FfnNorm(const ModelConfig& c, int layer) {
+  return L(layer) +
+         (c.gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
+}
+std::string AttnOutNorm(int layer) { return L(layer) + "post_attention_layernorm.weight"; }
+std::string FfnOutNorm(int layer) { return L(layer) + "post_feedforward_layernorm.weight"; }
 std::string Q(int layer) { return L(layer) + "self_attn.q_proj.weight"; }
 std::string K(int layer) { return L(layer) + "self_attn.k_proj.weight"; }
 std::string V(int layer) { return L(layer) + "self_attn.v_proj.weight"; }
@@ -92,7 +97,11 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
       out.push_back({tn::QNorm(l), {c.head_dim}});
       out.push_back({tn::KNorm(l), {c.head_dim}});
     }
-    out.push_back({tn::FfnNorm(l), {h}});
+    out.push_back({tn::FfnNorm(c, l), {h}});
+    if (c.gemma) {
+      out.push_back({tn::AttnOutNorm(l), {h}});
+      out.push_back({tn::FfnOutNorm(l), {h}});
+    }
     if (c.is_moe()) {
       out.push_back({tn::Router(c, l), {c.num_experts, h}});
       for (int e = 0; e < c.num_experts; ++e) {

@@ -20,7 +20,9 @@ std::string Embedding();
 std::string FinalNorm();
 std::string LmHead(const ModelConfig& c);  // the embedding when tied
 std::string AttnNorm(int layer);
-std::string FfnNorm(int layer);
+std::string FfnNorm(const ModelConfig& c, int layer);  // the FFN's input norm
+std::string AttnOutNorm(int layer);                    // Gemma: the attention output's norm
+std::string FfnOutNorm(int layer);                     // Gemma: the FFN output's norm
 std::string Q(int layer);
 std::string K(int layer);
 std::string V(int layer);

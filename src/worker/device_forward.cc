@@ -91,6 +91,10 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   if (rope_rows_device_ * config_.head_dim != rope_table_.size()) {
     Upload(rope_table_, &rope_table_device_);
     rope_rows_device_ = rope_table_.size() / config_.head_dim;
+    if (!inv_freq_local_.empty()) {  // grows with the other
+      ExtendRopeTable(inv_freq_local_, static_cast<int>(rope_rows_device_), &rope_table_local_);
+      Upload(rope_table_local_, &rope_table_local_device_);
+    }
   }
 
   // Steps that repeat their shapes run as one graph where the backend keeps
@@ -124,16 +128,20 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   float* x = x_.Reserve(n);
   Embed(b);
   FS_RETURN_IF_ERROR(all_reduce(x, n, &host_stage_f32_));
+  if (embed_scale_ != 0) {
+    host_row_scale_.assign(T, embed_scale_);
+    backend_->ScaleRows(x, H, host_row_scale_.data(), T, H);
+  }
   // The partial sums of query heads and FFN shards are exact (fixed point):
   // whichever devices hold which items, the sums and so the residual stream
   // are the same bit for bit.
   for (int l = 0; l < config_.num_layers; ++l) {
     AttentionPartial(l, b, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
-    backend_->AddFixedTo(partial_.data(), x, static_cast<int64_t>(n));
+    AddToResidual(layers_[l].attn_out_norm, T);
     FfnPartial(l, T, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
-    backend_->AddFixedTo(partial_.data(), x, static_cast<int64_t>(n));
+    AddToResidual(layers_[l].ffn_out_norm, T);
   }
   LmHead(b, stats);
   if (in_graph) backend_->EndGraph();
@@ -144,6 +152,23 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   EnqueueBackup(b);
   stats->kv_bytes = kv_.used_pages() * kv_.page_bytes();
   return Status::Ok();
+}
+
+void DeviceModel::AddToResidual(const DeviceArray<float>& out_norm, int num_tokens) {
+  const int H = config_.hidden_size;
+  const int64_t n = static_cast<int64_t>(num_tokens) * H;
+  if (!config_.gemma) {
+    backend_->AddFixedTo(partial_.data(), x_.data(), n);
+    return;
+  }
+  // Gemma normalises the summed output before the residual takes it: the
+  // sum as floats, its norm, then added as one row of n.
+  float* out = out_.Reserve(static_cast<size_t>(n));
+  backend_->SetZero(out, sizeof(float) * static_cast<size_t>(n));
+  backend_->AddFixedTo(partial_.data(), out, n);
+  backend_->RmsNorm(out, H, out_norm.data(), out, H, num_tokens, H,
+                    static_cast<float>(config_.rms_norm_eps));
+  backend_->AddBias(x_.data(), n, out, 1, static_cast<int>(n));
 }
 
 void DeviceModel::Upload(const std::vector<float>& host, DeviceArray<float>* dst) {
@@ -234,9 +259,11 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
     backend_->RmsNorm(kv, 2 * hd, lw.k_norm.data(), kv, 2 * hd, hr.rows * n_kv, hd, eps);
   }
   // 2) RoPE on the query heads and on the key of each group.
-  backend_->Rope(q, ld_q, hd, hr.positions, hr.rows, n_q, hd, rope_table_device_.data());
+  const float* rope =
+      config_.LocalRope(layer) ? rope_table_local_device_.data() : rope_table_device_.data();
+  backend_->Rope(q, ld_q, hd, hr.positions, hr.rows, n_q, hd, rope);
   // Each group's key: heads 2 * hd apart (its value between).
-  backend_->Rope(kv, ld_kv, 2 * hd, hr.positions, hr.rows, n_kv, hd, rope_table_device_.data());
+  backend_->Rope(kv, ld_kv, 2 * hd, hr.positions, hr.rows, n_kv, hd, rope);
   // The query heads of each held group are adjacent in q (both ascending):
   // group k's are [first[k], first[k] + count[k]).
   const std::vector<int> groups = w.kv.items(), queries = w.q.items();
@@ -250,7 +277,8 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   // 3) Attention problems, each storing its tokens' K and V into the cache
   // first (a group held without query heads only stores).
   problems_.clear();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = config_.AttentionScale();
+  const int window = config_.LayerWindow(layer);
   for (auto [si, row0] : hr.seqs) {
     const StepSeq& s = b.seqs[si];
     for (int k = 0; k < n_kv; ++k) {
@@ -271,14 +299,13 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
       a.head_dim = hd;
       a.pages = kv_.Pages(s.seq_id, slot);
       a.block_size = bs;
-      a.sliding_window = config_.sliding_window;
+      a.sliding_window = window;
       a.scale = scale;
       problems_.push_back(a);
       // Attention core: scores and weighted values, 2 * 2 * hd per (query head, key).
       for (int i = 0; i < s.num_tokens; ++i) {
         const int p = s.start_pos + i;
-        const int ctx =
-            config_.sliding_window > 0 ? std::min(p + 1, config_.sliding_window) : p + 1;
+        const int ctx = window > 0 ? std::min(p + 1, window) : p + 1;
         stats->attention_flops += 4.0 * count[k] * hd * ctx;
       }
     }
@@ -377,7 +404,11 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
     float* gu = gu_.Reserve(static_cast<size_t>(rows) * cols);
     float* act = act_.Reserve(static_cast<size_t>(rows) * seg.count * w);
     backend_->LinearNT(in, H, lw.ffn_gate_up.Weights(seg), gu, cols, rows, cols, H, false);
-    backend_->SiluMul(gu, cols, act, seg.count * w, rows, w, seg.count);
+    if (config_.gemma) {
+      backend_->GeluTanhMul(gu, cols, act, seg.count * w, rows, w, seg.count);
+    } else {
+      backend_->SiluMul(gu, cols, act, seg.count * w, rows, w, seg.count);
+    }
     if (row_scale) backend_->ScaleRows(act, seg.count * w, row_scale, rows, seg.count * w);
     // One exact partial sum per FFN shard.
     backend_->LinearNNFixed(act, seg.count * w, lw.ffn_down.Weights(down_segs[si]), out, H, rows, H,

@@ -146,6 +146,7 @@ class DeviceModel {
     // query head [heads][hd] and by head group [kv heads][k hd, v hd] as the
     // kv items lie; Qwen3's query and key norms [hd].
     DeviceArray<float> q_bias, kv_bias, q_norm, k_norm;
+    DeviceArray<float> attn_out_norm, ffn_out_norm;  // Gemma's sandwich norms [hidden]
   };
 
   // Rows of one attention computation: all tokens (TP heads) or the tokens of
@@ -199,6 +200,9 @@ class DeviceModel {
   }
   // A host vector into device memory.
   void Upload(const std::vector<float>& host, DeviceArray<float>* dst);
+  // x += the step's summed partial_ (a layer's attention or FFN output);
+  // Gemma: normalised by `out_norm` first.
+  void AddToResidual(const DeviceArray<float>& out_norm, int num_tokens);
   // Sums `n` elements of device memory over the group: in place where
   // device memory is host memory, else through host staging; nothing to do
   // alone on a GPU.
@@ -232,6 +236,11 @@ class DeviceModel {
   std::vector<float> rope_table_;         // host: ExtendRopeTable's, for every position seen
   DeviceArray<float> rope_table_device_;  // its copy the kernels read
   size_t rope_rows_device_ = 0;           // rows of rope_table_ in rope_table_device_
+  // Sliding layers' own RoPE base (ModelConfig::LocalRope), as the above.
+  const std::vector<float> inv_freq_local_;
+  std::vector<float> rope_table_local_;
+  DeviceArray<float> rope_table_local_device_;
+  float embed_scale_ = 0;     // Gemma: sqrt(hidden) in the weights' type; 0: none
   uint64_t graph_epoch_ = 0;  // changes with the weights held: graphs of other epochs are stale
   Plan plan_;
   std::vector<LayerWeights> layers_;
@@ -247,6 +256,7 @@ class DeviceModel {
 
   // Step scratch in device memory, [tokens, ...] unless noted.
   DeviceArray<float> x_, h_, q_, kv_proj_, attn_, dp_in_, dp_q_, dp_kv_proj_, dp_attn_;
+  DeviceArray<float> out_;  // Gemma: a layer's attention or FFN output, normalised
   DeviceArray<float> gu_, act_, expert_in_, router_logits_, gate_w_, lm_in_, lm_out_;
   // Fixed-point partial sums (common/fixed_point.h), [tokens, hidden].
   DeviceArray<int64_t> partial_, dp_out_, expert_out_;

@@ -356,7 +356,8 @@ std::vector<ModelCase> Cases() {
           {"micro-mixtral", 6, 2},   {"micro-mixtral", 3, 3}, {"micro-mixtral", 8, 4},
           {"micro-mixtral", 8, 8},   {"micro-qwen2", 6, 3},   {"micro-qwen2", 8, 1},
           {"micro-qwen3", 8, 4},     {"micro-qwen3", 10, 5},  {"micro-qwen3-moe", 8, 4},
-          {"micro-qwen3-moe", 6, 3}, {"micro-phi3", 8, 4},    {"micro-phi3", 6, 6}};
+          {"micro-qwen3-moe", 6, 3}, {"micro-phi3", 8, 4},    {"micro-phi3", 6, 6},
+          {"micro-gemma3", 8, 4},    {"micro-gemma3", 4, 1}};
 }
 
 class EveryPlacement : public ::testing::TestWithParam<ModelCase> {};
@@ -462,7 +463,8 @@ TEST_P(PlanChanges, KeepTheOutputs) {
 std::vector<ChangeCase> ChangeCases() {
   const ModelCase stories{"stories-260k", 0, 0}, one_group{"micro-llama", 4, 1},
       moe{"micro-mixtral", 8, 4}, moe_three{"micro-mixtral", 6, 3}, qwen2{"micro-qwen2", 6, 3},
-      qwen3{"micro-qwen3", 10, 5}, qwen3_moe{"micro-qwen3-moe", 6, 3}, phi3{"micro-phi3", 6, 6};
+      qwen3{"micro-qwen3", 10, 5}, qwen3_moe{"micro-qwen3-moe", 6, 3}, phi3{"micro-phi3", 6, 6},
+      gemma3{"micro-gemma3", 8, 4};
   return {
       // Replicated groups: lose a writer, fall to whole groups, grow back.
       {stories,
@@ -486,6 +488,7 @@ std::vector<ChangeCase> ChangeCases() {
       {qwen3_moe, Policy::kCyclic, 9, {{false, 8}, {false, 3}, {true, 8}, {false, 0}}},
       // Fused projections: a device gaining a head reads only its rows.
       {phi3, Policy::kNonUniform, 5, {{false, 2}, {false, 4}, {true, 2}, {true, 4}}},
+      {gemma3, Policy::kHybrid, 7, {{false, 6}, {false, 1}, {true, 1}, {true, 6}}},
   };
 }
 

@@ -1,5 +1,6 @@
 // Loading a device's share of the weights from the host copy.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/check.h"
@@ -16,11 +17,30 @@ DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* back
       backend_(backend),
       options_(options),
       inv_freq_(RopeInvFreq(config)),
+      inv_freq_local_(config.rope_local_theta > 0 ? RopeInvFreq(config, /*local=*/true)
+                                                  : std::vector<float>()),
       kv_(config.num_layers, config.num_kv_heads, options.block_size, config.head_dim,
           options.kv_pages, backend) {
-  for (DeviceArray<float>* a : {&rope_table_device_, &final_norm_, &x_, &h_, &q_, &kv_proj_, &attn_,
-                                &dp_in_, &dp_q_, &dp_kv_proj_, &dp_attn_, &gu_, &act_, &expert_in_,
-                                &router_logits_, &gate_w_, &lm_in_, &lm_out_})
+  for (DeviceArray<float>* a : {&rope_table_device_,
+                                &rope_table_local_device_,
+                                &out_,
+                                &final_norm_,
+                                &x_,
+                                &h_,
+                                &q_,
+                                &kv_proj_,
+                                &attn_,
+                                &dp_in_,
+                                &dp_q_,
+                                &dp_kv_proj_,
+                                &dp_attn_,
+                                &gu_,
+                                &act_,
+                                &expert_in_,
+                                &router_logits_,
+                                &gate_w_,
+                                &lm_in_,
+                                &lm_out_})
     a->set_memory(backend);
   for (DeviceArray<int64_t>* a : {&partial_, &dp_out_, &expert_out_}) a->set_memory(backend);
   for (DeviceArray<int32_t>* a : {&positions_, &gate_ids_, &dp_positions_}) a->set_memory(backend);
@@ -37,6 +57,7 @@ int64_t DeviceModel::weight_bytes() const {
     b += l.tp.bytes() + l.dp.bytes();
     if (config_.qkv_bias) b += static_cast<int64_t>(config_.q_dim() + 2 * config_.kv_dim()) * 4;
     if (config_.qk_norm) b += 2LL * config_.head_dim * 4;
+    if (config_.gemma) b += 2LL * config_.hidden_size * 4;
     b += l.ffn_gate_up.bytes() + l.ffn_down.bytes();
   }
   return b;
@@ -201,6 +222,18 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     dst->set_memory(mem);
     Upload(v, dst);
   };
+  // An RMS norm's weight; Gemma's scale by (1 + w), added here in f32 as its
+  // modeling code does.
+  auto norm_of = [&](const std::string& name, DeviceArray<float>* dst) {
+    const TensorRef t = host.Get(name);
+    std::vector<float> v(static_cast<size_t>(t.rows() * t.cols()));
+    t.ReadRows(0, t.rows(), v.data());
+    if (c.gemma) {
+      for (float& w : v) w = 1.0f + w;
+    }
+    dst->set_memory(mem);
+    Upload(v, dst);
+  };
   auto whole = [&](const std::string& name, std::vector<float>* v) {
     const TensorRef t = host.Get(name);
     v->resize(static_cast<size_t>(t.rows() * t.cols()));
@@ -214,8 +247,12 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
-    vector_of(tn::AttnNorm(l), 1, &lw.attn_norm);
-    vector_of(tn::FfnNorm(l), 1, &lw.ffn_norm);
+    norm_of(tn::AttnNorm(l), &lw.attn_norm);
+    norm_of(tn::FfnNorm(c, l), &lw.ffn_norm);
+    if (c.gemma) {
+      norm_of(tn::AttnOutNorm(l), &lw.attn_out_norm);
+      norm_of(tn::FfnOutNorm(l), &lw.ffn_out_norm);
+    }
     for (AttentionWeights* a : {&lw.tp, &lw.dp}) {
       a->q = ItemMatrix(hd, hidden, wt, nt, mem);
       a->kv = ItemMatrix(2 * hd, hidden, wt, nt, mem);
@@ -226,10 +263,8 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     if (c.is_moe()) vector_of(tn::Router(c, l), c.num_experts, &lw.router);
     std::vector<float> v;
     if (c.qk_norm) {
-      whole(tn::QNorm(l), &v);
-      upload(v, &lw.q_norm);
-      whole(tn::KNorm(l), &v);
-      upload(v, &lw.k_norm);
+      norm_of(tn::QNorm(l), &lw.q_norm);
+      norm_of(tn::KNorm(l), &lw.k_norm);
     }
     if (c.qkv_bias) {
       whole(tn::QBias(l), &v);
@@ -244,7 +279,15 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
       upload(kv, &lw.kv_bias);
     }
   }
-  vector_of(tn::FinalNorm(), 1, &final_norm_);
+  norm_of(tn::FinalNorm(), &final_norm_);
+  // Gemma scales the embeddings by sqrt(hidden) in the model's type.
+  embed_scale_ = 0;
+  if (c.gemma) {
+    const float s = std::sqrt(static_cast<float>(hidden));
+    embed_scale_ = wt == DType::kBF16  ? BFloat16ToFloat(FloatToBFloat16(s))
+                   : wt == DType::kF16 ? HalfToFloat(FloatToHalf(s))
+                                       : s;
+  }
   embed_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, nt, mem);
   lm_head_ = ItemMatrix(plan.shape.vocab_chunk_size, hidden, wt, nt, mem);
 }

@@ -3,7 +3,7 @@
 
 Builds synthetic models with `failsafe make-model`, reads the same
 safetensors files with its own parser, runs a plain PyTorch (float64)
-Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Phi-3 forward pass over the whole sequence, and compares the logits
+Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Phi-3 / Gemma 3 forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
@@ -99,11 +99,14 @@ def load_model(model_dir):
     return cfg, weights
 
 
-def inv_freq(cfg):
+def inv_freq(cfg, local=False):
+    """local: a Gemma 3 sliding layer's (rope_local_base_freq, unscaled)."""
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    theta = cfg.get("rope_theta", 10000.0)
+    theta = cfg["rope_local_base_freq"] if local else cfg.get("rope_theta", 10000.0)
     freqs = [1.0 / theta ** (2 * i / hd) for i in range(hd // 2)]
-    rs = cfg.get("rope_scaling")
+    rs = None if local else cfg.get("rope_scaling")
+    if rs and rs.get("rope_type", rs.get("type")) == "linear":
+        freqs = [f / rs["factor"] for f in freqs]
     if rs and rs.get("rope_type", rs.get("type")) == "llama3":
         factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
         old = rs["original_max_position_embeddings"]
@@ -144,6 +147,7 @@ def forward(cfg, W, ids, bf16_inputs=False):
         return h @ W[name].T
 
     H = cfg["hidden_size"]
+    gemma = cfg["architectures"][0] == "Gemma3ForCausalLM"
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
     hd = cfg.get("head_dim") or H // nh
@@ -152,32 +156,58 @@ def forward(cfg, W, ids, bf16_inputs=False):
     window = (cfg.get("sliding_window") or 0) if cfg.get("use_sliding_window", True) else 0
     T = len(ids)
     pos = torch.arange(T)
-    freqs = inv_freq(cfg)
+    layers = cfg["num_hidden_layers"]
     x = W["model.embed_tokens.weight"][torch.tensor(ids)]
+    # Gemma 3: (1 + w) norms, sandwich norms, GeGLU, embeddings times
+    # sqrt(hidden) in the model's type, a query scale of its own, sliding
+    # layers (their own RoPE base) between global ones.
+    sliding = [window > 0] * layers
+    scale = 1 / math.sqrt(hd)
+    if gemma:
+        x = x * (torch.tensor(H ** 0.5, dtype=torch.bfloat16 if bf16_inputs else torch.float32)
+                 .double())
+        scale = cfg.get("query_pre_attn_scalar", hd) ** -0.5
+        if "layer_types" in cfg:
+            sliding = [t == "sliding_attention" for t in cfg["layer_types"]]
+        else:
+            sliding = [(l + 1) % cfg.get("sliding_window_pattern", 6) != 0 for l in range(layers)]
+
+    def norm(h, name):
+        return rms_norm(h, 1 + W[name] if gemma else W[name], eps)
+
     qi = torch.arange(T)[:, None]
     ki = torch.arange(T)[None, :]
-    allowed = ki <= qi
-    if window:
-        allowed = allowed & (ki > qi - window)
-    mask = torch.where(allowed, 0.0, float("-inf")).double()
-    for l in range(cfg["num_hidden_layers"]):
+    masks = {}
+    for w in (0, window):
+        allowed = ki <= qi
+        if w:
+            allowed = allowed & (ki > qi - w)
+        masks[w] = torch.where(allowed, 0.0, float("-inf")).double()
+    for l in range(layers):
         p = f"model.layers.{l}."
-        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        local = gemma and sliding[l]
+        freqs = inv_freq(cfg, local=local)
+        mask = masks[window if sliding[l] else 0]
+        h = norm(x, p + "input_layernorm.weight")
         q, k, v = (mm(h, p + f"self_attn.{n}_proj.weight") for n in "qkv")
         if p + "self_attn.q_proj.bias" in W:  # Qwen2
             q, k, v = (t + W[p + f"self_attn.{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
         q, k, v = q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd)
         if p + "self_attn.q_norm.weight" in W:  # Qwen3: each head normalised before RoPE
-            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
-            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+            q = norm(q, p + "self_attn.q_norm.weight")
+            k = norm(k, p + "self_attn.k_norm.weight")
         q, k = rope(q, pos, freqs), rope(k, pos, freqs)
         g = nh // nkv
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd) + mask
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale + mask
         attn = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(T, nh * hd)
-        x = x + mm(attn, p + "self_attn.o_proj.weight")
-        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        o = mm(attn, p + "self_attn.o_proj.weight")
+        if gemma:
+            o = norm(o, p + "post_attention_layernorm.weight")
+        x = x + o
+        h = norm(x, p + ("pre_feedforward_layernorm.weight" if gemma
+                         else "post_attention_layernorm.weight"))
         experts = cfg.get("num_local_experts") or cfg.get("num_experts")
         if experts:
             K = cfg["num_experts_per_tok"]
@@ -200,10 +230,15 @@ def forward(cfg, W, ids, bf16_inputs=False):
                 out = out + y * weight
             x = x + out
         else:
-            y = torch.nn.functional.silu(mm(h, p + "mlp.gate_proj.weight")) * mm(h, p + "mlp.up_proj.weight")
-            x = x + mm(y, p + "mlp.down_proj.weight")
-    x = rms_norm(x, W["model.norm.weight"], eps)
-    return mm(x, "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight")
+            gate = mm(h, p + "mlp.gate_proj.weight")
+            act = (torch.nn.functional.gelu(gate, approximate="tanh") if gemma
+                   else torch.nn.functional.silu(gate))
+            y = mm(act * mm(h, p + "mlp.up_proj.weight"), p + "mlp.down_proj.weight")
+            if gemma:
+                y = norm(y, p + "post_feedforward_layernorm.weight")
+            x = x + y
+    x = norm(x, "model.norm.weight")
+    return mm(x, "model.embed_tokens.weight" if cfg.get("tie_word_embeddings", gemma) else "lm_head.weight")
 
 
 def llama2c_forward(path, ids):
@@ -315,7 +350,8 @@ def main():
                                       ("tiny-qwen2", "f32", 1), ("tiny-qwen2", "bf16", 2),
                                       ("tiny-qwen3", "f32", 1), ("tiny-qwen3", "bf16", 1),
                                       ("tiny-qwen3-moe", "f32", 1), ("tiny-qwen3-moe", "f16", 2),
-                                      ("tiny-phi3", "f32", 1), ("tiny-phi3", "bf16", 2)]:
+                                      ("tiny-phi3", "f32", 1), ("tiny-phi3", "bf16", 2),
+                                      ("tiny-gemma3", "f32", 1), ("tiny-gemma3", "bf16", 2)]:
             d = os.path.join(tmp, f"{preset}-{dtype}")
             subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d, "--seed", "7",
                             "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)

@@ -13,6 +13,11 @@
 namespace failsafe {
 namespace {
 
+// gelu's tanh approximation, in float as PyTorch's gelu(approximate="tanh").
+inline float GeluTanh(float g) {
+  return 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
@@ -152,17 +157,34 @@ class CpuBackend final : public Backend {
 
   void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
                int shards) override {
-    // Rows are independent: a prefill's share out over the threads, each row
-    // in one pass.
+    GatedRows(gu, ld_in, out, ld_out, rows, width, shards,
+              [&](const float* g, const float* u, float* o) {
+                cpu::SiluMulRow(g, u, o, width, linear_.isa);
+              });
+  }
+
+  void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+                   int shards) override {
+    GatedRows(gu, ld_in, out, ld_out, rows, width, shards,
+              [&](const float* g, const float* u, float* o) {
+                for (int i = 0; i < width; ++i) o[i] = GeluTanh(g[i]) * u[i];
+              });
+  }
+
+  // out[r, j * width + i] = act(gate) * up for each shard j's gate and up
+  // columns, row_fn(gate, up, out) doing one shard of one row. Rows are
+  // independent: a prefill's share out over the threads, each row in one
+  // pass.
+  template <typename RowFn>
+  void GatedRows(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+                 int shards, const RowFn& row_fn) {
     const bool split = threads_ > 1 && static_cast<int64_t>(rows) * width * shards >= (1 << 14);
 #pragma omp parallel for num_threads(threads_) schedule(static) if (split)
     for (int r = 0; r < rows; ++r) {
       const float* in = gu + r * ld_in;
       float* o = out + r * ld_out;
-      for (int j = 0; j < shards; ++j) {
-        cpu::SiluMulRow(in + 2 * j * width, in + (2 * j + 1) * width, o + j * width, width,
-                        linear_.isa);
-      }
+      for (int j = 0; j < shards; ++j)
+        row_fn(in + 2 * j * width, in + (2 * j + 1) * width, o + j * width);
     }
   }
 

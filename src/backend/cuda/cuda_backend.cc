@@ -349,6 +349,11 @@ class CudaBackend final : public Backend {
     if (!Launching()) return;  // the graph has it
     cuda::SiluMul(gu, ld_in, out, ld_out, rows, width, shards, stream_);
   }
+  void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+                   int shards) override {
+    if (!Launching()) return;  // the graph has it
+    cuda::GeluTanhMul(gu, ld_in, out, ld_out, rows, width, shards, stream_);
+  }
   void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
                float* weights) override {
     if (!Launching()) return;  // the graph has it

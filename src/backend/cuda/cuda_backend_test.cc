@@ -318,6 +318,13 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
     gpu->SiluMul(dx.get(), dim, dy.get(), 160, rows, 80, 2);
     EXPECT_LT(MaxRelError(dy.Read(gpu), want), 1e-6);
   }
+  {  // GeluTanhMul (GeGLU): 2 shards of 80
+    std::vector<float> want(static_cast<size_t>(rows) * 160);
+    cpu->GeluTanhMul(x.data(), dim, want.data(), 160, rows, 80, 2);
+    OnDevice<float> dx(gpu, x), dy(gpu, want.size());
+    gpu->GeluTanhMul(dx.get(), dim, dy.get(), 160, rows, 80, 2);
+    EXPECT_LT(MaxRelError(dy.Read(gpu), want), 1e-6);
+  }
   {  // MoeGate: 8 experts, top 2
     std::vector<int32_t> ids(rows * 2);
     std::vector<float> weights(rows * 2);

@@ -136,16 +136,27 @@ __global__ void RopeKernel(float* x, int64_t ldx, int64_t head_stride, const int
   }
 }
 
-__global__ void SiluMulKernel(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
-                              int width, int shards) {
+struct Silu {
+  __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
+};
+struct GeluTanh {  // gelu's tanh approximation, as PyTorch's
+  __device__ float operator()(float g) const {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+  }
+};
+
+// out[r, j * width + i] = act(gate) * up over each shard j's gate and up columns.
+template <typename Act>
+__global__ void GatedKernel(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
+                            int width, int shards) {
   const int n = width * shards;
+  const Act act;
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
     const float* in = gu + static_cast<int64_t>(r) * ld_in;
     float* o = out + static_cast<int64_t>(r) * ld_out;
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
       const int j = e / width, i = e % width;
-      const float g = in[2 * j * width + i], u = in[(2 * j + 1) * width + i];
-      o[e] = g / (1.0f + expf(-g)) * u;
+      o[e] = act(in[2 * j * width + i]) * in[(2 * j + 1) * width + i];
     }
   }
 }
@@ -315,8 +326,16 @@ void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, 
 void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
              int shards, cudaStream_t s) {
   if (rows <= 0) return;
-  SiluMulKernel<<<RowGrid(width * shards, rows), kThreads, 0, s>>>(gu, ld_in, out, ld_out, rows,
-                                                                   width, shards);
+  GatedKernel<Silu><<<RowGrid(width * shards, rows), kThreads, 0, s>>>(gu, ld_in, out, ld_out, rows,
+                                                                       width, shards);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+                 int shards, cudaStream_t s) {
+  if (rows <= 0) return;
+  GatedKernel<GeluTanh><<<RowGrid(width * shards, rows), kThreads, 0, s>>>(gu, ld_in, out, ld_out,
+                                                                           rows, width, shards);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -35,6 +35,8 @@ void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, 
           int heads, int head_dim, const float* cos_sin, cudaStream_t s);
 void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
              int shards, cudaStream_t s);
+void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
+                 int shards, cudaStream_t s);
 void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights,
              cudaStream_t s);
 // dst[r, :k] = x[r, :k] rounded to nearest even as `type` (bf16 or f16),

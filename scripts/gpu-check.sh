@@ -7,6 +7,9 @@
 #                on the same weights (tests/python/torch_reference.py, its
 #                tolerances per dtype), for each product mode (--gpu-gemm
 #                lt, chain, fused);
+#   hf-families  every model family (Llama, Mixtral, Qwen2, Qwen3,
+#                Qwen3-MoE, Phi-3, Gemma 3) on the GPU against transformers'
+#                own modeling code (scripts/gpu/hf_families.py);
 #   e2e          the published story of stories260K, the same tokens (and
 #                logits, bit for bit) on 1, 2, 3, 4 and 7 device processes
 #                under every placement, chunked prefill, the prefix cache
@@ -106,6 +109,8 @@ stage torch-ref-chain 300 python3 tests/python/torch_reference.py --failsafe "$b
   --engine-args "--gpus 0 --gpu-gemm chain"
 stage torch-ref-fused 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
   --engine-args "--gpus 0 --gpu-gemm fused"
+stage hf-families 300 python3 scripts/gpu/hf_families.py --failsafe "$bin/failsafe" \
+  --engine-args "--gpus 0"
 stage e2e-lt 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories --gemm lt
 stage e2e-chain 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
   --gemm chain

@@ -139,10 +139,13 @@ TEST(Respawn, ACrashLoopingDeviceIsLeftForTheOperator) {
     ASSERT_GT(pid, 0) << round;
     ::kill(pid, SIGKILL);
     if (round == 0) {
+      // Back and serving (a kill while it still starts is a failed start,
+      // not a second death).
       ASSERT_GE(WaitFor(
                     [&] {
                       const int now = Pid(s, 2);  // one read: -1 while it is dead
-                      return now > 0 && now != pid;
+                      return now > 0 && now != pid &&
+                             MetricValue(s.Metrics(), "failsafe_devices_alive") == 3;
                     },
                     20000),
                 0);

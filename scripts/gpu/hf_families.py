@@ -26,7 +26,7 @@ import torch
 import transformers
 
 PRESETS = ["tiny-llama", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe",
-           "tiny-phi3", "tiny-gemma3"]
+           "tiny-phi3", "tiny-gemma2", "tiny-gemma3"]
 TOLERANCE = 1e-4
 
 
@@ -45,7 +45,7 @@ def main():
             cfg_path = os.path.join(d, "config.json")
             with open(cfg_path) as f:
                 cfg = json.load(f)
-            if "layer_types" in cfg:
+            if "layer_types" in cfg and "rope_local_base_freq" in cfg:
                 # Releases that predate layer_types read the pattern instead
                 # (the presets put a global layer every third).
                 cfg["sliding_window_pattern"] = 3

@@ -115,6 +115,9 @@ struct AttentionArgs {
   int block_size = 0;
   int sliding_window = 0;  // 0: full causal attention
   float scale = 1.0f;
+  // > 0: each score s (times the scale) becomes softcap * tanh(s / softcap)
+  // before the softmax (Gemma 2's attn_logit_softcapping).
+  float softcap = 0.0f;
 };
 
 struct SamplingParams {

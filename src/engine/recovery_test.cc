@@ -164,7 +164,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
                                            std::make_tuple(RecoveryMode::kHost, "tiny-qwen2"),
                                            std::make_tuple(RecoveryMode::kFull, "tiny-qwen3-moe"),
                                            std::make_tuple(RecoveryMode::kFull, "tiny-phi3"),
-                                           std::make_tuple(RecoveryMode::kFull, "tiny-gemma3")));
+                                           std::make_tuple(RecoveryMode::kFull, "tiny-gemma3"),
+                                           std::make_tuple(RecoveryMode::kHost, "tiny-gemma2")));
 
 // More devices than head groups (stories260K's shape: 4 groups of 2 query
 // heads on 8 devices): replicated groups (nonuniform, cyclic) or pure DP

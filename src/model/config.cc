@@ -25,6 +25,8 @@ const char* ArchitectureName(Architecture arch) {
       return "Qwen3MoeForCausalLM";
     case Architecture::kPhi3:
       return "Phi3ForCausalLM";
+    case Architecture::kGemma2:
+      return "Gemma2ForCausalLM";
     case Architecture::kGemma3:
       return "Gemma3ForCausalLM";
   }
@@ -49,6 +51,8 @@ const char* ModelType(Architecture arch) {
       return "qwen3_moe";
     case Architecture::kPhi3:
       return "phi3";
+    case Architecture::kGemma2:
+      return "gemma2";
     case Architecture::kGemma3:
       return "gemma3_text";
   }
@@ -150,7 +154,8 @@ class Reader {
 // Ignoring them would load the checkpoint and give wrong numbers, so each is
 // refused naming the field; their neutral values are accepted.
 Status RefuseUncomputedFeatures(const json& j, const std::string& source, Architecture arch) {
-  const char* act = arch == Architecture::kGemma3 ? "gelu_pytorch_tanh" : "silu";
+  const bool gemma = arch == Architecture::kGemma2 || arch == Architecture::kGemma3;
+  const char* act = gemma ? "gelu_pytorch_tanh" : "silu";
   for (const char* field : {"attention_bias", "mlp_bias"}) {
     auto it = j.find(field);
     if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
@@ -160,8 +165,7 @@ Status RefuseUncomputedFeatures(const json& j, const std::string& source, Archit
   for (const char* field : {"hidden_act", "hidden_activation"}) {
     auto it = j.find(field);
     if (it == j.end() || it->is_null()) continue;
-    if (it->is_string() && (*it == act || (arch != Architecture::kGemma3 && *it == "swish")))
-      continue;
+    if (it->is_string() && (*it == act || (!gemma && *it == "swish"))) continue;
     return InvalidArgument("{}: field '{}' = {}: only {} is supported", source, field, it->dump(),
                            act);
   }
@@ -175,19 +179,18 @@ Status RefuseUncomputedFeatures(const json& j, const std::string& source, Archit
   return Status::Ok();
 }
 
-// Gemma 3's fields (ModelConfig::gemma).
+// Gemma 2's and 3's fields (ModelConfig::gemma).
 Status ParseGemma(const json& j, const std::string& source, ModelConfig* c) {
   Reader r(j, source);
-  for (const char* field : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    auto it = j.find(field);
-    if (it != j.end() && !it->is_null())
-      return InvalidArgument("{}: field '{}' = {}: soft-capping is not supported", source, field,
-                             it->dump());
-  }
+  const bool gemma3 = c->architecture == Architecture::kGemma3;
+  FS_RETURN_IF_ERROR(r.Double("attn_logit_softcapping", &c->attn_softcap, false));
+  FS_RETURN_IF_ERROR(r.Double("final_logit_softcapping", &c->final_softcap, false));
   c->query_pre_attn_scalar = c->head_dim;
   FS_RETURN_IF_ERROR(r.Double("query_pre_attn_scalar", &c->query_pre_attn_scalar, false));
-  c->rope_local_theta = 10000.0;
-  FS_RETURN_IF_ERROR(r.Double("rope_local_base_freq", &c->rope_local_theta, false));
+  if (gemma3) {  // Gemma 2's layers share one RoPE base
+    c->rope_local_theta = 10000.0;
+    FS_RETURN_IF_ERROR(r.Double("rope_local_base_freq", &c->rope_local_theta, false));
+  }
   FS_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, false));
   // Which layers slide: layer_types, or every layer but each pattern-th.
   c->sliding_layers.assign(c->num_layers, false);
@@ -205,7 +208,7 @@ Status ParseGemma(const json& j, const std::string& source, ModelConfig* c) {
       c->sliding_layers[l] = t == "sliding_attention";
     }
   } else {
-    int pattern = 6;
+    int pattern = gemma3 ? 6 : 2;  // Gemma 2: every other layer, the first sliding
     FS_RETURN_IF_ERROR(r.Int("sliding_window_pattern", &pattern, false));
     for (int l = 0; l < c->num_layers; ++l) c->sliding_layers[l] = (l + 1) % pattern != 0;
   }
@@ -216,7 +219,7 @@ Status ParseGemma(const json& j, const std::string& source, ModelConfig* c) {
     if (type != "linear")
       return InvalidArgument(
           "{}: field 'rope_scaling': unsupported rope_type '{}' (supported for "
-          "Gemma 3: linear)",
+          "Gemma: linear)",
           source, type);
     Reader sr(*rs, source);
     FS_RETURN_IF_ERROR(sr.Double("factor", &c->rope_linear_factor, true));
@@ -252,20 +255,22 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     c.architecture = Architecture::kQwen3Moe;
   else if (arch == "Phi3ForCausalLM")
     c.architecture = Architecture::kPhi3;
+  else if (arch == "Gemma2ForCausalLM")
+    c.architecture = Architecture::kGemma2;
   else if (arch == "Gemma3ForCausalLM")
     c.architecture = Architecture::kGemma3;
   else {
     return InvalidArgument(
         "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
         "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-        "Qwen3MoeForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM)",
+        "Qwen3MoeForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)",
         source, arch);
   }
   c.qkv_bias = c.architecture == Architecture::kQwen2;
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
   c.fused_projections = c.architecture == Architecture::kPhi3;
-  c.gemma = c.architecture == Architecture::kGemma3;
-  c.qk_norm = c.qk_norm || c.gemma;
+  c.gemma = c.architecture == Architecture::kGemma2 || c.architecture == Architecture::kGemma3;
+  c.qk_norm = c.qk_norm || c.architecture == Architecture::kGemma3;
   if (c.gemma) c.tie_word_embeddings = true;  // Gemma's default
 
   Reader r(j, source);
@@ -425,7 +430,9 @@ std::string ModelConfig::ToJson() const {
   }
   if (gemma) {
     j["query_pre_attn_scalar"] = query_pre_attn_scalar;
-    j["rope_local_base_freq"] = rope_local_theta;
+    if (rope_local_theta > 0) j["rope_local_base_freq"] = rope_local_theta;
+    j["attn_logit_softcapping"] = attn_softcap > 0 ? json(attn_softcap) : json(nullptr);
+    j["final_logit_softcapping"] = final_softcap > 0 ? json(final_softcap) : json(nullptr);
     j["sliding_window"] = sliding_window;
     json types = json::array();
     for (int l = 0; l < num_layers; ++l)

@@ -9,7 +9,17 @@
 
 namespace failsafe {
 
-enum class Architecture { kLlama, kMistral, kMixtral, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma3 };
+enum class Architecture {
+  kLlama,
+  kMistral,
+  kMixtral,
+  kQwen2,
+  kQwen3,
+  kQwen3Moe,
+  kPhi3,
+  kGemma2,
+  kGemma3
+};
 const char* ArchitectureName(Architecture arch);
 
 // Llama-3 style frequency-dependent RoPE scaling ("rope_type": "llama3").
@@ -43,7 +53,7 @@ struct ModelConfig {
   bool qk_norm = false;    // an RMS norm of each query and key head before RoPE (Qwen3)
   // q, k, v in one qkv_proj and gate, up in one gate_up_proj (Phi-3).
   bool fused_projections = false;
-  // Gemma 3: every RMS norm scales by (1 + w), attention and FFN outputs are
+  // Gemma 2 and 3: every RMS norm scales by (1 + w), attention and FFN outputs are
   // normalised too before the residual takes them (sandwich norms), GeGLU
   // (gelu_pytorch_tanh) instead of SwiGLU, embeddings times sqrt(hidden),
   // scores times query_pre_attn_scalar^-1/2, and sliding layers (their own
@@ -53,6 +63,8 @@ struct ModelConfig {
   std::vector<bool> sliding_layers;  // empty: every layer takes sliding_window
   double rope_local_theta = 0;       // sliding layers' RoPE base; 0: rope_theta
   double rope_linear_factor = 1.0;   // global layers' positions divided by it
+  // Gemma 2: scores and final logits x become cap * tanh(x / cap) (0: off).
+  double attn_softcap = 0, final_softcap = 0;
 
   // The window of layer l (0: full attention) and whether it is a sliding
   // layer with its own RoPE base.

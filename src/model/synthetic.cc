@@ -21,10 +21,10 @@ namespace failsafe {
 using nlohmann::json;
 
 std::vector<std::string> SyntheticPresetNames() {
-  return {"tiny-llama",    "tiny-mixtral", "tiny-qwen2",  "tiny-qwen3",      "tiny-qwen3-moe",
-          "tiny-phi3",     "tiny-gemma3",  "small-llama", "1b-llama",        "micro-llama",
-          "micro-mixtral", "micro-qwen2",  "micro-qwen3", "micro-qwen3-moe", "micro-phi3",
-          "micro-gemma3",  "stories-260k"};
+  return {"tiny-llama",  "tiny-mixtral",  "tiny-qwen2",   "tiny-qwen3",  "tiny-qwen3-moe",
+          "tiny-phi3",   "tiny-gemma2",   "tiny-gemma3",  "small-llama", "1b-llama",
+          "micro-llama", "micro-mixtral", "micro-qwen2",  "micro-qwen3", "micro-qwen3-moe",
+          "micro-phi3",  "micro-gemma2",  "micro-gemma3", "stories-260k"};
 }
 
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
@@ -117,6 +117,28 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.max_position_embeddings = 4096;
     c.rope_theta = 10000.0;
     c.sliding_window = 48;
+  } else if (preset == "tiny-gemma2") {
+    // Gemma 2's: every other layer sliding (the first), score and final
+    // logit soft-capping (caps low enough to bend these weights' logits),
+    // (1 + w) and sandwich norms, GeGLU, scaled embeddings.
+    c.architecture = Architecture::kGemma2;
+    c.gemma = true;
+    c.hidden_size = 160;
+    c.num_layers = 4;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 32;
+    c.intermediate_size = 320;
+    c.vocab_size = 512;
+    c.max_position_embeddings = 8192;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 10000.0;
+    c.query_pre_attn_scalar = 40;
+    c.sliding_window = 24;
+    c.sliding_layers = {true, false, true, false};
+    c.attn_softcap = 5.0;
+    c.final_softcap = 3.0;
+    c.tie_word_embeddings = true;
   } else if (preset == "tiny-gemma3") {
     // Gemma 3's: one KV head, sliding layers (window 32, their own RoPE base)
     // with a global one every third, (1 + w) and sandwich norms, GeGLU,
@@ -238,6 +260,25 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.max_position_embeddings = 2048;
     c.rope_theta = 10000.0;
     c.sliding_window = 20;
+  } else if (preset == "micro-gemma2") {
+    c.architecture = Architecture::kGemma2;
+    c.gemma = true;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 16;
+    c.intermediate_size = 96;
+    c.vocab_size = 384;
+    c.max_position_embeddings = 2048;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 10000.0;
+    c.query_pre_attn_scalar = 16;
+    c.sliding_window = 12;
+    c.sliding_layers = {true, false};
+    c.attn_softcap = 4.0;
+    c.final_softcap = 2.0;
+    c.tie_word_embeddings = true;
   } else if (preset == "micro-gemma3") {
     c.architecture = Architecture::kGemma3;
     c.gemma = c.qk_norm = true;

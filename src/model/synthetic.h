@@ -14,10 +14,11 @@
 namespace failsafe {
 
 // Known presets: tiny-llama, tiny-mixtral, tiny-qwen2, tiny-qwen3,
-// tiny-qwen3-moe, tiny-phi3, tiny-gemma3, small-llama, 1b-llama, and for
-// fast tests of any head layout micro-llama, micro-mixtral, micro-qwen2,
-// micro-qwen3, micro-qwen3-moe, micro-phi3 and micro-gemma3; stories-260k has
-// the shape of Karpathy's stories260K (random weights).
+// tiny-qwen3-moe, tiny-phi3, tiny-gemma2, tiny-gemma3, small-llama, 1b-llama,
+// and for fast tests of any head layout micro-llama, micro-mixtral,
+// micro-qwen2, micro-qwen3, micro-qwen3-moe, micro-phi3, micro-gemma2 and
+// micro-gemma3; stories-260k has the shape of Karpathy's stories260K (random
+// weights).
 std::vector<std::string> SyntheticPresetNames();
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset);
 

@@ -148,6 +148,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   CopyLogits(b, logits);
   // The step's KV is in its pages before the backup reads them.
   backend_->Synchronize();
+  SoftcapLogits(b, logits);
   end_segment();
   EnqueueBackup(b);
   stats->kv_bytes = kv_.used_pages() * kv_.page_bytes();
@@ -278,6 +279,7 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   // first (a group held without query heads only stores).
   problems_.clear();
   const float scale = config_.AttentionScale();
+  const float softcap = static_cast<float>(config_.attn_softcap);
   const int window = config_.LayerWindow(layer);
   for (auto [si, row0] : hr.seqs) {
     const StepSeq& s = b.seqs[si];
@@ -301,6 +303,7 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
       a.block_size = bs;
       a.sliding_window = window;
       a.scale = scale;
+      a.softcap = softcap;
       problems_.push_back(a);
       // Attention core: scores and weighted values, 2 * 2 * hd per (query head, key).
       for (int i = 0; i < s.num_tokens; ++i) {
@@ -512,6 +515,22 @@ void DeviceModel::CopyLogits(const StepBatch& b, float* logits) {
     backend_->CopyToHost2D(logits + begin, sizeof(float) * V, lm_out_.data() + col,
                            sizeof(float) * ld, sizeof(float) * (end - begin), R);
     col += static_cast<int64_t>(seg.count) * cs;
+  }
+}
+
+void DeviceModel::SoftcapLogits(const StepBatch& b, float* logits) const {
+  const double cap = config_.final_softcap;
+  const int V = config_.vocab_size, R = b.num_logits_rows;
+  if (cap <= 0 || R == 0 || lm_head_.num_items() == 0) return;
+  // This device's columns, as CopyLogits wrote them.
+  const float c = static_cast<float>(cap);
+  for (const auto& seg : lm_head_.segments()) {
+    const int begin = plan_.shape.ChunkBegin(seg.first);
+    const int end = plan_.shape.ChunkEnd(seg.first + seg.count - 1);
+    for (int r = 0; r < R; ++r) {
+      float* row = logits + static_cast<int64_t>(r) * V;
+      for (int i = begin; i < end; ++i) row[i] = c * std::tanh(row[i] / c);
+    }
   }
 }
 

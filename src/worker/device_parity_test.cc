@@ -357,7 +357,8 @@ std::vector<ModelCase> Cases() {
           {"micro-mixtral", 8, 8},   {"micro-qwen2", 6, 3},   {"micro-qwen2", 8, 1},
           {"micro-qwen3", 8, 4},     {"micro-qwen3", 10, 5},  {"micro-qwen3-moe", 8, 4},
           {"micro-qwen3-moe", 6, 3}, {"micro-phi3", 8, 4},    {"micro-phi3", 6, 6},
-          {"micro-gemma3", 8, 4},    {"micro-gemma3", 4, 1}};
+          {"micro-gemma3", 8, 4},    {"micro-gemma3", 4, 1},  {"micro-gemma2", 8, 4},
+          {"micro-gemma2", 6, 3}};
 }
 
 class EveryPlacement : public ::testing::TestWithParam<ModelCase> {};

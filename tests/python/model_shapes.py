@@ -83,7 +83,7 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
             t[p + "self_attn.q_proj.bias"] = 0.5 * rng.normal(size=(nh * hd,))
             t[p + "self_attn.k_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
             t[p + "self_attn.v_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
-        if cfg["architectures"][0] == "Gemma3ForCausalLM":
+        if cfg["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
             t[p + "pre_feedforward_layernorm.weight"] = norm(H) - 1  # Gemma scales by 1 + w
             t[p + "post_feedforward_layernorm.weight"] = norm(H) - 1
         if cfg["architectures"][0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
@@ -154,11 +154,17 @@ def gemma3(H, layers, nh, nkv, inter, V, head_dim, window, pattern, **kw):
     cfg = llama(H, layers, nh, nkv, inter, V, head_dim=head_dim, rope_theta=1000000.0,
                 rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=window,
                 sliding_window_pattern=pattern, rope_local_base_freq=10000.0,
-                query_pre_attn_scalar=head_dim, attn_logit_softcapping=None,
-                final_logit_softcapping=None, **kw)
+                query_pre_attn_scalar=head_dim, **kw)
     del cfg["hidden_act"]
     cfg.update(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
                hidden_activation="gelu_pytorch_tanh")
+    return cfg
+
+
+def gemma2(H, layers, nh, nkv, inter, V, head_dim, window, **kw):
+    cfg = gemma3(H, layers, nh, nkv, inter, V, head_dim, window, pattern=2, **kw)
+    del cfg["rope_local_base_freq"], cfg["sliding_window_pattern"]  # one base; every other
+    cfg.update(architectures=["Gemma2ForCausalLM"], model_type="gemma2")
     return cfg
 
 
@@ -210,6 +216,10 @@ SHAPES = [
      dict(llama(144, 2, 12, 6, 232, 521, head_dim=24), architectures=["Phi3ForCausalLM"],
           model_type="phi3", sliding_window=40, original_max_position_embeddings=4096),
      "f32", [(4, ["cyclic"]), (7, ["hybrid"])], [(1, ["hybrid"]), (4, ALL), (7, ["hybrid"])]),
+    ("Gemma 2, 2 KV heads of 3, soft-capped scores (6) and logits (4), window 18",
+     gemma2(96, 2, 6, 2, 200, 449, head_dim=24, window=18, attn_logit_softcapping=6.0,
+            final_logit_softcapping=4.0),
+     "f32", [(3, ["hybrid"])], [(1, ["hybrid"]), (3, ALL), (4, ["cyclic"])]),
     ("Gemma 3, 3 KV heads of 2, head_dim 40, window 20, every 2nd layer global",
      gemma3(112, 4, 6, 3, 176, 503, head_dim=40, window=20, pattern=2,
             rope_scaling={"rope_type": "linear", "factor": 4.0}),
@@ -287,9 +297,8 @@ REFUSED = [
      "use_sliding_window"),
     ("Qwen3 with biases", dict(architectures=["Qwen3ForCausalLM"], attention_bias=True),
      "attention_bias"),
-    ("Gemma 3 with soft-capping", dict(architectures=["Gemma3ForCausalLM"],
-                                       hidden_activation="gelu_pytorch_tanh",
-                                       attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    ("Gemma 3 with silu", dict(architectures=["Gemma3ForCausalLM"], hidden_activation="silu"),
+     "only gelu_pytorch_tanh"),
     ("Phi-3 with longrope", dict(architectures=["Phi3ForCausalLM"], rope_scaling={
         "type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}), "rope_scaling"),
     ("Qwen3-MoE without renormalised top-k", dict(

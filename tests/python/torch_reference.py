@@ -3,7 +3,7 @@
 
 Builds synthetic models with `failsafe make-model`, reads the same
 safetensors files with its own parser, runs a plain PyTorch (float64)
-Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Phi-3 / Gemma 3 forward pass over the whole sequence, and compares the logits
+Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Phi-3 / Gemma 2 / Gemma 3 forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
@@ -147,7 +147,8 @@ def forward(cfg, W, ids, bf16_inputs=False):
         return h @ W[name].T
 
     H = cfg["hidden_size"]
-    gemma = cfg["architectures"][0] == "Gemma3ForCausalLM"
+    gemma = cfg["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+    attn_cap = (cfg.get("attn_logit_softcapping") or 0) if gemma else 0
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nh)
     hd = cfg.get("head_dim") or H // nh
@@ -170,7 +171,8 @@ def forward(cfg, W, ids, bf16_inputs=False):
         if "layer_types" in cfg:
             sliding = [t == "sliding_attention" for t in cfg["layer_types"]]
         else:
-            sliding = [(l + 1) % cfg.get("sliding_window_pattern", 6) != 0 for l in range(layers)]
+            pattern = cfg.get("sliding_window_pattern", 6 if "rope_local_base_freq" in cfg else 2)
+            sliding = [(l + 1) % pattern != 0 for l in range(layers)]
 
     def norm(h, name):
         return rms_norm(h, 1 + W[name] if gemma else W[name], eps)
@@ -185,7 +187,7 @@ def forward(cfg, W, ids, bf16_inputs=False):
         masks[w] = torch.where(allowed, 0.0, float("-inf")).double()
     for l in range(layers):
         p = f"model.layers.{l}."
-        local = gemma and sliding[l]
+        local = gemma and sliding[l] and "rope_local_base_freq" in cfg
         freqs = inv_freq(cfg, local=local)
         mask = masks[window if sliding[l] else 0]
         h = norm(x, p + "input_layernorm.weight")
@@ -200,7 +202,10 @@ def forward(cfg, W, ids, bf16_inputs=False):
         g = nh // nkv
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale + mask
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if attn_cap:  # Gemma 2
+            scores = attn_cap * torch.tanh(scores / attn_cap)
+        scores = scores + mask
         attn = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(T, nh * hd)
         o = mm(attn, p + "self_attn.o_proj.weight")
         if gemma:
@@ -238,7 +243,10 @@ def forward(cfg, W, ids, bf16_inputs=False):
                 y = norm(y, p + "post_feedforward_layernorm.weight")
             x = x + y
     x = norm(x, "model.norm.weight")
-    return mm(x, "model.embed_tokens.weight" if cfg.get("tie_word_embeddings", gemma) else "lm_head.weight")
+    logits = mm(x, "model.embed_tokens.weight" if cfg.get("tie_word_embeddings", gemma)
+                else "lm_head.weight")
+    final_cap = (cfg.get("final_logit_softcapping") or 0) if gemma else 0
+    return final_cap * torch.tanh(logits / final_cap) if final_cap else logits
 
 
 def llama2c_forward(path, ids):
@@ -351,7 +359,8 @@ def main():
                                       ("tiny-qwen3", "f32", 1), ("tiny-qwen3", "bf16", 1),
                                       ("tiny-qwen3-moe", "f32", 1), ("tiny-qwen3-moe", "f16", 2),
                                       ("tiny-phi3", "f32", 1), ("tiny-phi3", "bf16", 2),
-                                      ("tiny-gemma3", "f32", 1), ("tiny-gemma3", "bf16", 2)]:
+                                      ("tiny-gemma3", "f32", 1), ("tiny-gemma3", "bf16", 2),
+                                      ("tiny-gemma2", "f32", 1), ("tiny-gemma2", "bf16", 1)]:
             d = os.path.join(tmp, f"{preset}-{dtype}")
             subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d, "--seed", "7",
                             "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)

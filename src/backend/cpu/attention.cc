@@ -51,8 +51,16 @@ void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0,
   Gemm(s);
   for (int r = 0; r < m; ++r) {
     const int pos = pos0 + r * step;
-    SoftmaxRow(scores.data() + static_cast<int64_t>(r) * width, width, FirstKey(a, pos) - k0,
-               pos - k0, a.scale, isa);
+    float* row = scores.data() + static_cast<int64_t>(r) * width;
+    const int lo = FirstKey(a, pos) - k0, hi = pos - k0;
+    float scale = a.scale;
+    if (a.softcap > 0) {
+      // Capped scores, key by key (the same in any tile).
+      for (int i = std::max(0, lo); i <= hi; ++i)
+        row[i] = a.softcap * std::tanh(row[i] * a.scale / a.softcap);
+      scale = 1.0f;
+    }
+    SoftmaxRow(row, width, lo, hi, scale, isa);
   }
   GemmArgs v;
   v.x = scores.data();

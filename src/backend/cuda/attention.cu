@@ -112,6 +112,7 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
       float dot = 0;
       for (int d = 0; d < hd; ++d) dot = fmaf(qs[warp * hd + d], ks[lane * stride + d], dot);
       s = dot * a.scale;
+      if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
     }
     const float cm = WarpMax(s);
     const float m_new = any ? fmaxf(m, cm) : cm;

@@ -402,6 +402,7 @@ class CudaBackend final : public Backend {
       p.block_size = a.block_size;
       p.sliding_window = a.sliding_window;
       p.scale = a.scale;
+      p.softcap = a.softcap;
       host_first_block_[i] = blocks;
       blocks += a.group_size > 0 ? cuda::AttentionBlocks(a.num_tokens, a.group_size) : 0;
     }

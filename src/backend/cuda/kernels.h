@@ -121,7 +121,7 @@ struct AttentionProblem {
   const float* const* pages;  // device array of device pages
   int64_t ldq, ldo, ld_new_kv;
   int num_tokens, start_pos, group_size, head_dim, block_size, sliding_window;
-  float scale;
+  float scale, softcap;
 };
 // Stores every problem's new keys and values into its pages (before any
 // problem attends: another problem of the step may read them).

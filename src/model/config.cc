@@ -9,54 +9,31 @@ namespace failsafe {
 
 using nlohmann::json;
 
-const char* ArchitectureName(Architecture arch) {
-  switch (arch) {
-    case Architecture::kLlama:
-      return "LlamaForCausalLM";
-    case Architecture::kMistral:
-      return "MistralForCausalLM";
-    case Architecture::kMixtral:
-      return "MixtralForCausalLM";
-    case Architecture::kQwen2:
-      return "Qwen2ForCausalLM";
-    case Architecture::kQwen3:
-      return "Qwen3ForCausalLM";
-    case Architecture::kQwen3Moe:
-      return "Qwen3MoeForCausalLM";
-    case Architecture::kPhi3:
-      return "Phi3ForCausalLM";
-    case Architecture::kGemma2:
-      return "Gemma2ForCausalLM";
-    case Architecture::kGemma3:
-      return "Gemma3ForCausalLM";
-  }
-  return "?";
-}
-
 namespace {
 
-const char* ModelType(Architecture arch) {
-  switch (arch) {
-    case Architecture::kLlama:
-      return "llama";
-    case Architecture::kMistral:
-      return "mistral";
-    case Architecture::kMixtral:
-      return "mixtral";
-    case Architecture::kQwen2:
-      return "qwen2";
-    case Architecture::kQwen3:
-      return "qwen3";
-    case Architecture::kQwen3Moe:
-      return "qwen3_moe";
-    case Architecture::kPhi3:
-      return "phi3";
-    case Architecture::kGemma2:
-      return "gemma2";
-    case Architecture::kGemma3:
-      return "gemma3_text";
+// Each architecture's Hugging Face names: `architectures[0]` and model_type.
+struct ArchitectureNames {
+  Architecture arch;
+  const char* name;
+  const char* model_type;
+};
+constexpr ArchitectureNames kArchitectures[] = {
+    {Architecture::kLlama, "LlamaForCausalLM", "llama"},
+    {Architecture::kMistral, "MistralForCausalLM", "mistral"},
+    {Architecture::kMixtral, "MixtralForCausalLM", "mixtral"},
+    {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2"},
+    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3"},
+    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {Architecture::kPhi3, "Phi3ForCausalLM", "phi3"},
+    {Architecture::kGemma2, "Gemma2ForCausalLM", "gemma2"},
+    {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text"},
+};
+
+const ArchitectureNames& NamesOf(Architecture arch) {
+  for (const ArchitectureNames& a : kArchitectures) {
+    if (a.arch == arch) return a;
   }
-  return "?";
+  return kArchitectures[0];  // unreachable: every value is listed
 }
 
 bool IsQwen(Architecture arch) {
@@ -66,6 +43,8 @@ bool IsQwen(Architecture arch) {
 
 }  // namespace
 
+const char* ArchitectureName(Architecture arch) { return NamesOf(arch).name; }
+
 float ModelConfig::AttentionScale() const {
   return 1.0f / std::sqrt(static_cast<float>(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
                                                                        : head_dim));
@@ -74,9 +53,9 @@ float ModelConfig::AttentionScale() const {
 int64_t ModelConfig::NumParameters() const {
   int64_t h = hidden_size;
   int64_t attn = h * q_dim() + 2 * h * kv_dim() + int64_t(q_dim()) * h;
-  if (qkv_bias) attn += q_dim() + 2 * kv_dim();
-  if (qk_norm) attn += 2 * head_dim;
-  if (gemma) attn += 2 * h;  // the sandwich norms
+  if (qkv_bias()) attn += q_dim() + 2 * kv_dim();
+  if (qk_norm()) attn += 2 * head_dim;
+  if (gemma()) attn += 2 * h;  // the sandwich norms
   int64_t ffn = 3 * h * intermediate_size;
   if (is_moe()) ffn = ffn * num_experts + h * num_experts;
   int64_t per_layer = attn + ffn + 2 * h;
@@ -153,8 +132,8 @@ class Reader {
 // this engine does not implement (biases, other activations, partial RoPE).
 // Ignoring them would load the checkpoint and give wrong numbers, so each is
 // refused naming the field; their neutral values are accepted.
-Status RefuseUncomputedFeatures(const json& j, const std::string& source, Architecture arch) {
-  const bool gemma = arch == Architecture::kGemma2 || arch == Architecture::kGemma3;
+Status RefuseUncomputedFeatures(const json& j, const std::string& source, const ModelConfig& c) {
+  const bool gemma = c.gemma();
   const char* act = gemma ? "gelu_pytorch_tanh" : "silu";
   for (const char* field : {"attention_bias", "mlp_bias"}) {
     auto it = j.find(field);
@@ -179,7 +158,7 @@ Status RefuseUncomputedFeatures(const json& j, const std::string& source, Archit
   return Status::Ok();
 }
 
-// Gemma 2's and 3's fields (ModelConfig::gemma).
+// Gemma 2's and 3's fields (ModelConfig::gemma()).
 Status ParseGemma(const json& j, const std::string& source, ModelConfig* c) {
   Reader r(j, source);
   const bool gemma3 = c->architecture == Architecture::kGemma3;
@@ -241,37 +220,19 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     return InvalidArgument("{}: field 'architectures' is missing or not a list of names", source);
   }
   std::string arch = (*arch_it)[0].get<std::string>();
-  if (arch == "LlamaForCausalLM")
-    c.architecture = Architecture::kLlama;
-  else if (arch == "MistralForCausalLM")
-    c.architecture = Architecture::kMistral;
-  else if (arch == "MixtralForCausalLM")
-    c.architecture = Architecture::kMixtral;
-  else if (arch == "Qwen2ForCausalLM")
-    c.architecture = Architecture::kQwen2;
-  else if (arch == "Qwen3ForCausalLM")
-    c.architecture = Architecture::kQwen3;
-  else if (arch == "Qwen3MoeForCausalLM")
-    c.architecture = Architecture::kQwen3Moe;
-  else if (arch == "Phi3ForCausalLM")
-    c.architecture = Architecture::kPhi3;
-  else if (arch == "Gemma2ForCausalLM")
-    c.architecture = Architecture::kGemma2;
-  else if (arch == "Gemma3ForCausalLM")
-    c.architecture = Architecture::kGemma3;
-  else {
-    return InvalidArgument(
-        "{}: field 'architectures': unsupported architecture '{}' (supported: LlamaForCausalLM, "
-        "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-        "Qwen3MoeForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)",
-        source, arch);
+  const ArchitectureNames* names = nullptr;
+  std::string supported;
+  for (const ArchitectureNames& a : kArchitectures) {
+    if (arch == a.name) names = &a;
+    supported += (supported.empty() ? "" : ", ") + std::string(a.name);
   }
-  c.qkv_bias = c.architecture == Architecture::kQwen2;
-  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
-  c.fused_projections = c.architecture == Architecture::kPhi3;
-  c.gemma = c.architecture == Architecture::kGemma2 || c.architecture == Architecture::kGemma3;
-  c.qk_norm = c.qk_norm || c.architecture == Architecture::kGemma3;
-  if (c.gemma) c.tie_word_embeddings = true;  // Gemma's default
+  if (!names) {
+    return InvalidArgument(
+        "{}: field 'architectures': unsupported architecture '{}' (supported: {})", source, arch,
+        supported);
+  }
+  c.architecture = names->arch;
+  if (c.gemma()) c.tie_word_embeddings = true;  // Gemma's default
 
   Reader r(j, source);
   FS_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true));
@@ -339,15 +300,15 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
           "{}: field '{}': dense FFN layers among the sparse ones are not supported", source,
           step != 1 ? "decoder_sparse_step" : "mlp_only_layers");
   }
-  if (c.gemma) FS_RETURN_IF_ERROR(ParseGemma(j, source, &c));
+  if (c.gemma()) FS_RETURN_IF_ERROR(ParseGemma(j, source, &c));
   if (c.bos_token_id >= c.vocab_size || c.eos_token_id >= c.vocab_size) {
     return InvalidArgument("{}: bos/eos token id is not below vocab_size", source);
   }
 
-  FS_RETURN_IF_ERROR(RefuseUncomputedFeatures(j, source, c.architecture));
+  FS_RETURN_IF_ERROR(RefuseUncomputedFeatures(j, source, c));
 
   auto rs = j.find("rope_scaling");
-  if (c.gemma) rs = j.end();  // read with the global layers (ParseGemma)
+  if (c.gemma()) rs = j.end();  // read with the global layers (ParseGemma)
   if (rs != j.end() && !rs->is_null()) {
     if (!rs->is_object())
       return InvalidArgument("{}: field 'rope_scaling' must be an object", source);
@@ -389,7 +350,7 @@ Result<ModelConfig> ModelConfig::Load(const std::string& model_dir) {
 std::string ModelConfig::ToJson() const {
   json j;
   j["architectures"] = {ArchitectureName(architecture)};
-  j["model_type"] = ModelType(architecture);
+  j["model_type"] = NamesOf(architecture).model_type;
   j["hidden_size"] = hidden_size;
   j["num_hidden_layers"] = num_layers;
   j["num_attention_heads"] = num_heads;
@@ -401,7 +362,7 @@ std::string ModelConfig::ToJson() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  if (gemma) {
+  if (gemma()) {
     j["hidden_activation"] = "gelu_pytorch_tanh";
   } else {
     j["hidden_act"] = "silu";
@@ -428,7 +389,7 @@ std::string ModelConfig::ToJson() const {
     j["num_local_experts"] = num_experts;
     j["num_experts_per_tok"] = experts_per_token;
   }
-  if (gemma) {
+  if (gemma()) {
     j["query_pre_attn_scalar"] = query_pre_attn_scalar;
     if (rope_local_theta > 0) j["rope_local_base_freq"] = rope_local_theta;
     j["attn_logit_softcapping"] = attn_softcap > 0 ? json(attn_softcap) : json(nullptr);
@@ -444,7 +405,7 @@ std::string ModelConfig::ToJson() const {
   } else if (IsQwen(architecture)) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
-    if (qk_norm) j["attention_bias"] = false;
+    if (qk_norm()) j["attention_bias"] = false;
   } else if (architecture != Architecture::kLlama) {
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   }

@@ -49,16 +49,8 @@ struct ModelConfig {
   int num_experts = 0;  // 0: dense FFN
   int experts_per_token = 0;
   int sliding_window = 0;  // 0: full attention
-  bool qkv_bias = false;   // biases on the q, k and v projections (Qwen2)
-  bool qk_norm = false;    // an RMS norm of each query and key head before RoPE (Qwen3)
-  // q, k, v in one qkv_proj and gate, up in one gate_up_proj (Phi-3).
-  bool fused_projections = false;
-  // Gemma 2 and 3: every RMS norm scales by (1 + w), attention and FFN outputs are
-  // normalised too before the residual takes them (sandwich norms), GeGLU
-  // (gelu_pytorch_tanh) instead of SwiGLU, embeddings times sqrt(hidden),
-  // scores times query_pre_attn_scalar^-1/2, and sliding layers (their own
-  // RoPE base) between global ones (rope_scaling linear on those only).
-  bool gemma = false;
+  // Gemma (gemma()): the query scale, which layers slide, their RoPE base
+  // (Gemma 3), the global layers' linear RoPE scaling.
   double query_pre_attn_scalar = 0;  // 0: head_dim
   std::vector<bool> sliding_layers;  // empty: every layer takes sliding_window
   double rope_local_theta = 0;       // sliding layers' RoPE base; 0: rope_theta
@@ -79,6 +71,24 @@ struct ModelConfig {
   int eos_token_id = -1;
 
   bool is_moe() const { return num_experts > 0; }
+  // What the architecture computes beyond Llama's:
+  // biases on the q, k and v projections (Qwen2);
+  bool qkv_bias() const { return architecture == Architecture::kQwen2; }
+  // an RMS norm of each query and key head before RoPE (Qwen3, Gemma 3);
+  bool qk_norm() const {
+    return architecture == Architecture::kQwen3 || architecture == Architecture::kQwen3Moe ||
+           architecture == Architecture::kGemma3;
+  }
+  // q, k, v in one qkv_proj and gate, up in one gate_up_proj (Phi-3);
+  bool fused_projections() const { return architecture == Architecture::kPhi3; }
+  // Gemma 2 and 3: every RMS norm scales by (1 + w), attention and FFN
+  // outputs are normalised too before the residual takes them (sandwich
+  // norms), GeGLU (gelu_pytorch_tanh) instead of SwiGLU, embeddings times
+  // sqrt(hidden), scores times query_pre_attn_scalar^-1/2, and sliding
+  // layers between global ones (the fields below).
+  bool gemma() const {
+    return architecture == Architecture::kGemma2 || architecture == Architecture::kGemma3;
+  }
   int group_size() const { return num_heads / num_kv_heads; }  // query heads per KV head
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }

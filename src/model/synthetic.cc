@@ -27,31 +27,37 @@ std::vector<std::string> SyntheticPresetNames() {
           "micro-phi3",  "micro-gemma2",  "micro-gemma3", "stories-260k"};
 }
 
+namespace {
+
+// The fields every preset sets, in this order: architecture, hidden size,
+// layers, query heads, KV heads, head_dim, FFN width (each expert's),
+// vocabulary, positions, RoPE base.
+void SetShape(ModelConfig* c, Architecture arch, int hidden, int layers, int heads, int kv_heads,
+              int head_dim, int intermediate, int vocab, int max_positions, double rope_theta) {
+  c->architecture = arch;
+  c->hidden_size = hidden;
+  c->num_layers = layers;
+  c->num_heads = heads;
+  c->num_kv_heads = kv_heads;
+  c->head_dim = head_dim;
+  c->intermediate_size = intermediate;
+  c->vocab_size = vocab;
+  c->max_position_embeddings = max_positions;
+  c->rope_theta = rope_theta;
+}
+
+}  // namespace
+
 Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
   ModelConfig c;
-  c.num_kv_heads = 8;  // like Llama-3.1-70B and Mixtral-8x22B: 3, 5, 6, 7 devices are irregular
+  // 8 KV heads unless a preset says otherwise, like Llama-3.1-70B and
+  // Mixtral-8x22B: 3, 5, 6, 7 devices are irregular.
   c.rms_norm_eps = 1e-5;
   if (preset == "tiny-llama") {
-    c.architecture = Architecture::kLlama;
-    c.hidden_size = 256;
-    c.num_layers = 4;
-    c.num_heads = 16;
-    c.head_dim = 16;
-    c.intermediate_size = 512;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 8192;
-    c.rope_theta = 500000.0;
+    SetShape(&c, Architecture::kLlama, 256, 4, 16, 8, 16, 512, 512, 8192, 500000.0);
     c.rope_scaling = {true, 8.0, 1.0, 4.0, 256};
   } else if (preset == "tiny-mixtral") {
-    c.architecture = Architecture::kMixtral;
-    c.hidden_size = 256;
-    c.num_layers = 4;
-    c.num_heads = 16;
-    c.head_dim = 16;
-    c.intermediate_size = 256;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 8192;
-    c.rope_theta = 1000000.0;
+    SetShape(&c, Architecture::kMixtral, 256, 4, 16, 8, 16, 256, 512, 8192, 1000000.0);
     c.num_experts = 8;
     c.experts_per_token = 2;
     c.tie_word_embeddings = true;
@@ -59,80 +65,31 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
   } else if (preset == "tiny-qwen2") {
     // Qwen2.5-0.5B's proportions: 14 query heads over 2 KV heads, q/k/v
     // biases, tied embeddings.
-    c.architecture = Architecture::kQwen2;
-    c.qkv_bias = true;
-    c.hidden_size = 224;
-    c.num_layers = 4;
-    c.num_heads = 14;
-    c.num_kv_heads = 2;
-    c.head_dim = 16;
-    c.intermediate_size = 608;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 8192;
+    SetShape(&c, Architecture::kQwen2, 224, 4, 14, 2, 16, 608, 512, 8192, 1000000.0);
     c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
     c.tie_word_embeddings = true;
   } else if (preset == "tiny-qwen3") {
     // Qwen3's: query and key norms, head_dim set apart from the hidden size
     // (16 x 32 = 512 query columns over a hidden size of 256).
-    c.architecture = Architecture::kQwen3;
-    c.qk_norm = true;
-    c.hidden_size = 256;
-    c.num_layers = 4;
-    c.num_heads = 16;
-    c.head_dim = 32;
-    c.intermediate_size = 384;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 8192;
+    SetShape(&c, Architecture::kQwen3, 256, 4, 16, 8, 32, 384, 512, 8192, 1000000.0);
     c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
   } else if (preset == "tiny-qwen3-moe") {
     // Qwen3-30B-A3B's routing: many narrow experts, top 8 renormalised.
-    c.architecture = Architecture::kQwen3Moe;
-    c.qk_norm = true;
-    c.hidden_size = 256;
-    c.num_layers = 3;
-    c.num_heads = 16;
-    c.num_kv_heads = 4;
-    c.head_dim = 32;
-    c.intermediate_size = 64;
+    SetShape(&c, Architecture::kQwen3Moe, 256, 3, 16, 4, 32, 64, 512, 8192, 1000000.0);
     c.num_experts = 32;
     c.experts_per_token = 8;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 8192;
     c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
   } else if (preset == "tiny-phi3") {
     // Phi-3's layout: q, k, v in one qkv_proj, gate and up in one
     // gate_up_proj; a sliding window shorter than the tests' prompts.
-    c.architecture = Architecture::kPhi3;
-    c.fused_projections = true;
-    c.hidden_size = 192;
-    c.num_layers = 3;
-    c.num_heads = 12;
-    c.num_kv_heads = 4;
-    c.head_dim = 16;
-    c.intermediate_size = 320;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 4096;
-    c.rope_theta = 10000.0;
+    SetShape(&c, Architecture::kPhi3, 192, 3, 12, 4, 16, 320, 512, 4096, 10000.0);
     c.sliding_window = 48;
   } else if (preset == "tiny-gemma2") {
     // Gemma 2's: every other layer sliding (the first), score and final
     // logit soft-capping (caps low enough to bend these weights' logits),
     // (1 + w) and sandwich norms, GeGLU, scaled embeddings.
-    c.architecture = Architecture::kGemma2;
-    c.gemma = true;
-    c.hidden_size = 160;
-    c.num_layers = 4;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 32;
-    c.intermediate_size = 320;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 8192;
+    SetShape(&c, Architecture::kGemma2, 160, 4, 8, 4, 32, 320, 512, 8192, 10000.0);
     c.rms_norm_eps = 1e-6;
-    c.rope_theta = 10000.0;
     c.query_pre_attn_scalar = 40;
     c.sliding_window = 24;
     c.sliding_layers = {true, false, true, false};
@@ -144,18 +101,8 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     // with a global one every third, (1 + w) and sandwich norms, GeGLU,
     // scaled embeddings, a query scale apart from head_dim, linear RoPE
     // scaling on the global layers (as Gemma 3 4B and up).
-    c.architecture = Architecture::kGemma3;
-    c.gemma = c.qk_norm = true;
-    c.hidden_size = 192;
-    c.num_layers = 6;
-    c.num_heads = 4;
-    c.num_kv_heads = 1;
-    c.head_dim = 64;
-    c.intermediate_size = 384;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 8192;
+    SetShape(&c, Architecture::kGemma3, 192, 6, 4, 1, 64, 384, 512, 8192, 1000000.0);
     c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
     c.rope_local_theta = 10000.0;
     c.rope_linear_factor = 8.0;
     c.query_pre_attn_scalar = 48;
@@ -163,116 +110,32 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.sliding_layers = {true, true, false, true, true, false};
     c.tie_word_embeddings = true;
   } else if (preset == "small-llama") {
-    c.architecture = Architecture::kLlama;
-    c.hidden_size = 1024;
-    c.num_layers = 12;
-    c.num_heads = 16;
-    c.head_dim = 64;
-    c.intermediate_size = 2816;
-    c.vocab_size = 16384;
-    c.max_position_embeddings = 8192;
-    c.rope_theta = 500000.0;
+    SetShape(&c, Architecture::kLlama, 1024, 12, 16, 8, 64, 2816, 16384, 8192, 500000.0);
   } else if (preset == "1b-llama") {
-    c.architecture = Architecture::kLlama;
-    c.hidden_size = 2048;
-    c.num_layers = 16;
-    c.num_heads = 32;
-    c.head_dim = 64;
-    c.intermediate_size = 5632;
-    c.vocab_size = 32000;
-    c.max_position_embeddings = 4096;
-    c.rope_theta = 10000.0;
+    SetShape(&c, Architecture::kLlama, 2048, 16, 32, 8, 64, 5632, 32000, 4096, 10000.0);
   } else if (preset == "micro-llama") {
-    c.architecture = Architecture::kLlama;
-    c.hidden_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 8;
-    c.intermediate_size = 96;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
-    c.rope_theta = 10000.0;
+    SetShape(&c, Architecture::kLlama, 64, 2, 8, 4, 8, 96, 384, 2048, 10000.0);
   } else if (preset == "micro-mixtral") {
-    c.architecture = Architecture::kMixtral;
-    c.hidden_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 8;
-    c.intermediate_size = 48;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
-    c.rope_theta = 1000000.0;
+    SetShape(&c, Architecture::kMixtral, 64, 2, 8, 4, 8, 48, 384, 2048, 1000000.0);
     c.num_experts = 4;
     c.experts_per_token = 2;
     c.tie_word_embeddings = true;
     c.sliding_window = 24;
   } else if (preset == "micro-qwen2") {
-    c.architecture = Architecture::kQwen2;
-    c.qkv_bias = true;
-    c.hidden_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 8;
-    c.intermediate_size = 96;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
-    c.rope_theta = 1000000.0;
+    SetShape(&c, Architecture::kQwen2, 64, 2, 8, 4, 8, 96, 384, 2048, 1000000.0);
     c.tie_word_embeddings = true;
   } else if (preset == "micro-qwen3") {
-    c.architecture = Architecture::kQwen3;
-    c.qk_norm = true;
-    c.hidden_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 16;
-    c.intermediate_size = 96;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
-    c.rope_theta = 1000000.0;
+    SetShape(&c, Architecture::kQwen3, 64, 2, 8, 4, 16, 96, 384, 2048, 1000000.0);
   } else if (preset == "micro-qwen3-moe") {
-    c.architecture = Architecture::kQwen3Moe;
-    c.qk_norm = true;
-    c.hidden_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 16;
-    c.intermediate_size = 24;
+    SetShape(&c, Architecture::kQwen3Moe, 64, 2, 8, 4, 16, 24, 384, 2048, 1000000.0);
     c.num_experts = 8;
     c.experts_per_token = 3;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
-    c.rope_theta = 1000000.0;
   } else if (preset == "micro-phi3") {
-    c.architecture = Architecture::kPhi3;
-    c.fused_projections = true;
-    c.hidden_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 8;
-    c.intermediate_size = 96;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
-    c.rope_theta = 10000.0;
+    SetShape(&c, Architecture::kPhi3, 64, 2, 8, 4, 8, 96, 384, 2048, 10000.0);
     c.sliding_window = 20;
   } else if (preset == "micro-gemma2") {
-    c.architecture = Architecture::kGemma2;
-    c.gemma = true;
-    c.hidden_size = 64;
-    c.num_layers = 2;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 16;
-    c.intermediate_size = 96;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
+    SetShape(&c, Architecture::kGemma2, 64, 2, 8, 4, 16, 96, 384, 2048, 10000.0);
     c.rms_norm_eps = 1e-6;
-    c.rope_theta = 10000.0;
     c.query_pre_attn_scalar = 16;
     c.sliding_window = 12;
     c.sliding_layers = {true, false};
@@ -280,18 +143,8 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.final_softcap = 2.0;
     c.tie_word_embeddings = true;
   } else if (preset == "micro-gemma3") {
-    c.architecture = Architecture::kGemma3;
-    c.gemma = c.qk_norm = true;
-    c.hidden_size = 64;
-    c.num_layers = 3;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 16;
-    c.intermediate_size = 96;
-    c.vocab_size = 384;
-    c.max_position_embeddings = 2048;
+    SetShape(&c, Architecture::kGemma3, 64, 3, 8, 4, 16, 96, 384, 2048, 1000000.0);
     c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
     c.rope_local_theta = 10000.0;
     c.query_pre_attn_scalar = 16;
     c.sliding_window = 12;
@@ -299,16 +152,7 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.tie_word_embeddings = true;
   } else if (preset == "stories-260k") {
     // The shape of Karpathy's llama2.c stories260K.
-    c.architecture = Architecture::kLlama;
-    c.hidden_size = 64;
-    c.num_layers = 5;
-    c.num_heads = 8;
-    c.num_kv_heads = 4;
-    c.head_dim = 8;
-    c.intermediate_size = 172;
-    c.vocab_size = 512;
-    c.max_position_embeddings = 512;
-    c.rope_theta = 10000.0;
+    SetShape(&c, Architecture::kLlama, 64, 5, 8, 4, 8, 172, 512, 512, 10000.0);
     c.tie_word_embeddings = true;
   } else {
     std::string names;
@@ -600,7 +444,7 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
   bool is_norm = e.shape.size() == 1;
   if (is_norm) {
     // Gemma's norms scale by (1 + w): the same scales around 1.
-    const double one = ctx->config->gemma ? 0.0 : 1.0;
+    const double one = ctx->config->gemma() ? 0.0 : 1.0;
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(one + 0.1 * rng.Normal());
     return;
   }

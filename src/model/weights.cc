@@ -20,7 +20,7 @@ static std::string L(int layer) { return "model.layers." + std::to_string(layer)
 std::string AttnNorm(int layer) { return L(layer) + "input_layernorm.weight"; }
 std::string FfnNorm(const ModelConfig& c, int layer) {
   return L(layer) +
-         (c.gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
+         (c.gemma() ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
 }
 std::string AttnOutNorm(int layer) { return L(layer) + "post_attention_layernorm.weight"; }
 std::string FfnOutNorm(int layer) { return L(layer) + "post_feedforward_layernorm.weight"; }
@@ -56,20 +56,20 @@ std::string Router(const ModelConfig& c, int layer) {
 std::string Qkv(int layer) { return L(layer) + "self_attn.qkv_proj.weight"; }
 std::string GateUp(int layer) { return L(layer) + "mlp.gate_up_proj.weight"; }
 Rows QRows(const ModelConfig& c, int layer) {
-  return c.fused_projections ? Rows{Qkv(layer), 0} : Rows{Q(layer), 0};
+  return c.fused_projections() ? Rows{Qkv(layer), 0} : Rows{Q(layer), 0};
 }
 Rows KRows(const ModelConfig& c, int layer) {
-  return c.fused_projections ? Rows{Qkv(layer), c.q_dim()} : Rows{K(layer), 0};
+  return c.fused_projections() ? Rows{Qkv(layer), c.q_dim()} : Rows{K(layer), 0};
 }
 Rows VRows(const ModelConfig& c, int layer) {
-  return c.fused_projections ? Rows{Qkv(layer), c.q_dim() + c.kv_dim()} : Rows{V(layer), 0};
+  return c.fused_projections() ? Rows{Qkv(layer), c.q_dim() + c.kv_dim()} : Rows{V(layer), 0};
 }
 Rows GateRows(const ModelConfig& c, int layer, int e) {
-  return c.fused_projections && e < 0 ? Rows{GateUp(layer), 0} : Rows{Gate(c, layer, e), 0};
+  return c.fused_projections() && e < 0 ? Rows{GateUp(layer), 0} : Rows{Gate(c, layer, e), 0};
 }
 Rows UpRows(const ModelConfig& c, int layer, int e) {
-  return c.fused_projections && e < 0 ? Rows{GateUp(layer), c.intermediate_size}
-                                      : Rows{Up(c, layer, e), 0};
+  return c.fused_projections() && e < 0 ? Rows{GateUp(layer), c.intermediate_size}
+                                        : Rows{Up(c, layer, e), 0};
 }
 }  // namespace tensor_names
 
@@ -80,7 +80,7 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   out.push_back({tn::Embedding(), {v, h}});
   for (int l = 0; l < c.num_layers; ++l) {
     out.push_back({tn::AttnNorm(l), {h}});
-    if (c.fused_projections) {
+    if (c.fused_projections()) {
       out.push_back({tn::Qkv(l), {c.q_dim() + 2 * c.kv_dim(), h}});
     } else {
       out.push_back({tn::Q(l), {c.q_dim(), h}});
@@ -88,17 +88,17 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
       out.push_back({tn::V(l), {c.kv_dim(), h}});
     }
     out.push_back({tn::O(l), {h, c.q_dim()}});
-    if (c.qkv_bias) {
+    if (c.qkv_bias()) {
       out.push_back({tn::QBias(l), {c.q_dim()}});
       out.push_back({tn::KBias(l), {c.kv_dim()}});
       out.push_back({tn::VBias(l), {c.kv_dim()}});
     }
-    if (c.qk_norm) {
+    if (c.qk_norm()) {
       out.push_back({tn::QNorm(l), {c.head_dim}});
       out.push_back({tn::KNorm(l), {c.head_dim}});
     }
     out.push_back({tn::FfnNorm(c, l), {h}});
-    if (c.gemma) {
+    if (c.gemma()) {
       out.push_back({tn::AttnOutNorm(l), {h}});
       out.push_back({tn::FfnOutNorm(l), {h}});
     }
@@ -109,7 +109,7 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
         out.push_back({tn::Down(c, l, e), {h, inter}});
         out.push_back({tn::Up(c, l, e), {inter, h}});
       }
-    } else if (c.fused_projections) {
+    } else if (c.fused_projections()) {
       out.push_back({tn::GateUp(l), {2 * inter, h}});
       out.push_back({tn::Down(c, l, -1), {h, inter}});
     } else {

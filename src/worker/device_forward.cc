@@ -158,7 +158,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
 void DeviceModel::AddToResidual(const DeviceArray<float>& out_norm, int num_tokens) {
   const int H = config_.hidden_size;
   const int64_t n = static_cast<int64_t>(num_tokens) * H;
-  if (!config_.gemma) {
+  if (!config_.gemma()) {
     backend_->AddFixedTo(partial_.data(), x_.data(), n);
     return;
   }
@@ -235,24 +235,21 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   }
   stats->attention_flops += 2.0 * hr.rows * H * (ld_q + ld_kv);
   const LayerWeights& lw = layers_[layer];
-  if (config_.qkv_bias) {
-    // Each segment's columns take its items' biases.
-    k0 = 0;
-    for (const auto& seg : w.q.segments()) {
-      backend_->AddBias(q + static_cast<int64_t>(k0) * hd, ld_q,
-                        lw.q_bias.data() + static_cast<int64_t>(seg.first) * hd, hr.rows,
-                        seg.count * hd);
-      k0 += seg.count;
-    }
-    k0 = 0;
-    for (const auto& seg : w.kv.segments()) {
-      backend_->AddBias(kv + static_cast<int64_t>(k0) * 2 * hd, ld_kv,
-                        lw.kv_bias.data() + static_cast<int64_t>(seg.first) * 2 * hd, hr.rows,
-                        seg.count * 2 * hd);
-      k0 += seg.count;
-    }
+  if (config_.qkv_bias()) {
+    // Each segment's columns (items of `width`) take its items' biases.
+    auto add_bias = [&](const ItemMatrix& m, float* y, int64_t ld, const DeviceArray<float>& bias,
+                        int width) {
+      int64_t col = 0;
+      for (const auto& seg : m.segments()) {
+        backend_->AddBias(y + col, ld, bias.data() + static_cast<int64_t>(seg.first) * width,
+                          hr.rows, seg.count * width);
+        col += static_cast<int64_t>(seg.count) * width;
+      }
+    };
+    add_bias(w.q, q, ld_q, lw.q_bias, hd);
+    add_bias(w.kv, kv, ld_kv, lw.kv_bias, 2 * hd);
   }
-  if (config_.qk_norm) {
+  if (config_.qk_norm()) {
     // Every query head, and the key of every group (heads 2 * hd apart),
     // normalised in place: rows of hd at a uniform stride.
     const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -407,7 +404,7 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
     float* gu = gu_.Reserve(static_cast<size_t>(rows) * cols);
     float* act = act_.Reserve(static_cast<size_t>(rows) * seg.count * w);
     backend_->LinearNT(in, H, lw.ffn_gate_up.Weights(seg), gu, cols, rows, cols, H, false);
-    if (config_.gemma) {
+    if (config_.gemma()) {
       backend_->GeluTanhMul(gu, cols, act, seg.count * w, rows, w, seg.count);
     } else {
       backend_->SiluMul(gu, cols, act, seg.count * w, rows, w, seg.count);

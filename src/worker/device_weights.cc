@@ -55,9 +55,9 @@ int64_t DeviceModel::weight_bytes() const {
          (config_.is_moe() ? static_cast<int64_t>(config_.num_experts) * config_.hidden_size : 0)) *
         4;
     b += l.tp.bytes() + l.dp.bytes();
-    if (config_.qkv_bias) b += static_cast<int64_t>(config_.q_dim() + 2 * config_.kv_dim()) * 4;
-    if (config_.qk_norm) b += 2LL * config_.head_dim * 4;
-    if (config_.gemma) b += 2LL * config_.hidden_size * 4;
+    if (config_.qkv_bias()) b += static_cast<int64_t>(config_.q_dim() + 2 * config_.kv_dim()) * 4;
+    if (config_.qk_norm()) b += 2LL * config_.head_dim * 4;
+    if (config_.gemma()) b += 2LL * config_.hidden_size * 4;
     b += l.ffn_gate_up.bytes() + l.ffn_down.bytes();
   }
   return b;
@@ -216,32 +216,25 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
                         : backend_->TransposedNN(wt)  ? ItemLayout::kTransposed
                                                       : ItemLayout::kRowMajor;
   Backend* mem = backend_;
-  auto vector_of = [&](const std::string& name, int rows, DeviceArray<float>* dst) {
-    std::vector<float> v(static_cast<size_t>(rows) * hidden);
-    host.Get(name).ReadRows(0, rows, v.data());
+  // Small tensors every device holds whole: read, then uploaded.
+  auto read = [&](const std::string& name) {
+    const TensorRef t = host.Get(name);
+    std::vector<float> v(static_cast<size_t>(t.rows() * t.cols()));
+    t.ReadRows(0, t.rows(), v.data());
+    return v;
+  };
+  auto upload = [&](const std::vector<float>& v, DeviceArray<float>* dst) {
     dst->set_memory(mem);
     Upload(v, dst);
   };
   // An RMS norm's weight; Gemma's scale by (1 + w), added here in f32 as its
   // modeling code does.
   auto norm_of = [&](const std::string& name, DeviceArray<float>* dst) {
-    const TensorRef t = host.Get(name);
-    std::vector<float> v(static_cast<size_t>(t.rows() * t.cols()));
-    t.ReadRows(0, t.rows(), v.data());
-    if (c.gemma) {
-      for (float& w : v) w = 1.0f + w;
+    std::vector<float> v = read(name);
+    if (c.gemma()) {
+      for (float& x : v) x = 1.0f + x;
     }
-    dst->set_memory(mem);
-    Upload(v, dst);
-  };
-  auto whole = [&](const std::string& name, std::vector<float>* v) {
-    const TensorRef t = host.Get(name);
-    v->resize(static_cast<size_t>(t.rows() * t.cols()));
-    t.ReadRows(0, t.rows(), v->data());
-  };
-  auto upload = [&](const std::vector<float>& v, DeviceArray<float>* dst) {
-    dst->set_memory(mem);
-    Upload(v, dst);
+    upload(v, dst);
   };
   layers_.clear();
   layers_.resize(c.num_layers);
@@ -249,7 +242,7 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     LayerWeights& lw = layers_[l];
     norm_of(tn::AttnNorm(l), &lw.attn_norm);
     norm_of(tn::FfnNorm(c, l), &lw.ffn_norm);
-    if (c.gemma) {
+    if (c.gemma()) {
       norm_of(tn::AttnOutNorm(l), &lw.attn_out_norm);
       norm_of(tn::FfnOutNorm(l), &lw.ffn_out_norm);
     }
@@ -260,18 +253,16 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     }
     lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, nt, mem);
     lw.ffn_down = ItemMatrix(w, hidden, wt, nn, mem);
-    if (c.is_moe()) vector_of(tn::Router(c, l), c.num_experts, &lw.router);
-    std::vector<float> v;
-    if (c.qk_norm) {
+    if (c.is_moe()) upload(read(tn::Router(c, l)), &lw.router);
+    if (c.qk_norm()) {
       norm_of(tn::QNorm(l), &lw.q_norm);
       norm_of(tn::KNorm(l), &lw.k_norm);
     }
-    if (c.qkv_bias) {
-      whole(tn::QBias(l), &v);
-      upload(v, &lw.q_bias);
-      std::vector<float> k, kv(2 * static_cast<size_t>(c.kv_dim()));
-      whole(tn::KBias(l), &k);
-      whole(tn::VBias(l), &v);
+    if (c.qkv_bias()) {
+      upload(read(tn::QBias(l)), &lw.q_bias);
+      // As the kv items lie: each group's k bias, then its v bias.
+      const std::vector<float> k = read(tn::KBias(l)), v = read(tn::VBias(l));
+      std::vector<float> kv(2 * static_cast<size_t>(c.kv_dim()));
       for (int h = 0; h < c.num_kv_heads; ++h) {
         std::copy_n(k.begin() + h * hd, hd, kv.begin() + 2 * h * hd);
         std::copy_n(v.begin() + h * hd, hd, kv.begin() + (2 * h + 1) * hd);
@@ -282,7 +273,7 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
   norm_of(tn::FinalNorm(), &final_norm_);
   // Gemma scales the embeddings by sqrt(hidden) in the model's type.
   embed_scale_ = 0;
-  if (c.gemma) {
+  if (c.gemma()) {
     const float s = std::sqrt(static_cast<float>(hidden));
     embed_scale_ = wt == DType::kBF16  ? BFloat16ToFloat(FloatToBFloat16(s))
                    : wt == DType::kF16 ? HalfToFloat(FloatToHalf(s))

@@ -91,21 +91,19 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
         t[p + "post_attention_layernorm.weight"] = norm(H)
-        if "num_local_experts" in cfg:
-            t[p + "block_sparse_moe.gate.weight"] = mat(cfg["num_local_experts"], H)
-            for e in range(cfg["num_local_experts"]):
-                ep = p + f"block_sparse_moe.experts.{e}."
-                t[ep + "w1.weight"] = mat(inter, H)
-                t[ep + "w2.weight"] = mat(H, inter)
-                t[ep + "w3.weight"] = mat(inter, H)
-        elif "num_experts" in cfg:  # Qwen3-MoE
-            inter = cfg["moe_intermediate_size"]
-            t[p + "mlp.gate.weight"] = mat(cfg["num_experts"], H)
-            for e in range(cfg["num_experts"]):
-                ep = p + f"mlp.experts.{e}."
-                t[ep + "gate_proj.weight"] = mat(inter, H)
-                t[ep + "up_proj.weight"] = mat(inter, H)
-                t[ep + "down_proj.weight"] = mat(H, inter)
+        experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+        if experts:
+            # Mixtral's names, or Qwen3-MoE's (each expert moe_intermediate_size wide).
+            mixtral = "num_local_experts" in cfg
+            inter = inter if mixtral else cfg["moe_intermediate_size"]
+            t[p + ("block_sparse_moe.gate.weight" if mixtral else "mlp.gate.weight")] = \
+                mat(experts, H)
+            for e in range(experts):
+                ep = p + (f"block_sparse_moe.experts.{e}." if mixtral else f"mlp.experts.{e}.")
+                g, d, u = ("w1", "w2", "w3") if mixtral else ("gate_proj", "down_proj", "up_proj")
+                t[ep + g + ".weight"] = mat(inter, H)
+                t[ep + d + ".weight"] = mat(H, inter)
+                t[ep + u + ".weight"] = mat(inter, H)
         else:
             t[p + "mlp.gate_proj.weight"] = mat(inter, H)
             t[p + "mlp.up_proj.weight"] = mat(inter, H)

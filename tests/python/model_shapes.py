@@ -100,10 +100,11 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
                 mat(experts, H)
             for e in range(experts):
                 ep = p + (f"block_sparse_moe.experts.{e}." if mixtral else f"mlp.experts.{e}.")
-                g, d, u = ("w1", "w2", "w3") if mixtral else ("gate_proj", "down_proj", "up_proj")
-                t[ep + g + ".weight"] = mat(inter, H)
-                t[ep + d + ".weight"] = mat(H, inter)
-                t[ep + u + ".weight"] = mat(inter, H)
+                gate, down, up = (("w1", "w2", "w3") if mixtral
+                                  else ("gate_proj", "down_proj", "up_proj"))
+                t[ep + gate + ".weight"] = mat(inter, H)
+                t[ep + down + ".weight"] = mat(H, inter)
+                t[ep + up + ".weight"] = mat(inter, H)
         else:
             t[p + "mlp.gate_proj.weight"] = mat(inter, H)
             t[p + "mlp.up_proj.weight"] = mat(inter, H)

@@ -87,8 +87,9 @@ class TimedBackend final : public Backend {
                    int shards) override {
     Time("gelu mul", [&] { b_->GeluTanhMul(gu, li, out, lo, rows, width, shards); });
   }
-  void MoeGate(const float* l, int tokens, int experts, int k, int32_t* ids, float* w) override {
-    Time("moe gate", [&] { b_->MoeGate(l, tokens, experts, k, ids, w); });
+  void MoeGate(const float* l, int tokens, int experts, int k, bool renormalize, int32_t* ids,
+               float* w) override {
+    Time("moe gate", [&] { b_->MoeGate(l, tokens, experts, k, renormalize, ids, w); });
   }
   void Attention(const std::vector<AttentionArgs>& p) override {
     Time("attention", [&] { b_->Attention(p); });

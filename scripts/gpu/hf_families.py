@@ -3,7 +3,7 @@
 modeling code (where transformers is installed: the GPU machine).
 
 For every family preset (`failsafe make-model`: tiny-qwen2, tiny-qwen3,
-tiny-qwen3-moe, tiny-phi3, tiny-gemma3, and tiny-llama, tiny-mixtral for
+tiny-qwen3-moe, tiny-qwen2-moe, tiny-phi3, tiny-gemma2, tiny-gemma3, and tiny-llama, tiny-mixtral for
 comparison) it runs `failsafe logits` (a chunked prefill and greedy decode
 steps, with the given engine flags, e.g. `--gpus 0`) and transformers'
 AutoModelForCausalLM in float32 (eager attention) on the same weights and the
@@ -25,7 +25,7 @@ import tempfile
 import torch
 import transformers
 
-PRESETS = ["tiny-llama", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe",
+PRESETS = ["tiny-llama", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe",
            "tiny-phi3", "tiny-gemma2", "tiny-gemma3"]
 TOLERANCE = 1e-4
 

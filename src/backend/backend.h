@@ -263,10 +263,12 @@ class Backend : public DeviceMemory {
   // gelu_pytorch_tanh): gelu(g) = g / 2 (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
   virtual void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
                            int width, int shards) = 0;
-  // Mixtral routing: softmax over experts, top-k, renormalised.
+  // MoE routing: softmax over experts, the top k (the lowest id on ties),
+  // their probabilities divided by their sum if `renormalize` (Mixtral,
+  // Qwen3-MoE) or as they are (Qwen2-MoE).
   // logits [tokens, experts] -> ids/weights [tokens, k], all device memory.
-  virtual void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
-                       float* weights) = 0;
+  virtual void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize,
+                       int32_t* ids, float* weights) = 0;
   // Runs independent attention problems (sequences x head groups); the
   // backend may run them in parallel. Batch-invariant too: a query token's
   // output is the same whatever the chunk it is computed in.
@@ -370,8 +372,9 @@ std::vector<float> RopeInvFreq(const ModelConfig& config, bool local = false);
 
 // Extends a RoPE table to at least `positions` rows: row p, head_dim floats,
 // holds cos(p * inv_freq[i]) for i < head_dim / 2, then sin of the same
-// (each in double, then rounded). Every layer's rotation of a step reads
-// the same rows.
-void ExtendRopeTable(const std::vector<float>& inv_freq, int positions, std::vector<float>* table);
+// (each in double, times `scale` (LongRoPE's attention factor), then
+// rounded). Every layer's rotation of a step reads the same rows.
+void ExtendRopeTable(const std::vector<float>& inv_freq, int positions, std::vector<float>* table,
+                     double scale = 1.0);
 
 }  // namespace failsafe

@@ -10,6 +10,7 @@ std::vector<float> RopeInvFreq(const ModelConfig& c, bool local) {
   for (int i = 0; i < half; ++i) {
     double freq = 1.0 / std::pow(local ? c.rope_local_theta : c.rope_theta, (2.0 * i) / c.head_dim);
     if (!local) freq /= c.rope_linear_factor;
+    if (c.longrope.enabled()) freq /= c.longrope.factors()[i];
     if (!local && c.rope_scaling.enabled) {
       const auto& s = c.rope_scaling;
       const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
@@ -29,7 +30,8 @@ std::vector<float> RopeInvFreq(const ModelConfig& c, bool local) {
   return out;
 }
 
-void ExtendRopeTable(const std::vector<float>& inv_freq, int positions, std::vector<float>* table) {
+void ExtendRopeTable(const std::vector<float>& inv_freq, int positions, std::vector<float>* table,
+                     double scale) {
   const int half = static_cast<int>(inv_freq.size()), width = 2 * half;
   if (width == 0) return;
   const int have = static_cast<int>(table->size() / width);
@@ -39,8 +41,8 @@ void ExtendRopeTable(const std::vector<float>& inv_freq, int positions, std::vec
     float* row = table->data() + static_cast<size_t>(p) * width;
     for (int i = 0; i < half; ++i) {
       const double angle = static_cast<double>(p) * static_cast<double>(inv_freq[i]);
-      row[i] = static_cast<float>(std::cos(angle));
-      row[half + i] = static_cast<float>(std::sin(angle));
+      row[i] = static_cast<float>(std::cos(angle) * scale);
+      row[half + i] = static_cast<float>(std::sin(angle) * scale);
     }
   }
 }

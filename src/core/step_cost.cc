@@ -17,15 +17,23 @@ StepCost::StepCost(const Plan& plan, const ModelConfig& c, const DeviceSpeed& sp
   fixed_.assign(plan.num_devices, 0);
   time_.assign(plan.num_devices, 0);
   dp_head_layers_ = plan.num_dp_heads_total();
-  const double moe_share =
-      c.is_moe() ? static_cast<double>(c.experts_per_token) / c.num_experts : 1.0;
   for (int d : plan.active) {
     tp_query_layers_[d] = plan.num_tp_queries_total(d);
     tp_kv_layers_[d] = plan.num_tp_heads_total(d);
-    double shards = 0;
-    for (auto& l : plan.layers) shards += l.ffn_shards[d].size();
-    ffn_time_per_token_[d] =
-        2.0 * 3 * plan.shape.shard_width * h * shards * moe_share / speed.flops_per_s;
+    // Shards held; of them, those every token takes (a dense FFN's, a
+    // shared expert's) and those a routed expert's share of tokens takes.
+    double shards = 0, every = 0;
+    for (auto& l : plan.layers) {
+      shards += l.ffn_shards[d].size();
+      if (c.is_moe()) {
+        for (int s : l.ffn_shards[d]) every += c.ExpertShare(plan.shape.ShardExpert(s)) == 1.0;
+      }
+    }
+    const double moe_share =
+        c.is_moe() ? static_cast<double>(c.experts_per_token) / c.num_experts : 1.0;
+    const double flops_per_shard = 2.0 * 3 * plan.shape.shard_width * h;
+    ffn_time_per_token_[d] = flops_per_shard * (shards - every) * moe_share / speed.flops_per_s +
+                             flops_per_shard * every / speed.flops_per_s;
     // Weights read once per step: attention (q and o per query head, k and v
     // per head group; TP and DP) and FFN shards.
     const double head_bytes = 2.0 * hd * h * 4;

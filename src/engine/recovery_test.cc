@@ -163,6 +163,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
                                            std::make_tuple(RecoveryMode::kFull, "tiny-qwen3"),
                                            std::make_tuple(RecoveryMode::kHost, "tiny-qwen2"),
                                            std::make_tuple(RecoveryMode::kFull, "tiny-qwen3-moe"),
+                                           std::make_tuple(RecoveryMode::kHost, "tiny-qwen2-moe"),
                                            std::make_tuple(RecoveryMode::kFull, "tiny-phi3"),
                                            std::make_tuple(RecoveryMode::kFull, "tiny-gemma3"),
                                            std::make_tuple(RecoveryMode::kHost, "tiny-gemma2")));

@@ -24,6 +24,7 @@ constexpr ArchitectureNames kArchitectures[] = {
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2"},
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3"},
     {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {Architecture::kQwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
     {Architecture::kPhi3, "Phi3ForCausalLM", "phi3"},
     {Architecture::kGemma2, "Gemma2ForCausalLM", "gemma2"},
     {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text"},
@@ -38,12 +39,24 @@ const ArchitectureNames& NamesOf(Architecture arch) {
 
 bool IsQwen(Architecture arch) {
   return arch == Architecture::kQwen2 || arch == Architecture::kQwen3 ||
-         arch == Architecture::kQwen3Moe;
+         arch == Architecture::kQwen3Moe || arch == Architecture::kQwen2Moe;
 }
 
 }  // namespace
 
 const char* ArchitectureName(Architecture arch) { return NamesOf(arch).name; }
+
+void LongRope::SetContext(int64_t max_positions, double attention) {
+  const double factor =
+      static_cast<double>(max_positions) / static_cast<double>(original_max_position_embeddings);
+  use_long = factor > 1.0;
+  attention_factor =
+      attention > 0 ? attention
+      : factor <= 1.0
+          ? 1.0
+          : std::sqrt(1.0 + std::log(factor) /
+                                std::log(static_cast<double>(original_max_position_embeddings)));
+}
 
 float ModelConfig::AttentionScale() const {
   return 1.0f / std::sqrt(static_cast<float>(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
@@ -58,6 +71,7 @@ int64_t ModelConfig::NumParameters() const {
   if (gemma()) attn += 2 * h;  // the sandwich norms
   int64_t ffn = 3 * h * intermediate_size;
   if (is_moe()) ffn = ffn * num_experts + h * num_experts;
+  if (shared_expert_size > 0) ffn += 3 * h * shared_expert_size + h;  // with its gate
   int64_t per_layer = attn + ffn + 2 * h;
   int64_t embed = int64_t(vocab_size) * h;
   return per_layer * num_layers + embed * (tie_word_embeddings ? 1 : 2) + h;
@@ -206,6 +220,40 @@ Status ParseGemma(const json& j, const std::string& source, ModelConfig* c) {
   return Status::Ok();
 }
 
+// Phi-3's rope_scaling of type longrope (its first name: su).
+Status ParseLongRope(const json& j, const json& rs, const std::string& source, ModelConfig* c) {
+  LongRope& lr = c->longrope;
+  const size_t half = static_cast<size_t>(c->head_dim / 2);
+  for (auto [field, out] :
+       {std::pair{"short_factor", &lr.short_factor}, std::pair{"long_factor", &lr.long_factor}}) {
+    auto it = rs.find(field);
+    if (it == rs.end() || !it->is_array() || it->size() != half)
+      return InvalidArgument("{}: field 'rope_scaling': '{}' must list head_dim / 2 = {} numbers",
+                             source, field, half);
+    for (const json& f : *it) {
+      if (!f.is_number() || !(f.get<double>() > 0))
+        return InvalidArgument("{}: field 'rope_scaling': '{}' holds {}, not a positive number",
+                               source, field, f.dump());
+      out->push_back(f.get<double>());
+    }
+  }
+  // Where Hugging Face reads the trained context: the config's own field,
+  // else the model's context.
+  int original = c->max_position_embeddings;
+  FS_RETURN_IF_ERROR(Reader(j, source).Int("original_max_position_embeddings", &original, false));
+  lr.original_max_position_embeddings = original;
+  double attention = 0;
+  auto af = rs.find("attention_factor");
+  if (af != rs.end() && !af->is_null()) {
+    if (!af->is_number() || !(af->get<double>() > 0))
+      return InvalidArgument("{}: field 'rope_scaling': 'attention_factor' must be positive",
+                             source);
+    attention = af->get<double>();
+  }
+  lr.SetContext(c->max_position_embeddings, attention);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::string& source) {
@@ -277,21 +325,35 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
       return InvalidArgument("{}: field 'num_experts_per_tok' exceeds num_local_experts", source);
     }
   }
-  if (c.architecture == Architecture::kQwen3Moe) {
-    // Every layer sparse, each expert moe_intermediate_size wide, the top-k
-    // weights renormalised: Mixtral's routing under other names.
+  if (c.architecture == Architecture::kQwen3Moe || c.architecture == Architecture::kQwen2Moe) {
+    // Every layer sparse, each expert moe_intermediate_size wide: Mixtral's
+    // routing under other names. Qwen3-MoE renormalises the top-k weights;
+    // Qwen2-MoE, as published, keeps the softmax's and adds a shared expert.
+    const bool qwen2 = c.architecture == Architecture::kQwen2Moe;
     FS_RETURN_IF_ERROR(r.Int("num_experts", &c.num_experts, true));
     FS_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.experts_per_token, true));
     FS_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.intermediate_size, true));
     if (c.experts_per_token > c.num_experts)
       return InvalidArgument("{}: field 'num_experts_per_tok' exceeds num_experts", source);
-    bool renormalised = false;  // Hugging Face's default
-    FS_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &renormalised));
-    if (!renormalised)
+    c.renormalize_topk = false;  // Hugging Face's default
+    FS_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.renormalize_topk));
+    if (!qwen2 && !c.renormalize_topk)
       return InvalidArgument(
-          "{}: field 'norm_topk_prob' is false or missing: only renormalised top-k weights are "
-          "supported",
+          "{}: field 'norm_topk_prob' is false or missing: Qwen3-MoE is supported with "
+          "renormalised top-k weights only",
           source);
+    if (qwen2) {
+      FS_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size", &c.shared_expert_size, true));
+      if (c.shared_expert_size % c.intermediate_size != 0)
+        return InvalidArgument(
+            "{}: field 'shared_expert_intermediate_size' = {} is not a multiple of "
+            "moe_intermediate_size = {}",
+            source, c.shared_expert_size, c.intermediate_size);
+      bool biased = true;
+      FS_RETURN_IF_ERROR(r.Bool("qkv_bias", &biased));
+      if (!biased)
+        return InvalidArgument("{}: field 'qkv_bias' = false: Qwen2-MoE without biases", source);
+    }
     int step = 1;
     FS_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &step, false));
     auto dense = j.find("mlp_only_layers");
@@ -333,9 +395,12 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
         return InvalidArgument("{}: rope_scaling: high_freq_factor must exceed low_freq_factor",
                                source);
       }
+    } else if ((type == "longrope" || type == "su") && c.architecture == Architecture::kPhi3) {
+      FS_RETURN_IF_ERROR(ParseLongRope(j, *rs, source, &c));
     } else if (type != "default" && !type.empty()) {
       return InvalidArgument(
-          "{}: field 'rope_scaling': unsupported rope_type '{}' (supported: llama3)", source, type);
+          "{}: field 'rope_scaling': unsupported rope_type '{}' (supported: llama3{})", source,
+          type, c.architecture == Architecture::kPhi3 ? ", longrope" : "");
     }
   }
   return c;
@@ -378,11 +443,19 @@ std::string ModelConfig::ToJson() const {
         {"high_freq_factor", rope_scaling.high_freq_factor},
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   }
-  if (architecture == Architecture::kQwen3Moe) {
+  if (longrope.enabled()) {
+    j["rope_scaling"] = {{"rope_type", "longrope"},
+                         {"short_factor", longrope.short_factor},
+                         {"long_factor", longrope.long_factor},
+                         {"attention_factor", longrope.attention_factor}};
+    j["original_max_position_embeddings"] = longrope.original_max_position_embeddings;
+  }
+  if (architecture == Architecture::kQwen3Moe || architecture == Architecture::kQwen2Moe) {
     j["num_experts"] = num_experts;
     j["num_experts_per_tok"] = experts_per_token;
     j["moe_intermediate_size"] = intermediate_size;
-    j["norm_topk_prob"] = true;
+    j["norm_topk_prob"] = renormalize_topk;
+    if (shared_expert_size > 0) j["shared_expert_intermediate_size"] = shared_expert_size;
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();
   } else if (is_moe()) {

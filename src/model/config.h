@@ -16,6 +16,7 @@ enum class Architecture {
   kQwen2,
   kQwen3,
   kQwen3Moe,
+  kQwen2Moe,
   kPhi3,
   kGemma2,
   kGemma3
@@ -29,6 +30,24 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+};
+
+// Phi-3's LongRoPE ("rope_type": "longrope"): frequency i divided by factor
+// i, cos and sin times attention_factor. The long factors are used when the
+// model's context (max_position_embeddings) exceeds the one it was trained
+// at, the short ones otherwise: one choice for every sequence and position,
+// so that keys cached at any length stay valid.
+struct LongRope {
+  std::vector<double> short_factor, long_factor;  // head_dim / 2 each; empty: off
+  int64_t original_max_position_embeddings = 0;
+  double attention_factor = 1.0;
+  bool use_long = false;
+  bool enabled() const { return !short_factor.empty(); }
+  const std::vector<double>& factors() const { return use_long ? long_factor : short_factor; }
+  // Chooses the factors for a model served at `max_positions` and sets the
+  // attention factor: `attention` if positive, else Hugging Face's default,
+  // sqrt(1 + ln(s) / ln(original)) for s = max_positions / original > 1.
+  void SetContext(int64_t max_positions, double attention = 0);
 };
 
 // Validated once at load; never mutated afterwards.
@@ -45,9 +64,16 @@ struct ModelConfig {
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  LongRope longrope;
   bool tie_word_embeddings = false;
   int num_experts = 0;  // 0: dense FFN
   int experts_per_token = 0;
+  // Routed experts' top-k weights divided by their sum (Mixtral, Qwen3-MoE)
+  // or the softmax's own (Qwen2-MoE's norm_topk_prob false).
+  bool renormalize_topk = true;
+  // Qwen2-MoE: a shared expert every token takes, this wide (a multiple of
+  // intermediate_size), scaled by sigmoid(shared_expert_gate . x); 0: none.
+  int shared_expert_size = 0;
   int sliding_window = 0;  // 0: full attention
   // Gemma (gemma()): the query scale, which layers slide, their RoPE base
   // (Gemma 3), the global layers' linear RoPE scaling.
@@ -71,9 +97,23 @@ struct ModelConfig {
   int eos_token_id = -1;
 
   bool is_moe() const { return num_experts > 0; }
+  // The shared expert cut into experts of intermediate_size, after the
+  // routed ones: expert slots num_experts .. num_experts + this - 1.
+  int shared_expert_slots() const {
+    return shared_expert_size > 0 ? shared_expert_size / intermediate_size : 0;
+  }
+  int expert_slots() const { return is_moe() ? num_experts + shared_expert_slots() : 1; }
+  // The share of tokens an expert slot (or the dense FFN) computes, on
+  // average: k / experts for a routed one, every token for the rest.
+  double ExpertShare(int slot) const {
+    return is_moe() && slot < num_experts ? static_cast<double>(experts_per_token) / num_experts
+                                          : 1.0;
+  }
   // What the architecture computes beyond Llama's:
-  // biases on the q, k and v projections (Qwen2);
-  bool qkv_bias() const { return architecture == Architecture::kQwen2; }
+  // biases on the q, k and v projections (Qwen2, Qwen2-MoE);
+  bool qkv_bias() const {
+    return architecture == Architecture::kQwen2 || architecture == Architecture::kQwen2Moe;
+  }
   // an RMS norm of each query and key head before RoPE (Qwen3, Gemma 3);
   bool qk_norm() const {
     return architecture == Architecture::kQwen3 || architecture == Architecture::kQwen3Moe ||

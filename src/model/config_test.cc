@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "model/config.h"
 #include "model/synthetic.h"
 
@@ -103,8 +105,8 @@ TEST(Config, ParsesQwen) {
   EXPECT_EQ(c->intermediate_size, 768);  // each expert's
   EXPECT_NEAR(c->NumParameters() / 1e9, 30.53, 0.02);
   // Both write themselves back as they were read.
-  for (const char* preset :
-       {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-phi3", "tiny-gemma2", "tiny-gemma3"}) {
+  for (const char* preset : {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe",
+                             "tiny-phi3", "tiny-gemma2", "tiny-gemma3"}) {
     auto p = SyntheticPresetConfig(preset);
     ASSERT_TRUE(p.ok());
     auto back = ModelConfig::Parse(p->ToJson(), preset);
@@ -112,6 +114,66 @@ TEST(Config, ParsesQwen) {
     EXPECT_EQ(back->ToJson(), p->ToJson());
     EXPECT_EQ(back->architecture, p->architecture);
   }
+}
+
+// Qwen1.5-MoE-A2.7B's config.json: 60 routed experts, top 4 with the
+// softmax's weights, a shared expert of four experts' width.
+TEST(Config, ParsesQwen2Moe) {
+  const std::string moe = R"({"architectures": ["Qwen2MoeForCausalLM"],
+    "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192,
+    "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+    "norm_topk_prob": false, "num_attention_heads": 16, "num_experts": 60,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 5632,
+    "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})";
+  auto c = ModelConfig::Parse(moe, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, Architecture::kQwen2Moe);
+  EXPECT_TRUE(c->qkv_bias());
+  EXPECT_FALSE(c->qk_norm());
+  EXPECT_FALSE(c->renormalize_topk);
+  EXPECT_EQ(c->intermediate_size, 1408);
+  EXPECT_EQ(c->shared_expert_size, 5632);
+  EXPECT_EQ(c->shared_expert_slots(), 4);
+  EXPECT_EQ(c->expert_slots(), 64);
+  EXPECT_DOUBLE_EQ(c->ExpertShare(59), 4.0 / 60);
+  EXPECT_DOUBLE_EQ(c->ExpertShare(60), 1.0);
+  // "14.3B parameters in total": 14,315,784,192 by the tensors' shapes.
+  EXPECT_EQ(c->NumParameters(), 14315784192LL);
+  // What it does not compute is refused, naming the field.
+  auto refused = [&](const std::string& from, const std::string& to) {
+    std::string text = moe;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    auto r = ModelConfig::Parse(text, "config.json");
+    EXPECT_FALSE(r.ok()) << to;
+    return r.ok() ? std::string() : r.status().ToString();
+  };
+  EXPECT_NE(refused(R"("shared_expert_intermediate_size": 5632)",
+                    R"("shared_expert_intermediate_size": 5000)")
+                .find("shared_expert_intermediate_size"),
+            std::string::npos);
+  EXPECT_NE(refused(R"("decoder_sparse_step": 1)", R"("decoder_sparse_step": 2)")
+                .find("decoder_sparse_step"),
+            std::string::npos);
+  EXPECT_NE(refused(R"("use_sliding_window": false)", R"("use_sliding_window": true)")
+                .find("use_sliding_window"),
+            std::string::npos);
+  EXPECT_NE(refused(R"("norm_topk_prob": false)", R"("norm_topk_prob": false, "qkv_bias": false)")
+                .find("qkv_bias"),
+            std::string::npos);
+  // Renormalised top-k (norm_topk_prob true) is computed too.
+  std::string renorm = moe;
+  renorm.replace(renorm.find(R"("norm_topk_prob": false)"), 23, R"("norm_topk_prob": true)");
+  auto r = ModelConfig::Parse(renorm, "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->renormalize_topk);
 }
 
 // Phi-3-mini-4k-instruct's config.json; the 128k variants' longrope is refused.
@@ -131,13 +193,45 @@ TEST(Config, ParsesPhi3) {
   EXPECT_TRUE(c->fused_projections());
   EXPECT_EQ(c->sliding_window, 2047);
   EXPECT_NEAR(c->NumParameters() / 1e9, 3.82, 0.01);
-  std::string longrope = phi3;
-  longrope.replace(
-      longrope.find("\"rope_scaling\": null"), 20,
-      R"("rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]})");
-  c = ModelConfig::Parse(longrope, "config.json");
+  EXPECT_FALSE(c->longrope.enabled());
+  // Phi-3-mini-128k: LongRoPE, 48 short and 48 long factors, trained at 4k
+  // and served at 128k: the long factors, cos and sin times
+  // sqrt(1 + ln 32 / ln 4096).
+  auto with_longrope = [&](int short_n, int long_n, int max_positions) {
+    std::string factors[2];
+    for (int k = 0; k < 2; ++k) {
+      for (int i = 0; i < (k ? long_n : short_n); ++i)
+        factors[k] += (i ? ", " : "") + std::to_string(1.0 + (k ? 2.0 : 0.1) * i);
+    }
+    std::string text = phi3;
+    text.replace(text.find("\"rope_scaling\": null"), 20,
+                 R"("rope_scaling": {"type": "longrope", "short_factor": [)" + factors[0] +
+                     R"(], "long_factor": [)" + factors[1] + "]}");
+    text.replace(text.find("\"max_position_embeddings\": 4096"), 31,
+                 "\"max_position_embeddings\": " + std::to_string(max_positions));
+    return ModelConfig::Parse(text, "config.json");
+  };
+  c = with_longrope(48, 48, 131072);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->longrope.enabled());
+  EXPECT_TRUE(c->longrope.use_long);
+  EXPECT_EQ(c->longrope.original_max_position_embeddings, 4096);
+  EXPECT_NEAR(c->longrope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)),
+              1e-12);
+  EXPECT_EQ(c->longrope.factors()[5], 11.0);
+  auto back = ModelConfig::Parse(c->ToJson(), "back");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ToJson(), c->ToJson());
+  // Served at the trained context: the short factors and no scale.
+  c = with_longrope(48, 48, 4096);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->longrope.use_long);
+  EXPECT_EQ(c->longrope.attention_factor, 1.0);
+  EXPECT_EQ(c->longrope.factors()[5], 1.5);
+  // A factor list of another length than head_dim / 2 is refused.
+  c = with_longrope(48, 47, 131072);
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("rope_scaling"), std::string::npos);
+  EXPECT_NE(c.status().message().find("long_factor"), std::string::npos);
 }
 
 // Gemma-3-1b-it's config.json (sliding_window_pattern, no layer_types).

@@ -21,10 +21,11 @@ namespace failsafe {
 using nlohmann::json;
 
 std::vector<std::string> SyntheticPresetNames() {
-  return {"tiny-llama",  "tiny-mixtral",  "tiny-qwen2",   "tiny-qwen3",  "tiny-qwen3-moe",
-          "tiny-phi3",   "tiny-gemma2",   "tiny-gemma3",  "small-llama", "1b-llama",
-          "micro-llama", "micro-mixtral", "micro-qwen2",  "micro-qwen3", "micro-qwen3-moe",
-          "micro-phi3",  "micro-gemma2",  "micro-gemma3", "stories-260k"};
+  return {"tiny-llama",      "tiny-mixtral",    "tiny-qwen2",    "tiny-qwen3",   "tiny-qwen3-moe",
+          "tiny-qwen2-moe",  "tiny-phi3",       "tiny-gemma2",   "tiny-gemma3",  "small-llama",
+          "1b-llama",        "micro-llama",     "micro-mixtral", "micro-qwen2",  "micro-qwen3",
+          "micro-qwen3-moe", "micro-qwen2-moe", "micro-phi3",    "micro-gemma2", "micro-gemma3",
+          "stories-260k"};
 }
 
 namespace {
@@ -44,6 +45,20 @@ void SetShape(ModelConfig* c, Architecture arch, int hidden, int layers, int hea
   c->vocab_size = vocab;
   c->max_position_embeddings = max_positions;
   c->rope_theta = rope_theta;
+}
+
+// Phi-3's LongRoPE factors, growing from 1 with the wavelength as the
+// published ones do (long ones more), trained at `original` positions.
+void SetLongRope(ModelConfig* c, int original) {
+  const int half = c->head_dim / 2;
+  LongRope& lr = c->longrope;
+  for (int i = 0; i < half; ++i) {
+    const double x = static_cast<double>(i) / (half - 1);
+    lr.short_factor.push_back(1.0 + 0.5 * x * x);
+    lr.long_factor.push_back(1.0 + 15.0 * x * x);
+  }
+  lr.original_max_position_embeddings = original;
+  lr.SetContext(c->max_position_embeddings);
 }
 
 }  // namespace
@@ -79,11 +94,24 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     c.num_experts = 32;
     c.experts_per_token = 8;
     c.rms_norm_eps = 1e-6;
+  } else if (preset == "tiny-qwen2-moe") {
+    // Qwen1.5-MoE-A2.7B's: as many KV heads as query heads, q/k/v biases,
+    // top 4 of the routed experts with the softmax's weights (not
+    // renormalised), a shared expert four experts wide behind its gate.
+    SetShape(&c, Architecture::kQwen2Moe, 256, 3, 8, 8, 32, 64, 512, 8192, 1000000.0);
+    c.num_experts = 16;
+    c.experts_per_token = 4;
+    c.renormalize_topk = false;
+    c.shared_expert_size = 256;
+    c.rms_norm_eps = 1e-6;
   } else if (preset == "tiny-phi3") {
     // Phi-3's layout: q, k, v in one qkv_proj, gate and up in one
-    // gate_up_proj; a sliding window shorter than the tests' prompts.
+    // gate_up_proj; a sliding window shorter than the tests' prompts;
+    // Phi-3-mini-128k's LongRoPE, trained at 64 positions and served at
+    // 4096: the long factors, cos and sin times sqrt(1 + ln 64 / ln 64).
     SetShape(&c, Architecture::kPhi3, 192, 3, 12, 4, 16, 320, 512, 4096, 10000.0);
     c.sliding_window = 48;
+    SetLongRope(&c, 64);
   } else if (preset == "tiny-gemma2") {
     // Gemma 2's: every other layer sliding (the first), score and final
     // logit soft-capping (caps low enough to bend these weights' logits),
@@ -130,9 +158,16 @@ Result<ModelConfig> SyntheticPresetConfig(const std::string& preset) {
     SetShape(&c, Architecture::kQwen3Moe, 64, 2, 8, 4, 16, 24, 384, 2048, 1000000.0);
     c.num_experts = 8;
     c.experts_per_token = 3;
+  } else if (preset == "micro-qwen2-moe") {
+    SetShape(&c, Architecture::kQwen2Moe, 64, 2, 8, 4, 8, 24, 384, 2048, 1000000.0);
+    c.num_experts = 6;
+    c.experts_per_token = 2;
+    c.renormalize_topk = false;
+    c.shared_expert_size = 48;
   } else if (preset == "micro-phi3") {
     SetShape(&c, Architecture::kPhi3, 64, 2, 8, 4, 8, 96, 384, 2048, 10000.0);
     c.sliding_window = 20;
+    SetLongRope(&c, 2048);  // served at the trained context: the short factors
   } else if (preset == "micro-gemma2") {
     SetShape(&c, Architecture::kGemma2, 64, 2, 8, 4, 16, 96, 384, 2048, 10000.0);
     c.rms_norm_eps = 1e-6;
@@ -423,6 +458,8 @@ double InitStd(const ModelConfig& c, const std::string& name) {
       ends("w3.weight")) {
     return 1.0 / std::sqrt(h);
   }
+  if (ends("shared_expert.down_proj.weight"))
+    return 0.8 / std::sqrt(static_cast<double>(c.shared_expert_size));
   if (ends("down_proj.weight") || ends("w2.weight"))
     return 0.8 / std::sqrt(static_cast<double>(c.intermediate_size));
   if (ends("gate.weight")) return 1.5 / std::sqrt(h);  // MoE router

@@ -34,11 +34,13 @@ std::string VBias(int layer) { return L(layer) + "self_attn.v_proj.bias"; }
 std::string QNorm(int layer) { return L(layer) + "self_attn.q_norm.weight"; }
 std::string KNorm(int layer) { return L(layer) + "self_attn.k_norm.weight"; }
 static bool MixtralNames(const ModelConfig& c) { return c.architecture == Architecture::kMixtral; }
-// A projection of expert e (e < 0: the dense FFN's): Mixtral's w1/w3/w2 under
-// block_sparse_moe, or the dense names under mlp.experts.e.
+// A projection of expert slot e (e < 0: the dense FFN's): Mixtral's w1/w3/w2
+// under block_sparse_moe, or the dense names under mlp.experts.e, or, past the
+// routed experts, Qwen2-MoE's shared expert.
 static std::string Ffn(const ModelConfig& c, int layer, int e, const char* proj,
                        const char* mixtral) {
   if (e < 0) return L(layer) + "mlp." + proj + ".weight";
+  if (e >= c.num_experts) return L(layer) + "mlp.shared_expert." + proj + ".weight";
   if (MixtralNames(c))
     return L(layer) + "block_sparse_moe.experts." + std::to_string(e) + "." + mixtral + ".weight";
   return L(layer) + "mlp.experts." + std::to_string(e) + "." + proj + ".weight";
@@ -53,6 +55,7 @@ std::string Down(const ModelConfig& c, int layer, int e) {
 std::string Router(const ModelConfig& c, int layer) {
   return L(layer) + (MixtralNames(c) ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
 }
+std::string SharedExpertGate(int layer) { return L(layer) + "mlp.shared_expert_gate.weight"; }
 std::string Qkv(int layer) { return L(layer) + "self_attn.qkv_proj.weight"; }
 std::string GateUp(int layer) { return L(layer) + "mlp.gate_up_proj.weight"; }
 Rows QRows(const ModelConfig& c, int layer) {
@@ -64,12 +67,22 @@ Rows KRows(const ModelConfig& c, int layer) {
 Rows VRows(const ModelConfig& c, int layer) {
   return c.fused_projections() ? Rows{Qkv(layer), c.q_dim() + c.kv_dim()} : Rows{V(layer), 0};
 }
+// Where a slot's columns start in the shared expert (0 for the rest).
+static int64_t SharedOffset(const ModelConfig& c, int e) {
+  return e >= c.num_experts && c.shared_expert_size > 0
+             ? static_cast<int64_t>(e - c.num_experts) * c.intermediate_size
+             : 0;
+}
 Rows GateRows(const ModelConfig& c, int layer, int e) {
-  return c.fused_projections() && e < 0 ? Rows{GateUp(layer), 0} : Rows{Gate(c, layer, e), 0};
+  return c.fused_projections() && e < 0 ? Rows{GateUp(layer), 0}
+                                        : Rows{Gate(c, layer, e), SharedOffset(c, e)};
 }
 Rows UpRows(const ModelConfig& c, int layer, int e) {
   return c.fused_projections() && e < 0 ? Rows{GateUp(layer), c.intermediate_size}
-                                        : Rows{Up(c, layer, e), 0};
+                                        : Rows{Up(c, layer, e), SharedOffset(c, e)};
+}
+Rows DownCols(const ModelConfig& c, int layer, int e) {
+  return Rows{Down(c, layer, e), SharedOffset(c, e)};
 }
 }  // namespace tensor_names
 
@@ -108,6 +121,13 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
         out.push_back({tn::Gate(c, l, e), {inter, h}});
         out.push_back({tn::Down(c, l, e), {h, inter}});
         out.push_back({tn::Up(c, l, e), {inter, h}});
+      }
+      if (c.shared_expert_size > 0) {
+        const int64_t shared = c.shared_expert_size, e = c.num_experts;
+        out.push_back({tn::Gate(c, l, e), {shared, h}});
+        out.push_back({tn::Down(c, l, e), {h, shared}});
+        out.push_back({tn::Up(c, l, e), {shared, h}});
+        out.push_back({tn::SharedExpertGate(l), {1, h}});
       }
     } else if (c.fused_projections()) {
       out.push_back({tn::GateUp(l), {2 * inter, h}});

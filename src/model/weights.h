@@ -32,25 +32,30 @@ std::string KBias(int layer);  // [kv_dim]
 std::string VBias(int layer);  // [kv_dim]
 std::string QNorm(int layer);  // Qwen3: [head_dim]
 std::string KNorm(int layer);  // [head_dim]
-// Dense FFN (expert < 0) or an expert (Mixtral's or Qwen3-MoE's names).
+// Dense FFN (expert < 0) or an expert slot (Mixtral's or Qwen-MoE's names;
+// slots past the routed experts name Qwen2-MoE's shared expert).
 std::string Gate(const ModelConfig& c, int layer, int expert);  // [intermediate, hidden]
 std::string Up(const ModelConfig& c, int layer, int expert);    // [intermediate, hidden]
 std::string Down(const ModelConfig& c, int layer, int expert);  // [hidden, intermediate]
 std::string Router(const ModelConfig& c, int layer);            // MoE: [experts, hidden]
+std::string SharedExpertGate(int layer);                        // Qwen2-MoE: [1, hidden]
 std::string Qkv(int layer);     // Phi-3: q, k, v rows in one [q_dim + 2 kv_dim, hidden]
 std::string GateUp(int layer);  // Phi-3: gate rows, then up rows [2 intermediate, hidden]
 
 // Where a projection's rows lie: its own tensor from row 0, or a run of a
-// fused one (Phi-3's qkv_proj and gate_up_proj).
+// fused one (Phi-3's qkv_proj and gate_up_proj) or of the shared expert
+// (Qwen2-MoE's, cut into slots); for a down projection ([hidden,
+// intermediate]), its columns.
 struct Rows {
   std::string tensor;
-  int64_t first_row = 0;
+  int64_t first = 0;
 };
 Rows QRows(const ModelConfig& c, int layer);
 Rows KRows(const ModelConfig& c, int layer);
 Rows VRows(const ModelConfig& c, int layer);
 Rows GateRows(const ModelConfig& c, int layer, int expert);
 Rows UpRows(const ModelConfig& c, int layer, int expert);
+Rows DownCols(const ModelConfig& c, int layer, int expert);
 }  // namespace tensor_names
 
 struct ExpectedTensor {

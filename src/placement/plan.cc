@@ -34,7 +34,7 @@ PlanShape PlanShape::ForModel(const ModelConfig& c) {
   s.num_layers = c.num_layers;
   s.num_kv_heads = c.num_kv_heads;
   s.group_size = c.num_kv_heads > 0 ? c.group_size() : 1;
-  s.expert_slots = c.is_moe() ? c.num_experts : 1;
+  s.expert_slots = c.expert_slots();
   // The largest divisor of the intermediate size that is at most 128: fine
   // enough that 7 devices are within a few percent of even.
   s.shards_per_expert = 1;

@@ -41,8 +41,16 @@ std::vector<DeviceCost> PlanCosts(const Plan& p, const ModelConfig& c) {
       dc.ffn_shards += shards;
       dc.weight_bytes += shards * shard_weights;
       if (c.is_moe()) {
-        dc.weight_bytes += static_cast<int64_t>(c.num_experts) * h * 4;  // router
-        dc.ffn_flops_per_token += shards * shard_flops * c.experts_per_token / c.num_experts;
+        // The router and the shared expert's gate.
+        dc.weight_bytes += static_cast<int64_t>(c.num_experts + (c.shared_expert_size > 0)) * h * 4;
+      }
+      // Routed experts' shards compute for k / experts of the tokens.
+      int shared = 0;
+      for (int s : lp.ffn_shards[d]) shared += c.ExpertShare(p.shape.ShardExpert(s)) == 1.0;
+      if (c.is_moe()) {
+        dc.ffn_flops_per_token +=
+            (shards - shared) * shard_flops * c.experts_per_token / c.num_experts +
+            shared * shard_flops;
       } else {
         dc.ffn_flops_per_token += shards * shard_flops;
       }

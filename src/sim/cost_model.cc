@@ -138,11 +138,9 @@ double ClusterCostModel::Segments(const StepPlan& step, const std::vector<double
   const double all_reduce =
       n > 1 ? 2.0 * (n - 1) / n * ar_bytes / hw_.nvlink_bytes_per_s + hw_.collective_latency_s
             : 0.0;
-  // MoE: tokens per expert and the chance an expert is used at all.
+  // MoE: tokens per expert and the chance an expert is used at all (routed
+  // experts; a shared expert takes every token).
   const int experts = plan_.shape.expert_slots;
-  const double k = m_.is_moe() ? m_.experts_per_token : 1;
-  const double tokens_per_expert = m_.is_moe() ? c.tokens * k / experts : c.tokens;
-  const double p_used = m_.is_moe() ? 1.0 - std::pow(1.0 - k / experts, c.tokens) : 1.0;
   const double shard_flops_per_token = 2.0 * 3 * plan_.shape.shard_width * h;
   const double shard_bytes = 3.0 * plan_.shape.shard_width * h * bpe;
 
@@ -178,6 +176,8 @@ double ClusterCostModel::Segments(const StepPlan& step, const std::vector<double
       for (int e = 0; e < experts; ++e) {
         const double sh = shards_[l][d][e];
         if (sh == 0) continue;
+        const double share = m_.ExpertShare(e), tokens_per_expert = c.tokens * share;
+        const double p_used = share < 1 ? 1.0 - std::pow(1.0 - share, c.tokens) : 1.0;
         ffn_flops += sh * shard_flops_per_token * tokens_per_expert;
         ffn += gemm_s(sh * shard_flops_per_token * tokens_per_expert, sh * shard_bytes * p_used,
                       tokens_per_expert);

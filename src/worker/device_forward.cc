@@ -87,7 +87,8 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   }
   backend_->CopyToDevice(positions_.Reserve(T), pos, sizeof(int32_t) * T);
   // Rows in steps of 1024, so a growing context extends it now and then.
-  ExtendRopeTable(inv_freq_, (end_pos + 1023) / 1024 * 1024, &rope_table_);
+  ExtendRopeTable(inv_freq_, (end_pos + 1023) / 1024 * 1024, &rope_table_,
+                  config_.longrope.attention_factor);
   if (rope_rows_device_ * config_.head_dim != rope_table_.size()) {
     Upload(rope_table_, &rope_table_device_);
     rope_rows_device_ = rope_table_.size() / config_.head_dim;
@@ -430,37 +431,50 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   }
   // Mixtral: every device routes every token (same inputs, same result), then
   // computes its shards of each chosen expert on that expert's tokens.
+  // Qwen2-MoE's shared expert is slots past the routed ones that every token
+  // takes, scaled by sigmoid(shared_expert_gate . h).
   const int E = config_.num_experts, k = config_.experts_per_token;
   float* logits = router_logits_.Reserve(static_cast<size_t>(T) * E);
   backend_->LinearNT(h, H, lw.router.data(), logits, E, T, E, H, false);
   stats->ffn_flops += 2.0 * T * H * E;
   int32_t* ids = gate_ids_.Reserve(static_cast<size_t>(T) * k);
   float* weights = gate_w_.Reserve(static_cast<size_t>(T) * k);
-  backend_->MoeGate(logits, T, E, k, ids, weights);
+  backend_->MoeGate(logits, T, E, k, config_.renormalize_topk, ids, weights);
   // The routing decides which rows each expert takes: read it on the host.
   host_gate_ids_.resize(static_cast<size_t>(T) * k);
   host_gate_w_.resize(static_cast<size_t>(T) * k);
   backend_->CopyToHost(host_gate_ids_.data(), ids, sizeof(int32_t) * host_gate_ids_.size());
   backend_->CopyToHost(host_gate_w_.data(), weights, sizeof(float) * host_gate_w_.size());
-  backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
-  std::vector<bool> held(E, false);
+  const int slots = plan_.shape.expert_slots;
+  std::vector<bool> held(slots, false);
   for (const auto& seg : lw.ffn_gate_up.segments()) held[plan_.shape.ShardExpert(seg.first)] = true;
-  for (int e = 0; e < E; ++e) {
+  if (slots > E && std::find(held.begin() + E, held.end(), true) != held.end()) {
+    float* shared = shared_logits_.Reserve(static_cast<size_t>(T));
+    backend_->LinearNT(h, H, lw.shared_gate.data(), shared, 1, T, 1, H, false);
+    stats->ffn_flops += 2.0 * T * H;
+    host_shared_w_.resize(T);
+    backend_->CopyToHost(host_shared_w_.data(), shared, sizeof(float) * T);
+    for (float& g : host_shared_w_) g = 1.0f / (1.0f + std::exp(-g));
+  }
+  backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
+  for (int e = 0; e < slots; ++e) {
     if (!held[e]) continue;
-    expert_rows_.clear();
+    host_rows_.clear();
+    host_row_scale_.clear();
     for (int t = 0; t < T; ++t) {
+      if (e >= E) {
+        host_rows_.push_back(t);
+        host_row_scale_.push_back(host_shared_w_[t]);
+        continue;
+      }
       for (int j = 0; j < k; ++j) {
-        if (host_gate_ids_[t * k + j] == e) expert_rows_.push_back(t * k + j);
+        if (host_gate_ids_[t * k + j] != e) continue;
+        host_rows_.push_back(t);
+        host_row_scale_.push_back(host_gate_w_[t * k + j]);
       }
     }
-    const int rows = static_cast<int>(expert_rows_.size());
+    const int rows = static_cast<int>(host_rows_.size());
     if (rows == 0) continue;
-    host_rows_.resize(rows);
-    host_row_scale_.resize(rows);
-    for (int r = 0; r < rows; ++r) {
-      host_rows_[r] = expert_rows_[r] / k;  // the token
-      host_row_scale_[r] = host_gate_w_[expert_rows_[r]];
-    }
     float* in = expert_in_.Reserve(static_cast<size_t>(rows) * H);
     backend_->GatherRows(h, H, host_rows_.data(), rows, H, in, H);
     int64_t* out = expert_out_.Reserve(static_cast<size_t>(rows) * H);

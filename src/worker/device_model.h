@@ -137,11 +137,12 @@ class DeviceModel {
   // Weights and activations are in the backend's device memory.
   struct LayerWeights {
     DeviceArray<float> attn_norm, ffn_norm;  // [hidden]
-    AttentionWeights tp;        // TP head groups (or this device's part of replicated ones)
-    AttentionWeights dp;        // DP head groups, every query head
-    ItemMatrix ffn_gate_up;     // per shard: gate rows then up rows [2 * width, hidden]
-    ItemMatrix ffn_down;        // per shard: down^T rows [width, hidden]
-    DeviceArray<float> router;  // MoE: [experts, hidden]
+    AttentionWeights tp;             // TP head groups (or this device's part of replicated ones)
+    AttentionWeights dp;             // DP head groups, every query head
+    ItemMatrix ffn_gate_up;          // per shard: gate rows then up rows [2 * width, hidden]
+    ItemMatrix ffn_down;             // per shard: down^T rows [width, hidden]
+    DeviceArray<float> router;       // MoE: [experts, hidden]
+    DeviceArray<float> shared_gate;  // Qwen2-MoE's shared expert gate: [1, hidden]
     // Replicated on every device (a few head widths): Qwen2's biases, by
     // query head [heads][hd] and by head group [kv heads][k hd, v hd] as the
     // kv items lie; Qwen3's query and key norms [hd].
@@ -259,7 +260,8 @@ class DeviceModel {
   // Step scratch in device memory, [tokens, ...] unless noted.
   DeviceArray<float> x_, h_, q_, kv_proj_, attn_, dp_in_, dp_q_, dp_kv_proj_, dp_attn_;
   DeviceArray<float> out_;  // Gemma: a layer's attention or FFN output, normalised
-  DeviceArray<float> gu_, act_, expert_in_, router_logits_, gate_w_, lm_in_, lm_out_;
+  DeviceArray<float> gu_, act_, expert_in_, router_logits_, shared_logits_, gate_w_, lm_in_,
+      lm_out_;
   // Fixed-point partial sums (common/fixed_point.h), [tokens, hidden].
   DeviceArray<int64_t> partial_, dp_out_, expert_out_;
   DeviceArray<int32_t> positions_, gate_ids_, dp_positions_;
@@ -267,9 +269,8 @@ class DeviceModel {
   // collectives when device memory is not host memory.
   std::vector<int32_t> host_positions_, host_dp_positions_, host_rows_, host_dst_rows_;
   std::vector<int32_t> host_gate_ids_;
-  std::vector<float> host_gate_w_, host_row_scale_, host_stage_f32_;
+  std::vector<float> host_gate_w_, host_shared_w_, host_row_scale_, host_stage_f32_;
   std::vector<int64_t> host_stage_fixed_;
-  std::vector<int> expert_rows_;
   std::vector<AttentionArgs> problems_;
 };
 

@@ -351,14 +351,14 @@ int64_t TokensAfter(const Reference& ref, int steps) {
 std::vector<ModelCase> Cases() {
   // Head groups 1, 2, 3, 4, 8; group sizes 1 to 4; dense and MoE. The 4-group
   // dense model has the shape of stories260K.
-  return {{"micro-llama", 4, 1},     {"micro-llama", 4, 2},   {"micro-llama", 6, 3},
-          {"stories-260k", 0, 0},    {"micro-llama", 16, 8},  {"micro-mixtral", 3, 1},
-          {"micro-mixtral", 6, 2},   {"micro-mixtral", 3, 3}, {"micro-mixtral", 8, 4},
-          {"micro-mixtral", 8, 8},   {"micro-qwen2", 6, 3},   {"micro-qwen2", 8, 1},
-          {"micro-qwen3", 8, 4},     {"micro-qwen3", 10, 5},  {"micro-qwen3-moe", 8, 4},
-          {"micro-qwen3-moe", 6, 3}, {"micro-phi3", 8, 4},    {"micro-phi3", 6, 6},
-          {"micro-gemma3", 8, 4},    {"micro-gemma3", 4, 1},  {"micro-gemma2", 8, 4},
-          {"micro-gemma2", 6, 3}};
+  return {{"micro-llama", 4, 1},     {"micro-llama", 4, 2},     {"micro-llama", 6, 3},
+          {"stories-260k", 0, 0},    {"micro-llama", 16, 8},    {"micro-mixtral", 3, 1},
+          {"micro-mixtral", 6, 2},   {"micro-mixtral", 3, 3},   {"micro-mixtral", 8, 4},
+          {"micro-mixtral", 8, 8},   {"micro-qwen2", 6, 3},     {"micro-qwen2", 8, 1},
+          {"micro-qwen3", 8, 4},     {"micro-qwen3", 10, 5},    {"micro-qwen3-moe", 8, 4},
+          {"micro-qwen3-moe", 6, 3}, {"micro-phi3", 8, 4},      {"micro-phi3", 6, 6},
+          {"micro-gemma3", 8, 4},    {"micro-gemma3", 4, 1},    {"micro-gemma2", 8, 4},
+          {"micro-gemma2", 6, 3},    {"micro-qwen2-moe", 8, 4}, {"micro-qwen2-moe", 6, 3}};
 }
 
 class EveryPlacement : public ::testing::TestWithParam<ModelCase> {};
@@ -465,7 +465,7 @@ std::vector<ChangeCase> ChangeCases() {
   const ModelCase stories{"stories-260k", 0, 0}, one_group{"micro-llama", 4, 1},
       moe{"micro-mixtral", 8, 4}, moe_three{"micro-mixtral", 6, 3}, qwen2{"micro-qwen2", 6, 3},
       qwen3{"micro-qwen3", 10, 5}, qwen3_moe{"micro-qwen3-moe", 6, 3}, phi3{"micro-phi3", 6, 6},
-      gemma3{"micro-gemma3", 8, 4};
+      gemma3{"micro-gemma3", 8, 4}, qwen2_moe{"micro-qwen2-moe", 8, 4};
   return {
       // Replicated groups: lose a writer, fall to whole groups, grow back.
       {stories,
@@ -490,6 +490,8 @@ std::vector<ChangeCase> ChangeCases() {
       // Fused projections: a device gaining a head reads only its rows.
       {phi3, Policy::kNonUniform, 5, {{false, 2}, {false, 4}, {true, 2}, {true, 4}}},
       {gemma3, Policy::kHybrid, 7, {{false, 6}, {false, 1}, {true, 1}, {true, 6}}},
+      // The shared expert's slots move with the routed experts' shards.
+      {qwen2_moe, Policy::kCyclic, 7, {{false, 3}, {false, 6}, {true, 6}, {false, 0}}},
   };
 }
 

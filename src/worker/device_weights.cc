@@ -38,6 +38,7 @@ DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* back
                                 &act_,
                                 &expert_in_,
                                 &router_logits_,
+                                &shared_logits_,
                                 &gate_w_,
                                 &lm_in_,
                                 &lm_out_})
@@ -50,10 +51,10 @@ int64_t DeviceModel::weight_bytes() const {
   int64_t b = embed_.bytes() + (config_.tie_word_embeddings ? 0 : lm_head_.bytes()) +
               config_.hidden_size * 4;  // the final norm
   for (auto& l : layers_) {
-    b +=
-        (2 * config_.hidden_size +
-         (config_.is_moe() ? static_cast<int64_t>(config_.num_experts) * config_.hidden_size : 0)) *
-        4;
+    b += (2 * config_.hidden_size +
+          (config_.is_moe() ? static_cast<int64_t>(config_.num_experts) * config_.hidden_size : 0) +
+          (config_.shared_expert_size > 0 ? config_.hidden_size : 0)) *
+         4;
     b += l.tp.bytes() + l.dp.bytes();
     if (config_.qkv_bias()) b += static_cast<int64_t>(config_.q_dim() + 2 * config_.kv_dim()) * 4;
     if (config_.qk_norm()) b += 2LL * config_.head_dim * 4;
@@ -67,7 +68,7 @@ HostLoader::HostLoader(const ModelConfig& c, const PlanShape& shape, const Weigh
     : c_(c), shape_(shape), host_(host) {}
 
 void HostLoader::Read(const tn::Rows& rows, int64_t row, int64_t n, float* dst) const {
-  host_.Get(rows.tensor).ReadRows(rows.first_row + row, n, dst);
+  host_.Get(rows.tensor).ReadRows(rows.first + row, n, dst);
 }
 
 void HostLoader::Query(int layer, int q, float* dst) const {
@@ -116,8 +117,10 @@ void HostLoader::GateUp(int layer, int shard, float* dst) const {
 void HostLoader::Down(int layer, int shard, float* dst) const {
   const int w = shape_.shard_width;
   const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
-  host_.Get(tn::Down(c_, layer, expert))
-      .ReadColsTransposed(static_cast<int64_t>(shard % shape_.shards_per_expert) * w, w, dst);
+  const tn::Rows cols = tn::DownCols(c_, layer, expert);
+  host_.Get(cols.tensor)
+      .ReadColsTransposed(cols.first + static_cast<int64_t>(shard % shape_.shards_per_expert) * w,
+                          w, dst);
 }
 
 void HostLoader::Vocab(bool lm_head, int chunk, float* dst) const {
@@ -254,6 +257,7 @@ void DeviceModel::InitLayers(const Plan& plan, const WeightStore& host) {
     lw.ffn_gate_up = ItemMatrix(2 * w, hidden, wt, nt, mem);
     lw.ffn_down = ItemMatrix(w, hidden, wt, nn, mem);
     if (c.is_moe()) upload(read(tn::Router(c, l)), &lw.router);
+    if (c.shared_expert_size > 0) upload(read(tn::SharedExpertGate(l)), &lw.shared_gate);
     if (c.qk_norm()) {
       norm_of(tn::QNorm(l), &lw.q_norm);
       norm_of(tn::KNorm(l), &lw.k_norm);

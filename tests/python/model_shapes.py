@@ -79,7 +79,7 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
         t[p + "self_attn.k_proj.weight"] = mat(nkv * hd, H)
         t[p + "self_attn.v_proj.weight"] = mat(nkv * hd, H)
         t[p + "self_attn.o_proj.weight"] = mat(H, nh * hd)
-        if cfg["architectures"][0] == "Qwen2ForCausalLM":
+        if cfg["architectures"][0] in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
             t[p + "self_attn.q_proj.bias"] = 0.5 * rng.normal(size=(nh * hd,))
             t[p + "self_attn.k_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
             t[p + "self_attn.v_proj.bias"] = 0.5 * rng.normal(size=(nkv * hd,))
@@ -105,6 +105,13 @@ def make_checkpoint(d, cfg, dtype, seed, extra_tensors=None):
                 t[ep + gate + ".weight"] = mat(inter, H)
                 t[ep + down + ".weight"] = mat(H, inter)
                 t[ep + up + ".weight"] = mat(inter, H)
+            shared = cfg.get("shared_expert_intermediate_size")
+            if shared:  # Qwen2-MoE: a shared expert behind a sigmoid gate
+                sp = p + "mlp.shared_expert."
+                t[sp + "gate_proj.weight"] = mat(shared, H)
+                t[sp + "down_proj.weight"] = mat(H, shared)
+                t[sp + "up_proj.weight"] = mat(shared, H)
+                t[p + "mlp.shared_expert_gate.weight"] = mat(1, H)
         else:
             t[p + "mlp.gate_proj.weight"] = mat(inter, H)
             t[p + "mlp.up_proj.weight"] = mat(inter, H)
@@ -143,9 +150,10 @@ def qwen(version, H, layers, nh, nkv, inter, V, head_dim=None, **kw):
     cfg.update(architectures=[f"Qwen{version}ForCausalLM"], model_type=f"qwen{version}")
     if version == 3:
         cfg["attention_bias"] = False
-    if "num_experts" in kw:  # Qwen3-MoE: every layer sparse
-        cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
-                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    if "num_experts" in kw:  # Qwen2-MoE or Qwen3-MoE: every layer sparse
+        cfg.update(architectures=[f"Qwen{version}MoeForCausalLM"], model_type=f"qwen{version}_moe",
+                   decoder_sparse_step=1, mlp_only_layers=[])
+        cfg.setdefault("norm_topk_prob", version == 3)
     return cfg
 
 
@@ -211,10 +219,20 @@ SHAPES = [
      qwen(3, 80, 2, 6, 2, 300, 457, head_dim=32, num_experts=6, num_experts_per_tok=3,
           moe_intermediate_size=40),
      "bf16", [(4, ["hybrid"]), (3, ["nonuniform"])], [(1, ["hybrid"]), (3, ALL), (5, ["hybrid"])]),
+    ("Qwen2-MoE, 5 experts of 36 (top 2, not renormalised), shared expert of 108, 6 MHA heads",
+     qwen(2, 96, 2, 6, 6, 300, 467, head_dim=16, num_experts=5, num_experts_per_tok=2,
+          moe_intermediate_size=36, shared_expert_intermediate_size=108),
+     "f32", [(4, ["cyclic"]), (7, ["hybrid"])], [(1, ["hybrid"]), (4, ALL), (7, ["hybrid"])]),
     ("Phi-3, fused qkv and gate_up, 6 KV heads of 2, window 40",
      dict(llama(144, 2, 12, 6, 232, 521, head_dim=24), architectures=["Phi3ForCausalLM"],
           model_type="phi3", sliding_window=40, original_max_position_embeddings=4096),
      "f32", [(4, ["cyclic"]), (7, ["hybrid"])], [(1, ["hybrid"]), (4, ALL), (7, ["hybrid"])]),
+    ("Phi-3 LongRoPE trained at 48 positions, served at 4096 (long factors, scaled)",
+     dict(llama(96, 2, 6, 3, 200, 487, head_dim=32), architectures=["Phi3ForCausalLM"],
+          model_type="phi3", sliding_window=None, original_max_position_embeddings=48,
+          rope_scaling={"type": "longrope", "short_factor": [1 + 0.05 * i for i in range(16)],
+                        "long_factor": [1 + 0.8 * i for i in range(16)]}),
+     "bf16", [(3, ["hybrid"])], [(1, ["hybrid"]), (3, ALL), (5, ["cyclic"])]),
     ("Gemma 2, 2 KV heads of 3, soft-capped scores (6) and logits (4), window 18",
      gemma2(96, 2, 6, 2, 200, 449, head_dim=24, window=18, attn_logit_softcapping=6.0,
             final_logit_softcapping=4.0),
@@ -298,11 +316,17 @@ REFUSED = [
      "attention_bias"),
     ("Gemma 3 with silu", dict(architectures=["Gemma3ForCausalLM"], hidden_activation="silu"),
      "only gelu_pytorch_tanh"),
-    ("Phi-3 with longrope", dict(architectures=["Phi3ForCausalLM"], rope_scaling={
+    ("Phi-3 longrope with too few factors", dict(architectures=["Phi3ForCausalLM"], rope_scaling={
+        "type": "longrope", "short_factor": [1.0] * 7, "long_factor": [2.0] * 8}), "short_factor"),
+    ("longrope on Llama", dict(rope_scaling={
         "type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}), "rope_scaling"),
     ("Qwen3-MoE without renormalised top-k", dict(
         architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=32, norm_topk_prob=False), "norm_topk_prob"),
+    ("Qwen2-MoE with a shared expert not a multiple of the experts' width", dict(
+        architectures=["Qwen2MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48),
+     "shared_expert_intermediate_size"),
     ("Qwen3-MoE with dense layers", dict(
         architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0]), "mlp_only_layers"),

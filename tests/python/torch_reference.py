@@ -3,7 +3,7 @@
 
 Builds synthetic models with `failsafe make-model`, reads the same
 safetensors files with its own parser, runs a plain PyTorch (float64)
-Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Phi-3 / Gemma 2 / Gemma 3 forward pass over the whole sequence, and compares the logits
+Llama / Mixtral / Qwen2 / Qwen3 / Qwen3-MoE / Qwen2-MoE / Phi-3 / Gemma 2 / Gemma 3 forward pass over the whole sequence, and compares the logits
 that `failsafe logits` prints for a chunked prefill and greedy decode steps.
 
 Error measure, per compared position: max |failsafe - reference| divided by
@@ -21,7 +21,11 @@ them round to bf16 the other way, and every such input carries the 2^-9
 step into the layers after it. The bound is therefore that of bf16
 activations themselves, 2e-2 (measured up to 3.8e-3 across the presets and
 tests/python/model_shapes.py's shapes); greedy tokens must still agree (bar
-near ties).
+near ties). The Qwen MoE presets are checked at f32 and f16, not bf16: their
+many narrow experts put routing near-ties within bf16's step (relative gaps
+of 0.4-0.8% between the k-th and the next expert's probability on
+tiny-qwen2-moe), where one token routed the other way moves its logits by
+a few percent in any implementation.
 
 With --llama2c BIN --converted DIR it also checks a converted llama2.c model:
 the reference then runs llama2.c's own forward pass (adjacent-pair RoPE,
@@ -121,17 +125,36 @@ def inv_freq(cfg, local=False):
                 smooth = (old / wavelen - lo) / (hi - lo)
                 out.append((1 - smooth) * fr / factor + smooth * fr)
         freqs = out
+    if rs and rs.get("rope_type", rs.get("type")) in ("longrope", "su"):
+        # Phi-3: the long factors when the model's context exceeds the one it
+        # was trained at (transformers decides by the sequence's length, the
+        # same whenever the sequence is longer than that).
+        orig = cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+        ext = rs["long_factor"] if cfg["max_position_embeddings"] > orig else rs["short_factor"]
+        freqs = [f / e for f, e in zip(freqs, ext)]
     return torch.tensor(freqs, dtype=torch.float64)
+
+
+def rope_attention_factor(cfg):
+    """LongRoPE's scale of cos and sin (1 for every other RoPE)."""
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) not in ("longrope", "su"):
+        return 1.0
+    if rs.get("attention_factor"):
+        return rs["attention_factor"]
+    orig = cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+    factor = cfg["max_position_embeddings"] / orig
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
 
 
 def rms_norm(x, w, eps):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def rope(x, pos, freqs):
+def rope(x, pos, freqs, scale=1.0):
     # x: [T, heads, hd], rotate-half convention
     ang = pos[:, None].double() * freqs[None, :]  # [T, hd/2]
-    cos, sin = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+    cos, sin = scale * torch.cos(ang)[:, None, :], scale * torch.sin(ang)[:, None, :]
     half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
@@ -192,13 +215,14 @@ def forward(cfg, W, ids, bf16_inputs=False):
         mask = masks[window if sliding[l] else 0]
         h = norm(x, p + "input_layernorm.weight")
         q, k, v = (mm(h, p + f"self_attn.{n}_proj.weight") for n in "qkv")
-        if p + "self_attn.q_proj.bias" in W:  # Qwen2
+        if p + "self_attn.q_proj.bias" in W:  # Qwen2, Qwen2-MoE
             q, k, v = (t + W[p + f"self_attn.{n}_proj.bias"] for t, n in zip((q, k, v), "qkv"))
         q, k, v = q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd)
         if p + "self_attn.q_norm.weight" in W:  # Qwen3: each head normalised before RoPE
             q = norm(q, p + "self_attn.q_norm.weight")
             k = norm(k, p + "self_attn.k_norm.weight")
-        q, k = rope(q, pos, freqs), rope(k, pos, freqs)
+        af = 1.0 if local else rope_attention_factor(cfg)
+        q, k = rope(q, pos, freqs, af), rope(k, pos, freqs, af)
         g = nh // nkv
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
@@ -233,6 +257,11 @@ def forward(cfg, W, ids, bf16_inputs=False):
                 y = mm(torch.nn.functional.silu(mm(h, g)) * mm(h, u), d)
                 weight = (topw * (topi == e)).sum(-1, keepdim=True)
                 out = out + y * weight
+            if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE
+                sp = p + "mlp.shared_expert."
+                y = mm(torch.nn.functional.silu(mm(h, sp + "gate_proj.weight")) *
+                       mm(h, sp + "up_proj.weight"), sp + "down_proj.weight")
+                out = out + torch.sigmoid(mm(h, p + "mlp.shared_expert_gate.weight")) * y
             x = x + out
         else:
             gate = mm(h, p + "mlp.gate_proj.weight")
@@ -358,6 +387,7 @@ def main():
                                       ("tiny-qwen2", "f32", 1), ("tiny-qwen2", "bf16", 2),
                                       ("tiny-qwen3", "f32", 1), ("tiny-qwen3", "bf16", 1),
                                       ("tiny-qwen3-moe", "f32", 1), ("tiny-qwen3-moe", "f16", 2),
+                                      ("tiny-qwen2-moe", "f32", 1), ("tiny-qwen2-moe", "f16", 2),
                                       ("tiny-phi3", "f32", 1), ("tiny-phi3", "bf16", 2),
                                       ("tiny-gemma3", "f32", 1), ("tiny-gemma3", "bf16", 2),
                                       ("tiny-gemma2", "f32", 1), ("tiny-gemma2", "bf16", 1)]:

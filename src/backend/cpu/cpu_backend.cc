@@ -188,7 +188,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
+  void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize, int32_t* ids,
                float* weights) override {
     std::vector<float> p(experts);
     std::vector<int> order(experts);
@@ -207,7 +207,7 @@ class CpuBackend final : public Backend {
       for (int i = 0; i < k; ++i) top += p[order[i]];
       for (int i = 0; i < k; ++i) {
         ids[t * k + i] = order[i];
-        weights[t * k + i] = p[order[i]] / top;
+        weights[t * k + i] = renormalize ? p[order[i]] / top : p[order[i]];
       }
     }
   }

@@ -379,6 +379,31 @@ TEST(Rope, Llama3ScalingLeavesHighFrequenciesAndDividesLowOnes) {
   EXPECT_FLOAT_EQ(scaled[63], plain[63] / 8.0f);  // wavelength > 8192: divided by the factor
 }
 
+TEST(Rope, LongRopeDividesByItsFactorsAndScalesTheTable) {
+  ModelConfig c;
+  c.head_dim = 8;
+  c.rope_theta = 10000;
+  const auto plain = RopeInvFreq(c);
+  c.longrope.short_factor = {1.0, 1.5, 2.0, 2.5};
+  c.longrope.long_factor = {1.0, 4.0, 16.0, 64.0};
+  c.longrope.original_max_position_embeddings = 64;
+  c.longrope.SetContext(4096);  // the long factors, cos and sin times sqrt(2)
+  ASSERT_TRUE(c.longrope.use_long);
+  EXPECT_DOUBLE_EQ(c.longrope.attention_factor, std::sqrt(2.0));
+  auto freq = RopeInvFreq(c);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_FLOAT_EQ(freq[i], static_cast<float>(double(plain[i]) / c.longrope.long_factor[i]));
+  std::vector<float> table;
+  ExtendRopeTable(freq, 3, &table, c.longrope.attention_factor);
+  EXPECT_FLOAT_EQ(table[2 * 8 + 1], static_cast<float>(std::cos(2.0 * freq[1]) * std::sqrt(2.0)));
+  EXPECT_FLOAT_EQ(table[2 * 8 + 4 + 3],
+                  static_cast<float>(std::sin(2.0 * freq[3]) * std::sqrt(2.0)));
+  c.longrope.SetContext(64);  // served at the trained context
+  EXPECT_FALSE(c.longrope.use_long);
+  EXPECT_EQ(c.longrope.attention_factor, 1.0);
+  EXPECT_FLOAT_EQ(RopeInvFreq(c)[2], static_cast<float>(double(plain[2]) / 2.0));
+}
+
 TEST(Sampling, GreedyTopKTopPAndSeeds) {
   auto be = MakeCpuBackend(1);
   std::vector<float> logits = {0.1f, 3.0f, 2.9f, -1.0f, 3.0f};
@@ -405,11 +430,24 @@ TEST(MoeGate, TopKRenormalised) {
   std::vector<float> logits = {0.0f, 2.0f, 1.0f, -1.0f};
   int32_t ids[2];
   float w[2];
-  be->MoeGate(logits.data(), 1, 4, 2, ids, w);
+  be->MoeGate(logits.data(), 1, 4, 2, true, ids, w);
   EXPECT_EQ(ids[0], 1);
   EXPECT_EQ(ids[1], 2);
   EXPECT_NEAR(w[0], std::exp(2.0) / (std::exp(2.0) + std::exp(1.0)), 1e-6);
   EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);
+}
+
+TEST(MoeGate, TopKAsTheSoftmaxGives) {  // Qwen2-MoE: norm_topk_prob false
+  auto be = MakeCpuBackend(1);
+  std::vector<float> logits = {0.0f, 2.0f, 1.0f, -1.0f};
+  int32_t ids[2];
+  float w[2];
+  be->MoeGate(logits.data(), 1, 4, 2, false, ids, w);
+  const double sum = 1 + std::exp(2.0) + std::exp(1.0) + std::exp(-1.0);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 2);
+  EXPECT_NEAR(w[0], std::exp(2.0) / sum, 1e-6);
+  EXPECT_NEAR(w[1], std::exp(1.0) / sum, 1e-6);
 }
 
 }  // namespace

@@ -354,11 +354,11 @@ class CudaBackend final : public Backend {
     if (!Launching()) return;  // the graph has it
     cuda::GeluTanhMul(gu, ld_in, out, ld_out, rows, width, shards, stream_);
   }
-  void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids,
+  void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize, int32_t* ids,
                float* weights) override {
     if (!Launching()) return;  // the graph has it
     FS_CHECK_MSG(k <= 16, "top-{} routing is over the CUDA backend's 16", k);
-    cuda::MoeGate(logits, tokens, experts, k, ids, weights, stream_);
+    cuda::MoeGate(logits, tokens, experts, k, renormalize, ids, weights, stream_);
   }
 
   void Attention(const std::vector<AttentionArgs>& problems) override {

@@ -325,14 +325,14 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
     gpu->GeluTanhMul(dx.get(), dim, dy.get(), 160, rows, 80, 2);
     EXPECT_LT(MaxRelError(dy.Read(gpu), want), 1e-6);
   }
-  {  // MoeGate: 8 experts, top 2
+  for (bool renormalize : {true, false}) {  // MoeGate: 8 experts, top 2
     std::vector<int32_t> ids(rows * 2);
     std::vector<float> weights(rows * 2);
     auto logits = Random(static_cast<size_t>(rows) * 8, 9, 3.0f);
-    cpu->MoeGate(logits.data(), rows, 8, 2, ids.data(), weights.data());
+    cpu->MoeGate(logits.data(), rows, 8, 2, renormalize, ids.data(), weights.data());
     OnDevice<float> dl(gpu, logits), dw(gpu, weights.size());
     OnDevice<int32_t> di(gpu, ids.size());
-    gpu->MoeGate(dl.get(), rows, 8, 2, di.get(), dw.get());
+    gpu->MoeGate(dl.get(), rows, 8, 2, renormalize, di.get(), dw.get());
     EXPECT_EQ(di.Read(gpu), ids);
     EXPECT_LT(MaxRelError(dw.Read(gpu), weights), 1e-6);
   }

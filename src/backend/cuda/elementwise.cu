@@ -162,9 +162,9 @@ __global__ void GatedKernel(const float* gu, int64_t ld_in, float* out, int64_t 
 }
 
 // One thread per token: softmax over the experts, the k largest (lowest id
-// on ties), renormalised, as the CPU backend.
-__global__ void MoeGateKernel(const float* logits, int tokens, int experts, int k, int32_t* ids,
-                              float* weights) {
+// on ties), renormalised or not, as the CPU backend.
+__global__ void MoeGateKernel(const float* logits, int tokens, int experts, int k, bool renormalize,
+                              int32_t* ids, float* weights) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= tokens) return;
   const float* l = logits + static_cast<int64_t>(t) * experts;
@@ -196,7 +196,7 @@ __global__ void MoeGateKernel(const float* logits, int tokens, int experts, int 
   }
   for (int i = 0; i < k && i < kMaxK; ++i) {
     ids[static_cast<int64_t>(t) * k + i] = chosen[i];
-    weights[static_cast<int64_t>(t) * k + i] = p[i] / top;
+    weights[static_cast<int64_t>(t) * k + i] = renormalize ? p[i] / top : p[i];
   }
 }
 
@@ -339,10 +339,11 @@ void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
-void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights,
-             cudaStream_t s) {
+void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize, int32_t* ids,
+             float* weights, cudaStream_t s) {
   if (tokens <= 0) return;
-  MoeGateKernel<<<Blocks(tokens, 64), 64, 0, s>>>(logits, tokens, experts, k, ids, weights);
+  MoeGateKernel<<<Blocks(tokens, 64), 64, 0, s>>>(logits, tokens, experts, k, renormalize, ids,
+                                                  weights);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

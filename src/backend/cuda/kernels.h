@@ -37,8 +37,8 @@ void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int row
              int shards, cudaStream_t s);
 void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
                  int shards, cudaStream_t s);
-void MoeGate(const float* logits, int tokens, int experts, int k, int32_t* ids, float* weights,
-             cudaStream_t s);
+void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize, int32_t* ids,
+             float* weights, cudaStream_t s);
 // dst[r, :k] = x[r, :k] rounded to nearest even as `type` (bf16 or f16),
 // contiguous [m, k].
 void RoundActivations(const float* x, int64_t ldx, int m, int k, WType type, void* dst,

@@ -19,6 +19,10 @@ constexpr double kQuantile = 0.95;
 constexpr double kBootstrapRatio = 50;
 // Estimates below this are taken as this (a step always costs something).
 constexpr double kMinEstimateS = 1e-4;
+// A link's round trip is bad only above this, whatever the deadline.
+constexpr int64_t kMinBadRttNs = 50 * 1000000LL;
+// A link silent this long (three heartbeats) is to blame for a stalled step.
+constexpr int64_t kMinSilentNs = 600 * 1000000LL;
 
 }  // namespace
 
@@ -134,16 +138,50 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     next_check_ns_ = now + grace_ns_;
     return dead;
   }
-  // Who is furthest along: a device that replied is done. A device on
-  // another host whose link fell silent is no witness: what it last said
-  // (entering a collective, say) may never have reached its peers.
+  // A device on another host behind a degraded link: silent for half the
+  // deadline, or a round trip of a quarter of it (a collective takes several
+  // round trips, so the link alone makes its step miss the deadline). Such a
+  // device is no witness: what it last said (entering a collective, say) may
+  // never have reached its peers, who wait for it through that link.
+  const int64_t bad_rtt_ns = std::max(deadline_ns_ / 4, kMinBadRttNs);
+  auto no_witness = [&](const Seen& s) {
+    return s.p.heard_ns > 0 &&
+           (now - s.p.heard_ns >= deadline_ns_ / 2 || s.p.link_rtt_ns >= bad_rtt_ns);
+  };
+  // And it is to blame when its step stalls: silent for several heartbeats
+  // too, or that round trip.
+  auto blamed = [&](const Seen& s) {
+    return s.p.heard_ns > 0 && (now - s.p.heard_ns >= std::max(deadline_ns_ / 2, kMinSilentNs) ||
+                                s.p.link_rtt_ns >= bad_rtt_ns);
+  };
   uint64_t ahead = 0;
-  bool someone_started = false;
+  bool someone_started = false, stalled = false, healthy = !replied.empty();
+  std::vector<const Seen*> behind_bad_links;
   for (const Seen& s : seen) {
-    const bool silent = s.p.heard_ns > 0 && now - s.p.heard_ns >= deadline_ns_ / 2;
-    if (silent) continue;
+    stalled |= s.still_ns >= deadline_ns_;
+    if (blamed(s)) {
+      behind_bad_links.push_back(&s);
+    } else {
+      healthy = true;
+    }
+    if (no_witness(s)) continue;
     ahead = std::max(ahead, s.collectives);
     someone_started |= s.started;
+  }
+  if (stalled && healthy && !behind_bad_links.empty()) {
+    // The step stalls and links are bad: the devices behind them go, never
+    // the healthy side that waits for them (it would look behind).
+    for (const Seen* s : behind_bad_links) {
+      dead.push_back({s->device,
+                      fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
+                                  "and its step made no progress for {} ms",
+                                  s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
+                                  (now - start_ns_) / 1000000),
+                      now});
+    }
+    Abort(now);
+    next_check_ns_ = now + grace_ns_;
+    return dead;
   }
   const bool someone_done = !replied.empty();
   bool all_still = true;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "common/clock.h"
 
 namespace failsafe {
@@ -64,6 +66,65 @@ TEST(HangWatch, TheDeviceBehindThatDoesNotMoveIsHung) {
   EXPECT_NE(dead[0].reason.find("no progress"), std::string::npos);
   EXPECT_EQ(aborts, 1);
   EXPECT_TRUE(w.aborted());
+}
+
+// Devices 2 and 3 are on another host behind a link whose round trip grew
+// to 400 ms. The ring's order put the local devices 0 and 1 behind device 3,
+// which already entered the next collective: by progress alone they would
+// look hung. The devices behind the bad link go instead, the local ones stay.
+TEST(HangWatch, ADegradedLinkBlamesTheSideBehindIt) {
+  const int64_t t0 = MonotonicNanos();
+  // The stall, with devices 2 and 3 heard 50 ms ago over a link of `rtt`.
+  auto stalled_ring = [&](Progress* p, int64_t rtt) {
+    for (int d = 0; d < 4; ++d) p->Set(d, 10, 4, 4, t0);
+    auto w = std::make_unique<HangWatch>(&p->region, std::vector<int>{0, 1, 2, 3},
+                                         std::vector<DeviceProgress>{}, MonotonicNanos(), 500, 250,
+                                         nullptr);
+    p->Set(0, 11, 5, 4, t0 + 40 * kMs);
+    p->Set(1, 11, 5, 4, t0 + 45 * kMs);
+    p->Set(2, 11, 5, 4, t0 + 50 * kMs);
+    p->Set(3, 11, 6, 5, t0 + 90 * kMs);
+    for (int d : {2, 3}) {
+      p->region.slot(d)->heard_ns = t0 + 550 * kMs;
+      p->region.slot(d)->link_rtt_ns = rtt;
+    }
+    return w;
+  };
+  Progress p;
+  auto w = stalled_ring(&p, 400 * kMs);
+  auto dead = w->Check(t0 + 600 * kMs, {0, 1, 2, 3}, {});
+  ASSERT_EQ(dead.size(), 2u);
+  EXPECT_EQ(dead[0].device, 2);
+  EXPECT_EQ(dead[1].device, 3);
+  EXPECT_NE(dead[0].reason.find("link is degraded"), std::string::npos);
+  EXPECT_TRUE(w->aborted());
+  // The same stall over a healthy link (a round trip of 1 ms): the devices
+  // behind device 3 are the hung ones.
+  Progress q;
+  auto v = stalled_ring(&q, 1 * kMs);
+  dead = v->Check(t0 + 600 * kMs, {0, 1, 2, 3}, {});
+  ASSERT_EQ(dead.size(), 3u);
+  EXPECT_EQ(dead[0].device, 0);
+  // A link silent for a heartbeat or two is not yet to blame; the step goes
+  // on with its witness left out.
+  Progress r;
+  for (int d = 0; d < 2; ++d) r.Set(d, 10, 4, 4, t0);
+  HangWatch u(&r.region, {0, 1}, {}, MonotonicNanos(), 500, 250, nullptr);
+  r.Set(0, 11, 5, 4, t0 + 40 * kMs);
+  r.Set(1, 11, 5, 5, t0 + 580 * kMs);
+  r.region.slot(1)->heard_ns = t0 + 300 * kMs;
+  EXPECT_TRUE(u.Check(t0 + 600 * kMs, {0, 1}, {}).empty());
+  // Every device of the step behind bad links: nobody healthy is left to
+  // serve, so the link alone kills nobody (the link timeout decides).
+  Progress all;
+  for (int d = 0; d < 2; ++d) {
+    all.Set(d, 11, 5, 4, t0);
+    all.region.slot(d)->heard_ns = t0 + 550 * kMs;
+    all.region.slot(d)->link_rtt_ns = 400 * kMs;
+  }
+  HangWatch x(&all.region, {0, 1}, {}, MonotonicNanos(), 500, 250, nullptr);
+  for (const Verdict& v2 : x.Check(t0 + 600 * kMs, {0, 1}, {}))
+    EXPECT_EQ(v2.reason.find("link is degraded"), std::string::npos);
 }
 
 // A device that is behind but still moves is slow, not hung: nobody is

@@ -88,7 +88,10 @@ void RemoteDevice::Run() {
   while (!lost_) {
     const int64_t now = MonotonicNanos();
     if (now - last_sent >= beat_ns) {
-      if (!SendFrame(LinkOp::kHeartbeat, "").ok()) {
+      // The worker echoes the time it was sent: the link's round trip.
+      WireWriter beat;
+      beat.Put(now);
+      if (!SendFrame(LinkOp::kHeartbeat, beat.data()).ok()) {
         Lose("the connection is closed");
         break;
       }
@@ -207,9 +210,19 @@ Status RemoteDevice::Receive(uint32_t type, const std::string& body) {
       p.entered = r.Get<uint64_t>();
       p.left = r.Get<uint64_t>();
       if (!r.ok() || !progress_.valid()) return Status::Ok();
+      // The latest heartbeat of ours it had (when we sent it, our clock) and
+      // how long it held it before this one.
+      int64_t echo_ns = r.Get<int64_t>(), held_ns = r.Get<int64_t>();
+      if (!r.ok()) echo_ns = 0;
       DeviceProgressSlot* slot = progress_.slot(device_);
       if (!slot) return Status::Ok();
-      slot->heard_ns.store(MonotonicNanos(), std::memory_order_release);
+      const int64_t now = MonotonicNanos();
+      slot->heard_ns.store(now, std::memory_order_release);
+      if (echo_ns > 0 && echo_ns != last_echo_ns_) {
+        last_echo_ns_ = echo_ns;
+        slot->link_rtt_ns.store(std::max<int64_t>(1, now - echo_ns - held_ns),
+                                std::memory_order_release);
+      }
       // Clocks of other hosts are not this one's: a move is dated when heard.
       if (p.requests != last_heard_progress_.requests ||
           p.entered != last_heard_progress_.entered || p.left != last_heard_progress_.left) {

@@ -95,6 +95,7 @@ class RemoteDevice {
   BackupLayout backup_layout_;
   uint32_t request_seq_ = 0;  // of the latest request forwarded
   DeviceProgress last_heard_progress_;
+  int64_t last_echo_ns_ = 0;  // the heartbeat of ours the worker last echoed
 
   // The current group's abort signal, which the watcher forwards.
   std::mutex group_mu_;

@@ -62,6 +62,7 @@ DeviceProgress DeviceProgressRegion::Read(int device) const {
   p.left = s->left.load(std::memory_order_acquire);
   p.last_move_ns = s->last_move_ns.load(std::memory_order_acquire);
   p.heard_ns = s->heard_ns.load(std::memory_order_acquire);
+  p.link_rtt_ns = s->link_rtt_ns.load(std::memory_order_acquire);
   return p;
 }
 
@@ -73,6 +74,7 @@ void DeviceProgressRegion::Reset(int device) {
   s->left.store(0);
   s->last_move_ns.store(MonotonicNanos());
   s->heard_ns.store(0);
+  s->link_rtt_ns.store(0);
 }
 
 void DeviceProgressRegion::TookRequest(DeviceProgressSlot* slot) {

@@ -29,13 +29,17 @@ struct alignas(64) DeviceProgressSlot {
   // A device on another host: when its counters were last heard (its link's
   // heartbeat); 0 for a local device, whose counters are always current.
   std::atomic<int64_t> heard_ns;
+  // Its link's latest round trip (a heartbeat of the coordinator's echoed
+  // back), 0 until measured or for a local device.
+  std::atomic<int64_t> link_rtt_ns;
 };
 
 // A point-in-time copy of a slot.
 struct DeviceProgress {
   uint64_t requests = 0, entered = 0, left = 0;
   int64_t last_move_ns = 0;
-  int64_t heard_ns = 0;  // 0: current (a local device)
+  int64_t heard_ns = 0;     // 0: current (a local device)
+  int64_t link_rtt_ns = 0;  // 0: not measured, or a local device
   bool in_collective() const { return entered > left; }
 };
 

@@ -185,8 +185,16 @@ void RemoteWorkerLink::HandleFrame(uint32_t type, const std::string& body) {
       cv_.notify_all();
       return;
     }
-    case LinkOp::kHeartbeat:
+    case LinkOp::kHeartbeat: {
+      // Echoed in our next heartbeat, with how long we held it.
+      WireReader r(body);
+      const int64_t sent = r.Get<int64_t>();
+      if (!r.ok()) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      echo_ns_ = sent;
+      echo_at_ns_ = MonotonicNanos();
       return;
+    }
     case LinkOp::kAbortGroup: {
       WireReader r(body);
       const std::string prefix = r.GetString();
@@ -226,6 +234,7 @@ void RemoteWorkerLink::HeartbeatLoop() {
   while (!stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(welcome_.heartbeat_ms),
                             [&] { return stop_; })) {
     DeviceProgress p;
+    int64_t echo = 0, held = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (progress_) {
@@ -233,11 +242,17 @@ void RemoteWorkerLink::HeartbeatLoop() {
         p.entered = progress_->entered.load(std::memory_order_acquire);
         p.left = progress_->left.load(std::memory_order_acquire);
       }
+      if (echo_ns_ > 0) {
+        echo = echo_ns_;
+        held = MonotonicNanos() - echo_at_ns_;
+      }
     }
     WireWriter w;
     w.Put(p.requests);
     w.Put(p.entered);
     w.Put(p.left);
+    w.Put(echo);
+    w.Put(held);
     // A send that fails means the coordinator is gone; the reader sees it.
     (void)Send(LinkOp::kHeartbeat, w.data());
   }

@@ -99,6 +99,9 @@ class RemoteWorkerLink {
   std::set<std::string> aborted_;              // guarded by mu_
   char* mirror_ = nullptr;                     // guarded by mu_
   size_t mirror_bytes_ = 0;                    // guarded by mu_
+  // The coordinator's latest heartbeat (its clock) and when it came (ours):
+  // echoed back so that it measures the link's round trip.
+  int64_t echo_ns_ = 0, echo_at_ns_ = 0;  // guarded by mu_
 
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

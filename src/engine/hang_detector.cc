@@ -139,11 +139,12 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     return dead;
   }
   // A device on another host behind a degraded link: silent for half the
-  // deadline, or a round trip of a quarter of it (a collective takes several
-  // round trips, so the link alone makes its step miss the deadline). Such a
-  // device is no witness: what it last said (entering a collective, say) may
-  // never have reached its peers, who wait for it through that link.
-  const int64_t bad_rtt_ns = std::max(deadline_ns_ / 4, kMinBadRttNs);
+  // deadline, or a round trip of an eighth of it (a collective of n members
+  // takes about n - 1 round trips, so such a link eats much of the deadline
+  // by itself). Such a device is no witness: what it last said (entering a
+  // collective, say) may never have reached its peers, who wait for it
+  // through that link.
+  const int64_t bad_rtt_ns = std::max(deadline_ns_ / 8, kMinBadRttNs);
   auto no_witness = [&](const Seen& s) {
     return s.p.heard_ns > 0 &&
            (now - s.p.heard_ns >= deadline_ns_ / 2 || s.p.link_rtt_ns >= bad_rtt_ns);
@@ -184,14 +185,23 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     return dead;
   }
   const bool someone_done = !replied.empty();
-  bool all_still = true;
+  // Over a network, members of one collective finish it at different times
+  // (each when its last piece arrives): a device still inside a collective
+  // that a peer has left may be waiting for frames a bad link holds back.
+  // It is judged by the abort below (it answers, or it does not), not by
+  // being behind.
+  bool networked = false;
+  for (const Seen& s : seen) networked |= s.p.heard_ns > 0;
+  bool all_still = true, waiting_on_network = false;
   for (const Seen& s : seen) {
     const bool still = s.still_ns >= deadline_ns_;
     all_still &= still;
     // (A device that has not taken up the request is behind only if a peer
     // has: if none has, the whole group stands still.)
     const bool behind = someone_done || (!s.started && someone_started) || s.collectives < ahead;
-    if (still && behind) {
+    if (still && behind && networked && s.p.in_collective()) {
+      waiting_on_network = true;
+    } else if (still && behind) {
       dead.push_back(
           {s.device,
            fmt::format("it made no progress for {} ms while its peers were further along",
@@ -199,7 +209,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
            now - s.still_ns});
     }
   }
-  if (!dead.empty() || all_still) {
+  if (!dead.empty() || all_still || waiting_on_network) {
     // No survivor may keep waiting for the dead (or, if nobody is ahead, for
     // whoever does not answer now).
     Abort(now);

@@ -81,6 +81,13 @@ void RemoteDevice::Lose(const std::string& why) {
   Signal(lost_fd_);
 }
 
+void RemoteDevice::NoteLinkDelay(int64_t now_ns, int64_t delay_ns) {
+  constexpr int64_t kWindowNs = 2000 * 1000000LL;
+  while (!link_delays_.empty() && now_ns - link_delays_.front().first > kWindowNs)
+    link_delays_.pop_front();
+  if (delay_ns > 0) link_delays_.emplace_back(now_ns, delay_ns);
+}
+
 void RemoteDevice::Run() {
   int64_t last_heard = MonotonicNanos(), last_sent = 0;
   const int64_t beat_ns = welcome_.heartbeat_ms * 1000000;
@@ -217,12 +224,19 @@ Status RemoteDevice::Receive(uint32_t type, const std::string& body) {
       DeviceProgressSlot* slot = progress_.slot(device_);
       if (!slot) return Status::Ok();
       const int64_t now = MonotonicNanos();
-      slot->heard_ns.store(now, std::memory_order_release);
+      const int64_t previous = slot->heard_ns.exchange(now, std::memory_order_acq_rel);
+      // What the link costs now: the worst of the last few seconds' round
+      // trips, and of the heartbeats' lateness (a frame lost and sent again
+      // shows there first).
+      if (previous > 0) NoteLinkDelay(now, now - previous - welcome_.heartbeat_ms * 1000000);
       if (echo_ns > 0 && echo_ns != last_echo_ns_) {
         last_echo_ns_ = echo_ns;
-        slot->link_rtt_ns.store(std::max<int64_t>(1, now - echo_ns - held_ns),
-                                std::memory_order_release);
+        NoteLinkDelay(now, std::max<int64_t>(1, now - echo_ns - held_ns));
+        slot->link_rtt_samples.fetch_add(1, std::memory_order_relaxed);
       }
+      int64_t worst = 0;
+      for (const auto& [at, delay] : link_delays_) worst = std::max(worst, delay);
+      if (worst > 0) slot->link_rtt_ns.store(worst, std::memory_order_release);
       // Clocks of other hosts are not this one's: a move is dated when heard.
       if (p.requests != last_heard_progress_.requests ||
           p.entered != last_heard_progress_.entered || p.left != last_heard_progress_.left) {

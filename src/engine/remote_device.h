@@ -22,6 +22,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -96,6 +97,10 @@ class RemoteDevice {
   uint32_t request_seq_ = 0;  // of the latest request forwarded
   DeviceProgress last_heard_progress_;
   int64_t last_echo_ns_ = 0;  // the heartbeat of ours the worker last echoed
+  // The link's round trips and heartbeat lateness of the last 2 s (when, how
+  // long), whose worst is the progress slot's link_rtt_ns.
+  std::deque<std::pair<int64_t, int64_t>> link_delays_;
+  void NoteLinkDelay(int64_t now_ns, int64_t delay_ns);
 
   // The current group's abort signal, which the watcher forwards.
   std::mutex group_mu_;

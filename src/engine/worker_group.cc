@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -165,7 +167,52 @@ Status WorkerGroup::Spawn(int device, int64_t join_wait_ms) {
   d.killed_ns = 0;
   d.loss = DeviceLoss();
   if (!d.process->remote()) FS_LOG_INFO("device {}: worker process {}", device, d.process->pid());
-  return InitDevice(device);
+  FS_RETURN_IF_ERROR(InitDevice(device));
+  if (!d.process->remote()) return Status::Ok();
+  Status link = CheckLink(device);
+  if (!link.ok()) d.process.reset();  // the link closes; the worker joins again later
+  return link;
+}
+
+// A worker is taken only over a link fit for collectives: five round trips
+// measured (heartbeats, 200 ms apart) and the worst of them, heartbeats'
+// lateness counted, under this. Over a link that is slow or loses frames
+// every step would stall until the link is blamed again; refused, the
+// worker joins again later (its own backoff) and the device's respawn backs
+// off too.
+constexpr int64_t kJoinRttLimitNs = 150 * 1000000LL;
+constexpr int64_t kJoinProbeNs = 3000 * 1000000LL;
+constexpr uint64_t kJoinRttSamples = 5;
+
+Status WorkerGroup::CheckLink(int device) {
+  const int64_t until = MonotonicNanos() + kJoinProbeNs;
+  DeviceProgress p = progress_.Read(device);
+  // (A degraded link shows in its first round trips: refused as soon as seen.)
+  while (p.link_rtt_samples < kJoinRttSamples && p.link_rtt_ns < kJoinRttLimitNs &&
+         MonotonicNanos() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    p = progress_.Read(device);
+  }
+  if (p.link_rtt_samples < kJoinRttSamples && p.link_rtt_ns < kJoinRttLimitNs)
+    return Unavailable("device {}: the joined worker's link measured {} round trips in {} ms",
+                       device, p.link_rtt_samples, kJoinProbeNs / 1000000);
+  if (p.link_rtt_ns >= kJoinRttLimitNs)
+    return Unavailable("device {}: the joined worker's link is degraded (round trip {} ms)", device,
+                       p.link_rtt_ns / 1000000);
+  return Status::Ok();
+}
+
+void WorkerGroup::DropDegradedLinks(const std::vector<int>& devices) {
+  for (int d : devices) {
+    if (!alive(d) || !devices_[d].process->remote()) continue;
+    const DeviceProgress p = progress_.Read(d);
+    if (p.link_rtt_ns >= kJoinRttLimitNs)
+      MarkDead({d,
+                fmt::format("its link is degraded (round trip {} ms): a plan change over it would "
+                            "stall",
+                            p.link_rtt_ns / 1000000),
+                MonotonicNanos()});
+  }
 }
 
 Status WorkerGroup::InitDevice(int device) {
@@ -431,6 +478,7 @@ Result<ApplyReport> WorkerGroup::ApplyPlan(const Plan& next, RecoveryMode mode,
                                            const DeviceRestores& seqs) {
   ApplyReport report;
   const int64_t t0 = MonotonicNanos();
+  DropDegradedLinks(next.active);
   FS_RETURN_IF_ERROR(DeadAmong(next.active, "before the plan change"));
   FS_RETURN_IF_ERROR(FormGroup(next.active));
   report.group_ns = MonotonicNanos() - t0;

@@ -157,6 +157,11 @@ class WorkerGroup final : public Executor, public DeviceFaults {
   // up to `join_wait_ms`).
   Status Spawn(int device, int64_t join_wait_ms = 0);
   Status InitDevice(int device);
+  // A remote device's link, once it heartbeats: fit for collectives?
+  Status CheckLink(int device);
+  // Declares dead the remote devices among `devices` whose link is now as
+  // bad as CheckLink refuses (before a plan change, which would stall on it).
+  void DropDegradedLinks(const std::vector<int>& devices);
   // Requests sent: to whom, when, and their progress just before.
   struct Sent {
     std::vector<int> devices;

@@ -63,6 +63,7 @@ DeviceProgress DeviceProgressRegion::Read(int device) const {
   p.last_move_ns = s->last_move_ns.load(std::memory_order_acquire);
   p.heard_ns = s->heard_ns.load(std::memory_order_acquire);
   p.link_rtt_ns = s->link_rtt_ns.load(std::memory_order_acquire);
+  p.link_rtt_samples = s->link_rtt_samples.load(std::memory_order_acquire);
   return p;
 }
 
@@ -75,6 +76,7 @@ void DeviceProgressRegion::Reset(int device) {
   s->last_move_ns.store(MonotonicNanos());
   s->heard_ns.store(0);
   s->link_rtt_ns.store(0);
+  s->link_rtt_samples.store(0);
 }
 
 void DeviceProgressRegion::TookRequest(DeviceProgressSlot* slot) {

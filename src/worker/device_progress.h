@@ -29,9 +29,11 @@ struct alignas(64) DeviceProgressSlot {
   // A device on another host: when its counters were last heard (its link's
   // heartbeat); 0 for a local device, whose counters are always current.
   std::atomic<int64_t> heard_ns;
-  // Its link's latest round trip (a heartbeat of the coordinator's echoed
-  // back), 0 until measured or for a local device.
+  // Its link's round trip (a heartbeat of the coordinator's echoed back), the
+  // worst of the last 2 s, heartbeats' lateness counted; 0 until measured or
+  // for a local device. How many round trips were measured.
   std::atomic<int64_t> link_rtt_ns;
+  std::atomic<uint64_t> link_rtt_samples;
 };
 
 // A point-in-time copy of a slot.
@@ -40,6 +42,7 @@ struct DeviceProgress {
   int64_t last_move_ns = 0;
   int64_t heard_ns = 0;     // 0: current (a local device)
   int64_t link_rtt_ns = 0;  // 0: not measured, or a local device
+  uint64_t link_rtt_samples = 0;
   bool in_collective() const { return entered > left; }
 };
 

@@ -114,7 +114,7 @@ class Worker:
         self.proc.wait()
 
 
-def cluster(failsafe, model, tmp, token_file, net, per_host, extra=()):
+def cluster(failsafe, model, tmp, token_file, net, per_host, extra=(), floor="3s"):
     """Workers in the host namespaces, then the coordinator with one local device."""
     workers = []
     for ns, n in zip(net.hosts, per_host):
@@ -125,7 +125,7 @@ def cluster(failsafe, model, tmp, token_file, net, per_host, extra=()):
                      "--cluster-token-file", token_file, "--max-num-seqs", "16",
                      # Generous under load (2 cores, many processes): a cut link
                      # is found by its heartbeats (2 s) before a step's deadline.
-                     "--step-timeout-floor", "3s", *extra],
+                     "--step-timeout-floor", floor, *extra],
                     name="coordinator", devices=len(workers) + 1)
     return server, workers
 

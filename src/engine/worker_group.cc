@@ -193,12 +193,14 @@ Status WorkerGroup::CheckLink(int device) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     p = progress_.Read(device);
   }
+  // (FailedPrecondition: the link, not the device, failed; no crash counts.)
   if (p.link_rtt_samples < kJoinRttSamples && p.link_rtt_ns < kJoinRttLimitNs)
-    return Unavailable("device {}: the joined worker's link measured {} round trips in {} ms",
-                       device, p.link_rtt_samples, kJoinProbeNs / 1000000);
+    return FailedPrecondition(
+        "device {}: the joined worker's link measured {} round trips in {} ms", device,
+        p.link_rtt_samples, kJoinProbeNs / 1000000);
   if (p.link_rtt_ns >= kJoinRttLimitNs)
-    return Unavailable("device {}: the joined worker's link is degraded (round trip {} ms)", device,
-                       p.link_rtt_ns / 1000000);
+    return FailedPrecondition("device {}: the joined worker's link is degraded (round trip {} ms)",
+                              device, p.link_rtt_ns / 1000000);
   return Status::Ok();
 }
 

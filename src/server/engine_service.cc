@@ -173,9 +173,13 @@ void EngineService::Respawn() {
                   (now - t0) / 1000000, respawn_.record(d).respawns);
       continue;
     }
-    // A device on another host waits for a worker to join to be it.
-    const bool counts = st.code() != StatusCode::kNotFound;
-    if (counts) FS_LOG_WARN("device {} did not start again: {}", d, st.ToString());
+    // A device on another host waits for a worker to join to be it, or for
+    // one over a link fit for collectives (FailedPrecondition): neither is
+    // the device failing.
+    const bool counts =
+        st.code() != StatusCode::kNotFound && st.code() != StatusCode::kFailedPrecondition;
+    if (st.code() != StatusCode::kNotFound)
+      FS_LOG_WARN("device {} did not start again: {}", d, st.ToString());
     respawn_.StartFailed(d, st.message(), counts, now);
   }
 }

@@ -108,7 +108,8 @@ backend nodes
 
 
 def complete(port, results, i):
-    """One streaming completion; results[i] = (text, completion tokens, error)."""
+    """One streaming completion; results[i] = (text, completion tokens, error,
+    longest gap in seconds between two pieces of text)."""
     try:
         import http.client
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -119,25 +120,29 @@ def complete(port, results, i):
                   headers={"Content-Type": "application/json"})
         r = c.getresponse()
         if r.status != 200:
-            results[i] = (None, 0, f"HTTP {r.status}: {r.read()[:200]!r}")
+            results[i] = (None, 0, f"HTTP {r.status}: {r.read()[:200]!r}", 0.0)
             return
-        text, tokens = "", 0
+        text, tokens, last, gap = "", 0, None, 0.0
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             ev = json.loads(line[6:])
             if "error" in ev:
-                results[i] = (None, tokens, str(ev["error"]))
+                results[i] = (None, tokens, str(ev["error"]), gap)
                 return
             for ch in ev.get("choices", []):
-                text += ch.get("text") or ""
+                if ch.get("text"):
+                    now = time.monotonic()
+                    gap = max(gap, now - last) if last is not None else gap
+                    last = now
+                    text += ch["text"]
             if ev.get("usage"):
                 tokens = ev["usage"]["completion_tokens"]
         c.close()
-        results[i] = (text, tokens, None)
+        results[i] = (text, tokens, None, gap)
     except Exception as e:  # noqa: BLE001
-        results[i] = (None, 0, repr(e))
+        results[i] = (None, 0, repr(e), 0.0)
 
 
 def burst(port, n, during=None):

@@ -267,6 +267,28 @@ def allreduce_bench(binary, net, members):
                    check=True)
 
 
+def in_namespaces(failsafe, hosts, body):
+    """body(failsafe, model, tmp, token_file, net) with a tiny-llama model, a
+    cluster token, and `hosts` host namespaces; this process in the
+    coordinator's."""
+    failsafe = os.path.abspath(failsafe)
+    net = None
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "model")
+        subprocess.run([failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
+                        "--seed", "5"], check=True, capture_output=True)
+        token_file = os.path.join(tmp, "token")
+        with open(token_file, "w") as f:
+            f.write(os.urandom(16).hex() + "\n")
+        try:
+            net = Net(hosts)
+            net.enter(net.coord)
+            body(failsafe, model, tmp, token_file, net)
+        finally:
+            if net:
+                net.remove()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--failsafe", required=True)
@@ -279,27 +301,15 @@ def main():
     if why:
         print(f"SKIP: {why}")
         sys.exit(77)
-    failsafe = os.path.abspath(args.failsafe)
-    net = None
-    with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "model")
-        subprocess.run([failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
-                        "--seed", "5"], check=True, capture_output=True)
-        token_file = os.path.join(tmp, "token")
-        with open(token_file, "w") as f:
-            f.write(os.urandom(16).hex() + "\n")
-        try:
-            net = Net(3)
-            net.enter(net.coord)
-            if args.bench:
-                if args.allreduce:
-                    allreduce_bench(args.allreduce, net, args.members)
-                bench(failsafe, model, tmp, token_file, net, args.devices)
-            else:
-                faults(failsafe, model, tmp, token_file, net)
-        finally:
-            if net:
-                net.remove()
+    def body(failsafe, model, tmp, token_file, net):
+        if args.bench:
+            if args.allreduce:
+                allreduce_bench(args.allreduce, net, args.members)
+            bench(failsafe, model, tmp, token_file, net, args.devices)
+        else:
+            faults(failsafe, model, tmp, token_file, net)
+
+    in_namespaces(args.failsafe, 3, body)
     finish()
 
 

@@ -23,20 +23,17 @@ Needs root (CAP_NET_ADMIN), iproute2 and /dev/net/tun; exits 77 without them.
 import argparse
 import fcntl
 import heapq
-import json
 import os
 import random
 import select
 import struct
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet_haproxy import MAX_TOKENS, PROMPT, metric  # noqa: E402
-from netns_cluster import SUBNET, Net, cluster, ip, privileged, stop  # noqa: E402
+from fleet_haproxy import MAX_TOKENS, burst, metric  # noqa: E402
+from netns_cluster import SUBNET, Net, cluster, in_namespaces, ip, privileged, stop  # noqa: E402
 from serve_lifecycle import FAILURES, Server, check, finish  # noqa: E402
 
 TUNSETIFF = 0x400454CA
@@ -125,54 +122,6 @@ class Link:
         self.proc.wait()
 
 
-def timed_stream(port, results, i):
-    """One greedy stream; results[i] = (text, tokens, error, longest gap in s)."""
-    import http.client
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        c.request("POST", "/v1/completions",
-                  body=json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": MAX_TOKENS,
-                                   "temperature": 0, "ignore_eos": True, "stream": True,
-                                   "stream_options": {"include_usage": True}}),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            results[i] = (None, 0, f"HTTP {r.status}", 0)
-            return
-        text, tokens, last, gap = "", 0, None, 0.0
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                results[i] = (None, tokens, str(ev["error"]), gap)
-                return
-            for ch in ev.get("choices", []):
-                if ch.get("text"):
-                    now = time.monotonic()
-                    if last is not None:
-                        gap = max(gap, now - last)
-                    last = now
-                    text += ch["text"]
-            if ev.get("usage"):
-                tokens = ev["usage"]["completion_tokens"]
-        results[i] = (text, tokens, None, gap)
-    except Exception as e:  # noqa: BLE001
-        results[i] = (None, 0, repr(e), 0)
-
-
-def streams(port, n, during):
-    results = [None] * n
-    threads = [threading.Thread(target=timed_stream, args=(port, results, i)) for i in range(n)]
-    for t in threads:
-        t.start()
-    during()
-    for t in threads:
-        t.join(timeout=180)
-    return results
-
-
 def alive(server):
     return metric(server.port, "failsafe_devices_alive")
 
@@ -194,7 +143,7 @@ def running(server):
 def gray(failsafe, model, tmp, token_file, net):
     ref = Server(failsafe, model, tmp, ["--max-num-seqs", "16"], name="one", devices=1)
     try:
-        res = streams(ref.port, 2, lambda: None)
+        res = burst(ref.port, 2)
         reference = res[0][0] if res[0] and res[0][2] is None else None
         check(reference is not None, "one device serves")
     finally:
@@ -221,7 +170,7 @@ def gray(failsafe, model, tmp, token_file, net):
                 seen["alive_min"] = alive(server)
 
             t0 = time.time()
-            res = streams(server.port, 6, degrade)
+            res = burst(server.port, 6, degrade)
             gaps = [r[3] for r in res if r]
             check(all(r and r[2] is None and r[0] == reference for r in res),
                   f"{label}: every stream finishes with the text of one device: "
@@ -239,7 +188,7 @@ def gray(failsafe, model, tmp, token_file, net):
             back = wait_alive(server, 4, 60)
             check(alive(server) == 4, f"{label}: the link healed, its workers joined again "
                   f"by themselves ({back:.1f} s)")
-        res = streams(server.port, 6, lambda: None)
+        res = burst(server.port, 6)
         check(all(r and r[2] is None and r[0] == reference for r in res),
               f"after both: same text on 4 devices: {[r and r[2] for r in res]}")
     finally:
@@ -260,22 +209,7 @@ def main():
     if why:
         print(f"SKIP: {why}")
         sys.exit(77)
-    failsafe = os.path.abspath(args.failsafe)
-    net = None
-    with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "model")
-        subprocess.run([failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
-                        "--seed", "5"], check=True, capture_output=True)
-        token_file = os.path.join(tmp, "token")
-        with open(token_file, "w") as f:
-            f.write(os.urandom(16).hex() + "\n")
-        try:
-            net = Net(2)
-            net.enter(net.coord)
-            gray(failsafe, model, tmp, token_file, net)
-        finally:
-            if net:
-                net.remove()
+    in_namespaces(args.failsafe, 2, gray)
     finish()
 
 

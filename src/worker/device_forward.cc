@@ -389,7 +389,7 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   backend_->ScatterAddFixed(out, H, host_rows_.data(), rows, H, partial, H);
 }
 
-void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
+void DeviceModel::FfnOnRows(const LayerWeights& lw, int first, int end, const float* in, int rows,
                             const float* row_scale, int64_t* out, ForwardStats* stats) {
   const int H = config_.hidden_size;
   const int w = plan_.shape.shard_width;
@@ -400,7 +400,8 @@ void DeviceModel::FfnOnRows(const LayerWeights& lw, int expert, const float* in,
   for (size_t si = 0; si < gu_segs.size(); ++si) {
     const auto& seg = gu_segs[si];
     FS_CHECK(down_segs[si].first == seg.first && down_segs[si].count == seg.count);
-    if (expert >= 0 && plan_.shape.ShardExpert(seg.first) != expert) continue;
+    const int e = plan_.shape.ShardExpert(seg.first);
+    if (e < first || e >= end) continue;
     const int cols = seg.count * 2 * w;
     float* gu = gu_.Reserve(static_cast<size_t>(rows) * cols);
     float* act = act_.Reserve(static_cast<size_t>(rows) * seg.count * w);
@@ -426,13 +427,14 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H,
                     static_cast<float>(config_.rms_norm_eps));
   if (!config_.is_moe()) {
-    FfnOnRows(lw, -1, h, T, nullptr, partial, stats);
+    FfnOnRows(lw, 0, 1, h, T, nullptr, partial, stats);
     return;
   }
   // Mixtral: every device routes every token (same inputs, same result), then
   // computes its shards of each chosen expert on that expert's tokens.
   // Qwen2-MoE's shared expert is slots past the routed ones that every token
-  // takes, scaled by sigmoid(shared_expert_gate . h).
+  // takes, scaled by sigmoid(shared_expert_gate . h): all its held shards in
+  // one pass over every row, straight into the partial sums.
   const int E = config_.num_experts, k = config_.experts_per_token;
   float* logits = router_logits_.Reserve(static_cast<size_t>(T) * E);
   backend_->LinearNT(h, H, lw.router.data(), logits, E, T, E, H, false);
@@ -448,25 +450,22 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   const int slots = plan_.shape.expert_slots;
   std::vector<bool> held(slots, false);
   for (const auto& seg : lw.ffn_gate_up.segments()) held[plan_.shape.ShardExpert(seg.first)] = true;
-  if (slots > E && std::find(held.begin() + E, held.end(), true) != held.end()) {
+  if (std::find(held.begin() + E, held.end(), true) != held.end()) {
     float* shared = shared_logits_.Reserve(static_cast<size_t>(T));
     backend_->LinearNT(h, H, lw.shared_gate.data(), shared, 1, T, 1, H, false);
     stats->ffn_flops += 2.0 * T * H;
-    host_shared_w_.resize(T);
-    backend_->CopyToHost(host_shared_w_.data(), shared, sizeof(float) * T);
-    for (float& g : host_shared_w_) g = 1.0f / (1.0f + std::exp(-g));
+    host_row_scale_.resize(T);
+    backend_->CopyToHost(host_row_scale_.data(), shared, sizeof(float) * T);
+    for (float& g : host_row_scale_) g = 1.0f / (1.0f + std::exp(-g));
+    FfnOnRows(lw, E, slots, h, T, host_row_scale_.data(), partial, stats);
+  } else {
+    backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
   }
-  backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
-  for (int e = 0; e < slots; ++e) {
+  for (int e = 0; e < E; ++e) {
     if (!held[e]) continue;
     host_rows_.clear();
     host_row_scale_.clear();
     for (int t = 0; t < T; ++t) {
-      if (e >= E) {
-        host_rows_.push_back(t);
-        host_row_scale_.push_back(host_shared_w_[t]);
-        continue;
-      }
       for (int j = 0; j < k; ++j) {
         if (host_gate_ids_[t * k + j] != e) continue;
         host_rows_.push_back(t);
@@ -478,7 +477,7 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
     float* in = expert_in_.Reserve(static_cast<size_t>(rows) * H);
     backend_->GatherRows(h, H, host_rows_.data(), rows, H, in, H);
     int64_t* out = expert_out_.Reserve(static_cast<size_t>(rows) * H);
-    FfnOnRows(lw, e, in, rows, host_row_scale_.data(), out, stats);
+    FfnOnRows(lw, e, e + 1, in, rows, host_row_scale_.data(), out, stats);
     backend_->ScatterAddFixed(out, H, host_rows_.data(), rows, H, partial, H);
   }
 }

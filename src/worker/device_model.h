@@ -180,10 +180,11 @@ class DeviceModel {
   // [rows, hidden] as exact fixed-point partial sums (one per query head).
   void OProjection(const AttentionWeights& w, const float* attn, int rows, int64_t* out,
                    ForwardStats* stats);
-  // out[rows, hidden] = FFN of `in` over the held shards of one expert (-1:
-  // dense), as exact fixed-point partial sums (one per shard); each row's
-  // activations scaled by row_scale[row] (host; nullptr: 1).
-  void FfnOnRows(const LayerWeights& lw, int expert, const float* in, int rows,
+  // out[rows, hidden] = FFN of `in` over the held shards of expert slots
+  // [first, end) (a dense FFN is slot 0), as exact fixed-point partial sums
+  // (one per shard); each row's activations scaled by row_scale[row] (host;
+  // nullptr: 1).
+  void FfnOnRows(const LayerWeights& lw, int first, int end, const float* in, int rows,
                  const float* row_scale, int64_t* out, ForwardStats* stats);
   // Takes this device's new block-table entries and checks that every
   // sequence of the step has pages for the positions it writes; then copies
@@ -269,7 +270,7 @@ class DeviceModel {
   // collectives when device memory is not host memory.
   std::vector<int32_t> host_positions_, host_dp_positions_, host_rows_, host_dst_rows_;
   std::vector<int32_t> host_gate_ids_;
-  std::vector<float> host_gate_w_, host_shared_w_, host_row_scale_, host_stage_f32_;
+  std::vector<float> host_gate_w_, host_row_scale_, host_stage_f32_;
   std::vector<int64_t> host_stage_fixed_;
   std::vector<AttentionArgs> problems_;
 };

@@ -146,8 +146,10 @@ class Engine {
   // error returned is kUnavailable while the engine cannot serve (too few
   // devices, or a recovery that failed); requests then wait (see FailAll).
   Result<StepOutcome> Step();
-  // Takes a restored device back (a new worker process).
-  Status Rejoin(int device);
+  // Takes a restored device back (a new worker process). Without `wait`, a
+  // device on another host whose joined worker's link is still measured is
+  // not waited for: NotFound, call again later.
+  Status Rejoin(int device, bool wait = true);
   // Heartbeat while idle (timeout 0: the executor's own): finds dead or hung
   // devices and recovers; while the engine cannot serve, tries again.
   Status CheckHealth(int64_t timeout_ms = 0);

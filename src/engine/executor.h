@@ -99,8 +99,10 @@ class Executor {
                                         const DeviceRestores& seqs) {
     return FailedPrecondition("this executor cannot change its plan");
   }
-  // A new device in the place of a dead one (the engine's Rejoin).
-  virtual Status SpawnDevice(int device) {
+  // A new device in the place of a dead one (the engine's Rejoin). `wait`:
+  // a device on another host is taken once its link is measured fit; with
+  // false the call does not wait for that (NotFound until it is).
+  virtual Status SpawnDevice(int device, bool wait) {
     return FailedPrecondition("this executor has no device processes");
   }
   // The device's latest loss (detected_ns 0 while it is alive).
@@ -153,7 +155,7 @@ class ExecutorWrapper : public Executor {
                                 const DeviceRestores& seqs) override {
     return inner_->ApplyPlan(next, mode, seqs);
   }
-  Status SpawnDevice(int device) override { return inner_->SpawnDevice(device); }
+  Status SpawnDevice(int device, bool wait) override { return inner_->SpawnDevice(device, wait); }
   DeviceLoss device_loss(int device) const override { return inner_->device_loss(device); }
   int device_pid(int device) const override { return inner_->device_pid(device); }
 

@@ -77,8 +77,9 @@ Result<ApplyReport> FaultInjectingExecutor::ApplyPlan(const Plan& next, Recovery
                                       [&] { return inner()->ApplyPlan(next, mode, seqs); });
 }
 
-Status FaultInjectingExecutor::SpawnDevice(int device) {
-  return Forward<Status>(ExecutorCall::kSpawnDevice, [&] { return inner()->SpawnDevice(device); });
+Status FaultInjectingExecutor::SpawnDevice(int device, bool wait) {
+  return Forward<Status>(ExecutorCall::kSpawnDevice,
+                         [&] { return inner()->SpawnDevice(device, wait); });
 }
 
 }  // namespace failsafe

@@ -55,7 +55,7 @@ class FaultInjectingExecutor final : public ExecutorWrapper {
   Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
                                 const DeviceRestores& seqs) override;
-  Status SpawnDevice(int device) override;
+  Status SpawnDevice(int device, bool wait) override;
 
  private:
   struct Armed {

@@ -53,7 +53,7 @@ class RecordingExecutor final : public Executor, public DeviceFaults {
   Result<ApplyReport> ApplyPlan(const Plan&, RecoveryMode, const DeviceRestores&) override {
     return Note("ApplyPlan"), ApplyReport{};
   }
-  Status SpawnDevice(int) override { return Note("SpawnDevice"), Status::Ok(); }
+  Status SpawnDevice(int, bool) override { return Note("SpawnDevice"), Status::Ok(); }
   DeviceLoss device_loss(int) const override { return Note("device_loss"), DeviceLoss{}; }
   int device_pid(int) const override { return Note("device_pid"), -1; }
   Status KillDevice(int) override { return Status::Ok(); }
@@ -88,7 +88,7 @@ TEST(ExecutorWrapper, WrappersForwardEveryMethod) {
   (void)e.DrainBackup();
   (void)e.KvCapacityFor(plan);
   (void)e.ApplyPlan(plan, RecoveryMode::kFull, {});
-  (void)e.SpawnDevice(0);
+  (void)e.SpawnDevice(0, true);
   (void)e.device_loss(0);
   (void)e.device_pid(0);
   const std::vector<std::string> methods = {"config",

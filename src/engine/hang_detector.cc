@@ -23,6 +23,12 @@ constexpr double kMinEstimateS = 1e-4;
 constexpr int64_t kMinBadRttNs = 50 * 1000000LL;
 // A link silent this long (three heartbeats) is to blame for a stalled step.
 constexpr int64_t kMinSilentNs = 600 * 1000000LL;
+// A round trip this long is bad whatever the deadline: no worker is taken
+// over such a link (WorkerGroup::CheckLink), and none is kept over it once it
+// stalls the group this long, however long the deadline (a rendezvous or a
+// plan change waits up to the collective timeout, tens of seconds).
+constexpr int64_t kMaxBadRttNs = 150 * 1000000LL;
+constexpr int64_t kLinkStallNs = 2000 * 1000000LL;
 
 }  // namespace
 
@@ -64,7 +70,7 @@ HangWatch::HangWatch(const DeviceProgressRegion* progress, const std::vector<int
       deadline_ns_(deadline_ms * 1000000),
       grace_ns_(grace_ms * 1000000),
       abort_group_(std::move(abort_group)),
-      next_check_ns_(start_ns_ + deadline_ns_) {
+      next_check_ns_(start_ns_ + std::min(deadline_ns_, kLinkStallNs)) {
   if (base_.size() != devices_.size()) {
     base_.clear();
     for (int d : devices_) base_.push_back(Progress(d));
@@ -139,27 +145,28 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     return dead;
   }
   // A device on another host behind a degraded link: silent for half the
-  // deadline, or a round trip of an eighth of it (a collective of n members
-  // takes about n - 1 round trips, so such a link eats much of the deadline
-  // by itself). Such a device is no witness: what it last said (entering a
-  // collective, say) may never have reached its peers, who wait for it
-  // through that link.
-  const int64_t bad_rtt_ns = std::max(deadline_ns_ / 8, kMinBadRttNs);
+  // deadline (a second at most), or a round trip of an eighth of it (150 ms
+  // at most; a collective of n members takes about n - 1 round trips, so
+  // such a link eats much of the deadline by itself). Such a device is no witness: what it last
+  // said (entering a collective, say) may never have reached its peers, who wait for it through
+  // that link.
+  const int64_t bad_rtt_ns = std::min(std::max(deadline_ns_ / 8, kMinBadRttNs), kMaxBadRttNs);
+  const int64_t link_stall_ns = std::min(deadline_ns_, kLinkStallNs);
   auto no_witness = [&](const Seen& s) {
     return s.p.heard_ns > 0 &&
-           (now - s.p.heard_ns >= deadline_ns_ / 2 || s.p.link_rtt_ns >= bad_rtt_ns);
+           (now - s.p.heard_ns >= link_stall_ns / 2 || s.p.link_rtt_ns >= bad_rtt_ns);
   };
   // And it is to blame when its step stalls: silent for several heartbeats
   // too, or that round trip.
   auto blamed = [&](const Seen& s) {
-    return s.p.heard_ns > 0 && (now - s.p.heard_ns >= std::max(deadline_ns_ / 2, kMinSilentNs) ||
+    return s.p.heard_ns > 0 && (now - s.p.heard_ns >= std::max(link_stall_ns / 2, kMinSilentNs) ||
                                 s.p.link_rtt_ns >= bad_rtt_ns);
   };
   uint64_t ahead = 0;
   bool someone_started = false, stalled = false, healthy = !replied.empty();
   std::vector<const Seen*> behind_bad_links;
   for (const Seen& s : seen) {
-    stalled |= s.still_ns >= deadline_ns_;
+    stalled |= s.still_ns >= link_stall_ns;
     if (blamed(s)) {
       behind_bad_links.push_back(&s);
     } else {
@@ -178,7 +185,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
                                   "and its step made no progress for {} ms",
                                   s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
                                   (now - start_ns_) / 1000000),
-                      now});
+                      now, /*link=*/true});
     }
     Abort(now);
     next_check_ns_ = now + grace_ns_;
@@ -216,8 +223,9 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     next_check_ns_ = now + grace_ns_;
     return dead;
   }
-  // Slow, not hung: everyone who is behind still moves. Look again soon.
-  next_check_ns_ = now + std::max<int64_t>(deadline_ns_ / 4, 10000000);
+  // Slow, not hung: everyone who is behind still moves. Look again soon
+  // (soon enough to catch a link that degrades, however long the deadline).
+  next_check_ns_ = now + std::max<int64_t>(std::min(deadline_ns_, kLinkStallNs) / 4, 10000000);
   return dead;
 }
 

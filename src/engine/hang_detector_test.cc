@@ -134,6 +134,42 @@ TEST(HangWatch, ADegradedLinkBlamesTheSideBehindIt) {
     EXPECT_EQ(v2.reason.find("link is degraded"), std::string::npos);
 }
 
+// A rendezvous or a plan change waits up to the collective timeout (here
+// 30 s); a link that degrades meanwhile is blamed once the group has stood
+// still for 2 s, not after the whole timeout: the watch looks by then, a
+// round trip of 200 ms is bad whatever the deadline, and only the devices
+// behind it go.
+TEST(HangWatch, ADegradedLinkIsBlamedWithinSecondsOfALongDeadline) {
+  Progress p;
+  const int64_t t0 = MonotonicNanos();
+  for (int d = 0; d < 4; ++d) p.Set(d, 3, 0, 0, t0);
+  HangWatch w(&p.region, {0, 1, 2, 3}, {}, t0, 30000, 1000, nullptr);
+  EXPECT_LE(w.next_check_ns(), t0 + 2000 * kMs);
+  for (int d : {2, 3}) {
+    p.region.slot(d)->heard_ns = t0 + 1900 * kMs;
+    p.region.slot(d)->link_rtt_ns = 200 * kMs;
+  }
+  EXPECT_TRUE(w.Check(t0 + 1000 * kMs, {0, 1, 2, 3}, {}).empty());  // still for only 1 s
+  EXPECT_FALSE(w.aborted());
+  EXPECT_LE(w.next_check_ns(), t0 + 1500 * kMs);
+  auto dead = w.Check(t0 + 2000 * kMs, {0, 1, 2, 3}, {});
+  ASSERT_EQ(dead.size(), 2u);
+  EXPECT_EQ(dead[0].device, 2);
+  EXPECT_EQ(dead[1].device, 3);
+  EXPECT_TRUE(dead[0].link);
+  EXPECT_TRUE(w.aborted());
+  // Over good links (a round trip of 1 ms) the same wait is no hang.
+  Progress q;
+  for (int d = 0; d < 4; ++d) q.Set(d, 3, 0, 0, t0);
+  HangWatch v(&q.region, {0, 1, 2, 3}, {}, t0, 30000, 1000, nullptr);
+  for (int d : {2, 3}) {
+    q.region.slot(d)->heard_ns = t0 + 1900 * kMs;
+    q.region.slot(d)->link_rtt_ns = 1 * kMs;
+  }
+  EXPECT_TRUE(v.Check(t0 + 2000 * kMs, {0, 1, 2, 3}, {}).empty());
+  EXPECT_FALSE(v.aborted());
+}
+
 // A device that is behind but still moves is slow, not hung: nobody is
 // declared dead and the group is not aborted; the watch looks again.
 TEST(HangWatch, SlowButMovingIsNotHung) {

@@ -55,10 +55,10 @@ Status Engine::CheckHealth(int64_t timeout_ms) {
   return Status::Ok();
 }
 
-Status Engine::Rejoin(int device) {
+Status Engine::Rejoin(int device, bool wait) {
   if (!executor_->supports_recovery())
     return FailedPrecondition("this engine has no device processes");
-  FS_RETURN_IF_ERROR(executor_->SpawnDevice(device));
+  FS_RETURN_IF_ERROR(executor_->SpawnDevice(device, wait));
   slow_.DeviceReplaced(device);
   return Recover({device}, 0);
 }

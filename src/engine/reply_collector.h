@@ -31,6 +31,7 @@ struct Verdict {
   int device = -1;
   std::string reason;
   int64_t failed_ns = 0;  // its last sign of life (MonotonicNanos), 0: unknown
+  bool link = false;      // its link to the coordinator failed, not the device
 };
 
 class ReplyWatch {

@@ -148,30 +148,44 @@ WorkerGroup::~WorkerGroup() {
   }
   CollectReplies(procs, watch, [](const Verdict&) {});
   // Each process is killed (if still there) and reaped as it goes.
-  for (auto& d : devices_) d.process.reset();
+  for (auto& d : devices_) {
+    d.process.reset();
+    d.probing.reset();
+  }
   killed_.clear();
 }
 
-Status WorkerGroup::Spawn(int device, int64_t join_wait_ms) {
-  std::unique_ptr<DeviceProcess> p;
-  if (remote(device)) {
-    FS_ASSIGN_OR_RETURN(auto link, options_.listener->Take(device, join_wait_ms));
-    p = DeviceProcess::Attach(std::move(link));
-  } else {
-    FS_ASSIGN_OR_RETURN(
-        p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level, worker_env_));
-  }
+Status WorkerGroup::Spawn(int device, int64_t join_wait_ms, bool wait_link) {
   Device& d = devices_[device];
+  if (remote(device) && !d.probing) {
+    FS_ASSIGN_OR_RETURN(auto link, options_.listener->Take(device, join_wait_ms));
+    progress_.Reset(device);
+    d.process = DeviceProcess::Attach(std::move(link));
+    d.killed_ns = 0;
+    d.loss = DeviceLoss();
+    Status init = InitDevice(device);
+    d.probing = std::move(d.process);
+    if (!init.ok()) {
+      d.probing.reset();
+      return init;
+    }
+    d.probe_until_ns = MonotonicNanos() + LinkProbeNs(d);
+  }
+  if (remote(device)) {
+    for (;;) {
+      Status link = CheckLink(device);
+      if (link.code() != StatusCode::kNotFound || !wait_link) return link;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  FS_ASSIGN_OR_RETURN(
+      auto p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level, worker_env_));
   progress_.Reset(device);
   d.process = std::move(p);
   d.killed_ns = 0;
   d.loss = DeviceLoss();
-  if (!d.process->remote()) FS_LOG_INFO("device {}: worker process {}", device, d.process->pid());
-  FS_RETURN_IF_ERROR(InitDevice(device));
-  if (!d.process->remote()) return Status::Ok();
-  Status link = CheckLink(device);
-  if (!link.ok()) d.process.reset();  // the link closes; the worker joins again later
-  return link;
+  FS_LOG_INFO("device {}: worker process {}", device, d.process->pid());
+  return InitDevice(device);
 }
 
 // A worker is taken only over a link fit for collectives: five round trips
@@ -179,28 +193,47 @@ Status WorkerGroup::Spawn(int device, int64_t join_wait_ms) {
 // lateness counted, under this. Over a link that is slow or loses frames
 // every step would stall until the link is blamed again; refused, the
 // worker joins again later (its own backoff) and the device's respawn backs
-// off too.
+// off too. A link found degraded before is on probation: three times as many
+// round trips (a link losing a third of its frames gets five clean round
+// trips in a row about one time in forty, fifteen one in fifty thousand).
+// The engine steps on while a link is measured.
 constexpr int64_t kJoinRttLimitNs = 150 * 1000000LL;
 constexpr int64_t kJoinProbeNs = 3000 * 1000000LL;
 constexpr uint64_t kJoinRttSamples = 5;
+constexpr uint64_t kProbationRttSamples = 15;
+
+uint64_t WorkerGroup::LinkSamplesNeeded(const Device& d) {
+  return d.link_strikes > 0 ? kProbationRttSamples : kJoinRttSamples;
+}
+
+int64_t WorkerGroup::LinkProbeNs(const Device& d) {
+  return kJoinProbeNs * static_cast<int64_t>(LinkSamplesNeeded(d) / kJoinRttSamples);
+}
 
 Status WorkerGroup::CheckLink(int device) {
-  const int64_t until = MonotonicNanos() + kJoinProbeNs;
-  DeviceProgress p = progress_.Read(device);
-  // (A degraded link shows in its first round trips: refused as soon as seen.)
-  while (p.link_rtt_samples < kJoinRttSamples && p.link_rtt_ns < kJoinRttLimitNs &&
-         MonotonicNanos() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    p = progress_.Read(device);
-  }
-  // (FailedPrecondition: the link, not the device, failed; no crash counts.)
-  if (p.link_rtt_samples < kJoinRttSamples && p.link_rtt_ns < kJoinRttLimitNs)
-    return FailedPrecondition(
-        "device {}: the joined worker's link measured {} round trips in {} ms", device,
-        p.link_rtt_samples, kJoinProbeNs / 1000000);
-  if (p.link_rtt_ns >= kJoinRttLimitNs)
+  Device& d = devices_[device];
+  const uint64_t needed = LinkSamplesNeeded(d);
+  const DeviceProgress p = progress_.Read(device);
+  // (FailedPrecondition: the link, not the device, failed; no crash counts.
+  // A degraded link shows in its first round trips: refused as soon as seen.)
+  if (p.link_rtt_ns >= kJoinRttLimitNs) {
+    d.probing.reset();  // the link closes; the worker joins again later
+    ++d.link_strikes;
     return FailedPrecondition("device {}: the joined worker's link is degraded (round trip {} ms)",
                               device, p.link_rtt_ns / 1000000);
+  }
+  if (p.link_rtt_samples < needed) {
+    if (d.probing->Exited() || MonotonicNanos() >= d.probe_until_ns) {
+      d.probing.reset();
+      return FailedPrecondition(
+          "device {}: the joined worker's link measured {} round trips in {} ms", device,
+          p.link_rtt_samples, LinkProbeNs(d) / 1000000);
+    }
+    return NotFound("device {}: measuring the joined worker's link ({} of {} round trips)", device,
+                    p.link_rtt_samples, needed);
+  }
+  d.link_strikes = 0;
+  d.process = std::move(d.probing);
   return Status::Ok();
 }
 
@@ -213,7 +246,7 @@ void WorkerGroup::DropDegradedLinks(const std::vector<int>& devices) {
                 fmt::format("its link is degraded (round trip {} ms): a plan change over it would "
                             "stall",
                             p.link_rtt_ns / 1000000),
-                MonotonicNanos()});
+                MonotonicNanos(), /*link=*/true});
   }
 }
 
@@ -297,6 +330,7 @@ void WorkerGroup::MarkDead(const Verdict& v) {
   d.loss.reason = v.reason;
   // The failure began at the kill, if it was one, else at its last sign of life.
   d.loss.failed_ns = d.killed_ns > 0 ? d.killed_ns : v.failed_ns;
+  if (v.link) ++d.link_strikes;
   FS_LOG_WARN("device {} is dead: {}", v.device, v.reason);
   // No survivor may wait for it in a collective.
   group_.Abort();
@@ -464,13 +498,13 @@ Status WorkerGroup::DrainBackup() {
   return DeadAmong(running, "while draining its KV backup");
 }
 
-Status WorkerGroup::SpawnDevice(int device) {
+Status WorkerGroup::SpawnDevice(int device, bool wait) {
   if (device < 0 || device >= options_.num_devices) {
     return OutOfRange("device id {} is out of range [0, {})", device, options_.num_devices);
   }
   if (alive(device)) return InvalidArgument("device {} is alive: it cannot rejoin", device);
   const int64_t t0 = MonotonicNanos();
-  FS_RETURN_IF_ERROR(Spawn(device));
+  FS_RETURN_IF_ERROR(Spawn(device, 0, wait));
   for (const DeviceReply& r : Collect({{device}, {DeviceProgress()}, t0}, kStartTimeoutMs))
     FS_RETURN_IF_ERROR(r.status);
   return DeadAmong({device}, "while starting");

@@ -126,7 +126,7 @@ class WorkerGroup final : public Executor, public DeviceFaults {
   Result<std::vector<int64_t>> KvCapacityFor(const Plan& plan) const override;
   Result<ApplyReport> ApplyPlan(const Plan& next, RecoveryMode mode,
                                 const DeviceRestores& seqs) override;
-  Status SpawnDevice(int device) override;
+  Status SpawnDevice(int device, bool wait) override;
   DeviceLoss device_loss(int device) const override;
 
   // Devices of the plan found dead so far (ascending).
@@ -148,17 +148,28 @@ class WorkerGroup final : public Executor, public DeviceFaults {
     int64_t kv_pages = 0;   // accounting capacity under the current plan
     int64_t killed_ns = 0;  // when KillDevice killed it
     DeviceLoss loss;        // its latest loss
+    int link_strikes = 0;   // times its link was found degraded since last taken
+    // A remote worker that joined, whose link is being measured before it
+    // is taken (not alive until then), and until when it may take.
+    std::unique_ptr<DeviceProcess> probing;
+    int64_t probe_until_ns = 0;
   };
 
   WorkerGroup() = default;
   bool alive(int device) const { return devices_[device].process != nullptr; }
   bool remote(int device) const { return device >= options_.num_devices - options_.remote_devices; }
-  // Starts a device's worker (a remote one: takes a joined worker, waiting
-  // up to `join_wait_ms`).
-  Status Spawn(int device, int64_t join_wait_ms = 0);
+  // Starts a device's worker. A remote one: takes a joined worker, waiting
+  // up to `join_wait_ms`, and its link's round trips are measured (without
+  // `wait_link` the call does not wait for them: NotFound while they are
+  // measured; call again later).
+  Status Spawn(int device, int64_t join_wait_ms = 0, bool wait_link = true);
   Status InitDevice(int device);
-  // A remote device's link, once it heartbeats: fit for collectives?
+  // A probed remote worker's link: fit for collectives (Ok: it is taken),
+  // refused (FailedPrecondition: it is let go), or not measured enough yet
+  // (NotFound).
   Status CheckLink(int device);
+  static uint64_t LinkSamplesNeeded(const Device& d);
+  static int64_t LinkProbeNs(const Device& d);
   // Declares dead the remote devices among `devices` whose link is now as
   // bad as CheckLink refuses (before a plan change, which would stall on it).
   void DropDegradedLinks(const std::vector<int>& devices);

@@ -153,7 +153,11 @@ Status EngineService::RestoreDevice(int device) {
       // By hand: a crash-looping device gets a clean slate.
       const int64_t now = MonotonicNanos();
       respawn_.Reset(device, st.ok(), now);
-      if (!st.ok()) respawn_.StartFailed(device, st.message(), true, now);
+      // (A device on another host: no worker joined yet, or its link is
+      // being measured or was refused; it is taken when one is fit.)
+      const bool counts =
+          st.code() != StatusCode::kNotFound && st.code() != StatusCode::kFailedPrecondition;
+      if (!st.ok()) respawn_.StartFailed(device, st.message(), counts, now);
     }
     UpdateGauges();
   });
@@ -165,7 +169,9 @@ void EngineService::Respawn() {
   respawn_.Observe(executor_->alive_devices(), MonotonicNanos());
   for (int d : respawn_.Due(MonotonicNanos())) {
     const int64_t t0 = MonotonicNanos();
-    const Status st = engine_.Rejoin(d);
+    // (Not waiting while a joined worker's link is measured: the engine
+    // steps on meanwhile.)
+    const Status st = engine_.Rejoin(d, /*wait=*/false);
     const int64_t now = MonotonicNanos();
     if (st.ok()) {
       respawn_.Started(d, now);
@@ -173,9 +179,9 @@ void EngineService::Respawn() {
                   (now - t0) / 1000000, respawn_.record(d).respawns);
       continue;
     }
-    // A device on another host waits for a worker to join to be it, or for
-    // one over a link fit for collectives (FailedPrecondition): neither is
-    // the device failing.
+    // A device on another host waits for a worker to join to be it and
+    // for its link to be measured (NotFound), or for one over a link fit
+    // for collectives (FailedPrecondition): neither is the device failing.
     const bool counts =
         st.code() != StatusCode::kNotFound && st.code() != StatusCode::kFailedPrecondition;
     if (st.code() != StatusCode::kNotFound)

@@ -86,7 +86,9 @@ void RespawnPolicy::StartFailed(int device, const std::string& why, bool counts,
   Device& d = devices_[device];
   d.record.last_error = why;
   if (!counts) {
-    // Nothing to start it with yet: look again after the shortest backoff.
+    // Nothing to start it with yet (or its link is still being measured):
+    // look again after the shortest backoff.
+    if (options_.enabled && !d.record.crash_looping) d.record.pending = true;
     d.record.next_ns = now_ns + options_.backoff_ms * 1000000;
     return;
   }

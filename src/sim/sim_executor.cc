@@ -398,7 +398,7 @@ Status SimExecutor::HangDevice(int device, double detect_s) {
   return Status::Ok();
 }
 
-Status SimExecutor::SpawnDevice(int device) {
+Status SimExecutor::SpawnDevice(int device, bool wait) {
   if (device < 0 || device >= options_.num_devices) return InvalidArgument("no device {}", device);
   if (Up(device)) return FailedPrecondition("device {} is alive", device);
   // The engine must have seen it go before a new one takes its place.

@@ -109,7 +109,7 @@ class SimExecutor final : public Executor, public DeviceFaults {
   void Configure(EngineOptions* options);
   // A new device in its place (alive at once; its weights and KV are priced
   // by the plan change that takes it in).
-  Status SpawnDevice(int device) override;
+  Status SpawnDevice(int device, bool wait) override;
   DeviceLoss device_loss(int device) const override;
 
   // The device stops making progress now and is declared dead after

@@ -115,6 +115,9 @@ class TimedBackend final : public Backend {
   void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols) override {
     Time("add bias", [&] { b_->AddBias(x, ldx, bias, rows, cols); });
   }
+  void Softcap(float* x, int64_t n, float cap) override {
+    Time("softcap", [&] { b_->Softcap(x, n, cap); });
+  }
   // Graphs only while calls are not timed (timing waits inside the step).
   bool BeginGraph(uint64_t key, size_t bytes) override {
     return !enabled && b_->BeginGraph(key, bytes);

@@ -294,6 +294,9 @@ class Backend : public DeviceMemory {
   // x[r, c] += bias[c] (bias: device), r < rows, c < cols: a projection's
   // bias (Qwen2's q, k and v).
   virtual void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols) = 0;
+  // x[i] = cap * tanh(x[i] / cap), i < n: soft-capped logits (Gemma 2's
+  // final_logit_softcapping).
+  virtual void Softcap(float* x, int64_t n, float cap) = 0;
 
   // A step's calls as one graph, for steps that repeat with the same
   // shapes (CUDA graphs: one launch instead of hundreds). The model runner

@@ -149,7 +149,6 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   CopyLogits(b, logits);
   // The step's KV is in its pages before the backup reads them.
   backend_->Synchronize();
-  SoftcapLogits(b, logits);
   end_segment();
   EnqueueBackup(b);
   stats->kv_bytes = kv_.used_pages() * kv_.page_bytes();
@@ -510,6 +509,8 @@ void DeviceModel::LmHead(const StepBatch& b, ForwardStats* stats) {
     col += cols;
     stats->other_flops += 2.0 * R * H * cols;
   }
+  if (config_.final_softcap > 0)
+    backend_->Softcap(out, static_cast<int64_t>(R) * ld, static_cast<float>(config_.final_softcap));
 }
 
 void DeviceModel::CopyLogits(const StepBatch& b, float* logits) {
@@ -525,22 +526,6 @@ void DeviceModel::CopyLogits(const StepBatch& b, float* logits) {
     backend_->CopyToHost2D(logits + begin, sizeof(float) * V, lm_out_.data() + col,
                            sizeof(float) * ld, sizeof(float) * (end - begin), R);
     col += static_cast<int64_t>(seg.count) * cs;
-  }
-}
-
-void DeviceModel::SoftcapLogits(const StepBatch& b, float* logits) const {
-  const double cap = config_.final_softcap;
-  const int V = config_.vocab_size, R = b.num_logits_rows;
-  if (cap <= 0 || R == 0 || lm_head_.num_items() == 0) return;
-  // This device's columns, as CopyLogits wrote them.
-  const float c = static_cast<float>(cap);
-  for (const auto& seg : lm_head_.segments()) {
-    const int begin = plan_.shape.ChunkBegin(seg.first);
-    const int end = plan_.shape.ChunkEnd(seg.first + seg.count - 1);
-    for (int r = 0; r < R; ++r) {
-      float* row = logits + static_cast<int64_t>(r) * V;
-      for (int i = begin; i < end; ++i) row[i] = c * std::tanh(row[i] / c);
-    }
   }
 }
 

@@ -202,8 +202,6 @@ class DeviceModel {
   }
   // A host vector into device memory.
   void Upload(const std::vector<float>& host, DeviceArray<float>* dst);
-  // Gemma 2: this device's columns of the step's logits (host), capped.
-  void SoftcapLogits(const StepBatch& b, float* logits) const;
   // x += the step's summed partial_ (a layer's attention or FFN output);
   // Gemma: normalised by `out_norm` first.
   void AddToResidual(const DeviceArray<float>& out_norm, int num_tokens);

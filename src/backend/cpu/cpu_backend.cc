@@ -121,6 +121,9 @@ class CpuBackend final : public Backend {
       for (int j = 0; j < cols; ++j) a[j] += bias[j];
     }
   }
+  void Softcap(float* x, int64_t n, float cap) override {
+    for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+  }
 
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
                int dim, float eps) override {

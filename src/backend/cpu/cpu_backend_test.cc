@@ -450,5 +450,21 @@ TEST(MoeGate, TopKAsTheSoftmaxGives) {  // Qwen2-MoE: norm_topk_prob false
   EXPECT_NEAR(w[1], std::exp(1.0) / sum, 1e-6);
 }
 
+// Gemma 2's final logits: cap * tanh(x / cap), odd, near x for small x and
+// never past the cap.
+TEST(Softcap, BoundsLogitsByTheCap) {
+  auto be = MakeCpuBackend(1);
+  std::vector<float> x = {0.0f, 0.3f, -0.3f, 29.0f, -45.0f, 1e6f, -1e30f};
+  std::vector<float> y = x;
+  be->Softcap(y.data(), static_cast<int64_t>(y.size()), 30.0f);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_NEAR(y[1], 0.3f, 1e-4);
+  EXPECT_EQ(y[2], -y[1]);
+  for (size_t i = 3; i < x.size(); ++i) {
+    EXPECT_NEAR(y[i], 30.0 * std::tanh(x[i] / 30.0), 1e-4) << i;
+    EXPECT_LE(std::abs(y[i]), 30.0f) << i;
+  }
+}
+
 }  // namespace
 }  // namespace failsafe

@@ -332,6 +332,10 @@ class CudaBackend final : public Backend {
     if (!Launching()) return;  // the graph has it
     cuda::AddBias(x, ldx, bias, rows, cols, stream_);
   }
+  void Softcap(float* x, int64_t n, float cap) override {
+    if (!Launching()) return;  // the graph has it
+    cuda::Softcap(x, n, cap, stream_);
+  }
 
   // --- the rest of the layer ---
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,

@@ -297,6 +297,15 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
     gpu->AddBias(dx.get() + 3, dim, dw.get(), rows, 100);
     EXPECT_LT(MaxRelError(dx.Read(gpu), want), 1e-6);
   }
+  {  // Softcap (Gemma 2's logits), values well past the cap included
+    std::vector<float> big = x;
+    for (size_t i = 0; i < big.size(); i += 7) big[i] *= 100.0f;
+    std::vector<float> want = big;
+    cpu->Softcap(want.data(), static_cast<int64_t>(want.size()), 30.0f);
+    OnDevice<float> dx(gpu, big);
+    gpu->Softcap(dx.get(), static_cast<int64_t>(big.size()), 30.0f);
+    EXPECT_LT(MaxRelError(dx.Read(gpu), want), 1e-6);
+  }
   {  // Rope: 5 heads of 64 per token
     std::vector<int32_t> pos(rows);
     for (int i = 0; i < rows; ++i) pos[i] = (i * 37) % 500;

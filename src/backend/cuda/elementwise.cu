@@ -89,6 +89,12 @@ __global__ void ScaleRowsKernel(float* x, int64_t ldx, const float* scale, int r
   }
 }
 
+__global__ void SoftcapKernel(float* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
+}
+
 __global__ void AddBiasKernel(float* x, int64_t ldx, const float* bias, int rows, int cols) {
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
     float* a = x + static_cast<int64_t>(r) * ldx;
@@ -298,6 +304,12 @@ void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s) {
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s) {
   if (rows <= 0) return;
   ScaleRowsKernel<<<RowGrid(cols, rows), kThreads, 0, s>>>(x, ldx, scale, rows, cols);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void Softcap(float* x, int64_t n, float cap, cudaStream_t s) {
+  if (n <= 0) return;
+  SoftcapKernel<<<Blocks(n), kThreads, 0, s>>>(x, n, cap);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

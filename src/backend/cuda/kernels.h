@@ -28,6 +28,7 @@ void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n
                      int64_t* dst, int64_t ldd, cudaStream_t s);
 void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s);
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s);
+void Softcap(float* x, int64_t n, float cap, cudaStream_t s);
 void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols, cudaStream_t s);
 void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
              int dim, float eps, cudaStream_t s);

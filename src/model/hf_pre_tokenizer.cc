@@ -82,24 +82,93 @@ class ByteLevelPre : public HfPreTokenizer {
   }
 };
 
-// Isolated: the gaps and the matches are pieces; Removed: only the gaps.
+// Splits on a pattern's matches, as Hugging Face's SplitDelimiterBehavior
+// has it: Isolated, the gaps and the matches are pieces; Removed, only the
+// gaps; MergedWithPrevious (MergedWithNext), a match joins the piece before
+// (after) it unless that is a match too; Contiguous, adjacent matches are
+// one piece. `invert`: the pattern matches the pieces, not the delimiters.
 class SplitPre : public HfPreTokenizer {
  public:
+  enum class Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
   std::unique_ptr<HfRegex> pattern;
-  bool removed = false;
+  Behavior behavior = Behavior::kIsolated;
+  bool invert = false;
+
+  // The pieces of p as [begin, end) offsets.
+  std::vector<std::pair<size_t, size_t>> Pieces(const std::string& p) const {
+    struct Part {
+      size_t b, e;
+      bool match;
+    };
+    std::vector<Part> parts;
+    size_t prev = 0;
+    for (auto [b, e] : pattern->FindAll(p)) {
+      if (e <= b) continue;
+      if (b > prev) parts.push_back({prev, b, invert});
+      parts.push_back({b, e, !invert});
+      prev = std::max(prev, e);
+    }
+    if (prev < p.size()) parts.push_back({prev, p.size(), invert});
+    std::vector<std::pair<size_t, size_t>> out;
+    bool previous_match = false;
+    switch (behavior) {
+      case Behavior::kIsolated:
+        for (const Part& x : parts) out.emplace_back(x.b, x.e);
+        break;
+      case Behavior::kRemoved:
+        for (const Part& x : parts) {
+          if (!x.match) out.emplace_back(x.b, x.e);
+        }
+        break;
+      case Behavior::kMergedWithPrevious:
+        for (const Part& x : parts) {
+          if (x.match && !previous_match && !out.empty())
+            out.back().second = x.e;
+          else
+            out.emplace_back(x.b, x.e);
+          previous_match = x.match;
+        }
+        break;
+      case Behavior::kMergedWithNext:
+        for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+          if (it->match && !previous_match && !out.empty())
+            out.back().first = it->b;
+          else
+            out.emplace_back(it->b, it->e);
+          previous_match = it->match;
+        }
+        std::reverse(out.begin(), out.end());
+        break;
+      case Behavior::kContiguous:
+        for (const Part& x : parts) {
+          if (x.match && previous_match)
+            out.back().second = x.e;
+          else
+            out.emplace_back(x.b, x.e);
+          previous_match = x.match;
+        }
+        break;
+    }
+    return out;
+  }
+  bool simple() const {
+    return !invert && (behavior == Behavior::kIsolated || behavior == Behavior::kRemoved);
+  }
+
   void Split(std::vector<std::string>* pieces, int) const override {
     MapPieces(pieces, [&](std::string p, std::vector<std::string>* out) {
-      size_t prev = 0;
-      for (auto [b, e] : pattern->FindAll(p)) {
-        if (b > prev) out->push_back(p.substr(prev, b - prev));
-        if (e > b && !removed) out->push_back(p.substr(b, e - b));
-        prev = std::max(prev, e);
-      }
-      if (prev < p.size()) out->push_back(p.substr(prev));
+      for (auto [b, e] : Pieces(p)) out->push_back(p.substr(b, e - b));
     });
   }
   bool SplitEach(std::string p, int,
                  const std::function<bool(std::string&&)>& emit) const override {
+    if (!simple()) {
+      for (auto [b, e] : Pieces(p)) {
+        if (!emit(p.substr(b, e - b))) return false;
+      }
+      return true;
+    }
+    const bool removed = behavior == Behavior::kRemoved;
     size_t prev = 0;
     bool go = true;
     pattern->ForEach(p, [&](size_t b, size_t e) {
@@ -246,14 +315,23 @@ Result<std::unique_ptr<HfPreTokenizer>> HfPreTokenizer::Parse(const json& j,
     FS_ASSIGN_OR_RETURN(s->pattern, ParseHfPattern(j.contains("pattern") ? j["pattern"] : json(),
                                                    field + ".pattern"));
     FS_ASSIGN_OR_RETURN(std::string behavior, OptString(j, "behavior", "Isolated", field));
-    if (behavior != "Isolated" && behavior != "Removed") {
-      return InvalidArgument("field '{}.behavior': \"{}\" is not supported (Isolated, Removed)",
-                             field, behavior);
+    using B = SplitPre::Behavior;
+    static const std::pair<const char*, B> kBehaviors[] = {
+        {"Isolated", B::kIsolated},
+        {"Removed", B::kRemoved},
+        {"MergedWithPrevious", B::kMergedWithPrevious},
+        {"MergedWithNext", B::kMergedWithNext},
+        {"Contiguous", B::kContiguous}};
+    const auto* it = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
+                                  [&](const auto& b) { return behavior == b.first; });
+    if (it == std::end(kBehaviors)) {
+      return InvalidArgument(
+          "field '{}.behavior': \"{}\" is not supported (Isolated, Removed, MergedWithPrevious, "
+          "MergedWithNext, Contiguous)",
+          field, behavior);
     }
-    s->removed = behavior == "Removed";
-    FS_ASSIGN_OR_RETURN(bool invert, OptBool(j, "invert", false, field));
-    if (invert)
-      return InvalidArgument("field '{}.invert': inverted splits are not supported", field);
+    s->behavior = it->second;
+    FS_ASSIGN_OR_RETURN(s->invert, OptBool(j, "invert", false, field));
     return std::unique_ptr<HfPreTokenizer>(std::move(s));
   }
   if (type == "Metaspace") {

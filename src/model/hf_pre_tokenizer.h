@@ -1,4 +1,4 @@
-// tokenizer.json pre-tokenizers: ByteLevel, Split (Isolated or Removed),
+// tokenizer.json pre-tokenizers: ByteLevel, Split (every behaviour, inverted or not),
 // Metaspace, Digits and Sequence. They cut normalized text into the words the
 // model encodes one by one. Any other type or behaviour is an error naming its
 // field.

@@ -4,6 +4,7 @@
 // are checked against @huggingface/transformers by tests/node.)
 #include <gtest/gtest.h>
 
+#include "model/hf_pre_tokenizer.h"
 #include "model/tokenizer.h"
 
 namespace failsafe {
@@ -139,10 +140,8 @@ TEST(HfTokenizer, RefusesWhatItDoesNotSupportNamingTheField) {
       "normalizer.normalizers[0]");
   has(SpmJson(R"(, "pre_tokenizer": {"type": "Whitespace"})"), "field 'pre_tokenizer'");
   has(SpmJson(R"(, "pre_tokenizer": {"type": "Split", "pattern": {"String": " "},
-                   "behavior": "MergedWithPrevious"})"),
+                   "behavior": "MergedWithBoth"})"),
       "pre_tokenizer.behavior");
-  has(SpmJson(R"(, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "invert": true})"),
-      "pre_tokenizer.invert");
   has(SpmJson(R"(, "post_processor": {"type": "BertProcessing"})"), "post_processor");
   has(SpmJson("", R"("dropout": 0.1, )"), "model.dropout");
   has(SpmJson("", R"("continuing_subword_prefix": "##", )"), "model.continuing_subword_prefix");
@@ -154,6 +153,36 @@ TEST(HfTokenizer, RefusesWhatItDoesNotSupportNamingTheField) {
   std::string decoder = SpmJson("");
   decoder.replace(decoder.find(R"({"type": "Fuse"})"), 16, R"({"type": "CTC"})");
   has(decoder, "decoder.decoders[2]");
+}
+
+// Hugging Face's own example of its split behaviors ("the-final--countdown"
+// on "-"), and an inverted pattern (it matches the pieces to keep).
+TEST(HfPreTokenizer, SplitBehaviorsAsHuggingFaceDocumentsThem) {
+  auto split = [](const std::string& behavior, const std::string& pattern, bool invert) {
+    const std::string j = R"({"type": "Split", "pattern": )" + pattern + R"(, "behavior": ")" +
+                          behavior + R"(", "invert": )" + (invert ? "true" : "false") + "}";
+    auto pre = HfPreTokenizer::Parse(nlohmann::json::parse(j), "pre_tokenizer");
+    EXPECT_TRUE(pre.ok()) << pre.status().ToString();
+    std::vector<std::string> pieces = {"the-final--countdown"};
+    (*pre)->Split(&pieces, 0);
+    std::vector<std::string> each;
+    (*pre)->SplitEach("the-final--countdown", 0, [&](std::string&& p) {
+      each.push_back(p);
+      return true;
+    });
+    EXPECT_EQ(each, pieces) << behavior;
+    return pieces;
+  };
+  using V = std::vector<std::string>;
+  const std::string dash = R"({"String": "-"})";
+  EXPECT_EQ(split("Removed", dash, false), (V{"the", "final", "countdown"}));
+  EXPECT_EQ(split("Isolated", dash, false), (V{"the", "-", "final", "-", "-", "countdown"}));
+  EXPECT_EQ(split("MergedWithPrevious", dash, false), (V{"the-", "final-", "-", "countdown"}));
+  EXPECT_EQ(split("MergedWithNext", dash, false), (V{"the", "-final", "-", "-countdown"}));
+  EXPECT_EQ(split("Contiguous", dash, false), (V{"the", "-", "final", "--", "countdown"}));
+  const std::string words = R"({"Regex": "[a-z]+"})";
+  EXPECT_EQ(split("Removed", words, true), (V{"the", "final", "countdown"}));
+  EXPECT_EQ(split("MergedWithPrevious", words, true), (V{"the-", "final--", "countdown"}));
 }
 
 TEST(HfTokenizer, TemplatePostProcessorAddsBos) {

@@ -128,8 +128,12 @@ for (const dir of dirs) {
     seed = (seed * 1103515245 + 12345) % 2147483648;
     return seed % n;
   };
+  // (A reduce: a vocabulary of 262,144 is too many arguments for Math.max.)
   const size =
-    Math.max(...Object.values(json.model.vocab), ...(json.added_tokens ?? []).map((a) => a.id)) + 1;
+    [...Object.values(json.model.vocab), ...(json.added_tokens ?? []).map((a) => a.id)].reduce(
+      (a, b) => Math.max(a, b),
+      0,
+    ) + 1;
   const sequences = [];
   for (let k = 0; k < 300; k++) {
     const n = 1 + rand(12);

@@ -4,8 +4,10 @@ Two checkpoint directories get random weights with their vocabulary's size
 (`failsafe make-model --vocab-size`):
   - Mistral v3 (a Llama shape): tokenizer.model (SentencePiece) and the Mistral
     v3 chat template;
-  - Phi-3-mini (a Phi3ForCausalLM: fused projections, a sliding window):
-    tokenizer.json and its tokenizer_config.json (with its template).
+  - Phi-3-mini (a Phi3ForCausalLM: fused projections, a sliding window),
+    Qwen2.5 (Qwen2ForCausalLM), Qwen3 (Qwen3ForCausalLM) and Gemma 3
+    (Gemma3ForCausalLM, a vocabulary of 262,208): tokenizer.json and its
+    tokenizer_config.json (with its template).
 For each, `failsafe serve` on 2 worker processes must answer chat and streamed
 completions; the chat prompt must be the template rendered by python3-jinja2
 as Hugging Face renders it, tokenized as the reference libraries do
@@ -142,26 +144,36 @@ def main():
                        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                        lambda text: reference_ids(sp, specials, text.encode()))
 
-        # Phi-3-mini: tokenizer.json and its tokenizer_config.json.
-        phi = os.path.join(tmp, "phi-3")
-        subprocess.run([a.failsafe, "make-model", "--preset", "tiny-phi3", "--vocab-size", "32064",
-                        "--out", phi], check=True, capture_output=True)
-        os.remove(os.path.join(phi, "generation_config.json"))
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(os.path.join(a.data, "tokenizers/phi-3-mini", f), os.path.join(phi, f))
-        set_token_ids(phi, 1, 32000)
-        with open(os.path.join(phi, "tokenizer_config.json")) as f:
-            cfg = json.load(f)
+        # tokenizer.json and its tokenizer_config.json (with its template):
+        # Phi-3-mini (SentencePiece-style BPE), Qwen2.5 and Qwen3 (byte-level
+        # BPE), Gemma 3 (a vocabulary of 262,144 and a split on spaces).
+        for name, preset, vocab, tokenizer, bos, eos in (
+                ("phi-3-mini", "tiny-phi3", 32064, "phi-3-mini", 1, 32000),
+                ("qwen2.5", "tiny-qwen2", 151936, "qwen2.5", 151643, 151645),
+                ("qwen3", "tiny-qwen3", 151936, "qwen3", 151643, 151645),
+                ("gemma-3", "tiny-gemma3", 262208, "gemma-3", 2, [1, 106])):
+            model = os.path.join(tmp, name)
+            subprocess.run([a.failsafe, "make-model", "--preset", preset, "--vocab-size",
+                            str(vocab), "--out", model], check=True, capture_output=True)
+            os.remove(os.path.join(model, "generation_config.json"))
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(a.data, "tokenizers", tokenizer, f),
+                            os.path.join(model, f))
+            set_token_ids(model, bos, eos)
+            with open(os.path.join(model, "tokenizer_config.json")) as f:
+                cfg = json.load(f)
 
-        def transformers_encode(text):
-            out = subprocess.run([a.node, os.path.join(HERE, "../node/encode.mjs"), phi],
-                                 input=json.dumps({"text": text}) + "\n", capture_output=True,
-                                 text=True, check=True).stdout
-            return json.loads(out)["ids"]
+            def transformers_encode(text, model=model):
+                out = subprocess.run([a.node, os.path.join(HERE, "../node/encode.mjs"), model],
+                                     input=json.dumps({"text": text}) + "\n",
+                                     capture_output=True, text=True, check=True).stdout
+                return json.loads(out)["ids"]
 
-        run_checkpoint(a, "phi-3-mini (tokenizer.json)", phi, cfg["chat_template"],
-                       {k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")},
-                       transformers_encode)
+            special = {k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")
+                       if cfg.get(k) is not None}
+            run_checkpoint(a, f"{name} (tokenizer.json)", model, cfg["chat_template"], special,
+                           transformers_encode)
+            shutil.rmtree(model)
     sys.exit(1 if failures else 0)
 
 

@@ -228,6 +228,13 @@ void Scheduler::Preempt(Sequence* s, StepPlan* plan) {
   s->num_computed = 0;
   s->state = SeqState::kWaiting;
   s->num_preemptions++;
+  // Under DP heads its KV, gone now, lived on its rank alone: it comes back
+  // routed afresh (by load and cached prefix), not to the rank whose memory
+  // ran out, while other ranks' memory stands empty.
+  if (plan_.num_dp_heads_total() > 0 && s->dp_rank >= 0) {
+    if (plan_.IsActive(s->dp_rank)) dp_load_[s->dp_rank] -= s->len();
+    s->dp_rank = -1;
+  }
   std::erase(running_, s);
   waiting_.push_front(s);
   if (plan) plan->preempted.push_back(s->id);
@@ -614,7 +621,7 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
           dp_load_[known->second] + s->len() - dp_load_[least] > config_.prefix_affinity_tokens) {
         preempted.push_back(s->id);
         Preempt(s, nullptr);
-        if (plan.IsActive(s->dp_rank)) dp_load_[s->dp_rank] -= s->len();
+        if (s->dp_rank >= 0 && plan.IsActive(s->dp_rank)) dp_load_[s->dp_rank] -= s->len();
         s->dp_rank = -1;
         continue;
       }

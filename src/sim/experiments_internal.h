@@ -43,10 +43,12 @@ constexpr double kQueueRefillS = 5;
 Status RunQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests, size_t* next,
                     double until);
 // Sustained output tokens/s of an instance whose offline queue never
-// empties (KeepQueueFull): measured over `window_s` after `warmup_s`, long
-// enough for requests to finish and new ones to take their place (the
-// first batches all start at once and run at short contexts, faster than
-// the mix that follows). 0 when the system cannot serve the workload (as
+// empties (KeepQueueFull): measured after `warmup_s` over at least
+// `window_s` and on until the instance has served a whole pass through the
+// workload's output tokens (up to 24 windows), long enough for requests to
+// finish and new ones to take their place (the first batches all start at
+// once and run at short contexts, faster than the mix that follows) and for
+// the swing of the rate over each pass to average out. 0 when the system cannot serve the workload (as
 // ThroughputOrZero); with `inflight_tokens`, the KV tokens held by running
 // sequences at the end.
 Result<double> SustainedThroughput(const ModelConfig& model, const HardwareProfile& hw,

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <set>
 
@@ -28,14 +29,16 @@ namespace {
 // gloo's Store over our TCP key-value store.
 class StoreAdapter final : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(std::unique_ptr<KvStoreClient> client, int64_t timeout_ms)
-      : client_(std::move(client)), timeout_ms_(timeout_ms) {}
+  // `cancelled`: the group was aborted (its members stop waiting for peers).
+  StoreAdapter(std::unique_ptr<KvStoreClient> client, int64_t timeout_ms,
+               std::function<bool()> cancelled)
+      : client_(std::move(client)), timeout_ms_(timeout_ms), cancelled_(std::move(cancelled)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     Status st = client_->Set(key, std::string(data.begin(), data.end()));
     if (!st.ok()) throw gloo::IoException(st.ToString());
   }
   std::vector<char> get(const std::string& key) override {
-    auto v = client_->Get(key, timeout_ms_);
+    auto v = client_->Get(key, timeout_ms_, cancelled_);
     if (!v.ok()) throw gloo::IoException(v.status().ToString());
     return std::vector<char>(v->begin(), v->end());
   }
@@ -45,7 +48,7 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
     for (auto& k : keys) {
-      auto v = client_->Get(k, timeout.count());
+      auto v = client_->Get(k, timeout.count(), cancelled_);
       if (!v.ok()) throw gloo::IoException(v.status().ToString());
     }
   }
@@ -53,6 +56,7 @@ class StoreAdapter final : public gloo::rendezvous::Store {
  private:
   std::unique_ptr<KvStoreClient> client_;
   int64_t timeout_ms_;
+  std::function<bool()> cancelled_;
 };
 
 void SumFloats(void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); }
@@ -141,19 +145,60 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGr
   FS_ASSIGN_OR_RETURN(auto client,
                       KvStoreClient::Connect(o.store_host, o.store_port, o.timeout_ms));
   const std::set<int> before = TcpSockets();
-  try {
-    StoreAdapter store(std::move(client), o.timeout_ms);
-    gloo::rendezvous::PrefixStore prefixed(o.prefix, store);
-    gloo::transport::tcp::attr attr;
-    attr.hostname = o.hostname;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
-    context->setTimeout(std::chrono::milliseconds(o.timeout_ms));
-    context->connectFullMesh(prefixed, device);
-    comm->context_ = context;
-  } catch (const std::exception& e) {
-    return Unavailable("gloo rendezvous failed: {}", e.what());
+  // The rendezvous (every member's address through the store, then a
+  // connection to each) runs on a thread of its own: an aborted group (a
+  // member declared dead meanwhile) ends the wait at once, not gloo's
+  // timeout, and the thread is left to end by itself.
+  struct Rendezvous {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::shared_ptr<gloo::Context> context;
+    std::string error;
+    std::atomic<bool> cancel{false};
+  };
+  auto rv = std::make_shared<Rendezvous>();
+  auto run = [rv, o, client = std::move(client)]() mutable {
+    std::shared_ptr<gloo::Context> context;
+    std::string error;
+    try {
+      StoreAdapter store(std::move(client), o.timeout_ms, [rv] { return rv->cancel.load(); });
+      gloo::rendezvous::PrefixStore prefixed(o.prefix, store);
+      gloo::transport::tcp::attr attr;
+      attr.hostname = o.hostname;
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto c = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
+      c->setTimeout(std::chrono::milliseconds(o.timeout_ms));
+      c->connectFullMesh(prefixed, device);
+      context = c;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::lock_guard<std::mutex> lock(rv->mu);
+    rv->context = std::move(context);
+    rv->error = std::move(error);
+    rv->done = true;
+    rv->cv.notify_all();
+  };
+  if (!abort.valid()) {
+    run();
+  } else {
+    std::thread t(std::move(run));
+    std::unique_lock<std::mutex> lock(rv->mu);
+    while (!rv->done) {
+      rv->cv.wait_for(lock, std::chrono::milliseconds(50));
+      if (!rv->done && abort.raised()) {
+        rv->cancel = true;
+        lock.unlock();
+        t.detach();
+        return Aborted("gloo rendezvous: the group was aborted");
+      }
+    }
+    lock.unlock();
+    t.join();
   }
+  if (!rv->context) return Unavailable("gloo rendezvous failed: {}", rv->error);
+  comm->context_ = rv->context;
   if (abort.valid()) {
     // The connections gloo opened (the store client is closed by now).
     for (int fd : TcpSockets()) {

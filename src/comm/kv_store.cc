@@ -122,13 +122,27 @@ Status KvStoreClient::Set(const std::string& key, const std::string& value) {
   return channel_.Receive(&m, 60000);
 }
 
-Result<std::string> KvStoreClient::Get(const std::string& key, int64_t timeout_ms) {
+Result<std::string> KvStoreClient::Get(const std::string& key, int64_t timeout_ms,
+                                       const std::function<bool()>& cancelled) {
   std::lock_guard<std::mutex> lock(mu_);
   WireWriter w;
   w.PutString(key);
   FS_RETURN_IF_ERROR(channel_.Send(kGet, w.data()));
+  const int64_t until = MonotonicNanos() + timeout_ms * 1000000;
+  if (cancelled) {
+    // Until the answer starts to arrive (a frame is then read whole).
+    for (;;) {
+      const int64_t left_ms = (until - MonotonicNanos()) / 1000000;
+      if (left_ms <= 0) break;
+      pollfd p{channel_.fd(), POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 50)));
+      if (r > 0) break;
+      if (r < 0 && errno != EINTR) break;
+      if (cancelled()) return Aborted("store key '{}': the wait was cancelled", key);
+    }
+  }
   Message m;
-  Status st = channel_.Receive(&m, timeout_ms);
+  Status st = channel_.Receive(&m, std::max<int64_t>(0, (until - MonotonicNanos()) / 1000000));
   if (!st.ok()) return st.WithContext("store key '" + key + "'");
   return m.payload;
 }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,7 +42,10 @@ class KvStoreClient {
   static Result<std::unique_ptr<KvStoreClient>> Connect(const std::string& host, int port,
                                                         int64_t timeout_ms);
   Status Set(const std::string& key, const std::string& value);
-  Result<std::string> Get(const std::string& key, int64_t timeout_ms);
+  // Waits up to `timeout_ms` for the key to be set; `cancelled` (optional),
+  // looked at every 50 ms while waiting, ends the wait early with kAborted.
+  Result<std::string> Get(const std::string& key, int64_t timeout_ms,
+                          const std::function<bool()>& cancelled = nullptr);
 
  private:
   std::mutex mu_;

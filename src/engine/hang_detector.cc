@@ -28,7 +28,7 @@ constexpr int64_t kMinSilentNs = 600 * 1000000LL;
 // stalls the group this long, however long the deadline (a rendezvous or a
 // plan change waits up to the collective timeout, tens of seconds).
 constexpr int64_t kMaxBadRttNs = 150 * 1000000LL;
-constexpr int64_t kLinkStallNs = 2000 * 1000000LL;
+constexpr int64_t kLinkStallNs = 1000 * 1000000LL;
 
 }  // namespace
 
@@ -70,12 +70,18 @@ HangWatch::HangWatch(const DeviceProgressRegion* progress, const std::vector<int
       deadline_ns_(deadline_ms * 1000000),
       grace_ns_(grace_ms * 1000000),
       abort_group_(std::move(abort_group)),
-      next_check_ns_(start_ns_ + std::min(deadline_ns_, kLinkStallNs)) {
+      next_check_ns_(start_ns_ + deadline_ns_) {
   if (base_.size() != devices_.size()) {
     base_.clear();
     for (int d : devices_) base_.push_back(Progress(d));
   }
+  // Devices on other hosts (heard over a link): a link may degrade, and its
+  // stall is blamed sooner than the deadline (Check), so look sooner.
+  for (int d : devices_) networked_ |= Progress(d).heard_ns > 0;
+  if (networked_) next_check_ns_ = start_ns_ + LinkBlameNs();
 }
+
+int64_t HangWatch::LinkBlameNs() const { return std::min(deadline_ns_ / 2, kLinkStallNs); }
 
 DeviceProgress HangWatch::Progress(int device) const {
   return progress_ && progress_->valid() ? progress_->Read(device) : DeviceProgress();
@@ -165,8 +171,13 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   uint64_t ahead = 0;
   bool someone_started = false, stalled = false, healthy = !replied.empty();
   std::vector<const Seen*> behind_bad_links;
+  // A stall is blamed on a bad link after half the deadline (1 s at most):
+  // a link that bad stalls every collective over it, so waiting the whole
+  // deadline only lengthens the stall (a device behind a good link still
+  // gets the whole deadline, below).
+  const int64_t blame_stall_ns = LinkBlameNs();
   for (const Seen& s : seen) {
-    stalled |= s.still_ns >= link_stall_ns;
+    stalled |= s.still_ns >= blame_stall_ns;
     if (blamed(s)) {
       behind_bad_links.push_back(&s);
     } else {
@@ -225,7 +236,8 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   }
   // Slow, not hung: everyone who is behind still moves. Look again soon
   // (soon enough to catch a link that degrades, however long the deadline).
-  next_check_ns_ = now + std::max<int64_t>(std::min(deadline_ns_, kLinkStallNs) / 4, 10000000);
+  next_check_ns_ =
+      now + std::max<int64_t>((networked_ ? LinkBlameNs() : deadline_ns_) / 4, 10000000);
   return dead;
 }
 

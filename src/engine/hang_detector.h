@@ -83,6 +83,8 @@ class HangWatch final : public ReplyWatch {
  private:
   void Abort(int64_t now_ns);
   DeviceProgress Progress(int device) const;
+  // How long a stall may last before a device behind a bad link is blamed.
+  int64_t LinkBlameNs() const;
 
   const DeviceProgressRegion* progress_;
   std::vector<int> devices_;
@@ -93,6 +95,7 @@ class HangWatch final : public ReplyWatch {
   std::function<void()> abort_group_;
   int64_t next_check_ns_;
   bool aborted_ = false;
+  bool networked_ = false;  // a device of the step is heard over a link
   int64_t aborted_at_ns_ = 0;
   int64_t paused_logged_ns_ = 0;  // last said the group is paused (0: never)
 };

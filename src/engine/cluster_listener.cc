@@ -250,7 +250,7 @@ bool ClusterListener::OnProof(Handshake& h) {
   ::fcntl(h.fd, F_SETFL, ::fcntl(h.fd, F_GETFL) & ~O_NONBLOCK);
   FS_LOG_INFO("worker {} registered; waiting for a device id", h.peer);
   std::lock_guard<std::mutex> lock(mu_);
-  waiting_.push_back({Channel(h.fd), h.peer});
+  waiting_.push_back({Channel(h.fd), h.peer, h.addr});
   h.fd = -1;
   cv_.notify_all();
   return false;
@@ -304,7 +304,7 @@ Result<std::unique_ptr<RemoteDevice>> ClusterListener::Take(int device, int64_t 
         continue;  // it left
       }
       FS_LOG_INFO("device {}: worker {} (link epoch {})", device, w.peer, welcome.epoch);
-      return RemoteDevice::Start(std::move(w.channel), device, welcome, w.peer);
+      return RemoteDevice::Start(std::move(w.channel), device, welcome, w.peer, w.addr);
     }
     const int64_t left = give_up - MonotonicNanos();
     if (left <= 0) break;

@@ -67,6 +67,7 @@ class ClusterListener {
   struct Waiting {
     Channel channel;
     std::string peer;
+    std::string addr;  // its address: devices on one host share a link
   };
   struct Handshake;  // one connection not yet proven
   ClusterListener() = default;

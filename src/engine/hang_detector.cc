@@ -189,7 +189,20 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   }
   if (stalled && healthy && !behind_bad_links.empty()) {
     // The step stalls and links are bad: the devices behind them go, never
-    // the healthy side that waits for them (it would look behind).
+    // the healthy side that waits for them (it would look behind). The
+    // other devices of their hosts share the link and go with them (one of
+    // them may not have measured the link's badness yet).
+    for (const Seen& s : seen) {
+      if (s.p.host == 0 || blamed(s)) continue;
+      for (const Seen* b : behind_bad_links) {
+        if (b->p.host != s.p.host) continue;
+        dead.push_back({s.device,
+                        fmt::format("its host's link is degraded (device {}'s round trip {} ms)",
+                                    b->device, b->p.link_rtt_ns / 1000000),
+                        now, /*link=*/true});
+        break;
+      }
+    }
     for (const Seen* s : behind_bad_links) {
       dead.push_back({s->device,
                       fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "common/clock.h"
@@ -181,6 +182,24 @@ TEST(HangWatch, ADegradedLinkIsBlamedWithinSecondsOfALongDeadline) {
     r.region.slot(d)->link_rtt_ns = 400 * kMs;
   }
   EXPECT_EQ(u.Check(t0 + 500 * kMs, {0, 1, 2, 3}, {}).size(), 2u);
+  // Devices 2 and 3 on one host, only 2's round trips measured bad yet:
+  // they share the link, and both go.
+  Progress h;
+  for (int d = 0; d < 4; ++d) h.Set(d, 3, 0, 0, t0);
+  for (int d : {2, 3}) {
+    h.region.slot(d)->heard_ns = t0;
+    h.region.slot(d)->host = 77;
+  }
+  HangWatch x(&h.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
+  for (int d : {2, 3}) h.region.slot(d)->heard_ns = t0 + 480 * kMs;
+  h.region.slot(2)->link_rtt_ns = 400 * kMs;
+  h.region.slot(3)->link_rtt_ns = 20 * kMs;
+  const auto both = x.Check(t0 + 500 * kMs, {0, 1, 2, 3}, {});
+  ASSERT_EQ(both.size(), 2u);
+  std::vector<int> gone = {both[0].device, both[1].device};
+  std::sort(gone.begin(), gone.end());
+  EXPECT_EQ(gone, (std::vector<int>{2, 3}));
+  EXPECT_TRUE(both[0].link && both[1].link);
 }
 
 // A device that is behind but still moves is slow, not hung: nobody is

@@ -30,11 +30,12 @@ void Signal(int efd) {
 
 Result<std::unique_ptr<RemoteDevice>> RemoteDevice::Start(Channel tcp, int device,
                                                           const ClusterWelcome& welcome,
-                                                          std::string peer) {
+                                                          std::string peer, std::string addr) {
   auto d = std::unique_ptr<RemoteDevice>(new RemoteDevice());
   d->device_ = device;
   d->welcome_ = welcome;
   d->peer_ = std::move(peer);
+  d->addr_ = std::move(addr);
   d->tcp_ = std::move(tcp);
   FS_ASSIGN_OR_RETURN(auto pair, Channel::Pair());
   d->local_coordinator_end_ = std::move(pair.first);
@@ -166,6 +167,8 @@ Status RemoteDevice::Forward(Message& m) {
       if (m.fds.size() < 2) return InvalidArgument("an init without its regions");
       FS_ASSIGN_OR_RETURN(logits_, ShmRegion::Map(::dup(m.fds[0])));
       FS_ASSIGN_OR_RETURN(progress_, DeviceProgressRegion::Map(::dup(m.fds[1])));
+      if (DeviceProgressSlot* slot = progress_.slot(device_); slot && !addr_.empty())
+        slot->host.store(std::hash<std::string>()(addr_) | 1, std::memory_order_release);
       WireWriter w;
       w.Put<uint8_t>(m.fds.size() > 2 ? 1 : 0);
       if (m.fds.size() > 2) {

@@ -41,9 +41,10 @@ class RemoteDevice {
  public:
   // Takes over a registered, welcomed TCP connection of device `device`.
   // `peer` names the worker in logs.
+  // `addr`: the worker's address (its host: devices there share a link).
   static Result<std::unique_ptr<RemoteDevice>> Start(Channel tcp, int device,
                                                      const ClusterWelcome& welcome,
-                                                     std::string peer);
+                                                     std::string peer, std::string addr = "");
   // Stops the threads and closes the connection (the worker then exits).
   ~RemoteDevice();
   RemoteDevice(const RemoteDevice&) = delete;
@@ -80,6 +81,7 @@ class RemoteDevice {
   int device_ = -1;
   ClusterWelcome welcome_;
   std::string peer_;
+  std::string addr_;
   Channel tcp_;
   Channel local_;                  // the proxy's end
   Channel local_coordinator_end_;  // until taken

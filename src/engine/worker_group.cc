@@ -238,15 +238,31 @@ Status WorkerGroup::CheckLink(int device) {
 }
 
 void WorkerGroup::DropDegradedLinks(const std::vector<int>& devices) {
+  // The hosts whose link is bad: every device there goes (they share it).
+  std::vector<std::pair<uint64_t, int>> bad_hosts;  // host, a device behind it
   for (int d : devices) {
     if (!alive(d) || !devices_[d].process->remote()) continue;
     const DeviceProgress p = progress_.Read(d);
-    if (p.link_rtt_ns >= kJoinRttLimitNs)
+    if (p.link_rtt_ns < kJoinRttLimitNs) continue;
+    if (p.host != 0) bad_hosts.emplace_back(p.host, d);
+    MarkDead({d,
+              fmt::format("its link is degraded (round trip {} ms): a plan change over it would "
+                          "stall",
+                          p.link_rtt_ns / 1000000),
+              MonotonicNanos(), /*link=*/true});
+  }
+  for (int d : devices) {
+    if (!alive(d) || !devices_[d].process->remote()) continue;
+    const uint64_t host = progress_.Read(d).host;
+    for (const auto& [bad, via] : bad_hosts) {
+      if (host != bad) continue;
       MarkDead({d,
-                fmt::format("its link is degraded (round trip {} ms): a plan change over it would "
-                            "stall",
-                            p.link_rtt_ns / 1000000),
+                fmt::format("its host's link is degraded (device {}): a plan change over it "
+                            "would stall",
+                            via),
                 MonotonicNanos(), /*link=*/true});
+      break;
+    }
   }
 }
 

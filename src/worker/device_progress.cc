@@ -64,6 +64,7 @@ DeviceProgress DeviceProgressRegion::Read(int device) const {
   p.heard_ns = s->heard_ns.load(std::memory_order_acquire);
   p.link_rtt_ns = s->link_rtt_ns.load(std::memory_order_acquire);
   p.link_rtt_samples = s->link_rtt_samples.load(std::memory_order_acquire);
+  p.host = s->host.load(std::memory_order_acquire);
   return p;
 }
 
@@ -77,6 +78,7 @@ void DeviceProgressRegion::Reset(int device) {
   s->heard_ns.store(0);
   s->link_rtt_ns.store(0);
   s->link_rtt_samples.store(0);
+  s->host.store(0);
 }
 
 void DeviceProgressRegion::TookRequest(DeviceProgressSlot* slot) {

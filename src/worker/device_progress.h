@@ -34,6 +34,9 @@ struct alignas(64) DeviceProgressSlot {
   // for a local device. How many round trips were measured.
   std::atomic<int64_t> link_rtt_ns;
   std::atomic<uint64_t> link_rtt_samples;
+  // The host it is on (a hash of its address; 0: local or unknown): the
+  // devices of one host reach the coordinator over one link.
+  std::atomic<uint64_t> host;
 };
 
 // A point-in-time copy of a slot.
@@ -43,6 +46,7 @@ struct DeviceProgress {
   int64_t heard_ns = 0;     // 0: current (a local device)
   int64_t link_rtt_ns = 0;  // 0: not measured, or a local device
   uint64_t link_rtt_samples = 0;
+  uint64_t host = 0;  // 0: local or unknown
   bool in_collective() const { return entered > left; }
 };
 

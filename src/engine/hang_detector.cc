@@ -153,9 +153,9 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   // A device on another host behind a degraded link: silent for half the
   // deadline (a second at most), or a round trip of an eighth of it (150 ms
   // at most; a collective of n members takes about n - 1 round trips, so
-  // such a link eats much of the deadline by itself). Such a device is no witness: what it last
-  // said (entering a collective, say) may never have reached its peers, who wait for it through
-  // that link.
+  // such a link eats much of the deadline by itself). Such a device is no
+  // witness: what it last said (entering a collective, say) may never have
+  // reached its peers, who wait for it through that link.
   const int64_t bad_rtt_ns = std::min(std::max(deadline_ns_ / 8, kMinBadRttNs), kMaxBadRttNs);
   const int64_t link_stall_ns = std::min(deadline_ns_, kLinkStallNs);
   auto no_witness = [&](const Seen& s) {
@@ -221,8 +221,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   // that a peer has left may be waiting for frames a bad link holds back.
   // It is judged by the abort below (it answers, or it does not), not by
   // being behind.
-  bool networked = false;
-  for (const Seen& s : seen) networked |= s.p.heard_ns > 0;
+  for (const Seen& s : seen) networked_ |= s.p.heard_ns > 0;
   bool all_still = true, waiting_on_network = false;
   for (const Seen& s : seen) {
     const bool still = s.still_ns >= deadline_ns_;
@@ -230,7 +229,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     // (A device that has not taken up the request is behind only if a peer
     // has: if none has, the whole group stands still.)
     const bool behind = someone_done || (!s.started && someone_started) || s.collectives < ahead;
-    if (still && behind && networked && s.p.in_collective()) {
+    if (still && behind && networked_ && s.p.in_collective()) {
       waiting_on_network = true;
     } else if (still && behind) {
       dead.push_back(

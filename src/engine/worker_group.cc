@@ -157,12 +157,16 @@ WorkerGroup::~WorkerGroup() {
 
 Status WorkerGroup::Spawn(int device, int64_t join_wait_ms, bool wait_link) {
   Device& d = devices_[device];
-  if (remote(device) && !d.probing) {
-    FS_ASSIGN_OR_RETURN(auto link, options_.listener->Take(device, join_wait_ms));
+  // A new process in the device's place, its record and progress afresh.
+  auto take = [&](std::unique_ptr<DeviceProcess> p) {
     progress_.Reset(device);
-    d.process = DeviceProcess::Attach(std::move(link));
+    d.process = std::move(p);
     d.killed_ns = 0;
     d.loss = DeviceLoss();
+  };
+  if (remote(device) && !d.probing) {
+    FS_ASSIGN_OR_RETURN(auto link, options_.listener->Take(device, join_wait_ms));
+    take(DeviceProcess::Attach(std::move(link)));
     Status init = InitDevice(device);
     d.probing = std::move(d.process);
     if (!init.ok()) {
@@ -180,10 +184,7 @@ Status WorkerGroup::Spawn(int device, int64_t join_wait_ms, bool wait_link) {
   }
   FS_ASSIGN_OR_RETURN(
       auto p, DeviceProcess::Spawn(options_.worker_binary, options_.log_level, worker_env_));
-  progress_.Reset(device);
-  d.process = std::move(p);
-  d.killed_ns = 0;
-  d.loss = DeviceLoss();
+  take(std::move(p));
   FS_LOG_INFO("device {}: worker process {}", device, d.process->pid());
   return InitDevice(device);
 }

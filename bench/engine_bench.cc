@@ -50,19 +50,21 @@ namespace {
 // One thread's read of floats [b, e) of a buffer (a multiple of 1024
 // floats), its sum returned, by vectors V: the part as kRuns runs far apart,
 // side by side, eight lines in flight at a time; with several runs each load
-// asks for its line 2 KiB on (as decode reads its blocked weights).
+// asks for its line as far on as decode asks for its blocked weights'
+// (cpu::DecodeAheadBytes).
 // Instantiated at the CPU's widest vectors whatever the kernels' level (the
 // limit is the machine's).
 template <typename V, int kRuns>
 __attribute__((always_inline)) inline float ReadRuns(const float* buf, size_t b, size_t e) {
   constexpr int kLines = 8 / kRuns, kPerLine = 64 / sizeof(V), kFloats = sizeof(V) / 4;
   const size_t len = (e - b) / kRuns;  // floats per run, whole groups of kLines lines
+  const size_t ahead = static_cast<size_t>(cpu::DecodeAheadBytes()) / sizeof(float);
   V acc[8] = {};
   for (size_t i = 0; i < len; i += 16 * kLines) {
 #pragma GCC unroll 8
     for (int q = 0; q < kRuns; ++q) {
       const float* r = buf + b + q * len + i;
-      if (kRuns > 1) __builtin_prefetch(r + std::min<size_t>(512, len - i - 16));
+      if (kRuns > 1) __builtin_prefetch(r + std::min<size_t>(ahead, len - i - 16));
 #pragma GCC unroll 8
       for (int l = 0; l < kLines; ++l) {
 #pragma GCC unroll 4

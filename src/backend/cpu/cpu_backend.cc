@@ -61,14 +61,11 @@ class CpuBackend final : public Backend {
                      int n, int k, int item_k) override {
     cpu::LinearNNFixed(x, ldx, w, acc, ldacc, m, n, k, item_k, linear_);
   }
-  // bf16 where vdpbf16ps computes the chain (whether or not tiles take it):
-  // an item's 16 columns are a run of memory, read
-  // four runs at a time (measured in docs/CPU_PERFORMANCE.md, "Zen 5, bf16
-  // o and down column-blocked"). Elsewhere rows stream as fast.
-  bool ColumnBlockedNN(DType dtype) const override {
-    return dtype == DType::kBF16 && linear_.dpbf16.value_or(true) &&
-           cpu::GemmDpbf16For(cpu::GemmIsaFor(linear_.isa));
-  }
+  // bf16 at every level: an item's 16 columns are a run of memory, read
+  // four runs at a time, by vdpbf16ps or fused multiply-adds (measured in
+  // docs/CPU_PERFORMANCE.md, "Zen 5, bf16 o and down column-blocked" and
+  // "Zen 4, the avx2 level's bf16"). f32 streams its rows as fast.
+  bool ColumnBlockedNN(DType dtype) const override { return dtype == DType::kBF16; }
 
   bool BlockedNT(DType) const override { return true; }
 

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -142,27 +143,31 @@ void PackKMajor(KernelArgs* ka) {
 // panels of 32); every column is one thread's, so no sums are split.
 //  - Few rows: the direct kernel, item after item over a thread's columns
 //    (each item's part of them one run of memory).
-//  - More, bf16 with even items (on a CPU with AVX512_BF16): panel after
-//    panel, every item in one call, its pairs read where they lie as a
-//    packed panel's are, by vdpbf16ps or widened.
-//  - Else item after item over blocks of panels whose sums (m x 32 per
+//  - More: panel after panel (those of two whole blocks of 16), every item
+//    in one call: bf16 with even items on a CPU with AVX512_BF16, its pairs
+//    read where they lie as a packed panel's are, by vdpbf16ps or widened;
+//    else every item's blocks widened into one packed panel over all of k.
+//  - The rest item after item over blocks of panels whose sums (m x 32 per
 //    panel) stay in the second-level cache while every item adds to them.
 void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int threads) {
   const int items = a.k / a.item_k;
   const bool direct = a.m <= kDirectRows;
   const int units = direct ? (a.n + 15) / 16 : (a.n + kNR - 1) / kNR;
   const int block = std::max(1, (128 << 10) / (a.m * kNR * 8));
-  // Panels of whole blocks of 16 columns, bf16 pairs read where they lie
-  // (by vdpbf16ps or widened for fused multiply-adds). Their tiles carry
-  // AVX512_BF16 as a target, so only CPUs that have it take them.
-  const bool pairs =
-      a.wtype == DType::kBF16 && kern.column_panels != nullptr && HostCpuFeatures().avx512_bf16;
-  const int whole_panels = pairs && a.item_k % 2 == 0 ? a.n / 16 * 16 / kNR : 0;
+  // bf16 pairs read where they lie (by vdpbf16ps or widened for fused
+  // multiply-adds): their tiles carry AVX512_BF16 as a target, so only CPUs
+  // that have it take them.
+  const bool pairs = a.wtype == DType::kBF16 && a.item_k % 2 == 0 &&
+                     kern.column_panels != nullptr && HostCpuFeatures().avx512_bf16;
+  const int whole_panels = a.n / 16 * 16 / kNR;
   auto run = [&](int u0, int u1) {
     if (direct) return kern.direct(a, 16 * u0, std::min(a.n, 16 * u1));
-    float* packed = Scratch(static_cast<int64_t>(a.item_k) * kNR);
+    float* packed = Scratch(static_cast<int64_t>(pairs ? a.item_k : a.k) * kNR);
     const int w1 = std::clamp(whole_panels, u0, u1);
-    if (u0 < w1) kern.column_panels(a, u0, w1);
+    if (u0 < w1 && pairs) kern.column_panels(a, u0, w1);
+    if (!pairs) {
+      for (int p = u0; p < w1; ++p) kern.column_widened(a, p, packed);
+    }
     for (int b0 = w1; b0 < u1; b0 += block) {
       const int b1 = std::min(u1, b0 + block);
       for (int c = 0; c < items; ++c) {
@@ -186,6 +191,23 @@ float RoundToBf16(float x) {
   b = Bf16Bits(b);
   std::memcpy(&x, &b, 4);
   return x;
+}
+
+int DecodeAheadBytes() {
+  // How many lines a core keeps in flight decides how far ahead pays: on a
+  // Zen 4 (family 25, model 17), bf16 decode at batch 1 read its blocks at
+  // 1.1-1.6x the rate asking 512 bytes ahead against 2 KiB, at the avx2 and
+  // avx512 levels (docs/CPU_PERFORMANCE.md, "Zen 4"); family 25 is also
+  // Zen 3 (not measured). 2 KiB elsewhere (a Zen 5: a quarter faster than
+  // none; a Xeon). FAILSAFE_DECODE_AHEAD sets it.
+  static const int bytes = [] {
+    if (const char* env = std::getenv("FAILSAFE_DECODE_AHEAD")) {
+      return std::clamp(std::atoi(env), 0, 1 << 16);
+    }
+    const CpuFeatures& f = HostCpuFeatures();
+    return f.vendor == "AuthenticAMD" && f.family == 25 ? 512 : 2048;
+  }();
+  return bytes;
 }
 
 bool GemmDpbf16For(CpuIsa isa) {
@@ -266,6 +288,7 @@ void Gemm(const GemmArgs& a) {
   const GemmKernels& kern = KernelsFor(isa);
   KernelArgs ka;
   static_cast<GemmArgs&>(ka) = a;
+  ka.ahead_bytes = DecodeAheadBytes();
   // Up to wide_rows rows of an nt product on a blocked weight read it once
   // for all of them (DirectWide): f32, and bf16 by fused multiply-adds (each
   // pair widened once for every row) unless vdpbf16ps is asked for (and runs

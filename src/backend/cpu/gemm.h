@@ -134,6 +134,9 @@ int GemmTileRows(CpuIsa isa);
 // the level is avx512, the CPU has AVX512_BF16 and the instruction computes
 // the chain bit for bit (checked once, on fixed operands).
 bool GemmDpbf16For(CpuIsa isa);
+// Bytes on that decode's loads ask for their weight's next lines: chosen by
+// the CPU's family (measured), or FAILSAFE_DECODE_AHEAD.
+int DecodeAheadBytes();
 // Whether, by default, products with more rows than batched decode's
 // (register tiles, compute bound) take vdpbf16ps too: where
 // GemmDpbf16For(isa) and the instruction, measured at start-up, runs at

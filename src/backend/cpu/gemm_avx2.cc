@@ -10,7 +10,7 @@ namespace failsafe::cpu {
 
 const GemmKernels& GemmKernelsAvx2() {
   static constexpr GemmKernels kernels{
-      kMR,        RunDirect,  RunStream,  RunPanel,     RunItemPanels, nullptr,
+      kMR,        RunDirect,  RunStream,  RunPanel,     RunItemPanels, nullptr, RunColumnWidened,
       SiluMulRow, ExpShifted, SoftmaxRow, RoundRowBf16, PackPairsRow};  // no vdpbf16ps here
   return kernels;
 }

@@ -177,9 +177,11 @@ bool Dpbf16MatchesChain() {
 }
 
 const GemmKernels& GemmKernelsAvx512() {
-  static constexpr GemmKernels kernels{kMR,           RunDirect,       RunStream,    RunPanel,
-                                       RunItemPanels, RunColumnPanels, SiluMulRow,   ExpShifted,
-                                       SoftmaxRow,    RoundRowBf16,    PackPairsRow, kWideRows};
+  static constexpr GemmKernels kernels{
+      kMR,           RunDirect,       RunStream,        RunPanel,
+      RunItemPanels, RunColumnPanels, RunColumnWidened, SiluMulRow,
+      ExpShifted,    SoftmaxRow,      RoundRowBf16,     PackPairsRow,
+      kWideRows};
   return kernels;
 }
 

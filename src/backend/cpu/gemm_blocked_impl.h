@@ -164,14 +164,13 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
 }
 
 // bf16 decode and batched decode (DirectWide) read each weight once, unit
-// by unit: every load also asks for the line kPrefetchBytes further down
-// its unit, so that more of the weight's reads are in flight than the
+// by unit: every load also asks for the line KernelArgs::ahead_bytes further
+// down its unit, so that more of the weight's reads are in flight than the
 // hardware prefetchers keep (f32 decode's four runs of long units reach the
 // bandwidth without it).
-inline constexpr int kPrefetchBytes = 2048;
 template <typename W>
-FS_INLINE void PrefetchAhead(const W* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
+FS_INLINE void PrefetchAhead(const KernelArgs& a, const W* p) {
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + a.ahead_bytes);
 }
 
 // Below AVX-512 a vector is two registers (or four) of sixteen: the blocks
@@ -215,7 +214,7 @@ void DirectBlocked(const KernelArgs& a, const W* const* bp, const int* col) {
 #pragma GCC unroll 4
         for (int q = 0; q < NB; ++q) {
           V16 e, o;
-          PrefetchAhead(b[q] + static_cast<int64_t>(kk) * 16);
+          PrefetchAhead(a, b[q] + static_cast<int64_t>(kk) * 16);
           LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &e, &o);
 #pragma GCC unroll 4
           for (int i = 0; i < MR; ++i) {
@@ -397,7 +396,7 @@ __attribute__((target("avx512bf16"), always_inline)) inline void DirectDpbf16Bod
 #pragma GCC unroll 4
     for (int q = 0; q < NB; ++q) {
       const BF16* at = u[q].w + static_cast<int64_t>(p) * 2 * u[q].width;
-      PrefetchAhead(at);
+      PrefetchAhead(a, at);
       w[q] = reinterpret_cast<__m512bh>(
           u[q].width == 16 ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi16(pairs_mask[q], at));
     }
@@ -575,7 +574,7 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
 // (a bf16 pair widened once for all of them); the rows' activations k-major
 // (KernelArgs::xk), so that a k-value's MR broadcasts read one line of the
 // first-level cache rather than MR rows far apart; each load asks for the
-// block's line kPrefetchBytes on. Register tiles of 8 rows read a panel
+// block's line KernelArgs::ahead_bytes on. Register tiles of 8 rows read a panel
 // from memory in their first pass and wait on it, then again from the cache
 // (a Xeon, gate_up at 16 rows: 1.23-1.27x; docs/CPU_PERFORMANCE.md). The
 // chains are DirectBlocked's.
@@ -598,7 +597,7 @@ void DirectWideRows(const KernelArgs& a, int j0, int j1) {
       // Two k-values per lane: the odd one, then the even one; an odd k's
       // last value after a zero pair.
       for (int kk = 0; kk < a.k; kk += 2, b += 32, xk += 2 * MR) {
-        PrefetchAhead(b);
+        PrefetchAhead(a, b);
         V16 e, o{};
         if (kk + 2 <= a.k) {
           LoadPair(b, &e, &o);
@@ -614,7 +613,7 @@ void DirectWideRows(const KernelArgs& a, int j0, int j1) {
     } else {
 #pragma GCC unroll 2
       for (int kk = 0; kk < a.k; ++kk, b += 16, xk += MR) {
-        PrefetchAhead(b);
+        PrefetchAhead(a, b);
         const V16 v = Load(b);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(xk[i]), v, acc[i]);

@@ -58,6 +58,11 @@ template <typename W>
 __attribute__((noinline)) void PanelNoInline(const KernelArgs& a, int panel, float* packed) {
   PackedPanel<W>(a, panel, packed);
 }
+template <typename W>
+__attribute__((noinline)) void ColumnWidenedNoInline(const KernelArgs& a, int panel,
+                                                     float* packed) {
+  ColumnWidenedPanel<W>(a, panel, packed);
+}
 #if defined(__AVX512F__)
 __attribute__((noinline)) inline void ColumnPanelsNoInline(const KernelArgs& a, int p0, int p1) {
   ColumnBlockedPanels(a, p0, p1);
@@ -100,6 +105,19 @@ void RunPanel(const KernelArgs& a, int panel, float* packed) {
       return PackedPanel<F16>(a, panel, packed);
     case DType::kF32:
       return PackedPanel<float>(a, panel, packed);
+  }
+}
+
+void RunColumnWidened(const KernelArgs& a, int panel, float* packed) {
+  switch (a.wtype) {
+    case DType::kBF16: {
+      FlushDenormals flush;
+      return ColumnWidenedNoInline<BF16>(a, panel, packed);
+    }
+    case DType::kF16:
+      return ColumnWidenedPanel<F16>(a, panel, packed);
+    case DType::kF32:
+      return ColumnWidenedPanel<float>(a, panel, packed);
   }
 }
 

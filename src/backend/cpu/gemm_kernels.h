@@ -52,6 +52,9 @@ struct KernelArgs : GemmArgs {
   // DirectWide: the rows' activations (x, or with bf16 weights xs's slots)
   // k-major, slot kk of row i at xk[kk * m + i], once per Gemm call.
   const float* xk = nullptr;
+  // How far on (bytes) decode's loads ask for their unit's next lines
+  // (PrefetchAhead; DecodeAheadBytes).
+  int ahead_bytes = 2048;
 };
 // The slot of k-value kk in a row of KernelArgs::xs.
 inline int64_t XSlot(const KernelArgs& a, int kk) {
@@ -160,6 +163,11 @@ struct GemmKernels {
   // tiles are built for AVX512_BF16, so it runs only on CPUs that have it.
   // Null at the levels without it (never asked there).
   void (*column_panels)(const KernelArgs& a, int p0, int p1);
+  // nn in fixed-point items on a column-blocked weight by fused
+  // multiply-adds: panel `panel` (32 columns of two whole blocks of 16),
+  // every item's blocks widened into `packed` (a.k * kNR floats), then every
+  // row's tiles over all of k.
+  void (*column_widened)(const KernelArgs& a, int panel, float* packed);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.
   void (*silu_mul)(const float* g, const float* u, float* out, int n);

@@ -74,6 +74,27 @@ inline void ColumnBlockedPanels(const KernelArgs& a, int p0, int p1) {
 }
 #endif
 
+// Panel `panel` of a column-blocked weight in fixed-point items (nn,
+// GemmArgs::w_blocked16), its 32 columns two whole blocks of 16 in every
+// item, by fused multiply-adds: each item's two blocks widened into one
+// packed panel over all of k, item after item (k-value kk at packed + kk *
+// kNR, as Pack lays out a row-major weight's panel), then every row's
+// tiles over it, every item in one pass (GemmKernels::column_widened).
+// Item after item, each over the panel alone, stored and reloaded every
+// row's sums once per item: 0.6x at 512 rows.
+template <typename W>
+void ColumnWidenedPanel(const KernelArgs& a, int panel, float* packed) {
+  const int j0 = panel * kNR;
+  const W* w = static_cast<const W*>(a.w);
+  for (int c = 0; c < a.k / a.item_k; ++c) {
+    const W* b0 = w + (static_cast<int64_t>(c) * a.n + j0) * a.item_k;
+    float* dst = packed + static_cast<int64_t>(c) * a.item_k * kNR;
+    WidenBlock(b0, a.item_k, dst);
+    WidenBlock(b0 + 16 * static_cast<int64_t>(a.item_k), a.item_k, dst + 16);
+  }
+  PanelRows<kPairs<W>>(a, j0, Panel<float>{packed, packed + 16, kNR, kNR});
+}
+
 template <typename W>
 void PackedPanel(const KernelArgs& a, int panel, float* packed) {
   if (a.w_blocked16) return BlockedPanel<W>(a, panel, packed);

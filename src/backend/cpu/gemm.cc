@@ -233,7 +233,18 @@ double GemmDpbf16PerFma() {
 }
 
 CpuIsa GemmIsa() {
-  static const CpuIsa isa = BestCpuIsa(HostCpuFeatures());
+  // FAILSAFE_CPU_ISA (avx512, avx2, generic) caps the level: an AVX-512
+  // machine then runs every kernel as one without it would (the parity tests
+  // at the avx2 level, end to end).
+  static const CpuIsa isa = [] {
+    CpuIsa best = BestCpuIsa(HostCpuFeatures());
+    if (const char* env = std::getenv("FAILSAFE_CPU_ISA")) {
+      const std::optional<CpuIsa> cap = ParseCpuIsa(env);
+      FS_CHECK_MSG(cap.has_value(), "FAILSAFE_CPU_ISA is one of avx512, avx2, generic");
+      best = std::min(best, *cap);
+    }
+    return best;
+  }();
   return isa;
 }
 

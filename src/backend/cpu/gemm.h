@@ -124,7 +124,8 @@ struct GemmArgs {
 
 void Gemm(const GemmArgs& a);
 
-// The level Gemm uses by default: the best this CPU supports.
+// The level Gemm uses by default: the best this CPU supports, at most
+// FAILSAFE_CPU_ISA's where that is set.
 CpuIsa GemmIsa();
 // The level Gemm runs for `requested` on this CPU (lowered if unsupported).
 CpuIsa GemmIsaFor(std::optional<CpuIsa> requested);

@@ -604,7 +604,9 @@ TEST(GemmLevels, ARowIsOneFmaChainOverK) {
 TEST(GemmLevels, AnUnsupportedLevelIsLoweredToTheBest) {
   EXPECT_EQ(GemmIsaFor(std::nullopt), GemmIsa());
   EXPECT_EQ(GemmIsaFor(CpuIsa::kGeneric), CpuIsa::kGeneric);
-  EXPECT_EQ(GemmIsaFor(CpuIsa::kAvx512), GemmIsa());  // the best is at most AVX-512
+  // The best is at most AVX-512 (FAILSAFE_CPU_ISA caps only the default).
+  EXPECT_EQ(GemmIsaFor(CpuIsa::kAvx512), BestCpuIsa(HostCpuFeatures()));
+  EXPECT_LE(GemmIsa(), BestCpuIsa(HostCpuFeatures()));
   EXPECT_TRUE(CpuSupports(HostCpuFeatures(), GemmIsaFor(CpuIsa::kAvx2)));
   EXPECT_GE(GemmTileRows(GemmIsa()), GemmTileRows(CpuIsa::kGeneric));
 }

@@ -119,7 +119,19 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   Sent started;
   started.at_ns = MonotonicNanos();
   for (int dev : g->plan_.alive) {
-    FS_RETURN_IF_ERROR(g->Spawn(dev, options.join_timeout_ms));
+    // A joined worker whose link is refused (a round trip slow once, as on
+    // a loaded machine, or a link that is bad) joins again after its own
+    // backoff: taken then if its link measures well, within the join wait.
+    const int64_t join_until = MonotonicNanos() + options.join_timeout_ms * 1000000;
+    for (;;) {
+      const int64_t left_ms = (join_until - MonotonicNanos()) / 1000000;
+      Status joined = g->Spawn(dev, std::max<int64_t>(left_ms, 0));
+      if (joined.ok()) break;
+      if (!g->remote(dev) || joined.code() != StatusCode::kFailedPrecondition || left_ms <= 0) {
+        return joined;
+      }
+      FS_LOG_WARN("{}; waiting for it to join again", joined.message());
+    }
     g->devices_[dev].kv_pages = capacity[dev];
     started.devices.push_back(dev);
     started.before.emplace_back();  // a new process has done nothing yet

@@ -620,9 +620,7 @@ std::vector<int64_t> Scheduler::Reconfigure(const Plan& plan, std::vector<int64_
       if (dp_heads &&
           dp_load_[known->second] + s->len() - dp_load_[least] > config_.prefix_affinity_tokens) {
         preempted.push_back(s->id);
-        Preempt(s, nullptr);
-        if (s->dp_rank >= 0 && plan.IsActive(s->dp_rank)) dp_load_[s->dp_rank] -= s->len();
-        s->dp_rank = -1;
+        Preempt(s, nullptr);  // (under DP heads: its rank's load dropped, routed afresh)
         continue;
       }
       move_to(s, known->second);

@@ -48,9 +48,9 @@ Status RunQueueFull(SimInstance* inst, const std::vector<SimRequest>& requests, 
 // workload's output tokens (up to 24 windows), long enough for requests to
 // finish and new ones to take their place (the first batches all start at
 // once and run at short contexts, faster than the mix that follows) and for
-// the swing of the rate over each pass to average out. 0 when the system cannot serve the workload
-// (as ThroughputOrZero); with `inflight_tokens`, the KV tokens held by running sequences at the
-// end.
+// the swing of the rate over each pass to average out. 0 when the system
+// cannot serve the workload (as ThroughputOrZero); with `inflight_tokens`,
+// the KV tokens held by running sequences at the end.
 Result<double> SustainedThroughput(const ModelConfig& model, const HardwareProfile& hw,
                                    const SystemSpec& system,
                                    const std::vector<SimRequest>& requests, double warmup_s,

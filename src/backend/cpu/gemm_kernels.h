@@ -53,8 +53,8 @@ struct KernelArgs : GemmArgs {
   // k-major, slot kk of row i at xk[kk * m + i], once per Gemm call.
   const float* xk = nullptr;
   // How far on (bytes) decode's loads ask for their unit's next lines
-  // (PrefetchAhead; DecodeAheadBytes).
-  int ahead_bytes = 2048;
+  // (PrefetchAhead): Gemm sets DecodeAheadBytes().
+  int ahead_bytes = 0;
 };
 // The slot of k-value kk in a row of KernelArgs::xs.
 inline int64_t XSlot(const KernelArgs& a, int kk) {

@@ -110,6 +110,12 @@ struct EngineOptions {
   // (RequestSpec::prefilled_output): only devices that are modelled rather
   // than run hold such KV (the simulator's disaggregated serving).
   bool accept_prefilled = false;
+  // The placement policy of each plan a recovery makes, by the number of
+  // devices alive (hybrid attention where its balance pays for the DP head
+  // groups' replicated weights, cyclic placement where it does not: the
+  // simulator chooses by its cost model). Empty: the first plan's policy
+  // throughout.
+  std::function<Policy(int alive_devices)> policy_for;
 };
 
 // What the engine holds now, for status pages and gauges: read through

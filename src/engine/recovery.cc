@@ -101,10 +101,12 @@ Status Engine::Recover(const std::vector<int>& joined, int64_t step_failed_ns) {
 Result<Plan> Engine::NextPlan(const Plan& prev, const std::vector<int>& alive) const {
   const ModelConfig& config = executor_->config();
   const std::vector<double>* shares = slow_.uneven() ? &slow_.shares() : nullptr;
+  const Policy policy =
+      options_.policy_for ? options_.policy_for(static_cast<int>(alive.size())) : prev.policy;
   // The oracle (a simulated executor moves nothing) changes plans as `full` does.
   if (options_.recovery == RecoveryMode::kFull || options_.recovery == RecoveryMode::kOracle)
-    return Replan(prev, config, alive, shares);
-  FS_ASSIGN_OR_RETURN(Plan fresh, MakePlan(config, prev.policy, prev.num_devices, alive));
+    return Replan(prev, config, alive, shares, policy);
+  FS_ASSIGN_OR_RETURN(Plan fresh, MakePlan(config, policy, prev.num_devices, alive));
   if (!shares) return fresh;
   return Replan(fresh, config, alive, shares);
 }

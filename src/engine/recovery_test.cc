@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,7 @@ struct Scenario {
   int64_t kv_pages = 0;            // per device; 0: what the device memory allows
   int block_size = 16;             // positions per KV page
   std::function<void(WorkerGroup*, int)> before_apply;
+  std::function<Policy(int)> policy_for;  // EngineOptions::policy_for
   // After every step that ran.
   std::function<void(Engine&, const StepOutcome&)> on_step;
 };
@@ -86,6 +88,7 @@ Result<RunSummary> RunScenario(const Scenario& s, const Workload& w,
   sc.prefix_cache_host = s.prefix_cache_host;
   EngineOptions eo;
   eo.recovery = s.mode;
+  eo.policy_for = s.policy_for;
   WorkerGroup* g = group.get();
   if (s.before_apply) eo.before_apply = [&s, g](int attempt) { s.before_apply(g, attempt); };
   Engine engine(group.get(), sc, eo);
@@ -213,6 +216,44 @@ INSTANTIATE_TEST_SUITE_P(MoreDevicesThanHeadGroups, ReplicaTest,
                          [](const auto& info) {
                            return std::string(PolicyName(std::get<0>(info.param))) + "_" +
                                   RecoveryModeName(std::get<1>(info.param));
+                         });
+
+// The placement policy chosen by device count (EngineOptions::policy_for):
+// hybrid attention on 7 or more devices, cyclic placement below, through
+// failures and rejoins that cross between them both ways. With 8 head groups
+// (tiny-llama) the DP head becomes a TP head and back; with 4 on 8 devices
+// (stories-260k) pure DP attention becomes replicated groups and back.
+class PolicyChangeTest : public ::testing::TestWithParam<std::tuple<std::string, RecoveryMode>> {};
+
+TEST_P(PolicyChangeTest, EveryRequestOnceSameOutputs) {
+  auto [preset, mode] = GetParam();
+  Workload w = MakeWorkload(20, 4);
+  const RunSummary& want = Reference(preset, w, 4);
+  Scenario s;
+  s.preset = preset;
+  s.mode = mode;
+  std::vector<Policy> policies;
+  s.policy_for = [&policies](int alive) {
+    policies.push_back(alive >= 7 ? Policy::kHybrid : Policy::kCyclic);
+    return policies.back();
+  };
+  auto got = RunScenario(s, w, {Kill(3, 5), Kill(5, 10), Kill(6, 10), Back(3, 16), Back(6, 22)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 20);
+  ASSERT_EQ(got->recoveries.size(), 4u);
+  EXPECT_NE(std::find(policies.begin(), policies.end(), Policy::kCyclic), policies.end());
+  EXPECT_EQ(policies.back(), Policy::kHybrid);
+}
+
+INSTANTIATE_TEST_SUITE_P(ByDeviceCount, PolicyChangeTest,
+                         ::testing::Values(std::make_tuple("tiny-llama", RecoveryMode::kFull),
+                                           std::make_tuple("tiny-llama", RecoveryMode::kHost),
+                                           std::make_tuple("stories-260k", RecoveryMode::kFull)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) + "_" +
+                                              RecoveryModeName(std::get<1>(info.param));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
 
 TEST(Recovery, FullModeMovesOnlyTheDeadDevicesShare) {

@@ -376,6 +376,71 @@ TEST(Replan, MinimalMovementThroughFailuresAndRejoins) {
   }
 }
 
+// An engine that chooses hybrid attention or cyclic placement by device
+// count changes policy as devices fail and rejoin: every plan is valid and
+// balanced for its policy, survivors keep every FFN shard and vocabulary
+// chunk on a failure, with whole groups no item moves between survivors, and
+// leaving hybrid, survivors keep their TP heads while the DP head groups
+// become TP heads.
+TEST(Replan, ChangingPolicyWithTheDeviceCount) {
+  for (const auto& c : Models()) {
+    SCOPED_TRACE("kv=" + std::to_string(c.num_kv_heads) + " q=" + std::to_string(c.num_heads));
+    Rng rng(7 + c.num_layers + c.num_kv_heads);
+    auto choose = [](size_t alive) { return alive % 2 == 1 ? Policy::kHybrid : Policy::kCyclic; };
+    auto plan = MakePlan(c, choose(kMaxDevices), kMaxDevices, Range(kMaxDevices));
+    ASSERT_TRUE(plan.ok());
+    Plan cur = *plan;
+    int changes = 0;
+    for (int event = 0; event < 24; ++event) {
+      std::vector<int> alive = cur.alive;
+      std::vector<int> dead;
+      for (int d = 0; d < kMaxDevices; ++d) {
+        if (!std::binary_search(alive.begin(), alive.end(), d)) dead.push_back(d);
+      }
+      const bool fail = alive.size() > 1 && (dead.empty() || rng.Below(2) == 0);
+      if (fail) {
+        std::erase(alive, alive[rng.Below(alive.size())]);
+      } else {
+        alive.push_back(dead[rng.Below(dead.size())]);
+        std::sort(alive.begin(), alive.end());
+      }
+      const Policy policy = choose(alive.size());
+      SCOPED_TRACE(std::string(fail ? "fail" : "rejoin") + " to " + std::to_string(alive.size()) +
+                   " " + PolicyName(policy));
+      auto next = Replan(cur, c, alive, nullptr, policy);
+      ASSERT_TRUE(next.ok()) << next.status().ToString();
+      ASSERT_EQ(next->policy, policy);
+      ExpectBalanced(*next, c, false);
+      changes += next->policy != cur.policy;
+      const PlanDiff diff = DiffPlans(cur, *next);
+      const bool whole = cur.max_replicas() <= 1 && next->max_replicas() <= 1;
+      if (whole) {
+        EXPECT_EQ(diff.moved_between_survivors, 0);
+      }
+      if (fail) {
+        for (int d : next->active) {
+          EXPECT_TRUE(diff.dropped_shards[d].empty());
+          EXPECT_TRUE(diff.dropped_chunks[d].empty());
+        }
+      }
+      if (fail && whole && cur.policy == Policy::kHybrid && policy != Policy::kHybrid) {
+        for (int l = 0; l < c.num_layers; ++l) {
+          for (int d : next->active) {
+            for (int h : cur.layers[l].tp_heads[d]) {
+              EXPECT_TRUE(next->HoldsTpHead(d, l, h));
+            }
+          }
+          for (int h : cur.layers[l].dp_heads) {
+            EXPECT_EQ(next->TpHolders(l, h).size(), 1u);
+          }
+        }
+      }
+      cur = *next;
+    }
+    EXPECT_GT(changes, 4);
+  }
+}
+
 TEST(Replan, HybridTurnsTheDeadDevicesHeadIntoTheDpHead) {
   auto c = *SyntheticPresetConfig("1b-llama");
   auto eight = MakePlan(c, Policy::kHybrid, 8, Range(8));

@@ -236,12 +236,13 @@ void ReplanReplicated(const Plan& prev, const LayerPlan& old, const std::vector<
 }  // namespace
 
 Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vector<int>& alive_in,
-                    const std::vector<double>* weights_in) {
+                    const std::vector<double>* weights_in, std::optional<Policy> policy) {
   std::vector<int> alive = alive_in;
   std::sort(alive.begin(), alive.end());
   // A fresh plan validates the request and fixes the active set and policy.
-  FS_ASSIGN_OR_RETURN(Plan fresh, MakePlan(config, prev.policy, prev.num_devices, alive));
-  if (prev.policy == Policy::kStandard) {
+  FS_ASSIGN_OR_RETURN(Plan fresh,
+                      MakePlan(config, policy.value_or(prev.policy), prev.num_devices, alive));
+  if (fresh.policy == Policy::kStandard) {
     // Keep previously active devices active where possible.
     std::vector<int> keep, others;
     for (int d : alive) (prev.IsActive(d) ? keep : others).push_back(d);
@@ -294,6 +295,9 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
       std::vector<std::vector<int>> held(nd);
       std::vector<int> pool;
       KeepWholeGroups(prev, old, act, heads, group, &held, &pool);
+      // Leaving hybrid attention: the DP head groups become TP heads.
+      if (p.policy != Policy::kHybrid)
+        pool.insert(pool.end(), old.dp_heads.begin(), old.dp_heads.end());
       std::vector<int> tp_target(nd, 0);
       if (p.policy == Policy::kHybrid) {
         const int per = heads / n, dp = heads % n;
@@ -324,15 +328,20 @@ Result<Plan> Replan(const Plan& prev, const ModelConfig& config, const std::vect
         }
       } else {
         std::vector<double> pref(nd, 0);
+        // The most a survivor holds here (all hold as many leaving hybrid).
+        size_t most = 0;
+        for (int d : act) most = std::max(most, held[d].size());
         for (int d : act) {
           if (p.policy == Policy::kNonUniform) {
             pref[d] = total_held[d];
           } else {
             // standard, cyclic: extras stay with devices that hold one here (no
             // moves between survivors); a joining device competes as if it held
-            // one, and ties go to the device with the fewest extras so far.
-            const double holds =
-                prev.IsActive(d) ? static_cast<double>(held[d].size()) : heads / n + 1;
+            // one (as many as the survivors holding most, if that is fewer),
+            // and ties go to the device with the fewest extras so far.
+            const double holds = prev.IsActive(d)
+                                     ? static_cast<double>(held[d].size())
+                                     : std::min<double>(heads / n + 1, static_cast<double>(most));
             pref[d] = holds * 1000 - extras_so_far[d] + 1e-3 * (nd - d);
           }
         }

@@ -11,6 +11,7 @@
 // any device, and then only one that its own group can spare.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -27,8 +28,15 @@ namespace failsafe {
 // than groups) the query heads of a group are split among its holders by
 // weight; which devices hold which group does not change for weights. Without
 // weights every device gets an equal share (up to one item).
+//
+// `policy` (optional): the new plan's policy where it differs from the
+// previous plan's (an engine choosing hybrid attention or cyclic placement by
+// device count). Leaving hybrid, the DP head groups become TP heads of the
+// devices short of heads; entering it, the heads that must become DP heads
+// are orphans first, then devices' excess heads.
 Result<Plan> Replan(const Plan& previous, const ModelConfig& config, const std::vector<int>& alive,
-                    const std::vector<double>* weights = nullptr);
+                    const std::vector<double>* weights = nullptr,
+                    std::optional<Policy> policy = std::nullopt);
 
 // How the engine recovers from a failure (or takes a device back):
 //   recompute: fresh contiguous plan; every device reloads all its weights;

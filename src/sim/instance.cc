@@ -49,6 +49,7 @@ Result<std::unique_ptr<SimInstance>> SimInstance::Create(const InstanceConfig& c
   s->executor_->Configure(&options);
   options.recovery = config.recovery;
   options.rebalance_slow = config.rebalance_slow;
+  options.policy_for = config.policy_for;
   options.speed = {config.hw.peak_flops * config.hw.gemm_efficiency,
                    config.hw.hbm_bytes_per_s * config.hw.bandwidth_efficiency};
   if (config.scheduler_speed) options.speed = *config.scheduler_speed;

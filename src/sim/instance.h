@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -56,6 +57,9 @@ struct InstanceConfig {
   // The engine gives a device that stays slow a smaller share of the work
   // (EngineOptions::rebalance_slow).
   bool rebalance_slow = false;
+  // The policy of each plan a recovery makes, by devices alive
+  // (EngineOptions::policy_for); empty: `policy` throughout.
+  std::function<Policy(int alive_devices)> policy_for;
 };
 
 // One of the engine's recovery reports (engine/recovery_report.h), in

@@ -24,25 +24,43 @@ std::string Path(const ExperimentOptions& o, const std::string& file) {
 }
 
 // Saturated prefill and decode throughput of each system, for the ablation
-// and the TP sweep.
+// and the TP sweep; a system choosing its placement (FailsafeTp) does so per
+// phase, and `placements` (optional) gets what it chose: {prefill, decode}.
+using Placements = std::map<std::string, std::pair<std::string, std::string>>;
 Result<json> Throughputs(const ExperimentOptions& o, const std::vector<SystemSpec>& systems,
-                         const char* csv, std::map<std::string, std::pair<double, double>>* out) {
+                         const char* csv, std::map<std::string, std::pair<double, double>>* out,
+                         Placements* placements = nullptr) {
   FS_ASSIGN_OR_RETURN(ModelConfig m, GetModelProfile(o.model));
   FS_ASSIGN_OR_RETURN(HardwareProfile hw, GetHardwareProfile(o.hardware));
   FS_ASSIGN_OR_RETURN(auto reqs, MooncakeRequests(o, 0, o.quick ? 400 : 3000));
   FitToContext(m, &reqs);
   std::vector<std::vector<std::string>> rows;
   for (const SystemSpec& s : systems) {
-    FS_ASSIGN_OR_RETURN(double pre,
-                        ThroughputOrZero(m, hw, s, Phase::kPrefill, reqs, o.quick ? 60 : 300));
-    FS_ASSIGN_OR_RETURN(double dec,
-                        ThroughputOrZero(m, hw, s, Phase::kDecode, reqs, o.quick ? 30 : 120));
-    (*out)[s.name] = {pre, dec};
-    rows.push_back({s.name, Num(pre, 6), Num(dec, 6)});
-    FS_LOG_INFO("{}: prefill {:.0f} tok/s, decode {:.0f} tok/s", s.name, pre, dec);
+    double thr[2] = {0, 0};
+    std::string chosen[2];
+    for (int i = 0; i < 2; ++i) {
+      const Phase phase = i == 0 ? Phase::kPrefill : Phase::kDecode;
+      const double window = i == 0 ? (o.quick ? 60 : 300) : (o.quick ? 30 : 120);
+      SystemSpec run = s;
+      if (s.choose_placement) {
+        double h = 0, c = 0;
+        FS_ASSIGN_OR_RETURN(run, ChoosePlacement(m, hw, s, phase, reqs, window, &h, &c));
+        thr[i] = std::max(h, c);
+      } else {
+        FS_ASSIGN_OR_RETURN(thr[i], ThroughputOrZero(m, hw, s, phase, reqs, window));
+      }
+      chosen[i] = PolicyName(run.policy);
+    }
+    (*out)[s.name] = {thr[0], thr[1]};
+    if (placements != nullptr) (*placements)[s.name] = {chosen[0], chosen[1]};
+    rows.push_back({s.name, Num(thr[0], 6), Num(thr[1], 6), chosen[0], chosen[1]});
+    FS_LOG_INFO("{}: prefill {:.0f} tok/s ({}), decode {:.0f} tok/s ({})", s.name, thr[0],
+                chosen[0], thr[1], chosen[1]);
   }
-  FS_RETURN_IF_ERROR(
-      WriteCsv(Path(o, csv), {"system", "prefill_tokens_per_s", "decode_tokens_per_s"}, rows));
+  FS_RETURN_IF_ERROR(WriteCsv(Path(o, csv),
+                              {"system", "prefill_tokens_per_s", "decode_tokens_per_s",
+                               "prefill_placement", "decode_placement"},
+                              rows));
   return json::object();
 }
 
@@ -79,49 +97,105 @@ Result<json> Ablation(const ExperimentOptions& o) {
 }
 
 Result<json> TpSweep(const ExperimentOptions& o) {
-  std::vector<SystemSpec> systems;
+  auto of = [](int n) {
+    return std::vector<SystemSpec>{NonuniformTp(n), CyclicTp(n), HybridTp(n), FailsafeTp(n)};
+  };
+  std::vector<SystemSpec> systems = {Tp4()};
   for (int n : {5, 6, 7}) {
-    systems.push_back(NonuniformTp(n));
-    systems.push_back(CyclicTp(n));
-    systems.push_back(FailsafeTp(n));
+    for (const SystemSpec& s : of(n)) systems.push_back(s);
   }
+  systems.push_back(Tp8());
   std::map<std::string, std::pair<double, double>> t;
-  FS_RETURN_IF_ERROR(Throughputs(o, systems, "tp_sweep.csv", &t).status());
+  Placements chosen;
+  FS_RETURN_IF_ERROR(Throughputs(o, systems, "tp_sweep.csv", &t, &chosen).status());
   // One row per GPU count, a column per system and phase, for the figure.
   std::vector<std::vector<std::string>> by_n;
   for (int n : {5, 6, 7}) {
     std::vector<std::string> row = {"TP" + std::to_string(n)};
     for (int phase = 0; phase < 2; ++phase) {
-      for (const SystemSpec& s : {NonuniformTp(n), CyclicTp(n), FailsafeTp(n)}) {
+      for (const SystemSpec& s : of(n)) {
         const auto& v = t[s.name];
         row.push_back(Num(phase == 0 ? v.first : v.second, 6));
       }
     }
     by_n.push_back(row);
   }
-  FS_RETURN_IF_ERROR(WriteCsv(Path(o, "tp_sweep_by_gpus.csv"),
-                              {"gpus", "nonuniform_prefill", "cyclic_prefill", "failsafe_prefill",
-                               "nonuniform_decode", "cyclic_decode", "failsafe_decode"},
-                              by_n));
+  FS_RETURN_IF_ERROR(WriteCsv(
+      Path(o, "tp_sweep_by_gpus.csv"),
+      {"gpus", "nonuniform_prefill", "cyclic_prefill", "hybrid_prefill", "failsafe_prefill",
+       "nonuniform_decode", "cyclic_decode", "hybrid_decode", "failsafe_decode"},
+      by_n));
   PlotBars(Path(o, "tp_sweep.png"), "TP sweep, " + o.model + ", saturated throughput",
            Path(o, "tp_sweep_by_gpus.csv"),
-           {{"prefill", "input tokens/s", {{"nonuniform", 2}, {"cyclic", 3}, {"FailSafe", 4}}},
-            {"decode", "output tokens/s", {{"nonuniform", 5}, {"cyclic", 6}, {"FailSafe", 7}}}});
+           {{"prefill",
+             "input tokens/s",
+             {{"nonuniform", 2}, {"cyclic", 3}, {"hybrid", 4}, {"FailSafe", 5}}},
+            {"decode",
+             "output tokens/s",
+             {{"nonuniform", 6}, {"cyclic", 7}, {"hybrid", 8}, {"FailSafe", 9}}}});
+  // The paper's figure: every system over TP4 (the fallback on a node with
+  // a failed GPU), fault-free TP8 beside them; a row per GPU count.
+  const auto& tp4 = t[Tp4().name];
+  const auto& tp8 = t[Tp8().name];
+  auto over_tp4 = [&](double v, int phase) {
+    const double base = phase == 0 ? tp4.first : tp4.second;
+    return base > 0 ? Num(v / base, 4) : std::string();
+  };
+  std::vector<std::vector<std::string>> normalised;
+  for (int n = 4; n <= 8; ++n) {
+    std::vector<std::string> row = {"TP" + std::to_string(n)};
+    for (int phase = 0; phase < 2; ++phase) {
+      if (n == 4 || n == 8) {
+        const auto& v = n == 4 ? tp4 : tp8;
+        row.push_back(over_tp4(phase == 0 ? v.first : v.second, phase));
+        for (int k = 0; k < 4; ++k) row.push_back("");
+        continue;
+      }
+      row.push_back("");
+      for (const SystemSpec& s : of(n)) {
+        const auto& v = t[s.name];
+        row.push_back(over_tp4(phase == 0 ? v.first : v.second, phase));
+      }
+    }
+    normalised.push_back(row);
+  }
+  FS_RETURN_IF_ERROR(
+      WriteCsv(Path(o, "tp_sweep_vs_tp4.csv"),
+               {"gpus", "standard_prefill", "nonuniform_prefill", "cyclic_prefill",
+                "hybrid_prefill", "failsafe_prefill", "standard_decode", "nonuniform_decode",
+                "cyclic_decode", "hybrid_decode", "failsafe_decode"},
+               normalised));
+  PlotBars(
+      Path(o, "tp_sweep_vs_tp4.png"), "TP sweep over TP4, " + o.model + ", saturated",
+      Path(o, "tp_sweep_vs_tp4.csv"),
+      {{"prefill",
+        "input tokens/s over TP4",
+        {{"TP4 / TP8", 2}, {"nonuniform", 3}, {"cyclic", 4}, {"hybrid", 5}, {"FailSafe", 6}}},
+       {"decode",
+        "output tokens/s over TP4",
+        {{"TP4 / TP8", 7}, {"nonuniform", 8}, {"cyclic", 9}, {"hybrid", 10}, {"FailSafe", 11}}}});
   json j = json::object();
+  j["TP8_over_TP4"] = {{"prefill", RatioOrNull(tp8.first, tp4.first)},
+                       {"decode", RatioOrNull(tp8.second, tp4.second)}};
   for (int n : {5, 6, 7}) {
     const auto& nu = t[NonuniformTp(n).name];
     const auto& cy = t[CyclicTp(n).name];
+    const auto& hy = t[HybridTp(n).name];
     const auto& fs = t[FailsafeTp(n).name];
-    // Hybrid attention replicates the DP head groups' weights on every
-    // device; where that costs more than it balances, cyclic placement alone
-    // is the better FailSafe configuration, so both are reported.
-    j["TP" + std::to_string(n)] = {
-        {"prefill_gain", RatioOrNull(fs.first, nu.first)},
-        {"decode_gain", RatioOrNull(fs.second, nu.second)},
-        {"cyclic_prefill_gain", RatioOrNull(cy.first, nu.first)},
-        {"cyclic_decode_gain", RatioOrNull(cy.second, nu.second)},
-        {"best_prefill_gain", RatioOrNull(std::max(fs.first, cy.first), nu.first)},
-        {"best_decode_gain", RatioOrNull(std::max(fs.second, cy.second), nu.second)}};
+    // FailSafe serves each phase with hybrid attention or, where replicating
+    // the DP head groups' weights costs more than their balance gains, with
+    // cyclic placement alone; each alone is reported beside it.
+    const auto& placement = chosen[FailsafeTp(n).name];
+    j["TP" + std::to_string(n)] = {{"prefill_gain", RatioOrNull(fs.first, nu.first)},
+                                   {"decode_gain", RatioOrNull(fs.second, nu.second)},
+                                   {"prefill_placement", placement.first},
+                                   {"decode_placement", placement.second},
+                                   {"hybrid_prefill_gain", RatioOrNull(hy.first, nu.first)},
+                                   {"hybrid_decode_gain", RatioOrNull(hy.second, nu.second)},
+                                   {"cyclic_prefill_gain", RatioOrNull(cy.first, nu.first)},
+                                   {"cyclic_decode_gain", RatioOrNull(cy.second, nu.second)},
+                                   {"prefill_over_tp4", RatioOrNull(fs.first, tp4.first)},
+                                   {"decode_over_tp4", RatioOrNull(fs.second, tp4.second)}};
   }
   return j;
 }

@@ -61,6 +61,11 @@ struct SystemSpec {
   bool prefix_cache_host = false;       // with prefix_cache: the host KV backup as a second tier
   int64_t prefix_affinity_tokens = -1;  // -1: SchedulerConfig's default
   int64_t backup_bytes = 0;             // host memory for the KV backup; 0: room for all the KV
+  // FailSafe's choice of placement for the phase it serves: hybrid attention,
+  // or cyclic placement alone where the cost model says replicating the DP
+  // head groups' weights costs more than their balance gains (`policy` is
+  // then only the default; ChoosePlacement decides).
+  bool choose_placement = false;
 };
 // Which work a saturated instance does.
 enum class Phase {
@@ -75,5 +80,15 @@ Result<double> SaturatedThroughput(const ModelConfig& model, const HardwareProfi
                                    const SystemSpec& system, Phase phase,
                                    const std::vector<SimRequest>& requests, double window_s,
                                    int64_t* inflight_tokens = nullptr);
+
+// The placement a `choose_placement` system serves `phase` with: hybrid
+// attention or cyclic placement alone, whichever has the higher saturated
+// throughput on `requests` (SaturatedThroughput over `window_s`), ties to
+// hybrid. The system returned has its policy fixed; with `hybrid` and
+// `cyclic`, both throughputs (0 where one cannot serve).
+Result<SystemSpec> ChoosePlacement(const ModelConfig& model, const HardwareProfile& hw,
+                                   const SystemSpec& system, Phase phase,
+                                   const std::vector<SimRequest>& requests, double window_s,
+                                   double* hybrid = nullptr, double* cyclic = nullptr);
 
 }  // namespace failsafe

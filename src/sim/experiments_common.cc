@@ -104,7 +104,13 @@ SystemSpec CyclicTp(int n) {
           PrefillPolicy::kFifo};
 }
 SystemSpec FailsafeTp(int n) {
-  return {"failsafe-TP" + std::to_string(n), n, Policy::kHybrid, RouterPolicy::kLoadAware,
+  SystemSpec s = HybridTp(n);
+  s.name = "failsafe-TP" + std::to_string(n);
+  s.choose_placement = true;
+  return s;
+}
+SystemSpec HybridTp(int n) {
+  return {"hybrid-TP" + std::to_string(n), n, Policy::kHybrid, RouterPolicy::kLoadAware,
           PrefillPolicy::kAdaptive};
 }
 SystemSpec Tp8() {
@@ -231,6 +237,29 @@ Result<double> ThroughputOrZero(const ModelConfig& model, const HardwareProfile&
     return 0.0;
   }
   return r;
+}
+
+Result<SystemSpec> ChoosePlacement(const ModelConfig& model, const HardwareProfile& hw,
+                                   const SystemSpec& system, Phase phase,
+                                   const std::vector<SimRequest>& requests, double window_s,
+                                   double* hybrid, double* cyclic) {
+  SystemSpec h = system, c = system;
+  h.choose_placement = c.choose_placement = false;
+  h.policy = Policy::kHybrid;
+  c.policy = Policy::kCyclic;
+  FS_ASSIGN_OR_RETURN(const double thr_h,
+                      ThroughputOrZero(model, hw, h, phase, requests, window_s));
+  FS_ASSIGN_OR_RETURN(const double thr_c,
+                      ThroughputOrZero(model, hw, c, phase, requests, window_s));
+  if (hybrid != nullptr) *hybrid = thr_h;
+  if (cyclic != nullptr) *cyclic = thr_c;
+  const SystemSpec& chosen = thr_c > thr_h ? c : h;
+  FS_LOG_INFO("{} {}: hybrid {:.0f} tok/s, cyclic {:.0f} tok/s: {}", system.name,
+              phase == Phase::kPrefill  ? "prefill"
+              : phase == Phase::kDecode ? "decode"
+                                        : "mixed",
+              thr_h, thr_c, PolicyName(chosen.policy));
+  return chosen;
 }
 
 nlohmann::json RatioOrNull(double a, double b) {

@@ -22,7 +22,11 @@ int FitToContext(const ModelConfig& model, std::vector<SimRequest>* requests);
 SystemSpec Tp4();
 SystemSpec NonuniformTp(int n);
 SystemSpec CyclicTp(int n);
+// FailSafe on n devices: load-aware routing, adaptive prefill, and the
+// placement chosen per phase (SystemSpec::choose_placement).
 SystemSpec FailsafeTp(int n);
+// FailSafe's scheduler with hybrid attention whatever it costs.
+SystemSpec HybridTp(int n);
 SystemSpec Tp8();
 SchedulerConfig GpuSchedulerConfig(const ModelConfig& m, const SystemSpec& s);
 // SaturatedThroughput, or 0 when the system cannot serve the workload at all

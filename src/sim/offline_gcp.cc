@@ -177,7 +177,7 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   std::vector<double> hybrid_thr(kGpus + 1, 0), cyclic_thr(kGpus + 1, 0);
   int min_gpus = 0;
   for (int n = 1; n <= kGpus; ++n) {
-    for (const SystemSpec& s : {FailsafeTp(n), CyclicTp(n)}) {
+    for (const SystemSpec& s : {HybridTp(n), CyclicTp(n)}) {
       FS_ASSIGN_OR_RETURN(double thr, SustainedThroughput(m, hw, s, reqs, warmup, window));
       (s.policy == Policy::kCyclic ? cyclic_thr : hybrid_thr)[n] = thr;
       if (thr > fs_thr[n]) {

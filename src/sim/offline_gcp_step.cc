@@ -229,14 +229,23 @@ std::vector<int> Devices(uint64_t mask) {
   return out;
 }
 
+// FailSafe's placement on `n` alive GPUs: hybrid attention, or cyclic
+// placement alone where the steady tables say it serves more (replicating
+// the DP head groups' weights costs more than their balance gains). The
+// engine changes between them as it replans (EngineOptions::policy_for).
+Policy FailsafePolicy(const OfflineTables& t, int n) {
+  if (n < 0 || n >= static_cast<int>(t.hybrid_thr.size())) return Policy::kHybrid;
+  return t.cyclic_thr[n] > t.hybrid_thr[n] ? Policy::kCyclic : Policy::kHybrid;
+}
+
 // A FailSafe instance on the node's alive devices (nullptr when they cannot
 // hold the model).
-Result<std::unique_ptr<SimInstance>> MakeFailsafe(const OfflineTables& t, Policy policy,
-                                                  uint64_t alive) {
+Result<std::unique_ptr<SimInstance>> MakeFailsafe(const OfflineTables& t, uint64_t alive) {
   InstanceConfig ic;
   ic.model = t.model;
   ic.hw = t.hw;
-  ic.policy = policy;
+  ic.policy = FailsafePolicy(t, std::popcount(alive));
+  ic.policy_for = [&t](int n) { return FailsafePolicy(t, n); };
   ic.num_devices = std::max(8, t.gpus_per_node);  // as the steady mode's instances
   ic.alive = Devices(alive);
   ic.sched = GpuSchedulerConfig(t.model, FailsafeTp(t.gpus_per_node));
@@ -254,13 +263,15 @@ Result<std::unique_ptr<SimInstance>> MakeFailsafe(const OfflineTables& t, Policy
 // a change that leaves too few devices stops the instance (its unfinished
 // requests wait, their KV lost), and enough devices back start a new one,
 // which loads its weights over PCIe.
-Status RunFailsafeNode(const OfflineTables& t, const OfflineStepOptions& o, Policy policy, int node,
+Status RunFailsafeNode(const OfflineTables& t, const OfflineStepOptions& o, int node,
                        Timeline* timeline, SystemStats* stats) {
   NodeRunner run(t, o, timeline, stats);
-  const std::vector<double>& thr = policy == Policy::kCyclic ? t.cyclic_thr : t.hybrid_thr;
-  auto serves = [&](uint64_t m) { return thr[std::popcount(m)] > 0; };
+  auto serves = [&](uint64_t m) {
+    const int n = std::popcount(m);
+    return std::max(t.hybrid_thr[n], t.cyclic_thr[n]) > 0;
+  };
   if (serves(FullMask(t.gpus_per_node))) {
-    FS_ASSIGN_OR_RETURN(run.inst(), MakeFailsafe(t, policy, FullMask(t.gpus_per_node)));
+    FS_ASSIGN_OR_RETURN(run.inst(), MakeFailsafe(t, FullMask(t.gpus_per_node)));
     FS_RETURN_IF_ERROR(run.TopUp());
   }
   return run.Replay(node, [&](double at, uint64_t mask, uint64_t next) -> Status {
@@ -269,7 +280,7 @@ Status RunFailsafeNode(const OfflineTables& t, const OfflineStepOptions& o, Poli
       stats->degraded++;
       run.Stop();
     } else if (!run.inst()) {
-      FS_ASSIGN_OR_RETURN(run.inst(), MakeFailsafe(t, policy, next));
+      FS_ASSIGN_OR_RETURN(run.inst(), MakeFailsafe(t, next));
       if (!run.inst()) return Internal("FailSafe cannot start on {} devices", std::popcount(next));
       run.inst()->AdvanceTo(at + ColdStartS(t.model, t.hw, std::popcount(next)) + o.switch_delay_s);
       FS_RETURN_IF_ERROR(run.TopUp());
@@ -311,21 +322,6 @@ Status RunBaselineNode(const OfflineTables& t, const OfflineStepOptions& o, int 
   });
 }
 
-// FailSafe's one placement for the whole run (the engine replans within
-// it): hybrid attention or cyclic placement alone, whichever serves more
-// tokens over the trace by the steady-state tables.
-Policy ChoosePolicy(const OfflineTables& t) {
-  double hybrid = 0, cyclic = 0;
-  for (size_t i = 0; i + 1 < t.trace.size(); ++i) {
-    const double dt = t.trace[i + 1].t_s - t.trace[i].t_s;
-    for (uint64_t m : t.masks[i]) {
-      hybrid += t.hybrid_thr[std::popcount(m)] * dt;
-      cyclic += t.cyclic_thr[std::popcount(m)] * dt;
-    }
-  }
-  return cyclic > hybrid ? Policy::kCyclic : Policy::kHybrid;
-}
-
 json StatsJson(const SystemStats& s, const Timeline& tl) {
   return {{"mean_tokens_per_s", tl.total() / tl.span()},
           {"stepped_s", s.stepped_s},
@@ -348,10 +344,14 @@ Result<json> OfflineGcpStep(const OfflineTables& t, const OfflineStepOptions& o,
   const double span = t.trace.back().t_s;
   Timeline base_tl(span), fs_tl(span);
   SystemStats base_st, fs_st;
-  const Policy policy = ChoosePolicy(t);
+  json placement = json::object();
+  for (int n = 1; n <= t.gpus_per_node; ++n) {
+    if (std::max(t.hybrid_thr[n], t.cyclic_thr[n]) > 0)
+      placement[std::to_string(n)] = PolicyName(FailsafePolicy(t, n));
+  }
   for (int node = 0; node < t.nodes; ++node) {
     FS_RETURN_IF_ERROR(RunBaselineNode(t, o, node, &base_tl, &base_st));
-    FS_RETURN_IF_ERROR(RunFailsafeNode(t, o, policy, node, &fs_tl, &fs_st));
+    FS_RETURN_IF_ERROR(RunFailsafeNode(t, o, node, &fs_tl, &fs_st));
     FS_LOG_INFO("offline-gcp step: node {} of {} done ({:.1f} s)", node + 1, t.nodes,
                 (MonotonicNanos() - wall0) * 1e-9);
   }
@@ -364,7 +364,7 @@ Result<json> OfflineGcpStep(const OfflineTables& t, const OfflineStepOptions& o,
   return json{{"failsafe_over_baseline", RatioOrNull(fs_tl.total(), base_tl.total())},
               {"baseline", StatsJson(base_st, base_tl)},
               {"failsafe", StatsJson(fs_st, fs_tl)},
-              {"failsafe_placement", PolicyName(policy)},
+              {"failsafe_placement_by_gpus", placement},
               {"period_s", o.period_s},
               {"skip_passes", o.skip_passes},
               {"settle_s", o.settle_s},

@@ -219,13 +219,25 @@ Result<json> Online(const ExperimentOptions& o) {
   std::vector<std::vector<std::string>> pre_rows, dec_rows;
   json best = json::object();
   std::vector<PlotSeries> pre_series, dec_series;
+  json placements = json::object();
   for (const SystemSpec& s : systems) {
-    FS_ASSIGN_OR_RETURN(Sweep pre, SearchRate(prefill_at(s), 0.02, o.quick ? 3 : 1.3, ttft_slo,
+    // FailSafe's placement for each instance: the better for its phase at
+    // saturation (hybrid attention or cyclic placement alone).
+    SystemSpec pre_s = s, dec_s = s;
+    if (s.choose_placement) {
+      FS_ASSIGN_OR_RETURN(pre_s,
+                          ChoosePlacement(m, hw, s, Phase::kPrefill, reqs, o.quick ? 60 : 300));
+      FS_ASSIGN_OR_RETURN(dec_s,
+                          ChoosePlacement(m, hw, s, Phase::kDecode, reqs, o.quick ? 30 : 120));
+      placements[s.name] = {{"prefill", PolicyName(pre_s.policy)},
+                            {"decode", PolicyName(dec_s.policy)}};
+    }
+    FS_ASSIGN_OR_RETURN(Sweep pre, SearchRate(prefill_at(pre_s), 0.02, o.quick ? 3 : 1.3, ttft_slo,
                                               refine, max_points));
     Sweep dec;
     if (pre.serves) {
       FS_ASSIGN_OR_RETURN(
-          dec, SearchRate(decode_at(s), 0.25, o.quick ? 4 : 1.5, tbt_slo, refine, max_points));
+          dec, SearchRate(decode_at(dec_s), 0.25, o.quick ? 4 : 1.5, tbt_slo, refine, max_points));
     }
     const bool fits = pre.serves && dec.serves;
     if (!fits) {
@@ -304,6 +316,7 @@ Result<json> Online(const ExperimentOptions& o) {
   const char* at_dec = "decode_tokens_per_s_at_tbt_slo";
   return json{
       {"at_slo", best},
+      {"failsafe_placement", placements},
       {"prompts_truncated", truncated},
       {"prefill_failsafe_over_tp4", ratio("failsafe-TP7", "TP4", at_pre)},
       {"prefill_failsafe_over_nonuniform", ratio("failsafe-TP7", "nonuniform-TP7", at_pre)},

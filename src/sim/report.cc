@@ -109,34 +109,40 @@ bool PlotPng(const std::string& png, const std::string& title, const std::string
 bool PlotBars(const std::string& png, const std::string& title, const std::string& csv,
               const std::vector<BarPanel>& panels) {
   const int n = static_cast<int>(panels.size());
+  size_t most = 0;  // bars a group
+  for (const BarPanel& p : panels) most = std::max(most, p.series.size());
   std::string script = fmt::format(
       "set datafile separator ','\nset datafile columnheaders\nset multiplot layout 1,{} title "
       "'{}'\n"
       "set style data histograms\nset style histogram clustered gap 1\n"
       "set style fill pattern border -1\nset boxwidth 0.9 relative\nset xtics rotate by -30 "
-      "nomirror\nset grid ytics\nset yrange [0:*]\nset offsets 0,0,graph 0.12,0\n"
+      "nomirror\nset grid ytics\nset yrange [0:*]\nset offsets 0,0,graph {},0\n"
       "set key top left\n",
-      n, GnuplotText(title));
+      n, GnuplotText(title), most > 3 ? 0.25 : 0.12);
   for (const BarPanel& p : panels) {
     const int k = static_cast<int>(p.series.size());
     script += fmt::format("set title '{}'\nset ylabel '{}'\n{}plot ", GnuplotText(p.title),
                           GnuplotText(p.ylabel), k == 1 ? "unset key\n" : "set key\n");
+    // gnuplot's fill patterns in an order that tells neighbours apart in
+    // grey: cross-hatched, solid, diagonal, empty, dense cross-hatched, the
+    // other diagonals.
+    constexpr int kPatterns[] = {1, 3, 4, 0, 2, 5, 6, 7};
     for (int i = 0; i < k; ++i) {
       const BarSeries& s = p.series[i];
-      // Patterns 0 (empty), 1-2 (hatched), 3 (solid) and on: distinct in grey.
       script += fmt::format("{}'{}' using {}{} title '{}' fs pattern {} lc rgb '#000000'",
                             i ? ", " : "", GnuplotText(csv), s.column, i == 0 ? ":xtic(1)" : "",
-                            GnuplotText(s.title), (i * 2 + 1) % 8);
+                            GnuplotText(s.title), kPatterns[i % 8]);
     }
     // Each bar's value above it: bar i of k in group x sits at x + (i - (k - 1) / 2) / (k + 1).
+    // Ratios (under 10) with two decimals; past three bars a group, upright.
+    const char* placed = k > 3 ? "rotate by 90 left offset 0,0.3" : "offset 0,0.6";
     for (int i = 0; i < k; ++i) {
       const double dx = (i - (k - 1) / 2.0) / (k + 1);
+      const int c = p.series[i].column;
       script += fmt::format(
-          ", '{}' using ($0 + {}):{}:(${} >= 1e4 ? sprintf('%.1fk', ${} / 1e3) : sprintf('%.0f', "
-          "${})) with labels offset 0,0.6 "
-          "font 'sans,8' notitle",
-          GnuplotText(csv), dx, p.series[i].column, p.series[i].column, p.series[i].column,
-          p.series[i].column);
+          ", '{}' using ($0 + {}):{}:(${} >= 1e4 ? sprintf('%.1fk', ${} / 1e3) : ${} >= 10 ? "
+          "sprintf('%.0f', ${}) : sprintf('%.2f', ${})) with labels {} font 'sans,8' notitle",
+          GnuplotText(csv), dx, c, c, c, c, c, c, placed);
     }
     script += "\n";
   }

@@ -145,6 +145,64 @@ TEST(SimInstance, APrefilledRequestGetsExactlyItsOutputTokens) {
   EXPECT_EQ(id.status().code(), StatusCode::kInvalidArgument);
 }
 
+// The placement chosen by device count (InstanceConfig::policy_for): hybrid
+// attention down to 6 devices, cyclic placement on 5, through failures and
+// rejoins; every request completes.
+TEST(SimInstance, ThePlacementFollowsTheDeviceCount) {
+  InstanceConfig ic;
+  ic.model = *GetModelProfile("llama-3.1-70b");
+  ic.hw = *GetHardwareProfile("h100-sxm-80gb");
+  ic.sched = GpuSchedulerConfig(ic.model, FailsafeTp(8));
+  ic.policy_for = [](int n) { return n <= 5 ? Policy::kCyclic : Policy::kHybrid; };
+  auto made = SimInstance::Create(ic);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  auto inst = std::move(*made);
+  Rng rng(11);
+  for (int i = 0; i < 80; ++i) {
+    SimRequest r{0.05 * i, 500 + static_cast<int>(rng.Below(6000)),
+                 20 + static_cast<int>(rng.Below(300)), false};
+    ASSERT_TRUE(inst->Submit(r).ok());
+  }
+  inst->RunUntil(1.0);
+  ASSERT_TRUE(inst->Fail(3).ok());
+  EXPECT_EQ(inst->plan().policy, Policy::kHybrid);
+  inst->RunUntil(2.0);
+  ASSERT_TRUE(inst->Fail(std::vector<int>{5, 6}).ok());
+  EXPECT_EQ(inst->plan().policy, Policy::kCyclic);
+  EXPECT_EQ(inst->plan().num_dp_heads_total(), 0);
+  inst->RunUntil(3.0);
+  ASSERT_TRUE(inst->Rejoin(3).ok());
+  EXPECT_EQ(inst->plan().policy, Policy::kHybrid);
+  EXPECT_GT(inst->plan().num_dp_heads_total(), 0);
+  inst->RunToCompletion(1e6);
+  ASSERT_EQ(inst->results().size(), 80u);
+  for (const auto& r : inst->results()) EXPECT_GT(r.finish, 0);
+}
+
+// FailSafe's choice at TP5 for Llama-3.1-70B: hybrid attention for prefill
+// (the attention projections balance over 5 devices), cyclic placement for
+// decode (the DP head groups' replicated weights would take its KV room).
+TEST(ChoosePlacement, HybridForPrefillCyclicForDecodeAtTp5) {
+  auto m = *GetModelProfile("llama-3.1-70b");
+  auto hw = *GetHardwareProfile("h100-sxm-80gb");
+  std::vector<SimRequest> reqs;
+  Rng rng(5);
+  for (int i = 0; i < 300; ++i) {
+    reqs.push_back({0, 2000 + static_cast<int>(rng.Below(30000)),
+                    100 + static_cast<int>(rng.Below(600)), false});
+  }
+  double h = 0, c = 0;
+  auto pre = ChoosePlacement(m, hw, FailsafeTp(5), Phase::kPrefill, reqs, 30, &h, &c);
+  ASSERT_TRUE(pre.ok()) << pre.status().ToString();
+  EXPECT_EQ(pre->policy, Policy::kHybrid);
+  EXPECT_GT(h, c);
+  EXPECT_FALSE(pre->choose_placement);
+  auto dec = ChoosePlacement(m, hw, FailsafeTp(5), Phase::kDecode, reqs, 30, &h, &c);
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->policy, Policy::kCyclic);
+  EXPECT_GT(c, h);
+}
+
 TEST(SimInstance, EveryRequestCompletesThroughFailureAndRejoin) {
   auto m = *GetModelProfile("llama-3.1-70b");
   auto hw = *GetHardwareProfile("h100-sxm-80gb");

@@ -121,8 +121,11 @@ class DeviceModel {
   // with its new block table on this device; the device forgets any other.
   // A slot kept in place must already hold the blocks up to restore_tokens in
   // the pages its new table names (else the tables are out of step: an
-  // error, changing nothing). With `mode` other than kFull it reloads its
-  // whole share and rebuilds all its KV (restore_tokens may be 0: recompute).
+  // error, changing nothing). With kFull the KV is restored while the
+  // weights move (the new plan's KV slots are known before any weight is; on
+  // a GPU the host link and the peer links each have a copy engine). With
+  // `mode` other than kFull it reloads its whole share, then rebuilds all its
+  // KV (restore_tokens may be 0: recompute).
   Status ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode mode, const WeightStore& host,
                    Communicator& comm, const std::vector<SeqRestore>& seqs, ApplyStats* stats);
 
@@ -226,6 +229,11 @@ class DeviceModel {
   void AddChunks(const std::vector<int>& chunks, const HostLoader& load);
   Status GatherNewDpHeads(const Plan& prev, const Plan& next, const HostLoader& load,
                           Communicator& comm, ApplyStats* stats);
+  // kFull's weights: keeps what the device holds and still needs under
+  // `next` (heads changing role keep their rows), drops the rest, loads what
+  // it gains.
+  Status MoveWeights(const Plan& prev, const Plan& next, const WeightStore& host,
+                     Communicator& comm, ApplyStats* stats);
   // Replaces every block table with the new plan's and restores the gained
   // slots (all of them unless `keep`) from the host backup.
   Status RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -271,6 +272,31 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
     stats->kv_wall_ns = MonotonicNanos() - w0;
     return Status::Ok();
   }
+  // The new plan first: the KV restore reads its slots while the weights
+  // move (which read only `prev` and `next`).
+  plan_ = next;
+  UpdateBackupSlots();
+  ApplyStats kv;
+  Status kv_status;
+  std::thread restore([&] {
+    const int64_t t = ThreadCpuNanos(), w = MonotonicNanos();
+    kv_status = RestoreKv(seqs, /*keep=*/true, &kv);
+    kv.kv_ns = ThreadCpuNanos() - t;
+    kv.kv_wall_ns = MonotonicNanos() - w;
+  });
+  const Status weights = MoveWeights(prev, next, host, comm, stats);
+  stats->weights_ns = ThreadCpuNanos() - t0;
+  stats->weights_wall_ns = MonotonicNanos() - w0;
+  restore.join();
+  stats->kv_restored_bytes = kv.kv_restored_bytes;
+  stats->kv_ns = kv.kv_ns;
+  stats->kv_wall_ns = kv.kv_wall_ns;
+  FS_RETURN_IF_ERROR(weights);
+  return kv_status;
+}
+
+Status DeviceModel::MoveWeights(const Plan& prev, const Plan& next, const WeightStore& host,
+                                Communicator& comm, ApplyStats* stats) {
   HostLoader load(config_, next.shape, host);
   const int d = device_;
   const bool active = next.IsActive(d);
@@ -340,16 +366,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   AddChunks(gain_chunks, load);
   stats->host_bytes += static_cast<int64_t>(gain_chunks.size()) * embed_.item_bytes() *
                        (config_.tie_word_embeddings ? 1 : 2);
-  plan_ = next;
-  UpdateBackupSlots();
   if (active) FS_RETURN_IF_ERROR(GatherNewDpHeads(prev, next, load, comm, stats));
-  stats->weights_ns = ThreadCpuNanos() - t0;
-  stats->weights_wall_ns = MonotonicNanos() - w0;
-  t0 = ThreadCpuNanos();
-  w0 = MonotonicNanos();
-  FS_RETURN_IF_ERROR(RestoreKv(seqs, /*keep=*/true, stats));
-  stats->kv_ns = ThreadCpuNanos() - t0;
-  stats->kv_wall_ns = MonotonicNanos() - w0;
   return Status::Ok();
 }
 

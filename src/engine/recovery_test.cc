@@ -227,8 +227,8 @@ class PolicyChangeTest : public ::testing::TestWithParam<std::tuple<std::string,
 
 TEST_P(PolicyChangeTest, EveryRequestOnceSameOutputs) {
   auto [preset, mode] = GetParam();
-  Workload w = MakeWorkload(20, 4);
-  const RunSummary& want = Reference(preset, w, 4);
+  Workload w = MakeWorkload(20, 12);
+  const RunSummary& want = Reference(preset, w, 12);
   Scenario s;
   s.preset = preset;
   s.mode = mode;

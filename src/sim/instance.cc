@@ -15,7 +15,8 @@ SimRecovery FromReport(const RecoveryReport& r) {
   s.mode = r.mode;
   s.at = r.failed_ns * 1e-9;
   s.detect_s = r.detect_ms * 1e-3;
-  s.replan_s = (r.abort_ms + r.replan_ms + r.group_ms) * 1e-3;
+  s.replan_s = (r.abort_ms + r.replan_ms) * 1e-3;
+  s.apply_s = r.apply_ms * 1e-3;
   s.weights_s = r.weights_ms * 1e-3;
   s.kv_s = r.kv_ms * 1e-3;
   s.weight_pcie_bytes = r.weight_host_bytes;

@@ -68,12 +68,15 @@ struct SimRecovery {
   RecoveryMode mode = RecoveryMode::kFull;
   double at = 0;  // virtual time of the failure
   double detect_s = 0;
-  double replan_s = 0;  // replanning, aborting the failed step, a new collective group
+  double replan_s = 0;  // replanning, aborting the failed step
+  // The plan change on the devices: a new collective group, then weights and
+  // KV (each phase's slowest device; a full recovery moves them at once).
+  double apply_s = 0;
   double weights_s = 0, kv_s = 0;
   int64_t weight_pcie_bytes = 0, weight_nvlink_bytes = 0, kv_bytes = 0;
   int64_t tokens_recomputed = 0;
   double recompute_s = 0;  // step time spent recomputing lost KV (filled as it happens)
-  double stall_s() const { return detect_s + replan_s + weights_s + kv_s; }
+  double stall_s() const { return detect_s + replan_s + apply_s; }
   double total_s() const { return stall_s() + recompute_s; }
 };
 

@@ -320,17 +320,33 @@ Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
     st.host_bytes = static_cast<int64_t>(pcie);
     st.peer_bytes = static_cast<int64_t>(nvlink);
     st.kv_restored_bytes = static_cast<int64_t>(kv_bytes);
-    const double w = pcie / hw.pcie_bytes_per_s + nvlink / hw.nvlink_bytes_per_s;
-    const double k = kv_bytes / hw.pcie_bytes_per_s;
+    double w = 0, k = 0;
+    if (mode == RecoveryMode::kFull) {
+      // Weights and KV move at once (the device restores KV while its
+      // weights move): the host link carries its host weights and its KV
+      // in fair shares (the smaller finishes at twice its own time, the
+      // other when the link has carried both), its peer weights come over
+      // NVLink meanwhile.
+      const double host_w = pcie / hw.pcie_bytes_per_s, kv = kv_bytes / hw.pcie_bytes_per_s;
+      w = std::max(host_w <= kv ? 2 * host_w : host_w + kv, nvlink / hw.nvlink_bytes_per_s);
+      k = kv <= host_w ? 2 * kv : host_w + kv;
+      weights_s = std::max({weights_s, w, k});
+    } else {
+      // The whole share, then the KV: every device's phase waits for the
+      // slowest.
+      w = pcie / hw.pcie_bytes_per_s + nvlink / hw.nvlink_bytes_per_s;
+      k = kv_bytes / hw.pcie_bytes_per_s;
+      weights_s = std::max(weights_s, w);
+      kv_s = std::max(kv_s, k);
+    }
     st.weights_ns = st.weights_wall_ns = ToNanos(w);
     st.kv_ns = st.kv_wall_ns = ToNanos(k);
-    weights_s = std::max(weights_s, w);
-    kv_s = std::max(kv_s, k);
     report.devices.push_back(d);
     report.stats.push_back(st);
   }
-  // The devices form a group, load weights, then restore KV; serving waits
-  // for the slowest device of each phase.
+  // The devices form a group, then move weights and KV (full: at once,
+  // weights_s is each device's both; otherwise weights, then KV); serving
+  // waits for the slowest device.
   report.group_ns = ToNanos(options_.group_s);
   clock_->Advance(report.group_ns + ToNanos(weights_s) + ToNanos(kv_s));
   report.wall_ns = clock_->NowNanos() - start;

@@ -28,9 +28,11 @@ run() {
   echo "$name,$(seconds "$t0")" >> "$out/wall_times.csv"
 }
 for model in llama-3.1-70b mixtral-8x22b; do
-  for exp in offline-gcp online tp-sweep ablation recovery slow-device; do
+  for exp in offline-gcp online tp-sweep design ablation recovery slow-device; do
     run "$exp-$model" "$exp" --model "$model"
   done
+  # The paper's fixed 10 s switching delay on every reconfiguration.
+  run "offline-gcp-delay10-$model" offline-gcp --model "$model" --switch-delay 10s
   # The other availability traces, scaled to 8 x 8 GPUs.
   for trace in bamboo/g4dn-trace.csv oobleck/scaled/scale_gcp-trace.csv \
       oobleck/synthetic_failure_freq/{5m,10m,30m,1h,3h,6h}.csv; do

@@ -289,12 +289,14 @@ CommandFn RegisterSimulate(CLI::App& app) {
     ChaosOptions c;
     std::string chaos_recovery = "full";
     std::string switch_delay = "0s", step_period = "300s";
+    std::string ttft_slo = "10s", tbt_slo = "25ms";
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("name", o->name,
-                 "offline-gcp, online, tp-sweep, ablation, recovery (the paper's experiments at "
-                 "8xH100 scale), prefix-cache, slow-device (what rebalancing a slow device buys), "
+                 "offline-gcp, online, tp-sweep, design, ablation, recovery (the paper's "
+                 "experiments at 8xH100 scale), prefix-cache, slow-device (what rebalancing a slow "
+                 "device buys), "
                  "or "
                  "validate (the simulator against this machine's engine), or chaos (seeded "
                  "faults against the engine in virtual time)")
@@ -324,6 +326,12 @@ CommandFn RegisterSimulate(CLI::App& app) {
   app.add_option("--switch-delay", o->switch_delay,
                  "offline-gcp: a fixed stall added to every reconfiguration of every system, e.g. "
                  "10s (the paper's)")
+      ->capture_default_str();
+  app.add_option("--ttft-slo", o->ttft_slo, "online: the prefill target, P90 time to first token")
+      ->capture_default_str();
+  app.add_option("--tbt-slo", o->tbt_slo,
+                 "online: the decode target, P90 time per output token (the paper's 40ms is "
+                 "reported beside it)")
       ->capture_default_str();
   app.add_option("--step-period", o->step_period,
                  "offline-gcp step: time skipped at once is whole periods of this (an instance "
@@ -395,6 +403,13 @@ CommandFn RegisterSimulate(CLI::App& app) {
     auto delay = ParseDuration(o->switch_delay);
     if (!delay.ok()) return Fail("--switch-delay: " + delay.status().ToString());
     o->e.switch_delay_s = *delay;
+    for (auto [text, flag, out] : {std::tuple{&o->ttft_slo, "--ttft-slo", &o->e.ttft_slo_s},
+                                   std::tuple{&o->tbt_slo, "--tbt-slo", &o->e.tbt_slo_s}}) {
+      auto slo = ParseDuration(*text);
+      if (!slo.ok()) return Fail(std::string(flag) + ": " + slo.status().ToString());
+      if (!(*slo > 0)) return Fail(std::string(flag) + " must be positive");
+      *out = *slo;
+    }
     auto period = ParseDuration(o->step_period);
     if (!period.ok()) return Fail("--step-period: " + period.status().ToString());
     o->e.step_period_s = *period;

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/percentiles.h"
 #include "common/rng.h"
+#include "sim/cost_model.h"
 #include "sim/experiments_internal.h"
 #include "sim/report.h"
 
@@ -200,6 +201,101 @@ Result<json> TpSweep(const ExperimentOptions& o) {
   return j;
 }
 
+// The paper's design figures from the plans and the cost model, no
+// workload: on 5, 6 and 7 GPUs, per device under nonuniform TP, cyclic
+// placement and hybrid attention, its weights, the room left for KV, the KV
+// every token costs it, the tokens of KV it can hold, and the attention
+// (query heads) every token costs it. Each token's KV lives on every active
+// device, so a node holds as many tokens as its fullest device. A hybrid
+// device's DP head groups count as 1/n of their KV and attention (each
+// sequence's DP heads live on one device, spread by the router).
+Result<json> Design(const ExperimentOptions& o) {
+  FS_ASSIGN_OR_RETURN(ModelConfig m, GetModelProfile(o.model));
+  FS_ASSIGN_OR_RETURN(HardwareProfile hw, GetHardwareProfile(o.hardware));
+  constexpr int kBlock = 16, kBatchTokens = 8192;
+  const Policy policies[] = {Policy::kNonUniform, Policy::kCyclic, Policy::kHybrid};
+  std::vector<std::vector<std::string>> rows, per_device_tp7;
+  json j = json::object();
+  for (int n : {5, 6, 7}) {
+    std::vector<int> alive(n);
+    for (int d = 0; d < n; ++d) alive[d] = d;
+    json at_n = json::object();
+    std::vector<std::vector<double>> kv_kb(n), tokens_k(n);
+    for (Policy policy : policies) {
+      FS_ASSIGN_OR_RETURN(Plan plan, MakePlan(m, policy, 8, alive));
+      const ClusterCostModel cost(plan, m, hw);
+      const std::vector<int64_t> pages = cost.KvCapacityPages(kBlock, kBatchTokens);
+      const double slot = static_cast<double>(cost.KvBytesPerTokenSlot());
+      const double dp_slots = static_cast<double>(plan.num_dp_heads_total()) / n;
+      const double dp_queries = dp_slots * m.group_size();
+      double node_tokens = 1e300, kv_lo = 1e300, kv_hi = 0, attn_lo = 1e300, attn_hi = 0,
+             weights_hi = 0;
+      for (int d : plan.active) {
+        const double weights = static_cast<double>(cost.WeightBytes(d));
+        const double room = static_cast<double>(pages[d]) * cost.PageBytes(kBlock);
+        const double per_token = (plan.num_tp_heads_total(d) + dp_slots) * slot;
+        const double attention = plan.num_tp_queries_total(d) + dp_queries;
+        const double tokens = per_token > 0 ? room / per_token : 0;
+        node_tokens = std::min(node_tokens, tokens);
+        kv_lo = std::min(kv_lo, per_token);
+        kv_hi = std::max(kv_hi, per_token);
+        attn_lo = std::min(attn_lo, attention);
+        attn_hi = std::max(attn_hi, attention);
+        weights_hi = std::max(weights_hi, weights);
+        rows.push_back({std::to_string(n), PolicyName(policy), std::to_string(d),
+                        Num(weights / 1e9, 5), Num(room / 1e9, 5), Num(per_token / 1e3, 5),
+                        Num(tokens, 7), Num(attention, 5)});
+        kv_kb[d].push_back(per_token / 1e3);
+        tokens_k[d].push_back(tokens / 1e3);
+      }
+      // Every layer ends in an all-reduce: its attention lasts as long as
+      // its busiest device's.
+      double layer_hi = 0;
+      for (const LayerPlan& lp : plan.layers) {
+        for (int d : plan.active) {
+          layer_hi =
+              std::max(layer_hi, lp.tp_queries[d].size() +
+                                     static_cast<double>(lp.dp_heads.size()) * m.group_size() / n);
+        }
+      }
+      at_n[PolicyName(policy)] = {{"node_kv_tokens", node_tokens},
+                                  {"kv_per_token_max_over_min", kv_hi / kv_lo},
+                                  {"attention_max_over_min", attn_hi / attn_lo},
+                                  {"layer_attention_max_over_mean", layer_hi * n / m.num_heads},
+                                  {"weights_gb_max", weights_hi / 1e9}};
+    }
+    auto tokens = [&](Policy p) { return at_n[PolicyName(p)]["node_kv_tokens"].get<double>(); };
+    at_n["cyclic_kv_tokens_over_nonuniform"] =
+        RatioOrNull(tokens(Policy::kCyclic), tokens(Policy::kNonUniform));
+    at_n["hybrid_kv_tokens_over_nonuniform"] =
+        RatioOrNull(tokens(Policy::kHybrid), tokens(Policy::kNonUniform));
+    j["TP" + std::to_string(n)] = at_n;
+    if (n == 7) {
+      for (int d = 0; d < n; ++d) {
+        std::vector<std::string> row = {"GPU" + std::to_string(d)};
+        for (double v : kv_kb[d]) row.push_back(Num(v, 5));
+        for (double v : tokens_k[d]) row.push_back(Num(v, 5));
+        per_device_tp7.push_back(row);
+      }
+    }
+  }
+  FS_RETURN_IF_ERROR(WriteCsv(Path(o, "design.csv"),
+                              {"gpus", "placement", "device", "weights_gb", "kv_room_gb",
+                               "kv_kb_per_token", "kv_tokens", "query_heads_per_token"},
+                              rows));
+  FS_RETURN_IF_ERROR(WriteCsv(Path(o, "design_tp7.csv"),
+                              {"device", "nonuniform_kv_kb", "cyclic_kv_kb", "hybrid_kv_kb",
+                               "nonuniform_tokens_k", "cyclic_tokens_k", "hybrid_tokens_k"},
+                              per_device_tp7));
+  PlotBars(
+      Path(o, "design_tp7.png"), "7 GPUs, " + o.model + ", per device", Path(o, "design_tp7.csv"),
+      {{"KV every token costs", "KB per token", {{"nonuniform", 2}, {"cyclic", 3}, {"hybrid", 4}}},
+       {"tokens of KV it can hold",
+        "thousand tokens",
+        {{"nonuniform", 5}, {"cyclic", 6}, {"hybrid", 7}}}});
+  return j;
+}
+
 // One failure in a TP8 decode instance serving a 500-request window, under
 // each recovery mode: latency and the longest gap between tokens per request.
 Result<json> Recovery(const ExperimentOptions& o) {
@@ -270,14 +366,15 @@ Result<json> RunExperiment(const std::string& name, const ExperimentOptions& o) 
   FS_RETURN_IF_ERROR(MakeDirs(o.out_dir));
   if (name == "ablation") return Ablation(o);
   if (name == "tp-sweep") return TpSweep(o);
+  if (name == "design") return Design(o);
   if (name == "online") return Online(o);
   if (name == "recovery") return Recovery(o);
   if (name == "offline-gcp") return OfflineGcp(o);
   if (name == "prefix-cache") return PrefixCache(o);
   if (name == "slow-device") return SlowDevice(o);
   return InvalidArgument(
-      "unknown experiment '{}' (known: offline-gcp, online, tp-sweep, ablation, recovery, "
-      "prefix-cache, slow-device, validate)",
+      "unknown experiment '{}' (known: offline-gcp, online, tp-sweep, design, ablation, "
+      "recovery, prefix-cache, slow-device, validate)",
       name);
 }
 

@@ -193,10 +193,15 @@ Result<json> OfflineGcp(const ExperimentOptions& o) {
   // degree, reloading its weights over PCIe and recomputing the KV the old
   // instance had in flight at the new instance's prefill speed; FailSafe
   // recovers in place (its modelled full recovery).
+  for (const auto& [tp, thr] : tp_thr) {
+    if (thr > 0 && !(tp_prefill[tp] > 0))
+      return Internal("TP{} serves {:.0f} tokens/s but its prefill rate measured {}", tp, thr,
+                      tp_prefill[tp]);
+  }
   auto base_pause = [&](int old_tp, int new_tp) {
     if (new_tp == 0) return 0.0;
     const double inflight = old_tp > 0 ? static_cast<double>(tp_inflight[old_tp]) : 0.0;
-    return ColdStartS(m, hw, new_tp) + inflight / tp_prefill[new_tp];
+    return ColdStartS(m, hw, new_tp) + (inflight > 0 ? inflight / tp_prefill[new_tp] : 0.0);
   };
   double fs_pause = 0;
   {

@@ -1,5 +1,7 @@
 #include "engine/remote_device.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -87,6 +89,30 @@ void RemoteDevice::NoteLinkDelay(int64_t now_ns, int64_t delay_ns) {
   while (!link_delays_.empty() && now_ns - link_delays_.front().first > kWindowNs)
     link_delays_.pop_front();
   if (delay_ns > 0) link_delays_.emplace_back(now_ns, delay_ns);
+  if (!progress_.valid()) return;
+  DeviceProgressSlot* slot = progress_.slot(device_);
+  if (!slot) return;
+  int64_t worst = 0;
+  for (const auto& [at, delay] : link_delays_) worst = std::max(worst, delay);
+  if (worst > 0) slot->link_rtt_ns.store(worst, std::memory_order_release);
+}
+
+void RemoteDevice::CheckRetransmits(int64_t now_ns) {
+  // Frames of ours the link lost: the kernel's TCP state says so as soon as
+  // a retransmission timeout fires (at least 200 ms after the frame went
+  // out), before any late heartbeat of the worker's can show it.
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (::getsockopt(tcp_.fd(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return;
+  // Retransmissions before the first look (the connection's setup) are not
+  // the link's state now.
+  if (!retrans_known_) total_retrans_ = ti.tcpi_total_retrans;
+  retrans_known_ = true;
+  if (ti.tcpi_retransmits > 0 || ti.tcpi_total_retrans > total_retrans_) {
+    // The oldest unacknowledged frame has waited at least the timeout.
+    NoteLinkDelay(now_ns, std::max<int64_t>(1, static_cast<int64_t>(ti.tcpi_rto) * 1000));
+  }
+  total_retrans_ = ti.tcpi_total_retrans;
 }
 
 void RemoteDevice::Run() {
@@ -104,6 +130,7 @@ void RemoteDevice::Run() {
         break;
       }
       last_sent = now;
+      CheckRetransmits(now);
     }
     if (now - last_heard > timeout_ns) {
       Lose(fmt::format("no heartbeat for {} ms", (now - last_heard) / 1000000));
@@ -237,9 +264,6 @@ Status RemoteDevice::Receive(uint32_t type, const std::string& body) {
         NoteLinkDelay(now, std::max<int64_t>(1, now - echo_ns - held_ns));
         slot->link_rtt_samples.fetch_add(1, std::memory_order_relaxed);
       }
-      int64_t worst = 0;
-      for (const auto& [at, delay] : link_delays_) worst = std::max(worst, delay);
-      if (worst > 0) slot->link_rtt_ns.store(worst, std::memory_order_release);
       // Clocks of other hosts are not this one's: a move is dated when heard.
       if (p.requests != last_heard_progress_.requests ||
           p.entered != last_heard_progress_.entered || p.left != last_heard_progress_.left) {

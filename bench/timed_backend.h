@@ -50,6 +50,9 @@ class TimedBackend final : public Backend {
   void BackgroundCopyToHost(void* d, const void* s, size_t n) override {
     b_->BackgroundCopyToHost(d, s, n);
   }
+  void BackgroundCopyToDevice(void* d, const void* s, size_t n) override {
+    b_->BackgroundCopyToDevice(d, s, n);
+  }
   void Synchronize() override { b_->Synchronize(); }
   std::string name() const override { return b_->name(); }
   int num_threads() const override { return b_->num_threads(); }

@@ -159,6 +159,11 @@ class DeviceMemory {
   // finished writing before the compute thread's last Synchronize or
   // copy to the host, and that no kernel writes meanwhile.
   virtual void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Host -> device from a thread other than the compute thread (a
+  // recovery's KV restore while the weights move), concurrently with the
+  // compute thread's copies: complete on return, into memory no kernel
+  // reads or writes meanwhile.
+  virtual void BackgroundCopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   // Waits until every kernel issued has finished.
   virtual void Synchronize() = 0;
 };

@@ -121,9 +121,10 @@ class DeviceModel {
   // with its new block table on this device; the device forgets any other.
   // A slot kept in place must already hold the blocks up to restore_tokens in
   // the pages its new table names (else the tables are out of step: an
-  // error, changing nothing). With kFull the KV is restored while the
-  // weights move (the new plan's KV slots are known before any weight is; on
-  // a GPU the host link and the peer links each have a copy engine). With
+  // error; with kFull the weights have moved meanwhile). With kFull the KV
+  // is restored from a second thread while the weights move (the new plan's
+  // KV slots are known before any weight is; on a GPU the restore's copies
+  // go on a stream of their own). With
   // `mode` other than kFull it reloads its whole share, then rebuilds all its
   // KV (restore_tokens may be 0: recompute).
   Status ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode mode, const WeightStore& host,
@@ -198,7 +199,10 @@ class DeviceModel {
   // Copies positions [0, rows) of (layer, head) of one backup block into the
   // sequence's page of `slot` at `block` (its K rows, then its V rows).
   // Returns the bytes copied.
-  int64_t CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block, int rows);
+  // `background`: from a thread other than the compute thread
+  // (DeviceMemory::BackgroundCopyToDevice).
+  int64_t CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block, int rows,
+                         bool background = false);
   // Plan::KvSlots of this device for a sequence with DP rank `dp_rank`.
   const std::vector<int>& KvSlots(int dp_rank) const {
     return dp_rank == device_ ? kv_slots_rank_ : kv_slots_tp_;
@@ -235,8 +239,10 @@ class DeviceModel {
   Status MoveWeights(const Plan& prev, const Plan& next, const WeightStore& host,
                      Communicator& comm, ApplyStats* stats);
   // Replaces every block table with the new plan's and restores the gained
-  // slots (all of them unless `keep`) from the host backup.
-  Status RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats);
+  // slots (all of them unless `keep`) from the host backup; `background`: on
+  // a thread other than the compute thread.
+  Status RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats,
+                   bool background = false);
 
   const ModelConfig config_;
   const int device_;

@@ -147,14 +147,21 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
 }
 
 int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block,
-                                    int rows) {
+                                    int rows, bool background) {
   const int bs = kv_.block_size(), hd = config_.head_dim;
   const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
   const float* src = backup_layout_.Slot(backup_base_, backup_block, layer, head);
   float* page = kv_.Page(seq_id, slot, block);
-  backend_->CopyToDevice(page, src, sizeof(float) * static_cast<size_t>(rows) * hd);
-  backend_->CopyToDevice(page + static_cast<int64_t>(bs) * hd, src + static_cast<int64_t>(bs) * hd,
-                         sizeof(float) * static_cast<size_t>(rows) * hd);
+  auto copy = [&](float* dst, const float* from) {
+    const size_t bytes = sizeof(float) * static_cast<size_t>(rows) * hd;
+    if (background) {
+      backend_->BackgroundCopyToDevice(dst, from, bytes);
+    } else {
+      backend_->CopyToDevice(dst, from, bytes);
+    }
+  };
+  copy(page, src);  // K, then V a block further
+  copy(page + static_cast<int64_t>(bs) * hd, src + static_cast<int64_t>(bs) * hd);
   return 2LL * rows * hd * 4;
 }
 
@@ -189,7 +196,8 @@ Status DeviceModel::CopyHostHits(const StepBatch& b) {
   return Status::Ok();
 }
 
-Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats) {
+Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, ApplyStats* stats,
+                              bool background) {
   const int bs = kv_.block_size();
   // Check the new tables against what the device holds before changing it.
   for (const SeqRestore& s : seqs) {
@@ -244,7 +252,8 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
           return FailedPrecondition("sequence {}: block {} has no host backup to restore from",
                                     s.seq_id, blk);
         }
-        stats->kv_restored_bytes += CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows);
+        stats->kv_restored_bytes +=
+            CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows, background);
       }
     }
   }
@@ -280,7 +289,7 @@ Status DeviceModel::ApplyPlan(const Plan& prev, const Plan& next, RecoveryMode m
   Status kv_status;
   std::thread restore([&] {
     const int64_t t = ThreadCpuNanos(), w = MonotonicNanos();
-    kv_status = RestoreKv(seqs, /*keep=*/true, &kv);
+    kv_status = RestoreKv(seqs, /*keep=*/true, &kv, /*background=*/true);
     kv.kv_ns = ThreadCpuNanos() - t;
     kv.kv_wall_ns = MonotonicNanos() - w;
   });

@@ -47,6 +47,9 @@ class CpuBackend final : public Backend {
   void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) override {
     HostMemory().BackgroundCopyToHost(dst, src, bytes);
   }
+  void BackgroundCopyToDevice(void* dst, const void* src, size_t bytes) override {
+    HostMemory().BackgroundCopyToDevice(dst, src, bytes);
+  }
   void Synchronize() override {}
 
   void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,

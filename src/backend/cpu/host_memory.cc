@@ -64,6 +64,9 @@ class HostMemoryImpl final : public DeviceMemory {
   void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  void BackgroundCopyToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
   void Synchronize() override {}
 
  private:

@@ -144,6 +144,13 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
     FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   }
+  void BackgroundCopyToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    FS_CUDA_CHECK(cudaSetDevice(gpu_));  // this thread's device
+    FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+    FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  }
   void Synchronize() override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");
     FS_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -592,6 +592,16 @@ TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {
   std::thread t([&] { gpu->BackgroundCopyToHost(got.data(), dx.get(), x.size() * 4); });
   t.join();
   EXPECT_TRUE(SameBits(got, x));
+  // And to the device, as a recovery's KV restore does while the compute
+  // thread moves weights: the bytes are there for kernels issued after.
+  auto y = Random(1 << 16, 14);
+  OnDevice<float> dy(gpu, std::vector<float>(y.size(), 0.0f));
+  gpu->Synchronize();
+  std::thread u([&] { gpu->BackgroundCopyToDevice(dy.get(), y.data(), y.size() * 4); });
+  u.join();
+  std::vector<float> back(y.size());
+  gpu->CopyToHost(back.data(), dy.get(), y.size() * 4);
+  EXPECT_TRUE(SameBits(back, y));
 }
 
 }  // namespace

@@ -98,21 +98,16 @@ void RemoteDevice::NoteLinkDelay(int64_t now_ns, int64_t delay_ns) {
 }
 
 void RemoteDevice::CheckRetransmits(int64_t now_ns) {
-  // Frames of ours the link lost: the kernel's TCP state says so as soon as
-  // a retransmission timeout fires (at least 200 ms after the frame went
-  // out), before any late heartbeat of the worker's can show it.
+  // A frame of ours the link lost: the kernel's TCP state says so once its
+  // retransmission timer has fired (at least 200 ms after the frame went
+  // out) until the frame is acknowledged, before any late heartbeat of the
+  // worker's can show it. Only a timeout counts: fast retransmits and tail
+  // loss probes are what congestion control does on a healthy link too.
   tcp_info ti{};
   socklen_t len = sizeof(ti);
   if (::getsockopt(tcp_.fd(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return;
-  // Retransmissions before the first look (the connection's setup) are not
-  // the link's state now.
-  if (!retrans_known_) total_retrans_ = ti.tcpi_total_retrans;
-  retrans_known_ = true;
-  if (ti.tcpi_retransmits > 0 || ti.tcpi_total_retrans > total_retrans_) {
-    // The oldest unacknowledged frame has waited at least the timeout.
+  if (ti.tcpi_retransmits > 0)
     NoteLinkDelay(now_ns, std::max<int64_t>(1, static_cast<int64_t>(ti.tcpi_rto) * 1000));
-  }
-  total_retrans_ = ti.tcpi_total_retrans;
 }
 
 void RemoteDevice::Run() {

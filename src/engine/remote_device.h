@@ -105,11 +105,9 @@ class RemoteDevice {
   // Notes a delay and publishes the worst of the window as the progress
   // slot's link_rtt_ns.
   void NoteLinkDelay(int64_t now_ns, int64_t delay_ns);
-  // Every heartbeat: a retransmission timeout on the link's socket since the
-  // last look counts as a delay of the timeout.
+  // Every heartbeat: a retransmission timeout running on the link's socket
+  // counts as a delay of the timeout.
   void CheckRetransmits(int64_t now_ns);
-  uint32_t total_retrans_ = 0;
-  bool retrans_known_ = false;
 
   // The current group's abort signal, which the watcher forwards.
   std::mutex group_mu_;

@@ -166,15 +166,17 @@ Result<json> TpSweep(const ExperimentOptions& o) {
                 "hybrid_prefill", "failsafe_prefill", "standard_decode", "nonuniform_decode",
                 "cyclic_decode", "hybrid_decode", "failsafe_decode"},
                normalised));
-  PlotBars(
-      Path(o, "tp_sweep_vs_tp4.png"), "TP sweep over TP4, " + o.model + ", saturated",
-      Path(o, "tp_sweep_vs_tp4.csv"),
-      {{"prefill",
-        "input tokens/s over TP4",
-        {{"TP4 / TP8", 2}, {"nonuniform", 3}, {"cyclic", 4}, {"hybrid", 5}, {"FailSafe", 6}}},
-       {"decode",
-        "output tokens/s over TP4",
-        {{"TP4 / TP8", 7}, {"nonuniform", 8}, {"cyclic", 9}, {"hybrid", 10}, {"FailSafe", 11}}}});
+  // (Where TP4 cannot hold the model every cell is empty: no figure.)
+  if (tp4.first > 0 && tp4.second > 0)
+    PlotBars(
+        Path(o, "tp_sweep_vs_tp4.png"), "TP sweep over TP4, " + o.model + ", saturated",
+        Path(o, "tp_sweep_vs_tp4.csv"),
+        {{"prefill",
+          "input tokens/s over TP4",
+          {{"TP4 / TP8", 2}, {"nonuniform", 3}, {"cyclic", 4}, {"hybrid", 5}, {"FailSafe", 6}}},
+         {"decode",
+          "output tokens/s over TP4",
+          {{"TP4 / TP8", 7}, {"nonuniform", 8}, {"cyclic", 9}, {"hybrid", 10}, {"FailSafe", 11}}}});
   json j = json::object();
   j["TP8_over_TP4"] = {{"prefill", RatioOrNull(tp8.first, tp4.first)},
                        {"decode", RatioOrNull(tp8.second, tp4.second)}};

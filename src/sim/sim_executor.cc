@@ -285,8 +285,18 @@ Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
     if (mode == RecoveryMode::kRecompute || mode == RecoveryMode::kHost) {
       pcie = static_cast<double>(next_cost->WeightBytes(d));
     } else if (mode == RecoveryMode::kFull) {
-      pcie += static_cast<double>(diff.gained_tp_queries[d].size() * next_cost->QueryBytes() +
-                                  diff.gained_tp_heads[d].size() * next_cost->KvHeadBytes() +
+      // A DP head group becoming a TP head keeps the rows the device held
+      // as a DP head (an active device holds every DP group): nothing moves.
+      const int g = next.shape.group_size;
+      auto was_dp = [&](int layer, int group) {
+        return plan_.IsActive(d) && plan_.IsDpHead(layer, group);
+      };
+      int64_t queries = 0, kv_heads = 0;
+      for (const auto& item : diff.gained_tp_queries[d])
+        queries += !was_dp(item.layer, item.index / g);
+      for (const auto& item : diff.gained_tp_heads[d]) kv_heads += !was_dp(item.layer, item.index);
+      pcie += static_cast<double>(queries * next_cost->QueryBytes() +
+                                  kv_heads * next_cost->KvHeadBytes() +
                                   diff.gained_shards[d].size() * next_cost->ShardBytes() +
                                   diff.gained_chunks[d].size() * next_cost->ChunkBytes());
       // A head group new to the DP set: a distinct piece from the host each,
@@ -325,10 +335,11 @@ Result<ApplyReport> SimExecutor::ApplyPlan(const Plan& next, RecoveryMode mode,
       // Weights and KV move at once (the device restores KV while its
       // weights move): the host link carries its host weights and its KV
       // in fair shares (the smaller finishes at twice its own time, the
-      // other when the link has carried both), its peer weights come over
-      // NVLink meanwhile.
+      // other when the link has carried both); the weights' peer part (new
+      // DP head groups gathered over NVLink) follows their host part, as
+      // the device gathers them last.
       const double host_w = pcie / hw.pcie_bytes_per_s, kv = kv_bytes / hw.pcie_bytes_per_s;
-      w = std::max(host_w <= kv ? 2 * host_w : host_w + kv, nvlink / hw.nvlink_bytes_per_s);
+      w = (host_w <= kv ? 2 * host_w : host_w + kv) + nvlink / hw.nvlink_bytes_per_s;
       k = kv <= host_w ? 2 * kv : host_w + kv;
       weights_s = std::max({weights_s, w, k});
     } else {

@@ -19,8 +19,9 @@
 //     from the host backup (the positions the engine restores), and a new
 //     collective group; the clock advances by it. A full recovery moves
 //     weights and KV at once, as the devices do: each device's host link
-//     carries its host weights and its KV restore together while its peer
-//     weights come over NVLink; the other modes reload, then restore;
+//     carries its host weights and its KV restore together, its peer
+//     weights come over NVLink after its host weights; the other modes
+//     reload, then restore;
 //   - a killed (or hung) device is detected after the profile's detection
 //     delay (or the hang's): the step in flight fails at that instant;
 //   - a device may run slow (SetDeviceSpeed: a throttled accelerator): its

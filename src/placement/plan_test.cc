@@ -284,6 +284,31 @@ TEST(Plan, JsonRoundTrip) {
 
 // Head groups of one layer with no surviving device in `next` (TP groups
 // only: a DP head lives on every device).
+// One seeded failure or rejoin among kMaxDevices devices: a device of
+// `alive` fails (never the last), or a dead one comes back.
+struct AliveChange {
+  std::vector<int> alive;  // after the change, ascending
+  bool fail = false;
+  int device = -1;
+};
+AliveChange NextChange(const std::vector<int>& alive, Rng& rng) {
+  AliveChange c{alive};
+  std::vector<int> dead;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (!std::binary_search(alive.begin(), alive.end(), d)) dead.push_back(d);
+  }
+  c.fail = alive.size() > 1 && (dead.empty() || rng.Below(2) == 0);
+  if (c.fail) {
+    c.device = alive[rng.Below(alive.size())];
+    std::erase(c.alive, c.device);
+  } else {
+    c.device = dead[rng.Below(dead.size())];
+    c.alive.push_back(c.device);
+    std::sort(c.alive.begin(), c.alive.end());
+  }
+  return c;
+}
+
 int OrphanedGroups(const Plan& prev, const Plan& next, int layer) {
   int orphans = 0;
   for (int h = 0; h < prev.shape.num_kv_heads; ++h) {
@@ -311,21 +336,10 @@ TEST(Replan, MinimalMovementThroughFailuresAndRejoins) {
       ASSERT_TRUE(plan.ok());
       Plan cur = *plan;
       for (int event = 0; event < 24; ++event) {
-        std::vector<int> alive = cur.alive;
-        std::vector<int> dead;
-        for (int d = 0; d < kMaxDevices; ++d) {
-          if (!std::binary_search(alive.begin(), alive.end(), d)) dead.push_back(d);
-        }
-        const bool fail = alive.size() > 1 && (dead.empty() || rng.Below(2) == 0);
-        int changed;
-        if (fail) {
-          changed = alive[rng.Below(alive.size())];
-          std::erase(alive, changed);
-        } else {
-          changed = dead[rng.Below(dead.size())];
-          alive.push_back(changed);
-          std::sort(alive.begin(), alive.end());
-        }
+        const AliveChange change = NextChange(cur.alive, rng);
+        const std::vector<int>& alive = change.alive;
+        const bool fail = change.fail;
+        const int changed = change.device;
         SCOPED_TRACE((fail ? "fail " : "rejoin ") + std::to_string(changed) + " to " +
                      std::to_string(alive.size()));
         auto next = Replan(cur, c, alive);
@@ -392,18 +406,9 @@ TEST(Replan, ChangingPolicyWithTheDeviceCount) {
     Plan cur = *plan;
     int changes = 0;
     for (int event = 0; event < 24; ++event) {
-      std::vector<int> alive = cur.alive;
-      std::vector<int> dead;
-      for (int d = 0; d < kMaxDevices; ++d) {
-        if (!std::binary_search(alive.begin(), alive.end(), d)) dead.push_back(d);
-      }
-      const bool fail = alive.size() > 1 && (dead.empty() || rng.Below(2) == 0);
-      if (fail) {
-        std::erase(alive, alive[rng.Below(alive.size())]);
-      } else {
-        alive.push_back(dead[rng.Below(dead.size())]);
-        std::sort(alive.begin(), alive.end());
-      }
+      const AliveChange change = NextChange(cur.alive, rng);
+      const std::vector<int>& alive = change.alive;
+      const bool fail = change.fail;
       const Policy policy = choose(alive.size());
       SCOPED_TRACE(std::string(fail ? "fail" : "rejoin") + " to " + std::to_string(alive.size()) +
                    " " + PolicyName(policy));

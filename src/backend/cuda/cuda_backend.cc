@@ -138,17 +138,17 @@ class CudaBackend final : public Backend {
     if (bytes && Launching()) FS_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
   }
   void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) override {
-    if (bytes == 0) return;
-    std::lock_guard<std::mutex> lock(copy_mu_);
-    FS_CUDA_CHECK(cudaSetDevice(gpu_));  // this thread's device
-    FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
-    FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    BackgroundCopy(dst, src, bytes, cudaMemcpyDeviceToHost);
   }
   void BackgroundCopyToDevice(void* dst, const void* src, size_t bytes) override {
+    BackgroundCopy(dst, src, bytes, cudaMemcpyHostToDevice);
+  }
+  // On the copy stream, from any thread, complete on return.
+  void BackgroundCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     if (bytes == 0) return;
     std::lock_guard<std::mutex> lock(copy_mu_);
     FS_CUDA_CHECK(cudaSetDevice(gpu_));  // this thread's device
-    FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+    FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream_));
     FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   }
   void Synchronize() override {

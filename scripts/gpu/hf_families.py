@@ -3,10 +3,12 @@
 modeling code (where transformers is installed: the GPU machine).
 
 For every family preset (`failsafe make-model`: tiny-qwen2, tiny-qwen3,
-tiny-qwen3-moe, tiny-qwen2-moe, tiny-phi3, tiny-gemma2, tiny-gemma3, and tiny-llama, tiny-mixtral for
+tiny-qwen3-moe, tiny-qwen2-moe, tiny-phi3, tiny-gemma2, tiny-gemma3, tiny-gemma3 as
+Gemma3ForConditionalGeneration with a vision tower, and tiny-llama, tiny-mixtral for
 comparison) it runs `failsafe logits` (a chunked prefill and greedy decode
 steps, with the given engine flags, e.g. `--gpus 0`) and transformers'
-AutoModelForCausalLM in float32 (eager attention) on the same weights and the
+AutoModelForCausalLM (Gemma3ForConditionalGeneration, text only, for the
+vision-language checkpoint) in float32 (eager attention) on the same weights and the
 same tokens, and prints the largest relative logit difference per family:
 max |failsafe - transformers| / max |transformers| over the vocabulary, at
 every position the engine reports. Fails above 1e-4 or on a greedy token
@@ -26,7 +28,7 @@ import torch
 import transformers
 
 PRESETS = ["tiny-llama", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe",
-           "tiny-phi3", "tiny-gemma2", "tiny-gemma3"]
+           "tiny-phi3", "tiny-gemma2", "tiny-gemma3", "tiny-gemma3+vision"]
 TOLERANCE = 1e-4
 
 
@@ -40,15 +42,18 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for preset in PRESETS:
             d = os.path.join(tmp, preset)
-            subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d,
-                            "--seed", "3"], check=True, capture_output=True)
+            vision = preset.endswith("+vision")
+            extra = ["--vision-language", "language_model.model."] if vision else []
+            subprocess.run([args.failsafe, "make-model", "--preset", preset.split("+")[0], "--out",
+                            d, "--seed", "3", *extra], check=True, capture_output=True)
             cfg_path = os.path.join(d, "config.json")
             with open(cfg_path) as f:
                 cfg = json.load(f)
-            if "layer_types" in cfg and "rope_local_base_freq" in cfg:
+            text_cfg = cfg.get("text_config", cfg)
+            if "layer_types" in text_cfg and text_cfg.get("model_type") == "gemma3_text":
                 # Releases that predate layer_types read the pattern instead
                 # (the presets put a global layer every third).
-                cfg["sliding_window_pattern"] = 3
+                text_cfg["sliding_window_pattern"] = 3
                 with open(cfg_path, "w") as f:
                     json.dump(cfg, f, indent=1)
             rng = random.Random(preset)
@@ -59,8 +64,9 @@ def main():
                 check=True, capture_output=True, text=True)
             got = json.loads(res.stdout)
             full = prompt + got["output_ids"][:-1]
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                d, torch_dtype=torch.float32, attn_implementation="eager")
+            cls = (transformers.Gemma3ForConditionalGeneration if vision
+                   else transformers.AutoModelForCausalLM)
+            model = cls.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager")
             model.eval()
             with torch.no_grad():
                 ref = model(torch.tensor([full])).logits[0].double()

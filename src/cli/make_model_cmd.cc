@@ -14,6 +14,7 @@ CommandFn RegisterMakeModel(CLI::App& app) {
     int shards = 1;
     int heads = 0, kv_heads = 0;
     int vocab_size = 0;
+    std::string vision_language;
   };
   auto o = std::make_shared<Opts>();
   std::string presets;
@@ -30,6 +31,11 @@ CommandFn RegisterMakeModel(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--vocab-size", o->vocab_size,
                  "the preset's shape with this vocabulary (e.g. to pair with a real tokenizer)");
+  app.add_option("--vision-language", o->vision_language,
+                 "Gemma 3 presets: write a Gemma3ForConditionalGeneration checkpoint, its language "
+                 "model under this prefix (language_model.model. as published, or "
+                 "model.language_model.) beside a small vision tower")
+      ->check(CLI::IsMember({"language_model.model.", "model.language_model."}));
   return [o] {
     SyntheticModelOptions opts;
     opts.preset = o->preset;
@@ -38,6 +44,7 @@ CommandFn RegisterMakeModel(CLI::App& app) {
     opts.seed = o->seed;
     opts.num_shards = o->shards;
     opts.vocab_size = o->vocab_size;
+    opts.vision_language_prefix = o->vision_language;
     if (o->dtype == "f32")
       opts.dtype = DType::kF32;
     else if (o->dtype == "f16")

@@ -205,6 +205,11 @@ CommandFn RegisterServe(CLI::App& app) {
                 opts.model_name.c_str(), opts.host.c_str(), server->port(), o->dev.devices,
                 o->dev.placement.c_str(), o->dev.recovery.c_str(),
                 opts.enable_admin ? ", admin enabled" : "");
+    if (config->vision_language)
+      std::printf(
+          "%s is a vision-language checkpoint: its language model serves text; the vision tower "
+          "is not loaded and image inputs are refused\n",
+          opts.model_name.c_str());
     std::fflush(stdout);
     const int cut = DrainOnSignal(
         o->drain_timeout, [&](int64_t ms) { return server->Drain(ms); }, [&] { server->Stop(); });

@@ -39,6 +39,7 @@ Workload MakeWorkload(int n, uint64_t seed) {
 
 struct Scenario {
   std::string preset = "tiny-llama";
+  std::string model_dir;  // instead of the preset's (written with seed 21)
   int devices = 8;
   Policy policy = Policy::kHybrid;
   RecoveryMode mode = RecoveryMode::kFull;
@@ -59,7 +60,7 @@ struct Scenario {
 
 WorkerGroupOptions GroupOptions(const Scenario& s) {
   WorkerGroupOptions o;
-  o.model_dir = Dir(s.preset);
+  o.model_dir = s.model_dir.empty() ? Dir(s.preset) : s.model_dir;
   o.worker_binary = TestBinary();
   o.num_devices = s.devices;
   o.policy = s.policy;
@@ -170,6 +171,28 @@ INSTANTIATE_TEST_SUITE_P(Modes, ModeTest,
                                            std::make_tuple(RecoveryMode::kFull, "tiny-phi3"),
                                            std::make_tuple(RecoveryMode::kFull, "tiny-gemma3"),
                                            std::make_tuple(RecoveryMode::kHost, "tiny-gemma2")));
+
+// Gemma 3 as published with its vision tower (Gemma3ForConditionalGeneration,
+// sharded): its language model serves through failures and rejoins exactly
+// as the text checkpoint of the same weights does.
+TEST(VisionLanguageTest, TheLanguageModelServesThroughFailures) {
+  Workload w = MakeWorkload(16, 5);
+  const RunSummary& want = Reference("tiny-gemma3", w, 5);
+  SyntheticModelOptions o;
+  o.preset = "tiny-gemma3";
+  o.seed = 21;
+  o.num_shards = 2;
+  o.vision_language_prefix = "language_model.model.";
+  Scenario s;
+  s.preset = "tiny-gemma3";
+  s.model_dir = ProcessScratchDir().Sub("tiny-gemma3-vision-language");
+  ASSERT_TRUE(WriteSyntheticModel(s.model_dir, o).ok());
+  auto got = RunScenario(s, w, {Kill(2, 5), Kill(6, 9), Back(2, 14)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, want, 16);
+  ASSERT_EQ(got->recoveries.size(), 3u);
+  EXPECT_GT(got->recoveries[0].kv_restored_bytes, 0);
+}
 
 // More devices than head groups (stories260K's shape: 4 groups of 2 query
 // heads on 8 devices): replicated groups (nonuniform, cyclic) or pure DP

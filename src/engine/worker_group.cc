@@ -92,6 +92,12 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   // Check the weights and the memory budget here, so that bad input fails
   // before any process starts.
   FS_ASSIGN_OR_RETURN(auto host, WeightStore::Open(options.model_dir, g->config_));
+  if (g->config_.vision_language) {
+    FS_LOG_INFO(
+        "{}: a vision-language checkpoint served as text: its language model only ({} tensors "
+        "of the vision tower and projector, {:.1f} MB, not loaded; image inputs are refused)",
+        options.model_dir, host->skipped_tensors(), host->skipped_bytes() / 1e6);
+  }
   host.reset();
   const int64_t slots = static_cast<int64_t>(g->config_.num_layers) * g->config_.num_kv_heads;
   const int64_t page_bytes = 2LL * options.block_size * g->config_.head_dim * 4;

@@ -254,6 +254,65 @@ Status ParseLongRope(const json& j, const json& rs, const std::string& source, M
   return Status::Ok();
 }
 
+// Gemma 3's text model as transformers' Gemma3TextConfig defines it: its
+// published configs leave out what equals these (gemma-3-4b-it's text_config
+// names six fields), so each missing field takes its value from here. The
+// token ids are left out: the tokenizer and generation_config.json name them.
+json Gemma3TextDefaults() {
+  return json{{"vocab_size", 262208},
+              {"hidden_size", 2304},
+              {"intermediate_size", 9216},
+              {"num_hidden_layers", 26},
+              {"num_attention_heads", 8},
+              {"num_key_value_heads", 4},
+              {"head_dim", 256},
+              {"hidden_activation", "gelu_pytorch_tanh"},
+              {"max_position_embeddings", 131072},
+              {"rms_norm_eps", 1e-6},
+              {"tie_word_embeddings", true},
+              {"rope_theta", 1000000.0},
+              {"attention_bias", false},
+              {"query_pre_attn_scalar", 256},
+              {"sliding_window", 4096},
+              {"final_logit_softcapping", nullptr},
+              {"attn_logit_softcapping", nullptr},
+              {"rope_scaling", nullptr},
+              {"rope_local_base_freq", 10000.0},
+              {"sliding_window_pattern", 6}};
+}
+
+json WithDefaults(json defaults, const json& given) {
+  for (auto& [k, v] : given.items()) defaults[k] = v;
+  return defaults;
+}
+
+// Gemma3ForConditionalGeneration's language model: its text_config over
+// Gemma3TextConfig's defaults, with the token ids and embedding tying the
+// top level names (transformers reads them there).
+Result<json> Gemma3TextOfVisionLanguage(const json& j, const std::string& source) {
+  json text = json::object();
+  auto tc = j.find("text_config");
+  if (tc != j.end() && !tc->is_null()) {
+    if (!tc->is_object())
+      return InvalidArgument("{}: field 'text_config' must be an object", source);
+    text = *tc;
+  }
+  auto mt = text.find("model_type");
+  if (mt != text.end() && *mt != "gemma3_text")
+    return InvalidArgument(
+        "{}: field 'text_config.model_type' = {}: Gemma3ForConditionalGeneration is supported "
+        "with a gemma3_text language model",
+        source, mt->dump());
+  for (const char* field :
+       {"bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"}) {
+    auto top = j.find(field);
+    if (top != j.end() && !top->is_null()) text[field] = *top;
+  }
+  text["architectures"] = {"Gemma3ForCausalLM"};
+  text["model_type"] = "gemma3_text";
+  return text;
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::string& source) {
@@ -274,11 +333,19 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
     if (arch == a.name) names = &a;
     supported += (supported.empty() ? "" : ", ") + std::string(a.name);
   }
+  if (arch == "Gemma3ForConditionalGeneration") {
+    FS_ASSIGN_OR_RETURN(json text, Gemma3TextOfVisionLanguage(j, source));
+    FS_ASSIGN_OR_RETURN(ModelConfig c, Parse(text.dump(), source + " (text_config)"));
+    c.vision_language = true;
+    return c;
+  }
   if (!names) {
     return InvalidArgument(
-        "{}: field 'architectures': unsupported architecture '{}' (supported: {})", source, arch,
-        supported);
+        "{}: field 'architectures': unsupported architecture '{}' (supported: {}, and "
+        "Gemma3ForConditionalGeneration as text)",
+        source, arch, supported);
   }
+  if (names->arch == Architecture::kGemma3) j = WithDefaults(Gemma3TextDefaults(), j);
   c.architecture = names->arch;
   if (c.gemma()) c.tie_word_embeddings = true;  // Gemma's default
 

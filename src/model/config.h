@@ -95,6 +95,12 @@ struct ModelConfig {
   float AttentionScale() const;
   int bos_token_id = -1;
   int eos_token_id = -1;
+  // The language model of a vision-language checkpoint
+  // (Gemma3ForConditionalGeneration): config.json's text_config, tensors
+  // under `language_model.model.` (or `model.language_model.`), served as
+  // text. The vision tower and projector are never loaded; the API refuses
+  // image inputs.
+  bool vision_language = false;
 
   bool is_moe() const { return num_experts > 0; }
   // The shared expert cut into experts of intermediate_size, after the

@@ -269,6 +269,76 @@ TEST(Config, ParsesGemma3) {
   EXPECT_EQ(c->attn_softcap, 50.0);
 }
 
+// Gemma-3-4b-it's config.json as published: Gemma3ForConditionalGeneration,
+// whose text_config names only what differs from transformers'
+// Gemma3TextConfig defaults. Served as text: its language model.
+TEST(Config, ParsesGemma3VisionLanguageAsText) {
+  const std::string gemma = R"({"architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999, "eoi_token_index": 256000, "eos_token_id": [1, 106],
+    "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+      "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+      "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+      "patch_size": 14, "vision_use_head": false}})";
+  auto c = ModelConfig::Parse(gemma, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->vision_language);
+  EXPECT_EQ(c->architecture, Architecture::kGemma3);
+  EXPECT_TRUE(c->gemma() && c->qk_norm() && c->tie_word_embeddings);
+  EXPECT_EQ(c->vocab_size, 262208);
+  EXPECT_EQ(c->hidden_size, 2560);
+  EXPECT_EQ(c->num_layers, 34);
+  EXPECT_EQ(c->num_heads, 8);
+  EXPECT_EQ(c->num_kv_heads, 4);
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->intermediate_size, 10240);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c->rope_local_theta, 1e4);
+  EXPECT_DOUBLE_EQ(c->rope_linear_factor, 8.0);
+  EXPECT_FLOAT_EQ(c->AttentionScale(), 1.0f / 16);
+  EXPECT_EQ(c->attn_softcap, 0.0);
+  EXPECT_EQ(c->final_softcap, 0.0);
+  EXPECT_EQ(c->eos_token_id, 1);  // the top level's, first of the list
+  int sliding = 0;
+  for (int l = 0; l < c->num_layers; ++l) sliding += c->LayerWindow(l) == 1024;
+  EXPECT_EQ(sliding, 29);  // every sixth layer is global
+  EXPECT_EQ(c->LayerWindow(5), 0);
+
+  // Gemma-3-27b-it's text_config: its own head width and query scale.
+  std::string big = gemma;
+  big.replace(big.find(R"("hidden_size": 2560)"), 19,
+              R"("head_dim": 128, "hidden_size": 5376, "num_attention_heads": 32, )"
+              R"("num_key_value_heads": 16, "query_pre_attn_scalar": 168)");
+  c = ModelConfig::Parse(big, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_kv_heads, 16);
+  EXPECT_FLOAT_EQ(c->AttentionScale(), 1.0f / std::sqrt(168.0f));
+
+  // What the text model does not compute is refused naming the field and
+  // where it is; another language model is refused by its type.
+  std::string biased = gemma;
+  biased.replace(biased.find(R"("sliding_window": 1024)"), 22,
+                 R"("sliding_window": 1024, "attention_bias": true)");
+  c = ModelConfig::Parse(biased, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("config.json (text_config): field 'attention_bias'"),
+            std::string::npos)
+      << c.status().message();
+  std::string other = gemma;
+  other.replace(other.find(R"("model_type": "gemma3_text")"), 27,
+                R"("model_type": "gemma3n_text")");
+  c = ModelConfig::Parse(other, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("text_config.model_type"), std::string::npos);
+}
+
 // Gemma-2-2b-it's config.json: soft-capping, every other layer sliding.
 TEST(Config, ParsesGemma2) {
   const char* gemma = R"({"architectures": ["Gemma2ForCausalLM"], "attention_bias": false,

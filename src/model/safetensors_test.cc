@@ -149,5 +149,54 @@ TEST_F(SyntheticModelTest, WrongShapeIsNamed) {
       << w.status().message();
 }
 
+// Gemma3ForConditionalGeneration as published (language_model.model.) and as
+// newer transformers save it (model.language_model.), in one file and in
+// shards: the language model's tensors read under the text model's names with
+// the text layout's values; the vision tower's and projector's are left unread.
+TEST_F(SyntheticModelTest, ReadsTheLanguageModelOfAVisionLanguageCheckpoint) {
+  SyntheticModelOptions o;
+  o.preset = "micro-gemma3";
+  o.seed = 9;
+  o.dtype = DType::kBF16;
+  const std::string text = Dir("vl_text");
+  ASSERT_TRUE(WriteSyntheticModel(text, o).ok());
+  auto tc = ModelConfig::Load(text);
+  ASSERT_TRUE(tc.ok()) << tc.status().ToString();
+  auto tw = WeightStore::Open(text, *tc);
+  ASSERT_TRUE(tw.ok()) << tw.status().ToString();
+  EXPECT_EQ((*tw)->skipped_tensors(), 0);
+  for (const char* prefix : {"language_model.model.", "model.language_model."}) {
+    for (int shards : {1, 3}) {
+      SCOPED_TRACE(std::string(prefix) + " in " + std::to_string(shards));
+      const std::string dir = Dir(std::string("vl_") + prefix + std::to_string(shards));
+      o.vision_language_prefix = prefix;
+      o.num_shards = shards;
+      ASSERT_TRUE(WriteSyntheticModel(dir, o).ok());
+      auto c = ModelConfig::Load(dir);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      EXPECT_TRUE(c->vision_language);
+      ModelConfig same = *c;
+      same.vision_language = false;
+      EXPECT_EQ(same.ToJson(), tc->ToJson());
+      auto w = WeightStore::Open(dir, *c);
+      ASSERT_TRUE(w.ok()) << w.status().ToString();
+      EXPECT_EQ((*w)->skipped_tensors(), 23);  // a one-layer SigLIP tower and the projector
+      EXPECT_GT((*w)->skipped_bytes(), 0);
+      EXPECT_EQ((*w)->MatrixDType(), DType::kBF16);
+      for (const ExpectedTensor& e : ExpectedTensors(*c)) {
+        TensorRef a = (*w)->Get(e.name), b = (*tw)->Get(e.name);
+        ASSERT_EQ(a.info->end - a.info->begin, b.info->end - b.info->begin) << e.name;
+        EXPECT_EQ(std::memcmp(a.data, b.data, a.info->end - a.info->begin), 0) << e.name;
+      }
+      // Read as a text model, the same files are refused by the prefixed name.
+      auto as_text = WeightStore::Open(dir, *tc);
+      ASSERT_FALSE(as_text.ok());
+      EXPECT_NE(as_text.status().message().find(std::string("tensor '") + prefix),
+                std::string::npos)
+          << as_text.status().message();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace failsafe

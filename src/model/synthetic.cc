@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -436,6 +437,9 @@ namespace {
 struct FillContext {
   const ModelConfig* config;
   std::vector<SafetensorsWriter::Entry> entries;
+  // The name each entry's values derive from (the text model's name of a
+  // vision-language layout's tensor); empty: the entries' own.
+  std::vector<std::string> value_names;
   uint64_t seed;
 };
 
@@ -469,12 +473,13 @@ double InitStd(const ModelConfig& c, const std::string& name) {
 void Fill(void* ctx_ptr, size_t index, float* dst) {
   auto* ctx = static_cast<FillContext*>(ctx_ptr);
   const auto& e = ctx->entries[index];
+  const std::string& name = ctx->value_names.empty() ? e.name : ctx->value_names[index];
   int64_t n = 1;
   for (auto d : e.shape) n *= d;
   uint64_t h = 1469598103934665603ULL;
-  for (char c : e.name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
   Rng rng(HashCombine(ctx->seed, h));
-  if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0) {
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(0.5 * rng.Normal());
     return;
   }
@@ -487,11 +492,84 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
   }
   // With tied embeddings the embedding doubles as the LM head: use the LM
   // head's scale and rescale the residual stream through the norms instead.
-  double sd = InitStd(*ctx->config, e.name);
-  if (ctx->config->tie_word_embeddings && e.name == tensor_names::Embedding()) {
+  double sd = InitStd(*ctx->config, name);
+  if (name.rfind("vision_tower.", 0) == 0 || name.rfind("multi_modal_projector.", 0) == 0)
+    sd = 0.02;
+  if (ctx->config->tie_word_embeddings && name == tensor_names::Embedding()) {
     sd = 4.0 / std::sqrt(static_cast<double>(ctx->config->hidden_size));
   }
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(sd * rng.Normal());
+}
+
+// A small SigLIP vision tower and Gemma 3's projector, as
+// Gemma3ForConditionalGeneration stores them (under `prefix`: "" or "model.").
+constexpr int kVisionHidden = 32, kVisionInter = 64, kVisionImage = 28, kVisionPatch = 14;
+
+std::vector<SafetensorsWriter::Entry> VisionTensors(const ModelConfig& c, const std::string& prefix,
+                                                    DType dtype) {
+  const int64_t h = kVisionHidden,
+                patches = (kVisionImage / kVisionPatch) * (kVisionImage / kVisionPatch);
+  const std::string v = prefix + "vision_tower.vision_model.";
+  const std::string l = v + "encoder.layers.0.";
+  std::vector<SafetensorsWriter::Entry> out = {
+      {v + "embeddings.patch_embedding.weight", {h, 3, kVisionPatch, kVisionPatch}, dtype},
+      {v + "embeddings.patch_embedding.bias", {h}, dtype},
+      {v + "embeddings.position_embedding.weight", {patches, h}, dtype}};
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+    out.push_back({l + "self_attn." + p + ".weight", {h, h}, dtype});
+    out.push_back({l + "self_attn." + p + ".bias", {h}, dtype});
+  }
+  for (const char* n : {"layer_norm1", "layer_norm2"}) {
+    out.push_back({l + n + ".weight", {h}, dtype});
+    out.push_back({l + n + ".bias", {h}, dtype});
+  }
+  out.push_back({l + "mlp.fc1.weight", {kVisionInter, h}, dtype});
+  out.push_back({l + "mlp.fc1.bias", {kVisionInter}, dtype});
+  out.push_back({l + "mlp.fc2.weight", {h, kVisionInter}, dtype});
+  out.push_back({l + "mlp.fc2.bias", {h}, dtype});
+  out.push_back({v + "post_layernorm.weight", {h}, dtype});
+  out.push_back({v + "post_layernorm.bias", {h}, dtype});
+  const std::string m = prefix + "multi_modal_projector.";
+  out.push_back({m + "mm_input_projection_weight", {h, c.hidden_size}, dtype});
+  out.push_back({m + "mm_soft_emb_norm.weight", {h}, dtype});
+  return out;
+}
+
+// config.json of Gemma3ForConditionalGeneration around the text model's:
+// the token ids at the top level, and text_config leaving out what equals
+// transformers' defaults, as the published configs do.
+std::string VisionLanguageConfigJson(const ModelConfig& c, DType dtype) {
+  json text = json::parse(c.ToJson());
+  json top = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+              {"model_type", "gemma3"},
+              {"mm_tokens_per_image", 1},
+              {"torch_dtype", dtype == DType::kF32   ? "float32"
+                              : dtype == DType::kF16 ? "float16"
+                                                     : "bfloat16"}};
+  for (const char* f : {"bos_token_id", "eos_token_id"}) {
+    if (text.contains(f)) top[f] = text[f];
+  }
+  for (const char* f : {"architectures", "torch_dtype", "bos_token_id", "eos_token_id",
+                        "hidden_activation", "tie_word_embeddings"}) {
+    text.erase(f);
+  }
+  const std::pair<const char*, double> defaults[] = {{"rms_norm_eps", 1e-6},
+                                                     {"rope_theta", 1e6},
+                                                     {"rope_local_base_freq", 1e4},
+                                                     {"query_pre_attn_scalar", 256}};
+  for (auto [f, d] : defaults) {
+    if (text.contains(f) && text[f].is_number() && text[f].get<double>() == d) text.erase(f);
+  }
+  top["text_config"] = text;
+  top["vision_config"] = {{"model_type", "siglip_vision_model"},
+                          {"hidden_size", kVisionHidden},
+                          {"intermediate_size", kVisionInter},
+                          {"num_attention_heads", 2},
+                          {"num_hidden_layers", 1},
+                          {"image_size", kVisionImage},
+                          {"patch_size", kVisionPatch},
+                          {"vision_use_head", false}};
+  return top.dump(2) + "\n";
 }
 
 }  // namespace
@@ -536,6 +614,27 @@ Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& 
   ctx.config = &config;
   ctx.seed = options.seed;
   for (auto& t : ExpectedTensors(config)) ctx.entries.push_back({t.name, t.shape, options.dtype});
+  const std::string& vl = options.vision_language_prefix;
+  if (!vl.empty()) {
+    if (config.architecture != Architecture::kGemma3)
+      return InvalidArgument("a vision-language layout is Gemma 3's (preset {} is {})",
+                             options.preset, ArchitectureName(config.architecture));
+    if (vl != "language_model.model." && vl != "model.language_model.")
+      return InvalidArgument(
+          "vision-language prefix '{}': use language_model.model. or model.language_model.", vl);
+    for (auto& e : ctx.entries) {
+      ctx.value_names.push_back(e.name);
+      if (e.name.rfind("model.", 0) == 0)
+        e.name = vl + e.name.substr(std::strlen("model."));
+      else if (vl == "language_model.model.")  // an untied lm_head
+        e.name = "language_model." + e.name;
+    }
+    for (auto& e :
+         VisionTensors(config, vl == "model.language_model." ? "model." : "", options.dtype)) {
+      ctx.value_names.push_back(e.name);
+      ctx.entries.push_back(e);
+    }
+  }
 
   // Remove stale shards/index of an earlier model in the same directory.
   std::filesystem::remove(dir + "/model.safetensors.index.json", ec);
@@ -551,8 +650,10 @@ Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& 
           fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, options.num_shards);
       FillContext part = ctx;
       part.entries.clear();
+      part.value_names.clear();
       for (size_t i = s * per; i < std::min(ctx.entries.size(), (s + 1) * per); ++i) {
         part.entries.push_back(ctx.entries[i]);
+        if (!ctx.value_names.empty()) part.value_names.push_back(ctx.value_names[i]);
         weight_map[ctx.entries[i].name] = file;
       }
       FS_RETURN_IF_ERROR(SafetensorsWriter::Write(dir + "/" + file, part.entries, Fill, &part));
@@ -563,7 +664,9 @@ Status WriteSyntheticModel(const std::string& dir, const SyntheticModelOptions& 
         WriteStringToFile(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
   }
   // config.json last: its presence marks a complete model.
-  return WriteStringToFile(dir + "/config.json", config.ToJson());
+  return WriteStringToFile(
+      dir + "/config.json",
+      vl.empty() ? config.ToJson() : VisionLanguageConfigJson(config, options.dtype));
 }
 
 }  // namespace failsafe

@@ -35,6 +35,15 @@ struct SyntheticModelOptions {
   // The preset's shape with this vocabulary size instead (0: the preset's),
   // e.g. to pair random weights with a real tokenizer.
   int vocab_size = 0;
+  // Gemma 3 presets: the checkpoint as Gemma3ForConditionalGeneration is
+  // published instead (config.json with text_config, vision_config and the
+  // token ids at the top level; a small SigLIP vision tower and projector
+  // beside the language model), the language model's tensors under this
+  // prefix: "language_model.model." (as published) or
+  // "model.language_model." (as newer transformers save it). The language
+  // model's weights are those of the text layout with the same seed. Empty:
+  // the text layout.
+  std::string vision_language_prefix;
 };
 
 // The preset's config with the options' overrides; fails on a layout that is

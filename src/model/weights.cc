@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/check.h"
@@ -161,7 +163,32 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Where a vision-language checkpoint keeps its language model's tensors,
+// as published (`language_model.model.`) or as newer transformers save it
+// (`model.language_model.`), and its vision tower and projector.
+constexpr std::pair<const char*, const char*> kTextPrefixes[] = {
+    {"language_model.model.", "model."},
+    {"model.language_model.", "model."},
+    {"language_model.lm_head.", "lm_head."},
+};
+constexpr const char* kVisionPrefixes[] = {"vision_tower.", "multi_modal_projector.",
+                                           "model.vision_tower.", "model.multi_modal_projector."};
+
+bool StartsWith(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
 }  // namespace
+
+std::optional<std::string> TextModelTensorName(const ModelConfig& config,
+                                               const std::string& stored) {
+  if (!config.vision_language) return stored;
+  for (const char* v : kVisionPrefixes) {
+    if (StartsWith(stored, v)) return std::nullopt;
+  }
+  for (auto [from, to] : kTextPrefixes) {
+    if (StartsWith(stored, from)) return to + stored.substr(std::strlen(from));
+  }
+  return stored;
+}
 
 // A tensor the engine would not read (a bias, a norm of another architecture)
 // means the checkpoint computes something else: loading it anyway would give
@@ -208,8 +235,9 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
         return InvalidArgument("{}: field 'weight_map.{}' names a file outside the model directory",
                                index_path, name);
       }
-      weight_map[name] = f;
       unique.insert(f);
+      std::optional<std::string> text = TextModelTensorName(config, name);
+      if (text) weight_map[*text] = f;  // else the vision tower's: mapped, never read
     }
     files.assign(unique.begin(), unique.end());
   } else {
@@ -220,7 +248,18 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
     store->files_.push_back(std::move(file));
   }
   for (auto& file : store->files_) {
-    for (auto& t : file->tensors()) store->tensors_[t.name] = file->Ref(&t);
+    for (auto& t : file->tensors()) {
+      std::optional<std::string> name = TextModelTensorName(config, t.name);
+      if (!name) {
+        store->skipped_tensors_++;
+        store->skipped_bytes_ += static_cast<int64_t>(t.end - t.begin);
+        continue;
+      }
+      if (!store->tensors_.emplace(*name, file->Ref(&t)).second)
+        return InvalidArgument(
+            "{}: the language model's tensor '{}' is stored twice ('{}' is the second)",
+            file->path(), *name, t.name);
+    }
   }
   std::set<DType> matrix_types;
   const std::vector<ExpectedTensor> expected = ExpectedTensors(config);

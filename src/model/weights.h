@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,14 @@ Rows UpRows(const ModelConfig& c, int layer, int expert);
 Rows DownCols(const ModelConfig& c, int layer, int expert);
 }  // namespace tensor_names
 
+// The name the engine reads a stored tensor by: the stored name, or for a
+// vision-language checkpoint (ModelConfig::vision_language) its language
+// model's tensor under the text model's name (`language_model.model.X` and
+// `model.language_model.X` are read as `model.X`); nullopt for the vision
+// tower's and projector's tensors, which are never read.
+std::optional<std::string> TextModelTensorName(const ModelConfig& config,
+                                               const std::string& stored);
+
 struct ExpectedTensor {
   std::string name;
   std::vector<int64_t> shape;
@@ -82,6 +91,9 @@ class WeightStore {
   // device memory), else f32.
   DType MatrixDType() const { return matrix_dtype_; }
   const std::string& model_dir() const { return model_dir_; }
+  // A vision-language checkpoint's vision tower and projector, left unread.
+  int skipped_tensors() const { return skipped_tensors_; }
+  int64_t skipped_bytes() const { return skipped_bytes_; }
 
  private:
   static Status RefuseUnreadTensors(const WeightStore& store,
@@ -92,6 +104,8 @@ class WeightStore {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorRef> tensors_;
   DType matrix_dtype_ = DType::kF32;
+  int skipped_tensors_ = 0;
+  int64_t skipped_bytes_ = 0;
 };
 
 }  // namespace failsafe

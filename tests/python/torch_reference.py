@@ -74,9 +74,28 @@ def read_safetensors(path):
     return out
 
 
+# transformers' Gemma3TextConfig defaults: Gemma3ForConditionalGeneration's
+# published text_config names only what differs from these.
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_local_base_freq": 10000.0,
+    "sliding_window_pattern": 6, "tie_word_embeddings": True,
+}
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                   "model.multi_modal_projector.")
+TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head."))
+
+
 def load_model(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
+    vision_language = cfg["architectures"][0] == "Gemma3ForConditionalGeneration"
+    if vision_language:  # its language model, as transformers builds it
+        cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg.get("text_config", {}),
+               "architectures": ["Gemma3ForCausalLM"]}
     index = os.path.join(model_dir, "model.safetensors.index.json")
     weights = {}
     if os.path.exists(index):
@@ -86,6 +105,16 @@ def load_model(model_dir):
         files = ["model.safetensors"]
     for fn in files:
         weights.update(read_safetensors(os.path.join(model_dir, fn)))
+    if vision_language:
+        text = {}
+        for name, w in weights.items():
+            if name.startswith(VISION_PREFIXES):
+                continue
+            for old, new in TEXT_PREFIXES:
+                if name.startswith(old):
+                    name = new + name[len(old):]
+            text[name] = w
+        weights = text
     # Phi-3's fused projections, split as its modeling code chunks them: q,
     # k, v rows in order; the gate's rows, then the up projection's.
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -390,10 +419,14 @@ def main():
                                       ("tiny-qwen2-moe", "f32", 1), ("tiny-qwen2-moe", "f16", 2),
                                       ("tiny-phi3", "f32", 1), ("tiny-phi3", "bf16", 2),
                                       ("tiny-gemma3", "f32", 1), ("tiny-gemma3", "bf16", 2),
+                                      ("tiny-gemma3+vision", "bf16", 2),
                                       ("tiny-gemma2", "f32", 1), ("tiny-gemma2", "bf16", 1)]:
             d = os.path.join(tmp, f"{preset}-{dtype}")
-            subprocess.run([args.failsafe, "make-model", "--preset", preset, "--out", d, "--seed", "7",
-                            "--dtype", dtype, "--shards", str(shards)], check=True, capture_output=True)
+            # +vision: Gemma3ForConditionalGeneration as published, served as text
+            extra = ["--vision-language", "language_model.model."] if preset.endswith("+vision") else []
+            subprocess.run([args.failsafe, "make-model", "--preset", preset.split("+")[0], "--out", d,
+                            "--seed", "7", "--dtype", dtype, "--shards", str(shards), *extra],
+                           check=True, capture_output=True)
             rng = random.Random(preset)
             prompt = [rng.randrange(0, 500) for _ in range(120)]
             ok &= check(args.failsafe, d, prompt, 50, 1, f"{preset} {dtype} prefill 50+50+20, 1 thread", dtype)

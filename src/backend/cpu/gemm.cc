@@ -49,6 +49,7 @@ float* Scratch(int64_t floats) {
 void RoundActivations(KernelArgs* ka, const GemmKernels& kern, int threads) {
   thread_local std::vector<float> xs;
   thread_local std::vector<uint32_t> xw;
+  thread_local std::vector<float> xsw;
   ka->chain_k = ka->out == GemmOut::kFixedItems ? ka->item_k : ka->k;
   const int chains = ka->k / ka->chain_k, padded = (ka->chain_k + 1) & ~1;
   ka->ldxs = static_cast<int64_t>(chains) * padded;  // even
@@ -57,10 +58,14 @@ void RoundActivations(KernelArgs* ka, const GemmKernels& kern, int threads) {
   if (ka->dpbf16 && xw.size() < slots / 2) xw.resize(slots / 2);
   ka->xs = xs.data();
   ka->xw = ka->dpbf16 ? xw.data() : nullptr;
+  const bool swapped = kern.swapped_slots && !ka->dpbf16 && ka->m > kern.tile_rows;
+  if (swapped && xsw.size() < slots) xsw.resize(slots);
+  ka->xsw = swapped ? xsw.data() : nullptr;
   const KernelArgs& a = *ka;
   float* const xs_out = xs.data();
   uint32_t* const xw_out = xw.data();
-  auto rows = [&a, &kern, xs_out, xw_out](int i0, int i1) {
+  float* const xsw_out = xsw.data();
+  auto rows = [&a, &kern, xs_out, xw_out, xsw_out](int i0, int i1) {
     for (int i = i0; i < i1; ++i) {
       const float* x = a.x + static_cast<int64_t>(i) * a.ldx;
       float* row = xs_out + static_cast<int64_t>(i) * a.ldxs;
@@ -71,6 +76,13 @@ void RoundActivations(KernelArgs* ka, const GemmKernels& kern, int threads) {
         if ((a.chain_k & 1) != 0) dst[a.chain_k] = 0.0f;
       }
       if (a.dpbf16) kern.pack_pairs(row, xw_out + static_cast<int64_t>(i) * a.ldxs / 2, a.ldxs / 2);
+      if (a.xsw) {
+        float* sw = xsw_out + static_cast<int64_t>(i) * a.ldxs;
+        for (int64_t s = 0; s < a.ldxs; s += 2) {
+          sw[s] = row[s + 1];
+          sw[s + 1] = row[s];
+        }
+      }
     }
   };
   if (threads > 1 && static_cast<int64_t>(a.m) * a.k >= (1 << 14)) {
@@ -162,7 +174,7 @@ void ColumnBlockedItems(const KernelArgs& a, const GemmKernels& kern, int thread
   const int whole_panels = a.n / 16 * 16 / kNR;
   auto run = [&](int u0, int u1) {
     if (direct) return kern.direct(a, 16 * u0, std::min(a.n, 16 * u1));
-    float* packed = Scratch(static_cast<int64_t>(pairs ? a.item_k : a.k) * kNR);
+    float* packed = Scratch(pairs ? static_cast<int64_t>(a.item_k) * kNR : PanelScratchFloats(a));
     const int w1 = std::clamp(whole_panels, u0, u1);
     if (u0 < w1 && pairs) kern.column_panels(a, u0, w1);
     if (!pairs) {
@@ -374,7 +386,7 @@ void Gemm(const GemmArgs& a) {
   }
   const int panels = a.w_blocked16 ? BlockedPanels(ka) : (a.n + kNR - 1) / kNR;
   auto run = [&](int p0, int p1) {
-    float* packed = Scratch(static_cast<int64_t>(a.k) * kNR);
+    float* packed = Scratch(PanelScratchFloats(ka));
     for (int p = p0; p < p1; ++p) kern.panel(ka, p, packed);
   };
   ShareOut(panels, threads, run);

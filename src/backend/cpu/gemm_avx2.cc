@@ -11,7 +11,8 @@ namespace failsafe::cpu {
 const GemmKernels& GemmKernelsAvx2() {
   static constexpr GemmKernels kernels{
       kMR,        RunDirect,  RunStream,  RunPanel,     RunItemPanels, nullptr, RunColumnWidened,
-      SiluMulRow, ExpShifted, SoftmaxRow, RoundRowBf16, PackPairsRow};  // no vdpbf16ps here
+      SiluMulRow, ExpShifted, SoftmaxRow, RoundRowBf16, PackPairsRow,  // no vdpbf16ps here
+      0,          true};
   return kernels;
 }
 

@@ -160,7 +160,7 @@ void BlockedPanel(const KernelArgs& a, int panel, float* packed) {
   }
   Panel<float> p{packed, count == 2 ? packed + 16 : packed, kNR, cols};
   p.out = where;
-  PanelRows<kPairs<W>>(a, j0, p);
+  WidenedPanelRows<W>(a, j0, p);
 }
 
 // bf16 decode and batched decode (DirectWide) read each weight once, unit

@@ -48,7 +48,11 @@ struct KernelArgs : GemmArgs {
   const uint32_t* xw = nullptr;  // dpbf16: the same as bf16, two slots per word (even low)
   int64_t ldxs = 0;              // slots per row (even)
   int chain_k = 0;               // k-values per chain
-  bool dpbf16 = false;           // products by vdpbf16ps (avx512 level only)
+  // The slots of xs with each pair's two swapped (odd k-value first), for
+  // the tiles over widened panels where GemmKernels::swapped_slots asks
+  // for them (WidenedPanelRows); null elsewhere.
+  const float* xsw = nullptr;
+  bool dpbf16 = false;  // products by vdpbf16ps (avx512 level only)
   // DirectWide: the rows' activations (x, or with bf16 weights xs's slots)
   // k-major, slot kk of row i at xk[kk * m + i], once per Gemm call.
   const float* xk = nullptr;
@@ -125,6 +129,7 @@ inline KernelArgs ItemsCut(const KernelArgs& a, int c, int count) {
   cut.x = a.x + kk0;
   if (a.w_rows) cut.w_rows = a.w_rows + kk0;
   if (a.xs) cut.xs = a.xs + XSlot(a, kk0);
+  if (a.xsw) cut.xsw = a.xsw + XSlot(a, kk0);
   if (a.xw) cut.xw = a.xw + XSlot(a, kk0) / 2;
   return cut;
 }
@@ -185,7 +190,19 @@ struct GemmKernels {
   // read once for all the rows (DirectWide). 0 at the levels without the
   // registers for them.
   int wide_rows = 0;
+  // Whether bf16 weights widened into packed panels take the f32 chain's
+  // tiles over the activations' swapped slots (KernelArgs::xsw) where more
+  // rows than a register tile's use a panel.
+  bool swapped_slots = false;
 };
+
+// The scratch of GemmKernels::panel and column_widened: a packed panel of
+// a.k k-values, and with swapped slots the same in the chains' slots.
+inline int64_t PanelScratchFloats(const KernelArgs& a) {
+  int64_t rows = a.k;
+  if (a.xsw) rows += a.k + a.k / a.chain_k + 1;
+  return rows * kNR;
+}
 
 inline constexpr int64_t StreamScratchFloats() {
   return int64_t{kStreamRows} * (kStreamCols + 16) + 16;

@@ -92,7 +92,7 @@ void ColumnWidenedPanel(const KernelArgs& a, int panel, float* packed) {
     WidenBlock(b0, a.item_k, dst);
     WidenBlock(b0 + 16 * static_cast<int64_t>(a.item_k), a.item_k, dst + 16);
   }
-  PanelRows<kPairs<W>>(a, j0, Panel<float>{packed, packed + 16, kNR, kNR});
+  WidenedPanelRows<W>(a, j0, Panel<float>{packed, packed + 16, kNR, kNR});
 }
 
 template <typename W>
@@ -112,7 +112,7 @@ void PackedPanel(const KernelArgs& a, int panel, float* packed) {
   }
 #endif
   Pack<W>(a, j0, cols, packed);
-  PanelRows<kPairs<W>>(a, j0, Panel<float>{packed, packed + 16, kNR, cols});
+  WidenedPanelRows<W>(a, j0, Panel<float>{packed, packed + 16, kNR, cols});
 }
 
 // nn in fixed-point items with more rows than Stream takes (batched

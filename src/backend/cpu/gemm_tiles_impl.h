@@ -513,5 +513,46 @@ void PanelRows(const KernelArgs& a, int j0, Panel<W> p) {
   }
 }
 
+// Every row's register tiles over a panel of a 16-bit weight widened to f32
+// (k-value kk at p.b0 + kk * kNR). With bf16 weights and the swapped slots
+// of the activations (KernelArgs::xsw), the panel is laid out again in the
+// chains' slots, each pair's two swapped (after the panel in its scratch:
+// PanelScratchFloats), and the f32 chain's tiles run over it: over slots
+// in the order odd, even, odd, ... they make the bf16 chain's fused
+// multiply-adds in its order (a padding slot's included), the same bits,
+// with the f32 chain's register allocation (the bf16 chain's tiles at the
+// avx2 level left weights in memory operands and copied registers: 0.85x).
+template <typename W>
+void WidenedPanelRows(const KernelArgs& a, int j0, const Panel<float>& p) {
+  if constexpr (kPairs<W>) {
+    if (a.xsw != nullptr) {
+      const int chains = a.k / a.chain_k, padded = (a.chain_k + 1) & ~1;
+      float* slots = const_cast<float*>(p.b0) + static_cast<int64_t>(a.k) * kNR;
+      for (int c = 0; c < chains; ++c) {
+        for (int s = 0; s < padded; s += 2) {
+          const float* even = p.b0 + static_cast<int64_t>(c * a.chain_k + s) * kNR;
+          float* dst = slots + (static_cast<int64_t>(c) * padded + s) * kNR;
+          if (s + 1 < a.chain_k) {
+            std::memcpy(dst, even + kNR, sizeof(float) * kNR);
+          } else {
+            std::memset(dst, 0, sizeof(float) * kNR);
+          }
+          std::memcpy(dst + kNR, even, sizeof(float) * kNR);
+        }
+      }
+      KernelArgs sa = a;
+      sa.x = a.xsw;
+      sa.ldx = a.ldxs;
+      sa.k = chains * padded;
+      if (a.out == GemmOut::kFixedItems) sa.item_k = padded;
+      Panel<float> sp = p;
+      sp.b0 = slots;
+      sp.b1 = slots + (p.b1 - p.b0);
+      return PanelRows<false>(sa, j0, sp);
+    }
+  }
+  PanelRows<kPairs<W>>(a, j0, p);
+}
+
 }  // namespace
 }  // namespace failsafe::cpu

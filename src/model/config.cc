@@ -534,7 +534,7 @@ std::string ModelConfig::ToJson() const {
     if (rope_local_theta > 0) j["rope_local_base_freq"] = rope_local_theta;
     j["attn_logit_softcapping"] = attn_softcap > 0 ? json(attn_softcap) : json(nullptr);
     j["final_logit_softcapping"] = final_softcap > 0 ? json(final_softcap) : json(nullptr);
-    j["sliding_window"] = sliding_window;
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
     json types = json::array();
     for (int l = 0; l < num_layers; ++l)
       types.push_back(!sliding_layers.empty() && sliding_layers[l] ? "sliding_attention"

@@ -493,8 +493,10 @@ void Fill(void* ctx_ptr, size_t index, float* dst) {
   // With tied embeddings the embedding doubles as the LM head: use the LM
   // head's scale and rescale the residual stream through the norms instead.
   double sd = InitStd(*ctx->config, name);
-  if (name.rfind("vision_tower.", 0) == 0 || name.rfind("multi_modal_projector.", 0) == 0)
-    sd = 0.02;
+  for (const char* vision : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                             "model.multi_modal_projector."}) {
+    if (name.rfind(vision, 0) == 0) sd = 0.02;
+  }
   if (ctx->config->tie_word_embeddings && name == tensor_names::Embedding()) {
     sd = 4.0 / std::sqrt(static_cast<double>(ctx->config->hidden_size));
   }
@@ -546,7 +548,7 @@ std::string VisionLanguageConfigJson(const ModelConfig& c, DType dtype) {
               {"torch_dtype", dtype == DType::kF32   ? "float32"
                               : dtype == DType::kF16 ? "float16"
                                                      : "bfloat16"}};
-  for (const char* f : {"bos_token_id", "eos_token_id"}) {
+  for (const char* f : {"bos_token_id", "eos_token_id", "tie_word_embeddings"}) {
     if (text.contains(f)) top[f] = text[f];
   }
   for (const char* f : {"architectures", "torch_dtype", "bos_token_id", "eos_token_id",

@@ -256,9 +256,8 @@ Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& model_
         continue;
       }
       if (!store->tensors_.emplace(*name, file->Ref(&t)).second)
-        return InvalidArgument(
-            "{}: the language model's tensor '{}' is stored twice ('{}' is the second)",
-            file->path(), *name, t.name);
+        return InvalidArgument("{}: tensor '{}' is stored twice{}", file->path(), *name,
+                               *name == t.name ? "" : " (the second as '" + t.name + "')");
     }
   }
   std::set<DType> matrix_types;
@@ -301,7 +300,7 @@ int64_t WeightStore::FileBytes() const {
   for (auto& f : files_) {
     for (auto& t : f->tensors()) total += static_cast<int64_t>(t.end - t.begin);
   }
-  return total;
+  return total - skipped_bytes_;
 }
 
 }  // namespace failsafe

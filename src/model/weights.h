@@ -84,7 +84,7 @@ class WeightStore {
 
   // The tensor, which Open has validated. Aborts on an unknown name (a bug).
   TensorRef Get(const std::string& name) const;
-  // Total bytes of all files.
+  // Bytes of every tensor the model reads (a vision tower's left out).
   int64_t FileBytes() const;
   // The element type devices hold the model's matrices in: bf16 or f16 when
   // every 2-D tensor has that type (a checkpoint's own type, kept 16-bit in

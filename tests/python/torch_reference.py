@@ -96,6 +96,8 @@ def load_model(model_dir):
     if vision_language:  # its language model, as transformers builds it
         cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg.get("text_config", {}),
                "architectures": ["Gemma3ForCausalLM"]}
+    elif cfg["architectures"][0] == "Gemma3ForCausalLM":
+        cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg}
     index = os.path.join(model_dir, "model.safetensors.index.json")
     weights = {}
     if os.path.exists(index):

@@ -154,7 +154,7 @@ struct GemmKernels {
   void (*stream)(const KernelArgs& a, int c0, int cols, float* scratch);
   // Any shape: the columns of panel `panel` (kNR columns from kNR * panel;
   // blocked nt: BlockedPanels of them, BlockedVectorAt), every row. packed:
-  // a.k * kNR floats.
+  // PanelScratchFloats(a) floats.
   void (*panel)(const KernelArgs& a, int panel, float* packed);
   // nn in fixed-point items (a.w not by rows): block of columns after
   // block (ItemBlockCols), every item of a in turn, its weight rows in the
@@ -170,8 +170,8 @@ struct GemmKernels {
   void (*column_panels)(const KernelArgs& a, int p0, int p1);
   // nn in fixed-point items on a column-blocked weight by fused
   // multiply-adds: panel `panel` (32 columns of two whole blocks of 16),
-  // every item's blocks widened into `packed` (a.k * kNR floats), then every
-  // row's tiles over all of k.
+  // every item's blocks widened into `packed` (PanelScratchFloats(a)
+  // floats), then every row's tiles over all of k.
   void (*column_widened)(const KernelArgs& a, int panel, float* packed);
   // Elementwise, the same bits on every level (Exp in simd.h):
   // out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n.

@@ -294,52 +294,69 @@ FS_INLINE void LoadPairPart(const BF16* p, int lanes, V16* even, V16* odd) {
   LoadPair(tmp, even, odd);
 }
 
-// nt with few rows on the tail of a blocked item: its t < 16 rows (output
-// columns [j0, j0 + t)) lie k-major, t wide (Blocked16Index). A vector read
-// at a k-value holds them in lanes [0, t); the lanes after hold the next
-// k-values' and are never stored.
-template <int MR, typename W>
-void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
-  V16 acc[MR];
-  StartAccumulators<MR>(a, j0, t, acc);
-  float tmp[16];
-  const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of the tail
+// nt with few rows on the tails of NB blocked items, each t < 16 rows wide
+// (output columns [j0[q], j0[q] + t)), lying k-major, t wide
+// (Blocked16Index). A vector read at a k-value holds a tail's rows in lanes
+// [0, t); the lanes after hold the next k-values' and are never stored. A
+// tail alone is one chain of dependent fused multiply-adds per lane, two per
+// pair of k-values, which waits on their latency; side by side (as decode's
+// blocks are) the tails' chains overlap.
+template <int MR, int NB, typename W>
+void DirectTails(const KernelArgs& a, const W* const* w, const int* j0, int t) {
+  V16 acc[NB][MR];
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) StartAccumulators<MR>(a, j0[q], t, acc[q]);
+  const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of a tail
   int kk = 0;
   if constexpr (kPairs<W>) {
     const float* xs[MR];
     for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
     for (; kk < a.k; kk += 2) {
       const int64_t at = static_cast<int64_t>(kk) * t;
-      V16 e, o{};
-      if (kk + 2 > a.k) {  // an odd k's last value, after a zero pair
-        e = at + 16 <= end ? Load(w + at) : LoadPart(w + at, t);
-      } else if (at + 32 <= end) {
-        LoadPair(w + at, &e, &o);
-      } else {
-        LoadPairPart(w + at, t, &e, &o);
-      }
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        acc[i] = Fma(Splat(xs[i][kk + 1]), o, acc[i]);
-        acc[i] = Fma(Splat(xs[i][kk]), e, acc[i]);
+      for (int q = 0; q < NB; ++q) {
+        V16 e, o{};
+        if (kk + 2 > a.k) {  // an odd k's last value, after a zero pair
+          e = at + 16 <= end ? Load(w[q] + at) : LoadPart(w[q] + at, t);
+        } else if (at + 32 <= end) {
+          LoadPair(w[q] + at, &e, &o);
+        } else {
+          LoadPairPart(w[q] + at, t, &e, &o);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          acc[q][i] = Fma(Splat(xs[i][kk + 1]), o, acc[q][i]);
+          acc[q][i] = Fma(Splat(xs[i][kk]), e, acc[q][i]);
+        }
       }
     }
   } else {
     for (; kk < a.k; ++kk) {
       const int64_t at = static_cast<int64_t>(kk) * t;
-      const V16 v = at + 16 <= end ? Load(w + at) : LoadPart(w + at, t);
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kk]), v, acc[i]);
+      for (int q = 0; q < NB; ++q) {
+        const V16 v = at + 16 <= end ? Load(w[q] + at) : LoadPart(w[q] + at, t);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[q][i] = Fma(Splat(a.x[i * a.ldx + kk]), v, acc[q][i]);
+      }
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    if (a.out == GemmOut::kFixedItems) {
-      AddFixed16(acc[i], a.acc + static_cast<int64_t>(i) * a.ldacc + j0, t);
-      continue;
+  float tmp[16];
+  for (int q = 0; q < NB; ++q) {
+    for (int i = 0; i < MR; ++i) {
+      if (a.out == GemmOut::kFixedItems) {
+        AddFixed16(acc[q][i], a.acc + static_cast<int64_t>(i) * a.ldacc + j0[q], t);
+        continue;
+      }
+      Store(tmp, acc[q][i]);
+      std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0[q], tmp, sizeof(float) * t);
     }
-    Store(tmp, acc[i]);
-    std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * t);
   }
+}
+
+template <int MR, typename W>
+void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
+  DirectTails<MR, 1, W>(a, &w, &j0, t);
 }
 
 // Decode's blocks (and bf16's units by vdpbf16ps) are taken in batches of
@@ -534,6 +551,14 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
   const W* blocks[kQuarterUnits];
   int cols[kQuarterUnits];
   int count = 0;
+  // Tails too go side by side, as many as the blocks (DirectTails).
+  static constexpr void (*kTailsSideBySide[])(const KernelArgs&, const W* const*, const int*,
+                                              int) = {nullptr, DirectTails<MR, 1, W>,
+                                                      DirectTails<MR, 2, W>, DirectTails<MR, 3, W>,
+                                                      DirectTails<MR, 4, W>};
+  const W* tails[4];
+  int tail_cols[4];
+  int tail_count = 0;
   // Side by side: four, or with fewer registers as many as keep MR x NB
   // vectors of accumulators in eight of them.
   constexpr int kSide = kFewRegisters ? std::max(1, 4 / MR) : 4;
@@ -561,11 +586,17 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
       if (count == kQuarterUnits) run();
       j += 16;
     } else {
-      DirectTail<MR, W>(a, w + static_cast<int64_t>(full) * a.k, rows - full, c0 + full);
+      tails[tail_count] = w + static_cast<int64_t>(full) * a.k;
+      tail_cols[tail_count++] = c0 + full;
+      if (tail_count == kSide) {
+        kTailsSideBySide[tail_count](a, tails, tail_cols, rows - full);
+        tail_count = 0;
+      }
       j = c0 + rows;
     }
   }
   run();
+  if (tail_count > 0) kTailsSideBySide[tail_count](a, tails, tail_cols, rows - full);
 }
 
 // nt with kDirectRows < MR <= kWideRows rows on a blocked f32 weight, or a

@@ -281,11 +281,6 @@ json Gemma3TextDefaults() {
               {"sliding_window_pattern", 6}};
 }
 
-json WithDefaults(json defaults, const json& given) {
-  for (auto& [k, v] : given.items()) defaults[k] = v;
-  return defaults;
-}
-
 // Gemma3ForConditionalGeneration's language model: its text_config over
 // Gemma3TextConfig's defaults, with the token ids and embedding tying the
 // top level names (transformers reads them there).
@@ -314,6 +309,8 @@ Result<json> Gemma3TextOfVisionLanguage(const json& j, const std::string& source
 }
 
 }  // namespace
+
+std::string Gemma3TextDefaultsJson() { return Gemma3TextDefaults().dump(); }
 
 Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::string& source) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -345,7 +342,11 @@ Result<ModelConfig> ModelConfig::Parse(const std::string& text, const std::strin
         "Gemma3ForConditionalGeneration as text)",
         source, arch, supported);
   }
-  if (names->arch == Architecture::kGemma3) j = WithDefaults(Gemma3TextDefaults(), j);
+  if (names->arch == Architecture::kGemma3) {
+    json given = std::move(j);
+    j = Gemma3TextDefaults();
+    j.update(given);  // what the config names over the defaults
+  }
   c.architecture = names->arch;
   if (c.gemma()) c.tie_word_embeddings = true;  // Gemma's default
 

@@ -151,4 +151,9 @@ struct ModelConfig {
   std::string ToJson() const;
 };
 
+// transformers' Gemma3TextConfig defaults (JSON), which a Gemma 3 config's
+// missing fields take (published Gemma3ForConditionalGeneration configs name
+// only what differs from them).
+std::string Gemma3TextDefaultsJson();
+
 }  // namespace failsafe

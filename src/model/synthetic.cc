@@ -551,16 +551,13 @@ std::string VisionLanguageConfigJson(const ModelConfig& c, DType dtype) {
   for (const char* f : {"bos_token_id", "eos_token_id", "tie_word_embeddings"}) {
     if (text.contains(f)) top[f] = text[f];
   }
-  for (const char* f : {"architectures", "torch_dtype", "bos_token_id", "eos_token_id",
-                        "hidden_activation", "tie_word_embeddings"}) {
+  for (const char* f :
+       {"architectures", "torch_dtype", "bos_token_id", "eos_token_id", "tie_word_embeddings"}) {
     text.erase(f);
   }
-  const std::pair<const char*, double> defaults[] = {{"rms_norm_eps", 1e-6},
-                                                     {"rope_theta", 1e6},
-                                                     {"rope_local_base_freq", 1e4},
-                                                     {"query_pre_attn_scalar", 256}};
-  for (auto [f, d] : defaults) {
-    if (text.contains(f) && text[f].is_number() && text[f].get<double>() == d) text.erase(f);
+  const json defaults = json::parse(Gemma3TextDefaultsJson());
+  for (const auto& [f, d] : defaults.items()) {
+    if (text.contains(f) && text[f] == d) text.erase(f);
   }
   top["text_config"] = text;
   top["vision_config"] = {{"model_type", "siglip_vision_model"},

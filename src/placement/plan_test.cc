@@ -282,8 +282,6 @@ TEST(Plan, JsonRoundTrip) {
   EXPECT_FALSE(PlanFromJson("{\"policy\": \"hybrid\"}").ok());
 }
 
-// Head groups of one layer with no surviving device in `next` (TP groups
-// only: a DP head lives on every device).
 // One seeded failure or rejoin among kMaxDevices devices: a device of
 // `alive` fails (never the last), or a dead one comes back.
 struct AliveChange {
@@ -309,6 +307,8 @@ AliveChange NextChange(const std::vector<int>& alive, Rng& rng) {
   return c;
 }
 
+// Head groups of one layer with no surviving device in `next` (TP groups
+// only: a DP head lives on every device).
 int OrphanedGroups(const Plan& prev, const Plan& next, int layer) {
   int orphans = 0;
   for (int h = 0; h < prev.shape.num_kv_heads; ++h) {

@@ -86,11 +86,27 @@ FS_INLINE void AddFixed16(V16 v, int64_t* acc64, int cols) {
 // Over items the h add up in int32 lanes (only their low 32 bits reach the
 // int64 sum: it wraps at 2^64) and the second parts in double lanes (exact
 // below 2^53: 2^21 items). The same bits as AddFixed16 item by item.
-FS_INLINE void FixedSplitAdd(const V16& v, int32_t* h, double* t) {
+//
+// Eight lanes all below `whole` in magnitude (FixedWholeBound: no NaN, no
+// clamp) skip the split: v 2^32 and its truncation are exact in float, and
+// the double lanes take ToFixed(v) itself, exact as long as the items'
+// terms cannot reach 2^53 together.
+FS_INLINE void FixedSplitAdd(const V16& v, int32_t* h, double* t, __m256 whole_bound) {
   const __m256 lim = _mm256_set1_ps(kFixedLimit), one = _mm256_set1_ps(kFixedOne);
 #pragma GCC unroll 2
   for (int j = 0; j < 2; ++j) {
     __m256 x = reinterpret_cast<__m256>(v.p[j]);
+    double* tv = t + 8 * j;
+    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(magnitude, whole_bound, _CMP_LT_OQ)) == 0xff) {
+      const __m256 f =
+          _mm256_round_ps(_mm256_mul_ps(x, one), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      _mm256_store_pd(
+          tv, _mm256_add_pd(_mm256_load_pd(tv), _mm256_cvtps_pd(_mm256_castps256_ps128(f))));
+      _mm256_store_pd(tv + 4, _mm256_add_pd(_mm256_load_pd(tv + 4),
+                                            _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))));
+      continue;
+    }
     x = _mm256_and_ps(_mm256_cmp_ps(x, x, _CMP_ORD_Q), x);  // NaN: 0
     x = _mm256_max_ps(_mm256_min_ps(x, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
     const __m256 whole = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -98,12 +114,20 @@ FS_INLINE void FixedSplitAdd(const V16& v, int32_t* h, double* t) {
                                         _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     __m256i* hv = reinterpret_cast<__m256i*>(h + 8 * j);
     _mm256_store_si256(hv, _mm256_add_epi32(_mm256_load_si256(hv), _mm256_cvttps_epi32(whole)));
-    double* tv = t + 8 * j;
     _mm256_store_pd(
         tv, _mm256_add_pd(_mm256_load_pd(tv), _mm256_cvtps_pd(_mm256_castps256_ps128(part))));
     _mm256_store_pd(tv + 4, _mm256_add_pd(_mm256_load_pd(tv + 4),
                                           _mm256_cvtps_pd(_mm256_extractf128_ps(part, 1))));
   }
+}
+// FixedSplitAdd's bound for `items` items: each takes one term below 2^(B
+// + 32) into a double lane (a whole value below 2^B, or a split's second
+// part), so with items <= 2^b, B = 21 - b keeps the lane below 2^53. Past
+// 2^21 items nothing is taken whole.
+inline __m256 FixedWholeBound(int items) {
+  int b = 0;
+  while (b < 31 && (1 << b) < items) ++b;
+  return _mm256_set1_ps(b > 21 ? 0.0f : std::ldexp(1.0f, 21 - b));
 }
 // The int64 a split sum stands for (wrapping, as AddFixed).
 inline int64_t FixedSplitValue(int32_t h, double t) {
@@ -120,17 +144,21 @@ inline int64_t FixedSplitValue(int32_t h, double t) {
 template <int MR>
 class TileItemSums {
  public:
-  FS_INLINE TileItemSums(int64_t* const* rows, int cols) : cols_(cols) {
+  // `items`: how many items Add takes per row, at most.
+  FS_INLINE TileItemSums(int64_t* const* rows, int cols, int items) : cols_(cols) {
     for (int i = 0; i < MR; ++i) rows_[i] = rows[i];
 #if defined(FS_SIMD_AVX2_PARTS)
+    whole_bound_ = FixedWholeBound(items);
     std::memset(h_, 0, sizeof(h_));
     std::memset(t_, 0, sizeof(t_));
+#else
+    (void)items;
 #endif
   }
   FS_INLINE void Add(int i, const V16& v0, const V16& v1) {
 #if defined(FS_SIMD_AVX2_PARTS)
-    FixedSplitAdd(v0, h_[i], t_[i]);
-    FixedSplitAdd(v1, h_[i] + 16, t_[i] + 16);
+    FixedSplitAdd(v0, h_[i], t_[i], whole_bound_);
+    FixedSplitAdd(v1, h_[i] + 16, t_[i] + 16, whole_bound_);
 #else
     AddFixed16(v0, rows_[i], std::min(16, cols_));
     if (cols_ > 16) AddFixed16(v1, rows_[i] + 16, cols_ - 16);
@@ -149,6 +177,7 @@ class TileItemSums {
   int64_t* rows_[MR];
   int cols_;
 #if defined(FS_SIMD_AVX2_PARTS)
+  __m256 whole_bound_;
   alignas(32) int32_t h_[MR][kNR];
   alignas(32) double t_[MR][kNR];
 #endif

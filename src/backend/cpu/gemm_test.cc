@@ -346,6 +346,44 @@ TEST(GemmLevels, FixedItemsTakeEachChainThroughToFixed) {
   }
 }
 
+// Many items whose sums near 2^53 in the fixed-point unit: each is exact on
+// every path, whether a level's split sums take a value whole or split it
+// (AVX2's FixedSplitAdd takes whole values only below a bound that keeps
+// its double lanes exact for that many items). Each row: 99 items of one
+// large value (just under the bound for 100 items, or twice it), one of a
+// value whose fixed-point form is 1.
+TEST(GemmLevels, ManyLargeItemsSumExactly) {
+  const int item_k = 2, items = 100, k = item_k * items;
+  const float tiny = std::ldexp(1.5f, -32);                    // ToFixed: 1
+  for (const float large : {16256.0f, 32512.0f, -16256.0f}) {  // all exact in bf16
+    for (int m : {5, 11, 33}) {
+      for (int n : {32, 37}) {
+        const Case c{false, m, n, k, GemmOut::kFixedItems, item_k};
+        std::vector<float> x(static_cast<size_t>(m) * (k + 1), 0.0f);
+        std::vector<float> w(static_cast<size_t>(k) * n, 1.0f);
+        std::vector<uint16_t> w16(w.size(), FloatToBFloat16(1.0f));
+        std::vector<int64_t> want(static_cast<size_t>(m) * (n + 3), 12345);
+        for (int i = 0; i < m; ++i) {
+          for (int it = 0; it < items; ++it) {
+            const float v = it == (i * 7) % items ? tiny : large;
+            x[static_cast<size_t>(i) * (k + 1) + it * item_k + (i + it) % item_k] = v;
+            for (int j = 0; j < n; ++j) {
+              int64_t& s = want[static_cast<size_t>(i) * (n + 3) + j];
+              s = AddFixed(s, ToFixed(v));
+            }
+          }
+        }
+        for (CpuIsa isa : Levels()) {
+          EXPECT_EQ(RunGemm(c, x, w.data(), DType::kF32, isa, 1), want)
+              << CpuIsaName(isa) << " f32 large=" << large << " m=" << m << " n=" << n;
+          EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, 2, false, 0, false), want)
+              << CpuIsaName(isa) << " bf16 large=" << large << " m=" << m << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
 // vdpbf16ps computes the bf16 chain's pairs bit for bit on CPUs that have it
 // (the start-up probe, Dpbf16MatchesChain), so the avx512 level uses it.
 TEST(GemmLevels, Dpbf16IsUsedWhereItComputesTheChain) {

@@ -1,7 +1,8 @@
 // The engine on one GPU: decode at several batch sizes and a long prefill,
 // beside the GPU's measured limits (a device-to-device copy for bandwidth, a
-// large bf16 product through cuBLASLt for compute). A program that prints
-// figures, not a test.
+// large bf16 product through cuBLASLt for compute), and the host link's
+// copy rates each way (what recovery's weight and KV copies ride on). A
+// program that prints figures, not a test.
 //
 //   failsafe_bench_gpu --model DIR [--gpu 0] [--batches 1,16,64]
 //                      [--prefill 2048] [--steps 24] [--gpu-gemm lt,fused]
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -60,6 +62,72 @@ double CopyBandwidth() {
   cudaFree(a);
   cudaFree(b);
   return bench::Median(rates);
+}
+
+// Host <-> device copies over the GPU's link to the host (PCIe), from and
+// to 1 GiB of pinned host memory: host to device, device to host, and both
+// at once on two streams (each direction's rate). The rates the cost
+// model's `pcie_bytes_per_s` stands for (sim/profiles.cc).
+struct HostLinkRates {
+  double h2d = 0, d2h = 0, both_h2d = 0, both_d2h = 0;
+};
+HostLinkRates HostLinkBandwidth() {
+  const size_t bytes = size_t{1} << 30;
+  void *host_a = nullptr, *host_b = nullptr, *dev_a = nullptr, *dev_b = nullptr;
+  FS_CUDA_CHECK(cudaMallocHost(&host_a, bytes));
+  FS_CUDA_CHECK(cudaMallocHost(&host_b, bytes));
+  FS_CUDA_CHECK(cudaMalloc(&dev_a, bytes));
+  FS_CUDA_CHECK(cudaMalloc(&dev_b, bytes));
+  std::memset(host_a, 1, bytes);
+  FS_CUDA_CHECK(cudaMemset(dev_b, 2, bytes));
+  cudaStream_t s[2];
+  cudaEvent_t start[2], end[2];
+  for (int i = 0; i < 2; ++i) {
+    FS_CUDA_CHECK(cudaStreamCreate(&s[i]));
+    FS_CUDA_CHECK(cudaEventCreate(&start[i]));
+    FS_CUDA_CHECK(cudaEventCreate(&end[i]));
+  }
+  auto seconds = [&](int i) {
+    float ms = 0;
+    FS_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i], end[i]));
+    return ms * 1e-3;
+  };
+  std::vector<double> h2d, d2h, both_h2d, both_d2h;
+  for (int rep = 0; rep < 6; ++rep) {
+    // One direction at a time, then both together.
+    FS_CUDA_CHECK(cudaEventRecord(start[0], s[0]));
+    FS_CUDA_CHECK(cudaMemcpyAsync(dev_a, host_a, bytes, cudaMemcpyHostToDevice, s[0]));
+    FS_CUDA_CHECK(cudaEventRecord(end[0], s[0]));
+    FS_CUDA_CHECK(cudaEventSynchronize(end[0]));
+    if (rep > 0) h2d.push_back(bytes / seconds(0));
+    FS_CUDA_CHECK(cudaEventRecord(start[1], s[1]));
+    FS_CUDA_CHECK(cudaMemcpyAsync(host_b, dev_b, bytes, cudaMemcpyDeviceToHost, s[1]));
+    FS_CUDA_CHECK(cudaEventRecord(end[1], s[1]));
+    FS_CUDA_CHECK(cudaEventSynchronize(end[1]));
+    if (rep > 0) d2h.push_back(bytes / seconds(1));
+    FS_CUDA_CHECK(cudaEventRecord(start[0], s[0]));
+    FS_CUDA_CHECK(cudaEventRecord(start[1], s[1]));
+    FS_CUDA_CHECK(cudaMemcpyAsync(dev_a, host_a, bytes, cudaMemcpyHostToDevice, s[0]));
+    FS_CUDA_CHECK(cudaMemcpyAsync(host_b, dev_b, bytes, cudaMemcpyDeviceToHost, s[1]));
+    FS_CUDA_CHECK(cudaEventRecord(end[0], s[0]));
+    FS_CUDA_CHECK(cudaEventRecord(end[1], s[1]));
+    FS_CUDA_CHECK(cudaEventSynchronize(end[0]));
+    FS_CUDA_CHECK(cudaEventSynchronize(end[1]));
+    if (rep > 0) {
+      both_h2d.push_back(bytes / seconds(0));
+      both_d2h.push_back(bytes / seconds(1));
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(end[i]);
+    cudaStreamDestroy(s[i]);
+  }
+  cudaFreeHost(host_a);
+  cudaFreeHost(host_b);
+  cudaFree(dev_a);
+  cudaFree(dev_b);
+  return {bench::Median(h2d), bench::Median(d2h), bench::Median(both_h2d), bench::Median(both_d2h)};
 }
 
 // An 8192^3 bf16 product (f32 out) through the engine's cuBLASLt path, on
@@ -160,10 +228,15 @@ int main(int argc, char** argv) {
   FS_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
   const double bandwidth = CopyBandwidth();
   const double matmul = MatmulRate();
+  const HostLinkRates link = HostLinkBandwidth();
   std::printf("GPU %d: %s, %d SMs, %.1f GiB\n", gpu, prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / double(1 << 30));
   std::printf("limits: copy %.0f GB/s (read + write), bf16 matmul 8192^3 %.0f TFLOP/s\n",
               bandwidth / 1e9, matmul / 1e12);
+  std::printf(
+      "host link (pinned, 1 GiB): host to device %.1f GB/s, device to host %.1f GB/s; both at "
+      "once %.1f and %.1f GB/s\n",
+      link.h2d / 1e9, link.d2h / 1e9, link.both_h2d / 1e9, link.both_d2h / 1e9);
 
   auto config = ModelConfig::Load(model);
   if (!config.ok()) {
@@ -188,6 +261,10 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"gpu", prop.name},
                         {"copy_bandwidth", bandwidth},
                         {"matmul_flops", matmul},
+                        {"host_to_device_bytes_per_s", link.h2d},
+                        {"device_to_host_bytes_per_s", link.d2h},
+                        {"both_host_to_device_bytes_per_s", link.both_h2d},
+                        {"both_device_to_host_bytes_per_s", link.both_d2h},
                         {"weight_bytes", weight_bytes}};
   const std::vector<int> bs = ParseList(batches);
   const int max_batch = *std::max_element(bs.begin(), bs.end());

@@ -17,7 +17,8 @@
 #   bench        a Llama-3.1-8B-shaped and a Mixtral-8x7B-shaped bf16 model
 #                with synthetic weights made here: decode at batch 1, 16
 #                and 64 and a 2,048-token prefill beside the GPU's measured
-#                limits (failsafe_bench_gpu, modes lt and fused, with a
+#                limits and its host link's copy rates each way
+#                (failsafe_bench_gpu, modes lt and fused, with a
 #                breakdown of each step by kernel) and PyTorch with
 #                transformers on the same weights (scripts/gpu/torch_bench.py).
 #
@@ -138,7 +139,7 @@ fi
   for f in "$logs"/bench-*.log; do
     [[ -e $f ]] || continue
     echo "--- $(basename "$f" .log)"
-    grep -E "^(GPU|limits|model:|batch|prefill|eager|torch.compile|transformers|  breakdown)" "$f"
+    grep -E "^(GPU|limits|host link|model:|batch|prefill|eager|torch.compile|transformers|  breakdown)" "$f"
   done
   for f in "$logs"/e2e-*.log "$logs"/torch-ref-*.log; do
     [[ -e $f ]] || continue

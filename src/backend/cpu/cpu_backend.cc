@@ -67,8 +67,11 @@ class CpuBackend final : public Backend {
   // bf16 at every level: an item's 16 columns are a run of memory, read
   // four runs at a time, by vdpbf16ps or fused multiply-adds (measured in
   // docs/CPU_PERFORMANCE.md, "Zen 5, bf16 o and down column-blocked" and
-  // "Zen 4, the avx2 level's bf16"). f32 streams its rows as fast.
-  bool ColumnBlockedNN(DType dtype) const override { return dtype == DType::kBF16; }
+  // "Zen 4, the avx2 level's bf16"). f32 where its rows stream slower
+  // (cpu::F32ColumnBlocked).
+  bool ColumnBlockedNN(DType dtype) const override {
+    return dtype == DType::kBF16 || (dtype == DType::kF32 && cpu::F32ColumnBlocked());
+  }
 
   bool BlockedNT(DType) const override { return true; }
 

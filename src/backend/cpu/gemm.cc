@@ -222,6 +222,21 @@ int DecodeAheadBytes() {
   return bytes;
 }
 
+bool F32ColumnBlocked() {
+  // On a Zen 4 (family 25, model 17), f32 o and down projections at batch 1
+  // on one thread read 26-30 GB/s column-blocked against 20-22 streaming
+  // rows, at the avx2 and avx512 levels, and run as fast or faster at 16,
+  // 64 and 512 rows (docs/CPU_PERFORMANCE.md, "Zen 4, the avx2 level's item
+  // sums"); family 25 is also Zen 3 (not measured). Elsewhere rows stream
+  // at the bandwidth (a Zen 5: "Zen 5, decode's reads").
+  static const bool blocked = [] {
+    if (const char* env = std::getenv("FAILSAFE_F32_COLUMN_BLOCKED")) return std::atoi(env) != 0;
+    const CpuFeatures& f = HostCpuFeatures();
+    return f.vendor == "AuthenticAMD" && f.family == 25;
+  }();
+  return blocked;
+}
+
 bool GemmDpbf16For(CpuIsa isa) {
   static const bool matches = HostCpuFeatures().avx512_bf16 &&
                               GemmIsaFor(CpuIsa::kAvx512) == CpuIsa::kAvx512 &&

@@ -138,6 +138,11 @@ bool GemmDpbf16For(CpuIsa isa);
 // Bytes on that decode's loads ask for their weight's next lines: chosen by
 // the CPU's family (measured), or FAILSAFE_DECODE_AHEAD.
 int DecodeAheadBytes();
+// Whether f32 [k, n] weights in fixed-point items (o and down) are held
+// column-blocked, each item as its blocked transpose (as bf16's always are),
+// rather than as rows streamed through accumulators: chosen by the CPU's
+// family (measured), or FAILSAFE_F32_COLUMN_BLOCKED=0/1.
+bool F32ColumnBlocked();
 // Whether, by default, products with more rows than batched decode's
 // (register tiles, compute bound) take vdpbf16ps too: where
 // GemmDpbf16For(isa) and the instruction, measured at start-up, runs at

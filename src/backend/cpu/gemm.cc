@@ -205,6 +205,17 @@ float RoundToBf16(float x) {
   return x;
 }
 
+namespace {
+
+// AMD family 25: Zen 3 and Zen 4, the memory behaviour DecodeAheadBytes and
+// F32ColumnBlocked were measured for (a Zen 4).
+bool AmdFamily25() {
+  const CpuFeatures& f = HostCpuFeatures();
+  return f.vendor == "AuthenticAMD" && f.family == 25;
+}
+
+}  // namespace
+
 int DecodeAheadBytes() {
   // How many lines a core keeps in flight decides how far ahead pays: on a
   // Zen 4 (family 25, model 17), bf16 decode at batch 1 read its blocks at
@@ -216,8 +227,7 @@ int DecodeAheadBytes() {
     if (const char* env = std::getenv("FAILSAFE_DECODE_AHEAD")) {
       return std::clamp(std::atoi(env), 0, 1 << 16);
     }
-    const CpuFeatures& f = HostCpuFeatures();
-    return f.vendor == "AuthenticAMD" && f.family == 25 ? 512 : 2048;
+    return AmdFamily25() ? 512 : 2048;
   }();
   return bytes;
 }
@@ -231,8 +241,7 @@ bool F32ColumnBlocked() {
   // at the bandwidth (a Zen 5: "Zen 5, decode's reads").
   static const bool blocked = [] {
     if (const char* env = std::getenv("FAILSAFE_F32_COLUMN_BLOCKED")) return std::atoi(env) != 0;
-    const CpuFeatures& f = HostCpuFeatures();
-    return f.vendor == "AuthenticAMD" && f.family == 25;
+    return AmdFamily25();
   }();
   return blocked;
 }

@@ -123,11 +123,12 @@ FS_INLINE void FixedSplitAdd(const V16& v, int32_t* h, double* t, __m256 whole_b
 // FixedSplitAdd's bound for `items` items: each takes one term below 2^(B
 // + 32) into a double lane (a whole value below 2^B, or a split's second
 // part), so with items <= 2^b, B = 21 - b keeps the lane below 2^53. Past
-// 2^21 items nothing is taken whole.
-inline __m256 FixedWholeBound(int items) {
-  int b = 0;
-  while (b < 31 && (1 << b) < items) ++b;
-  return _mm256_set1_ps(b > 21 ? 0.0f : std::ldexp(1.0f, 21 - b));
+// 2^21 items nothing is taken whole. 2^B made from its exponent bits: every
+// register tile makes one.
+FS_INLINE __m256 FixedWholeBound(int items) {
+  const int b = items <= 1 ? 0 : std::bit_width(static_cast<unsigned>(items - 1));
+  if (b > 21) return _mm256_setzero_ps();
+  return _mm256_castsi256_ps(_mm256_set1_epi32((127 + 21 - b) << 23));
 }
 // The int64 a split sum stands for (wrapping, as AddFixed).
 inline int64_t FixedSplitValue(int32_t h, double t) {

@@ -10,6 +10,7 @@
 // even, under FlushDenormals (set by the entry points at the end). The
 // kernels on blocked weights are in gemm_blocked_impl.h, included below.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <type_traits>
 #include <utility>

@@ -349,9 +349,10 @@ TEST(GemmLevels, FixedItemsTakeEachChainThroughToFixed) {
 // Many items whose sums near 2^53 in the fixed-point unit: each is exact on
 // every path, whether a level's split sums take a value whole or split it
 // (AVX2's FixedSplitAdd takes whole values only below a bound that keeps
-// its double lanes exact for that many items). Each row: 99 items of one
-// large value (just under the bound for 100 items, or twice it), one of a
-// value whose fixed-point form is 1.
+// its double lanes exact for that many items: the register tiles of m = 33
+// sum all 100 items at once, fewer rows an item at a time). Each row: 99
+// items of one large value (just under the bound for 100 items, or twice
+// it), one of a value whose fixed-point form is 1.
 TEST(GemmLevels, ManyLargeItemsSumExactly) {
   const int item_k = 2, items = 100, k = item_k * items;
   const float tiny = std::ldexp(1.5f, -32);                    // ToFixed: 1

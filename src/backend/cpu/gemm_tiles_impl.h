@@ -458,7 +458,7 @@ void Tile(const KernelArgs& a, int i0, int j0, const Panel<W>& p) {
   if (a.out == GemmOut::kFixedItems) {
     int64_t* row[MR];
     for (int i = 0; i < MR; ++i) row[i] = a.acc + static_cast<int64_t>(i0 + i) * a.ldacc + j0;
-    TileItemSums<MR> sums(row, p.cols, (a.k + a.item_k - 1) / a.item_k);
+    TileItemSums<MR> sums(row, p.cols, a.k / a.item_k);
     for (int k0 = 0; k0 < a.k; k0 += a.item_k) {
       for (int i = 0; i < MR; ++i) acc.v[i][0] = acc.v[i][1] = V16{};
       acc = TileChain<MR, kB>(a, i0, p, k0, k0 + a.item_k, acc);

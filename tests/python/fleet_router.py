@@ -255,44 +255,50 @@ class Fleet:
             n.stop()
 
 
-def scenario(fleet, name, reference, fault, figures, recover, tries=3):
-    """A burst with `fault` struck at the node holding the most streams.
+def burst_struck(fleet, name, port, reference, fault, recover, resumed_total, tries=3):
+    """A burst through `port` with fault() struck in it (it returns the node
+    it struck): (records, streams whole, resumes, the node).
 
     Every stream whole with none resumed can only mean the fault came after
     that node's streams had all ended (the client reads behind the router,
-    and on a loaded machine a node can finish 400 tokens between the
-    router's count and the fault): `recover` brings the node back and the
-    burst runs again. A stream the router failed to move would not be
-    whole: a killed node's stream errs, a stopped or cut one stands still
-    until the burst's end."""
+    and on a loaded machine a node can finish 400 tokens between the count
+    that chose it and the fault): recover(node) brings the node back, and
+    once every node is up the burst runs again. A stream the router failed
+    to move would not be whole: a killed node's stream errs, a stopped or
+    cut one stands still until the burst's end."""
     for attempt in range(1, tries + 1):
-        before = fleet.resumed()
+        before = resumed_total()
         hit = {}
-
-        def inject():
-            # The node with the most of the router's streams.
-            flights = fleet.flights()
-            hit["node"] = flights.index(max(flights))
-            print(f"     {name} node {hit['node']} (the router's streams per node: {flights})",
-                  flush=True)
-            fault(hit["node"])
-
-        recs = burst("127.0.0.1", fleet.router.port, inject)
+        recs = burst("127.0.0.1", port, lambda: hit.update(node=fault()))
         ok = whole(recs, reference)
-        resumed = fleet.resumed() - before
-        if ok == len(recs) and resumed == 0 and attempt < tries:
-            print(f"     {name}: none resumed, every stream whole: the fault came after node "
-                  f"{hit['node']}'s streams ended; again", flush=True)
-            recover(hit["node"])
-            continue
-        break
+        resumed = resumed_total() - before
+        if ok < len(recs) or resumed > 0 or attempt == tries:
+            return recs, ok, resumed, hit.get("node")
+        print(f"     {name}: none resumed, every stream whole: the fault came after node "
+              f"{hit['node']}'s streams ended; again", flush=True)
+        recover(hit["node"])
+        fleet.wait_states(["up"] * 3)
+
+
+def scenario(fleet, name, reference, fault, figures, recover):
+    """A burst with `fault` struck at the node holding the most of the
+    router's streams (burst_struck)."""
+    def inject():
+        flights = fleet.flights()
+        node = flights.index(max(flights))
+        print(f"     {name} node {node} (the router's streams per node: {flights})", flush=True)
+        fault(node)
+        return node
+
+    recs, ok, resumed, node = burst_struck(fleet, name, fleet.router.port, reference, inject,
+                                           recover, fleet.resumed)
     check(ok == len(recs), f"{name}: {ok} of {len(recs)} streams finish with the fault-free text "
                            f"(errors: {[r['error'] for r in recs if r.get('error')][:2]})")
     check(resumed > 0, f"{name}: the router resumed streams ({resumed:.0f})")
     figures[name] = {"max_gap_s": round(max_gap(recs), 3), "streams": len(recs),
                      "lost": len(recs) - ok, "resumed": resumed}
     print(f"     longest gap between tokens: {max_gap(recs) * 1e3:.0f} ms", flush=True)
-    return hit.get("node")
+    return node
 
 
 def busiest(fleet):
@@ -313,36 +319,26 @@ def routers_behind_haproxy(args, failsafe, fleet, tmp, reference):
     try:
         check(fleet.wait_states(["up"] * 3) and lb.wait_for({"r1": "UP", "r2": "UP"}),
               "two routers up behind HAProxy")
-        killed = {}
-
-        def resumed():
+        def resumed_total():
             return sum(metric("127.0.0.1", port, "failsafe_router_requests_resumed_total") or 0
                        for port in (fleet.router.port, second.port))
 
         def fault():
-            killed["i"] = busiest(fleet)
-            fleet.nodes[killed["i"]].kill()
+            node = busiest(fleet)
+            fleet.nodes[node].kill()
+            return node
 
-        for attempt in range(3):
-            before = resumed()
-            recs = burst("127.0.0.1", lb.port, fault)
-            ok = whole(recs, reference)
-            if ok < len(recs) or resumed() > before or attempt == 2:
-                break
-            # Every stream whole, none resumed: the node had finished its
-            # streams before it was killed (see scenario).
-            print("     none resumed, every stream whole: the kill came late; again", flush=True)
-            fleet.nodes[killed["i"]].start()
-            fleet.wait_states(["up"] * 3)
-            lb.wait_for({"r1": "UP", "r2": "UP"})
+        recs, ok, resumed, killed = burst_struck(fleet, "two routers", lb.port, reference, fault,
+                                                 lambda node: fleet.nodes[node].start(),
+                                                 resumed_total)
         check(ok == len(recs), f"two routers behind HAProxy, kill -9 of a node: {ok} of "
                                f"{len(recs)} streams finish with the fault-free text "
-                               f"({resumed() - before:.0f} resumed)")
-        check(resumed() > before, "the routers resumed the killed node's streams")
+                               f"({resumed:.0f} resumed)")
+        check(resumed > 0, "the routers resumed the killed node's streams")
         taken = [metric("127.0.0.1", port, "failsafe_router_requests_total") or 0
                  for port in (fleet.router.port, second.port)]
         check(all(t > 0 for t in taken), f"both routers took streams ({taken})")
-        fleet.nodes[killed["i"]].start()
+        fleet.nodes[killed].start()
     finally:
         lb.stop()
         second.stop()
@@ -428,12 +424,8 @@ def main():
             stream(*fleet.hosts[0], path, body, direct[0])
             check(direct[0]["text"] == reference[2], "a node directly gives the router's text")
 
-            def restart(i):
-                fleet.nodes[i].start()
-                fleet.wait_states(["up"] * 3)
-
             killed = scenario(fleet, "kill9", reference, lambda i: fleet.nodes[i].kill(), figures,
-                              restart)
+                              lambda i: fleet.nodes[i].start())
             want = ["up"] * 3
             want[killed] = "down"
             check(fleet.states() == want, f"the killed node is down ({fleet.states()})")
@@ -445,33 +437,21 @@ def main():
             served = metric(host, port, "failsafe_requests_total") or 0
             check(served > 0, f"the restarted node serves again ({served:.0f} requests)")
 
-            stopped = {}
-
-            def sigstop(i):
-                stopped["i"] = i
-                fleet.nodes[i].signal(signal.SIGSTOP)
-
             def cont(i):
                 fleet.nodes[i].signal(signal.SIGCONT)
-                fleet.wait_states(["up"] * 3)
 
-            scenario(fleet, "sigstop", reference, sigstop, figures, cont)
-            fleet.nodes[stopped["i"]].signal(signal.SIGCONT)
+            stopped = scenario(fleet, "sigstop", reference,
+                               lambda i: fleet.nodes[i].signal(signal.SIGSTOP), figures, cont)
+            cont(stopped)
             check(fleet.wait_states(["up"] * 3), "the stopped node is up again after SIGCONT")
 
             if net:
-                cut = {}
-
-                def cut_link(i):
-                    cut["i"] = i
-                    net.cut(net.hosts[i])
-
                 def heal(i):
                     net.heal(net.hosts[i])
-                    fleet.wait_states(["up"] * 3)
 
-                scenario(fleet, "link_cut", reference, cut_link, figures, heal)
-                net.heal(net.hosts[cut["i"]])
+                cut = scenario(fleet, "link_cut", reference, lambda i: net.cut(net.hosts[i]),
+                               figures, heal)
+                heal(cut)
                 check(fleet.wait_states(["up"] * 3), "the cut node is up again once its link is")
 
             haproxy_compare(args, fleet, tmp, reference, figures)

@@ -60,6 +60,7 @@ RemoteDevice::~RemoteDevice() {
 }
 
 void RemoteDevice::Close() {
+  closed_.store(true);
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     stop_ = true;
@@ -67,6 +68,11 @@ void RemoteDevice::Close() {
   }
   group_cv_.notify_all();
   if (wake_fd_ >= 0) Signal(wake_fd_);
+  // A thread blocked mid-frame (a large reply arriving over a lossy link, a
+  // send the link holds back) returns now rather than when the frame
+  // completes or times out: the coordinator that fences a device waits for
+  // these threads, and nothing more of the frame may reach it.
+  if (tcp_.valid()) ::shutdown(tcp_.fd(), SHUT_RDWR);
 }
 
 Status RemoteDevice::KillWorker() { return SendFrame(LinkOp::kKill, ""); }
@@ -80,7 +86,7 @@ Status RemoteDevice::SendFrame(LinkOp op, const std::string& body) {
 
 void RemoteDevice::Lose(const std::string& why) {
   if (lost_.exchange(true)) return;
-  FS_LOG_WARN("device {} ({}): link lost: {}", device_, peer_, why);
+  if (!closed_.load()) FS_LOG_WARN("device {} ({}): link lost: {}", device_, peer_, why);
   Signal(lost_fd_);
 }
 

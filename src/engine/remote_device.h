@@ -88,6 +88,7 @@ class RemoteDevice {
   int lost_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that stops the proxy thread
   std::atomic<bool> lost_{false};
+  std::atomic<bool> closed_{false};  // Close() was called: a lost link is no news
   std::atomic<int64_t> bytes_sent_{0}, bytes_received_{0};
   std::mutex send_mu_;  // serialises sends on tcp_
 

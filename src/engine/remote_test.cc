@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -23,10 +24,12 @@
 #include "engine/cluster_listener.h"
 #include "engine/engine.h"
 #include "engine/offline_run.h"
+#include "engine/remote_device.h"
 #include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
 #include "worker/cluster_protocol.h"
+#include "worker/protocol.h"
 #include "worker/remote_link.h"
 
 extern char** environ;
@@ -389,6 +392,53 @@ TEST(Remote, AWorkerThatLostItsLinkJoinsAgain) {
   EXPECT_NE(pids[0], pids[1]);
   EXPECT_NE(pids[1], pids[2]);
   EXPECT_EQ(workers.WaitExit(pid, 100), -1);
+}
+
+// The coordinator fences a device on another host by closing its link and
+// waits for the link's threads; over a lossy link they may be mid-frame (a
+// large reply arriving a piece at a time, a request the link holds back).
+// Closing stops them at once: neither waits for the frame to complete or for
+// its 60 s timeout, and nothing of the frame reaches the coordinator.
+TEST(Remote, ClosingALinkMidFrameStopsItAtOnce) {
+  ClusterWelcome welcome = Welcome();
+  welcome.link_timeout_ms = 120000;  // the link never times out by itself here
+  for (const bool sending : {false, true}) {
+    SCOPED_TRACE(sending ? "a request held back" : "a reply half-way");
+    auto pair = Channel::Pair();
+    ASSERT_TRUE(pair.ok());
+    Channel worker = std::move(pair->second);
+    auto remote = RemoteDevice::Start(std::move(pair->first), 0, welcome, "test", "10.0.0.9");
+    ASSERT_TRUE(remote.ok());
+    Channel coordinator = (*remote)->TakeLocalEnd();
+    if (sending) {
+      // A request larger than the socket's buffers, which the worker never
+      // reads: the proxy blocks in its send.
+      ASSERT_TRUE(
+          coordinator
+              .Send(static_cast<uint32_t>(WorkerOp::kStep) | (1u << 8), std::string(32u << 20, 'r'))
+              .ok());
+    } else {
+      // The header of a 1 MiB frame and its first bytes; the rest never comes.
+      struct {
+        uint32_t type, num_fds;
+        uint64_t length;
+      } header{static_cast<uint32_t>(LinkOp::kReply), 0, 1u << 20};
+      static_assert(sizeof(header) == FrameReader::kHeaderBytes);
+      ASSERT_EQ(::write(worker.fd(), &header, sizeof(header)),
+                static_cast<ssize_t>(sizeof(header)));
+      const std::string some(4096, 'x');
+      ASSERT_EQ(::write(worker.fd(), some.data(), some.size()), static_cast<ssize_t>(some.size()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the proxy is in it
+    const int64_t t0 = MonotonicNanos();
+    (*remote)->Close();
+    remote->reset();
+    const int64_t ms = (MonotonicNanos() - t0) / 1000000;
+    EXPECT_LT(ms, 1000);
+    // Nothing reached the coordinator, and its end sees the link gone.
+    Message m;
+    EXPECT_FALSE(coordinator.Receive(&m, 100).ok());
+  }
 }
 
 // A worker does not prove itself to (or take requests from) a coordinator

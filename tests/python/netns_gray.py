@@ -151,7 +151,9 @@ def gray(failsafe, model, tmp, token_file, net):
     # Host 1: one worker on a healthy link; host 2: two workers behind the relay.
     link = Link(net, net.hosts[1], 2, tmp)
     # A deadline floor of 1 s: a round trip of a quarter of it is a bad link.
-    server, workers = cluster(failsafe, model, tmp, token_file, net, [1, 2], floor="1s")
+    # (The coordinator logs at info: a failure shows each removal and rejoin.)
+    server, workers = cluster(failsafe, model, tmp, token_file, net, [1, 2], floor="1s",
+                              extra=["--log-level", "info"])
     try:
         check(server.port is not None, "serve starts with 3 workers: " + server.stderr()[-400:])
         check(wait_alive(server, 4, 30) < 30, "4 devices alive")
@@ -193,7 +195,7 @@ def gray(failsafe, model, tmp, token_file, net):
               f"after both: same text on 4 devices: {[r and r[2] for r in res]}")
     finally:
         if FAILURES and server:
-            print("coordinator's log:\n" + server.stderr()[-4000:], flush=True)
+            print("coordinator's log:\n" + server.stderr()[-12000:], flush=True)
         stop(server, workers)
         link.close()
 

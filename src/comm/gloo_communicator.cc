@@ -119,7 +119,12 @@ void GlooCommunicator::ShutdownConnections() {
   if (closed_) return;
   // The connections stay open (gloo owns them) but every read and write on
   // them fails: gloo's event loop sees the end of the stream and fails the
-  // pending operations, and the peers see it too.
+  // pending operations, and the peers see it too. Not all of them: a send
+  // that waits in a connection's transmit queue (its socket's buffer full,
+  // as toward a peer behind a slow or lossy link) is not told of the
+  // connection's failure and waits for gloo's timeout; the coordinator
+  // declares such a member dead when it does not answer the abort within
+  // its grace.
   for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
 }
 

@@ -121,10 +121,11 @@ void GlooCommunicator::ShutdownConnections() {
   // them fails: gloo's event loop sees the end of the stream and fails the
   // pending operations, and the peers see it too. Not all of them: a send
   // that waits in a connection's transmit queue (its socket's buffer full,
-  // as toward a peer behind a slow or lossy link) is not told of the
-  // connection's failure and waits for gloo's timeout; the coordinator
-  // declares such a member dead when it does not answer the abort within
-  // its grace.
+  // as toward a peer behind a slow or lossy link), or a receive whose data
+  // had begun to arrive, is not told of the connection's failure and waits
+  // for gloo's timeout (the receive into gloo's own scratch buffer, out of
+  // reach here); the coordinator declares such a member dead when it does
+  // not answer the abort within its grace.
   for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
 }
 

@@ -94,17 +94,43 @@ json Completion(bool chat, double temperature, int max_tokens) {
   return b;
 }
 
-// The node of two that has the router's request in flight; null if neither
-// has (the stream already ended at the router).
-TestServer* ServingNow(const FleetRouter& router, TestServer& a, TestServer& b) {
-  const std::vector<NodeSnapshot> nodes = router.Nodes();
-  if (nodes[0].in_flight > 0) return &a;
-  return nodes[1].in_flight > 0 ? &b : nullptr;
-}
+// Strikes the node of two (a, b) that has the router's one request in
+// flight, once, at the client's `at`-th event of the stream. On a loaded
+// machine the node may finish the stream, and the router relay all of it,
+// before the client reads that far: then nothing is struck (missed()), and
+// a test that counts the stream's move runs it again, kTries times at most.
+class StrikeServing {
+ public:
+  static constexpr int kTries = 3;
+  StrikeServing(const FleetRouter& router, TestServer& a, TestServer& b, int at,
+                std::function<void(TestServer&)> strike)
+      : router_(router), a_(a), b_(b), at_(at), strike_(std::move(strike)) {}
+  // StreamEvents' callback.
+  std::function<void(int)> OnEvent() {
+    return [this](int n) {
+      if (n != at_ || struck_ || missed_) return;
+      const std::vector<NodeSnapshot> nodes = router_.Nodes();
+      TestServer* serving = nodes[0].in_flight > 0 ? &a_ : nodes[1].in_flight > 0 ? &b_ : nullptr;
+      if (!serving) {
+        missed_ = true;
+        return;
+      }
+      strike_(*serving);
+      struck_ = true;
+    };
+  }
+  bool struck() const { return struck_; }
+  bool missed() const { return missed_; }
 
-TestServer& Serving(const FleetRouter& router, TestServer& a, TestServer& b) {
-  return router.Nodes()[0].in_flight > 0 ? a : b;
-}
+ private:
+  const FleetRouter& router_;
+  TestServer &a_, &b_;
+  const int at_;
+  std::function<void(TestServer&)> strike_;
+  bool struck_ = false, missed_ = false;
+};
+
+void StopServer(TestServer& node) { node.server->Stop(); }
 
 // Times requests left a node for another, whatever the cause.
 int64_t Resumed(const FleetRouter& router) {
@@ -172,9 +198,6 @@ TEST(FleetRouter, AStreamWhoseNodeDiesGoesOnElsewhereWithTheSameText) {
   three.devices = 3;
   for (bool chat : {false, true}) {
     for (double temperature : {0.0, 0.8}) {
-      // On a loaded machine the node may finish the stream, and the router
-      // relay all of it, before the client has read 12 events: then nothing
-      // was stopped, and the stream runs again (three times at most).
       for (int attempt = 1;; ++attempt) {
         SCOPED_TRACE(testing::Message()
                      << "chat " << chat << " t " << temperature << " attempt " << attempt);
@@ -185,20 +208,11 @@ TEST(FleetRouter, AStreamWhoseNodeDiesGoesOnElsewhereWithTheSameText) {
         body["return_token_ids"] = true;
         const StreamResult direct = Collect(StreamEvents(reference.port(), Path(chat), body), chat);
         ASSERT_TRUE(direct.done);
-        bool killed = false, ended = false;
-        const auto events = StreamEvents(router.port(), Path(chat), body, 0, [&](int n) {
-          if (n != 12 || killed || ended) return;
-          TestServer* serving = ServingNow(router, a, b);
-          if (!serving) {
-            ended = true;
-            return;
-          }
-          serving->server->Stop();
-          killed = true;
-        });
+        StrikeServing stop(router, a, b, 12, StopServer);
+        const auto events = StreamEvents(router.port(), Path(chat), body, 0, stop.OnEvent());
+        if (stop.missed() && attempt < StrikeServing::kTries) continue;
         const StreamResult routed = Collect(events, chat);
-        if (ended && attempt < 3) continue;
-        EXPECT_TRUE(killed);
+        EXPECT_TRUE(stop.struck());
         EXPECT_TRUE(routed.done);
         EXPECT_FALSE(routed.error);
         EXPECT_EQ(routed.text, direct.text);
@@ -223,14 +237,10 @@ TEST(FleetRouter, UnseededStreamsResumeAndNoNodeLeftIsAnError) {
   ASSERT_TRUE(router.Start().ok());
   json body = Completion(false, 1.0, 30);
   body.erase("seed");
-  int killed = 0;
-  const auto events = StreamEvents(router.port(), "/v1/completions", body, 0, [&](int n) {
-    if (n == 10 && !killed) {
-      Serving(router, a, b).server->Stop();
-      killed = 1;
-    }
-  });
-  const StreamResult r = Collect(events, false);
+  // (Whether or not the stream ended before the stop, it ends whole.)
+  StrikeServing stop(router, a, b, 10, StopServer);
+  const StreamResult r =
+      Collect(StreamEvents(router.port(), "/v1/completions", body, 0, stop.OnEvent()), false);
   EXPECT_TRUE(r.done);
   EXPECT_FALSE(r.error);
   EXPECT_EQ(r.completion_tokens, 30);
@@ -266,7 +276,6 @@ TEST(FleetRouter, UnseededStreamsResumeAndNoNodeLeftIsAnError) {
 TEST(FleetRouter, AStreamWithNoTokenWithinItsDeadlineMoves) {
   TestServerOptions two;
   two.devices = 2;
-  // (A stream that ended at the router before the fault runs again.)
   for (int attempt = 1;; ++attempt) {
     SCOPED_TRACE(testing::Message() << "attempt " << attempt);
     TestServer a(two), b(two), reference(two);
@@ -277,21 +286,15 @@ TEST(FleetRouter, AStreamWithNoTokenWithinItsDeadlineMoves) {
     const json body = Completion(true, 0.7, 40);
     const StreamResult direct = Collect(StreamEvents(reference.port(), Path(true), body), true);
     std::vector<pid_t> stopped;
-    bool ended = false;
-    const auto events = StreamEvents(router.port(), Path(true), body, 0, [&](int n) {
-      if (n != 10 || !stopped.empty() || ended) return;
-      TestServer* victim = ServingNow(router, a, b);
-      if (!victim) {
-        ended = true;
-        return;
-      }
-      for (pid_t p : victim->worker_pids) {
+    StrikeServing freeze(router, a, b, 10, [&](TestServer& node) {
+      for (pid_t p : node.worker_pids) {
         ::kill(p, SIGSTOP);
         stopped.push_back(p);
       }
     });
+    const auto events = StreamEvents(router.port(), Path(true), body, 0, freeze.OnEvent());
     for (pid_t p : stopped) ::kill(p, SIGCONT);
-    if (ended && attempt < 3) continue;
+    if (freeze.missed() && attempt < StrikeServing::kTries) continue;
     const StreamResult routed = Collect(events, true);
     EXPECT_TRUE(routed.done);
     EXPECT_EQ(routed.text, direct.text);
@@ -324,26 +327,16 @@ TEST(FleetRouter, AToolCallHeldBackWhenItsNodeDiesComesWhole) {
   ASSERT_TRUE(direct.done);
   // The whole answer comes at the end: a call, or (cut at max_tokens) text.
   ASSERT_FALSE(direct.tool_calls.empty() && direct.text.empty());
-  // (A stream that ended at the router before the fault runs again.)
   for (int attempt = 1;; ++attempt) {
     SCOPED_TRACE(testing::Message() << "attempt " << attempt);
     TestServer a(two), b(two);
     FleetRouter router(Options({&a, &b}));
     ASSERT_TRUE(router.Start().ok());
-    bool killed = false, ended = false;
-    const auto events = StreamEvents(router.port(), Path(true), body, 0, [&](int n) {
-      if (n != 8 || killed || ended) return;
-      TestServer* serving = ServingNow(router, a, b);
-      if (!serving) {
-        ended = true;
-        return;
-      }
-      serving->server->Stop();
-      killed = true;
-    });
-    if (ended && attempt < 3) continue;
+    StrikeServing stop(router, a, b, 8, StopServer);
+    const auto events = StreamEvents(router.port(), Path(true), body, 0, stop.OnEvent());
+    if (stop.missed() && attempt < StrikeServing::kTries) continue;
     const StreamResult routed = Collect(events, true);
-    EXPECT_TRUE(killed);
+    EXPECT_TRUE(stop.struck());
     EXPECT_TRUE(routed.done);
     EXPECT_EQ(routed.tool_calls, direct.tool_calls);
     EXPECT_EQ(routed.text, direct.text);
@@ -376,9 +369,6 @@ TEST(FleetRouter, AStreamOfSeveralChoicesGoesOnWithEachChoicesText) {
   for (const Case& k : {Case{"/v1/completions", completions}, Case{"/v1/completions", prompts},
                         Case{"/v1/chat/completions", chat}}) {
     const bool is_chat = k.path == "/v1/chat/completions";
-    TestServer a(two), b(two);
-    FleetRouter router(Options({&a, &b}));
-    ASSERT_TRUE(router.Start().ok());
     // Per choice index: text, roles, finishes; and the usage.
     auto collect = [&](const std::vector<std::string>& events) {
       std::map<int, std::string> text;
@@ -406,27 +396,35 @@ TEST(FleetRouter, AStreamOfSeveralChoicesGoesOnWithEachChoicesText) {
       }
       return std::make_tuple(text, roles, finishes, tokens, done);
     };
-    // Fault-free through the router (its seed, when it gives one, is its
-    // own: the reference for an unseeded body is the same stream's head).
-    const auto events = StreamEvents(router.port(), k.path, k.body, 0, [&](int n) {
-      if (n == 25) Serving(router, a, b).server->Stop();
-    });
-    const auto [text, roles, finishes, tokens, done] = collect(events);
-    EXPECT_TRUE(done) << k.path;
-    const bool listed = k.body.contains("prompt") && k.body["prompt"].is_array();
-    const int choices = k.body["n"].get<int>() * (listed ? 2 : 1);
-    ASSERT_EQ(static_cast<int>(text.size()), choices) << k.path;
-    for (const auto& [i, f] : finishes) EXPECT_EQ(f, 1) << k.path << " choice " << i;
-    if (is_chat) {
-      for (const auto& [i, r] : roles) EXPECT_EQ(r, 1) << "choice " << i;
-    }
-    EXPECT_EQ(tokens, choices * k.body["max_tokens"].get<int>()) << k.path;
-    EXPECT_EQ(Resumed(router), 1) << k.path;
-    if (k.body.contains("seed")) {
-      // The same request to a node directly: the same text for every choice.
-      TestServer reference(two);
-      const auto [want, r2, f2, t2, d2] = collect(StreamEvents(reference.port(), k.path, k.body));
-      EXPECT_EQ(text, want) << k.path;
+    for (int attempt = 1;; ++attempt) {
+      SCOPED_TRACE(testing::Message() << "attempt " << attempt);
+      TestServer a(two), b(two);
+      FleetRouter router(Options({&a, &b}));
+      ASSERT_TRUE(router.Start().ok());
+      // Through the router, the serving node stopped at the 25th event (an
+      // unseeded body gets the router's own seed: only a seeded one is
+      // compared with a node's answer, below).
+      StrikeServing stop(router, a, b, 25, StopServer);
+      const auto events = StreamEvents(router.port(), k.path, k.body, 0, stop.OnEvent());
+      if (stop.missed() && attempt < StrikeServing::kTries) continue;
+      const auto [text, roles, finishes, tokens, done] = collect(events);
+      EXPECT_TRUE(done) << k.path;
+      const bool listed = k.body.contains("prompt") && k.body["prompt"].is_array();
+      const int choices = k.body["n"].get<int>() * (listed ? 2 : 1);
+      ASSERT_EQ(static_cast<int>(text.size()), choices) << k.path;
+      for (const auto& [i, f] : finishes) EXPECT_EQ(f, 1) << k.path << " choice " << i;
+      if (is_chat) {
+        for (const auto& [i, r] : roles) EXPECT_EQ(r, 1) << "choice " << i;
+      }
+      EXPECT_EQ(tokens, choices * k.body["max_tokens"].get<int>()) << k.path;
+      EXPECT_EQ(Resumed(router), 1) << k.path;
+      if (k.body.contains("seed")) {
+        // The same request to a node directly: the same text for every choice.
+        TestServer reference(two);
+        const auto [want, r2, f2, t2, d2] = collect(StreamEvents(reference.port(), k.path, k.body));
+        EXPECT_EQ(text, want) << k.path;
+      }
+      break;
     }
   }
 }

@@ -60,7 +60,6 @@ RemoteDevice::~RemoteDevice() {
 }
 
 void RemoteDevice::Close() {
-  closed_.store(true);
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     stop_ = true;
@@ -86,7 +85,12 @@ Status RemoteDevice::SendFrame(LinkOp op, const std::string& body) {
 
 void RemoteDevice::Lose(const std::string& why) {
   if (lost_.exchange(true)) return;
-  if (!closed_.load()) FS_LOG_WARN("device {} ({}): link lost: {}", device_, peer_, why);
+  bool closed = false;  // by Close(): no news
+  {
+    std::lock_guard<std::mutex> lock(group_mu_);
+    closed = stop_;
+  }
+  if (!closed) FS_LOG_WARN("device {} ({}): link lost: {}", device_, peer_, why);
   Signal(lost_fd_);
 }
 

@@ -88,7 +88,6 @@ class RemoteDevice {
   int lost_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that stops the proxy thread
   std::atomic<bool> lost_{false};
-  std::atomic<bool> closed_{false};  // Close() was called: a lost link is no news
   std::atomic<int64_t> bytes_sent_{0}, bytes_received_{0};
   std::mutex send_mu_;  // serialises sends on tcp_
 
@@ -115,7 +114,7 @@ class RemoteDevice {
   std::condition_variable group_cv_;
   std::shared_ptr<AbortSignal> group_;  // guarded by group_mu_
   std::string group_prefix_;            // guarded by group_mu_
-  bool stop_ = false;                   // guarded by group_mu_
+  bool stop_ = false;                   // Close() was called; guarded by group_mu_
 
   std::thread proxy_, watcher_;
 };

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -172,16 +173,26 @@ TEST(Channel, PassesMessagesAndDescriptors) {
   EXPECT_EQ(b.Receive(&m, 1000).code(), StatusCode::kUnavailable);
 }
 
-// Gloo members learn the store's port through a pipe: the children fork
-// before the parent starts its server thread.
-TEST(Gloo, AllReduceOverLoopbackAndDeadPeer) {
-  const int n = 3;
-  Inputs();
+// A gloo group of `n` child processes. Members learn the store's port
+// through a pipe: the children fork before the parent starts its server
+// thread. `body` runs with the member's communicator; `parent` (optional)
+// runs in the parent once the store serves. With `signal_fd` >= 0 every
+// member watches that abort signal.
+struct GlooGroup {
+  int n = 0;
+  std::string prefix;
+  int64_t timeout_ms = 20000;
+  int signal_fd = -1;
+};
+
+std::vector<int> RunGlooGroup(const GlooGroup& g,
+                              const std::function<int(Communicator&, int)>& body,
+                              const std::function<void()>& parent = {}) {
   int port_pipe[2];
-  ASSERT_EQ(::pipe(port_pipe), 0);
+  if (::pipe(port_pipe) != 0) return {};
   std::unique_ptr<KvStoreServer> server;
-  auto codes = RunChildren(
-      n,
+  return RunChildren(
+      g.n,
       [&](int rank) {
         int port = 0;
         for (int r = 0; r <= rank; ++r) {
@@ -189,33 +200,85 @@ TEST(Gloo, AllReduceOverLoopbackAndDeadPeer) {
         }
         GlooGroupOptions o;
         o.store_port = port;
-        o.prefix = "g0";
+        o.prefix = g.prefix;
         o.rank = rank;
-        o.size = n;
-        o.timeout_ms = 20000;
-        auto comm = GlooCommunicator::Connect(o);
-        if (!comm.ok()) return 11;
-        std::vector<float> v(20000);
-        for (size_t i = 0; i < v.size(); ++i) v[i] = Value(rank, i);
-        if (!(*comm)->AllReduceSum(v.data(), v.size()).ok()) return 12;
-        for (size_t i = 0; i < v.size(); ++i) {
-          float want = Value(0, i) + Value(1, i) + Value(2, i);
-          if (std::fabs(v[i] - want) > 1e-5f) return 13;
+        o.size = g.n;
+        o.timeout_ms = g.timeout_ms;
+        AbortSignal abort;
+        if (g.signal_fd >= 0) {
+          auto mapped = AbortSignal::Map(::dup(g.signal_fd));
+          if (!mapped.ok()) return 12;
+          abort = std::move(mapped).value();
         }
-        if (rank == 2) ::_exit(0);  // a device dies
-        int64_t t0 = MonotonicNanos();
-        Status st = (*comm)->AllReduceSum(v.data(), v.size());
-        if (st.code() != StatusCode::kAborted) return 14;
-        return (MonotonicNanos() - t0) / 1000000 < 10000 ? 0 : 15;
+        auto comm = GlooCommunicator::Connect(o, std::move(abort));
+        if (!comm.ok()) return 11;
+        return body(**comm, rank);
       },
       [&] {
         auto s = KvStoreServer::Start("127.0.0.1", 0);
         ASSERT_TRUE(s.ok());
         server = std::move(s).value();
         int port = server->port();
-        for (int r = 0; r < n * n; ++r)
+        for (int r = 0; r < g.n * g.n; ++r)
           ASSERT_EQ(::write(port_pipe[1], &port, sizeof(port)), (ssize_t)sizeof(port));
+        if (parent) parent();
       });
+}
+
+class GlooTest : public ::testing::TestWithParam<int> {};
+
+// The same bits as the shared-memory group (rank-order float sums), on
+// sizes smaller than the group and not divisible by it; fixed-point sums,
+// gathers and barriers, several times over one group.
+TEST_P(GlooTest, CollectivesMatchTheSharedMemoryGroup) {
+  const int n = GetParam();
+  Inputs();
+  auto codes = RunGlooGroup({n, "gt" + std::to_string(n)}, [&](Communicator& comm, int rank) {
+    for (size_t count : {size_t{1}, size_t{2}, size_t{37}, size_t{4096}, size_t{100003}}) {
+      for (int iter = 0; iter < 2; ++iter) {
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = Value(rank, i);
+        if (!comm.AllReduceSum(v.data(), count).ok()) return 2;
+        if (int c = CheckSum(v, n)) return c;
+        std::vector<int64_t> f(count);
+        for (size_t i = 0; i < count; ++i) f[i] = static_cast<int64_t>(i) * 1000 + rank;
+        if (!comm.AllReduceSum(f.data(), count).ok()) return 4;
+        for (size_t i = 0; i < count; ++i) {
+          if (f[i] != static_cast<int64_t>(i) * 1000 * n + n * (n - 1) / 2) return 5;
+        }
+      }
+    }
+    for (size_t bytes : {size_t{1}, size_t{4000}, size_t{1} << 20}) {
+      std::vector<char> mine(bytes, static_cast<char>('a' + rank)), all(bytes * n, 0);
+      if (!comm.AllGather(mine.data(), bytes, all.data()).ok()) return 6;
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < bytes; ++i) {
+          if (all[r * bytes + i] != static_cast<char>('a' + r)) return 7;
+        }
+      }
+    }
+    return comm.Barrier().ok() ? 0 : 8;
+  });
+  ASSERT_EQ(codes.size(), static_cast<size_t>(n));
+  for (int c : codes) EXPECT_EQ(c, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, GlooTest, ::testing::Values(2, 3, 5));
+
+TEST(Gloo, AllReduceOverLoopbackAndDeadPeer) {
+  const int n = 3;
+  Inputs();
+  auto codes = RunGlooGroup({n, "g0"}, [&](Communicator& comm, int rank) {
+    std::vector<float> v(20000);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = Value(rank, i);
+    if (!comm.AllReduceSum(v.data(), v.size()).ok()) return 12;
+    if (CheckSum(v, n) != 0) return 13;
+    if (rank == 2) ::_exit(0);  // a device dies
+    int64_t t0 = MonotonicNanos();
+    Status st = comm.AllReduceSum(v.data(), v.size());
+    if (st.code() != StatusCode::kAborted) return 14;
+    return (MonotonicNanos() - t0) / 1000000 < 10000 ? 0 : 15;
+  });
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 
@@ -223,59 +286,97 @@ TEST(Gloo, AllReduceOverLoopbackAndDeadPeer) {
 // for the collective timeout: the coordinator raises the group's abort
 // signal and every member waiting in gloo fails at once.
 TEST(Gloo, AbortSignalFailsMembersWaitingOnAHungPeer) {
-  const int n = 3;
-  int port_pipe[2];
-  ASSERT_EQ(::pipe(port_pipe), 0);
   auto signal = AbortSignal::Create();
   ASSERT_TRUE(signal.ok());
   const int signal_fd = signal->fd();
-  std::unique_ptr<KvStoreServer> server;
-  auto codes = RunChildren(
-      n,
-      [&](int rank) {
-        int port = 0;
-        for (int r = 0; r <= rank; ++r) {
-          if (::read(port_pipe[0], &port, sizeof(port)) != sizeof(port)) return 10;
-        }
-        GlooGroupOptions o;
-        o.store_port = port;
-        o.prefix = "g1";
-        o.rank = rank;
-        o.size = n;
-        o.timeout_ms = 60000;
-        auto abort = AbortSignal::Map(::dup(signal_fd));
-        if (!abort.ok()) return 11;
-        const AbortSignal watch = std::move(abort).value();
-        auto mine = AbortSignal::Map(::dup(signal_fd));
-        auto comm = GlooCommunicator::Connect(o, std::move(mine).value());
-        if (!comm.ok()) return 12;
+  auto codes = RunGlooGroup(
+      {3, "g1", 60000, signal_fd},
+      [&](Communicator& comm, int rank) {
         std::vector<float> v(1000, 1.0f);
-        if (!(*comm)->AllReduceSum(v.data(), v.size()).ok()) return 13;
+        if (!comm.AllReduceSum(v.data(), v.size()).ok()) return 13;
         if (rank == 2) {
           // Hung: it never enters the next collective, and stays (its
           // connections open) well after the abort.
-          while (!watch.raised()) watch.WaitChange(watch.generation());
+          auto watch = AbortSignal::Map(::dup(signal_fd));
+          if (!watch.ok()) return 16;
+          while (!watch->raised()) watch->WaitChange(watch->generation());
           ::usleep(2000000);
           return 0;
         }
         const int64_t t0 = MonotonicNanos();
-        Status st = (*comm)->AllReduceSum(v.data(), v.size());
+        Status st = comm.AllReduceSum(v.data(), v.size());
         if (st.code() != StatusCode::kAborted) return 14;
         // The abort comes about 0.4 s in; the hung peer leaves 2 s later.
         return (MonotonicNanos() - t0) / 1000000 < 1500 ? 0 : 15;
       },
       [&] {
-        auto s = KvStoreServer::Start("127.0.0.1", 0);
-        ASSERT_TRUE(s.ok());
-        server = std::move(s).value();
-        int port = server->port();
-        for (int r = 0; r < n * n; ++r)
-          ASSERT_EQ(::write(port_pipe[1], &port, sizeof(port)), (ssize_t)sizeof(port));
         ::usleep(500000);
         signal->Raise();
       });
   for (int c : codes) EXPECT_EQ(c, 0);
 }
+
+// A member whose collective is stuck inside gloo's transport (a send
+// queued behind a peer that stopped reading, its socket's buffer full; a
+// receive whose data had begun to arrive) still fails at once when the
+// group is aborted: the coordinator would otherwise declare a healthy
+// device dead for not answering the abort. The last rank freezes (SIGSTOP)
+// in the middle of a large all-reduce, as a device behind a link that
+// stopped carrying does; the others' collectives wait on its data, some of
+// it received.
+class GlooStuckTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooStuckTest, AbortFailsACollectiveStuckInTheTransport) {
+  const int n = GetParam();
+  int pid_pipe[2];
+  ASSERT_EQ(::pipe(pid_pipe), 0);
+  auto signal = AbortSignal::Create();
+  ASSERT_TRUE(signal.ok());
+  auto codes = RunGlooGroup(
+      {n, "g2-" + std::to_string(n), 30000, signal->fd()},
+      [&](Communicator& comm, int rank) {
+        // Far more than the sockets' buffers hold; once through, so that
+        // the freeze below comes in the middle of the transfers.
+        std::vector<float> big(48 << 20, 1.0f);
+        if (!comm.AllReduceSum(big.data(), big.size()).ok()) return 18;
+        if (rank == n - 1) {
+          const pid_t self = ::getpid();
+          if (::write(pid_pipe[1], &self, sizeof(self)) != sizeof(self)) return 17;
+          std::thread([] {
+            ::usleep(20000);
+            ::raise(SIGSTOP);
+          }).detach();
+          (void)comm.AllReduceSum(big.data(), big.size());
+          return 0;
+        }
+        const int64_t t0 = MonotonicNanos();
+        Status st = comm.AllReduceSum(big.data(), big.size());
+        const int64_t ms = (MonotonicNanos() - t0) / 1000000;
+        if (st.code() != StatusCode::kAborted || ms >= 1500) {
+          std::fprintf(stderr, "rank %d: %s after %lld ms\n", rank, st.ToString().c_str(),
+                       static_cast<long long>(ms));
+          return 14;
+        }
+        // The group stays failed: nothing more runs on it.
+        std::vector<float> small(1000, 1.0f);
+        if (comm.AllReduceSum(small.data(), small.size()).code() != StatusCode::kAborted)
+          return 16;
+        return 0;
+      },
+      [&] {
+        pid_t frozen = 0;
+        ASSERT_EQ(::read(pid_pipe[0], &frozen, sizeof(frozen)), (ssize_t)sizeof(frozen));
+        ::usleep(700000);
+        signal->Raise();
+        ::usleep(2500000);
+        ::kill(frozen, SIGKILL);
+      });
+  ASSERT_EQ(codes.size(), static_cast<size_t>(n));
+  for (int r = 0; r + 1 < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  EXPECT_EQ(codes[n - 1], 128 + SIGKILL);
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, GlooStuckTest, ::testing::Values(2, 3));
 
 }  // namespace
 }  // namespace failsafe

@@ -7,17 +7,16 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
 #include <gloo/common/error.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include "comm/kv_store.h"
 #include "common/fixed_point.h"
@@ -59,14 +58,24 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   std::function<bool()> cancelled_;
 };
 
-void SumFloats(void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); }
+// out[i] = srcs[0][i] + srcs[1][i] + ... in rank order, as the shared-memory
+// group sums (floats: bit-identical results in either kind of group;
+// fixed-point: AddFixed, exact in any order). `out` may be one of `srcs`:
+// each element is read before it is written.
+float Add(float a, float b) { return a + b; }
+int64_t Add(int64_t a, int64_t b) { return AddFixed(a, b); }
 
-void SumFixed(void* c, const void* a, const void* b, size_t n) {
-  auto* out = static_cast<int64_t*>(c);
-  const auto* x = static_cast<const int64_t*>(a);
-  const auto* y = static_cast<const int64_t*>(b);
-  for (size_t i = 0; i < n; ++i) out[i] = AddFixed(x[i], y[i]);
+template <typename T>
+void SumInRankOrder(const T* const* srcs, int members, size_t count, T* out) {
+  for (size_t i = 0; i < count; ++i) {
+    T acc = srcs[0][i];
+    for (int m = 1; m < members; ++m) acc = Add(acc, srcs[m][i]);
+    out[i] = acc;
+  }
 }
+
+// Slots of our collectives (gloo's own collectives are not used).
+constexpr uint8_t kSlotPrefix = 0x51;
 
 // The process's open TCP sockets.
 std::set<int> TcpSockets() {
@@ -105,6 +114,7 @@ GlooCommunicator::~GlooCommunicator() {
 void GlooCommunicator::Fail() {
   aborted_ = true;
   std::lock_guard<std::mutex> lock(mu_);
+  AbortWaits();
   if (closed_) return;
   closed_ = true;
   try {
@@ -113,19 +123,25 @@ void GlooCommunicator::Fail() {
   }
 }
 
+void GlooCommunicator::AbortWaits() {
+  for (gloo::transport::UnboundBuffer* b : active_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+}
+
 void GlooCommunicator::ShutdownConnections() {
   aborted_ = true;
   std::lock_guard<std::mutex> lock(mu_);
+  AbortWaits();
   if (closed_) return;
   // The connections stay open (gloo owns them) but every read and write on
   // them fails: gloo's event loop sees the end of the stream and fails the
   // pending operations, and the peers see it too. Not all of them: a send
   // that waits in a connection's transmit queue (its socket's buffer full,
   // as toward a peer behind a slow or lossy link), or a receive whose data
-  // had begun to arrive, is not told of the connection's failure and waits
-  // for gloo's timeout (the receive into gloo's own scratch buffer, out of
-  // reach here); the coordinator declares such a member dead when it does
-  // not answer the abort within its grace.
+  // had begun to arrive, is not told of the connection's failure; the
+  // waits on those are interrupted above (AbortWaits).
   for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
 }
 
@@ -217,16 +233,123 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGr
   return comm;
 }
 
+// The unbound buffers of the collective under way. While registered
+// (Start), an abort interrupts their waits: a wait that the connections'
+// failure does not reach inside gloo's transport (a receive whose data had
+// begun to arrive, a send queued behind a full socket) ends at the abort
+// too. Destroyed before the collective returns, which waits for gloo's
+// device thread to let go of them, so nothing is written to the caller's
+// memory or the scratch afterwards.
+class GlooCommunicator::Ops {
+ public:
+  explicit Ops(GlooCommunicator* comm) : comm_(comm) {}
+  ~Ops() {
+    {
+      std::lock_guard<std::mutex> lock(comm_->mu_);
+      comm_->active_.clear();
+    }
+    buffers_.clear();
+  }
+  Ops(const Ops&) = delete;
+  Ops& operator=(const Ops&) = delete;
+
+  gloo::transport::UnboundBuffer* Buffer(void* ptr, size_t bytes) {
+    buffers_.push_back(comm_->context_->createUnboundBuffer(ptr, bytes));
+    return buffers_.back().get();
+  }
+  // False if the group is aborted already.
+  bool Start() {
+    std::lock_guard<std::mutex> lock(comm_->mu_);
+    if (comm_->aborted_) return false;
+    for (auto& b : buffers_) comm_->active_.push_back(b.get());
+    return true;
+  }
+  // Each false when the group was aborted meanwhile.
+  bool WaitRecv(gloo::transport::UnboundBuffer* b) {
+    return b->waitRecv(nullptr, comm_->context_->getTimeout());
+  }
+  bool WaitSend(gloo::transport::UnboundBuffer* b) {
+    return b->waitSend(nullptr, comm_->context_->getTimeout());
+  }
+
+ private:
+  GlooCommunicator* comm_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers_;
+};
+
+// Reduce-scatter then all-gather, each member exchanging with every other
+// directly (the group's connections are a full mesh): member r owns chunk r
+// of the data, receives every member's copy of it, sums them in rank order
+// and sends the sum to every member. Two exchanges deep whatever the group's
+// size, and the same bits as the shared-memory group.
 template <typename T>
-Status GlooCommunicator::AllReduce(T* data, size_t count, ReduceFn reduce) {
+Status GlooCommunicator::AllReduce(T* data, size_t count) {
   if (aborted_) return Aborted("collective group was aborted");
-  if (size_ == 1) return Status::Ok();
+  if (size_ == 1 || count == 0) return Status::Ok();
+  const int n = size_, r = rank_;
+  constexpr size_t z = sizeof(T);
+  auto begin = [&](int c) { return count * static_cast<size_t>(c) / static_cast<size_t>(n); };
+  auto len = [&](int c) { return begin(c + 1) - begin(c); };
+  const size_t mine = len(r);
+  // Every member's copy of chunk r (member q's at q * mine).
+  const size_t copies_bytes = mine * static_cast<size_t>(n) * z;
+  if (scratch_bytes_ < copies_bytes) {
+    scratch_bytes_ = copies_bytes;
+    scratch_.reset(new char[scratch_bytes_]);
+  }
+  char* copies = scratch_.get();
+  const uint64_t slot = gloo::Slot::build(kSlotPrefix, tag_++);
   try {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, count);
-    opts.setReduceFunction(reduce);
-    opts.setTag(tag_++);
-    gloo::allreduce(opts);
+    Ops ops(this);
+    auto* out = ops.Buffer(data, count * z);
+    auto* in = ops.Buffer(copies, copies_bytes);
+    if (!ops.Start()) return Aborted("collective group was aborted");
+    int copies_due = 0, sums_due = 0, sends = 0;
+    // Receives first, so that no sender waits for one to be posted. Member
+    // q's sum of chunk q lands in the data itself: q sends it only once it
+    // has all of this member's copy of chunk q, so the send of that copy
+    // has left the data by then.
+    for (int k = 1; k < n; ++k) {
+      const int q = (r + k) % n;
+      if (mine > 0) {
+        in->recv(q, slot, static_cast<size_t>(q) * mine * z, mine * z);
+        ++copies_due;
+      }
+      if (len(q) > 0) {
+        out->recv(q, slot + 1, begin(q) * z, len(q) * z);
+        ++sums_due;
+      }
+    }
+    for (int k = 1; k < n; ++k) {
+      const int q = (r + k) % n;
+      if (len(q) > 0) {
+        out->send(q, slot, begin(q) * z, len(q) * z);
+        ++sends;
+      }
+    }
+    for (int i = 0; i < copies_due; ++i) {
+      if (!ops.WaitRecv(in)) return Aborted("collective group was aborted");
+    }
+    if (mine > 0) {
+      std::vector<const T*> srcs(static_cast<size_t>(n));
+      for (int q = 0; q < n; ++q) {
+        srcs[static_cast<size_t>(q)] =
+            q == r ? data + begin(r)
+                   : reinterpret_cast<const T*>(copies) + static_cast<size_t>(q) * mine;
+      }
+      // Chunk r is in no send under way.
+      SumInRankOrder(srcs.data(), n, mine, data + begin(r));
+      for (int k = 1; k < n; ++k) {
+        out->send((r + k) % n, slot + 1, begin(r) * z, mine * z);
+        ++sends;
+      }
+    }
+    for (int i = 0; i < sums_due; ++i) {
+      if (!ops.WaitRecv(out)) return Aborted("collective group was aborted");
+    }
+    for (int i = 0; i < sends; ++i) {
+      if (!ops.WaitSend(out)) return Aborted("collective group was aborted");
+    }
   } catch (const std::exception& e) {
     Fail();
     return Aborted("all-reduce failed: {}", e.what());
@@ -234,22 +357,35 @@ Status GlooCommunicator::AllReduce(T* data, size_t count, ReduceFn reduce) {
   return Status::Ok();
 }
 
-Status GlooCommunicator::AllReduceSum(float* data, size_t count) {
-  return AllReduce(data, count, &SumFloats);
-}
+Status GlooCommunicator::AllReduceSum(float* data, size_t count) { return AllReduce(data, count); }
 
 Status GlooCommunicator::AllReduceSum(int64_t* data, size_t count) {
-  return AllReduce(data, count, &SumFixed);
+  return AllReduce(data, count);
 }
 
+// Every member sends its block to every other directly.
 Status GlooCommunicator::AllGather(const void* send, size_t bytes, void* recv) {
   if (aborted_) return Aborted("collective group was aborted");
+  char* all = static_cast<char*>(recv);
+  const size_t r = static_cast<size_t>(rank_);
+  if (bytes > 0 && all + r * bytes != send) std::memmove(all + r * bytes, send, bytes);
+  if (size_ == 1 || bytes == 0) return Status::Ok();
+  const uint64_t slot = gloo::Slot::build(kSlotPrefix, tag_++);
   try {
-    gloo::AllgatherOptions opts(context_);
-    opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
-    opts.setOutput(static_cast<char*>(recv), bytes * static_cast<size_t>(size_));
-    opts.setTag(tag_++);
-    gloo::allgather(opts);
+    Ops ops(this);
+    auto* buf = ops.Buffer(all, bytes * static_cast<size_t>(size_));
+    if (!ops.Start()) return Aborted("collective group was aborted");
+    for (int k = 1; k < size_; ++k) {
+      const int q = (rank_ + k) % size_;
+      buf->recv(q, slot, static_cast<size_t>(q) * bytes, bytes);
+    }
+    for (int k = 1; k < size_; ++k) buf->send((rank_ + k) % size_, slot, r * bytes, bytes);
+    for (int k = 1; k < size_; ++k) {
+      if (!ops.WaitRecv(buf)) return Aborted("collective group was aborted");
+    }
+    for (int k = 1; k < size_; ++k) {
+      if (!ops.WaitSend(buf)) return Aborted("collective group was aborted");
+    }
   } catch (const std::exception& e) {
     Fail();
     return Aborted("all-gather failed: {}", e.what());
@@ -257,17 +393,11 @@ Status GlooCommunicator::AllGather(const void* send, size_t bytes, void* recv) {
   return Status::Ok();
 }
 
+// A member leaves once every other's byte has come: each had entered.
 Status GlooCommunicator::Barrier() {
-  if (aborted_) return Aborted("collective group was aborted");
-  try {
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(tag_++);
-    gloo::barrier(opts);
-  } catch (const std::exception& e) {
-    Fail();
-    return Aborted("barrier failed: {}", e.what());
-  }
-  return Status::Ok();
+  const char mine = 1;
+  std::vector<char> all(static_cast<size_t>(size_));
+  return AllGather(&mine, 1, all.data());
 }
 
 }  // namespace failsafe

@@ -6,8 +6,13 @@
 // fails fast with kAborted. A hung peer is caught by the coordinator, which
 // raises the group's AbortSignal: every member's watcher thread then shuts
 // its connections down, so a collective waiting on the hung peer fails at
-// once (the collective timeout is only the last resort). Abort() does the
-// same for this member.
+// once (the collective timeout is only the last resort), and interrupts the
+// waits of the collective under way, which a torn-down connection does not
+// always reach inside gloo. Abort() does the same for this member.
+//
+// The collectives are the member's own over gloo's point-to-point buffers:
+// each member exchanges with every other directly, and sums in rank order
+// (the same bits as the shared-memory group).
 #pragma once
 
 #include <atomic>
@@ -22,7 +27,10 @@
 
 namespace gloo {
 class Context;
+namespace transport {
+class UnboundBuffer;
 }
+}  // namespace gloo
 
 namespace failsafe {
 
@@ -52,14 +60,15 @@ class GlooCommunicator final : public Communicator {
   void Abort() override;
 
  private:
-  // reduce(out, a, b, n): out[i] = a[i] + b[i] for n elements of the type.
-  using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+  class Ops;
 
   GlooCommunicator() = default;
-  // In place over `count` elements of `data`, added with `reduce`.
+  // In place over `count` elements of `data`.
   template <typename T>
-  Status AllReduce(T* data, size_t count, ReduceFn reduce);
+  Status AllReduce(T* data, size_t count);
   void Fail();
+  // Interrupts the waits of the collective under way; mu_ held.
+  void AbortWaits();
   // Shuts this member's connections down: pending collectives fail now.
   void ShutdownConnections();
   void Watch();
@@ -72,7 +81,11 @@ class GlooCommunicator final : public Communicator {
   AbortSignal signal_;
   std::mutex mu_;
   std::vector<int> sockets_;  // the group's TCP connections, guarded by mu_
-  bool closed_ = false;       // the connections are closed, guarded by mu_
+  // The buffers of the collective under way (Ops), guarded by mu_.
+  std::vector<gloo::transport::UnboundBuffer*> active_;
+  std::unique_ptr<char[]> scratch_;  // the all-reduce's receives
+  size_t scratch_bytes_ = 0;
+  bool closed_ = false;  // the connections are closed, guarded by mu_
   std::atomic<bool> stop_{false};
   std::thread watcher_;
 };

@@ -79,6 +79,7 @@ HangWatch::HangWatch(const DeviceProgressRegion* progress, const std::vector<int
   // stall is blamed sooner than the deadline (Check), so look sooner.
   for (int d : devices_) networked_ |= Progress(d).heard_ns > 0;
   if (networked_) next_check_ns_ = start_ns_ + LinkBlameNs();
+  paces_.push_back({start_ns_, 0});
 }
 
 int64_t HangWatch::LinkBlameNs() const { return std::min(deadline_ns_ / 2, kLinkStallNs); }
@@ -187,7 +188,26 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     ahead = std::max(ahead, s.collectives);
     someone_started |= s.started;
   }
-  if (stalled && healthy && !behind_bad_links.empty()) {
+  // Or crawls: a link that bad slows every collective over it to a round
+  // trip or more, and the group moves at that pace without any device
+  // standing still for long (each collective returns once the frames over
+  // the link arrive). Over the last quarter deadline (two such collectives
+  // at least) even the furthest witness took a bad round trip per
+  // collective it entered, and twice the collective's expected time
+  // (unknown: a quarter of the deadline).
+  const int64_t age = now - start_ns_;
+  const int64_t crawl_ns =
+      std::max(bad_rtt_ns, expected_move_ns_ > 0 ? 2 * expected_move_ns_ : deadline_ns_ / 4);
+  const int64_t crawl_window_ns = std::max(2 * crawl_ns, blame_stall_ns / 2);
+  paces_.push_back({now, ahead});
+  while (paces_.size() > 1 && paces_[1].first <= now - crawl_window_ns) {
+    paces_.erase(paces_.begin());
+  }
+  const int64_t window = now - paces_.front().first;
+  const uint64_t entered = ahead - std::min(ahead, paces_.front().second);
+  const bool crawling =
+      window >= crawl_window_ns && static_cast<int64_t>(entered) * crawl_ns <= window;
+  if ((stalled || crawling) && healthy && !behind_bad_links.empty()) {
     // The step stalls and links are bad: the devices behind them go, never
     // the healthy side that waits for them (it would look behind). The
     // other devices of their hosts share the link and go with them (one of
@@ -204,12 +224,17 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
       }
     }
     for (const Seen* s : behind_bad_links) {
-      dead.push_back({s->device,
-                      fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
-                                  "and its step made no progress for {} ms",
-                                  s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
-                                  (now - start_ns_) / 1000000),
-                      now, /*link=*/true});
+      dead.push_back(
+          {s->device,
+           stalled ? fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
+                                 "and its step made no progress for {} ms",
+                                 s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
+                                 age / 1000000)
+                   : fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
+                                 "and its step crawls ({} collectives in its last {} ms)",
+                                 s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
+                                 entered, window / 1000000),
+           now, /*link=*/true});
     }
     Abort(now);
     next_check_ns_ = now + grace_ns_;

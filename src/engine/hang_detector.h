@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "engine/reply_collector.h"
@@ -79,6 +80,10 @@ class HangWatch final : public ReplyWatch {
                              const std::vector<int>& replied) override;
   void OnFailedReply(int device) override;
   bool aborted() const { return aborted_; }
+  // The step's expected time between two moves (0, the default: unknown, as
+  // for requests other than steps). A group that crawls over a bad link is
+  // blamed on it only at under half that pace (Check).
+  void set_expected_move_ns(int64_t ns) { expected_move_ns_ = ns; }
 
  private:
   void Abort(int64_t now_ns);
@@ -98,6 +103,10 @@ class HangWatch final : public ReplyWatch {
   bool networked_ = false;  // a device of the step is heard over a link
   int64_t aborted_at_ns_ = 0;
   int64_t paused_logged_ns_ = 0;  // last said the group is paused (0: never)
+  // (when, the furthest witness's collectives) at the step's start and each
+  // check since the crawl window before the last: the group's pace.
+  std::vector<std::pair<int64_t, uint64_t>> paces_;
+  int64_t expected_move_ns_ = 0;
 };
 
 }  // namespace failsafe

@@ -347,13 +347,15 @@ WorkerGroup::Sent WorkerGroup::SendEach(const std::vector<int>& devices, WorkerO
   return sent;
 }
 
-std::vector<DeviceReply> WorkerGroup::Collect(const Sent& sent, int64_t deadline_ms) {
+std::vector<DeviceReply> WorkerGroup::Collect(const Sent& sent, int64_t deadline_ms,
+                                              int64_t expected_move_ns) {
   std::vector<std::pair<int, DeviceProcess*>> procs;
   for (int d : sent.devices) {
     if (alive(d)) procs.emplace_back(d, devices_[d].process.get());
   }
   HangWatch watch(&progress_, sent.devices, sent.before, sent.at_ns, deadline_ms,
                   GraceMs(deadline_ms), [this] { group_.Abort(); });
+  watch.set_expected_move_ns(expected_move_ns);
   return CollectReplies(procs, watch, [this](const Verdict& v) { MarkDead(v); });
 }
 
@@ -431,7 +433,10 @@ Result<StepOutput> WorkerGroup::Step(const StepBatch& batch, StepTiming* timing)
   FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "before the step"));
   const double estimate = EstimateSeconds(batch);
   // A device moves at the embedding's all-reduce and twice per layer.
-  const int64_t deadline_ms = deadline_.DeadlineMs(estimate, 1 + 2 * config_.num_layers);
+  const int moves = 1 + 2 * config_.num_layers;
+  const int64_t deadline_ms = deadline_.DeadlineMs(estimate, moves);
+  const auto expected_move_ns =
+      static_cast<int64_t>(deadline_.ExpectedSeconds(estimate) / moves * 1e9);
   const int64_t t0 = MonotonicNanos();
   // Each device gets the step with its own block-table entries.
   const Sent sent = SendEach(plan_.active, WorkerOp::kStep, [&](int d) {
@@ -439,7 +444,7 @@ Result<StepOutput> WorkerGroup::Step(const StepBatch& batch, StepTiming* timing)
     EncodeBatch(batch, d, &w);
     return w.Take();
   });
-  std::vector<DeviceReply> replies = Collect(sent, deadline_ms);
+  std::vector<DeviceReply> replies = Collect(sent, deadline_ms, expected_move_ns);
   FS_RETURN_IF_ERROR(DeadAmong(plan_.active, "during the step"));
   for (const DeviceReply& r : replies) {
     if (!r.status.ok()) return r.status.WithContext("device " + std::to_string(r.device));

@@ -189,7 +189,10 @@ class WorkerGroup final : public Executor, public DeviceFaults {
                 const std::vector<std::vector<int>>& fds = {});
   // Collects one reply from each device sent to within `deadline_ms`,
   // declaring dead those that exit or hang. Replies of dead devices are absent.
-  std::vector<DeviceReply> Collect(const Sent& sent, int64_t deadline_ms);
+  // `expected_move_ns`: a step's expected time between two moves (0: not a
+  // step; HangWatch::set_expected_move_ns).
+  std::vector<DeviceReply> Collect(const Sent& sent, int64_t deadline_ms,
+                                   int64_t expected_move_ns = 0);
   // Fences a device: its group aborted, its process killed, its channel closed.
   void MarkDead(const Verdict& verdict);
   Status FormGroup(const std::vector<int>& members);

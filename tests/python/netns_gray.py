@@ -8,7 +8,9 @@ process that copies Ethernet frames between them, each held for the delay
 and dropped with the loss probability.
 
 With streams running, the link of the host with two of the four devices is
-made slow (200 ms each way), then lossy (30% of frames dropped each way):
+made slow (200 ms each way, then 100 ms: a pace of a collective per round
+trip, no device ever still for long), then lossy (30% of frames dropped
+each way):
 - every stream finishes with the text of a single-device server;
 - the coordinator's own device and the healthy host's device are never
   declared dead: the devices behind the bad link go;
@@ -159,6 +161,7 @@ def gray(failsafe, model, tmp, token_file, net):
         check(wait_alive(server, 4, 30) < 30, "4 devices alive")
         healthy_pids = {w.proc.pid for w in workers if w.ns == net.hosts[0]}
         for label, delay_ms, loss in (("200 ms each way", 200, 0.0),
+                                      ("100 ms each way", 100, 0.0),
                                       ("30% of frames lost each way", 0, 0.3)):
             seen = {}
 

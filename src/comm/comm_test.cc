@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <thread>
@@ -359,8 +360,20 @@ TEST_P(GlooStuckTest, AbortFailsACollectiveStuckInTheTransport) {
         }
         // The group stays failed: nothing more runs on it.
         std::vector<float> small(1000, 1.0f);
-        if (comm.AllReduceSum(small.data(), small.size()).code() != StatusCode::kAborted)
-          return 16;
+        if (comm.AllReduceSum(small.data(), small.size()).code() != StatusCode::kAborted) return 16;
+        // And idle: gloo's device thread does not spin on what the aborted
+        // collective left in its connections while the group lives on.
+        timespec c0, c1;
+        ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+        ::usleep(400000);
+        ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        const int64_t cpu_ms =
+            ((c1.tv_sec - c0.tv_sec) * 1000000000LL + (c1.tv_nsec - c0.tv_nsec)) / 1000000;
+        if (cpu_ms > 100) {
+          std::fprintf(stderr, "rank %d: %lld ms of CPU in 400 ms after the abort\n", rank,
+                       static_cast<long long>(cpu_ms));
+          return 19;
+        }
         return 0;
       },
       [&] {

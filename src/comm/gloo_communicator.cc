@@ -239,11 +239,16 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGr
 // begun to arrive, a send queued behind a full socket) ends at the abort
 // too. Destroyed before the collective returns, which waits for gloo's
 // device thread to let go of them, so nothing is written to the caller's
-// memory or the scratch afterwards.
+// memory or the scratch afterwards. A collective that did not complete
+// closes the group's connections first: gloo's pairs still hold its
+// operations, and a pair whose operation's buffer is gone neither reads
+// nor writes its socket, so its device thread would spin on the socket's
+// events until the group is destroyed.
 class GlooCommunicator::Ops {
  public:
   explicit Ops(GlooCommunicator* comm) : comm_(comm) {}
   ~Ops() {
+    if (!done_) comm_->Fail();
     {
       std::lock_guard<std::mutex> lock(comm_->mu_);
       comm_->active_.clear();
@@ -264,6 +269,8 @@ class GlooCommunicator::Ops {
     for (auto& b : buffers_) comm_->active_.push_back(b.get());
     return true;
   }
+  // The collective completed: its operations are over.
+  void Done() { done_ = true; }
   // Each false when the group was aborted meanwhile.
   bool WaitRecv(gloo::transport::UnboundBuffer* b) {
     return b->waitRecv(nullptr, comm_->context_->getTimeout());
@@ -275,6 +282,7 @@ class GlooCommunicator::Ops {
  private:
   GlooCommunicator* comm_;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers_;
+  bool done_ = false;
 };
 
 // Reduce-scatter then all-gather, each member exchanging with every other
@@ -350,6 +358,7 @@ Status GlooCommunicator::AllReduce(T* data, size_t count) {
     for (int i = 0; i < sends; ++i) {
       if (!ops.WaitSend(out)) return Aborted("collective group was aborted");
     }
+    ops.Done();
   } catch (const std::exception& e) {
     Fail();
     return Aborted("all-reduce failed: {}", e.what());
@@ -386,6 +395,7 @@ Status GlooCommunicator::AllGather(const void* send, size_t bytes, void* recv) {
     for (int k = 1; k < size_; ++k) {
       if (!ops.WaitSend(buf)) return Aborted("collective group was aborted");
     }
+    ops.Done();
   } catch (const std::exception& e) {
     Fail();
     return Aborted("all-gather failed: {}", e.what());

@@ -112,7 +112,10 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     const DeviceProgress base = i < base_.size() ? base_[i] : DeviceProgress();
     const DeviceProgress p = Progress(d);
     const int64_t last = std::max(p.last_move_ns, start_ns_);
-    seen.push_back({d, p, p.requests > base.requests, p.entered - base.entered, now - last});
+    // (A counter behind the one read before the request, as a respawned
+    // device's: nothing entered since.)
+    const uint64_t entered = p.entered >= base.entered ? p.entered - base.entered : 0;
+    seen.push_back({d, p, p.requests > base.requests, entered, now - last});
   }
   std::vector<Verdict> dead;
   if (aborted_) {
@@ -170,6 +173,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
                                 s.p.link_rtt_ns >= bad_rtt_ns);
   };
   uint64_t ahead = 0;
+  int witnesses = 0;  // pending devices whose progress is witness
   bool someone_started = false, stalled = false, healthy = !replied.empty();
   std::vector<const Seen*> behind_bad_links;
   // A stall is blamed on a bad link after half the deadline (1 s at most):
@@ -185,6 +189,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
       healthy = true;
     }
     if (no_witness(s)) continue;
+    ++witnesses;
     ahead = std::max(ahead, s.collectives);
     someone_started |= s.started;
   }
@@ -192,21 +197,31 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   // trip or more, and the group moves at that pace without any device
   // standing still for long (each collective returns once the frames over
   // the link arrive). Over the last quarter deadline (two such collectives
-  // at least) even the furthest witness took a bad round trip per
-  // collective it entered, and twice the collective's expected time
-  // (unknown: a quarter of the deadline).
+  // at least) the furthest witness still in the step took a bad round trip
+  // per collective it entered, and twice the collective's expected time.
+  // Steps only (other requests have no expected pace, and some enter no
+  // collective), and only while a witness is pending (once every healthy
+  // device has answered, those left are judged by the stall alone).
   const int64_t age = now - start_ns_;
-  const int64_t crawl_ns =
-      std::max(bad_rtt_ns, expected_move_ns_ > 0 ? 2 * expected_move_ns_ : deadline_ns_ / 4);
-  const int64_t crawl_window_ns = std::max(2 * crawl_ns, blame_stall_ns / 2);
-  paces_.push_back({now, ahead});
-  while (paces_.size() > 1 && paces_[1].first <= now - crawl_window_ns) {
-    paces_.erase(paces_.begin());
+  bool crawling = false;
+  uint64_t crawl_entered = 0;
+  int64_t crawl_window = 0;
+  if (expected_move_ns_ > 0) {
+    const int64_t crawl_ns = std::max(bad_rtt_ns, 2 * expected_move_ns_);
+    const int64_t crawl_window_ns = std::max(2 * crawl_ns, blame_stall_ns / 2);
+    // (The furthest so far: a witness that answers, or stops being one,
+    // takes its collectives with it.)
+    paces_.push_back({now, std::max(ahead, paces_.back().second)});
+    while (paces_.size() > 1 && paces_[1].first <= now - crawl_window_ns) {
+      paces_.erase(paces_.begin());
+    }
+    const int64_t window = now - paces_.front().first;
+    const uint64_t entered = paces_.back().second - paces_.front().second;
+    crawling = witnesses > 0 && window >= crawl_window_ns &&
+               entered <= static_cast<uint64_t>(window / crawl_ns);
+    crawl_entered = entered;
+    crawl_window = window;
   }
-  const int64_t window = now - paces_.front().first;
-  const uint64_t entered = ahead - std::min(ahead, paces_.front().second);
-  const bool crawling =
-      window >= crawl_window_ns && static_cast<int64_t>(entered) * crawl_ns <= window;
   if ((stalled || crawling) && healthy && !behind_bad_links.empty()) {
     // The step stalls and links are bad: the devices behind them go, never
     // the healthy side that waits for them (it would look behind). The
@@ -233,7 +248,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
                    : fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
                                  "and its step crawls ({} collectives in its last {} ms)",
                                  s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
-                                 entered, window / 1000000),
+                                 crawl_entered, crawl_window / 1000000),
            now, /*link=*/true});
     }
     Abort(now);

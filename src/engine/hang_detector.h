@@ -81,8 +81,9 @@ class HangWatch final : public ReplyWatch {
   void OnFailedReply(int device) override;
   bool aborted() const { return aborted_; }
   // The step's expected time between two moves (0, the default: unknown, as
-  // for requests other than steps). A group that crawls over a bad link is
-  // blamed on it only at under half that pace (Check).
+  // for requests other than steps, which are never judged by their pace). A
+  // group that crawls over a bad link is blamed on it only at under half
+  // that pace (Check).
   void set_expected_move_ns(int64_t ns) { expected_move_ns_ = ns; }
 
  private:

@@ -204,9 +204,10 @@ TEST(HangWatch, ADegradedLinkIsBlamedWithinSecondsOfALongDeadline) {
 
 // A link that bad slows every collective over it to a round trip: the group
 // keeps moving (nobody still for half the deadline) but crawls, and the
-// devices behind the link go once the step has run for half the deadline
-// at that pace. The same pace over good links is slowness, and a bad link
-// under a group that moves fast is not blamed for it.
+// devices behind the link go once a quarter deadline passed at that pace
+// (collectives expected every 10 ms). The same pace over good links is
+// slowness, and a bad link under a group that moves fast is not blamed
+// for it.
 TEST(HangWatch, AStepThatCrawlsOverADegradedLinkBlamesIt) {
   const int64_t t0 = MonotonicNanos();
   for (const int64_t rtt : {400 * kMs, 1 * kMs}) {
@@ -214,16 +215,13 @@ TEST(HangWatch, AStepThatCrawlsOverADegradedLinkBlamesIt) {
     for (int d = 0; d < 4; ++d) p.Set(d, 3, 10, 10, t0);
     for (int d : {2, 3}) p.region.slot(d)->heard_ns = t0;
     HangWatch w(&p.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
+    w.set_expected_move_ns(10 * kMs);
+    for (int d : {2, 3}) p.region.slot(d)->link_rtt_ns = rtt;
+    EXPECT_TRUE(w.Check(t0 + 200 * kMs, {0, 1, 2, 3}, {}).empty());  // too soon to tell
     // One collective every 400 ms.
     for (int d = 0; d < 4; ++d) p.Set(d, 3, 11, 10, t0 + 400 * kMs);
-    for (int d : {2, 3}) {
-      p.region.slot(d)->heard_ns = t0 + 400 * kMs;
-      p.region.slot(d)->link_rtt_ns = rtt;
-    }
-    EXPECT_TRUE(w.Check(t0 + 450 * kMs, {0, 1, 2, 3}, {}).empty());  // a quarter of the deadline
-    for (int d = 0; d < 4; ++d) p.Set(d, 3, 12, 11, t0 + 800 * kMs);
-    for (int d : {2, 3}) p.region.slot(d)->heard_ns = t0 + 800 * kMs;
-    const auto dead = w.Check(t0 + 850 * kMs, {0, 1, 2, 3}, {});
+    for (int d : {2, 3}) p.region.slot(d)->heard_ns = t0 + 400 * kMs;
+    const auto dead = w.Check(t0 + 450 * kMs, {0, 1, 2, 3}, {});
     if (rtt > 100 * kMs) {
       ASSERT_EQ(dead.size(), 2u);
       EXPECT_EQ(dead[0].device, 2);
@@ -240,6 +238,7 @@ TEST(HangWatch, AStepThatCrawlsOverADegradedLinkBlamesIt) {
   for (int d = 0; d < 4; ++d) q.Set(d, 3, 10, 10, t0);
   for (int d : {2, 3}) q.region.slot(d)->heard_ns = t0;
   HangWatch v(&q.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
+  v.set_expected_move_ns(10 * kMs);
   for (int d = 0; d < 4; ++d) q.Set(d, 3, 40, 39, t0 + 590 * kMs);  // 30 collectives
   for (int d : {2, 3}) {
     q.region.slot(d)->heard_ns = t0 + 590 * kMs;
@@ -247,27 +246,26 @@ TEST(HangWatch, AStepThatCrawlsOverADegradedLinkBlamesIt) {
   }
   EXPECT_TRUE(v.Check(t0 + 600 * kMs, {0, 1, 2, 3}, {}).empty());
   EXPECT_FALSE(v.aborted());
-  // A step that ran fast and then crawls: the pace is the last half
+  // A step that ran fast and then crawls: the pace is the last quarter
   // deadline's, not the step's (checks every 125 ms, as the watch asks).
   Progress r;
   for (int d = 0; d < 4; ++d) r.Set(d, 3, 10, 10, t0);
   for (int d : {2, 3}) r.region.slot(d)->heard_ns = t0;
   HangWatch u(&r.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
+  u.set_expected_move_ns(10 * kMs);
   for (int d = 0; d < 4; ++d) r.Set(d, 3, 40, 40, t0 + 300 * kMs);
   for (int d : {2, 3}) {
     r.region.slot(d)->heard_ns = t0 + 300 * kMs;
     r.region.slot(d)->link_rtt_ns = 400 * kMs;
   }
-  for (int64_t at = 300; at < 800; at += 125) {
-    EXPECT_TRUE(u.Check(t0 + at * kMs, {0, 1, 2, 3}, {}).empty()) << at;
-  }
-  for (int d = 0; d < 4; ++d) r.Set(d, 3, 41, 40, t0 + 700 * kMs);
-  // One collective in the half deadline since the link went bad.
-  EXPECT_EQ(u.Check(t0 + 800 * kMs, {0, 1, 2, 3}, {}).size(), 2u);
+  EXPECT_TRUE(u.Check(t0 + 300 * kMs, {0, 1, 2, 3}, {}).empty());
+  EXPECT_TRUE(u.Check(t0 + 425 * kMs, {0, 1, 2, 3}, {}).empty());
+  // No collective in the quarter deadline since the link went bad.
+  EXPECT_EQ(u.Check(t0 + 550 * kMs, {0, 1, 2, 3}, {}).size(), 2u);
   // A collective every 170 ms over a 200 ms round trip: a crawl for a step
   // whose collectives are expected to take 10 ms (twice that is less than
-  // the bad round trip), not for one whose expectation is unknown (a
-  // quarter of the deadline, 250 ms) or 100 ms.
+  // the bad round trip), not for one whose collectives are expected to
+  // take 100 ms, nor for a request other than a step (no expected pace).
   for (const int64_t expected : {10 * kMs, int64_t{0}, 100 * kMs}) {
     Progress c;
     for (int d = 0; d < 4; ++d) c.Set(d, 3, 10, 10, t0);
@@ -282,6 +280,21 @@ TEST(HangWatch, AStepThatCrawlsOverADegradedLinkBlamesIt) {
     EXPECT_EQ(x.Check(t0 + 520 * kMs, {0, 1, 2, 3}, {}).size(), expected == 10 * kMs ? 2u : 0u)
         << expected;
   }
+  // The healthy devices answered, the two behind the bad link have not
+  // yet (their replies cross it): no crawl, those are left to the stall.
+  Progress e;
+  for (int d = 0; d < 4; ++d) e.Set(d, 3, 10, 10, t0);
+  for (int d : {2, 3}) e.region.slot(d)->heard_ns = t0;
+  HangWatch y(&e.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
+  y.set_expected_move_ns(10 * kMs);
+  for (int d = 0; d < 4; ++d) e.Set(d, 4, 30, 30, t0 + 250 * kMs);
+  for (int d : {2, 3}) {
+    e.region.slot(d)->heard_ns = t0 + 250 * kMs;
+    e.region.slot(d)->link_rtt_ns = 200 * kMs;
+  }
+  EXPECT_TRUE(y.Check(t0 + 300 * kMs, {0, 1, 2, 3}, {}).empty());
+  EXPECT_TRUE(y.Check(t0 + 600 * kMs, {2, 3}, {0, 1}).empty());
+  EXPECT_FALSE(y.aborted());
 }
 
 // A device that is behind but still moves is slow, not hung: nobody is

@@ -73,6 +73,39 @@ int CheckSum(const std::vector<float>& v, int n) {
   return 0;
 }
 
+// Every collective of the contract on member `rank` of `n`, 0 or the first
+// failure's code: float sums bit for bit in rank order, fixed-point sums,
+// gathers and a barrier, several times over one group, on sizes smaller
+// than the group, not divisible by it, and longer than a shared-memory
+// slot (the direct path, the reduce-scatter path, chunking).
+int CheckCollectives(Communicator& comm, int rank, int n) {
+  for (size_t count :
+       {size_t{1}, size_t{2}, size_t{37}, size_t{4096}, size_t{50000}, size_t{100003}}) {
+    for (int iter = 0; iter < 2; ++iter) {
+      std::vector<float> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = Value(rank, i);
+      if (!comm.AllReduceSum(v.data(), count).ok()) return 2;
+      if (int c = CheckSum(v, n)) return c;
+      std::vector<int64_t> f(count);
+      for (size_t i = 0; i < count; ++i) f[i] = static_cast<int64_t>(i) * 1000 + rank;
+      if (!comm.AllReduceSum(f.data(), count).ok()) return 4;
+      for (size_t i = 0; i < count; ++i) {
+        if (f[i] != static_cast<int64_t>(i) * 1000 * n + n * (n - 1) / 2) return 5;
+      }
+    }
+  }
+  for (size_t bytes : {size_t{1}, size_t{4000}, size_t{1} << 20}) {
+    std::vector<char> mine(bytes, static_cast<char>('a' + rank)), all(bytes * n, 0);
+    if (!comm.AllGather(mine.data(), bytes, all.data()).ok()) return 6;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < bytes; ++i) {
+        if (all[r * bytes + i] != static_cast<char>('a' + r)) return 7;
+      }
+    }
+  }
+  return comm.Barrier().ok() ? 0 : 8;
+}
+
 class ShmTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmTest, AllReduceAndAllGather) {
@@ -85,23 +118,7 @@ TEST_P(ShmTest, AllReduceAndAllGather) {
     auto mapped = ShmRegion::Map(::dup(fd));
     if (!mapped.ok()) return 1;
     ShmCommunicator comm(std::move(mapped).value(), rank, 10000);
-    // Sizes that hit the direct path, the reduce-scatter path, and chunking.
-    for (size_t count : {size_t{1}, size_t{37}, size_t{4096}, size_t{50000}, size_t{100003}}) {
-      for (int iter = 0; iter < 3; ++iter) {
-        std::vector<float> v(count);
-        for (size_t i = 0; i < count; ++i) v[i] = Value(rank, i);
-        if (!comm.AllReduceSum(v.data(), count).ok()) return 2;
-        if (int c = CheckSum(v, n)) return c;
-      }
-    }
-    std::vector<int> mine(1000, rank), all(1000 * n, -1);
-    if (!comm.AllGather(mine.data(), mine.size() * sizeof(int), all.data()).ok()) return 4;
-    for (int r = 0; r < n; ++r) {
-      for (int i = 0; i < 1000; ++i) {
-        if (all[r * 1000 + i] != r) return 5;
-      }
-    }
-    return comm.Barrier().ok() ? 0 : 6;
+    return CheckCollectives(comm, rank, n);
   });
   for (int c : codes) EXPECT_EQ(c, 0);
 }
@@ -228,37 +245,12 @@ std::vector<int> RunGlooGroup(const GlooGroup& g,
 
 class GlooTest : public ::testing::TestWithParam<int> {};
 
-// The same bits as the shared-memory group (rank-order float sums), on
-// sizes smaller than the group and not divisible by it; fixed-point sums,
-// gathers and barriers, several times over one group.
+// The same contract and bits as the shared-memory group.
 TEST_P(GlooTest, CollectivesMatchTheSharedMemoryGroup) {
   const int n = GetParam();
   Inputs();
   auto codes = RunGlooGroup({n, "gt" + std::to_string(n)}, [&](Communicator& comm, int rank) {
-    for (size_t count : {size_t{1}, size_t{2}, size_t{37}, size_t{4096}, size_t{100003}}) {
-      for (int iter = 0; iter < 2; ++iter) {
-        std::vector<float> v(count);
-        for (size_t i = 0; i < count; ++i) v[i] = Value(rank, i);
-        if (!comm.AllReduceSum(v.data(), count).ok()) return 2;
-        if (int c = CheckSum(v, n)) return c;
-        std::vector<int64_t> f(count);
-        for (size_t i = 0; i < count; ++i) f[i] = static_cast<int64_t>(i) * 1000 + rank;
-        if (!comm.AllReduceSum(f.data(), count).ok()) return 4;
-        for (size_t i = 0; i < count; ++i) {
-          if (f[i] != static_cast<int64_t>(i) * 1000 * n + n * (n - 1) / 2) return 5;
-        }
-      }
-    }
-    for (size_t bytes : {size_t{1}, size_t{4000}, size_t{1} << 20}) {
-      std::vector<char> mine(bytes, static_cast<char>('a' + rank)), all(bytes * n, 0);
-      if (!comm.AllGather(mine.data(), bytes, all.data()).ok()) return 6;
-      for (int r = 0; r < n; ++r) {
-        for (size_t i = 0; i < bytes; ++i) {
-          if (all[r * bytes + i] != static_cast<char>('a' + r)) return 7;
-        }
-      }
-    }
-    return comm.Barrier().ok() ? 0 : 8;
+    return CheckCollectives(comm, rank, n);
   });
   ASSERT_EQ(codes.size(), static_cast<size_t>(n));
   for (int c : codes) EXPECT_EQ(c, 0);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -238,18 +239,16 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
         break;
       }
     }
+    const std::string why = stalled
+                                ? fmt::format("its step made no progress for {} ms", age / 1000000)
+                                : fmt::format("its step crawls ({} collectives in its last {} ms)",
+                                              crawl_entered, crawl_window / 1000000);
     for (const Seen* s : behind_bad_links) {
-      dead.push_back(
-          {s->device,
-           stalled ? fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
-                                 "and its step made no progress for {} ms",
-                                 s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
-                                 age / 1000000)
-                   : fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
-                                 "and its step crawls ({} collectives in its last {} ms)",
-                                 s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
-                                 crawl_entered, crawl_window / 1000000),
-           now, /*link=*/true});
+      dead.push_back({s->device,
+                      fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
+                                  "and {}",
+                                  s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000, why),
+                      now, /*link=*/true});
     }
     Abort(now);
     next_check_ns_ = now + grace_ns_;

@@ -202,6 +202,32 @@ TEST(HangWatch, ADegradedLinkIsBlamedWithinSecondsOfALongDeadline) {
   EXPECT_TRUE(both[0].link && both[1].link);
 }
 
+// Four devices that took a step at collective 10; devices 2 and 3 heard
+// over links since t0.
+struct LinkedGroup {
+  Progress p;
+  explicit LinkedGroup(int64_t t0) {
+    for (int d = 0; d < 4; ++d) p.Set(d, 3, 10, 10, t0);
+    for (int d : {2, 3}) p.region.slot(d)->heard_ns = t0;
+  }
+  // Every device entered collective `entered` (and left `left`) at `at`;
+  // 2 and 3 were heard then, over links of round trip `rtt`.
+  void Move(uint64_t entered, uint64_t left, int64_t at, int64_t rtt) {
+    for (int d = 0; d < 4; ++d) p.Set(d, 3, entered, left, at);
+    for (int d : {2, 3}) {
+      p.region.slot(d)->heard_ns = at;
+      p.region.slot(d)->link_rtt_ns = rtt;
+    }
+  }
+  // A watch over the step sent at t0 (deadline 1 s), collectives expected
+  // every `expected_move_ns`.
+  HangWatch Watch(int64_t t0, int64_t expected_move_ns) {
+    HangWatch w(&p.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
+    w.set_expected_move_ns(expected_move_ns);
+    return w;
+  }
+};
+
 // A link that bad slows every collective over it to a round trip: the group
 // keeps moving (nobody still for half the deadline) but crawls, and the
 // devices behind the link go once a quarter deadline passed at that pace
@@ -210,18 +236,14 @@ TEST(HangWatch, ADegradedLinkIsBlamedWithinSecondsOfALongDeadline) {
 // for it.
 TEST(HangWatch, AStepThatCrawlsOverADegradedLinkBlamesIt) {
   const int64_t t0 = MonotonicNanos();
+  const std::vector<int> all = {0, 1, 2, 3};
   for (const int64_t rtt : {400 * kMs, 1 * kMs}) {
-    Progress p;
-    for (int d = 0; d < 4; ++d) p.Set(d, 3, 10, 10, t0);
-    for (int d : {2, 3}) p.region.slot(d)->heard_ns = t0;
-    HangWatch w(&p.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
-    w.set_expected_move_ns(10 * kMs);
-    for (int d : {2, 3}) p.region.slot(d)->link_rtt_ns = rtt;
-    EXPECT_TRUE(w.Check(t0 + 200 * kMs, {0, 1, 2, 3}, {}).empty());  // too soon to tell
-    // One collective every 400 ms.
-    for (int d = 0; d < 4; ++d) p.Set(d, 3, 11, 10, t0 + 400 * kMs);
-    for (int d : {2, 3}) p.region.slot(d)->heard_ns = t0 + 400 * kMs;
-    const auto dead = w.Check(t0 + 450 * kMs, {0, 1, 2, 3}, {});
+    LinkedGroup g(t0);
+    HangWatch w = g.Watch(t0, 10 * kMs);
+    g.Move(10, 10, t0, rtt);
+    EXPECT_TRUE(w.Check(t0 + 200 * kMs, all, {}).empty());  // too soon to tell
+    g.Move(11, 10, t0 + 400 * kMs, rtt);                    // one collective every 400 ms
+    const auto dead = w.Check(t0 + 450 * kMs, all, {});
     if (rtt > 100 * kMs) {
       ASSERT_EQ(dead.size(), 2u);
       EXPECT_EQ(dead[0].device, 2);
@@ -234,67 +256,44 @@ TEST(HangWatch, AStepThatCrawlsOverADegradedLinkBlamesIt) {
       EXPECT_FALSE(w.aborted());
     }
   }
-  Progress q;
-  for (int d = 0; d < 4; ++d) q.Set(d, 3, 10, 10, t0);
-  for (int d : {2, 3}) q.region.slot(d)->heard_ns = t0;
-  HangWatch v(&q.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
-  v.set_expected_move_ns(10 * kMs);
-  for (int d = 0; d < 4; ++d) q.Set(d, 3, 40, 39, t0 + 590 * kMs);  // 30 collectives
-  for (int d : {2, 3}) {
-    q.region.slot(d)->heard_ns = t0 + 590 * kMs;
-    q.region.slot(d)->link_rtt_ns = 400 * kMs;
+  {
+    LinkedGroup g(t0);
+    HangWatch w = g.Watch(t0, 10 * kMs);
+    g.Move(40, 39, t0 + 590 * kMs, 400 * kMs);  // 30 collectives
+    EXPECT_TRUE(w.Check(t0 + 600 * kMs, all, {}).empty());
+    EXPECT_FALSE(w.aborted());
   }
-  EXPECT_TRUE(v.Check(t0 + 600 * kMs, {0, 1, 2, 3}, {}).empty());
-  EXPECT_FALSE(v.aborted());
-  // A step that ran fast and then crawls: the pace is the last quarter
-  // deadline's, not the step's (checks every 125 ms, as the watch asks).
-  Progress r;
-  for (int d = 0; d < 4; ++d) r.Set(d, 3, 10, 10, t0);
-  for (int d : {2, 3}) r.region.slot(d)->heard_ns = t0;
-  HangWatch u(&r.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
-  u.set_expected_move_ns(10 * kMs);
-  for (int d = 0; d < 4; ++d) r.Set(d, 3, 40, 40, t0 + 300 * kMs);
-  for (int d : {2, 3}) {
-    r.region.slot(d)->heard_ns = t0 + 300 * kMs;
-    r.region.slot(d)->link_rtt_ns = 400 * kMs;
+  {
+    // A step that ran fast and then crawls: the pace is the last quarter
+    // deadline's, not the step's (checks every 125 ms, as the watch asks).
+    LinkedGroup g(t0);
+    HangWatch w = g.Watch(t0, 10 * kMs);
+    g.Move(40, 40, t0 + 300 * kMs, 400 * kMs);
+    EXPECT_TRUE(w.Check(t0 + 300 * kMs, all, {}).empty());
+    EXPECT_TRUE(w.Check(t0 + 425 * kMs, all, {}).empty());
+    // No collective in the quarter deadline since the link went bad.
+    EXPECT_EQ(w.Check(t0 + 550 * kMs, all, {}).size(), 2u);
   }
-  EXPECT_TRUE(u.Check(t0 + 300 * kMs, {0, 1, 2, 3}, {}).empty());
-  EXPECT_TRUE(u.Check(t0 + 425 * kMs, {0, 1, 2, 3}, {}).empty());
-  // No collective in the quarter deadline since the link went bad.
-  EXPECT_EQ(u.Check(t0 + 550 * kMs, {0, 1, 2, 3}, {}).size(), 2u);
   // A collective every 170 ms over a 200 ms round trip: a crawl for a step
   // whose collectives are expected to take 10 ms (twice that is less than
   // the bad round trip), not for one whose collectives are expected to
   // take 100 ms, nor for a request other than a step (no expected pace).
   for (const int64_t expected : {10 * kMs, int64_t{0}, 100 * kMs}) {
-    Progress c;
-    for (int d = 0; d < 4; ++d) c.Set(d, 3, 10, 10, t0);
-    for (int d : {2, 3}) c.region.slot(d)->heard_ns = t0;
-    HangWatch x(&c.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
-    x.set_expected_move_ns(expected);
-    for (int d = 0; d < 4; ++d) c.Set(d, 3, 13, 12, t0 + 510 * kMs);
-    for (int d : {2, 3}) {
-      c.region.slot(d)->heard_ns = t0 + 510 * kMs;
-      c.region.slot(d)->link_rtt_ns = 200 * kMs;
-    }
-    EXPECT_EQ(x.Check(t0 + 520 * kMs, {0, 1, 2, 3}, {}).size(), expected == 10 * kMs ? 2u : 0u)
-        << expected;
+    LinkedGroup g(t0);
+    HangWatch w = g.Watch(t0, expected);
+    g.Move(13, 12, t0 + 510 * kMs, 200 * kMs);
+    EXPECT_EQ(w.Check(t0 + 520 * kMs, all, {}).size(), expected == 10 * kMs ? 2u : 0u) << expected;
   }
-  // The healthy devices answered, the two behind the bad link have not
-  // yet (their replies cross it): no crawl, those are left to the stall.
-  Progress e;
-  for (int d = 0; d < 4; ++d) e.Set(d, 3, 10, 10, t0);
-  for (int d : {2, 3}) e.region.slot(d)->heard_ns = t0;
-  HangWatch y(&e.region, {0, 1, 2, 3}, {}, t0, 1000, 250, nullptr);
-  y.set_expected_move_ns(10 * kMs);
-  for (int d = 0; d < 4; ++d) e.Set(d, 4, 30, 30, t0 + 250 * kMs);
-  for (int d : {2, 3}) {
-    e.region.slot(d)->heard_ns = t0 + 250 * kMs;
-    e.region.slot(d)->link_rtt_ns = 200 * kMs;
+  {
+    // The healthy devices answered, the two behind the bad link have not
+    // yet (their replies cross it): no crawl, those are left to the stall.
+    LinkedGroup g(t0);
+    HangWatch w = g.Watch(t0, 10 * kMs);
+    g.Move(30, 30, t0 + 250 * kMs, 200 * kMs);
+    EXPECT_TRUE(w.Check(t0 + 300 * kMs, all, {}).empty());
+    EXPECT_TRUE(w.Check(t0 + 600 * kMs, {2, 3}, {0, 1}).empty());
+    EXPECT_FALSE(w.aborted());
   }
-  EXPECT_TRUE(y.Check(t0 + 300 * kMs, {0, 1, 2, 3}, {}).empty());
-  EXPECT_TRUE(y.Check(t0 + 600 * kMs, {2, 3}, {0, 1}).empty());
-  EXPECT_FALSE(y.aborted());
 }
 
 // A device that is behind but still moves is slow, not hung: nobody is

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "comm/futex.h"
+#include "common/clock.h"
 
 namespace failsafe {
 
@@ -54,10 +55,17 @@ uint32_t AbortSignal::generation() const {
   return static_cast<const Header*>(region_.data())->generation.load();
 }
 
-bool AbortSignal::WaitChange(uint32_t seen) const {
+bool AbortSignal::WaitChange(uint32_t seen, int64_t timeout_ns) const {
   auto* h = static_cast<Header*>(region_.data());
+  const int64_t until = timeout_ns >= 0 ? MonotonicNanos() + timeout_ns : 0;
   while (h->generation.load() == seen) {
-    FutexWait(&h->generation, seen);
+    if (timeout_ns < 0) {
+      FutexWait(&h->generation, seen);
+      continue;
+    }
+    const int64_t left = until - MonotonicNanos();
+    if (left <= 0) break;
+    FutexWait(&h->generation, seen, left);
   }
   return raised();
 }

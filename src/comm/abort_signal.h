@@ -31,8 +31,9 @@ class AbortSignal {
   // Changes on every Raise and Wake: a waiter reads it, checks its own
   // conditions, then waits for a change (no wake-up is lost in between).
   uint32_t generation() const;
-  // Blocks until generation() differs from `seen`; returns raised().
-  bool WaitChange(uint32_t seen) const;
+  // Blocks until generation() differs from `seen` (or for at most
+  // timeout_ns, if >= 0); returns raised().
+  bool WaitChange(uint32_t seen, int64_t timeout_ns = -1) const;
   // Wakes every waiter without raising (a watcher that should stop).
   void Wake() const;
 

@@ -19,6 +19,8 @@
 #include <gloo/types.h>
 
 #include "comm/kv_store.h"
+#include "comm/tcp_loss.h"
+#include "common/clock.h"
 #include "common/fixed_point.h"
 
 namespace failsafe {
@@ -148,6 +150,11 @@ void GlooCommunicator::ShutdownConnections() {
 void GlooCommunicator::Abort() { ShutdownConnections(); }
 
 void GlooCommunicator::Watch() {
+  // (Sampled until the group fails: gloo may close a failed connection's
+  // descriptor, whose number another socket may then take; the sampler
+  // drops a descriptor that names another socket too.)
+  std::unique_ptr<TcpLossSampler> sampler;
+  if (on_lossy_peer_) sampler = std::make_unique<TcpLossSampler>(sockets_);
   for (;;) {
     const uint32_t seen = signal_.generation();
     if (stop_) return;
@@ -155,7 +162,14 @@ void GlooCommunicator::Watch() {
       ShutdownConnections();
       return;
     }
-    signal_.WaitChange(seen);
+    if (!sampler || sampler->connections() == 0 || aborted_) {
+      signal_.WaitChange(seen);
+      continue;
+    }
+    if (signal_.WaitChange(seen, kLossSampleMs * 1000000) || signal_.generation() != seen) continue;
+    if (aborted_) continue;
+    for (const TcpLossSampler::Lossy& l : sampler->Sample(MonotonicNanos()))
+      on_lossy_peer_(l.peer, l.last_ns);
   }
 }
 
@@ -227,6 +241,7 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGr
       if (!before.count(fd)) comm->sockets_.push_back(fd);
     }
     comm->signal_ = std::move(abort);
+    comm->on_lossy_peer_ = o.on_lossy_peer;
     GlooCommunicator* c = comm.get();
     comm->watcher_ = std::thread([c] { c->Watch(); });
   }

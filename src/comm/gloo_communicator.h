@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,10 +43,17 @@ struct GlooGroupOptions {
   int rank = 0;
   int size = 1;
   int64_t timeout_ms = 60000;
+  // Called from the member's watcher thread (so only with an abort signal)
+  // every kLossSampleMs while the group is up, with each peer address whose
+  // connections lose frames (comm/tcp_loss.h) and when they were last seen
+  // losing them.
+  std::function<void(const std::string& peer, int64_t now_ns)> on_lossy_peer;
 };
 
 class GlooCommunicator final : public Communicator {
  public:
+  static constexpr int64_t kLossSampleMs = 50;
+
   // `abort` (optional) is the group's signal; the member watches it.
   static Result<std::unique_ptr<GlooCommunicator>> Connect(const GlooGroupOptions& options,
                                                            AbortSignal abort = {});
@@ -87,6 +95,7 @@ class GlooCommunicator final : public Communicator {
   size_t scratch_bytes_ = 0;
   bool closed_ = false;  // the connections are closed, guarded by mu_
   std::atomic<bool> stop_{false};
+  std::function<void(const std::string&, int64_t)> on_lossy_peer_;
   std::thread watcher_;
 };
 

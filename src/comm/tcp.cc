@@ -32,6 +32,22 @@ Result<sockaddr_in> ResolveIpv4(const std::string& host, int port) {
   return addr;
 }
 
+std::string AddressText(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+    return buf;
+  }
+  if (ss.ss_family != AF_INET6) return "";
+  const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+  if (IN6_IS_ADDR_V4MAPPED(&a)) {
+    ::inet_ntop(AF_INET, a.s6_addr + 12, buf, sizeof(buf));
+  } else {
+    ::inet_ntop(AF_INET6, &a, buf, sizeof(buf));
+  }
+  return buf;
+}
+
 Result<int> ConnectOnce(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -98,13 +114,15 @@ std::string LocalAddress(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "127.0.0.1";
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
-  } else {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
-  }
-  return buf;
+  std::string text = AddressText(ss);
+  return text.empty() ? "127.0.0.1" : text;
+}
+
+std::string PeerAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  return AddressText(ss);
 }
 
 }  // namespace failsafe

@@ -31,5 +31,8 @@ void SetTcpNoDelay(int fd);
 
 // The local address of a connected socket, as text ("127.0.0.1" if unknown).
 std::string LocalAddress(int fd);
+// The address of a connected socket's peer, as text ("" if unknown); an
+// IPv4 peer of an IPv6 socket as IPv4.
+std::string PeerAddress(int fd);
 
 }  // namespace failsafe

@@ -147,17 +147,14 @@ void ClusterListener::Accept(int64_t now) {
     const int fd =
         ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    char buf[INET6_ADDRSTRLEN] = "?";
-    if (ss.ss_family == AF_INET) {
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
-    } else if (ss.ss_family == AF_INET6) {
-      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
-    }
+    // (As PeerAddress names it: the host a worker's gloo peers see.)
+    const std::string found = PeerAddress(fd);
+    const std::string addr = found.empty() ? std::string("?") : found;
     SetTcpNoDelay(fd);
     auto h = std::make_unique<Handshake>();
     h->fd = fd;
-    h->addr = buf;
-    h->peer = buf;
+    h->addr = addr;
+    h->peer = addr;
     h->started_ns = now;
     // Room for it: the oldest handshake of the same address if that address
     // holds its share, else the oldest of all if every place is taken.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "common/clock.h"
@@ -30,8 +31,55 @@ constexpr int64_t kMinSilentNs = 600 * 1000000LL;
 // plan change waits up to the collective timeout, tens of seconds).
 constexpr int64_t kMaxBadRttNs = 150 * 1000000LL;
 constexpr int64_t kLinkStallNs = 1000 * 1000000LL;
+// Loss that a device saw on its collective connections counts this long.
+constexpr int64_t kLossWindowNs = 1000 * 1000000LL;
 
 }  // namespace
+
+uint64_t LossyHost(const std::vector<DeviceProgress>& group, int64_t since_ns) {
+  std::vector<uint64_t> coordinator = {0, kCoordinatorHostId};
+  for (const DeviceProgress& p : group) {
+    if (p.host == 0 && p.alias != 0) coordinator.push_back(p.alias);
+  }
+  auto of_coordinator = [&](uint64_t h) {
+    return std::find(coordinator.begin(), coordinator.end(), h) != coordinator.end();
+  };
+  // The host `id` names (0: the coordinator's), or nullopt if none.
+  auto host = [&](uint64_t id) -> std::optional<uint64_t> {
+    if (of_coordinator(id)) return 0;
+    for (const DeviceProgress& p : group) {
+      if (p.host != 0 && (p.host == id || p.alias == id))
+        return of_coordinator(p.host) ? 0 : p.host;
+    }
+    return std::nullopt;
+  };
+  std::vector<uint64_t> hosts;
+  std::vector<std::pair<uint64_t, uint64_t>> pairs;  // (lower, higher)
+  for (const DeviceProgress& p : group) {
+    const uint64_t a = host(p.host).value_or(0);
+    if (std::find(hosts.begin(), hosts.end(), a) == hosts.end()) hosts.push_back(a);
+    for (const LossPeer& l : p.loss) {
+      if (l.host == 0 || l.last_ns < since_ns) continue;
+      const std::optional<uint64_t> b = host(l.host);
+      if (!b || *b == a) continue;
+      const std::pair<uint64_t, uint64_t> pair = std::minmax(a, *b);
+      if (std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) pairs.push_back(pair);
+    }
+  }
+  if (pairs.empty()) return 0;
+  if (pairs.size() == 1) {
+    // (The coordinator's host is one of the group's, devices or not.)
+    const size_t n = hosts.size() + (std::find(hosts.begin(), hosts.end(), 0) == hosts.end());
+    return n <= 2 && pairs[0].first == 0 ? pairs[0].second : 0;
+  }
+  for (uint64_t h : {pairs[0].first, pairs[0].second}) {
+    if (h == 0) continue;
+    bool common = true;
+    for (const auto& [a, b] : pairs) common &= a == h || b == h;
+    if (common) return h;
+  }
+  return 0;
+}
 
 int64_t StepDeadline::floor_ms() const {
   return options_.step_timeout_ms > 0 ? options_.step_timeout_ms : options_.floor_ms;
@@ -161,17 +209,31 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   // such a link eats much of the deadline by itself). Such a device is no
   // witness: what it last said (entering a collective, say) may never have
   // reached its peers, who wait for it through that link.
+  // Or on a host whose link loses frames, as its collective peers see it
+  // (LossyHost): the link to the coordinator may be spared, its heartbeats
+  // on time, while the collectives' frames are lost.
   const int64_t bad_rtt_ns = std::min(std::max(deadline_ns_ / 8, kMinBadRttNs), kMaxBadRttNs);
   const int64_t link_stall_ns = std::min(deadline_ns_, kLinkStallNs);
+  // (Loss counts only once the stall may have begun: loss before it, as
+  // congestion's on a busy link, says nothing of a device that hangs after.)
+  int64_t still_ns = 0;
+  for (const Seen& s : seen) still_ns = std::max(still_ns, s.still_ns);
+  std::vector<DeviceProgress> group;
+  for (int d : devices_) group.push_back(Progress(d));
+  const uint64_t lossy_host =
+      networked_
+          ? LossyHost(group, now - std::min(kLossWindowNs, std::max(LinkBlameNs(), still_ns)))
+          : 0;
+  auto lossy = [&](const Seen& s) { return lossy_host != 0 && s.p.host == lossy_host; };
   auto no_witness = [&](const Seen& s) {
     return s.p.heard_ns > 0 &&
-           (now - s.p.heard_ns >= link_stall_ns / 2 || s.p.link_rtt_ns >= bad_rtt_ns);
+           (now - s.p.heard_ns >= link_stall_ns / 2 || s.p.link_rtt_ns >= bad_rtt_ns || lossy(s));
   };
   // And it is to blame when its step stalls: silent for several heartbeats
-  // too, or that round trip.
+  // too, or that round trip, or that loss.
   auto blamed = [&](const Seen& s) {
     return s.p.heard_ns > 0 && (now - s.p.heard_ns >= std::max(link_stall_ns / 2, kMinSilentNs) ||
-                                s.p.link_rtt_ns >= bad_rtt_ns);
+                                s.p.link_rtt_ns >= bad_rtt_ns || lossy(s));
   };
   uint64_t ahead = 0;
   int witnesses = 0;  // pending devices whose progress is witness
@@ -245,9 +307,10 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
                                               crawl_entered, crawl_window / 1000000);
     for (const Seen* s : behind_bad_links) {
       dead.push_back({s->device,
-                      fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago) "
+                      fmt::format("its link is degraded (round trip {} ms, last heard {} ms ago{}) "
                                   "and {}",
-                                  s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000, why),
+                                  s->p.link_rtt_ns / 1000000, (now - s->p.heard_ns) / 1000000,
+                                  lossy(*s) ? ", its peers' frames to its host lost" : "", why),
                       now, /*link=*/true});
     }
     Abort(now);

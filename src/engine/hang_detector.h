@@ -65,6 +65,21 @@ class StepDeadline {
   int64_t count_ = 0;
 };
 
+// The host behind a link that loses frames, from what a group's devices saw
+// on their collective connections at or after `since_ns` (each device's
+// DeviceProgress::loss: the peer hosts its connections lost segments to).
+// Frames lost on one host's link show on every pair of hosts with that host
+// at one end: it is the host common to every such pair, once two pairs
+// show it; in a group over two hosts a single pair does, and the side that
+// is not the coordinator's is to blame. The coordinator's host is never the
+// answer: local devices (host 0), the address they give their peers (their
+// alias) and kCoordinatorHostId name it, as does a remote device's host
+// that is one of those. A peer id that names no device's host is nobody's
+// (an address the group does not know), and its pairs count for nothing.
+// 0 when nothing was lost, or when the pairs share no host (two bad
+// links), or a single pair shows in a group over three hosts or more.
+uint64_t LossyHost(const std::vector<DeviceProgress>& group, int64_t since_ns);
+
 // Hang detection for one collection of replies (a ReplyWatch).
 class HangWatch final : public ReplyWatch {
  public:

@@ -377,5 +377,185 @@ TEST(HangWatch, AFailedReplyAbortsTheGroup) {
   EXPECT_EQ(aborts, 1);
 }
 
+// Hosts of a loss test: the coordinator's (its devices local, host 0; the
+// address they give their peers, kCoordinatorHost, their alias), and two
+// remote hosts.
+constexpr uint64_t kCoordinatorHost = 99, kHostA = 11, kHostB = 22;
+
+DeviceProgress OnHost(uint64_t host, std::vector<LossPeer> loss = {}) {
+  DeviceProgress p;
+  p.host = host;
+  p.alias = host == 0 ? kCoordinatorHost : host;
+  for (size_t i = 0; i < loss.size(); ++i) p.loss[i] = loss[i];
+  return p;
+}
+
+// Frames lost on one host's link show on every pair of hosts with it at
+// one end: that host is to blame, never the coordinator's, and nobody when
+// the pairs cannot tell the sides apart.
+TEST(LossyHost, TheHostCommonToEveryLossyPair) {
+  const int64_t now = 10000 * kMs, since = now - 1000 * kMs;
+  const LossPeer to_b{kHostB, now - 100 * kMs}, to_a{kHostA, now - 100 * kMs};
+  const LossPeer to_coordinator{kCoordinatorHost, now - 100 * kMs};
+  // B's link loses frames: the local device, A's and B's own see it.
+  EXPECT_EQ(LossyHost({OnHost(0, {to_b}), OnHost(kHostA, {to_b}), OnHost(kHostB, {to_a}),
+                       OnHost(kHostB, {to_coordinator, to_a})},
+                      since),
+            kHostB);
+  // Two pairs (seen from one side each) suffice: from the coordinator's
+  // end of B's link and from A.
+  EXPECT_EQ(LossyHost({OnHost(0), OnHost(kHostA, {to_b}),
+                       OnHost(kHostB, {{kCoordinatorHostId, now - 50 * kMs}})},
+                      since),
+            kHostB);
+  // One pair over three hosts names nobody: the coordinator's host may be
+  // the one losing them, the other pairs not yet seen.
+  EXPECT_EQ(LossyHost({OnHost(0, {to_b}), OnHost(kHostA), OnHost(kHostB), OnHost(kHostB)}, since),
+            0u);
+  // Over two hosts it does: the side that is not the coordinator's.
+  EXPECT_EQ(LossyHost({OnHost(0, {to_b}), OnHost(kHostB)}, since), kHostB);
+  EXPECT_EQ(LossyHost({OnHost(0), OnHost(kHostB, {to_coordinator})}, since), kHostB);
+  // Only between A and B: either side may lose them.
+  EXPECT_EQ(LossyHost({OnHost(0), OnHost(kHostA, {to_b}), OnHost(kHostB, {to_a})}, since), 0u);
+  // The coordinator's host loses them: never blamed, and nobody else is.
+  EXPECT_EQ(LossyHost({OnHost(0, {to_a, to_b}), OnHost(kHostA, {to_coordinator}),
+                       OnHost(kHostB, {to_coordinator})},
+                      since),
+            0u);
+  // Two bad links (A's and B's): the pairs share no single host.
+  EXPECT_EQ(
+      LossyHost({OnHost(0, {to_a, to_b}), OnHost(kHostA, {to_b}), OnHost(kHostB, {to_a})}, since),
+      0u);
+  // Loss before `since`, and loss between a host's own devices, count for
+  // nothing.
+  const LossPeer old_b{kHostB, since - 1};
+  EXPECT_EQ(LossyHost({OnHost(0, {old_b}), OnHost(kHostA, {old_b}), OnHost(kHostB, {to_b})}, since),
+            0u);
+  // A peer address that names no device's host (not the one B joined
+  // from, not the one it gives its peers) is nobody's: its pairs do not
+  // make A's or the coordinator's side the one to blame.
+  const LossPeer to_unknown{555, now - 100 * kMs};
+  EXPECT_EQ(LossyHost({OnHost(0, {to_unknown}), OnHost(kHostA, {to_unknown, to_b}), OnHost(kHostB)},
+                      since),
+            0u);
+  EXPECT_EQ(LossyHost({OnHost(0), OnHost(kHostA, {to_unknown})}, since), 0u);
+  // B gives its peers another address (its alias) than the one it joined
+  // from: loss toward that address is loss toward B.
+  DeviceProgress b = OnHost(kHostB);
+  b.alias = 23;
+  const LossPeer to_b_alias{23, now - 100 * kMs};
+  EXPECT_EQ(LossyHost({OnHost(0, {to_b_alias}), OnHost(kHostA, {to_b_alias}), b}, since), kHostB);
+  // A remote worker on the coordinator's host (joined from the address the
+  // local devices give their peers) is of the coordinator's host: loss
+  // toward that host blames nobody.
+  EXPECT_EQ(LossyHost({OnHost(0), OnHost(kHostA, {to_coordinator}),
+                       OnHost(kHostB, {to_coordinator}), OnHost(kCoordinatorHost, {to_a, to_b})},
+                      since),
+            0u);
+}
+
+// A step stalls while B's link loses the collectives' frames but spares
+// B's heartbeats (its round trip to the coordinator measures 10 ms): the
+// devices behind B go once it stalls for half the deadline, and only they.
+TEST(HangWatch, AStallOverALinkThatLosesFramesBlamesItsHost) {
+  const int64_t t0 = MonotonicNanos();
+  const std::vector<int> all = {0, 1, 2, 3};
+  // Device 0 local, 1 on host A, 2 and 3 on host B; every device still at
+  // collective 10 since t0; the remote ones heard at t0 + 480 ms.
+  auto group = [&](Progress& g) {
+    for (int d = 0; d < 4; ++d) g.Set(d, 3, 10, 9, t0);
+    for (int d : {1, 2, 3}) {
+      g.region.slot(d)->heard_ns = t0 + 480 * kMs;
+      g.region.slot(d)->link_rtt_ns = 10 * kMs;
+    }
+    g.region.slot(1)->host = kHostA;
+    for (int d : {2, 3}) g.region.slot(d)->host = kHostB;
+  };
+  {
+    Progress g;
+    group(g);
+    HangWatch w(&g.region, all, {}, t0, 1000, 250, nullptr);
+    DeviceProgressRegion::NoteLoss(g.region.slot(0), kHostB, t0 + 300 * kMs);
+    DeviceProgressRegion::NoteLoss(g.region.slot(1), kHostB, t0 + 350 * kMs);
+    EXPECT_TRUE(w.Check(t0 + 400 * kMs, all, {}).empty());  // not stalled long enough yet
+    const auto dead = w.Check(t0 + 500 * kMs, all, {});
+    ASSERT_EQ(dead.size(), 2u);
+    EXPECT_EQ(dead[0].device, 2);
+    EXPECT_EQ(dead[1].device, 3);
+    EXPECT_TRUE(dead[0].link && dead[1].link);
+    EXPECT_NE(dead[0].reason.find("lost"), std::string::npos) << dead[0].reason;
+    EXPECT_TRUE(w.aborted());
+  }
+  {
+    // The same stall with loss seen only between A and B: which side loses
+    // cannot be told, and nobody is blamed for the link; the stall is left
+    // to the deadline.
+    Progress g;
+    group(g);
+    HangWatch w(&g.region, all, {}, t0, 1000, 250, nullptr);
+    DeviceProgressRegion::NoteLoss(g.region.slot(1), kHostB, t0 + 300 * kMs);
+    DeviceProgressRegion::NoteLoss(g.region.slot(2), kHostA, t0 + 300 * kMs);
+    EXPECT_TRUE(w.Check(t0 + 500 * kMs, all, {}).empty());
+    EXPECT_FALSE(w.aborted());
+  }
+  {
+    // A local device hangs at t0 + 100 ms; B's link lost frames 200 ms
+    // before (congestion on a busy link, say): that says nothing of the
+    // hang, and no link is blamed for it.
+    Progress g;
+    group(g);
+    for (int d : {1, 2, 3}) g.Set(d, 3, 11, 10, t0 + 100 * kMs);
+    for (int d : {1, 2, 3}) g.region.slot(d)->heard_ns = t0 + 580 * kMs;
+    HangWatch w(&g.region, all, {}, t0, 1000, 250, nullptr);
+    DeviceProgressRegion::NoteLoss(g.region.slot(0), kHostB, t0 - 200 * kMs);
+    DeviceProgressRegion::NoteLoss(g.region.slot(1), kHostB, t0 - 150 * kMs);
+    for (const Verdict& v : w.Check(t0 + 600 * kMs, all, {})) EXPECT_FALSE(v.link) << v.reason;
+  }
+  {
+    // Loss toward B while the step moves: slowness, not a fault.
+    Progress g;
+    group(g);
+    HangWatch w(&g.region, all, {}, t0, 1000, 250, nullptr);
+    DeviceProgressRegion::NoteLoss(g.region.slot(0), kHostB, t0 + 300 * kMs);
+    for (int d = 0; d < 4; ++d) g.Set(d, 3, 14, 13, t0 + 450 * kMs);
+    EXPECT_TRUE(w.Check(t0 + 500 * kMs, all, {}).empty());
+    EXPECT_FALSE(w.aborted());
+  }
+}
+
+// A slot keeps the latest loss per peer host, the oldest entry making room
+// for a new host, and a reset forgets them.
+TEST(DeviceProgress, NoteLossKeepsTheLatestPerPeerHost) {
+  Progress g;
+  DeviceProgressSlot* s = g.region.slot(1);
+  DeviceProgressRegion::NoteLoss(s, kHostA, 100);
+  DeviceProgressRegion::NoteLoss(s, kHostA, 300);
+  DeviceProgressRegion::NoteLoss(s, kHostA, 200);  // older: ignored
+  for (uint64_t h = 1000; h < 1000 + kLossPeers - 1; ++h) DeviceProgressRegion::NoteLoss(s, h, 400);
+  DeviceProgress p = g.region.Read(1);
+  int seen = 0;
+  for (const LossPeer& l : p.loss) {
+    if (l.host == kHostA) {
+      EXPECT_EQ(l.last_ns, 300);
+    }
+    seen += l.host != 0;
+  }
+  EXPECT_EQ(seen, kLossPeers);
+  DeviceProgressRegion::NoteLoss(s, kHostB, 500);  // replaces A's, the oldest
+  p = g.region.Read(1);
+  bool a = false, b = false;
+  for (const LossPeer& l : p.loss) {
+    a |= l.host == kHostA;
+    b |= l.host == kHostB && l.last_ns == 500;
+  }
+  EXPECT_FALSE(a);
+  EXPECT_TRUE(b);
+  g.region.Reset(1);
+  p = g.region.Read(1);
+  for (const LossPeer& l : p.loss) EXPECT_EQ(l.host, 0u);
+  EXPECT_EQ(HostId("10.0.0.9"), HostId("::ffff:10.0.0.9"));
+  EXPECT_NE(HostId("10.0.0.9"), HostId("10.0.0.19"));
+}
+
 }  // namespace
 }  // namespace failsafe

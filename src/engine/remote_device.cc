@@ -111,13 +111,21 @@ void RemoteDevice::CheckRetransmits(int64_t now_ns) {
   // A frame of ours the link lost: the kernel's TCP state says so once its
   // retransmission timer has fired (at least 200 ms after the frame went
   // out) until the frame is acknowledged, before any late heartbeat of the
-  // worker's can show it. Only a timeout counts: fast retransmits and tail
-  // loss probes are what congestion control does on a healthy link too.
+  // worker's can show it. Only a timeout counts as a delay: fast
+  // retransmits and tail loss probes are what congestion control does on a
+  // healthy link too. Loss the sampler finds (a timeout pending, or
+  // segments lost that the worker did not have) counts as loss between the
+  // device's host and the coordinator's (the hang watch's LossyHost), which
+  // is weighed only while a step stalls.
   tcp_info ti{};
   socklen_t len = sizeof(ti);
   if (::getsockopt(tcp_.fd(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return;
   if (ti.tcpi_retransmits > 0)
     NoteLinkDelay(now_ns, std::max<int64_t>(1, static_cast<int64_t>(ti.tcpi_rto) * 1000));
+  if (!link_loss_) link_loss_ = std::make_unique<TcpLossSampler>(std::vector<int>{tcp_.fd()});
+  DeviceProgressSlot* slot = progress_.valid() ? progress_.slot(device_) : nullptr;
+  for (const TcpLossSampler::Lossy& l : link_loss_->Sample(now_ns))
+    DeviceProgressRegion::NoteLoss(slot, kCoordinatorHostId, l.last_ns);
 }
 
 void RemoteDevice::Run() {
@@ -200,7 +208,7 @@ Status RemoteDevice::Forward(Message& m) {
       FS_ASSIGN_OR_RETURN(logits_, ShmRegion::Map(::dup(m.fds[0])));
       FS_ASSIGN_OR_RETURN(progress_, DeviceProgressRegion::Map(::dup(m.fds[1])));
       if (DeviceProgressSlot* slot = progress_.slot(device_); slot && !addr_.empty())
-        slot->host.store(std::hash<std::string>()(addr_) | 1, std::memory_order_release);
+        slot->host.store(HostId(addr_), std::memory_order_release);
       WireWriter w;
       w.Put<uint8_t>(m.fds.size() > 2 ? 1 : 0);
       if (m.fds.size() > 2) {
@@ -269,6 +277,19 @@ Status RemoteDevice::Receive(uint32_t type, const std::string& body) {
         NoteLinkDelay(now, std::max<int64_t>(1, now - echo_ns - held_ns));
         slot->link_rtt_samples.fetch_add(1, std::memory_order_relaxed);
       }
+      // The peer hosts its collective connections lost frames to, and how
+      // long ago (clocks of other hosts are not this one's).
+      const uint32_t n = r.Get<uint32_t>();
+      for (uint32_t i = 0; r.ok() && i < std::min<uint32_t>(n, kLossPeers + 1); ++i) {
+        const uint64_t host = r.Get<uint64_t>();
+        const int64_t ago = r.Get<int64_t>();
+        if (r.ok() && ago >= 0 && ago < kLossHeardNs)
+          DeviceProgressRegion::NoteLoss(slot, host, now - ago);
+      }
+      // The host id its collective peers know it by (the address it gives
+      // them), if it said.
+      if (const uint64_t alias = r.Get<uint64_t>(); r.ok())
+        slot->alias.store(alias, std::memory_order_release);
       // Clocks of other hosts are not this one's: a move is dated when heard.
       if (p.requests != last_heard_progress_.requests ||
           p.entered != last_heard_progress_.entered || p.left != last_heard_progress_.left) {

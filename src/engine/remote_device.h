@@ -31,6 +31,7 @@
 #include "comm/abort_signal.h"
 #include "comm/channel.h"
 #include "comm/shm_region.h"
+#include "comm/tcp_loss.h"
 #include "worker/cluster_protocol.h"
 #include "worker/device_progress.h"
 #include "worker/kv_backup_layout.h"
@@ -106,8 +107,11 @@ class RemoteDevice {
   // slot's link_rtt_ns.
   void NoteLinkDelay(int64_t now_ns, int64_t delay_ns);
   // Every heartbeat: a retransmission timeout running on the link's socket
-  // counts as a delay of the timeout.
+  // counts as a delay of the timeout, and a link that loses frames as loss
+  // between the device's host and the coordinator's (the hang watch's
+  // LossyHost).
   void CheckRetransmits(int64_t now_ns);
+  std::unique_ptr<TcpLossSampler> link_loss_;
 
   // The current group's abort signal, which the watcher forwards.
   std::mutex group_mu_;

@@ -8,7 +8,7 @@ namespace failsafe {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x4653505247303031ULL;  // "FSPRG001"
+constexpr uint64_t kMagic = 0x4653505247303032ULL;  // "FSPRG002"
 
 struct Header {
   uint64_t magic;
@@ -65,7 +65,21 @@ DeviceProgress DeviceProgressRegion::Read(int device) const {
   p.link_rtt_ns = s->link_rtt_ns.load(std::memory_order_acquire);
   p.link_rtt_samples = s->link_rtt_samples.load(std::memory_order_acquire);
   p.host = s->host.load(std::memory_order_acquire);
+  p.alias = s->alias.load(std::memory_order_acquire);
+  p.loss = ReadLoss(*s);
   return p;
+}
+
+std::array<LossPeer, kLossPeers> DeviceProgressRegion::ReadLoss(const DeviceProgressSlot& s) {
+  std::array<LossPeer, kLossPeers> out{};
+  for (int i = 0; i < kLossPeers; ++i) {
+    // An entry being replaced reads with time 0 in between (NoteLoss): a
+    // host is never paired with a time later than its own.
+    const int64_t t = s.loss[i].last_ns.load(std::memory_order_acquire);
+    const uint64_t h = s.loss[i].host.load(std::memory_order_acquire);
+    if (t != 0 && h != 0 && s.loss[i].last_ns.load(std::memory_order_acquire) >= t) out[i] = {h, t};
+  }
+  return out;
 }
 
 void DeviceProgressRegion::Reset(int device) {
@@ -79,6 +93,43 @@ void DeviceProgressRegion::Reset(int device) {
   s->link_rtt_ns.store(0);
   s->link_rtt_samples.store(0);
   s->host.store(0);
+  s->alias.store(0);
+  for (LossPeerSlot& l : s->loss) {
+    l.last_ns.store(0);
+    l.host.store(0);
+  }
+}
+
+void DeviceProgressRegion::NoteLoss(DeviceProgressSlot* slot, uint64_t host, int64_t when_ns) {
+  if (!slot || host == 0 || when_ns == 0) return;
+  LossPeerSlot* oldest = &slot->loss[0];
+  for (LossPeerSlot& l : slot->loss) {
+    if (l.host.load(std::memory_order_relaxed) == host) {
+      if (when_ns > l.last_ns.load(std::memory_order_relaxed))
+        l.last_ns.store(when_ns, std::memory_order_release);
+      return;
+    }
+    if (l.last_ns.load(std::memory_order_relaxed) < oldest->last_ns.load(std::memory_order_relaxed))
+      oldest = &l;
+  }
+  // Replaced while its time reads 0, so no reader pairs the old time with
+  // the new host.
+  oldest->last_ns.store(0, std::memory_order_release);
+  oldest->host.store(host, std::memory_order_release);
+  oldest->last_ns.store(when_ns, std::memory_order_release);
+}
+
+uint64_t HostId(std::string_view address) {
+  constexpr std::string_view kMapped = "::ffff:";
+  if (address.substr(0, kMapped.size()) == kMapped && address.find('.') != std::string_view::npos) {
+    address.remove_prefix(kMapped.size());
+  }
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
+  for (char c : address) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h | 1;
 }
 
 void DeviceProgressRegion::TookRequest(DeviceProgressSlot* slot) {

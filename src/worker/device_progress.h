@@ -12,14 +12,45 @@
 // Thread-safety: lock-free; one writer per slot, any number of readers.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "comm/communicator.h"
 #include "comm/shm_region.h"
 
 namespace failsafe {
+
+// A host's id: a hash of its address as text (an IPv4 address in IPv6 form
+// as IPv4), never 0. The coordinator names a remote device's host by the
+// address it joined from; a device names its collective peers' hosts by the
+// addresses of its connections to them (comm/tcp.h PeerAddress).
+uint64_t HostId(std::string_view address);
+
+// The coordinator's host as the peer of a remote device whose link to it
+// loses frames, seen from the coordinator's end (HostId never gives it: its
+// ids are odd).
+inline constexpr uint64_t kCoordinatorHostId = 2;
+
+// How many peer hosts a device's progress slot tracks loss toward.
+inline constexpr int kLossPeers = 8;
+
+// How long ago a loss is still worth telling the coordinator over a link.
+inline constexpr int64_t kLossHeardNs = 2000 * 1000000LL;
+
+// A peer host toward which a device's connections lost frames lately: its
+// host id and when (0: an empty entry).
+struct LossPeerSlot {
+  std::atomic<uint64_t> host;
+  std::atomic<int64_t> last_ns;
+};
+
+struct LossPeer {
+  uint64_t host = 0;
+  int64_t last_ns = 0;
+};
 
 struct alignas(64) DeviceProgressSlot {
   std::atomic<uint64_t> requests;     // requests taken up (every op from the coordinator)
@@ -37,6 +68,13 @@ struct alignas(64) DeviceProgressSlot {
   // The host it is on (a hash of its address; 0: local or unknown): the
   // devices of one host reach the coordinator over one link.
   std::atomic<uint64_t> host;
+  // The host id its collective peers know it by (the address it gives them
+  // for the group: a local device's names the coordinator's host as remote
+  // peers see it); 0 until it joins a group over TCP.
+  std::atomic<uint64_t> alias;
+  // The hosts its collective connections lost frames to lately (this host's
+  // clock, a remote device's dated as heard).
+  LossPeerSlot loss[kLossPeers];
 };
 
 // A point-in-time copy of a slot.
@@ -46,7 +84,9 @@ struct DeviceProgress {
   int64_t heard_ns = 0;     // 0: current (a local device)
   int64_t link_rtt_ns = 0;  // 0: not measured, or a local device
   uint64_t link_rtt_samples = 0;
-  uint64_t host = 0;  // 0: local or unknown
+  uint64_t host = 0;                        // 0: local or unknown
+  uint64_t alias = 0;                       // 0: not said
+  std::array<LossPeer, kLossPeers> loss{};  // entries with host 0 are empty
   bool in_collective() const { return entered > left; }
 };
 
@@ -68,6 +108,11 @@ class DeviceProgressRegion {
   // it did a piece of work (a sign of life that is not a collective).
   static void TookRequest(DeviceProgressSlot* slot);
   static void Moved(DeviceProgressSlot* slot);
+  // The device's connections to `host` lost frames at `when_ns` (the slot's
+  // one writer: the device's collective watcher, or its link's proxy).
+  static void NoteLoss(DeviceProgressSlot* slot, uint64_t host, int64_t when_ns);
+  // The slot's loss entries (any thread).
+  static std::array<LossPeer, kLossPeers> ReadLoss(const DeviceProgressSlot& slot);
 
  private:
   ShmRegion region_;

@@ -8,10 +8,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "comm/tcp.h"
+#include "comm/tcp_loss.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/protocol.h"
@@ -230,29 +234,52 @@ void RemoteWorkerLink::HandleFrame(uint32_t type, const std::string& body) {
 }
 
 void RemoteWorkerLink::HeartbeatLoop() {
+  // Loss on the link itself is told with the collectives' (as toward the
+  // coordinator's address).
+  TcpLossSampler link_loss({channel_.fd()});
+  const uint64_t coordinator_host = HostId(PeerAddress(channel_.fd()));
   std::unique_lock<std::mutex> stop_lock(stop_mu_);
   while (!stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(welcome_.heartbeat_ms),
                             [&] { return stop_; })) {
     DeviceProgress p;
     int64_t echo = 0, held = 0;
+    std::vector<std::pair<uint64_t, int64_t>> loss;  // (host, how long ago)
+    uint64_t alias = 0;
+    const int64_t now = MonotonicNanos();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (progress_) {
         p.requests = progress_->requests.load(std::memory_order_acquire);
         p.entered = progress_->entered.load(std::memory_order_acquire);
         p.left = progress_->left.load(std::memory_order_acquire);
+        // The peers its connections lost frames to within the window.
+        alias = progress_->alias.load(std::memory_order_acquire);
+        for (const LossPeer& l : DeviceProgressRegion::ReadLoss(*progress_)) {
+          if (l.host != 0 && now - l.last_ns < kLossHeardNs)
+            loss.push_back({l.host, std::max<int64_t>(0, now - l.last_ns)});
+        }
       }
       if (echo_ns_ > 0) {
         echo = echo_ns_;
         held = MonotonicNanos() - echo_at_ns_;
       }
     }
+    for (const TcpLossSampler::Lossy& l : link_loss.Sample(now))
+      loss.insert(loss.begin(), {coordinator_host, std::max<int64_t>(0, now - l.last_ns)});
+    if (loss.size() > kLossPeers + 1) loss.resize(kLossPeers + 1);  // what the coordinator reads
     WireWriter w;
     w.Put(p.requests);
     w.Put(p.entered);
     w.Put(p.left);
     w.Put(echo);
     w.Put(held);
+    // (Each as its host and how long ago: the coordinator's clock is not ours.)
+    w.Put<uint32_t>(static_cast<uint32_t>(loss.size()));
+    for (const auto& [host, ago] : loss) {
+      w.Put(host);
+      w.Put(ago);
+    }
+    w.Put(alias);
     // A send that fails means the coordinator is gone; the reader sees it.
     (void)Send(LinkOp::kHeartbeat, w.data());
   }

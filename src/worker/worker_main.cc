@@ -3,7 +3,9 @@
 #include <sys/prctl.h>
 
 #include <csignal>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 #include "comm/abort_signal.h"
@@ -29,6 +31,14 @@ class Worker {
   // (optional) replaces the coordinator's path to the model.
   Worker(RemoteWorkerLink* link, std::string model_dir, std::string advertise)
       : link_(link), model_dir_(std::move(model_dir)), advertise_(std::move(advertise)) {}
+  ~Worker() {
+    // The group's watcher writes into the progress slot, and the link's
+    // heartbeat reads it: both let go before the region is unmapped.
+    comm_.reset();
+    if (link_) link_->SetProgressSlot(nullptr);
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
 
   int Run() {
     while (true) {
@@ -135,6 +145,7 @@ class Worker {
           o.rank = spec.rank;
           o.size = spec.size;
           o.timeout_ms = spec.timeout_ms;
+          o.on_lossy_peer = LossReporter(o.hostname);
           FS_ASSIGN_OR_RETURN(AbortSignal abort, AbortSignal::Map(TakeFd(m.fds[0])));
           FS_ASSIGN_OR_RETURN(comm, GlooCommunicator::Connect(o, std::move(abort)));
         }
@@ -269,12 +280,26 @@ class Worker {
     o.rank = spec.rank;
     o.size = spec.size;
     o.timeout_ms = spec.timeout_ms;
+    o.on_lossy_peer = LossReporter(o.hostname);
     FS_ASSIGN_OR_RETURN(AbortSignal abort, AbortSignal::Create());
     link_->RegisterGroup(spec.prefix, abort);
     FS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                         GlooCommunicator::Connect(o, std::move(abort)));
     comm_ = std::make_unique<ProgressCommunicator>(std::move(comm), progress_slot_);
     return Status::Ok();
+  }
+
+  // Notes in this device's progress slot the host id its peers know it by
+  // (`address`, what it gives them), and returns what notes there each peer
+  // host its collective connections lose frames to: the coordinator's hang
+  // watch tells a lossy link's side from the healthy one by them
+  // (engine/hang_detector.h LossyHost).
+  std::function<void(const std::string&, int64_t)> LossReporter(const std::string& address) {
+    DeviceProgressSlot* slot = progress_slot_;
+    if (slot) slot->alias.store(HostId(address), std::memory_order_release);
+    return [slot](const std::string& peer, int64_t when_ns) {
+      DeviceProgressRegion::NoteLoss(slot, HostId(peer), when_ns);
+    };
   }
 
   // The logits columns of this device's vocabulary chunks, to the coordinator

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -155,12 +157,28 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     uint64_t collectives;  // entered since the request
     int64_t still_ns;      // since its last move (or the request)
   };
+  // Every device of the step stopped at once (SIGSTOP of them all, a
+  // debugger, a job-control freeze): the group is paused, not hung, even
+  // where the stop caught some devices a collective ahead of the others
+  // (the signals do not land at one instant). It runs on when they do.
+  if (stopped_ && !devices_.empty() && std::all_of(devices_.begin(), devices_.end(), stopped_)) {
+    paused_seen_ns_ = now;
+    if (paused_logged_ns_ == 0 || now - paused_logged_ns_ >= 10 * grace_ns_) {
+      FS_LOG_WARN(
+          "every device of the step is stopped (a signal or a debugger): the group is "
+          "paused, not hung; waiting for it");
+      paused_logged_ns_ = now;
+    }
+    next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
+    return {};
+  }
   std::vector<Seen> seen;
   for (int d : pending) {
     const size_t i = std::find(devices_.begin(), devices_.end(), d) - devices_.begin();
     const DeviceProgress base = i < base_.size() ? base_[i] : DeviceProgress();
     const DeviceProgress p = Progress(d);
-    const int64_t last = std::max(p.last_move_ns, start_ns_);
+    // (Stillness counts from the end of a pause of the whole group.)
+    const int64_t last = std::max({p.last_move_ns, start_ns_, paused_seen_ns_});
     // (A counter behind the one read before the request, as a respawned
     // device's: nothing entered since.)
     const uint64_t entered = p.entered >= base.entered ? p.entered - base.entered : 0;
@@ -174,7 +192,8 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     for (const Seen& s : seen) {
       if (s.p.last_move_ns > aborted_at_ns_) moving = true;
     }
-    if (now - aborted_at_ns_ < grace_ns_ || (moving && now - aborted_at_ns_ < 4 * grace_ns_)) {
+    const int64_t since_abort = now - std::max(aborted_at_ns_, paused_seen_ns_);
+    if (since_abort < grace_ns_ || (moving && since_abort < 4 * grace_ns_)) {
       next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
       return dead;
     }
@@ -197,7 +216,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
       if (s.p.last_move_ns > aborted_at_ns_) continue;
       dead.push_back({s.device,
                       fmt::format("it did not answer within {} ms of its group being aborted",
-                                  (now - aborted_at_ns_) / 1000000),
+                                  since_abort / 1000000),
                       std::max(s.p.last_move_ns, start_ns_)});
     }
     next_check_ns_ = now + grace_ns_;
@@ -353,6 +372,22 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   next_check_ns_ =
       now + std::max<int64_t>((networked_ ? LinkBlameNs() : deadline_ns_) / 4, 10000000);
   return dead;
+}
+
+bool ProcessStopped(int pid) {
+  if (pid <= 0) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  std::FILE* f = std::fopen(path, "re");
+  if (!f) return false;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) S ...": the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  if (!close || close[1] != ' ') return false;
+  return close[2] == 'T' || close[2] == 't';
 }
 
 }  // namespace failsafe

@@ -100,6 +100,12 @@ class HangWatch final : public ReplyWatch {
   // group that crawls over a bad link is blamed on it only at under half
   // that pace (Check).
   void set_expected_move_ns(int64_t ns) { expected_move_ns_ = ns; }
+  // Whether a device's process is stopped now (by a signal or a tracer:
+  // SIGSTOP, a debugger); unset: never known. A step whose every device is
+  // stopped is paused, not hung, whichever collective the stop caught each
+  // in: Check waits for it, and once it runs again every device gets a
+  // whole deadline from then.
+  void set_stopped(std::function<bool(int device)> stopped) { stopped_ = std::move(stopped); }
 
  private:
   void Abort(int64_t now_ns);
@@ -123,6 +129,12 @@ class HangWatch final : public ReplyWatch {
   // check since the crawl window before the last: the group's pace.
   std::vector<std::pair<int64_t, uint64_t>> paces_;
   int64_t expected_move_ns_ = 0;
+  std::function<bool(int)> stopped_;
+  int64_t paused_seen_ns_ = 0;  // when every device was last seen stopped (0: never)
 };
+
+// Whether process `pid` is stopped now (by a signal or a tracer); false if
+// it cannot be told (it is gone, or on another host).
+bool ProcessStopped(int pid);
 
 }  // namespace failsafe

@@ -377,6 +377,44 @@ TEST(HangWatch, AFailedReplyAbortsTheGroup) {
   EXPECT_EQ(aborts, 1);
 }
 
+// Every device of a step stopped at once (SIGSTOP sent to each in turn),
+// two of them caught a collective behind the others: paused, not hung, and
+// once they run again each gets a whole deadline from then. Only some
+// devices stopped, their peers waiting: the hang it looks like.
+TEST(HangWatch, EveryDeviceStoppedIsPausedNotHung) {
+  const int64_t t0 = MonotonicNanos();
+  const std::vector<int> all = {0, 1, 2, 3};
+  for (const bool every : {true, false}) {
+    Progress g;
+    for (int d = 0; d < 4; ++d) g.Set(d, 3, 4, 4, t0);
+    HangWatch w(&g.region, all, {}, t0, 1000, 250, nullptr);
+    // 1 and 2 left collective 5 and wait in 6; 0 and 3 stopped inside 5.
+    for (int d : {0, 3}) g.Set(d, 3, 5, 4, t0 + 10 * kMs);
+    for (int d : {1, 2}) g.Set(d, 3, 6, 5, t0 + 20 * kMs);
+    bool paused = true;
+    w.set_stopped([&](int d) { return paused && (every || d == 0 || d == 3); });
+    auto dead = w.Check(t0 + 1500 * kMs, all, {});
+    if (!every) {
+      ASSERT_EQ(dead.size(), 2u);
+      EXPECT_EQ(dead[0].device, 0);
+      EXPECT_EQ(dead[1].device, 3);
+      continue;
+    }
+    EXPECT_TRUE(dead.empty());
+    EXPECT_FALSE(w.aborted());
+    EXPECT_LE(w.next_check_ns(), t0 + 1600 * kMs);
+    EXPECT_TRUE(w.Check(t0 + 5000 * kMs, all, {}).empty());  // however long
+    paused = false;                                          // SIGCONT
+    EXPECT_TRUE(w.Check(t0 + 5400 * kMs, all, {}).empty());  // 400 ms since
+    EXPECT_FALSE(w.aborted());
+    // Still stuck a whole deadline after the pause: 0 and 3 are hung.
+    dead = w.Check(t0 + 6100 * kMs, all, {});
+    ASSERT_EQ(dead.size(), 2u);
+    EXPECT_EQ(dead[0].device, 0);
+    EXPECT_EQ(dead[1].device, 3);
+  }
+}
+
 // Hosts of a loss test: the coordinator's (its devices local, host 0; the
 // address they give their peers, kCoordinatorHost, their alias), and two
 // remote hosts.

@@ -160,8 +160,9 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   // Every device of the step stopped at once (SIGSTOP of them all, a
   // debugger, a job-control freeze): the group is paused, not hung, even
   // where the stop caught some devices a collective ahead of the others
-  // (the signals do not land at one instant). It runs on when they do.
-  if (stopped_ && !devices_.empty() && std::all_of(devices_.begin(), devices_.end(), stopped_)) {
+  // (the signals do not land at one instant). It runs on when they do, and
+  // its devices get the grace to move again before anyone is judged.
+  if (stopped_ && !pending.empty() && std::all_of(devices_.begin(), devices_.end(), stopped_)) {
     paused_seen_ns_ = now;
     if (paused_logged_ns_ == 0 || now - paused_logged_ns_ >= 10 * grace_ns_) {
       FS_LOG_WARN(
@@ -172,13 +173,16 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
     return {};
   }
+  if (paused_seen_ns_ > 0 && now - paused_seen_ns_ < grace_ns_) {
+    next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
+    return {};
+  }
   std::vector<Seen> seen;
   for (int d : pending) {
     const size_t i = std::find(devices_.begin(), devices_.end(), d) - devices_.begin();
     const DeviceProgress base = i < base_.size() ? base_[i] : DeviceProgress();
     const DeviceProgress p = Progress(d);
-    // (Stillness counts from the end of a pause of the whole group.)
-    const int64_t last = std::max({p.last_move_ns, start_ns_, paused_seen_ns_});
+    const int64_t last = std::max(p.last_move_ns, start_ns_);
     // (A counter behind the one read before the request, as a respawned
     // device's: nothing entered since.)
     const uint64_t entered = p.entered >= base.entered ? p.entered - base.entered : 0;

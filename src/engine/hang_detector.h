@@ -101,10 +101,12 @@ class HangWatch final : public ReplyWatch {
   // that pace (Check).
   void set_expected_move_ns(int64_t ns) { expected_move_ns_ = ns; }
   // Whether a device's process is stopped now (by a signal or a tracer:
-  // SIGSTOP, a debugger); unset: never known. A step whose every device is
-  // stopped is paused, not hung, whichever collective the stop caught each
-  // in: Check waits for it, and once it runs again every device gets a
-  // whole deadline from then.
+  // SIGSTOP, a debugger), or gone (declared dead); unset: never known. A
+  // step whose every device is stopped or gone, one pending at least, is
+  // paused, not hung, whichever collective the stop caught each in: Check
+  // waits for it, and once it runs again its devices get the grace to move
+  // before anyone is judged. (A group stopped and continued over and over,
+  // faster than the grace, is judged only once that ends.)
   void set_stopped(std::function<bool(int device)> stopped) { stopped_ = std::move(stopped); }
 
  private:

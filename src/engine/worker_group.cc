@@ -357,7 +357,7 @@ std::vector<DeviceReply> WorkerGroup::Collect(const Sent& sent, int64_t deadline
                   GraceMs(deadline_ms), [this] { group_.Abort(); });
   watch.set_expected_move_ns(expected_move_ns);
   watch.set_stopped([this](int d) {
-    return alive(d) && devices_[d].process && ProcessStopped(devices_[d].process->pid());
+    return !alive(d) || !devices_[d].process || ProcessStopped(devices_[d].process->pid());
   });
   return CollectReplies(procs, watch, [this](const Verdict& v) { MarkDead(v); });
 }

@@ -61,7 +61,7 @@ def test_freezes(server, reference):
     check(len(pids) == DEVICES, f"{DEVICES} device processes ({pids})")
     for seconds in (0.3, 1.0, 2.0, 5.0):
         res = burst(server.port, 6, lambda: (streaming(server), freeze(pids, seconds)))
-        gap = max(r[3] for r in res if r)
+        gap = max((r[3] for r in res if r), default=0.0)
         check(same_text(res, reference),
               f"every device frozen {seconds} s mid-stream: every stream finishes with the text "
               f"of one device: {[r and r[2] for r in res]}")
@@ -69,8 +69,8 @@ def test_freezes(server, reference):
               f"frozen {seconds} s: no device declared dead, the same processes serve")
         print(f"every device frozen {seconds} s mid-stream: 6 of 6 streams whole, "
               f"longest gap {gap:.2f} s", flush=True)
-        check(gap < seconds + 2, f"frozen {seconds} s: the gap is the freeze and little more "
-              f"({gap:.2f} s)")
+        check(seconds - 0.1 <= gap < seconds + 2, f"frozen {seconds} s mid-stream: the gap is "
+              f"the freeze and little more ({gap:.2f} s)")
     freeze(pids, 2.0)
     res = burst(server.port, 6)
     check(same_text(res, reference) and devices(server) == pids,
@@ -93,14 +93,14 @@ def test_kill_every_device(server, reference):
             seen["health"].add(status)
             seen["capacity"].add(metric(server.port, "failsafe_capacity_fraction"))
             alive = metric(server.port, "failsafe_devices_alive")
-            gone |= alive == 0
+            gone |= alive is not None and alive < DEVICES
             if gone and alive == DEVICES and status == 200:
                 break
             time.sleep(0.01)
         seen["back_after"] = time.time() - t
 
     res = burst(server.port, 6, kill_all)
-    gap = max(r[3] for r in res if r)
+    gap = max((r[3] for r in res if r), default=0.0)
     check(same_text(res, reference),
           f"every device killed mid-stream: every stream waits for the respawned devices and "
           f"finishes with the text of one device: {[r and r[2] for r in res]}")

@@ -170,11 +170,10 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
           "paused, not hung; waiting for it");
       paused_logged_ns_ = now;
     }
-    next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
-    return {};
   }
+  const int64_t soon = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
   if (paused_seen_ns_ > 0 && now - paused_seen_ns_ < grace_ns_) {
-    next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
+    next_check_ns_ = soon;
     return {};
   }
   std::vector<Seen> seen;
@@ -198,7 +197,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
     }
     const int64_t since_abort = now - std::max(aborted_at_ns_, paused_seen_ns_);
     if (since_abort < grace_ns_ || (moving && since_abort < 4 * grace_ns_)) {
-      next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
+      next_check_ns_ = soon;
       return dead;
     }
     // Nobody moved and nobody answered: the whole group is paused (a host
@@ -213,7 +212,7 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
             (now - start_ns_) / 1000000);
         paused_logged_ns_ = now;
       }
-      next_check_ns_ = now + std::max<int64_t>(grace_ns_ / 4, 10000000);
+      next_check_ns_ = soon;
       return dead;
     }
     for (const Seen& s : seen) {
@@ -239,14 +238,14 @@ std::vector<Verdict> HangWatch::Check(int64_t now, const std::vector<int>& pendi
   const int64_t link_stall_ns = std::min(deadline_ns_, kLinkStallNs);
   // (Loss counts only once the stall may have begun: loss before it, as
   // congestion's on a busy link, says nothing of a device that hangs after.)
-  int64_t still_ns = 0;
-  for (const Seen& s : seen) still_ns = std::max(still_ns, s.still_ns);
-  std::vector<DeviceProgress> group;
-  for (int d : devices_) group.push_back(Progress(d));
-  const uint64_t lossy_host =
-      networked_
-          ? LossyHost(group, now - std::min(kLossWindowNs, std::max(LinkBlameNs(), still_ns)))
-          : 0;
+  uint64_t lossy_host = 0;
+  if (networked_) {
+    int64_t still_ns = 0;
+    for (const Seen& s : seen) still_ns = std::max(still_ns, s.still_ns);
+    std::vector<DeviceProgress> group;
+    for (int d : devices_) group.push_back(Progress(d));
+    lossy_host = LossyHost(group, now - std::min(kLossWindowNs, std::max(LinkBlameNs(), still_ns)));
+  }
   auto lossy = [&](const Seen& s) { return lossy_host != 0 && s.p.host == lossy_host; };
   auto no_witness = [&](const Seen& s) {
     return s.p.heard_ns > 0 &&

@@ -158,6 +158,31 @@ def burst(port, n, during=None):
     return results
 
 
+def streaming(port, settle):
+    """Waits (30 s at most) until a request runs, then `settle` seconds more."""
+    deadline = time.time() + 30
+    while time.time() < deadline and not metric(port, "failsafe_num_requests_running"):
+        time.sleep(0.01)
+    time.sleep(settle)
+
+
+def one_device_text(failsafe, model, tmp):
+    """The text a single-device server streams for complete()'s request."""
+    one = Server(failsafe, model, tmp, ["--max-num-seqs", "16"], name="one", devices=1)
+    try:
+        res = burst(one.port, 2)
+        text = res[0][0] if res[0] and res[0][2] is None else None
+        check(text is not None, "one device serves")
+        return text
+    finally:
+        one.kill()
+
+
+def same_text(results, reference):
+    """Every stream finished, with the reference text."""
+    return all(r and r[2] is None and r[0] == reference for r in results)
+
+
 def metric(port, name):
     status, text = request(port, "GET", "/metrics")
     if status != 200:

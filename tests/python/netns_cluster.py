@@ -32,7 +32,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet_haproxy import MAX_TOKENS, burst, complete, metric  # noqa: E402
+from fleet_haproxy import MAX_TOKENS, burst, complete, metric, streaming  # noqa: E402
 from serve_lifecycle import FAILURES, Server, check, finish  # noqa: E402
 
 CLONE_NEWNET = 0x40000000
@@ -144,13 +144,6 @@ def stop(server, workers):
             w.kill()
 
 
-def running(port):
-    deadline = time.time() + 30
-    while time.time() < deadline and not metric(port, "failsafe_num_requests_running"):
-        time.sleep(0.01)
-    time.sleep(0.05)  # a few tokens in
-
-
 def faults(failsafe, model, tmp, token_file, net):
     ref = Server(failsafe, model, tmp, ["--max-num-seqs", "16"], name="one", devices=1)
     try:
@@ -169,7 +162,7 @@ def faults(failsafe, model, tmp, token_file, net):
               f"streams across namespaces have the text of one device: {[r and r[2] for r in res]}")
 
         def kill_one():
-            running(server.port)
+            streaming(server.port, 0.05)  # a few tokens in
             workers[0].kill()  # the only worker of host 1
 
         res = burst(server.port, 6, during=kill_one)
@@ -177,7 +170,7 @@ def faults(failsafe, model, tmp, token_file, net):
               f"a remote worker killed mid-stream: same text: {[r and r[2] for r in res]}")
 
         def kill_host():
-            running(server.port)
+            streaming(server.port, 0.05)  # a few tokens in
             for w in workers:
                 if w.ns == net.hosts[1]:
                     os.kill(w.proc.pid, signal.SIGKILL)
@@ -190,7 +183,7 @@ def faults(failsafe, model, tmp, token_file, net):
         lost_after = []
 
         def cut_link():
-            running(server.port)
+            streaming(server.port, 0.05)  # a few tokens in
             net.cut(net.hosts[2])
             t = time.time()
             while metric(server.port, "failsafe_devices_alive") != 1 and time.time() < t + 15:

@@ -34,9 +34,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet_haproxy import MAX_TOKENS, burst, metric  # noqa: E402
+from fleet_haproxy import (MAX_TOKENS, burst, metric, one_device_text, same_text,  # noqa: E402
+                           streaming)
 from netns_cluster import SUBNET, Net, cluster, in_namespaces, ip, privileged, stop  # noqa: E402
-from serve_lifecycle import FAILURES, Server, check, finish  # noqa: E402
+from serve_lifecycle import FAILURES, check, finish  # noqa: E402
 
 TUNSETIFF = 0x400454CA
 IFF_TAP, IFF_NO_PI = 0x0002, 0x1000
@@ -135,21 +136,8 @@ def wait_alive(server, n, seconds):
     return time.time() - t
 
 
-def running(server):
-    t = time.time()
-    while time.time() < t + 30 and not metric(server.port, "failsafe_num_requests_running"):
-        time.sleep(0.01)
-    time.sleep(0.3)  # tokens flowing
-
-
 def gray(failsafe, model, tmp, token_file, net):
-    ref = Server(failsafe, model, tmp, ["--max-num-seqs", "16"], name="one", devices=1)
-    try:
-        res = burst(ref.port, 2)
-        reference = res[0][0] if res[0] and res[0][2] is None else None
-        check(reference is not None, "one device serves")
-    finally:
-        stop(ref, [])
+    reference = one_device_text(failsafe, model, tmp)
     # Host 1: one worker on a healthy link; host 2: two workers behind the relay.
     link = Link(net, net.hosts[1], 2, tmp)
     # A deadline floor of 1 s: a round trip of a quarter of it is a bad link.
@@ -166,7 +154,7 @@ def gray(failsafe, model, tmp, token_file, net):
             seen = {}
 
             def degrade():
-                running(server)
+                streaming(server.port, 0.3)  # tokens flowing
                 link.set(delay_ms, loss)
                 t = time.time()
                 while alive(server) not in (2,) and time.time() < t + 20:
@@ -177,7 +165,7 @@ def gray(failsafe, model, tmp, token_file, net):
             t0 = time.time()
             res = burst(server.port, 6, degrade)
             gaps = [r[3] for r in res if r]
-            check(all(r and r[2] is None and r[0] == reference for r in res),
+            check(same_text(res, reference),
                   f"{label}: every stream finishes with the text of one device: "
                   f"{[r and r[2] for r in res]}")
             check(seen["alive_min"] == 2,
@@ -194,7 +182,7 @@ def gray(failsafe, model, tmp, token_file, net):
             check(alive(server) == 4, f"{label}: the link healed, its workers joined again "
                   f"by themselves ({back:.1f} s)")
         res = burst(server.port, 6)
-        check(all(r and r[2] is None and r[0] == reference for r in res),
+        check(same_text(res, reference),
               f"after both: same text on 4 devices: {[r and r[2] for r in res]}")
     finally:
         if FAILURES and server:

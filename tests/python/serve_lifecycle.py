@@ -311,14 +311,20 @@ def test_rebalance_slow(failsafe, model, tmp):
     s.kill()
 
 
+def tiny_model(failsafe, tmp):
+    """A tiny-llama model made in `tmp`; its directory."""
+    model = os.path.join(tmp, "model")
+    subprocess.run([failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
+                    "--seed", "5"], check=True, capture_output=True)
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--failsafe", required=True)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "model")
-        subprocess.run([args.failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
-                        "--seed", "5"], check=True, capture_output=True)
+        model = tiny_model(args.failsafe, tmp)
         cache = os.path.join(tmp, "cache")
         test_sigterm_drains(args.failsafe, model, tmp)
         test_sigterm_with_a_hung_device(args.failsafe, model, tmp)

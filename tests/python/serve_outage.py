@@ -26,8 +26,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fleet_haproxy  # noqa: E402
-from fleet_haproxy import burst, metric  # noqa: E402
-from serve_lifecycle import Server, check, children, finish, request, running  # noqa: E402
+from fleet_haproxy import burst, metric, one_device_text, same_text, streaming  # noqa: E402
+from serve_lifecycle import (FAILURES, Server, check, children, finish, request,  # noqa: E402
+                             running, tiny_model)
 
 DEVICES = 4
 fleet_haproxy.MAX_TOKENS = 400  # streams that outlast every freeze's start
@@ -35,13 +36,6 @@ fleet_haproxy.MAX_TOKENS = 400  # streams that outlast every freeze's start
 
 def devices(server):
     return sorted(p for p in children(server.proc.pid) if running(p))
-
-
-def streaming(server):
-    t = time.time()
-    while time.time() < t + 30 and not metric(server.port, "failsafe_num_requests_running"):
-        time.sleep(0.01)
-    time.sleep(0.1)  # tokens flowing
 
 
 def freeze(pids, seconds):
@@ -52,15 +46,11 @@ def freeze(pids, seconds):
         os.kill(p, signal.SIGCONT)
 
 
-def same_text(results, reference):
-    return all(r and r[2] is None and r[0] == reference for r in results)
-
-
 def test_freezes(server, reference):
     pids = devices(server)
     check(len(pids) == DEVICES, f"{DEVICES} device processes ({pids})")
     for seconds in (0.3, 1.0, 2.0, 5.0):
-        res = burst(server.port, 6, lambda: (streaming(server), freeze(pids, seconds)))
+        res = burst(server.port, 6, lambda: (streaming(server.port, 0.1), freeze(pids, seconds)))
         gap = max((r[3] for r in res if r), default=0.0)
         check(same_text(res, reference),
               f"every device frozen {seconds} s mid-stream: every stream finishes with the text "
@@ -82,7 +72,7 @@ def test_kill_every_device(server, reference):
     seen = {"health": set(), "capacity": set()}
 
     def kill_all():
-        streaming(server)
+        streaming(server.port, 0.1)
         for p in pids:
             os.kill(p, signal.SIGKILL)
         t = time.time()
@@ -121,16 +111,8 @@ def main():
     ap.add_argument("--failsafe", required=True)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "model")
-        subprocess.run([args.failsafe, "make-model", "--preset", "tiny-llama", "--out", model,
-                        "--seed", "5"], check=True, capture_output=True)
-        one = Server(args.failsafe, model, tmp, ["--max-num-seqs", "16"], name="one", devices=1)
-        try:
-            res = burst(one.port, 2)
-            reference = res[0][0] if res[0] and res[0][2] is None else None
-            check(reference is not None, "one device serves")
-        finally:
-            one.kill()
+        model = tiny_model(args.failsafe, tmp)
+        reference = one_device_text(args.failsafe, model, tmp)
         server = Server(args.failsafe, model, tmp,
                         ["--max-num-seqs", "16", "--log-level", "info"], devices=DEVICES)
         try:
@@ -144,7 +126,6 @@ def main():
                     server.proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     server.kill()
-            from serve_lifecycle import FAILURES
             if FAILURES:
                 print("server's log:\n" + server.stderr()[-8000:], flush=True)
     finish()

@@ -354,8 +354,111 @@ void DirectTails(const KernelArgs& a, const W* const* w, const int* j0, int t) {
   }
 }
 
+#if defined(FS_SIMD_AVX2_PARTS)
+// DirectTails where every t is at most 8: only the first of a vector's two
+// AVX2 registers holds lanes that are stored, so each chain is one register
+// and each load one register's (a gate_up item of 88 rows has a tail of 8:
+// DirectTails computed and loaded both halves, and its sixteen accumulator
+// registers went through the stack at every k-value). The same chains.
+template <int MR, int NB, typename W>
+void DirectTailsHalf(const KernelArgs& a, const W* const* w, const int* j0, int t) {
+  typedef V16::Part P;
+  P acc[NB][MR];
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) {
+    V16 start[MR];
+    StartAccumulators<MR>(a, j0[q], t, start);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) acc[q][i] = start[i].p[0];
+  }
+  auto fma = [](float x, P v, P c) {
+    return reinterpret_cast<P>(_mm256_fmadd_ps(_mm256_set1_ps(x), reinterpret_cast<__m256>(v),
+                                               reinterpret_cast<__m256>(c)));
+  };
+  const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of a tail
+  if constexpr (kPairs<W>) {
+    const float* xs[MR];
+    for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
+    int kk = 0;
+    // Whole loads first, with no branch (the accumulators stay in
+    // registers), then the last few k-values.
+    for (; kk + 2 <= a.k && static_cast<int64_t>(kk) * t + 32 <= end; kk += 2) {
+      const int64_t at = static_cast<int64_t>(kk) * t;
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) {
+        V16 e, o;  // lanes 8-15 unused: their loads are dropped
+        LoadPair(w[q] + at, &e, &o);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          acc[q][i] = fma(xs[i][kk + 1], o.p[0], acc[q][i]);
+          acc[q][i] = fma(xs[i][kk], e.p[0], acc[q][i]);
+        }
+      }
+    }
+    for (; kk < a.k; kk += 2) {
+      const int64_t at = static_cast<int64_t>(kk) * t;
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) {
+        V16 e, o{};
+        if (kk + 2 > a.k) {  // an odd k's last value, after a zero pair
+          e = at + 16 <= end ? Load(w[q] + at) : LoadPart(w[q] + at, t);
+        } else if (at + 32 <= end) {
+          LoadPair(w[q] + at, &e, &o);
+        } else {
+          LoadPairPart(w[q] + at, t, &e, &o);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          acc[q][i] = fma(xs[i][kk + 1], o.p[0], acc[q][i]);
+          acc[q][i] = fma(xs[i][kk], e.p[0], acc[q][i]);
+        }
+      }
+    }
+  } else {
+    int kk = 0;
+    for (; kk < a.k && static_cast<int64_t>(kk) * t + 16 <= end; ++kk) {
+      const int64_t at = static_cast<int64_t>(kk) * t;
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) {
+        const V16 v = Load(w[q] + at);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[q][i] = fma(a.x[i * a.ldx + kk], v.p[0], acc[q][i]);
+      }
+    }
+    for (; kk < a.k; ++kk) {
+      const int64_t at = static_cast<int64_t>(kk) * t;
+#pragma GCC unroll 4
+      for (int q = 0; q < NB; ++q) {
+        const V16 v = LoadPart(w[q] + at, t);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[q][i] = fma(a.x[i * a.ldx + kk], v.p[0], acc[q][i]);
+      }
+    }
+  }
+  float tmp[16];
+  for (int q = 0; q < NB; ++q) {
+    for (int i = 0; i < MR; ++i) {
+      V16 r{};
+      r.p[0] = acc[q][i];
+      if (a.out == GemmOut::kFixedItems) {
+        AddFixed16(r, a.acc + static_cast<int64_t>(i) * a.ldacc + j0[q], t);
+        continue;
+      }
+      Store(tmp, r);
+      std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0[q], tmp, sizeof(float) * t);
+    }
+  }
+}
+#else
+template <int MR, int NB, typename W>
+void DirectTailsHalf(const KernelArgs& a, const W* const* w, const int* j0, int t) {
+  DirectTails<MR, NB, W>(a, w, j0, t);
+}
+#endif
+
 template <int MR, typename W>
 void DirectTail(const KernelArgs& a, const W* w, int t, int j0) {
+  if (t <= 8) return DirectTailsHalf<MR, 1, W>(a, &w, &j0, t);
   DirectTails<MR, 1, W>(a, &w, &j0, t);
 }
 
@@ -507,13 +610,16 @@ void DirectUnitBatches(const KernelArgs& a, int j0, int j1, Run run) {
   DirectUnit units[kQuarterUnits];
   int count = 0;
   for (int j = j0; j < j1;) {
-    const int item = j / rows, c0 = item * rows, r = j - c0;
+    const int c0 = j / rows * rows;  // an item at a time (DirectBlockedRange)
     const BF16* w = static_cast<const BF16*>(a.w) + static_cast<int64_t>(c0) * a.k;
-    units[count] = DirectUnit{w + static_cast<int64_t>(r) * a.k, r < full ? 16 : rows - full, j};
-    j += units[count++].width;
-    if (count == kQuarterUnits) {
-      run(units, count);
-      count = 0;
+    for (const int end = std::min(c0 + rows, j1); j < end;) {
+      const int r = j - c0;
+      units[count] = DirectUnit{w + static_cast<int64_t>(r) * a.k, r < full ? 16 : rows - full, j};
+      j += units[count++].width;
+      if (count == kQuarterUnits) {
+        run(units, count);
+        count = 0;
+      }
     }
   }
   if (count > 0) run(units, count);
@@ -551,11 +657,15 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
   const W* blocks[kQuarterUnits];
   int cols[kQuarterUnits];
   int count = 0;
-  // Tails too go side by side, as many as the blocks (DirectTails).
-  static constexpr void (*kTailsSideBySide[])(const KernelArgs&, const W* const*, const int*,
-                                              int) = {nullptr, DirectTails<MR, 1, W>,
-                                                      DirectTails<MR, 2, W>, DirectTails<MR, 3, W>,
-                                                      DirectTails<MR, 4, W>};
+  // Tails too go side by side, as many as the blocks (DirectTails); every
+  // tail of a weight is as wide, so at most 8 wide or not.
+  static constexpr void (*kTailsSideBySide[2][5])(const KernelArgs&, const W* const*, const int*,
+                                                  int) = {
+      {nullptr, DirectTails<MR, 1, W>, DirectTails<MR, 2, W>, DirectTails<MR, 3, W>,
+       DirectTails<MR, 4, W>},
+      {nullptr, DirectTailsHalf<MR, 1, W>, DirectTailsHalf<MR, 2, W>, DirectTailsHalf<MR, 3, W>,
+       DirectTailsHalf<MR, 4, W>}};
+  const bool half_tails = rows - full <= 8;
   const W* tails[4];
   int tail_cols[4];
   int tail_count = 0;
@@ -577,26 +687,28 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1) {
     }
     count = 0;
   };
+  // Item by item (one division each, not one a block: o's blocks are 64
+  // k-values long).
   for (int j = j0; j < j1;) {
-    const int item = j / rows, c0 = item * rows, r = j - c0;
+    const int c0 = j / rows * rows;
     const W* w = static_cast<const W*>(a.w) + static_cast<int64_t>(c0) * a.k;
-    if (r < full) {
-      blocks[count] = w + static_cast<int64_t>(r) * a.k;
+    for (const int blocks_end = std::min(c0 + full, j1); j < blocks_end; j += 16) {
+      blocks[count] = w + static_cast<int64_t>(j - c0) * a.k;
       cols[count++] = j;
       if (count == kQuarterUnits) run();
-      j += 16;
-    } else {
+    }
+    if (full < rows && j < j1) {  // at the item's tail
       tails[tail_count] = w + static_cast<int64_t>(full) * a.k;
       tail_cols[tail_count++] = c0 + full;
       if (tail_count == kSide) {
-        kTailsSideBySide[tail_count](a, tails, tail_cols, rows - full);
+        kTailsSideBySide[half_tails][tail_count](a, tails, tail_cols, rows - full);
         tail_count = 0;
       }
       j = c0 + rows;
     }
   }
   run();
-  if (tail_count > 0) kTailsSideBySide[tail_count](a, tails, tail_cols, rows - full);
+  if (tail_count > 0) kTailsSideBySide[half_tails][tail_count](a, tails, tail_cols, rows - full);
 }
 
 // nt with kDirectRows < MR <= kWideRows rows on a blocked f32 weight, or a

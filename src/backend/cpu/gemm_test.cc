@@ -283,69 +283,6 @@ TEST(GemmLevels, Bf16ChainFlushesDenormalsAlikeEverywhere) {
   }
 }
 
-// Fixed-point items take each item's chain through ToFixed on every path:
-// NaN counts as zero, infinities and sums past the limit are clamped to it,
-// signed zeros and values below the fixed-point unit truncate toward zero.
-// Each item's chain is one product (the other activations are zero), so
-// its value is known; columns scale it by exact powers of two and signs.
-TEST(GemmLevels, FixedItemsTakeEachChainThroughToFixed) {
-  const float specials[] = {NAN,
-                            INFINITY,
-                            -INFINITY,
-                            kFixedLimit,
-                            -kFixedLimit,
-                            kFixedLimit * (1.0f + 1.0f / 128),
-                            -kFixedLimit * 2,
-                            1e30f,
-                            -0.0f,
-                            1e-41f,
-                            std::ldexp(-1.0f, -32),
-                            std::ldexp(1.5f, -33),
-                            3.75f,
-                            -1232.0f};  // all exact in bf16, as its activations are
-  const int n_specials = static_cast<int>(std::size(specials));
-  const float col_scale[] = {1.0f, -1.0f, 0.5f, 2.0f, -0.25f};
-  for (int m : {1, 5, 11, 16}) {
-    for (int n : {16, 48, 37}) {
-      const int item_k = 6, items = 7, k = item_k * items;
-      const Case c{false, m, n, k, GemmOut::kFixedItems, item_k};
-      std::vector<float> x(static_cast<size_t>(m) * (k + 1), 0.0f);
-      std::vector<float> w(static_cast<size_t>(k) * n);
-      std::vector<uint16_t> w16(w.size());
-      for (int kk = 0; kk < k; ++kk) {
-        for (int j = 0; j < n; ++j) {
-          w[static_cast<size_t>(kk) * n + j] = col_scale[(j + kk % item_k) % 5];
-          w16[static_cast<size_t>(kk) * n + j] =
-              FloatToBFloat16(w[static_cast<size_t>(kk) * n + j]);
-        }
-      }
-      std::vector<int64_t> want(static_cast<size_t>(m) * (n + 3), 12345);
-      for (int i = 0; i < m; ++i) {
-        for (int it = 0; it < items; ++it) {
-          const int kk = it * item_k + (i + it) % item_k;  // the item's one product
-          const float v = specials[(i * items + it) % n_specials];
-          x[static_cast<size_t>(i) * (k + 1) + kk] = v;
-          for (int j = 0; j < n; ++j) {
-            int64_t& s = want[static_cast<size_t>(i) * (n + 3) + j];
-            s = AddFixed(s, ToFixed(v * w[static_cast<size_t>(kk) * n + j]));
-          }
-        }
-      }
-      for (CpuIsa isa : Levels()) {
-        for (int threads : {1, 2, 3}) {
-          EXPECT_EQ(RunGemm(c, x, w.data(), DType::kF32, isa, threads), want)
-              << CpuIsaName(isa) << " f32 m=" << m << " n=" << n << " threads=" << threads;
-          for (bool dp : {false, true}) {
-            EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, threads, false, 0, dp), want)
-                << CpuIsaName(isa) << " bf16 m=" << m << " n=" << n << " threads=" << threads
-                << " dpbf16=" << dp;
-          }
-        }
-      }
-    }
-  }
-}
-
 // Many items whose sums near 2^53 in the fixed-point unit: each is exact on
 // every path, whether a level's split sums take a value whole or split it
 // (AVX2's FixedSplitAdd takes whole values only below a bound that keeps
@@ -526,6 +463,92 @@ TEST(GemmLevels, ColumnBlockedItemsComputeTheSameSums) {
                 want)
                 << CpuIsaName(isa) << " type " << static_cast<int>(t) << " m=" << m << " n=" << n
                 << " items " << sh.items << "x" << sh.item_k << " threads=" << threads;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Fixed-point items take each item's chain through ToFixed on every path:
+// NaN counts as zero, infinities and sums past the limit are clamped to it,
+// signed zeros and values below the fixed-point unit truncate toward zero,
+// values either side of 2^19 (below it AVX2 converts eight lanes at once
+// through double lanes) alone and among others. Each item's chain is one
+// product (the other activations are zero), so its value is known; columns
+// scale it by exact powers of two and signs. Row-major weights and
+// column-blocked ones (read where they lie, decode's and batched decode's).
+TEST(GemmLevels, FixedItemsTakeEachChainThroughToFixed) {
+  const float specials[] = {NAN,
+                            INFINITY,
+                            -INFINITY,
+                            kFixedLimit,
+                            -kFixedLimit,
+                            kFixedLimit * (1.0f + 1.0f / 128),
+                            -kFixedLimit * 2,
+                            1e30f,
+                            -0.0f,
+                            1e-41f,
+                            std::ldexp(-1.0f, -32),
+                            std::ldexp(1.5f, -33),
+                            3.75f,
+                            -1232.0f,
+                            522240.0f,  // 2^19 - 2^11
+                            -524288.0f,
+                            528384.0f,   // 2^19 + 2^12
+                            262144.0f};  // all exact in bf16, as its activations are
+  const int n_specials = static_cast<int>(std::size(specials));
+  const float col_scale[] = {1.0f, -1.0f, 0.5f, 2.0f, -0.25f};
+  for (int m : {1, 5, 11, 16}) {
+    for (int n : {16, 48, 37}) {
+      const int item_k = 6, items = n_specials, k = item_k * items;  // every one in a row
+      const Case c{false, m, n, k, GemmOut::kFixedItems, item_k};
+      std::vector<float> x(static_cast<size_t>(m) * (k + 1), 0.0f);
+      std::vector<float> w(static_cast<size_t>(k) * n);
+      std::vector<uint16_t> w16(w.size());
+      for (int kk = 0; kk < k; ++kk) {
+        for (int j = 0; j < n; ++j) {
+          w[static_cast<size_t>(kk) * n + j] = col_scale[(j + kk % item_k) % 5];
+          w16[static_cast<size_t>(kk) * n + j] =
+              FloatToBFloat16(w[static_cast<size_t>(kk) * n + j]);
+        }
+      }
+      std::vector<int64_t> want(static_cast<size_t>(m) * (n + 3), 12345);
+      for (int i = 0; i < m; ++i) {
+        for (int it = 0; it < items; ++it) {
+          const int kk = it * item_k + (i + it) % item_k;  // the item's one product
+          const float v = specials[(i * items + it) % n_specials];
+          x[static_cast<size_t>(i) * (k + 1) + kk] = v;
+          for (int j = 0; j < n; ++j) {
+            int64_t& s = want[static_cast<size_t>(i) * (n + 3) + j];
+            s = AddFixed(s, ToFixed(v * w[static_cast<size_t>(kk) * n + j]));
+          }
+        }
+      }
+      TwoLayouts blocked[2];
+      for (int b = 0; b < 2; ++b) {
+        const DType t = b == 0 ? DType::kF32 : DType::kBF16;
+        blocked[b] = InTwoLayouts(t, w, [&](int64_t e) {
+          const int64_t kk = e / n, j = e % n, item = kk / item_k;
+          return item * n * item_k + Blocked16Index(j, kk % item_k, n, item_k, t);
+        });
+      }
+      for (CpuIsa isa : Levels()) {
+        for (int threads : {1, 2, 3}) {
+          EXPECT_EQ(RunGemm(c, x, w.data(), DType::kF32, isa, threads), want)
+              << CpuIsaName(isa) << " f32 m=" << m << " n=" << n << " threads=" << threads;
+          EXPECT_EQ(RunGemm(c, x, blocked[0].stored.data(), DType::kF32, isa, threads, true), want)
+              << CpuIsaName(isa) << " f32 column-blocked m=" << m << " n=" << n
+              << " threads=" << threads;
+          for (bool dp : {false, true}) {
+            EXPECT_EQ(RunGemm(c, x, w16.data(), DType::kBF16, isa, threads, false, 0, dp), want)
+                << CpuIsaName(isa) << " bf16 m=" << m << " n=" << n << " threads=" << threads
+                << " dpbf16=" << dp;
+            EXPECT_EQ(
+                RunGemm(c, x, blocked[1].stored.data(), DType::kBF16, isa, threads, true, 0, dp),
+                want)
+                << CpuIsaName(isa) << " bf16 column-blocked m=" << m << " n=" << n
+                << " threads=" << threads << " dpbf16=" << dp;
           }
         }
       }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -49,15 +50,21 @@ int Main(int argc, char** argv) {
   const int blocks = (context + block_size - 1) / block_size;
   const int64_t page_floats = 2LL * block_size * head_dim;
   const int64_t problems = static_cast<int64_t>(layers) * seqs * kv_heads;
-  // The pool, its pages handed out in a shuffled order.
-  std::vector<float> pool(static_cast<size_t>(problems * blocks * page_floats));
+  // The pool, in host memory as the engine's KV pool is (transparent huge
+  // pages), its pages handed out in a shuffled order.
+  const size_t pool_floats = static_cast<size_t>(problems * blocks * page_floats);
+  DeviceMemory& memory = HostMemory();
+  std::unique_ptr<float, std::function<void(float*)>> pool_memory(
+      static_cast<float*>(memory.Allocate(pool_floats * sizeof(float))),
+      [&memory, pool_floats](float* p) { memory.Free(p, pool_floats * sizeof(float)); });
+  float* const pool = pool_memory.get();
   Rng rng(7);
-  for (float& v : pool) v = static_cast<float>(rng.Uniform() - 0.5);
+  for (size_t i = 0; i < pool_floats; ++i) pool[i] = static_cast<float>(rng.Uniform() - 0.5);
   std::vector<int64_t> order(static_cast<size_t>(problems * blocks));
   std::iota(order.begin(), order.end(), 0);
   for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
   std::vector<float*> tables(order.size());
-  for (size_t i = 0; i < order.size(); ++i) tables[i] = pool.data() + order[i] * page_floats;
+  for (size_t i = 0; i < order.size(); ++i) tables[i] = pool + order[i] * page_floats;
 
   const int64_t ldq = static_cast<int64_t>(kv_heads) * group * head_dim;
   const int64_t ld_kv = static_cast<int64_t>(kv_heads) * 2 * head_dim;

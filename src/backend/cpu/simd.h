@@ -413,8 +413,10 @@ FS_SIMD_INLINE float Fma(float a, float b, float c) {
 // 5 polynomial on r by fused multiply-adds and the scaling by 2^n in two
 // exact halves use only operations IEEE 754 rounds one way. Within 2 ulp
 // of the exact value; +inf above 88.72, 0 below -87.34 (where exp is
-// subnormal), NaN for NaN.
-inline V16 Exp(V16 x) {
+// subnormal), NaN for NaN. Always inlined: below AVX-512 a call took and
+// returned its vector through the stack, one at a time (with the loop
+// around it, a fifth of decode attention's samples, its pages in cache).
+FS_SIMD_INLINE V16 Exp(V16 x) {
   const V16 big = Splat(88.7228391f), tiny = Splat(-87.3365479f);
   V16 c = Select(x < tiny, tiny, x);
   c = Select(c > big, big, c);

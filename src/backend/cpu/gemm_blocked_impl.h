@@ -294,6 +294,21 @@ FS_INLINE void LoadPairPart(const BF16* p, int lanes, V16* even, V16* odd) {
   LoadPair(tmp, even, odd);
 }
 
+// A tail's k-values kk and kk + 1 (t wide, at element `at` of its `end`):
+// widened pairs, from a copy near the end; an odd k's last value (`last`)
+// with a zero pair.
+FS_INLINE void LoadTailPair(const BF16* w, int64_t at, int64_t end, int t, bool last, V16* e,
+                            V16* o) {
+  if (last) {
+    *e = at + 16 <= end ? Load(w + at) : LoadPart(w + at, t);
+    *o = V16{};
+  } else if (at + 32 <= end) {
+    LoadPair(w + at, e, o);
+  } else {
+    LoadPairPart(w + at, t, e, o);
+  }
+}
+
 // nt with few rows on the tails of NB blocked items, each t < 16 rows wide
 // (output columns [j0[q], j0[q] + t)), lying k-major, t wide
 // (Blocked16Index). A vector read at a k-value holds a tail's rows in lanes
@@ -315,14 +330,8 @@ void DirectTails(const KernelArgs& a, const W* const* w, const int* j0, int t) {
       const int64_t at = static_cast<int64_t>(kk) * t;
 #pragma GCC unroll 4
       for (int q = 0; q < NB; ++q) {
-        V16 e, o{};
-        if (kk + 2 > a.k) {  // an odd k's last value, after a zero pair
-          e = at + 16 <= end ? Load(w[q] + at) : LoadPart(w[q] + at, t);
-        } else if (at + 32 <= end) {
-          LoadPair(w[q] + at, &e, &o);
-        } else {
-          LoadPairPart(w[q] + at, t, &e, &o);
-        }
+        V16 e, o;
+        LoadTailPair(w[q], at, end, t, kk + 2 > a.k, &e, &o);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
           acc[q][i] = Fma(Splat(xs[i][kk + 1]), o, acc[q][i]);
@@ -399,14 +408,8 @@ void DirectTailsHalf(const KernelArgs& a, const W* const* w, const int* j0, int 
       const int64_t at = static_cast<int64_t>(kk) * t;
 #pragma GCC unroll 4
       for (int q = 0; q < NB; ++q) {
-        V16 e, o{};
-        if (kk + 2 > a.k) {  // an odd k's last value, after a zero pair
-          e = at + 16 <= end ? Load(w[q] + at) : LoadPart(w[q] + at, t);
-        } else if (at + 32 <= end) {
-          LoadPair(w[q] + at, &e, &o);
-        } else {
-          LoadPairPart(w[q] + at, t, &e, &o);
-        }
+        V16 e, o;
+        LoadTailPair(w[q], at, end, t, kk + 2 > a.k, &e, &o);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
           acc[q][i] = fma(xs[i][kk + 1], o.p[0], acc[q][i]);

@@ -18,6 +18,14 @@ FS_INLINE V16 ClampForFixed(V16 v) {
   return Select(-lim > v, -lim, v);
 }
 
+#if defined(FS_SIMD_AVX2_PARTS)
+// Whether all eight lanes of x are below `bound` in magnitude (NaN is not).
+FS_INLINE bool AllBelow(__m256 x, __m256 bound) {
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  return _mm256_movemask_ps(_mm256_cmp_ps(magnitude, bound, _CMP_LT_OQ)) == 0xff;
+}
+#endif
+
 // acc64[j] += ToFixed(v[j]) for j < cols (up to 16).
 FS_INLINE void AddFixed16(V16 v, int64_t* acc64, int cols) {
 #if defined(__AVX512F__)
@@ -56,9 +64,7 @@ FS_INLINE void AddFixed16(V16 v, int64_t* acc64, int cols) {
       // the integer in its low bits (the same two's complement as the
       // conversion's).
       const __m256 x = reinterpret_cast<__m256>(v.p[j]);
-      const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-      if (_mm256_movemask_ps(_mm256_cmp_ps(magnitude, _mm256_set1_ps(524288.0f), _CMP_LT_OQ)) ==
-          0xff) {
+      if (AllBelow(x, _mm256_set1_ps(524288.0f))) {
         const __m256 f = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kFixedOne)),
                                          _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         const __m256d magic = _mm256_set1_pd(6755399441055744.0);  // 1.5 * 2^52
@@ -123,8 +129,7 @@ FS_INLINE void FixedSplitAdd(const V16& v, int32_t* h, double* t, __m256 whole_b
   for (int j = 0; j < 2; ++j) {
     __m256 x = reinterpret_cast<__m256>(v.p[j]);
     double* tv = t + 8 * j;
-    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-    if (_mm256_movemask_ps(_mm256_cmp_ps(magnitude, whole_bound, _CMP_LT_OQ)) == 0xff) {
+    if (AllBelow(x, whole_bound)) {
       const __m256 f =
           _mm256_round_ps(_mm256_mul_ps(x, one), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
       _mm256_store_pd(

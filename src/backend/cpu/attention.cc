@@ -82,17 +82,27 @@ void PrefetchAttentionStart(const AttentionArgs& a) {
   if (a.num_tokens <= 0 || a.group_size == 0) return;
   const int bs = a.block_size, hd = a.head_dim;
   // The first query tile's keys and values: the scores' first kRowsAheadNT
-  // keys and the weighted values' first kRowsAheadNN rows.
+  // keys and the weighted values' first kRowsAheadNN rows, and into the
+  // second-level cache those up to kRowsFarNT and kRowsFarNN, which the
+  // kernels' own requests skip.
   const int k0 = FirstKey(a, a.start_pos);
   const int end = a.start_pos + std::min(kQueryTile, a.num_tokens);  // past the tile's last
-  auto ask = [&](int p1, int offset) {
-    for (int p = k0; p < std::min(end, p1); ++p) {
+  auto ask = [&](int p0, int p1, int offset, bool near) {
+    for (int p = p0; p < std::min(end, p1); ++p) {
       const char* row = reinterpret_cast<const char*>(a.pages[p / bs] + (offset + p % bs) * hd);
-      for (int64_t b = 0; b < static_cast<int64_t>(hd) * 4; b += 64) __builtin_prefetch(row + b);
+      for (int64_t b = 0; b < static_cast<int64_t>(hd) * 4; b += 64) {
+        if (near) {
+          __builtin_prefetch(row + b);
+        } else {
+          __builtin_prefetch(row + b, 0, 1);
+        }
+      }
     }
   };
-  ask(k0 + kRowsAheadNT, 0);
-  ask(k0 + kRowsAheadNN, bs);
+  ask(k0, k0 + kRowsAheadNT, 0, true);
+  ask(k0, k0 + kRowsAheadNN, bs, true);
+  ask(k0 + kRowsAheadNT, k0 + kRowsFarNT, 0, false);
+  ask(k0 + kRowsAheadNN, k0 + kRowsFarNN, bs, false);
 }
 
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {

@@ -80,6 +80,15 @@ enum class GemmOut {
 // ask for (PrefetchAttentionStart, kernels.h).
 inline constexpr int kRowsAheadNT = 32;  // nt (scores): two blocks of 16 keys
 inline constexpr int kRowsAheadNN = 16;  // nn (weighted values): two groups of 8 values
+// Those asked for this close arrive one run at a time: further ahead, the
+// rows are asked for into the second-level cache only, so that several runs
+// are on their way at once (a core reads runs of 4 KiB in a random order at
+// 9 GB/s asking for each two runs ahead into its first-level cache, 15 GB/s
+// asking eight runs ahead into its second; decode attention at a 2,048
+// position context, 1.5 ms a layer on one thread before, 0.7 after: docs/
+// CPU_PERFORMANCE.md).
+inline constexpr int kRowsFarNT = 48;
+inline constexpr int kRowsFarNN = 48;
 
 struct GemmArgs {
   const float* x = nullptr;  // [m, k], row stride ldx

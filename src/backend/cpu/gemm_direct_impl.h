@@ -32,11 +32,13 @@ inline void StartAccumulators(const KernelArgs& a, int j0, int cols, V16* acc) {
 
 // Rows given by pointers (GemmArgs::w_rows) are asked for kRowsAheadNT /
 // kRowsAheadNN rows ahead of their use (gemm.h).
-template <typename W>
+// kRowsFarNT / kRowsFarNN rows ahead they are asked into the second-level
+// cache only (Locality 1).
+template <typename W, int Locality = 3>
 FS_INLINE void PrefetchRows(const KernelArgs& a, int r0, int r1, int c0, int64_t bytes) {
   for (int r = r0; r < r1; ++r) {
     const char* row = reinterpret_cast<const char*>(WRow<W>(a, r) + c0);
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, Locality);
   }
 }
 
@@ -48,8 +50,11 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
   const W* wr[16];
   for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
   if (a.w_rows) {
+    const int64_t bytes = static_cast<int64_t>(a.k * sizeof(W));
     PrefetchRows<W>(a, std::min(a.n, j0 + kRowsAheadNT), std::min(a.n, j0 + kRowsAheadNT + 16), 0,
-                    static_cast<int64_t>(a.k * sizeof(W)));
+                    bytes);
+    PrefetchRows<W, 1>(a, std::min(a.n, j0 + kRowsFarNT), std::min(a.n, j0 + kRowsFarNT + 16), 0,
+                       bytes);
   }
   int kb = 0;
   if constexpr (kPairs<W>) {

@@ -250,8 +250,11 @@ void StreamNN(const KernelArgs& a, int c0, int cols, float* scratch) {
     const W* wr[8];
     for (int q = 0; q < r; ++q) wr[q] = WRow<W>(a, kk + q) + c0;
     if (a.w_rows) {
+      const int64_t bytes = static_cast<int64_t>(cols * sizeof(W));
       PrefetchRows<W>(a, std::min(a.k, kk + kRowsAheadNN), std::min(a.k, kk + kRowsAheadNN + r), c0,
-                      static_cast<int64_t>(cols * sizeof(W)));
+                      bytes);
+      PrefetchRows<W, 1>(a, std::min(a.k, kk + kRowsFarNN), std::min(a.k, kk + kRowsFarNN + r), c0,
+                         bytes);
     }
     if constexpr (kPairs<W>) {
       // The bf16 chain: groups start at a pair (8 at a time from a chain's

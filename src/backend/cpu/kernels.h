@@ -43,8 +43,9 @@ void LinearNNFixed(const float* x, int64_t ldx, WeightsRef w, int64_t* acc, int6
                    int n, int k, int item_k, const LinearOptions& o);
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa);
 // Asks for the keys and values a problem reads first, which the kernels'
-// own requests (kRowsAheadNT, kRowsAheadNN: gemm.h) start after: to be
-// called while the problem before it runs. Of the problem it reads only its
+// own requests (kRowsAheadNT, kRowsAheadNN, and into the second-level cache
+// kRowsFarNT, kRowsFarNN: gemm.h) start after: to be called while the
+// problem before it runs. Of the problem it reads only its
 // page table (no key or value).
 void PrefetchAttentionStart(const AttentionArgs& a);
 // out[i] = g[i] / (1 + exp(-g[i])) * u[i], i < n; row[i] = exp(row[i] -

@@ -120,6 +120,87 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
   }
 }
 
+#if defined(FS_SIMD_AVX2_PARTS)
+// The most k-values DirectNTStaged takes (its staging buffer, on the stack).
+inline constexpr int kStagedMaxK = 256;
+
+// rows[t][q] becomes rows[q][t] (8 x 8 floats).
+FS_INLINE void Transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int q = 0; q < 8; q += 2) {
+    t[q] = _mm256_unpacklo_ps(r[q], r[q + 1]);
+    t[q + 1] = _mm256_unpackhi_ps(r[q], r[q + 1]);
+  }
+#pragma GCC unroll 2
+  for (int q = 0; q < 8; q += 4) {
+    u[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44);
+    u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xee);
+    u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44);
+    u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    r[q] = _mm256_permute2f128_ps(u[q], u[q + 4], 0x20);
+    r[q + 4] = _mm256_permute2f128_ps(u[q], u[q + 4], 0x31);
+  }
+}
+
+// DirectNT on f32 rows given by pointer (attention's scores), where a
+// vector is two AVX2 registers: a 16 x 16 transpose in registers needs
+// thirty-two of their sixteen (every round went through the stack). The
+// block's sixteen rows are first laid out by k-value, eight at a time
+// through registers, into a buffer that stays in the first-level cache
+// (16 floats a k-value); then each k-value's sixteen weights are one load,
+// the accumulators never leaving their registers. The same chains as
+// DirectNT: each output's fused multiply-adds in increasing k from the same
+// start, so the same bits.
+template <int MR>
+void DirectNTStaged(const KernelArgs& a, int j0, int cols) {
+  V16 acc[MR];
+  StartAccumulators<MR>(a, j0, cols, acc);
+  const float* wr[16];
+  for (int q = 0; q < 16; ++q) wr[q] = WRow<float>(a, j0 + std::min(q, cols - 1));
+  const int64_t bytes = static_cast<int64_t>(a.k * sizeof(float));
+  PrefetchRows<float>(a, std::min(a.n, j0 + kRowsAheadNT), std::min(a.n, j0 + kRowsAheadNT + 16), 0,
+                      bytes);
+  PrefetchRows<float, 1>(a, std::min(a.n, j0 + kRowsFarNT), std::min(a.n, j0 + kRowsFarNT + 16), 0,
+                         bytes);
+  alignas(64) float staged[kStagedMaxK * 16];
+  int kb = 0;
+  for (; kb + 8 <= a.k; kb += 8) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 16; h += 8) {
+      __m256 r[8];
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) r[q] = _mm256_loadu_ps(wr[h + q] + kb);
+      Transpose8(r);
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) _mm256_store_ps(staged + (kb + t) * 16 + h, r[t]);
+    }
+  }
+  for (; kb < a.k; ++kb) {
+    for (int q = 0; q < 16; ++q) staged[kb * 16 + q] = wr[q][kb];
+  }
+#pragma GCC unroll 2
+  for (int k = 0; k < a.k; ++k) {
+    const V16 w = Load(staged + k * 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + k]), w, acc[i]);
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* y = a.y + static_cast<int64_t>(i) * a.ldy + j0;
+    if (cols == 16) {
+      Store(y, acc[i]);  // straight from the registers
+    } else {
+      alignas(64) float tmp[16];
+      Store(tmp, acc[i]);
+      std::memcpy(y, tmp, sizeof(float) * cols);
+    }
+  }
+}
+#endif
+
 template <int MR, typename W>
 void DirectBlockedRange(const KernelArgs& a, int j0, int j1);
 template <typename W>
@@ -146,6 +227,27 @@ void DirectRange(const KernelArgs& a, int j0, int j1) {
   // serve worse.
   for (int j = j0; j < j1; j += 16) {
     const int cols = std::min(16, j1 - j);
+#if defined(FS_SIMD_AVX2_PARTS)
+    if constexpr (std::is_same_v<W, float>) {
+      if (a.w_rows && a.k <= kStagedMaxK) {
+        switch (a.m) {
+          case 1:
+            DirectNTStaged<1>(a, j, cols);
+            break;
+          case 2:
+            DirectNTStaged<2>(a, j, cols);
+            break;
+          case 3:
+            DirectNTStaged<3>(a, j, cols);
+            break;
+          default:
+            DirectNTStaged<4>(a, j, cols);
+            break;
+        }
+        continue;
+      }
+    }
+#endif
     switch (a.m) {
       case 1:
         DirectNT<1, W>(a, j, cols);

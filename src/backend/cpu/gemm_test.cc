@@ -663,6 +663,62 @@ TEST(GemmLevels, ARowIsOneFmaChainOverK) {
   }
 }
 
+// Rows given by pointer (attention's keys and values in their pages, each
+// row anywhere): every level computes each output's chain over k as
+// ARowIsOneFmaChainOverK, for nt (scores) and nn (weighted values), from
+// zero or onto y, with rows of up to and past the sizes the kernels stage.
+TEST(GemmLevels, RowsGivenByPointerComputeTheSameChains) {
+  for (bool nt : {true, false}) {
+    for (int m : {1, 2, 3, 4, 7}) {
+      for (auto [n, k] : {std::pair{16, 64}, std::pair{40, 37}, std::pair{33, 8}, std::pair{7, 5},
+                          std::pair{21, 256}, std::pair{18, 300}}) {
+        for (bool accumulate : {false, true}) {
+          const int rows = nt ? n : k, cols = nt ? k : n;
+          auto x = Random(static_cast<size_t>(m) * (k + 2), 11);
+          // Each row in a slot of its own, the slots in a shuffled order.
+          const int64_t slot = cols + 5;
+          auto pool = Random(static_cast<size_t>(rows) * slot, 12);
+          std::vector<const float*> ptr(rows);
+          for (int r = 0; r < rows; ++r) ptr[r] = pool.data() + ((r * 7) % rows) * slot + 1;
+          auto y0 = Random(static_cast<size_t>(m) * (n + 3), 13);
+          std::vector<float> want = y0;
+          for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < n; ++j) {
+              float s = accumulate ? want[i * (n + 3) + j] : 0.0f;
+              for (int kk = 0; kk < k; ++kk) {
+                const float wv = nt ? ptr[j][kk] : ptr[kk][j];
+                s = std::fma(x[i * (k + 2) + kk], wv, s);
+              }
+              want[i * (n + 3) + j] = s;
+            }
+          }
+          for (CpuIsa isa : Levels()) {
+            std::vector<float> y = y0;
+            GemmArgs a;
+            a.x = x.data();
+            a.ldx = k + 2;
+            a.w_rows = ptr.data();
+            a.nt = nt;
+            a.m = m;
+            a.n = n;
+            a.k = k;
+            a.out = accumulate ? GemmOut::kAccumulate : GemmOut::kStore;
+            a.y = y.data();
+            a.ldy = n + 3;
+            a.isa = isa;
+            Gemm(a);
+            for (size_t e = 0; e < y.size(); ++e) {
+              ASSERT_EQ(y[e], want[e])
+                  << CpuIsaName(isa) << " nt=" << nt << " m=" << m << " n=" << n << " k=" << k
+                  << " acc=" << accumulate << " at " << e;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmLevels, AnUnsupportedLevelIsLoweredToTheBest) {
   EXPECT_EQ(GemmIsaFor(std::nullopt), GemmIsa());
   EXPECT_EQ(GemmIsaFor(CpuIsa::kGeneric), CpuIsa::kGeneric);

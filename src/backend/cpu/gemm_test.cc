@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 #include <xmmintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "backend/backend.h"
@@ -678,8 +681,11 @@ TEST(GemmLevels, RowsGivenByPointerComputeTheSameChains) {
           // Each row in a slot of its own, the slots in a shuffled order.
           const int64_t slot = cols + 5;
           auto pool = Random(static_cast<size_t>(rows) * slot, 12);
+          std::vector<int> order(rows);
+          std::iota(order.begin(), order.end(), 0);
+          std::shuffle(order.begin(), order.end(), std::mt19937(rows));
           std::vector<const float*> ptr(rows);
-          for (int r = 0; r < rows; ++r) ptr[r] = pool.data() + ((r * 7) % rows) * slot + 1;
+          for (int r = 0; r < rows; ++r) ptr[r] = pool.data() + order[r] * slot + 1;
           auto y0 = Random(static_cast<size_t>(m) * (n + 3), 13);
           std::vector<float> want = y0;
           for (int i = 0; i < m; ++i) {

@@ -309,6 +309,61 @@ FS_INLINE void LoadTailPair(const BF16* w, int64_t at, int64_t end, int t, bool 
   }
 }
 
+// One k-value kk of NB tails side by side: tail q's vector (load(q)) times
+// each row's x onto its accumulators, fma(x, vector, accumulator) being the
+// accumulators' fused multiply-add.
+template <int MR, int NB, typename Acc, typename Load, typename FmaOp>
+FS_INLINE void TailsStep(const KernelArgs& a, int kk, Acc (&acc)[NB][MR], Load load, FmaOp fma) {
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) {
+    const V16 v = load(q);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) acc[q][i] = fma(a.x[i * a.ldx + kk], v, acc[q][i]);
+  }
+}
+// The bf16 chain's k-values kk and kk + 1 (load(q, &even, &odd)), the odd
+// one first.
+template <int MR, int NB, typename Acc, typename Load, typename FmaOp>
+FS_INLINE void TailsPairStep(const float* const* xs, int kk, Acc (&acc)[NB][MR], Load load,
+                             FmaOp fma) {
+#pragma GCC unroll 4
+  for (int q = 0; q < NB; ++q) {
+    V16 e, o;
+    load(q, &e, &o);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      acc[q][i] = fma(xs[i][kk + 1], o, acc[q][i]);
+      acc[q][i] = fma(xs[i][kk], e, acc[q][i]);
+    }
+  }
+}
+// The bf16 chain's pairs of NB tails t wide from k-value kk to the end,
+// each loaded as it lies (LoadTailPair).
+template <int MR, int NB, typename Acc, typename FmaOp>
+FS_INLINE void TailsPairsFrom(const KernelArgs& a, const BF16* const* w, const float* const* xs,
+                              int kk, int t, Acc (&acc)[NB][MR], FmaOp fma) {
+  const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of a tail
+  for (; kk < a.k; kk += 2) {
+    const int64_t at = static_cast<int64_t>(kk) * t;
+    const bool last = kk + 2 > a.k;
+    TailsPairStep<MR, NB>(
+        xs, kk, acc,
+        [&](int q, V16* e, V16* o) FS_INLINE_LAMBDA { LoadTailPair(w[q], at, end, t, last, e, o); },
+        fma);
+  }
+}
+// Row i of a tail t wide at column j0, its chains in v: into y, or added to
+// the item sums.
+FS_INLINE void StoreTail(const KernelArgs& a, int i, int j0, int t, const V16& v) {
+  if (a.out == GemmOut::kFixedItems) {
+    AddFixed16(v, a.acc + static_cast<int64_t>(i) * a.ldacc + j0, t);
+    return;
+  }
+  float tmp[16];
+  Store(tmp, v);
+  std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0, tmp, sizeof(float) * t);
+}
+
 // nt with few rows on the tails of NB blocked items, each t < 16 rows wide
 // (output columns [j0[q], j0[q] + t)), lying k-major, t wide
 // (Blocked16Index). A vector read at a k-value holds a tail's rows in lanes
@@ -321,45 +376,26 @@ void DirectTails(const KernelArgs& a, const W* const* w, const int* j0, int t) {
   V16 acc[NB][MR];
 #pragma GCC unroll 4
   for (int q = 0; q < NB; ++q) StartAccumulators<MR>(a, j0[q], t, acc[q]);
+  auto fma = [](float x, const V16& v, const V16& c)
+                 FS_INLINE_LAMBDA { return Fma(Splat(x), v, c); };
   const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of a tail
-  int kk = 0;
   if constexpr (kPairs<W>) {
     const float* xs[MR];
     for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
-    for (; kk < a.k; kk += 2) {
-      const int64_t at = static_cast<int64_t>(kk) * t;
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) {
-        V16 e, o;
-        LoadTailPair(w[q], at, end, t, kk + 2 > a.k, &e, &o);
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          acc[q][i] = Fma(Splat(xs[i][kk + 1]), o, acc[q][i]);
-          acc[q][i] = Fma(Splat(xs[i][kk]), e, acc[q][i]);
-        }
-      }
-    }
+    TailsPairsFrom<MR, NB>(a, w, xs, 0, t, acc, fma);
   } else {
-    for (; kk < a.k; ++kk) {
+    for (int kk = 0; kk < a.k; ++kk) {
       const int64_t at = static_cast<int64_t>(kk) * t;
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) {
-        const V16 v = at + 16 <= end ? Load(w[q] + at) : LoadPart(w[q] + at, t);
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) acc[q][i] = Fma(Splat(a.x[i * a.ldx + kk]), v, acc[q][i]);
-      }
+      TailsStep<MR, NB>(
+          a, kk, acc,
+          [&](int q) FS_INLINE_LAMBDA {
+            return at + 16 <= end ? Load(w[q] + at) : LoadPart(w[q] + at, t);
+          },
+          fma);
     }
   }
-  float tmp[16];
   for (int q = 0; q < NB; ++q) {
-    for (int i = 0; i < MR; ++i) {
-      if (a.out == GemmOut::kFixedItems) {
-        AddFixed16(acc[q][i], a.acc + static_cast<int64_t>(i) * a.ldacc + j0[q], t);
-        continue;
-      }
-      Store(tmp, acc[q][i]);
-      std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0[q], tmp, sizeof(float) * t);
-    }
+    for (int i = 0; i < MR; ++i) StoreTail(a, i, j0[q], t, acc[q][i]);
   }
 }
 
@@ -380,75 +416,42 @@ void DirectTailsHalf(const KernelArgs& a, const W* const* w, const int* j0, int 
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) acc[q][i] = start[i].p[0];
   }
-  auto fma = [](float x, P v, P c) {
-    return reinterpret_cast<P>(_mm256_fmadd_ps(_mm256_set1_ps(x), reinterpret_cast<__m256>(v),
+  auto fma = [](float x, const V16& v, P c) FS_INLINE_LAMBDA {
+    return reinterpret_cast<P>(_mm256_fmadd_ps(_mm256_set1_ps(x), reinterpret_cast<__m256>(v.p[0]),
                                                reinterpret_cast<__m256>(c)));
   };
   const int64_t end = static_cast<int64_t>(t) * a.k;  // elements of a tail
+  // Whole loads first, with no branch (the accumulators stay in registers;
+  // lanes 8-15 are unused, their loads dropped), then the last few
+  // k-values.
+  int kk = 0;
   if constexpr (kPairs<W>) {
     const float* xs[MR];
     for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
-    int kk = 0;
-    // Whole loads first, with no branch (the accumulators stay in
-    // registers), then the last few k-values.
     for (; kk + 2 <= a.k && static_cast<int64_t>(kk) * t + 32 <= end; kk += 2) {
       const int64_t at = static_cast<int64_t>(kk) * t;
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) {
-        V16 e, o;  // lanes 8-15 unused: their loads are dropped
-        LoadPair(w[q] + at, &e, &o);
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          acc[q][i] = fma(xs[i][kk + 1], o.p[0], acc[q][i]);
-          acc[q][i] = fma(xs[i][kk], e.p[0], acc[q][i]);
-        }
-      }
+      TailsPairStep<MR, NB>(
+          xs, kk, acc, [&](int q, V16* e, V16* o) FS_INLINE_LAMBDA { LoadPair(w[q] + at, e, o); },
+          fma);
     }
-    for (; kk < a.k; kk += 2) {
-      const int64_t at = static_cast<int64_t>(kk) * t;
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) {
-        V16 e, o;
-        LoadTailPair(w[q], at, end, t, kk + 2 > a.k, &e, &o);
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          acc[q][i] = fma(xs[i][kk + 1], o.p[0], acc[q][i]);
-          acc[q][i] = fma(xs[i][kk], e.p[0], acc[q][i]);
-        }
-      }
-    }
+    TailsPairsFrom<MR, NB>(a, w, xs, kk, t, acc, fma);
   } else {
-    int kk = 0;
     for (; kk < a.k && static_cast<int64_t>(kk) * t + 16 <= end; ++kk) {
       const int64_t at = static_cast<int64_t>(kk) * t;
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) {
-        const V16 v = Load(w[q] + at);
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) acc[q][i] = fma(a.x[i * a.ldx + kk], v.p[0], acc[q][i]);
-      }
+      TailsStep<MR, NB>(
+          a, kk, acc, [&](int q) FS_INLINE_LAMBDA { return Load(w[q] + at); }, fma);
     }
     for (; kk < a.k; ++kk) {
       const int64_t at = static_cast<int64_t>(kk) * t;
-#pragma GCC unroll 4
-      for (int q = 0; q < NB; ++q) {
-        const V16 v = LoadPart(w[q] + at, t);
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) acc[q][i] = fma(a.x[i * a.ldx + kk], v.p[0], acc[q][i]);
-      }
+      TailsStep<MR, NB>(
+          a, kk, acc, [&](int q) FS_INLINE_LAMBDA { return LoadPart(w[q] + at, t); }, fma);
     }
   }
-  float tmp[16];
   for (int q = 0; q < NB; ++q) {
     for (int i = 0; i < MR; ++i) {
       V16 r{};
       r.p[0] = acc[q][i];
-      if (a.out == GemmOut::kFixedItems) {
-        AddFixed16(r, a.acc + static_cast<int64_t>(i) * a.ldacc + j0[q], t);
-        continue;
-      }
-      Store(tmp, r);
-      std::memcpy(a.y + static_cast<int64_t>(i) * a.ldy + j0[q], tmp, sizeof(float) * t);
+      StoreTail(a, i, j0[q], t, r);
     }
   }
 }

@@ -30,16 +30,37 @@ inline void StartAccumulators(const KernelArgs& a, int j0, int cols, V16* acc) {
   }
 }
 
-// Rows given by pointers (GemmArgs::w_rows) are asked for kRowsAheadNT /
-// kRowsAheadNN rows ahead of their use (gemm.h).
-// kRowsFarNT / kRowsFarNN rows ahead they are asked into the second-level
-// cache only (Locality 1).
-template <typename W, int Locality = 3>
+// The accumulators' first `cols` lanes into y's MR rows at column j0.
+template <int MR>
+FS_INLINE void StoreAccumulators(const KernelArgs& a, int j0, int cols, const V16* acc) {
+  for (int i = 0; i < MR; ++i) {
+    float* y = a.y + static_cast<int64_t>(i) * a.ldy + j0;
+    if (cols == 16) {  // a whole vector straight from its registers (decode attention's scores)
+      Store(y, acc[i]);
+      continue;
+    }
+    float tmp[16];
+    Store(tmp, acc[i]);
+    std::memcpy(y, tmp, sizeof(float) * cols);
+  }
+}
+
+// Rows given by pointers (GemmArgs::w_rows), [r, r + count) of `rows` read
+// next: asked for `near` rows ahead of their use (kRowsAheadNT /
+// kRowsAheadNN, gemm.h) and, into the second-level cache only, `far` rows
+// ahead (kRowsFarNT / kRowsFarNN); `bytes` of each from column c0.
+template <typename W, int Locality>
 FS_INLINE void PrefetchRows(const KernelArgs& a, int r0, int r1, int c0, int64_t bytes) {
   for (int r = r0; r < r1; ++r) {
     const char* row = reinterpret_cast<const char*>(WRow<W>(a, r) + c0);
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, Locality);
   }
+}
+template <typename W>
+FS_INLINE void PrefetchRowsAhead(const KernelArgs& a, int r, int count, int rows, int near, int far,
+                                 int c0, int64_t bytes) {
+  PrefetchRows<W, 3>(a, std::min(rows, r + near), std::min(rows, r + near + count), c0, bytes);
+  PrefetchRows<W, 1>(a, std::min(rows, r + far), std::min(rows, r + far + count), c0, bytes);
 }
 
 template <int MR, typename W>
@@ -49,13 +70,7 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
   float tmp[16];
   const W* wr[16];
   for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
-  if (a.w_rows) {
-    const int64_t bytes = static_cast<int64_t>(a.k * sizeof(W));
-    PrefetchRows<W>(a, std::min(a.n, j0 + kRowsAheadNT), std::min(a.n, j0 + kRowsAheadNT + 16), 0,
-                    bytes);
-    PrefetchRows<W, 1>(a, std::min(a.n, j0 + kRowsFarNT), std::min(a.n, j0 + kRowsFarNT + 16), 0,
-                       bytes);
-  }
+  if (a.w_rows) PrefetchRowsAhead<W>(a, j0, 16, a.n, kRowsAheadNT, kRowsFarNT, 0, a.k * sizeof(W));
   int kb = 0;
   if constexpr (kPairs<W>) {
     // bf16: 32 k-values of each row at a time, as 16 lanes of two; the
@@ -109,15 +124,7 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
       for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + kb]), Load(tmp), acc[i]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    float* y = a.y + static_cast<int64_t>(i) * a.ldy + j0;
-    if (cols == 16) {  // a whole vector: no call (decode attention's scores: 4 a block)
-      Store(y, acc[i]);
-      continue;
-    }
-    Store(tmp, acc[i]);
-    std::memcpy(y, tmp, sizeof(float) * cols);
-  }
+  StoreAccumulators<MR>(a, j0, cols, acc);
 }
 
 #if defined(FS_SIMD_AVX2_PARTS)
@@ -161,11 +168,7 @@ void DirectNTStaged(const KernelArgs& a, int j0, int cols) {
   StartAccumulators<MR>(a, j0, cols, acc);
   const float* wr[16];
   for (int q = 0; q < 16; ++q) wr[q] = WRow<float>(a, j0 + std::min(q, cols - 1));
-  const int64_t bytes = static_cast<int64_t>(a.k * sizeof(float));
-  PrefetchRows<float>(a, std::min(a.n, j0 + kRowsAheadNT), std::min(a.n, j0 + kRowsAheadNT + 16), 0,
-                      bytes);
-  PrefetchRows<float, 1>(a, std::min(a.n, j0 + kRowsFarNT), std::min(a.n, j0 + kRowsFarNT + 16), 0,
-                         bytes);
+  PrefetchRowsAhead<float>(a, j0, 16, a.n, kRowsAheadNT, kRowsFarNT, 0, a.k * sizeof(float));
   alignas(64) float staged[kStagedMaxK * 16];
   int kb = 0;
   for (; kb + 8 <= a.k; kb += 8) {
@@ -188,16 +191,7 @@ void DirectNTStaged(const KernelArgs& a, int j0, int cols) {
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) acc[i] = Fma(Splat(a.x[i * a.ldx + k]), w, acc[i]);
   }
-  for (int i = 0; i < MR; ++i) {
-    float* y = a.y + static_cast<int64_t>(i) * a.ldy + j0;
-    if (cols == 16) {
-      Store(y, acc[i]);  // straight from the registers
-    } else {
-      alignas(64) float tmp[16];
-      Store(tmp, acc[i]);
-      std::memcpy(y, tmp, sizeof(float) * cols);
-    }
-  }
+  StoreAccumulators<MR>(a, j0, cols, acc);
 }
 #endif
 

@@ -22,6 +22,8 @@
 #include "common/fixed_point.h"
 
 #define FS_INLINE __attribute__((always_inline)) inline
+// The same for a lambda (after its parameters).
+#define FS_INLINE_LAMBDA __attribute__((always_inline))
 
 // The kernels by concept, in the order each needs the ones before (so not
 // sorted).

@@ -249,13 +249,8 @@ void StreamNN(const KernelArgs& a, int c0, int cols, float* scratch) {
     const int r = std::min({8, a.k - kk, item - kk % item});
     const W* wr[8];
     for (int q = 0; q < r; ++q) wr[q] = WRow<W>(a, kk + q) + c0;
-    if (a.w_rows) {
-      const int64_t bytes = static_cast<int64_t>(cols * sizeof(W));
-      PrefetchRows<W>(a, std::min(a.k, kk + kRowsAheadNN), std::min(a.k, kk + kRowsAheadNN + r), c0,
-                      bytes);
-      PrefetchRows<W, 1>(a, std::min(a.k, kk + kRowsFarNN), std::min(a.k, kk + kRowsFarNN + r), c0,
-                         bytes);
-    }
+    if (a.w_rows)
+      PrefetchRowsAhead<W>(a, kk, r, a.k, kRowsAheadNN, kRowsFarNN, c0, cols * sizeof(W));
     if constexpr (kPairs<W>) {
       // The bf16 chain: groups start at a pair (8 at a time from a chain's
       // start), so an odd r ends a chain.

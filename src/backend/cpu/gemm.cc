@@ -346,8 +346,10 @@ void Gemm(const GemmArgs& a) {
                     (a.wtype == DType::kF32 ||
                      (a.wtype == DType::kBF16 &&
                       !(a.dpbf16 ? *a.dpbf16 && GemmDpbf16For(isa) : GemmDpbf16TilesFor(isa))));
-  if (a.wtype == DType::kBF16) {
-    FS_CHECK_MSG(!a.w_rows, "weights given by rows are f32");
+  FS_CHECK_MSG(!a.w_rows || a.wtype != DType::kF16, "weights given by rows are f32 or bf16");
+  // bf16 rows given by pointer take the f32 chain (BF16Wide): x as it is.
+  const bool bf16_chain = a.wtype == DType::kBF16 && !a.w_rows;
+  if (bf16_chain) {
     // Unset: by vdpbf16ps where few rows stream weights from memory
     // (decode), and in register tiles where it outruns fused multiply-adds
     // (GemmDpbf16TilesFor) or where the tiles' widening of a plain product's
@@ -359,7 +361,7 @@ void Gemm(const GemmArgs& a) {
   }
   const int64_t work = static_cast<int64_t>(a.m) * a.n * a.k;
   const int threads = work < (1 << 18) ? 1 : std::max(1, a.threads);
-  if (a.wtype == DType::kBF16) RoundActivations(&ka, kern, threads);
+  if (bf16_chain) RoundActivations(&ka, kern, threads);
   if (wide) PackKMajor(&ka);
   if (!a.nt && a.w_blocked16) return ColumnBlockedItems(ka, kern, threads);
   // Threads take runs of whole output columns (UnitShares): no element is

@@ -51,7 +51,8 @@
 // chunked, and whether its KV was computed in a prefill or in decode steps.
 //
 // Rows of w may also be given as pointers (w_rows), for paged operands: the
-// keys and values of attention.
+// keys and values of attention, f32 or bf16 (a bf16 KV cache), both taken
+// by the f32 chain.
 //
 // Thread-safety: Gemm may run on several threads at once (its scratch is per
 // thread).
@@ -96,7 +97,10 @@ struct GemmArgs {
   const void* w = nullptr;  // nt: [n, k]; nn: [k, n]; row stride ldw (elements of wtype)
   int64_t ldw = 0;
   DType wtype = DType::kF32;
-  const float* const* w_rows = nullptr;  // if set, row r of w (nt: r < n; nn: r < k); f32 only
+  // If set, row r of w (nt: r < n; nn: r < k), f32 or bf16 (wtype); bf16
+  // rows take the f32 chain over their widened values (x not rounded,
+  // nothing flushed): the same bits as f32 rows holding those values.
+  const float* const* w_rows = nullptr;
   // w is blocked: output columns in blocks of 16, k-major (backend/backend.h,
   // Blocked16Index; ldw unused). The kernels read it as it lies, without
   // transposing or packing, and never past its end.

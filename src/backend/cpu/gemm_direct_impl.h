@@ -153,7 +153,14 @@ FS_INLINE void Transpose8(__m256 r[8]) {
   }
 }
 
-// DirectNT on f32 rows given by pointer (attention's scores), where a
+// Eight k-values of a row as f32 (bf16 widened exactly).
+FS_INLINE __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+FS_INLINE __m256 Load8(const BF16Wide* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// DirectNT on f32 or bf16 rows given by pointer (attention's scores), where a
 // vector is two AVX2 registers: a 16 x 16 transpose in registers needs
 // thirty-two of their sixteen (every round went through the stack). The
 // block's sixteen rows are first laid out by k-value, eight at a time
@@ -162,13 +169,13 @@ FS_INLINE void Transpose8(__m256 r[8]) {
 // the accumulators never leaving their registers. The same chains as
 // DirectNT: each output's fused multiply-adds in increasing k from the same
 // start, so the same bits.
-template <int MR>
+template <int MR, typename W>
 void DirectNTStaged(const KernelArgs& a, int j0, int cols) {
   V16 acc[MR];
   StartAccumulators<MR>(a, j0, cols, acc);
-  const float* wr[16];
-  for (int q = 0; q < 16; ++q) wr[q] = WRow<float>(a, j0 + std::min(q, cols - 1));
-  PrefetchRowsAhead<float>(a, j0, 16, a.n, kRowsAheadNT, kRowsFarNT, 0, a.k * sizeof(float));
+  const W* wr[16];
+  for (int q = 0; q < 16; ++q) wr[q] = WRow<W>(a, j0 + std::min(q, cols - 1));
+  PrefetchRowsAhead<W>(a, j0, 16, a.n, kRowsAheadNT, kRowsFarNT, 0, a.k * sizeof(W));
   alignas(64) float staged[kStagedMaxK * 16];
   int kb = 0;
   for (; kb + 8 <= a.k; kb += 8) {
@@ -176,14 +183,14 @@ void DirectNTStaged(const KernelArgs& a, int j0, int cols) {
     for (int h = 0; h < 16; h += 8) {
       __m256 r[8];
 #pragma GCC unroll 8
-      for (int q = 0; q < 8; ++q) r[q] = _mm256_loadu_ps(wr[h + q] + kb);
+      for (int q = 0; q < 8; ++q) r[q] = Load8(wr[h + q] + kb);
       Transpose8(r);
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) _mm256_store_ps(staged + (kb + t) * 16 + h, r[t]);
     }
   }
   for (; kb < a.k; ++kb) {
-    for (int q = 0; q < 16; ++q) staged[kb * 16 + q] = wr[q][kb];
+    for (int q = 0; q < 16; ++q) staged[kb * 16 + q] = Widen(wr[q][kb]);
   }
 #pragma GCC unroll 2
   for (int k = 0; k < a.k; ++k) {
@@ -222,20 +229,20 @@ void DirectRange(const KernelArgs& a, int j0, int j1) {
   for (int j = j0; j < j1; j += 16) {
     const int cols = std::min(16, j1 - j);
 #if defined(FS_SIMD_AVX2_PARTS)
-    if constexpr (std::is_same_v<W, float>) {
+    if constexpr (std::is_same_v<W, float> || std::is_same_v<W, BF16Wide>) {
       if (a.w_rows && a.k <= kStagedMaxK) {
         switch (a.m) {
           case 1:
-            DirectNTStaged<1>(a, j, cols);
+            DirectNTStaged<1, W>(a, j, cols);
             break;
           case 2:
-            DirectNTStaged<2>(a, j, cols);
+            DirectNTStaged<2, W>(a, j, cols);
             break;
           case 3:
-            DirectNTStaged<3>(a, j, cols);
+            DirectNTStaged<3, W>(a, j, cols);
             break;
           default:
-            DirectNTStaged<4>(a, j, cols);
+            DirectNTStaged<4, W>(a, j, cols);
             break;
         }
         continue;

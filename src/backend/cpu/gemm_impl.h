@@ -43,7 +43,8 @@ namespace {
 
 // The entry points, by weight type. bf16 weights take the bf16 chain under
 // FlushDenormals, which is set around a call that the compiler cannot inline
-// (so no operation of the chain moves out of it).
+// (so no operation of the chain moves out of it); bf16 rows given by pointer
+// (a bf16 KV cache) the f32 chain (BF16Wide).
 template <typename W>
 __attribute__((noinline)) void DirectNoInline(const KernelArgs& a, int j0, int j1) {
   DirectRange<W>(a, j0, j1);
@@ -75,6 +76,7 @@ __attribute__((noinline)) inline void ColumnPanelsNoInline(const KernelArgs& a, 
 void RunDirect(const KernelArgs& a, int j0, int j1) {
   switch (a.wtype) {
     case DType::kBF16: {
+      if (a.w_rows) return DirectRange<BF16Wide>(a, j0, j1);
       FlushDenormals flush;
       return DirectNoInline<BF16>(a, j0, j1);
     }
@@ -88,6 +90,7 @@ void RunDirect(const KernelArgs& a, int j0, int j1) {
 void RunStream(const KernelArgs& a, int c0, int cols, float* scratch) {
   switch (a.wtype) {
     case DType::kBF16: {
+      if (a.w_rows) return StreamNN<BF16Wide>(a, c0, cols, scratch);
       FlushDenormals flush;
       return StreamNoInline<BF16>(a, c0, cols, scratch);
     }
@@ -101,6 +104,7 @@ void RunStream(const KernelArgs& a, int c0, int cols, float* scratch) {
 void RunPanel(const KernelArgs& a, int panel, float* packed) {
   switch (a.wtype) {
     case DType::kBF16: {
+      if (a.w_rows) return PackedPanel<BF16Wide>(a, panel, packed);
       FlushDenormals flush;
       return PanelNoInline<BF16>(a, panel, packed);
     }

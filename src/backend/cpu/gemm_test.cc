@@ -669,54 +669,74 @@ TEST(GemmLevels, ARowIsOneFmaChainOverK) {
 // Rows given by pointer (attention's keys and values in their pages, each
 // row anywhere): every level computes each output's chain over k as
 // ARowIsOneFmaChainOverK, for nt (scores) and nn (weighted values), from
-// zero or onto y, with rows of up to and past the sizes the kernels stage.
+// zero or onto y, with rows of up to and past the sizes the kernels stage,
+// and with more rows than decode's (prefill's panels). Rows of bf16 (a bf16
+// KV cache) take the same f32 chain over their widened values: x is not
+// rounded and a subnormal weight is not flushed.
 TEST(GemmLevels, RowsGivenByPointerComputeTheSameChains) {
-  for (bool nt : {true, false}) {
-    for (int m : {1, 2, 3, 4, 7}) {
-      for (auto [n, k] : {std::pair{16, 64}, std::pair{40, 37}, std::pair{33, 8}, std::pair{7, 5},
-                          std::pair{21, 256}, std::pair{18, 300}}) {
-        for (bool accumulate : {false, true}) {
-          const int rows = nt ? n : k, cols = nt ? k : n;
-          auto x = Random(static_cast<size_t>(m) * (k + 2), 11);
-          // Each row in a slot of its own, the slots in a shuffled order.
-          const int64_t slot = cols + 5;
-          auto pool = Random(static_cast<size_t>(rows) * slot, 12);
-          std::vector<int> order(rows);
-          std::iota(order.begin(), order.end(), 0);
-          std::shuffle(order.begin(), order.end(), std::mt19937(rows));
-          std::vector<const float*> ptr(rows);
-          for (int r = 0; r < rows; ++r) ptr[r] = pool.data() + order[r] * slot + 1;
-          auto y0 = Random(static_cast<size_t>(m) * (n + 3), 13);
-          std::vector<float> want = y0;
-          for (int i = 0; i < m; ++i) {
-            for (int j = 0; j < n; ++j) {
-              float s = accumulate ? want[i * (n + 3) + j] : 0.0f;
-              for (int kk = 0; kk < k; ++kk) {
-                const float wv = nt ? ptr[j][kk] : ptr[kk][j];
-                s = std::fma(x[i * (k + 2) + kk], wv, s);
-              }
-              want[i * (n + 3) + j] = s;
+  for (DType wtype : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = wtype == DType::kBF16;
+    for (bool nt : {true, false}) {
+      for (int m : {1, 2, 3, 4, 7, 19}) {
+        for (auto [n, k] : {std::pair{16, 64}, std::pair{40, 37}, std::pair{33, 8}, std::pair{7, 5},
+                            std::pair{21, 256}, std::pair{18, 300}}) {
+          for (bool accumulate : {false, true}) {
+            const int rows = nt ? n : k, cols = nt ? k : n;
+            auto x = Random(static_cast<size_t>(m) * (k + 2), 11);
+            // Each row in a slot of its own, the slots in a shuffled order.
+            const int64_t slot = cols + 5;
+            auto pool = Random(static_cast<size_t>(rows) * slot, 12);
+            std::vector<uint16_t> pool16(pool.size());
+            for (size_t e = 0; e < pool.size(); ++e) {
+              uint32_t b;
+              std::memcpy(&b, &pool[e], 4);
+              // Every seventh a subnormal bf16, else the value rounded.
+              b = e % 7 == 1 ? (e % 2 ? 0x00010000u : 0x80050000u) : Bf16Bits(b);
+              pool16[e] = static_cast<uint16_t>(b >> 16);
+              if (bf16) std::memcpy(&pool[e], &b, 4);  // the widened value
             }
-          }
-          for (CpuIsa isa : Levels()) {
-            std::vector<float> y = y0;
-            GemmArgs a;
-            a.x = x.data();
-            a.ldx = k + 2;
-            a.w_rows = ptr.data();
-            a.nt = nt;
-            a.m = m;
-            a.n = n;
-            a.k = k;
-            a.out = accumulate ? GemmOut::kAccumulate : GemmOut::kStore;
-            a.y = y.data();
-            a.ldy = n + 3;
-            a.isa = isa;
-            Gemm(a);
-            for (size_t e = 0; e < y.size(); ++e) {
-              ASSERT_EQ(y[e], want[e])
-                  << CpuIsaName(isa) << " nt=" << nt << " m=" << m << " n=" << n << " k=" << k
-                  << " acc=" << accumulate << " at " << e;
+            std::vector<int> order(rows);
+            std::iota(order.begin(), order.end(), 0);
+            std::shuffle(order.begin(), order.end(), std::mt19937(rows));
+            std::vector<const float*> ptr(rows), given(rows);
+            for (int r = 0; r < rows; ++r) {
+              ptr[r] = pool.data() + order[r] * slot + 1;
+              given[r] = bf16 ? reinterpret_cast<const float*>(pool16.data() + order[r] * slot + 1)
+                              : ptr[r];
+            }
+            auto y0 = Random(static_cast<size_t>(m) * (n + 3), 13);
+            std::vector<float> want = y0;
+            for (int i = 0; i < m; ++i) {
+              for (int j = 0; j < n; ++j) {
+                float s = accumulate ? want[i * (n + 3) + j] : 0.0f;
+                for (int kk = 0; kk < k; ++kk) {
+                  const float wv = nt ? ptr[j][kk] : ptr[kk][j];
+                  s = std::fma(x[i * (k + 2) + kk], wv, s);
+                }
+                want[i * (n + 3) + j] = s;
+              }
+            }
+            for (CpuIsa isa : Levels()) {
+              std::vector<float> y = y0;
+              GemmArgs a;
+              a.x = x.data();
+              a.ldx = k + 2;
+              a.w_rows = given.data();
+              a.wtype = wtype;
+              a.nt = nt;
+              a.m = m;
+              a.n = n;
+              a.k = k;
+              a.out = accumulate ? GemmOut::kAccumulate : GemmOut::kStore;
+              a.y = y.data();
+              a.ldy = n + 3;
+              a.isa = isa;
+              Gemm(a);
+              for (size_t e = 0; e < y.size(); ++e) {
+                ASSERT_EQ(y[e], want[e])
+                    << DTypeName(wtype) << " " << CpuIsaName(isa) << " nt=" << nt << " m=" << m
+                    << " n=" << n << " k=" << k << " acc=" << accumulate << " at " << e;
+              }
             }
           }
         }

@@ -379,6 +379,16 @@ FS_SIMD_INLINE V16 Load(const F16* p) {
 
 inline float Widen(float f) { return f; }
 
+// bf16 values taken by the f32 chain: rows of a bf16 KV cache
+// (GemmArgs::w_rows of wtype kBF16), widened exactly as BF16's and then
+// multiplied as f32 values are, k-value by k-value (not in pairs, nothing
+// flushed), so the same bits as f32 rows holding the widened values.
+struct BF16Wide {
+  uint16_t bits;
+};
+FS_SIMD_INLINE V16 Load(const BF16Wide* p) { return Load(reinterpret_cast<const BF16*>(p)); }
+inline float Widen(BF16Wide b) { return Widen(BF16{b.bits}); }
+
 // a * b + c with one rounding, lane by lane.
 FS_SIMD_INLINE V16 Fma(V16 a, V16 b, V16 c) {
 #if defined(__AVX512F__)

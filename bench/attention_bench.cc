@@ -8,11 +8,12 @@
 // the caches hold, as a model's are). A program that prints figures, not a
 // test.
 //
-//   failsafe_bench_attention [--seqs 16] [--context 512] [--threads 1,2]
+//   failsafe_bench_attention [--seqs 16] [--context 512] [--threads 1,2] [--kv-dtype f32|bf16]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -40,7 +41,13 @@ int Main(int argc, char** argv) {
   app.add_option("--layers", layers, "layers, each with its own pages")->capture_default_str();
   app.add_option("--reps", reps, "passes; the best is printed")->capture_default_str();
   app.add_option("--threads", thread_counts, "thread counts")->delimiter(',');
+  std::string kv_dtype_name = "f32";
+  app.add_option("--kv-dtype", kv_dtype_name, "what the pages hold: f32 or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
+  const DType kv_dtype = kv_dtype_name == "bf16" ? DType::kBF16 : DType::kF32;
+  const int64_t elem = static_cast<int64_t>(DTypeSize(kv_dtype));
   if (seqs < 1 || context < 1 || kv_heads < 1 || group < 1 || head_dim < 1 || block_size < 1 ||
       layers < 1 || reps < 1) {
     std::fprintf(stderr, "error: every size must be at least 1\n");
@@ -48,23 +55,33 @@ int Main(int argc, char** argv) {
   }
 
   const int blocks = (context + block_size - 1) / block_size;
-  const int64_t page_floats = 2LL * block_size * head_dim;
+  const int64_t page_bytes = 2LL * block_size * head_dim * elem;
   const int64_t problems = static_cast<int64_t>(layers) * seqs * kv_heads;
   // The pool, in host memory as the engine's KV pool is (transparent huge
   // pages), its pages handed out in a shuffled order.
-  const size_t pool_floats = static_cast<size_t>(problems * blocks * page_floats);
+  const size_t pool_bytes = static_cast<size_t>(problems * blocks * page_bytes);
   DeviceMemory& memory = HostMemory();
-  std::unique_ptr<float, std::function<void(float*)>> pool_memory(
-      static_cast<float*>(memory.Allocate(pool_floats * sizeof(float))),
-      [&memory, pool_floats](float* p) { memory.Free(p, pool_floats * sizeof(float)); });
-  float* const pool = pool_memory.get();
+  std::unique_ptr<char, std::function<void(char*)>> pool_memory(
+      static_cast<char*>(memory.Allocate(pool_bytes)),
+      [&memory, pool_bytes](char* p) { memory.Free(p, pool_bytes); });
+  char* const pool = pool_memory.get();
   Rng rng(7);
-  for (size_t i = 0; i < pool_floats; ++i) pool[i] = static_cast<float>(rng.Uniform() - 0.5);
+  for (size_t i = 0; i < pool_bytes / elem; ++i) {
+    const float v = static_cast<float>(rng.Uniform() - 0.5);
+    if (kv_dtype == DType::kF32) {
+      reinterpret_cast<float*>(pool)[i] = v;
+    } else {
+      uint32_t b;
+      std::memcpy(&b, &v, 4);
+      reinterpret_cast<uint16_t*>(pool)[i] = static_cast<uint16_t>(b >> 16);
+    }
+  }
   std::vector<int64_t> order(static_cast<size_t>(problems * blocks));
   std::iota(order.begin(), order.end(), 0);
   for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
   std::vector<float*> tables(order.size());
-  for (size_t i = 0; i < order.size(); ++i) tables[i] = pool + order[i] * page_floats;
+  for (size_t i = 0; i < order.size(); ++i)
+    tables[i] = reinterpret_cast<float*>(pool + order[i] * page_bytes);
 
   const int64_t ldq = static_cast<int64_t>(kv_heads) * group * head_dim;
   const int64_t ld_kv = static_cast<int64_t>(kv_heads) * 2 * head_dim;
@@ -88,6 +105,7 @@ int Main(int argc, char** argv) {
         a.group_size = group;
         a.head_dim = head_dim;
         a.pages = tables.data() + p * blocks;
+        a.kv_dtype = kv_dtype;
         a.new_kv = new_kv.data() + s * ld_kv + static_cast<int64_t>(k) * 2 * head_dim;
         a.ld_new_kv = ld_kv;
         a.block_size = block_size;
@@ -101,10 +119,10 @@ int Main(int argc, char** argv) {
   std::printf("cpu: %s\n", f.model.c_str());
   std::printf(
       "%d sequences x %d head groups of %d query heads, context %d, head dim %d, pages of "
-      "%d positions\n",
-      seqs, kv_heads, group, context, head_dim, block_size);
+      "%d positions, %s\n",
+      seqs, kv_heads, group, context, head_dim, block_size, kv_dtype_name.c_str());
   std::printf("%7s %12s %12s\n", "threads", "ms/layer", "KV GB/s");
-  const double kv_bytes = 2.0 * seqs * kv_heads * context * head_dim * sizeof(float);
+  const double kv_bytes = 2.0 * seqs * kv_heads * context * head_dim * elem;
   for (int threads : thread_counts) {
     auto backend = MakeCpuBackend(threads);
     double best = 1e30;

@@ -412,6 +412,10 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", block_size, "positions per KV page")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  std::string kv_dtype_name = "f32";
+  app.add_option("--kv-dtype", kv_dtype_name, "what the KV pages hold: f32 or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_flag("--scatter", scatter,
                "decode from KV pages scattered over the pool (every page handed out and freed "
                "in a random order first, as a long-running server's) rather than a fresh pool's");
@@ -583,6 +587,7 @@ int main(int argc, char** argv) {
       LocalExecutorOptions eo;
       eo.threads = threads;
       eo.block_size = block_size;
+      eo.kv_dtype = kv_dtype_name == "bf16" ? DType::kBF16 : DType::kF32;
       // The pool: what the timed sequences need at most (the batch's
       // decoding, or one prefill), every (layer, head group) of them.
       auto blocks = [block_size](int64_t tokens) { return (tokens + block_size - 1) / block_size; };
@@ -605,9 +610,9 @@ int main(int argc, char** argv) {
         const int rows = only == "decode" ? 1 : batch;
         const Decode d = RunDecode(**exec, rows, steps, context, scatter);
         std::printf(
-            "%-7d decode at batch %d, context %d, pages of %d%s: %.2f tok/s over %d steps\n",
-            threads, rows, context, block_size, scatter ? " (scattered)" : "", d.tokens_per_s,
-            steps);
+            "%-7d decode at batch %d, context %d, pages of %d %s%s: %.2f tok/s over %d steps\n",
+            threads, rows, context, block_size, kv_dtype_name.c_str(),
+            scatter ? " (scattered)" : "", d.tokens_per_s, steps);
         continue;
       }
       const double bw = MeasureReadBandwidth(threads);

@@ -7,6 +7,8 @@
   for stories260K and for a synthetic bf16 model (whose logits must also be
   the same bits everywhere, and the same whatever the prefill chunk);
 - with --gpu-gemm chain, the logits of the CPU backend, bit for bit;
+- a bf16 KV cache (--kv-dtype bf16): the same tokens and logits on 1, 3 and
+  7 devices and in chunks, near the CPU backend's bf16 cache;
 - the prefix cache on: requests sharing a prompt prefix through `serve`
   answer what a server without the cache answers.
 
@@ -127,6 +129,36 @@ def check_placements(fs, model, label, gemm, prompt, compare_logits):
                f"{label}, gemm {gemm}: logits within {worst:.1e} of the CPU backend, same tokens")
 
 
+def check_kv_bf16(fs, model, gemm, prompt):
+    """A bf16 KV cache: the same tokens and logits on 1, 3 and 7 GPU devices
+    and in chunks of 7; tokens and logits near the CPU backend's bf16 cache
+    (both round each key and value alike, then attend in f32)."""
+    kv = ["--kv-dtype", "bf16"]
+    try:
+        ref = logits(fs, model, prompt, 1, "hybrid", gpu_args(1, gemm) + kv)
+        cpu = logits(fs, model, prompt, 1, "hybrid", kv)
+        bad = []
+        for devices, placement in [(3, "cyclic"), (7, "hybrid")]:
+            r = logits(fs, model, prompt, devices, placement, gpu_args(devices, gemm) + kv)
+            if r["output_ids"] != ref["output_ids"] or r["logits"] != ref["logits"]:
+                bad.append(f"{devices}/{placement}")
+        chunked = logits(fs, model, prompt, 1, "hybrid", gpu_args(1, gemm) + kv, chunk=7)
+        a = dict(zip(chunked["positions"], chunked["logits"]))
+        b = dict(zip(ref["positions"], ref["logits"]))
+        if not all(a[p] == b[p] for p in set(a) & set(b)):
+            bad.append("chunks of 7")
+        worst = 0.0
+        for g, c in zip(ref["logits"], cpu["logits"]):
+            top = max(abs(v) for v in c) or 1.0
+            worst = max(worst, max(abs(x - y) for x, y in zip(g, c)) / top)
+        report(not bad and worst < 2e-2 and ref["output_ids"] == cpu["output_ids"],
+               f"bf16 KV cache, gemm {gemm}: the same tokens and logits on 1, 3, 7 GPU devices "
+               f"and in chunks of 7, within {worst:.1e} of the CPU backend's"
+               + (f": {bad}" if bad else ""))
+    except Exception as e:  # noqa: BLE001
+        report(False, f"bf16 KV cache, gemm {gemm}: {e}")
+
+
 class Server:
     def __init__(self, fs, model, extra, log):
         self.log = open(log, "w")
@@ -218,6 +250,7 @@ def main():
             check_stories(fs, args.stories, args.gemm)
             check_placements(fs, args.stories, "stories260K", args.gemm, stories_prompt, True)
         check_placements(fs, bf16, "tiny-llama bf16", args.gemm, bf16_prompt, True)
+        check_kv_bf16(fs, bf16, args.gemm, bf16_prompt)
         if not args.bf16_only:
             check_prefix_cache(fs, args.stories, args.gemm, tmp)
     sys.exit(1 if failures else 0)

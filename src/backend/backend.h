@@ -103,9 +103,14 @@ struct AttentionArgs {
   int head_dim = 0;
   // Paged KV of this (sequence, layer, KV head): page i holds positions
   // [i * block_size, (i + 1) * block_size) as K [block_size, head_dim] followed by
-  // V [block_size, head_dim]. Positions < start_pos + num_tokens must be
+  // V [block_size, head_dim], elements of kv_dtype (a page's address is typed
+  // float* whatever they are). Positions < start_pos + num_tokens must be
   // written, or be the tokens' own (new_kv).
   float* const* pages = nullptr;
+  // kF32, or kBF16: keys and values stored rounded to bf16 (to nearest,
+  // ties to even) and read back widened, exactly; attention then computes
+  // as over f32 pages that held those values.
+  DType kv_dtype = DType::kF32;
   // Optional, this step's keys and values, stored into the pages before
   // attending: token t's key at new_kv + t * ld_new_kv and its value
   // head_dim after it. Each problem stores its own, so a step's stores

@@ -28,6 +28,12 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
                  "sequence's last page is half empty on average)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  app.add_option("--kv-dtype", f->kv_dtype,
+                 "what the KV cache and its host backup hold: f32, or bf16 for half the memory "
+                 "and half the bytes attention reads (keys and values rounded once, to nearest, "
+                 "as they are stored; attention then computes in f32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_flag("--processes", f->processes, "run even a single device as a worker process");
   app.add_option("--recovery", f->recovery, "recovery mode: recompute, host or full")
       ->capture_default_str();
@@ -167,6 +173,12 @@ Result<std::vector<int>> ParseGpus(const std::string& text) {
   return out;
 }
 
+Result<DType> ParseKvDtype(const std::string& text) {
+  if (text == "f32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  return InvalidArgument("--kv-dtype: unknown '{}' (known: f32, bf16)", text);
+}
+
 Result<GpuGemm> ParseGpuGemm(const std::string& text) {
   if (text == "lt") return GpuGemm::kLt;
   if (text == "chain") return GpuGemm::kChain;
@@ -178,6 +190,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
   FS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseGpus(f.gpus));
   FS_ASSIGN_OR_RETURN(GpuGemm gpu_gemm, ParseGpuGemm(f.gpu_gemm));
+  FS_ASSIGN_OR_RETURN(DType kv_dtype, ParseKvDtype(f.kv_dtype));
   if (f.comm != "shm" && f.comm != "gloo")
     return InvalidArgument("--comm: unknown '{}' (known: shm, gloo)", f.comm);
   if (f.remote_devices > 0 && f.listen.empty()) {
@@ -190,6 +203,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     LocalExecutorOptions o;
     o.threads = f.threads;
     o.block_size = f.block_size;
+    o.kv_dtype = kv_dtype;
     if (!gpus.empty()) o.gpu = gpus[0];
     o.gpu_gemm = gpu_gemm;
     o.gpu_graphs = f.cuda_graphs;
@@ -211,6 +225,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.policy = policy;
   o.threads_per_device = f.threads;
   o.block_size = f.block_size;
+  o.kv_dtype = kv_dtype;
   o.gpus = gpus;
   o.gpu_gemm = gpu_gemm;
   o.gpu_graphs = f.cuda_graphs;

@@ -80,6 +80,11 @@ class Executor {
   // KV pool per device id, in pages of block_size tokens of one (layer, head).
   virtual std::vector<int64_t> kv_capacity_pages() const = 0;
   virtual int block_size() const = 0;
+  // What the KV pages hold (f32 or bf16), and the bytes of one page.
+  virtual DType kv_dtype() const { return DType::kF32; }
+  int64_t kv_page_bytes() const {
+    return 2LL * block_size() * config().head_dim * static_cast<int64_t>(DTypeSize(kv_dtype()));
+  }
 
   // Fault tolerance; executors of one device support none of it.
   virtual bool supports_recovery() const { return false; }
@@ -143,6 +148,7 @@ class ExecutorWrapper : public Executor {
   }
   std::vector<int64_t> kv_capacity_pages() const override { return inner_->kv_capacity_pages(); }
   int block_size() const override { return inner_->block_size(); }
+  DType kv_dtype() const override { return inner_->kv_dtype(); }
   bool supports_recovery() const override { return inner_->supports_recovery(); }
   HostKvBackup* backup() override { return inner_->backup(); }
   std::vector<int> alive_devices() const override { return inner_->alive_devices(); }

@@ -8,15 +8,15 @@ namespace failsafe {
 
 Result<std::unique_ptr<HostKvBackup>> HostKvBackup::Create(const ModelConfig& c, int block_size,
                                                            int64_t budget, int max_seqs,
-                                                           int num_devices) {
+                                                           int num_devices, DType kv_dtype) {
   auto b = std::unique_ptr<HostKvBackup>(new HostKvBackup());
   b->block_size_ = block_size;
-  BackupLayout probe(c.num_layers, c.num_kv_heads, block_size, c.head_dim, 0, max_seqs,
-                     num_devices);
-  const int64_t blocks = budget / (probe.block_floats() * 4);
+  BackupLayout probe(c.num_layers, c.num_kv_heads, block_size, c.head_dim, 0, max_seqs, num_devices,
+                     kv_dtype);
+  const int64_t blocks = budget / probe.block_bytes();
   if (blocks < 1) return InvalidArgument("the KV backup budget of {} bytes holds no block", budget);
   b->layout_ = BackupLayout(c.num_layers, c.num_kv_heads, block_size, c.head_dim, blocks, max_seqs,
-                            num_devices);
+                            num_devices, kv_dtype);
   FS_ASSIGN_OR_RETURN(b->region_,
                       ShmRegion::Create("failsafe-kv-backup", b->layout_.total_bytes()));
   auto* h = static_cast<BackupHeader*>(b->region_.data());

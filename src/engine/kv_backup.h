@@ -71,7 +71,8 @@ class HostKvBackup : public PrefixHostTier {
  public:
   static Result<std::unique_ptr<HostKvBackup>> Create(const ModelConfig& config, int block_size,
                                                       int64_t budget_bytes, int max_seqs,
-                                                      int num_devices);
+                                                      int num_devices,
+                                                      DType kv_dtype = DType::kF32);
 
   const ShmRegion& region() const { return region_; }
   const BackupLayout& layout() const { return layout_; }
@@ -81,7 +82,7 @@ class HostKvBackup : public PrefixHostTier {
     return capacity_blocks() - static_cast<int64_t>(free_blocks_.size()) -
            static_cast<int64_t>(lru_.size());
   }
-  int64_t block_bytes() const { return layout_.block_floats() * 4; }
+  int64_t block_bytes() const { return layout_.block_bytes(); }
   const BackupStats& stats() const { return stats_; }
   // Indexed (complete) blocks, named or not.
   int64_t indexed_blocks() const { return static_cast<int64_t>(index_.size()); }

@@ -19,7 +19,8 @@ namespace failsafe {
 struct LocalExecutorOptions {
   int threads = 1;
   int block_size = 16;
-  int64_t kv_pages = 0;  // 0: enough for 64K tokens
+  int64_t kv_pages = 0;          // 0: enough for 64K tokens
+  DType kv_dtype = DType::kF32;  // of the KV pages (KvCache)
   // The CPU kernels' instruction-set level; unset: the best the CPU has.
   std::optional<CpuIsa> isa;
   std::optional<bool> dpbf16;  // CpuBackendOptions::dpbf16
@@ -41,6 +42,7 @@ class LocalExecutor final : public Executor {
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   std::vector<int64_t> kv_capacity_pages() const override { return {device_->kv().max_pages()}; }
   int block_size() const override { return device_->kv().block_size(); }
+  DType kv_dtype() const override { return device_->kv().kv_dtype(); }
 
  private:
   LocalExecutor() = default;

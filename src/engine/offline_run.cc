@@ -49,7 +49,7 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
   const Plan& plan = engine.executor().plan();
   std::vector<DeviceSummary> dev(plan.num_devices);
   const auto capacity = engine.executor().kv_capacity_pages();
-  const int64_t page_bytes = 2LL * engine.executor().block_size() * engine.config().head_dim * 4;
+  const int64_t page_bytes = engine.executor().kv_page_bytes();
   double clock = 0;
   int next = 0, done = 0;
   const int64_t wall0 = MonotonicNanos();

@@ -52,6 +52,7 @@ struct Scenario {
   bool prefix_cache_host = false;  // the backup as the cache's host tier
   int64_t kv_pages = 0;            // per device; 0: what the device memory allows
   int block_size = 16;             // positions per KV page
+  DType kv_dtype = DType::kF32;    // what the pages and the backup hold
   std::function<void(WorkerGroup*, int)> before_apply;
   std::function<Policy(int)> policy_for;  // EngineOptions::policy_for
   // After every step that ran.
@@ -68,6 +69,7 @@ WorkerGroupOptions GroupOptions(const Scenario& s) {
   o.device_memory_bytes = s.device_memory;
   if (s.kv_pages > 0) o.kv_pages = s.kv_pages;
   o.block_size = s.block_size;
+  o.kv_dtype = s.kv_dtype;
   o.max_step_tokens = 128;
   o.max_logits_rows = 64;
   o.max_seqs = s.backup_seqs;
@@ -716,6 +718,34 @@ TEST_P(KilledDuringHostHitsTest, EveryRequestOnceWhateverThePageSize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, KilledDuringHostHitsTest, ::testing::Values(16, 5, 64));
+
+// A bf16 KV cache (pages and host backup of half the bytes): SIGKILLed
+// devices, restores from the backup, a rejoin and host-tier prefix hits on
+// five devices change no output of the same cache on eight devices without
+// any of them; its outputs are not the f32 cache's (the pages held bf16).
+TEST(Recovery, Bf16KvCacheKeepsEveryRequestAndOutputThroughFailures) {
+  Workload w = SharedPrefixWorkload(40, 311, 32, 2);
+  Scenario ref;
+  ref.kv_dtype = DType::kBF16;
+  auto want = RunScenario(ref, w, {});
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_NE(want->output_digest, Reference("tiny-llama", w, 311).output_digest);
+  Scenario s = ref;
+  s.prefix_cache = true;
+  s.prefix_cache_host = true;
+  s.devices = 5;
+  s.policy = Policy::kHybrid;
+  s.kv_pages = 256;
+  BackupWatch watch;
+  s.on_step = [&watch](Engine& e, const StepOutcome& out) { watch.Check(e, out); };
+  auto got = RunScenario(s, w, {Kill(3, 20), Back(3, 35), Kill(1, 50)});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectSameOutputs(*got, *want, 40);
+  EXPECT_EQ(watch.bad, "");
+  EXPECT_GT(got->prefix.host_hit_blocks, 0);
+  ASSERT_GE(got->recoveries.size(), 2u);
+  EXPECT_GT(got->recoveries[0].kv_restored_bytes, 0);
+}
 
 }  // namespace
 }  // namespace failsafe

@@ -371,7 +371,7 @@ Status RemoteDevice::SendRestoreBlocks(const std::string& payload) {
   if (!req.Decode(&r)) return InvalidArgument("malformed plan change");
   FS_ASSIGN_OR_RETURN(Plan next, PlanFromJson(req.next_plan_json));
   const BackupHeader& h = backup_layout_.header();
-  const size_t slot_bytes = static_cast<size_t>(backup_layout_.slot_floats()) * sizeof(float);
+  const size_t slot_bytes = static_cast<size_t>(backup_layout_.slot_bytes());
   const char* base = static_cast<const char*>(backup_.data());
   // Per request, the (layer, head group) slots this device will hold.
   for (const SeqRestore& s : req.seqs) {
@@ -395,8 +395,7 @@ Status RemoteDevice::SendRestoreBlocks(const std::string& payload) {
         break;
       }
       for (const auto& [layer, head] : slots) {
-        const char* src = reinterpret_cast<const char*>(
-            backup_layout_.Slot(backup_.data(), s.backup_blocks[blk], layer, head));
+        const char* src = backup_layout_.Slot(backup_.data(), s.backup_blocks[blk], layer, head);
         ranges.Put<uint64_t>(static_cast<uint64_t>(src - base));
         ranges.PutString(std::string(src, slot_bytes));
         ++n;

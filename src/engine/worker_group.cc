@@ -63,6 +63,9 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   if (options.remote_devices > 0 && !options.listener) {
     return InvalidArgument("remote devices need a listener (--listen HOST:PORT)");
   }
+  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
+    return InvalidArgument("the KV cache holds f32 or bf16, not {}", DTypeName(options.kv_dtype));
+  }
   auto g = std::unique_ptr<WorkerGroup>(new WorkerGroup());
   g->options_ = options;
   if (options.remote_devices > 0) {
@@ -100,7 +103,7 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   }
   host.reset();
   const int64_t slots = static_cast<int64_t>(g->config_.num_layers) * g->config_.num_kv_heads;
-  const int64_t page_bytes = 2LL * options.block_size * g->config_.head_dim * 4;
+  const int64_t page_bytes = g->kv_page_bytes();
   if (options.kv_pages > 0) {
     g->pool_pages_ = options.kv_pages;
   } else if (options.device_memory_bytes > 0) {
@@ -110,9 +113,9 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   }
   FS_ASSIGN_OR_RETURN(std::vector<int64_t> capacity, g->KvCapacityFor(g->plan_));
   if (options.backup_bytes > 0) {
-    FS_ASSIGN_OR_RETURN(g->backup_,
-                        HostKvBackup::Create(g->config_, options.block_size, options.backup_bytes,
-                                             options.max_seqs, options.num_devices));
+    FS_ASSIGN_OR_RETURN(
+        g->backup_, HostKvBackup::Create(g->config_, options.block_size, options.backup_bytes,
+                                         options.max_seqs, options.num_devices, options.kv_dtype));
   }
   const size_t logits_bytes =
       static_cast<size_t>(options.max_logits_rows) * g->config_.vocab_size * sizeof(float);
@@ -293,6 +296,7 @@ Status WorkerGroup::InitDevice(int device) {
   init.logits_rows = options_.max_logits_rows;
   init.device_id = device;
   init.kv_pages = pool_pages_;
+  init.kv_dtype = static_cast<int32_t>(options_.kv_dtype);
   if (!options_.gpus.empty()) {
     init.gpu = options_.gpus.size() == 1 ? options_.gpus[0] : options_.gpus[device];
     init.gpu_gemm = static_cast<int32_t>(options_.gpu_gemm);
@@ -308,7 +312,7 @@ Status WorkerGroup::InitDevice(int device) {
 Result<std::vector<int64_t>> WorkerGroup::KvCapacityFor(const Plan& plan) const {
   std::vector<int64_t> cap(plan.num_devices, 0);
   if (options_.kv_pages == 0 && options_.device_memory_bytes > 0) {
-    const int64_t page_bytes = 2LL * options_.block_size * config_.head_dim * 4;
+    const int64_t page_bytes = kv_page_bytes();
     FS_ASSIGN_OR_RETURN(
         cap,
         KvPagesWithinBudget(plan, config_, options_.device_memory_bytes,

@@ -59,6 +59,9 @@ struct WorkerGroupOptions {
   GpuGemm gpu_gemm = GpuGemm::kLt;
   bool gpu_graphs = false;  // CudaBackendOptions::graphs
   int block_size = 16;
+  // What the KV pages (and the host backup) hold: f32, or bf16 for half the
+  // bytes (the values rounded once as stored; KvCache).
+  DType kv_dtype = DType::kF32;
   int64_t kv_pages = 0;  // per device; 0: from device_memory_bytes
   // Memory of one device (weights + KV + activations); 0: KV for 64K tokens
   // of every slot.
@@ -116,6 +119,7 @@ class WorkerGroup final : public Executor, public DeviceFaults {
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   std::vector<int64_t> kv_capacity_pages() const override;
   int block_size() const override { return options_.block_size; }
+  DType kv_dtype() const override { return options_.kv_dtype; }
 
   bool supports_recovery() const override { return true; }
   HostKvBackup* backup() override { return backup_.get(); }

@@ -38,7 +38,8 @@ void BackupWriter::Drain() {
 }
 
 void BackupWriter::Run() {
-  const int hd = layout_.header().head_dim, bs = layout_.header().block_size;
+  const int64_t row = static_cast<int64_t>(layout_.header().head_dim) * layout_.elem_bytes();
+  const int bs = layout_.header().block_size;
   while (true) {
     BackupJob job;
     {
@@ -50,12 +51,10 @@ void BackupWriter::Run() {
       busy_ = true;
     }
     for (const auto& c : job.copies) {
-      const size_t n = static_cast<size_t>(c.to - c.from) * hd;
-      memory_->BackgroundCopyToHost(c.dst + static_cast<size_t>(c.from) * hd,
-                                    c.page + static_cast<size_t>(c.from) * hd, n * 4);
-      memory_->BackgroundCopyToHost(c.dst + static_cast<size_t>(bs + c.from) * hd,
-                                    c.page + static_cast<size_t>(bs + c.from) * hd, n * 4);
-      bytes_copied_ += static_cast<int64_t>(2 * n * 4);
+      const size_t n = static_cast<size_t>((c.to - c.from) * row);  // bytes of K, and of V
+      memory_->BackgroundCopyToHost(c.dst + c.from * row, c.page + c.from * row, n);
+      memory_->BackgroundCopyToHost(c.dst + (bs + c.from) * row, c.page + (bs + c.from) * row, n);
+      bytes_copied_ += static_cast<int64_t>(2 * n);
     }
     // Publish only after the copies: a reader that sees `tokens` sees the data.
     BackupProgress* p = layout_.Progress(base_, job.slot, device_);

@@ -29,9 +29,9 @@ struct BackupJob {
   int start = 0;  // positions [start, end) were written
   int end = 0;
   struct Copy {
-    const float* page;  // device page holding the positions' K then V (device memory)
-    float* dst;         // backup slot of the same logical block
-    int from, to;       // positions within the block
+    const char* page;  // device page holding the positions' K then V (device memory)
+    char* dst;         // backup slot of the same logical block
+    int from, to;      // positions within the block
   };
   std::vector<Copy> copies;
 };

@@ -297,6 +297,7 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
       a.group_size = count[k];
       a.head_dim = hd;
       a.pages = kv_.Pages(s.seq_id, slot);
+      a.kv_dtype = kv_.kv_dtype();
       a.block_size = bs;
       a.sliding_window = window;
       a.scale = scale;

@@ -64,8 +64,9 @@ class HostLoader {
 std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break_every);
 
 struct DeviceOptions {
-  int block_size = 16;   // tokens per KV page
-  int64_t kv_pages = 0;  // KV pool size in pages
+  int block_size = 16;           // tokens per KV page
+  int64_t kv_pages = 0;          // KV pool size in pages
+  DType kv_dtype = DType::kF32;  // of the KV pages: f32 or bf16 (KvCache)
 };
 
 // Attention weights of a set of head groups (or parts of them), held per

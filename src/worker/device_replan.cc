@@ -12,6 +12,8 @@
 namespace failsafe {
 
 void DeviceModel::SetBackup(BackupWriter* writer, const BackupLayout& layout, void* base) {
+  FS_CHECK_MSG(layout.kv_dtype() == kv_.kv_dtype(), "the KV backup holds {}, the pages {}",
+               DTypeName(layout.kv_dtype()), DTypeName(kv_.kv_dtype()));
   backup_ = writer;
   backup_layout_ = layout;
   backup_base_ = base;
@@ -51,7 +53,7 @@ void DeviceModel::EnqueueBackup(const StepBatch& b) {
       for (int blk = job.start / bs; blk * bs < job.end; ++blk) {
         const int backup_block = b.backup_blocks[s.backup_offset + blk - s.backup_first_block];
         BackupJob::Copy c;
-        c.page = kv_.Page(s.seq_id, slot, blk);
+        c.page = reinterpret_cast<const char*>(kv_.Page(s.seq_id, slot, blk));
         c.dst = backup_layout_.Slot(backup_base_, backup_block, layer, head);
         c.from = std::max(job.start, blk * bs) - blk * bs;
         c.to = std::min(job.end, (blk + 1) * bs) - blk * bs;
@@ -148,12 +150,13 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
 
 int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block,
                                     int rows, bool background) {
-  const int bs = kv_.block_size(), hd = config_.head_dim;
+  const int bs = kv_.block_size();
+  const int64_t row = static_cast<int64_t>(config_.head_dim) * kv_.elem_bytes();
   const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
-  const float* src = backup_layout_.Slot(backup_base_, backup_block, layer, head);
-  float* page = kv_.Page(seq_id, slot, block);
-  auto copy = [&](float* dst, const float* from) {
-    const size_t bytes = sizeof(float) * static_cast<size_t>(rows) * hd;
+  const char* src = backup_layout_.Slot(backup_base_, backup_block, layer, head);
+  char* page = reinterpret_cast<char*>(kv_.Page(seq_id, slot, block));
+  auto copy = [&](char* dst, const char* from) {
+    const size_t bytes = static_cast<size_t>(rows * row);
     if (background) {
       backend_->BackgroundCopyToDevice(dst, from, bytes);
     } else {
@@ -161,8 +164,8 @@ int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t
     }
   };
   copy(page, src);  // K, then V a block further
-  copy(page + static_cast<int64_t>(bs) * hd, src + static_cast<int64_t>(bs) * hd);
-  return 2LL * rows * hd * 4;
+  copy(page + bs * row, src + bs * row);
+  return 2LL * rows * row;
 }
 
 Status DeviceModel::CopyHostHits(const StepBatch& b) {

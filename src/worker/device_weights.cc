@@ -20,7 +20,7 @@ DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* back
       inv_freq_local_(config.rope_local_theta > 0 ? RopeInvFreq(config, /*local=*/true)
                                                   : std::vector<float>()),
       kv_(config.num_layers, config.num_kv_heads, options.block_size, config.head_dim,
-          options.kv_pages, backend) {
+          options.kv_pages, backend, options.kv_dtype) {
   for (DeviceArray<float>* a : {&rope_table_device_,
                                 &rope_table_local_device_,
                                 &out_,

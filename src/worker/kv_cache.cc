@@ -4,16 +4,21 @@
 #include <new>
 #include <unordered_set>
 
+#include "common/check.h"
+
 namespace failsafe {
 
 KvCache::KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim, int64_t max_pages,
-                 DeviceMemory* memory)
+                 DeviceMemory* memory, DType kv_dtype)
     : num_layers_(num_layers),
       num_kv_heads_(num_kv_heads),
       block_size_(block_size),
       head_dim_(head_dim),
+      kv_dtype_(kv_dtype),
       max_pages_(max_pages),
       memory_(memory) {
+  FS_CHECK_MSG(kv_dtype == DType::kF32 || kv_dtype == DType::kBF16,
+               "a KV cache holds f32 or bf16, not {}", DTypeName(kv_dtype));
   pool_bytes_ = static_cast<size_t>(std::max<int64_t>(max_pages_, 1) * page_bytes());
   base_ = static_cast<float*>(memory_->Allocate(pool_bytes_));
 }

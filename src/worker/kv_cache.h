@@ -4,9 +4,12 @@
 //
 // The pool is an array of pages; a page holds K [block_size, head_dim] then
 // V [block_size, head_dim] for one (sequence, layer, KV head) slot and
-// block_size consecutive positions. A sequence's table on this device lists,
-// per block, one page for each of its slots (Plan::KvSlots: the device's TP
-// heads, and the DP heads when the device is the sequence's DP rank).
+// block_size consecutive positions, as f32 or bf16 (kv_dtype: half the
+// bytes, the values rounded once as they are stored; AttentionArgs). A
+// page's address is typed float* either way. A sequence's table on this
+// device lists, per block, one page for each of its slots (Plan::KvSlots:
+// the device's TP heads, and the DP heads when the device is the sequence's
+// DP rank).
 //
 // A table that does not fit the store (a page outside the pool, a page that
 // already holds something else, a block out of order) is refused with an
@@ -33,15 +36,17 @@ class KvCache {
   // max_pages: the pool's size, in `memory` (a backend's device memory; host
   // memory is committed as pages are used).
   KvCache(int num_layers, int num_kv_heads, int block_size, int head_dim, int64_t max_pages,
-          DeviceMemory* memory = &HostMemory());
+          DeviceMemory* memory = &HostMemory(), DType kv_dtype = DType::kF32);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
   int block_size() const { return block_size_; }
   int head_dim() const { return head_dim_; }
-  int64_t page_floats() const { return 2LL * block_size_ * head_dim_; }
-  int64_t page_bytes() const { return page_floats() * 4; }
+  DType kv_dtype() const { return kv_dtype_; }
+  int elem_bytes() const { return static_cast<int>(DTypeSize(kv_dtype_)); }
+  int64_t page_elems() const { return 2LL * block_size_ * head_dim_; }
+  int64_t page_bytes() const { return page_elems() * elem_bytes(); }
   int64_t max_pages() const { return max_pages_; }
   int64_t used_pages() const { return used_pages_; }
   int num_slots() const { return num_layers_ * num_kv_heads_; }
@@ -81,9 +86,12 @@ class KvCache {
     std::vector<std::vector<float*>> pointers;  // [slot] -> page per block
     int shared = 0;                             // leading read-only blocks
   };
-  float* PageAddress(int64_t index) const { return base_ + index * page_floats(); }
+  float* PageAddress(int64_t index) const {
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(base_) + index * page_bytes());
+  }
 
   const int num_layers_, num_kv_heads_, block_size_, head_dim_;
+  const DType kv_dtype_;
   const int64_t max_pages_;
   DeviceMemory* const memory_;
   float* base_ = nullptr;

@@ -13,6 +13,7 @@ void WorkerInit::Encode(WireWriter* w) const {
   w->Put(gpu);
   w->Put(gpu_gemm);
   w->Put(gpu_graphs);
+  w->Put(kv_dtype);
 }
 
 bool WorkerInit::Decode(WireReader* r) {
@@ -27,7 +28,10 @@ bool WorkerInit::Decode(WireReader* r) {
   gpu = r->Get<int32_t>();
   gpu_gemm = r->Get<int32_t>();
   gpu_graphs = r->Get<uint8_t>();
-  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2;
+  kv_dtype = r->Get<int32_t>();
+  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2 &&
+         (kv_dtype == static_cast<int32_t>(DType::kF32) ||
+          kv_dtype == static_cast<int32_t>(DType::kBF16));
 }
 
 void GroupSpec::Encode(WireWriter* w) const {

@@ -219,6 +219,7 @@ class Worker {
     DeviceOptions d;
     d.block_size = init.block_size;
     d.kv_pages = init.kv_pages;
+    d.kv_dtype = static_cast<DType>(init.kv_dtype);
     device_ = std::make_unique<DeviceModel>(config_, init.device_id, backend_.get(), d);
     if (backup.valid()) {
       backup_ = std::move(backup);
@@ -227,7 +228,7 @@ class Worker {
       if (h->magic != BackupLayout::kMagic || layout.total_bytes() > backup_.size() ||
           h->num_layers != config_.num_layers || h->num_kv_heads != config_.num_kv_heads ||
           h->head_dim != config_.head_dim || h->block_size != init.block_size ||
-          init.device_id >= h->num_devices) {
+          h->kv_dtype != init.kv_dtype || init.device_id >= h->num_devices) {
         return InvalidArgument("the KV backup region does not match the model");
       }
       backup_writer_ = std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id,
@@ -333,7 +334,8 @@ class Worker {
   // Runs on the backup writer's thread after it copied a job into the
   // mirror: the same bytes and the published progress go up the link.
   void UploadBackup(const BackupLayout& layout, const BackupJob& job) {
-    const int hd = layout.header().head_dim, bs = layout.header().block_size;
+    const int64_t row = static_cast<int64_t>(layout.header().head_dim) * layout.elem_bytes();
+    const int bs = layout.header().block_size;
     const char* base = static_cast<const char*>(backup_.data());
     BackupUpload up;
     up.slot = job.slot;
@@ -341,10 +343,9 @@ class Worker {
     up.seq_id = p->seq_id.load(std::memory_order_acquire);
     up.tokens = p->tokens.load(std::memory_order_acquire);
     for (const BackupJob::Copy& c : job.copies) {
-      const size_t n = static_cast<size_t>(c.to - c.from) * hd * sizeof(float);
+      const size_t n = static_cast<size_t>((c.to - c.from) * row);
       for (int part = 0; part < 2; ++part) {  // K, then V
-        const char* src =
-            reinterpret_cast<const char*>(c.dst + static_cast<size_t>(part * bs + c.from) * hd);
+        const char* src = c.dst + (part * bs + c.from) * row;
         up.ranges.emplace_back(static_cast<uint64_t>(src - base), std::string(src, n));
       }
     }

@@ -9,6 +9,11 @@
 // and the same query in a prefill chunk thus get the same output bit for
 // bit: in a chunk, the positions a query must not see weigh an exact zero,
 // which leaves the chain unchanged.
+//
+// bf16 pages (AttentionArgs::kv_dtype) hold the keys and values rounded once
+// as they are stored; the products read them widened (GemmArgs::w_rows of
+// bf16), so attention computes exactly as over f32 pages holding the rounded
+// values, reading half the bytes.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,6 +22,8 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd.h"
+#include "common/check.h"
 
 namespace failsafe::cpu {
 
@@ -26,6 +33,27 @@ constexpr int kQueryTile = 64;  // queries whose scores are held at once
 
 inline int FirstKey(const AttentionArgs& a, int pos) {
   return a.sliding_window > 0 ? std::max(0, pos - a.sliding_window + 1) : 0;
+}
+
+// Row `row` of a page (keys: 0 to block_size - 1, values: block_size on), of
+// head_dim elements of `elem` bytes each.
+inline float* PageRow(float* page, int row, int hd, int elem) {
+  return reinterpret_cast<float*>(reinterpret_cast<char*>(page) +
+                                  static_cast<int64_t>(row) * hd * elem);
+}
+
+// n values into a page's row: as they are, or rounded to bf16.
+void StoreRow(const float* src, float* dst, int n, DType kv) {
+  if (kv == DType::kF32) {
+    std::memcpy(dst, src, sizeof(float) * n);
+    return;
+  }
+  auto* h = reinterpret_cast<uint16_t*>(dst);
+  for (int i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &src[i], 4);
+    h[i] = static_cast<uint16_t>(Bf16Bits(b) >> 16);
+  }
 }
 
 // Scores, softmax and weighted values of m query rows (x, row stride ldx)
@@ -41,6 +69,7 @@ void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0,
   s.x = x;
   s.ldx = ldx;
   s.w_rows = keys.data();
+  s.wtype = a.kv_dtype;
   s.nt = true;
   s.m = m;
   s.n = width;
@@ -66,6 +95,7 @@ void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0,
   v.x = scores.data();
   v.ldx = width;
   v.w_rows = values.data();
+  v.wtype = a.kv_dtype;
   v.nt = false;
   v.m = m;
   v.n = a.head_dim;
@@ -80,7 +110,7 @@ void Heads(const AttentionArgs& a, const float* x, int64_t ldx, int m, int pos0,
 
 void PrefetchAttentionStart(const AttentionArgs& a) {
   if (a.num_tokens <= 0 || a.group_size == 0) return;
-  const int bs = a.block_size, hd = a.head_dim;
+  const int bs = a.block_size, hd = a.head_dim, elem = static_cast<int>(DTypeSize(a.kv_dtype));
   // The first query tile's keys and values: the scores' first kRowsAheadNT
   // keys and the weighted values' first kRowsAheadNN rows, and into the
   // second-level cache those up to kRowsFarNT and kRowsFarNN, which the
@@ -89,8 +119,9 @@ void PrefetchAttentionStart(const AttentionArgs& a) {
   const int end = a.start_pos + std::min(kQueryTile, a.num_tokens);  // past the tile's last
   auto ask = [&](int p0, int p1, int offset, bool near) {
     for (int p = p0; p < std::min(end, p1); ++p) {
-      const char* row = reinterpret_cast<const char*>(a.pages[p / bs] + (offset + p % bs) * hd);
-      for (int64_t b = 0; b < static_cast<int64_t>(hd) * 4; b += 64) {
+      const char* row =
+          reinterpret_cast<const char*>(PageRow(a.pages[p / bs], offset + p % bs, hd, elem));
+      for (int64_t b = 0; b < static_cast<int64_t>(hd) * elem; b += 64) {
         if (near) {
           __builtin_prefetch(row + b);
         } else {
@@ -108,13 +139,16 @@ void PrefetchAttentionStart(const AttentionArgs& a) {
 void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
   if (a.num_tokens <= 0) return;
   const int g = a.group_size, hd = a.head_dim, bs = a.block_size;
+  FS_CHECK_MSG(a.kv_dtype == DType::kF32 || a.kv_dtype == DType::kBF16,
+               "KV pages hold f32 or bf16, not {}", DTypeName(a.kv_dtype));
+  const int elem = static_cast<int>(DTypeSize(a.kv_dtype));
   if (a.new_kv != nullptr) {
     for (int t = 0; t < a.num_tokens; ++t) {
       const int p = a.start_pos + t;
       float* page = a.pages[p / bs];
       const float* src = a.new_kv + static_cast<int64_t>(t) * a.ld_new_kv;
-      std::memcpy(page + (p % bs) * hd, src, sizeof(float) * hd);
-      std::memcpy(page + (bs + p % bs) * hd, src + hd, sizeof(float) * hd);
+      StoreRow(src, PageRow(page, p % bs, hd, elem), hd, a.kv_dtype);
+      StoreRow(src + hd, PageRow(page, bs + p % bs, hd, elem), hd, a.kv_dtype);
     }
   }
   if (g == 0) return;
@@ -128,9 +162,9 @@ void Attention(const AttentionArgs& a, std::optional<CpuIsa> isa) {
     keys.resize(width);
     values.resize(width);
     for (int p = k0; p <= k1; ++p) {
-      const float* page = a.pages[p / bs];
-      keys[p - k0] = page + (p % bs) * hd;
-      values[p - k0] = page + (bs + p % bs) * hd;
+      float* page = a.pages[p / bs];
+      keys[p - k0] = PageRow(page, p % bs, hd, elem);
+      values[p - k0] = PageRow(page, bs + p % bs, hd, elem);
     }
     const float* q = a.q + static_cast<int64_t>(t0) * a.ldq;
     float* out = a.out + static_cast<int64_t>(t0) * a.ldo;

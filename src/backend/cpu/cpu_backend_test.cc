@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -280,6 +281,84 @@ TEST(Attention, AQueryGetsTheSameOutputWhateverItsChunk) {
       for (int t = 0; t < total; t += chunk)
         run(t, std::min(chunk, total - t), &pieces[static_cast<size_t>(t) * g * hd]);
       ASSERT_EQ(pieces, whole) << "chunks of " << chunk << ", window " << window;
+    }
+  }
+}
+
+// bf16 pages: each key and value rounded to bf16 (to nearest, ties to even)
+// as it is stored, and attention over them the same bits as over f32 pages
+// holding the rounded values, at every level, in any chunk, on any threads.
+TEST(Attention, Bf16PagesAttendAsF32PagesOfTheRoundedValues) {
+  auto round = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;  // finite values
+    std::memcpy(&x, &b, 4);
+    return x;
+  };
+  const int g = 4, hd = 64, bs = 16, total = 90;
+  const int blocks = (total + bs - 1) / bs;
+  auto k = Random(static_cast<size_t>(total) * hd, 41);
+  auto v = Random(static_cast<size_t>(total) * hd, 42);
+  auto q = Random(static_cast<size_t>(total) * g * hd, 43);
+  const int ld_new = 2 * hd;
+  std::vector<float> new_kv(static_cast<size_t>(total) * ld_new), rounded(new_kv.size());
+  for (int p = 0; p < total; ++p) {
+    std::copy_n(&k[p * hd], hd, &new_kv[p * ld_new]);
+    std::copy_n(&v[p * hd], hd, &new_kv[p * ld_new + hd]);
+  }
+  for (size_t i = 0; i < new_kv.size(); ++i) rounded[i] = round(new_kv[i]);
+  for (int window : {0, 24}) {
+    for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      for (int chunk : {1, 7, 90}) {
+        for (int threads : {1, 2}) {
+          // Pages in reverse order; f32 pages, then bf16 pages of half the size.
+          std::vector<float> store32(static_cast<size_t>(blocks) * 2 * bs * hd);
+          std::vector<uint16_t> store16(store32.size());
+          std::vector<float*> pages32(blocks), pages16(blocks);
+          for (int b = 0; b < blocks; ++b) {
+            pages32[b] = store32.data() + static_cast<size_t>(blocks - 1 - b) * 2 * bs * hd;
+            pages16[b] = reinterpret_cast<float*>(
+                store16.data() + static_cast<size_t>(blocks - 1 - b) * 2 * bs * hd);
+          }
+          std::vector<float> out32(static_cast<size_t>(total) * g * hd);
+          std::vector<float> out16(out32.size(), -1.0f);
+          CpuBackendOptions o;
+          o.threads = threads;
+          o.isa = isa;
+          auto be = MakeCpuBackend(o);
+          for (int t = 0; t < total; t += chunk) {
+            AttentionArgs a;
+            a.q = &q[static_cast<size_t>(t) * g * hd];
+            a.ldq = g * hd;
+            a.ldo = g * hd;
+            a.num_tokens = std::min(chunk, total - t);
+            a.start_pos = t;
+            a.group_size = g;
+            a.head_dim = hd;
+            a.ld_new_kv = ld_new;
+            a.block_size = bs;
+            a.sliding_window = window;
+            a.scale = 0.125f;
+            AttentionArgs f32 = a, b16 = a;
+            f32.out = &out32[static_cast<size_t>(t) * g * hd];
+            f32.pages = pages32.data();
+            f32.new_kv = &rounded[static_cast<size_t>(t) * ld_new];
+            b16.out = &out16[static_cast<size_t>(t) * g * hd];
+            b16.pages = pages16.data();
+            b16.new_kv = &new_kv[static_cast<size_t>(t) * ld_new];
+            b16.kv_dtype = DType::kBF16;
+            be->Attention({f32, b16});
+          }
+          ASSERT_EQ(out16, out32) << "window " << window << " " << CpuIsaName(isa) << " chunks of "
+                                  << chunk << ", " << threads << " threads";
+          for (size_t i = 0; i < store32.size(); ++i) {
+            uint32_t b;
+            std::memcpy(&b, &store32[i], 4);
+            ASSERT_EQ(store16[i], b >> 16) << i;
+          }
+        }
+      }
     }
   }
 }

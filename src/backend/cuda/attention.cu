@@ -8,6 +8,12 @@
 // increasing order; a chunk it does not reach changes nothing. So a query's
 // result depends only on its own keys: the same in a prefill chunk of any
 // size as in a decode step.
+//
+// Pages of bf16 (AttentionProblem::kv_bf16) hold keys and values rounded to
+// nearest even as they are stored, as the CPU backend rounds them; they are
+// widened exactly into shared memory and attended in f32 as f32 pages are.
+#include <cuda_bf16.h>
+
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -20,6 +26,12 @@ constexpr int kWarps = 16;      // queries per block, sharing each chunk's keys
 constexpr int kChunk = 32;      // keys per chunk: one per lane
 constexpr int kMaxPerLane = 8;  // head_dim up to 256
 
+// Element i of a page, widened to f32.
+__device__ __forceinline__ float PageAt(const float* page, int64_t i, int bf16) {
+  if (bf16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(page)[i]);
+  return page[i];
+}
+
 // Every problem's new keys and values into its pages: block (problem, token).
 __global__ void StoreKvKernel(const AttentionProblem* problems) {
   const AttentionProblem& a = problems[blockIdx.x];
@@ -29,9 +41,16 @@ __global__ void StoreKvKernel(const AttentionProblem* problems) {
     const int p = a.start_pos + t;
     float* page = const_cast<float*>(a.pages[p / bs]);
     const float* src = a.new_kv + static_cast<int64_t>(t) * a.ld_new_kv;
+    const int64_t k = static_cast<int64_t>(p % bs) * hd, v = static_cast<int64_t>(bs + p % bs) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-      page[static_cast<int64_t>(p % bs) * hd + d] = src[d];            // K
-      page[static_cast<int64_t>(bs + p % bs) * hd + d] = src[hd + d];  // V
+      if (a.kv_bf16) {
+        auto* h = reinterpret_cast<__nv_bfloat16*>(page);
+        h[k + d] = __float2bfloat16_rn(src[d]);
+        h[v + d] = __float2bfloat16_rn(src[hd + d]);
+      } else {
+        page[k + d] = src[d];
+        page[v + d] = src[hd + d];
+      }
     }
   }
 }
@@ -100,8 +119,8 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
       const int p = c * kChunk + key;
       if (p > block_last || p < block_first) continue;
       const float* page = a.pages[p / bs];
-      ks[key * stride + d] = page[static_cast<int64_t>(p % bs) * hd + d];
-      vs[key * stride + d] = page[static_cast<int64_t>(bs + p % bs) * hd + d];
+      ks[key * stride + d] = PageAt(page, static_cast<int64_t>(p % bs) * hd + d, a.kv_bf16);
+      vs[key * stride + d] = PageAt(page, static_cast<int64_t>(bs + p % bs) * hd + d, a.kv_bf16);
     }
     __syncthreads();
     if (!active || c * kChunk > pos || (c + 1) * kChunk <= first) continue;  // not reached

@@ -414,6 +414,9 @@ class CudaBackend final : public Backend {
       p.sliding_window = a.sliding_window;
       p.scale = a.scale;
       p.softcap = a.softcap;
+      FS_CHECK_MSG(a.kv_dtype == DType::kF32 || a.kv_dtype == DType::kBF16,
+                   "KV pages hold f32 or bf16, not {}", DTypeName(a.kv_dtype));
+      p.kv_bf16 = a.kv_dtype == DType::kBF16 ? 1 : 0;
       host_first_block_[i] = blocks;
       blocks += a.group_size > 0 ? cuda::AttentionBlocks(a.num_tokens, a.group_size) : 0;
     }

@@ -123,6 +123,7 @@ struct AttentionProblem {
   int64_t ldq, ldo, ld_new_kv;
   int num_tokens, start_pos, group_size, head_dim, block_size, sliding_window;
   float scale, softcap;
+  int kv_bf16;  // pages hold bf16 (stored rounded to nearest even), else f32
 };
 // Stores every problem's new keys and values into its pages (before any
 // problem attends: another problem of the step may read them).

@@ -41,6 +41,10 @@ int Main(int argc, char** argv) {
   app.add_option("--layers", layers, "layers, each with its own pages")->capture_default_str();
   app.add_option("--reps", reps, "passes; the best is printed")->capture_default_str();
   app.add_option("--threads", thread_counts, "thread counts")->delimiter(',');
+  bool in_order = false;
+  app.add_flag("--in-order", in_order,
+               "pages handed out in order, block by block over every (sequence, layer, head "
+               "group), as a fresh pool's are to one long prefill (default: shuffled)");
   std::string kv_dtype_name = "f32";
   app.add_option("--kv-dtype", kv_dtype_name, "what the pages hold: f32 or bf16")
       ->capture_default_str()
@@ -78,7 +82,15 @@ int Main(int argc, char** argv) {
   }
   std::vector<int64_t> order(static_cast<size_t>(problems * blocks));
   std::iota(order.begin(), order.end(), 0);
-  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
+  if (in_order) {
+    // Table entry (problem p, block b) is page b * problems + p.
+    for (int64_t p = 0; p < problems; ++p) {
+      for (int b = 0; b < blocks; ++b)
+        order[p * blocks + b] = static_cast<int64_t>(b) * problems + p;
+    }
+  } else {
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
+  }
   std::vector<float*> tables(order.size());
   for (size_t i = 0; i < order.size(); ++i)
     tables[i] = reinterpret_cast<float*>(pool + order[i] * page_bytes);

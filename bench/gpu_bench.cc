@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", prefill, "prefill tokens (0: none)")->capture_default_str();
   app.add_option("--steps", steps, "decode steps timed per batch size")->capture_default_str();
   app.add_option("--gpu-gemm", gemm,
-                 "product modes, each a run: lt, fused, chain, each with +graphs for CUDA graphs")
+                 "product modes, each a run: lt, fused, chain, each with +graphs for CUDA graphs, "
+                 "+tensor for attention on tensor cores, +kvbf16 for a bf16 KV cache")
       ->capture_default_str();
   bool breakdown_on = false;
   app.add_flag("--breakdown", breakdown_on, "time each backend call of a step alone");
@@ -255,7 +256,8 @@ int main(int argc, char** argv) {
   // (one row per token), plus the KV it attends to.
   const double embed_bytes = static_cast<double>(config->vocab_size) * config->hidden_size *
                              DTypeSize(wtype) * (config->tie_word_embeddings ? 0 : 1);
-  const double kv_token_bytes =
+  // f32 pages; a mode with a bf16 cache reads half.
+  const double kv_f32_token_bytes =
       2.0 * config->num_layers * config->num_kv_heads * config->head_dim * 4;
 
   nlohmann::json out = {{"gpu", prop.name},
@@ -284,6 +286,10 @@ int main(int argc, char** argv) {
                  : products == "fused" ? GpuGemm::kFused
                                        : GpuGemm::kLt;
     o.gpu_graphs = mode.find("+graphs") != std::string::npos;
+    o.gpu_attention =
+        mode.find("+tensor") != std::string::npos ? GpuAttention::kTensor : GpuAttention::kCores;
+    o.kv_dtype = mode.find("+kvbf16") != std::string::npos ? DType::kBF16 : DType::kF32;
+    const double kv_token_bytes = kv_f32_token_bytes * (o.kv_dtype == DType::kBF16 ? 0.5 : 1.0);
     o.kv_pages = slots * ((tokens + 15) / 16 + 2 * max_batch + 16);
     bench::TimedBackend* timed = nullptr;
     o.wrap_backend = [&](std::unique_ptr<Backend> b) {

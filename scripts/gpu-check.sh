@@ -12,14 +12,16 @@
 #                own modeling code (scripts/gpu/hf_families.py);
 #   e2e          the published story of stories260K, the same tokens (and
 #                logits, bit for bit) on 1, 2, 3, 4 and 7 device processes
-#                under every placement, chunked prefill, the prefix cache
-#                (scripts/gpu/e2e.py);
+#                under every placement, chunked prefill, the prefix cache,
+#                a bf16 KV cache, and the bf16 model's checks again with
+#                attention on tensor cores (scripts/gpu/e2e.py);
 #   bench        a Llama-3.1-8B-shaped and a Mixtral-8x7B-shaped bf16 model
 #                with synthetic weights made here: decode at batch 1, 16
 #                and 64 and a 2,048-token prefill beside the GPU's measured
 #                limits and its host link's copy rates each way
-#                (failsafe_bench_gpu, modes lt and fused, with a
-#                breakdown of each step by kernel) and PyTorch with
+#                (failsafe_bench_gpu, modes lt and fused, fused with
+#                attention on tensor cores, and that with a bf16 KV cache,
+#                with a breakdown of each step by kernel) and PyTorch with
 #                transformers on the same weights (scripts/gpu/torch_bench.py).
 #
 # The programs come from scripts/gpu-pack.sh (built where the build
@@ -27,7 +29,8 @@
 # a python3 with PyTorch and transformers). Usage:
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
-#                        [--bench-modes lt,fused,fused+graphs] [--no-torch-bench]
+#                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
+#                        [--no-torch-bench]
 # --quick: the correctness stages only. Exits 1 if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +42,7 @@ compile=""
 mixtral_layers=4
 llama_layers=32
 skip=""
-bench_modes="lt,fused,fused+graphs"
+bench_modes="lt,fused,fused+tensor,fused+tensor+kvbf16"
 torch_bench=1
 while (($#)); do
   case "$1" in
@@ -119,6 +122,8 @@ stage e2e-fused 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stor
   --gemm fused --bf16-only
 stage e2e-graphs 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
   --gemm fused --graphs-only
+stage e2e-tensor 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
+  --gemm fused --bf16-only --attention tensor
 
 if ((quick == 0)); then
   models=/tmp/failsafe-gpu-models
@@ -126,7 +131,7 @@ if ((quick == 0)); then
     models=/dev/shm/failsafe-gpu-models
   fi
   mkdir -p $models
-  stage bench-llama-8b 300 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b llama-3.1-8b \
+  stage bench-llama-8b 420 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b llama-3.1-8b \
     "$llama_layers" "$bench_modes" "$torch_bench" "$compile"
   # torch.compile on the 8B shape only: its compile alone takes minutes.
   stage bench-mixtral 200 scripts/gpu/bench.sh "$bin" $models "$out" mixtral mixtral-8x7b \

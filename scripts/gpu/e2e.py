@@ -33,6 +33,7 @@ PLACEMENTS = ["standard", "nonuniform", "cyclic", "hybrid"]
 DEVICES = [1, 2, 3, 4, 7]
 
 failures = 0
+ATTENTION = "cores"  # --gpu-attention of every GPU run (--attention)
 
 
 def report(ok, what):
@@ -50,7 +51,7 @@ def run(cmd, timeout=300):
 
 
 def gpu_args(devices, gemm):
-    return ["--gpus", ",".join(["0"] * devices), "--gpu-gemm", gemm]
+    return ["--gpus", ",".join(["0"] * devices), "--gpu-gemm", gemm, "--gpu-attention", ATTENTION]
 
 
 def generate(fs, model, devices, placement, extra, tokens=61):
@@ -234,7 +235,11 @@ def main():
     ap.add_argument("--bf16-only", action="store_true",
                     help="only the synthetic bf16 model (what a product mode changes)")
     ap.add_argument("--graphs-only", action="store_true", help="only the CUDA graphs checks")
+    ap.add_argument("--attention", default="cores", choices=["cores", "tensor"],
+                    help="--gpu-attention of every GPU run")
     args = ap.parse_args()
+    global ATTENTION
+    ATTENTION = args.attention
     fs = args.failsafe
     with tempfile.TemporaryDirectory() as tmp:
         bf16 = os.path.join(tmp, "tiny-llama-bf16")

@@ -364,10 +364,22 @@ DeviceMemory& HostMemory();
 // f32 weights always take the chains.
 enum class GpuGemm { kLt = 0, kChain = 1, kFused = 2 };
 
+// How the CUDA backend attends:
+//  - kCores: f32 on CUDA cores, blocks of 16 queries sharing chunks of 32
+//    keys;
+//  - kTensor: on tensor cores (mma.sync m16n8k16), blocks of 64 queries
+//    sharing chunks of 64 keys, queries, keys, values and the softmax's
+//    weights rounded to bf16, scores and sums in f32; head dims that are
+//    multiples of 16 up to 128 (others on CUDA cores).
+// Either is batch- and chunk-invariant: a query's result depends only on
+// its own keys, taken in chunks at fixed positions.
+enum class GpuAttention { kCores = 0, kTensor = 1 };
+
 struct CudaBackendOptions {
   int gpu = 0;  // CUDA device ordinal
   GpuGemm gemm = GpuGemm::kLt;
   bool graphs = false;  // steps that repeat their shapes as CUDA graphs (BeginGraph)
+  GpuAttention attention = GpuAttention::kCores;
 };
 
 // The CUDA backend (backend/cuda): bf16, f16 and f32 weights, cuBLASLt

@@ -52,6 +52,11 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
                  "engine's own tensor-core kernel for the exact sums of heads and FFN shards) "
                  "or chain (the CPU backend's products bit for bit, on CUDA cores)")
       ->capture_default_str();
+  app.add_option("--gpu-attention", f->gpu_attention,
+                 "attention on a GPU: cores (f32 on CUDA cores) or tensor (tensor cores, "
+                 "queries, keys, values and weights in bf16, head dims up to 128)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cores", "tensor"}));
   app.add_flag("--cuda-graphs", f->cuda_graphs,
                "on a GPU, run decode steps that repeat their shapes as CUDA graphs (one launch "
                "a step; a device alone in its group, dense models)");
@@ -191,6 +196,8 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   FS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseGpus(f.gpus));
   FS_ASSIGN_OR_RETURN(GpuGemm gpu_gemm, ParseGpuGemm(f.gpu_gemm));
   FS_ASSIGN_OR_RETURN(DType kv_dtype, ParseKvDtype(f.kv_dtype));
+  const GpuAttention gpu_attention =
+      f.gpu_attention == "tensor" ? GpuAttention::kTensor : GpuAttention::kCores;
   if (f.comm != "shm" && f.comm != "gloo")
     return InvalidArgument("--comm: unknown '{}' (known: shm, gloo)", f.comm);
   if (f.remote_devices > 0 && f.listen.empty()) {
@@ -207,6 +214,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     if (!gpus.empty()) o.gpu = gpus[0];
     o.gpu_gemm = gpu_gemm;
     o.gpu_graphs = f.cuda_graphs;
+    o.gpu_attention = gpu_attention;
     FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
     return std::unique_ptr<Executor>(std::move(e));
   }
@@ -229,6 +237,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.gpus = gpus;
   o.gpu_gemm = gpu_gemm;
   o.gpu_graphs = f.cuda_graphs;
+  o.gpu_attention = gpu_attention;
   o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;
   static const char* kLevels[] = {"debug", "info", "warn", "error", "off"};
   o.log_level = kLevels[static_cast<int>(GetLogLevel())];

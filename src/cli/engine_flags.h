@@ -23,6 +23,7 @@ struct DeviceFlags {
   std::string gpus;              // e.g. "0,0,0,0": each device's GPU; empty: CPU devices
   std::string gpu_gemm = "lt";
   bool cuda_graphs = false;
+  std::string gpu_attention = "cores";  // cores or tensor
   std::string recovery = "full";
   std::string backup_memory = "4GiB";  // host KV backup; 0: none
   // Hang detection: "auto" derives a step's deadline from measured step

@@ -26,7 +26,8 @@ struct LocalExecutorOptions {
   std::optional<bool> dpbf16;  // CpuBackendOptions::dpbf16
   int gpu = -1;                // >= 0: the CUDA backend on this GPU
   GpuGemm gpu_gemm = GpuGemm::kLt;
-  bool gpu_graphs = false;  // CudaBackendOptions::graphs
+  bool gpu_graphs = false;                            // CudaBackendOptions::graphs
+  GpuAttention gpu_attention = GpuAttention::kCores;  // CudaBackendOptions::attention
   // Benchmarks: wraps the backend (e.g. to time its calls); unset: none.
   std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
 };

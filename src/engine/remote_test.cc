@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "common/clock.h"
@@ -200,7 +201,19 @@ TEST(Remote, KilledRemoteWorkersAndAWholeHostChangeNoToken) {
                       {{false, 4, 5, -1}, {false, 2, 9, -1}, {false, 3, 9, -1}, {true, 4, 14, -1}});
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectSame(*got, want, 12);
-  EXPECT_EQ(got->recoveries.size(), 3u);
+  // Devices 2 and 3, killed together, are found dead in one step or (on a
+  // loaded machine, one's link closing later) in two: three recoveries or
+  // four, every death and the rejoin in them.
+  std::set<int> failed;
+  int joined = 0;
+  for (const RecoveryReport& r : got->recoveries) {
+    failed.insert(r.failed_devices.begin(), r.failed_devices.end());
+    joined += static_cast<int>(r.joined_devices.size());
+  }
+  EXPECT_EQ(failed, (std::set<int>{2, 3, 4}));
+  EXPECT_EQ(joined, 1);
+  EXPECT_GE(got->recoveries.size(), 3u);
+  EXPECT_LE(got->recoveries.size(), 4u);
 }
 
 TEST(Remote, AWrongTokenIsRefusedOnBothSides) {

@@ -57,7 +57,8 @@ struct WorkerGroupOptions {
   // or one GPU for every device; empty: CPU devices.
   std::vector<int> gpus;
   GpuGemm gpu_gemm = GpuGemm::kLt;
-  bool gpu_graphs = false;  // CudaBackendOptions::graphs
+  bool gpu_graphs = false;                            // CudaBackendOptions::graphs
+  GpuAttention gpu_attention = GpuAttention::kCores;  // CudaBackendOptions::attention
   int block_size = 16;
   // What the KV pages (and the host backup) hold: f32, or bf16 for half the
   // bytes (the values rounded once as stored; KvCache).

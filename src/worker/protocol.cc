@@ -14,6 +14,7 @@ void WorkerInit::Encode(WireWriter* w) const {
   w->Put(gpu_gemm);
   w->Put(gpu_graphs);
   w->Put(kv_dtype);
+  w->Put(gpu_attention);
 }
 
 bool WorkerInit::Decode(WireReader* r) {
@@ -29,7 +30,8 @@ bool WorkerInit::Decode(WireReader* r) {
   gpu_gemm = r->Get<int32_t>();
   gpu_graphs = r->Get<uint8_t>();
   kv_dtype = r->Get<int32_t>();
-  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2 &&
+  gpu_attention = r->Get<int32_t>();
+  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2 && (gpu_attention == 0 || gpu_attention == 1) &&
          (kv_dtype == static_cast<int32_t>(DType::kF32) ||
           kv_dtype == static_cast<int32_t>(DType::kBF16));
 }

@@ -41,7 +41,8 @@ enum class WorkerOp : uint32_t {
 // (SeqRestore::shared_blocks) and start past those an earlier sequence
 // restores (SeqRestore::restore_from).
 // 7: a device may run on a GPU (WorkerInit::gpu, gpu_gemm, gpu_graphs).
-// 8: KV pages may hold bf16 (WorkerInit::kv_dtype, BackupHeader::kv_dtype).
+// 8: KV pages may hold bf16 (WorkerInit::kv_dtype, BackupHeader::kv_dtype);
+// a GPU device may attend on tensor cores (WorkerInit::gpu_attention).
 constexpr int32_t kWorkerProtocolVersion = 8;
 
 // kInit carries the logits region, the device progress region and, if the
@@ -58,6 +59,7 @@ struct WorkerInit {
   int32_t gpu_gemm = 0;     // GpuGemm
   uint8_t gpu_graphs = 0;   // CudaBackendOptions::graphs
   int32_t kv_dtype = static_cast<int32_t>(DType::kF32);  // of the KV pages: f32 or bf16
+  int32_t gpu_attention = 0;                             // GpuAttention
 
   void Encode(WireWriter* w) const;
   bool Decode(WireReader* r);

@@ -212,6 +212,7 @@ class Worker {
       o.gpu = init.gpu;
       o.gemm = static_cast<GpuGemm>(init.gpu_gemm);
       o.graphs = init.gpu_graphs != 0;
+      o.attention = static_cast<GpuAttention>(init.gpu_attention);
       FS_ASSIGN_OR_RETURN(backend_, MakeCudaBackend(o));
     } else {
       backend_ = MakeCpuBackend(init.threads);

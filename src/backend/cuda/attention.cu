@@ -161,6 +161,271 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
   }
 }
 
+// ---------------------------------------------------------------------------
+// Attention on tensor cores (GpuAttention::kTensor). A block of kTcWarps
+// warps takes 64 query rows of one problem (row r: token r / G, query head
+// r % G), 16 per warp, over chunks of kTcChunk keys at fixed positions
+// ([64 c, 64 c + 64)), each chunk's keys and values loaded once into shared
+// memory as bf16 for all its warps. Per chunk a warp computes its rows'
+// scores by mma.sync m16n8k16 (queries and keys in bf16, f32 sums), masks
+// and scales them, runs the online softmax per row in f32, rounds the
+// weights to bf16 and adds their products with the values into f32
+// accumulators by mma.sync again. A row's scores, maximum, weights and
+// sums depend only on its own query and keys (an mma element is a function
+// of its own row and column; a quad's reductions run in a fixed order), a
+// chunk the row does not reach leaves its state as it was (weights of
+// exact zeros, no rescaling), and keys outside the block's range are zeros
+// in shared memory: so a query's result is the same whatever the block, its
+// prefill chunk or the batch, as on CUDA cores.
+//
+// mma.sync m16n8k16 fragments (lane = 4 g + q): A (16 x 16, row major)
+// a0 = (g, 2q..2q+1), a1 = (g + 8, 2q..), a2 = (g, 8 + 2q..), a3 = (g + 8,
+// 8 + 2q..); B (16 x 8, k x n) b0 = (2q..2q+1, g), b1 = (8 + 2q.., g); C
+// (16 x 8) c0, c1 = (g, 2q..2q+1), c2, c3 = (g + 8, 2q..2q+1). Two 16-bit
+// values in a register: the lower index in the lower half.
+
+constexpr int kTcWarps = 4;
+constexpr int kTcRows = 16 * kTcWarps;  // query rows of a block
+constexpr int kTcChunk = 64;            // keys of a chunk
+
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two bf16 values in a register, `lo` in the lower half.
+__device__ __forceinline__ uint32_t Pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+}
+__device__ __forceinline__ uint32_t Load32(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Shared-memory rows of HD bf16 values and 8 more (rows 16 bytes apart in
+// bank order).
+__host__ __device__ constexpr int TcPitch(int hd) { return hd + 8; }
+
+template <int HD>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    AttendTcKernel(const AttentionProblem* problems, const int* first_block, int num_problems) {
+  static_assert(HD % 16 == 0 && HD <= 128);
+  constexpr int P = TcPitch(HD), KS = HD / 16, DT = HD / 8;
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  auto* ks = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [kTcChunk][P]
+  __nv_bfloat16* vs = ks + kTcChunk * P;                 // [kTcChunk][P]
+  __nv_bfloat16* qs = vs + kTcChunk * P;                 // [kTcRows][P]
+  int lo = 0, hi = num_problems - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= static_cast<int>(blockIdx.x)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const AttentionProblem& a = problems[lo];
+  const int bs = a.block_size, G = a.group_size;
+  if (G == 0) return;  // stores only
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int queries = a.num_tokens * G;
+  const int r0 = (static_cast<int>(blockIdx.x) - first_block[lo]) * kTcRows;
+
+  // The block's queries, rounded to bf16 (rows past the last: zeros).
+  for (int e = threadIdx.x; e < kTcRows * HD; e += blockDim.x) {
+    const int r = e / HD, d = e % HD, qi = r0 + r;
+    float v = 0.0f;
+    if (qi < queries) {
+      v = a.q[static_cast<int64_t>(qi / G) * a.ldq + static_cast<int64_t>(qi % G) * HD + d];
+    }
+    qs[r * P + d] = __float2bfloat16_rn(v);
+  }
+  // This lane's rows: g and g + 8 of its warp's 16.
+  int pos[2], first[2];
+  bool live[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = r0 + warp * 16 + g + 8 * h;
+    live[h] = qi < queries;
+    pos[h] = a.start_pos + (live[h] ? qi / G : 0);
+    first[h] = a.sliding_window > 0 ? max(0, pos[h] - a.sliding_window + 1) : 0;
+  }
+  const int last_q = min(r0 + kTcRows, queries) - 1;
+  const int block_last = a.start_pos + last_q / G;
+  const int p0 = a.start_pos + r0 / G;
+  const int block_first = a.sliding_window > 0 ? max(0, p0 - a.sliding_window + 1) : 0;
+  __syncthreads();
+  uint32_t qf[KS][4];
+  {
+    const __nv_bfloat16* qw = qs + warp * 16 * P;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      qf[k][0] = Load32(qw + g * P + 16 * k + 2 * q);
+      qf[k][1] = Load32(qw + (g + 8) * P + 16 * k + 2 * q);
+      qf[k][2] = Load32(qw + g * P + 16 * k + 8 + 2 * q);
+      qf[k][3] = Load32(qw + (g + 8) * P + 16 * k + 8 + 2 * q);
+    }
+  }
+  float o[DT][4];
+#pragma unroll
+  for (int t = 0; t < DT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  float m[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
+  bool any[2] = {false, false};
+  const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
+  for (int c = block_first / kTcChunk; c * kTcChunk <= block_last; ++c) {
+    __syncthreads();  // the previous chunk is read (and the queries, the first time)
+    for (int e = threadIdx.x; e < kTcChunk * HD / 2; e += blockDim.x) {
+      const int key = e / (HD / 2), d = 2 * (e % (HD / 2));
+      const int p = c * kTcChunk + key;
+      __nv_bfloat162 kv2[2] = {{zero, zero}, {zero, zero}};
+      if (p >= block_first && p <= block_last) {
+        const float* page = a.pages[p / bs];
+        const int64_t at[2] = {static_cast<int64_t>(p % bs) * HD + d,
+                               static_cast<int64_t>(bs + p % bs) * HD + d};
+#pragma unroll
+        for (int part = 0; part < 2; ++part) {
+          if (a.kv_bf16) {
+            kv2[part] =
+                *reinterpret_cast<const __nv_bfloat162*>(
+                    reinterpret_cast<const __nv_bfloat16*>(page) + at[part]);
+          } else {
+            kv2[part] = __floats2bfloat162_rn(page[at[part]], page[at[part] + 1]);
+          }
+        }
+      }
+      *reinterpret_cast<__nv_bfloat162*>(ks + key * P + d) = kv2[0];
+      *reinterpret_cast<__nv_bfloat162*>(vs + key * P + d) = kv2[1];
+    }
+    __syncthreads();
+    const int c0 = c * kTcChunk, c1 = c0 + kTcChunk - 1;
+    bool reach[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) reach[h] = live[h] && first[h] <= c1 && pos[h] >= c0;
+    if (!__any_sync(0xffffffffu, reach[0] || reach[1])) continue;  // no row of the warp
+    // Scores: keys nt * 8 + 2q, + 1 of the chunk in s[nt][0..1] (row g) and
+    // s[nt][2..3] (row g + 8).
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      const __nv_bfloat16* kr = ks + (nt * 8 + g) * P + 2 * q;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) MmaBf16(s[nt], qf[k], Load32(kr + 16 * k), Load32(kr + 16 * k + 8));
+    }
+    float cmax[2] = {-FLT_MAX, -FLT_MAX};
+    int valid[2] = {0, 0};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, p = c0 + nt * 8 + 2 * q + (e & 1);
+        const bool ok = reach[h] && p >= first[h] && p <= pos[h];
+        float v = s[nt][e] * a.scale;
+        if (a.softcap > 0) v = a.softcap * tanhf(v / a.softcap);
+        s[nt][e] = v;
+        if (ok) {
+          cmax[h] = fmaxf(cmax[h], v);
+          valid[h] |= 1 << (nt * 4 + e);
+        }
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // The row's maximum over the quad's four lanes (the same row).
+      cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 1));
+      cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 2));
+      int has = valid[h] != 0;
+      has |= __shfl_xor_sync(0xffffffffu, has, 1);
+      has |= __shfl_xor_sync(0xffffffffu, has, 2);
+      reach[h] = has != 0;  // from here: the row has a key in this chunk
+      const float m_new = !reach[h] ? m[h] : (any[h] ? fmaxf(m[h], cmax[h]) : cmax[h]);
+      corr[h] = !reach[h] ? 1.0f : (any[h] ? expf(m[h] - m_new) : 0.0f);
+      m[h] = m_new;
+    }
+    // Weights, rounded to bf16 (their sum of the rounded values), then the
+    // row's sum over the quad in a fixed order.
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const bool ok = (valid[h] >> (nt * 4 + e)) & 1;
+        const float w = ok ? __bfloat162float(__float2bfloat16_rn(expf(s[nt][e] - m[h]))) : 0.0f;
+        s[nt][e] = w;
+        sum[h] += w;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+      if (reach[h]) {
+        l[h] = l[h] * corr[h] + sum[h];
+        any[h] = true;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < DT; ++t) {
+      o[t][0] *= corr[0];
+      o[t][1] *= corr[0];
+      o[t][2] *= corr[1];
+      o[t][3] *= corr[1];
+    }
+    // Weighted values: 16 keys a step (the weights of n-tiles 2 kk and
+    // 2 kk + 1 are the A fragment as they lie).
+#pragma unroll
+    for (int kk = 0; kk < kTcChunk / 16; ++kk) {
+      uint32_t pa[4];
+      pa[0] = Pack(__float2bfloat16_rn(s[2 * kk][0]), __float2bfloat16_rn(s[2 * kk][1]));
+      pa[1] = Pack(__float2bfloat16_rn(s[2 * kk][2]), __float2bfloat16_rn(s[2 * kk][3]));
+      pa[2] = Pack(__float2bfloat16_rn(s[2 * kk + 1][0]), __float2bfloat16_rn(s[2 * kk + 1][1]));
+      pa[3] = Pack(__float2bfloat16_rn(s[2 * kk + 1][2]), __float2bfloat16_rn(s[2 * kk + 1][3]));
+      const __nv_bfloat16* v0 = vs + (16 * kk + 2 * q) * P + g;
+#pragma unroll
+      for (int t = 0; t < DT; ++t) {
+        const __nv_bfloat16* v = v0 + 8 * t;
+        const uint32_t b0 = Pack(v[0], v[P]);
+        const uint32_t b1 = Pack(v[8 * P], v[9 * P]);
+        MmaBf16(o[t], pa, b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!live[h]) continue;
+    const int qi = r0 + warp * 16 + g + 8 * h;
+    float* out = a.out + static_cast<int64_t>(qi / G) * a.ldo + static_cast<int64_t>(qi % G) * HD;
+    const float inv = 1.0f / l[h];
+#pragma unroll
+    for (int t = 0; t < DT; ++t) {
+      out[8 * t + 2 * q] = o[t][2 * h] * inv;
+      out[8 * t + 2 * q + 1] = o[t][2 * h + 1] * inv;
+    }
+  }
+}
+
+template <int HD>
+void LaunchTc(const AttentionProblem* problems, const int* first_block, int num_problems,
+              int total_blocks, cudaStream_t s) {
+  const size_t shared = AttentionTcSharedBytes(HD);
+  static bool raised = false;
+  if (!raised && shared > (48 << 10)) {
+    FS_CUDA_CHECK(cudaFuncSetAttribute(AttendTcKernel<HD>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(shared)));
+  }
+  raised = true;
+  AttendTcKernel<HD><<<total_blocks, kTcWarps * 32, shared, s>>>(problems, first_block,
+                                                                  num_problems);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 void StoreKv(const AttentionProblem* problems, int num_problems, int max_tokens, cudaStream_t s) {
@@ -193,6 +458,38 @@ void Attend(const AttentionProblem* problems, const int* first_block, int num_pr
   }
   AttendKernel<<<total_blocks, kWarps * 32, shared, s>>>(problems, first_block, num_problems);
   FS_CUDA_CHECK(cudaGetLastError());
+}
+
+bool AttentionTcSupported(int head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128;
+}
+
+size_t AttentionTcSharedBytes(int head_dim) {
+  return sizeof(__nv_bfloat16) * TcPitch(head_dim) * (2 * kTcChunk + kTcRows);
+}
+
+int AttentionTcBlocks(int num_tokens, int group_size) {
+  return (num_tokens * group_size + kTcRows - 1) / kTcRows;
+}
+
+void AttendTc(const AttentionProblem* problems, const int* first_block, int num_problems,
+              int total_blocks, int head_dim, cudaStream_t s) {
+  if (total_blocks <= 0) return;
+  switch (head_dim) {
+    case 16:
+      return LaunchTc<16>(problems, first_block, num_problems, total_blocks, s);
+    case 32:
+      return LaunchTc<32>(problems, first_block, num_problems, total_blocks, s);
+    case 64:
+      return LaunchTc<64>(problems, first_block, num_problems, total_blocks, s);
+    case 96:
+      return LaunchTc<96>(problems, first_block, num_problems, total_blocks, s);
+    case 128:
+      return LaunchTc<128>(problems, first_block, num_problems, total_blocks, s);
+    default:
+      FS_CHECK_MSG(false, "tensor-core attention takes head dims 16, 32, 64, 96 and 128, not {}",
+                   head_dim);
+  }
 }
 
 }  // namespace failsafe::cuda

@@ -46,7 +46,7 @@ constexpr size_t kMaxGraphs = 64;
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : gpu_(o.gpu), gemm_(o.gemm), graphs_enabled_(o.graphs) {}
+      : gpu_(o.gpu), gemm_(o.gemm), graphs_enabled_(o.graphs), attention_(o.attention) {}
 
   Status Init() {
     int count = 0;
@@ -395,6 +395,10 @@ class CudaBackend final : public Backend {
         reinterpret_cast<const float* const*>(host_pages_.data()), host_pages_.size());
     host_problems_.resize(problems.size());
     host_first_block_.resize(problems.size() + 1);
+    // On tensor cores where asked and the head dim allows (one model's
+    // problems share it, so a model always takes the same kernel).
+    bool tensor = attention_ == GpuAttention::kTensor && cuda::AttentionTcSupported(max_hd);
+    for (const AttentionArgs& a : problems) tensor = tensor && a.head_dim == max_hd;
     int blocks = 0;
     for (size_t i = 0; i < problems.size(); ++i) {
       const AttentionArgs& a = problems[i];
@@ -418,14 +422,21 @@ class CudaBackend final : public Backend {
                    "KV pages hold f32 or bf16, not {}", DTypeName(a.kv_dtype));
       p.kv_bf16 = a.kv_dtype == DType::kBF16 ? 1 : 0;
       host_first_block_[i] = blocks;
-      blocks += a.group_size > 0 ? cuda::AttentionBlocks(a.num_tokens, a.group_size) : 0;
+      if (a.group_size > 0) {
+        blocks += tensor ? cuda::AttentionTcBlocks(a.num_tokens, a.group_size)
+                         : cuda::AttentionBlocks(a.num_tokens, a.group_size);
+      }
     }
     host_first_block_[problems.size()] = blocks;
     const auto* dev = Upload<cuda::AttentionProblem>(host_problems_.data(), host_problems_.size());
     const int* first = Upload<int>(host_first_block_.data(), host_first_block_.size());
     if (!Launching()) return;
     cuda::StoreKv(dev, static_cast<int>(problems.size()), max_tokens, stream_);
-    cuda::Attend(dev, first, static_cast<int>(problems.size()), blocks, max_hd, stream_);
+    if (tensor) {
+      cuda::AttendTc(dev, first, static_cast<int>(problems.size()), blocks, max_hd, stream_);
+    } else {
+      cuda::Attend(dev, first, static_cast<int>(problems.size()), blocks, max_hd, stream_);
+    }
   }
 
   int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter) override {
@@ -575,6 +586,7 @@ class CudaBackend final : public Backend {
     uint64_t last_use = 0;
   };
   const bool graphs_enabled_;
+  const GpuAttention attention_;
   Graph graph_ = Graph::kOff;
   std::unordered_set<uint64_t> seen_;
   std::unordered_map<uint64_t, StepGraph> graphs_;

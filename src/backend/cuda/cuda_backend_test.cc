@@ -391,99 +391,110 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
 // Sequences of several lengths with scattered pages, GQA and a sliding
 // window: each query against the CPU backend, and the same query computed in
 // a prefill chunk and in a decode step with the same bits; with f32 pages and
-// with bf16 pages (the stored keys and values the CPU backend's bits).
+// with bf16 pages (the stored keys and values the CPU backend's bits); on
+// CUDA cores (f32, near the CPU backend's) and on tensor cores (queries,
+// keys, values and weights in bf16: within bf16 rounding of it).
 TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
   REQUIRE_GPU();
-  Backend* gpu = Gpu();
+  CudaBackendOptions to;
+  to.attention = GpuAttention::kTensor;
+  auto tensor_backend = MakeCudaBackend(to);
+  ASSERT_TRUE(tensor_backend.ok()) << tensor_backend.status().ToString();
   auto cpu = MakeCpuBackend(1);
-  for (DType kvt : {DType::kF32, DType::kBF16})
-    for (int hd : {64, 128}) {
-      for (int window : {0, 40}) {
-        const int bs = 16, group = 4, pool_pages = 64;
-        // A page's size in floats (bf16 pages: half as many).
-        const int64_t page_floats = 2LL * bs * hd * static_cast<int64_t>(DTypeSize(kvt)) / 4;
-        // The pool, on the host and on the device, filled with the same keys.
-        auto pool = Random(static_cast<size_t>(pool_pages) * page_floats, 11);
-        if (kvt == DType::kBF16) {
-          const auto h = To16(Random(2 * pool.size(), 11), DType::kBF16);
-          std::memcpy(pool.data(), h.data(), h.size() * 2);
-        }
-        OnDevice<float> dpool(gpu, pool);
-        std::mt19937 rng(hd + window);
-        std::vector<int> order(pool_pages);
-        for (int i = 0; i < pool_pages; ++i) order[i] = i;
-        std::shuffle(order.begin(), order.end(), rng);
-        struct Seq {
-          int start, tokens;
-        };
-        const std::vector<Seq> seqs = {{0, 70}, {45, 1}, {100, 23}, {5, 1}};
-        int next_page = 0;
-        std::vector<AttentionArgs> cpu_p, gpu_p;
-        std::vector<std::vector<float*>> cpu_pages(seqs.size()), gpu_pages(seqs.size());
-        std::vector<std::vector<float>> q(seqs.size()), kv(seqs.size()), out(seqs.size());
-        std::vector<std::unique_ptr<OnDevice<float>>> dq, dkv, dout;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-          const int pos = seqs[i].start + seqs[i].tokens;
-          for (int p = 0; p < (pos + bs - 1) / bs; ++p) {
-            const int page = order[next_page++];
-            cpu_pages[i].push_back(pool.data() + page * page_floats);
-            gpu_pages[i].push_back(dpool.get() + page * page_floats);
+  for (GpuAttention mode : {GpuAttention::kCores, GpuAttention::kTensor})
+    for (DType kvt : {DType::kF32, DType::kBF16})
+      for (int hd : {64, 128}) {
+        Backend* gpu = mode == GpuAttention::kTensor ? tensor_backend->get() : Gpu();
+        const double tolerance = mode == GpuAttention::kTensor ? 2e-2 : 2e-5;
+        const char* kernel = mode == GpuAttention::kTensor ? "tensor cores" : "CUDA cores";
+        for (int window : {0, 40}) {
+          const int bs = 16, group = 4, pool_pages = 64;
+          // A page's size in floats (bf16 pages: half as many).
+          const int64_t page_floats = 2LL * bs * hd * static_cast<int64_t>(DTypeSize(kvt)) / 4;
+          // The pool, on the host and on the device, filled with the same keys.
+          auto pool = Random(static_cast<size_t>(pool_pages) * page_floats, 11);
+          if (kvt == DType::kBF16) {
+            const auto h = To16(Random(2 * pool.size(), 11), DType::kBF16);
+            std::memcpy(pool.data(), h.data(), h.size() * 2);
           }
-          q[i] = Random(static_cast<size_t>(seqs[i].tokens) * group * hd, 20 + i);
-          kv[i] = Random(static_cast<size_t>(seqs[i].tokens) * 2 * hd, 30 + i);
-          out[i].assign(q[i].size(), 0.0f);
-          dq.push_back(std::make_unique<OnDevice<float>>(gpu, q[i]));
-          dkv.push_back(std::make_unique<OnDevice<float>>(gpu, kv[i]));
-          dout.push_back(std::make_unique<OnDevice<float>>(gpu, out[i].size()));
-          AttentionArgs a;
-          a.q = q[i].data();
-          a.ldq = group * hd;
-          a.out = out[i].data();
-          a.ldo = group * hd;
-          a.num_tokens = seqs[i].tokens;
-          a.start_pos = seqs[i].start;
-          a.group_size = group;
-          a.head_dim = hd;
-          a.pages = cpu_pages[i].data();
-          a.kv_dtype = kvt;
-          a.new_kv = kv[i].data();
-          a.ld_new_kv = 2 * hd;
-          a.block_size = bs;
-          a.sliding_window = window;
-          a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-          cpu_p.push_back(a);
-          a.q = dq.back()->get();
-          a.out = dout.back()->get();
-          a.new_kv = dkv.back()->get();
-          a.pages = gpu_pages[i].data();
-          gpu_p.push_back(a);
+          OnDevice<float> dpool(gpu, pool);
+          std::mt19937 rng(hd + window);
+          std::vector<int> order(pool_pages);
+          for (int i = 0; i < pool_pages; ++i) order[i] = i;
+          std::shuffle(order.begin(), order.end(), rng);
+          struct Seq {
+            int start, tokens;
+          };
+          const std::vector<Seq> seqs = {{0, 70}, {45, 1}, {100, 23}, {5, 1}};
+          int next_page = 0;
+          std::vector<AttentionArgs> cpu_p, gpu_p;
+          std::vector<std::vector<float*>> cpu_pages(seqs.size()), gpu_pages(seqs.size());
+          std::vector<std::vector<float>> q(seqs.size()), kv(seqs.size()), out(seqs.size());
+          std::vector<std::unique_ptr<OnDevice<float>>> dq, dkv, dout;
+          for (size_t i = 0; i < seqs.size(); ++i) {
+            const int pos = seqs[i].start + seqs[i].tokens;
+            for (int p = 0; p < (pos + bs - 1) / bs; ++p) {
+              const int page = order[next_page++];
+              cpu_pages[i].push_back(pool.data() + page * page_floats);
+              gpu_pages[i].push_back(dpool.get() + page * page_floats);
+            }
+            q[i] = Random(static_cast<size_t>(seqs[i].tokens) * group * hd, 20 + i);
+            kv[i] = Random(static_cast<size_t>(seqs[i].tokens) * 2 * hd, 30 + i);
+            out[i].assign(q[i].size(), 0.0f);
+            dq.push_back(std::make_unique<OnDevice<float>>(gpu, q[i]));
+            dkv.push_back(std::make_unique<OnDevice<float>>(gpu, kv[i]));
+            dout.push_back(std::make_unique<OnDevice<float>>(gpu, out[i].size()));
+            AttentionArgs a;
+            a.q = q[i].data();
+            a.ldq = group * hd;
+            a.out = out[i].data();
+            a.ldo = group * hd;
+            a.num_tokens = seqs[i].tokens;
+            a.start_pos = seqs[i].start;
+            a.group_size = group;
+            a.head_dim = hd;
+            a.pages = cpu_pages[i].data();
+            a.kv_dtype = kvt;
+            a.new_kv = kv[i].data();
+            a.ld_new_kv = 2 * hd;
+            a.block_size = bs;
+            a.sliding_window = window;
+            a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+            cpu_p.push_back(a);
+            a.q = dq.back()->get();
+            a.out = dout.back()->get();
+            a.new_kv = dkv.back()->get();
+            a.pages = gpu_pages[i].data();
+            gpu_p.push_back(a);
+          }
+          cpu->Attention(cpu_p);
+          gpu->Attention(gpu_p);
+          for (size_t i = 0; i < seqs.size(); ++i) {
+            EXPECT_LT(MaxRelError(dout[i]->Read(gpu), out[i]), tolerance)
+                << kernel << " " << DTypeName(kvt) << " hd " << hd << " window " << window
+                << " sequence " << i;
+          }
+          EXPECT_TRUE(SameBits(dpool.Read(gpu), pool))
+              << kernel << " " << DTypeName(kvt) << " hd " << hd;
+          // Sequence 0's last token again, alone (a decode step after its
+          // prefill): the same bits as in the chunk.
+          AttentionArgs a = gpu_p[0];
+          const int last = seqs[0].tokens - 1;
+          OnDevice<float> one(gpu, static_cast<size_t>(group) * hd);
+          a.q = dq[0]->get() + static_cast<int64_t>(last) * group * hd;
+          a.out = one.get();
+          a.num_tokens = 1;
+          a.start_pos = seqs[0].start + last;
+          a.new_kv = nullptr;
+          gpu->Attention({a});
+          const auto chunk = dout[0]->Read(gpu);
+          const auto alone = one.Read(gpu);
+          EXPECT_EQ(std::memcmp(alone.data(), chunk.data() + static_cast<size_t>(last) * group * hd,
+                                alone.size() * 4),
+                    0)
+              << kernel << " " << DTypeName(kvt) << " hd " << hd << " window " << window;
         }
-        cpu->Attention(cpu_p);
-        gpu->Attention(gpu_p);
-        for (size_t i = 0; i < seqs.size(); ++i) {
-          EXPECT_LT(MaxRelError(dout[i]->Read(gpu), out[i]), 2e-5)
-              << DTypeName(kvt) << " hd " << hd << " window " << window << " sequence " << i;
-        }
-        EXPECT_TRUE(SameBits(dpool.Read(gpu), pool)) << DTypeName(kvt) << " hd " << hd;
-        // Sequence 0's last token again, alone (a decode step after its
-        // prefill): the same bits as in the chunk.
-        AttentionArgs a = gpu_p[0];
-        const int last = seqs[0].tokens - 1;
-        OnDevice<float> one(gpu, static_cast<size_t>(group) * hd);
-        a.q = dq[0]->get() + static_cast<int64_t>(last) * group * hd;
-        a.out = one.get();
-        a.num_tokens = 1;
-        a.start_pos = seqs[0].start + last;
-        a.new_kv = nullptr;
-        gpu->Attention({a});
-        const auto chunk = dout[0]->Read(gpu);
-        const auto alone = one.Read(gpu);
-        EXPECT_EQ(std::memcmp(alone.data(), chunk.data() + static_cast<size_t>(last) * group * hd,
-                              alone.size() * 4),
-                  0)
-            << DTypeName(kvt) << " hd " << hd << " window " << window;
       }
-    }
 }
 
 TEST(CudaBackend, SamplingDrawsTheCpuBackendsTokens) {

@@ -135,6 +135,14 @@ size_t AttentionSharedBytes(int head_dim);
 // blocks [first_block[i], first_block[i + 1]) (AttentionBlocks each).
 void Attend(const AttentionProblem* problems, const int* first_block, int num_problems,
             int total_blocks, int max_head_dim, cudaStream_t s);
+// The same on tensor cores (GpuAttention::kTensor), every problem of one
+// head dim, one AttentionTcSupported takes; problem i takes blocks
+// [first_block[i], first_block[i + 1]) (AttentionTcBlocks each).
+bool AttentionTcSupported(int head_dim);
+int AttentionTcBlocks(int num_tokens, int group_size);
+size_t AttentionTcSharedBytes(int head_dim);
+void AttendTc(const AttentionProblem* problems, const int* first_block, int num_problems,
+              int total_blocks, int head_dim, cudaStream_t s);
 
 // --- sampling.cu ---
 // Greedy: the index of the largest logit, lowest on ties, into *out.

@@ -65,11 +65,8 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 // Blocks map to problems through `first_block` (problem i owns blocks
-// [first_block[i], first_block[i + 1])).
-__global__ void AttendKernel(const AttentionProblem* problems, const int* first_block,
-                             int num_problems) {
-  extern __shared__ float smem[];
-  // Which problem: a binary search over first_block.
+// [first_block[i], first_block[i + 1])): this block's, by binary search.
+__device__ __forceinline__ int ProblemOfBlock(const int* first_block, int num_problems) {
   int lo = 0, hi = num_problems - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -79,6 +76,15 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
       hi = mid - 1;
     }
   }
+  return lo;
+}
+
+// Blocks map to problems through `first_block` (problem i owns blocks
+// [first_block[i], first_block[i + 1])).
+__global__ void AttendKernel(const AttentionProblem* problems, const int* first_block,
+                             int num_problems) {
+  extern __shared__ float smem[];
+  const int lo = ProblemOfBlock(first_block, num_problems);
   const AttentionProblem& a = problems[lo];
   const int hd = a.head_dim, bs = a.block_size, G = a.group_size;
   if (G == 0) return;  // stores only
@@ -219,15 +225,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   auto* ks = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [kTcChunk][P]
   __nv_bfloat16* vs = ks + kTcChunk * P;                 // [kTcChunk][P]
   __nv_bfloat16* qs = vs + kTcChunk * P;                 // [kTcRows][P]
-  int lo = 0, hi = num_problems - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (first_block[mid] <= static_cast<int>(blockIdx.x)) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int lo = ProblemOfBlock(first_block, num_problems);
   const AttentionProblem& a = problems[lo];
   const int bs = a.block_size, G = a.group_size;
   if (G == 0) return;  // stores only

@@ -412,6 +412,8 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", block_size, "positions per KV page")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  bool step_times = false;
+  app.add_flag("--step-times", step_times, "with --only decode or decode-batch: each step's ms");
   std::string kv_dtype_name = "f32";
   app.add_option("--kv-dtype", kv_dtype_name, "what the KV pages hold: f32 or bf16")
       ->capture_default_str()
@@ -613,6 +615,11 @@ int main(int argc, char** argv) {
             "%-7d decode at batch %d, context %d, pages of %d %s%s: %.2f tok/s over %d steps\n",
             threads, rows, context, block_size, kv_dtype_name.c_str(),
             scatter ? " (scattered)" : "", d.tokens_per_s, steps);
+        if (step_times) {
+          std::printf("        step ms:");
+          for (double s : d.steps_s) std::printf(" %.1f", s * 1e3);
+          std::printf("\n");
+        }
         continue;
       }
       const double bw = MeasureReadBandwidth(threads);

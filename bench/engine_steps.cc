@@ -81,7 +81,7 @@ Decode RunDecode(Executor& exec, int batch, int steps, int prompt, bool scatter)
     kv.Free(100 + s);
   }
   double t = Median(times);
-  return {t, batch / t, batch / Median(cpu_times)};
+  return {t, batch / t, batch / Median(cpu_times), times};
 }
 
 double RunPrefill(Executor& exec, int tokens, int reps, double* flops) {

@@ -20,6 +20,7 @@ struct Decode {
   // thread, what the step costs when it has its core to itself (a loaded
   // machine's waits for a core do not count; its use of memory does).
   double cpu_tokens_per_s;
+  std::vector<double> steps_s;  // each step's wall time, in order
 };
 
 // Decodes `steps` steps for `batch` sequences after a prefill of `prompt`

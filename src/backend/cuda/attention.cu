@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
       for (int k = 0; k < KS; ++k) MmaBf16(s[nt], qf[k], Load32(kr + 16 * k), Load32(kr + 16 * k + 8));
     }
     float cmax[2] = {-FLT_MAX, -FLT_MAX};
-    int valid[2] = {0, 0};
+    uint32_t valid[2] = {0, 0};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         s[nt][e] = v;
         if (ok) {
           cmax[h] = fmaxf(cmax[h], v);
-          valid[h] |= 1 << (nt * 4 + e);
+          valid[h] |= 1u << (nt * 4 + e);
         }
       }
     }
@@ -459,7 +459,7 @@ void Attend(const AttentionProblem* problems, const int* first_block, int num_pr
 }
 
 bool AttentionTcSupported(int head_dim) {
-  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128;
+  return head_dim > 0 && head_dim <= 128 && head_dim % 16 == 0;
 }
 
 size_t AttentionTcSharedBytes(int head_dim) {
@@ -478,14 +478,20 @@ void AttendTc(const AttentionProblem* problems, const int* first_block, int num_
       return LaunchTc<16>(problems, first_block, num_problems, total_blocks, s);
     case 32:
       return LaunchTc<32>(problems, first_block, num_problems, total_blocks, s);
+    case 48:
+      return LaunchTc<48>(problems, first_block, num_problems, total_blocks, s);
     case 64:
       return LaunchTc<64>(problems, first_block, num_problems, total_blocks, s);
+    case 80:
+      return LaunchTc<80>(problems, first_block, num_problems, total_blocks, s);
     case 96:
       return LaunchTc<96>(problems, first_block, num_problems, total_blocks, s);
+    case 112:
+      return LaunchTc<112>(problems, first_block, num_problems, total_blocks, s);
     case 128:
       return LaunchTc<128>(problems, first_block, num_problems, total_blocks, s);
     default:
-      FS_CHECK_MSG(false, "tensor-core attention takes head dims 16, 32, 64, 96 and 128, not {}",
+      FS_CHECK_MSG(false, "tensor-core attention takes head dims of 16 to 128 in steps of 16, not {}",
                    head_dim);
   }
 }

@@ -31,9 +31,10 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_option("--kv-dtype", f->kv_dtype,
                  "what the KV cache and its host backup hold: f32, or bf16 for half the memory "
                  "and half the bytes attention reads (keys and values rounded once, to nearest, "
-                 "as they are stored; attention then computes in f32)")
+                 "as they are stored; attention then computes in f32); auto: bf16 for a model "
+                 "whose weights are bf16, else f32")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16"}));
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   app.add_flag("--processes", f->processes, "run even a single device as a worker process");
   app.add_option("--recovery", f->recovery, "recovery mode: recompute, host or full")
       ->capture_default_str();
@@ -178,10 +179,11 @@ Result<std::vector<int>> ParseGpus(const std::string& text) {
   return out;
 }
 
-Result<DType> ParseKvDtype(const std::string& text) {
-  if (text == "f32") return DType::kF32;
-  if (text == "bf16") return DType::kBF16;
-  return InvalidArgument("--kv-dtype: unknown '{}' (known: f32, bf16)", text);
+Result<std::optional<DType>> ParseKvDtype(const std::string& text) {
+  if (text == "auto") return std::optional<DType>();
+  if (text == "f32") return std::optional<DType>(DType::kF32);
+  if (text == "bf16") return std::optional<DType>(DType::kBF16);
+  return InvalidArgument("--kv-dtype: unknown '{}' (known: auto, f32, bf16)", text);
 }
 
 Result<GpuGemm> ParseGpuGemm(const std::string& text) {
@@ -195,7 +197,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
   FS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseGpus(f.gpus));
   FS_ASSIGN_OR_RETURN(GpuGemm gpu_gemm, ParseGpuGemm(f.gpu_gemm));
-  FS_ASSIGN_OR_RETURN(DType kv_dtype, ParseKvDtype(f.kv_dtype));
+  FS_ASSIGN_OR_RETURN(std::optional<DType> kv_dtype, ParseKvDtype(f.kv_dtype));
   const GpuAttention gpu_attention =
       f.gpu_attention == "tensor" ? GpuAttention::kTensor : GpuAttention::kCores;
   if (f.comm != "shm" && f.comm != "gloo")

@@ -17,7 +17,7 @@ struct DeviceFlags {
   std::string comm = "shm";
   int threads = 1;
   int block_size = 16;           // positions per KV page
-  std::string kv_dtype = "f32";  // what KV pages hold: f32 or bf16
+  std::string kv_dtype = "f32";  // what KV pages hold: f32, bf16 or auto (the model's)
   bool processes = false;        // a worker process even for one device
   std::string device_memory;     // e.g. "2GiB"; empty: no limit
   std::string gpus;              // e.g. "0,0,0,0": each device's GPU; empty: CPU devices

@@ -31,7 +31,7 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   if (options.wrap_backend) e->backend_ = options.wrap_backend(std::move(e->backend_));
   DeviceOptions d;
   d.block_size = options.block_size;
-  d.kv_dtype = options.kv_dtype;
+  d.kv_dtype = options.kv_dtype.value_or(DefaultKvDtype(e->host_->MatrixDType()));
   const int64_t slots = static_cast<int64_t>(e->config_.num_layers) * e->config_.num_kv_heads;
   d.kv_pages = options.kv_pages > 0 ? options.kv_pages : slots * (65536 / options.block_size);
   e->device_ = std::make_unique<DeviceModel>(e->config_, 0, e->backend_.get(), d);

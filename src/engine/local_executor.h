@@ -19,8 +19,9 @@ namespace failsafe {
 struct LocalExecutorOptions {
   int threads = 1;
   int block_size = 16;
-  int64_t kv_pages = 0;          // 0: enough for 64K tokens
-  DType kv_dtype = DType::kF32;  // of the KV pages (KvCache)
+  int64_t kv_pages = 0;  // 0: enough for 64K tokens
+  // Of the KV pages (KvCache); unset: the model's (DefaultKvDtype).
+  std::optional<DType> kv_dtype = DType::kF32;
   // The CPU kernels' instruction-set level; unset: the best the CPU has.
   std::optional<CpuIsa> isa;
   std::optional<bool> dpbf16;  // CpuBackendOptions::dpbf16

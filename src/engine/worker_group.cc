@@ -63,8 +63,8 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   if (options.remote_devices > 0 && !options.listener) {
     return InvalidArgument("remote devices need a listener (--listen HOST:PORT)");
   }
-  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
-    return InvalidArgument("the KV cache holds f32 or bf16, not {}", DTypeName(options.kv_dtype));
+  if (options.kv_dtype && *options.kv_dtype != DType::kF32 && *options.kv_dtype != DType::kBF16) {
+    return InvalidArgument("the KV cache holds f32 or bf16, not {}", DTypeName(*options.kv_dtype));
   }
   auto g = std::unique_ptr<WorkerGroup>(new WorkerGroup());
   g->options_ = options;
@@ -101,6 +101,7 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
         "of the vision tower and projector, {:.1f} MB, not loaded; image inputs are refused)",
         options.model_dir, host->skipped_tensors(), host->skipped_bytes() / 1e6);
   }
+  g->kv_dtype_ = options.kv_dtype.value_or(DefaultKvDtype(host->MatrixDType()));
   host.reset();
   const int64_t slots = static_cast<int64_t>(g->config_.num_layers) * g->config_.num_kv_heads;
   const int64_t page_bytes = g->kv_page_bytes();
@@ -113,9 +114,9 @@ Result<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupOptions
   }
   FS_ASSIGN_OR_RETURN(std::vector<int64_t> capacity, g->KvCapacityFor(g->plan_));
   if (options.backup_bytes > 0) {
-    FS_ASSIGN_OR_RETURN(
-        g->backup_, HostKvBackup::Create(g->config_, options.block_size, options.backup_bytes,
-                                         options.max_seqs, options.num_devices, options.kv_dtype));
+    FS_ASSIGN_OR_RETURN(g->backup_,
+                        HostKvBackup::Create(g->config_, options.block_size, options.backup_bytes,
+                                             options.max_seqs, options.num_devices, g->kv_dtype_));
   }
   const size_t logits_bytes =
       static_cast<size_t>(options.max_logits_rows) * g->config_.vocab_size * sizeof(float);
@@ -296,7 +297,7 @@ Status WorkerGroup::InitDevice(int device) {
   init.logits_rows = options_.max_logits_rows;
   init.device_id = device;
   init.kv_pages = pool_pages_;
-  init.kv_dtype = static_cast<int32_t>(options_.kv_dtype);
+  init.kv_dtype = static_cast<int32_t>(kv_dtype_);
   if (!options_.gpus.empty()) {
     init.gpu = options_.gpus.size() == 1 ? options_.gpus[0] : options_.gpus[device];
     init.gpu_gemm = static_cast<int32_t>(options_.gpu_gemm);

@@ -61,8 +61,9 @@ struct WorkerGroupOptions {
   GpuAttention gpu_attention = GpuAttention::kCores;  // CudaBackendOptions::attention
   int block_size = 16;
   // What the KV pages (and the host backup) hold: f32, or bf16 for half the
-  // bytes (the values rounded once as stored; KvCache).
-  DType kv_dtype = DType::kF32;
+  // bytes (the values rounded once as stored; KvCache); unset: the model's
+  // (DefaultKvDtype).
+  std::optional<DType> kv_dtype = DType::kF32;
   int64_t kv_pages = 0;  // per device; 0: from device_memory_bytes
   // Memory of one device (weights + KV + activations); 0: KV for 64K tokens
   // of every slot.
@@ -120,7 +121,7 @@ class WorkerGroup final : public Executor, public DeviceFaults {
   Status FreeSeqs(const std::vector<int64_t>& seq_ids) override;
   std::vector<int64_t> kv_capacity_pages() const override;
   int block_size() const override { return options_.block_size; }
-  DType kv_dtype() const override { return options_.kv_dtype; }
+  DType kv_dtype() const override { return kv_dtype_; }
 
   bool supports_recovery() const override { return true; }
   HostKvBackup* backup() override { return backup_.get(); }
@@ -208,6 +209,7 @@ class WorkerGroup final : public Executor, public DeviceFaults {
   double EstimateSeconds(const StepBatch& batch) const;
 
   WorkerGroupOptions options_;
+  DType kv_dtype_ = DType::kF32;  // options_.kv_dtype, or the model's
   ModelConfig config_;
   Plan plan_;
   std::vector<Device> devices_;                         // indexed by device id

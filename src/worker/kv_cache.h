@@ -31,6 +31,13 @@
 
 namespace failsafe {
 
+// What a KV cache holds for `--kv-dtype auto`: bf16 for a model whose
+// matrices are bf16 (its keys and values are products of bf16 weights;
+// half the memory a token), else f32.
+inline DType DefaultKvDtype(DType weights) {
+  return weights == DType::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
 class KvCache {
  public:
   // max_pages: the pool's size, in `memory` (a backend's device memory; host

@@ -191,10 +191,11 @@ def rope(x, pos, freqs, scale=1.0):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def forward(cfg, W, ids, bf16_inputs=False):
+def forward(cfg, W, ids, bf16_inputs=False, bf16_kv=False):
     """bf16_inputs: round the input of every product with a weight matrix to
     bf16 (through f32, as the engine holds it), as the engine does for bf16
-    weights."""
+    weights. bf16_kv: round every key (after RoPE) and value to bf16, as a
+    bf16 KV cache stores them."""
     def mm(h, name):
         if bf16_inputs:
             h = h.float().to(torch.bfloat16).double()
@@ -254,6 +255,8 @@ def forward(cfg, W, ids, bf16_inputs=False):
             k = norm(k, p + "self_attn.k_norm.weight")
         af = 1.0 if local else rope_attention_factor(cfg)
         q, k = rope(q, pos, freqs, af), rope(k, pos, freqs, af)
+        if bf16_kv:
+            k, v = (t.float().to(torch.bfloat16).double() for t in (k, v))
         g = nh // nkv
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
@@ -366,6 +369,17 @@ def llama2c_forward(path, ids):
 ENGINE_ARGS = []  # --engine-args: e.g. a GPU's (scripts/gpu-check.sh)
 
 
+def kv_dtype(dtype):
+    """What the engine's KV cache holds: --kv-dtype among ENGINE_ARGS (auto:
+    bf16 for bf16 weights), else f32 (its default)."""
+    kv = "f32"
+    if "--kv-dtype" in ENGINE_ARGS:
+        kv = ENGINE_ARGS[ENGINE_ARGS.index("--kv-dtype") + 1]
+    if kv == "auto":
+        return "bf16" if dtype == "bf16" else "f32"
+    return kv
+
+
 def check(failsafe, model_dir, prompt, chunk, threads, label, dtype, reference=None):
     cmd = [failsafe, "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
            "--decode", "16", "--prefill-chunk", str(chunk), "--threads", str(threads),
@@ -374,7 +388,8 @@ def check(failsafe, model_dir, prompt, chunk, threads, label, dtype, reference=N
     full = prompt + res["output_ids"][:-1]
     if reference is None:
         cfg, W = load_model(model_dir)
-        ref = forward(cfg, W, full, bf16_inputs=dtype == "bf16")
+        ref = forward(cfg, W, full, bf16_inputs=dtype == "bf16",
+                      bf16_kv=kv_dtype(dtype) == "bf16")
     else:
         ref = reference(full)
     worst = 0.0

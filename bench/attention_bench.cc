@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -75,9 +74,7 @@ int Main(int argc, char** argv) {
     if (kv_dtype == DType::kF32) {
       reinterpret_cast<float*>(pool)[i] = v;
     } else {
-      uint32_t b;
-      std::memcpy(&b, &v, 4);
-      reinterpret_cast<uint16_t*>(pool)[i] = static_cast<uint16_t>(b >> 16);
+      reinterpret_cast<uint16_t*>(pool)[i] = FloatToBFloat16(v);
     }
   }
   std::vector<int64_t> order(static_cast<size_t>(problems * blocks));

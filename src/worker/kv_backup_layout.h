@@ -53,7 +53,7 @@ class BackupLayout {
            4096 * 4096;
   }
   DType kv_dtype() const { return static_cast<DType>(h_.kv_dtype); }
-  int elem_bytes() const { return h_.kv_dtype == static_cast<int32_t>(DType::kBF16) ? 2 : 4; }
+  int elem_bytes() const { return static_cast<int>(DTypeSize(kv_dtype())); }
   // One (layer, head) of a block: K then V, block_size rows of head_dim.
   int64_t slot_bytes() const { return 2LL * h_.block_size * h_.head_dim * elem_bytes(); }
   int64_t block_bytes() const { return slot_bytes() * h_.num_layers * h_.num_kv_heads; }

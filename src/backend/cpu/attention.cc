@@ -22,7 +22,6 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
-#include "backend/cpu/simd.h"
 #include "common/check.h"
 
 namespace failsafe::cpu {
@@ -49,11 +48,7 @@ void StoreRow(const float* src, float* dst, int n, DType kv) {
     return;
   }
   auto* h = reinterpret_cast<uint16_t*>(dst);
-  for (int i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &src[i], 4);
-    h[i] = static_cast<uint16_t>(Bf16Bits(b) >> 16);
-  }
+  for (int i = 0; i < n; ++i) h[i] = FloatToBFloat16(src[i]);
 }
 
 // Scores, softmax and weighted values of m query rows (x, row stride ldx)

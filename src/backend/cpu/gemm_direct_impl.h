@@ -207,22 +207,30 @@ void DirectBlockedRange(const KernelArgs& a, int j0, int j1);
 template <typename W>
 void DirectWide(const KernelArgs& a, int j0, int j1);
 
+// f(std::integral_constant<int, MR>{}) for the direct kernels' MR rows: m,
+// at most kDirectRows.
+template <typename F>
+FS_INLINE void WithDirectRows(int m, F f) {
+  static_assert(kDirectRows == 4);
+  switch (m) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
+}
+
 template <typename W>
 void DirectRange(const KernelArgs& a, int j0, int j1) {
   if (a.w_blocked16) {
     if constexpr (std::is_same_v<W, float> || kPairs<W>) {
       if (a.m > kDirectRows) return DirectWide<W>(a, j0, j1);
     }
-    switch (a.m) {
-      case 1:
-        return DirectBlockedRange<1, W>(a, j0, j1);
-      case 2:
-        return DirectBlockedRange<2, W>(a, j0, j1);
-      case 3:
-        return DirectBlockedRange<3, W>(a, j0, j1);
-      default:
-        return DirectBlockedRange<4, W>(a, j0, j1);
-    }
+    return WithDirectRows(a.m, [&](auto mr) { DirectBlockedRange<mr(), W>(a, j0, j1); });
   }
   // Sixteen rows of weights are read side by side; more streams than that
   // serve worse.
@@ -231,38 +239,12 @@ void DirectRange(const KernelArgs& a, int j0, int j1) {
 #if defined(FS_SIMD_AVX2_PARTS)
     if constexpr (std::is_same_v<W, float> || std::is_same_v<W, BF16Wide>) {
       if (a.w_rows && a.k <= kStagedMaxK) {
-        switch (a.m) {
-          case 1:
-            DirectNTStaged<1, W>(a, j, cols);
-            break;
-          case 2:
-            DirectNTStaged<2, W>(a, j, cols);
-            break;
-          case 3:
-            DirectNTStaged<3, W>(a, j, cols);
-            break;
-          default:
-            DirectNTStaged<4, W>(a, j, cols);
-            break;
-        }
+        WithDirectRows(a.m, [&](auto mr) { DirectNTStaged<mr(), W>(a, j, cols); });
         continue;
       }
     }
 #endif
-    switch (a.m) {
-      case 1:
-        DirectNT<1, W>(a, j, cols);
-        break;
-      case 2:
-        DirectNT<2, W>(a, j, cols);
-        break;
-      case 3:
-        DirectNT<3, W>(a, j, cols);
-        break;
-      default:
-        DirectNT<4, W>(a, j, cols);
-        break;
-    }
+    WithDirectRows(a.m, [&](auto mr) { DirectNT<mr(), W>(a, j, cols); });
   }
 }
 

@@ -473,27 +473,13 @@ int AttentionTcBlocks(int num_tokens, int group_size) {
 void AttendTc(const AttentionProblem* problems, const int* first_block, int num_problems,
               int total_blocks, int head_dim, cudaStream_t s) {
   if (total_blocks <= 0) return;
-  switch (head_dim) {
-    case 16:
-      return LaunchTc<16>(problems, first_block, num_problems, total_blocks, s);
-    case 32:
-      return LaunchTc<32>(problems, first_block, num_problems, total_blocks, s);
-    case 48:
-      return LaunchTc<48>(problems, first_block, num_problems, total_blocks, s);
-    case 64:
-      return LaunchTc<64>(problems, first_block, num_problems, total_blocks, s);
-    case 80:
-      return LaunchTc<80>(problems, first_block, num_problems, total_blocks, s);
-    case 96:
-      return LaunchTc<96>(problems, first_block, num_problems, total_blocks, s);
-    case 112:
-      return LaunchTc<112>(problems, first_block, num_problems, total_blocks, s);
-    case 128:
-      return LaunchTc<128>(problems, first_block, num_problems, total_blocks, s);
-    default:
-      FS_CHECK_MSG(false, "tensor-core attention takes head dims of 16 to 128 in steps of 16, not {}",
-                   head_dim);
-  }
+  FS_CHECK_MSG(AttentionTcSupported(head_dim),
+               "tensor-core attention takes head dims of 16 to 128 in steps of 16, not {}",
+               head_dim);
+  using Launch = void (*)(const AttentionProblem*, const int*, int, int, cudaStream_t);
+  static constexpr Launch kLaunch[] = {LaunchTc<16>, LaunchTc<32>, LaunchTc<48>, LaunchTc<64>,
+                                       LaunchTc<80>, LaunchTc<96>, LaunchTc<112>, LaunchTc<128>};
+  kLaunch[head_dim / 16 - 1](problems, first_block, num_problems, total_blocks, s);
 }
 
 }  // namespace failsafe::cuda

@@ -256,9 +256,6 @@ int main(int argc, char** argv) {
   // (one row per token), plus the KV it attends to.
   const double embed_bytes = static_cast<double>(config->vocab_size) * config->hidden_size *
                              DTypeSize(wtype) * (config->tie_word_embeddings ? 0 : 1);
-  // f32 pages; a mode with a bf16 cache reads half.
-  const double kv_f32_token_bytes =
-      2.0 * config->num_layers * config->num_kv_heads * config->head_dim * 4;
 
   nlohmann::json out = {{"gpu", prop.name},
                         {"copy_bandwidth", bandwidth},
@@ -289,7 +286,8 @@ int main(int argc, char** argv) {
     o.gpu_attention =
         mode.find("+tensor") != std::string::npos ? GpuAttention::kTensor : GpuAttention::kCores;
     o.kv_dtype = mode.find("+kvbf16") != std::string::npos ? DType::kBF16 : DType::kF32;
-    const double kv_token_bytes = kv_f32_token_bytes * (o.kv_dtype == DType::kBF16 ? 0.5 : 1.0);
+    const double kv_token_bytes =
+        2.0 * config->num_layers * config->num_kv_heads * config->head_dim * DTypeSize(*o.kv_dtype);
     o.kv_pages = slots * ((tokens + 15) / 16 + 2 * max_batch + 16);
     bench::TimedBackend* timed = nullptr;
     o.wrap_backend = [&](std::unique_ptr<Backend> b) {

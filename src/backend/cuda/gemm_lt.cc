@@ -22,7 +22,8 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kProbeRows = 1024;  // the reference band's probe
 constexpr int kSmallProbe = 7;
-constexpr int kCandidates = 8;
+constexpr int kCandidates = 16;
+constexpr int kTimedRuns = 3;  // a band's candidates are timed over these, after one warm run
 
 // Bands of m, ascending; the last is the reference.
 constexpr int kBands[][2] = {{1, 8}, {9, 32}, {33, 128}, {129, 512}, {513, INT_MAX}};
@@ -243,21 +244,50 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
   // Without a reference that keeps its rows, the family is not cuBLASLt's
   // (the caller takes its own kernels).
   f.usable = found;
+  // A band's own: of the candidates that give the reference's bits at its
+  // smallest and largest m, the fastest at its smallest (decode's one row
+  // reads the whole weight: an algorithm whose tiles leave most
+  // multiprocessors idle reads it at a fraction of the bandwidth).
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FS_CUDA_CHECK(cudaEventCreate(&start));
+  FS_CUDA_CHECK(cudaEventCreate(&stop));
+  auto seconds = [&](const cublasLtMatmulAlgo_t& algo, int m) {
+    if (!Launch(f, algo, p, m, xp, dcand, false)) return -1.0;  // warm
+    FS_CUDA_CHECK(cudaEventRecord(start, stream_));
+    for (int r = 0; r < kTimedRuns; ++r) {
+      if (!Launch(f, algo, p, m, xp, dcand, false)) return -1.0;
+    }
+    FS_CUDA_CHECK(cudaEventRecord(stop, stream_));
+    FS_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms * 1e-3 / kTimedRuns;
+  };
   for (int b = 0; found && b < kNumBands - 1; ++b) {
     Family::Band& band = f.bands[b];
     band.algo = last.algo;
     band.how = "reference";
     const int lo = kBands[b][0], hi = std::min(kBands[b][1], probe);
     if (lo > probe) continue;
+    double best = seconds(last.algo, lo);
+    int checked = 0;
+    bool own = false;
     for (const auto& algo : candidates(hi)) {
       if (!Launch(f, algo, p, hi, xp, dcand, false) || differs(hi) != 0) continue;
       if (!Launch(f, algo, p, lo, xp, dcand, false) || differs(lo) != 0) continue;
+      ++checked;
+      const double t = seconds(algo, lo);
+      if (t < 0 || (best >= 0 && t >= best)) continue;
+      best = t;
       band.algo = algo;
-      band.how = "own, checked";
-      break;
+      own = true;
     }
+    band.how = fmt::format("{}, the fastest of {} checked and the reference: {:.1f} us at m {}",
+                           own ? "own" : "reference", checked, best * 1e6, lo);
   }
   FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   cudaFree(xp);
   cudaFree(dref);
   cudaFree(dcand);

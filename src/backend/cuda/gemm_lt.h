@@ -8,10 +8,12 @@
 // gets its algorithms once: one for each band of m, the largest band's
 // (the reference) checked to give a row the same bits at 7 rows and at the
 // band's size, every other band's chosen among the heuristic's candidates
-// as the first whose rows equal the reference's, bit for bit, at the band's
-// smallest and largest m. A band without such a candidate takes the
-// reference; a family without a reference is not cuBLASLt's (Run: false). The checks run once per
-// family, on the family's own weights and random activations.
+// whose rows equal the reference's, bit for bit, at the band's smallest and
+// largest m, as the fastest of them (and the reference) at the band's
+// smallest m, timed on the family's weights. A band without such a
+// candidate takes the reference; a family without a reference is not
+// cuBLASLt's (Run: false). The checks run once per family, on the family's
+// own weights and random activations.
 //
 // Thread-safety: one thread (the backend's).
 #pragma once

@@ -6,11 +6,12 @@
 //
 //   failsafe_bench_gpu --model DIR [--gpu 0] [--batches 1,16,64]
 //                      [--prefill 2048] [--steps 24] [--gpu-gemm lt,fused]
-//                      [--breakdown] [--json FILE]
+//                      [--breakdown [--breakdown-waits]] [--json FILE]
 //
 // Each product mode loads the model anew. --breakdown then times every
-// backend call of one decode step per batch size and of one prefill, each
-// call alone (bench/timed_backend.h), and prints where the time goes.
+// backend call of one decode step per batch size and of one prefill by
+// device timestamps around it (or, --breakdown-waits, each call alone:
+// bench/timed_backend.h), and prints where the time goes.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -220,7 +221,11 @@ int main(int argc, char** argv) {
                  "+tensor for attention on tensor cores, +kvbf16 for a bf16 KV cache")
       ->capture_default_str();
   bool breakdown_on = false;
-  app.add_flag("--breakdown", breakdown_on, "time each backend call of a step alone");
+  app.add_flag("--breakdown", breakdown_on,
+               "time each backend call of a step by device timestamps around it");
+  bool breakdown_waits = false;
+  app.add_flag("--breakdown-waits", breakdown_waits,
+               "with --breakdown: time each call alone, waiting for the device before and after");
   app.add_option("--json", json_out, "also write the figures here");
   CLI11_PARSE(app, argc, argv);
 
@@ -293,6 +298,7 @@ int main(int argc, char** argv) {
     o.wrap_backend = [&](std::unique_ptr<Backend> b) {
       auto t = std::make_unique<bench::TimedBackend>(std::move(b));
       timed = t.get();
+      if (breakdown_waits) timed->way = bench::TimedBackend::Way::kWaits;
       return std::unique_ptr<Backend>(std::move(t));
     };
     const int64_t t0 = MonotonicNanos();
@@ -323,9 +329,9 @@ int main(int argc, char** argv) {
         rows.emplace_back(ns, calls, kind);
       }
       std::sort(rows.rbegin(), rows.rend());
-      std::printf("  breakdown of %s, each call alone: %.3f ms in all:", what.c_str(),
-                  total * 1e-6);
-      for (size_t i = 0; i < rows.size() && i < 9; ++i) {
+      std::printf("  breakdown of %s, %s: %.3f ms in all:", what.c_str(),
+                  breakdown_waits ? "each call alone" : "device timestamps", total * 1e-6);
+      for (size_t i = 0; i < rows.size() && i < 12; ++i) {
         std::printf(" %s %.3f ms/%lld;", std::get<2>(rows[i]).c_str(), std::get<0>(rows[i]) * 1e-6,
                     static_cast<long long>(std::get<1>(rows[i])));
       }
@@ -348,9 +354,11 @@ int main(int argc, char** argv) {
         timed->enabled = true;
         timed->Reset();
         bench::RunDecode(**exec, b, 1, context);
+        timed->Collect();
         const Entries one = timed->entries();
         timed->Reset();
         bench::RunDecode(**exec, b, 2, context);
+        timed->Collect();
         timed->enabled = false;
         breakdown("a decode step at batch " + std::to_string(b), one, timed->entries());
       }
@@ -368,6 +376,7 @@ int main(int argc, char** argv) {
         timed->enabled = true;
         timed->Reset();
         bench::RunPrefill(**exec, prefill, 1);
+        timed->Collect();
         timed->enabled = false;
         breakdown("the prefill", {}, timed->entries());
       }

@@ -1,8 +1,15 @@
 // A backend that forwards every call to another and times it, for a
-// benchmark's breakdown of a step: each call waits for the device before
-// and after (Synchronize), so the time is the call's own (launch plus
-// device work, serialised; the sum exceeds an unprofiled step by the
-// waits). Products are told apart by their shape's role (rows, columns).
+// benchmark's breakdown of a step. Two ways:
+// - kMarks (the default): a device timestamp (Backend::Mark) before and
+//   after each call, nothing waited for until Collect(): a call's time is
+//   the device's from reaching its first kernel to finishing its last (or,
+//   where the host issues calls more slowly than the device runs them, the
+//   host's issuing too), and the time between calls is reported apart
+//   ("between calls"), so the parts add up to the step.
+// - kWaits: each call waits for the device before and after (Synchronize),
+//   so the time is the call's own, launch included, serialised; the sum
+//   exceeds an unprofiled step by the waits.
+// Products are told apart by their shape's role (rows, columns).
 #pragma once
 
 #include <map>
@@ -24,10 +31,37 @@ class TimedBackend final : public Backend {
     int64_t calls = 0;
     int64_t ns = 0;
   };
-  // Per kind of call since the last Reset.
+  enum class Way { kMarks, kWaits };
+  // Per kind of call since the last Reset; with marks, as of the last
+  // Collect().
   const std::map<std::string, Entry>& entries() const { return entries_; }
-  void Reset() { entries_.clear(); }
+  void Reset() {
+    entries_.clear();
+    pending_.clear();
+    b_->TakeMarks();
+  }
+  // Waits for the device and adds the marked calls since the last Collect
+  // to entries().
+  void Collect() {
+    const std::vector<double> t = b_->TakeMarks();
+    if (t.size() != 2 * pending_.size()) {  // marks of calls not timed: none to read
+      pending_.clear();
+      return;
+    }
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      Entry& e = entries_[pending_[i]];
+      e.calls++;
+      e.ns += static_cast<int64_t>((t[2 * i + 1] - t[2 * i]) * 1e9);
+      if (i > 0) {
+        Entry& gap = entries_["between calls"];
+        gap.calls++;
+        gap.ns += static_cast<int64_t>((t[2 * i] - t[2 * i - 1]) * 1e9);
+      }
+    }
+    pending_.clear();
+  }
   bool enabled = false;
+  Way way = Way::kMarks;
 
   bool host_memory() const override { return b_->host_memory(); }
   void* Allocate(size_t bytes) override { return b_->Allocate(bytes); }
@@ -137,6 +171,13 @@ class TimedBackend final : public Backend {
       f();
       return;
     }
+    if (way == Way::kMarks) {
+      b_->Mark();
+      f();
+      b_->Mark();
+      pending_.push_back(kind);
+      return;
+    }
     b_->Synchronize();
     const int64_t t0 = MonotonicNanos();
     f();
@@ -148,6 +189,7 @@ class TimedBackend final : public Backend {
 
   std::unique_ptr<Backend> b_;
   std::map<std::string, Entry> entries_;
+  std::vector<std::string> pending_;  // kMarks: the calls marked since Collect()
 };
 
 }  // namespace failsafe::bench

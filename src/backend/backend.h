@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -322,10 +323,31 @@ class Backend : public DeviceMemory {
   virtual bool BeginGraph(uint64_t key, size_t argument_bytes) { return false; }
   virtual void EndGraph() {}
 
+  // Timestamps in the device's queue, for a benchmark's breakdown of a
+  // step without waiting between calls: Mark() records one when the device
+  // reaches it (after every kernel issued before), TakeMarks() waits for
+  // the device and returns the marks since the last TakeMarks, in seconds
+  // from the first of them. This default stamps the host clock, which is
+  // the device's for a backend whose calls finish before they return (the
+  // CPU's).
+  virtual void Mark() {
+    marks_.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  }
+  virtual std::vector<double> TakeMarks() {
+    std::vector<double> out;
+    out.swap(marks_);
+    for (size_t i = out.size(); i-- > 0;) out[i] -= out[0];
+    return out;
+  }
+
   // Picks a token from logits [vocab]. `counter` makes each draw of a seeded
   // request distinct and reproducible (use the token's position).
   virtual int Sample(const float* logits, int vocab, const SamplingParams& params,
                      uint64_t counter) = 0;
+
+ private:
+  std::vector<double> marks_;
 };
 
 struct CpuBackendOptions {

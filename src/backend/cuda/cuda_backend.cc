@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
     if (!stream_) return;
     cudaStreamSynchronize(stream_);
     ForgetGraphs();
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     x16_ = DeviceArray<uint16_t>();
     parts_ = DeviceArray<float>();
     sort_ = DeviceArray<float>();
@@ -155,6 +156,28 @@ class CudaBackend final : public Backend {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");
     FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     ring_used_ = 0;  // every upload was read
+  }
+
+  // --- marks: events in the compute stream ---
+  void Mark() override {
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a mark inside a graphed step");
+    if (marks_used_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      FS_CUDA_CHECK(cudaEventCreate(&e));
+      marks_.push_back(e);
+    }
+    FS_CUDA_CHECK(cudaEventRecord(marks_[marks_used_++], stream_));
+  }
+  std::vector<double> TakeMarks() override {
+    std::vector<double> out(marks_used_, 0.0);
+    if (marks_used_ > 0) FS_CUDA_CHECK(cudaEventSynchronize(marks_[marks_used_ - 1]));
+    for (size_t i = 1; i < marks_used_; ++i) {
+      float ms = 0;
+      FS_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[0], marks_[i]));
+      out[i] = ms * 1e-3;
+    }
+    marks_used_ = 0;
+    return out;
   }
 
   // --- graphs ---
@@ -594,6 +617,8 @@ class CudaBackend final : public Backend {
   std::vector<size_t> capture_uploads_;
   StepGraph* replay_ = nullptr;
   size_t upload_index_ = 0;
+  std::vector<cudaEvent_t> marks_;  // Mark(): the first marks_used_ recorded
+  size_t marks_used_ = 0;
 };
 
 }  // namespace

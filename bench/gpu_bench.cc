@@ -217,8 +217,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", prefill, "prefill tokens (0: none)")->capture_default_str();
   app.add_option("--steps", steps, "decode steps timed per batch size")->capture_default_str();
   app.add_option("--gpu-gemm", gemm,
-                 "product modes, each a run: lt, fused, chain, each with +graphs for CUDA graphs, "
-                 "+tensor for attention on tensor cores, +kvbf16 for a bf16 KV cache")
+                 "product modes, each a run: lt, fused, chain, each with +graphs (CUDA graphs), "
+                 "+tensor (attention on tensor cores), +segments (attention in segments), "
+                 "+kvbf16 (a bf16 KV cache)")
       ->capture_default_str();
   bool breakdown_on = false;
   app.add_flag("--breakdown", breakdown_on,
@@ -288,8 +289,9 @@ int main(int argc, char** argv) {
                  : products == "fused" ? GpuGemm::kFused
                                        : GpuGemm::kLt;
     o.gpu_graphs = mode.find("+graphs") != std::string::npos;
-    o.gpu_attention =
-        mode.find("+tensor") != std::string::npos ? GpuAttention::kTensor : GpuAttention::kCores;
+    o.gpu_attention = mode.find("+tensor") != std::string::npos     ? GpuAttention::kTensor
+                      : mode.find("+segments") != std::string::npos ? GpuAttention::kSegments
+                                                                    : GpuAttention::kCores;
     o.kv_dtype = mode.find("+kvbf16") != std::string::npos ? DType::kBF16 : DType::kF32;
     const double kv_token_bytes =
         2.0 * config->num_layers * config->num_kv_heads * config->head_dim * DTypeSize(*o.kv_dtype);

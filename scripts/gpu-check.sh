@@ -22,7 +22,9 @@
 #                (failsafe_bench_gpu, modes lt and fused, fused with
 #                attention on tensor cores, and that with a bf16 KV cache,
 #                with a breakdown of each step by kernel) and PyTorch with
-#                transformers on the same weights (scripts/gpu/torch_bench.py).
+#                transformers on the same weights (scripts/gpu/torch_bench.py);
+#                and decode from a context of 8,192 on 4 such layers, with
+#                attention in segments split over blocks and without.
 #
 # The programs come from scripts/gpu-pack.sh (built where the build
 # dependencies are; the GPU machine needs only the CUDA driver, cuBLASLt and
@@ -136,6 +138,11 @@ if ((quick == 0)); then
   # torch.compile on the 8B shape only: its compile alone takes minutes.
   stage bench-mixtral 200 scripts/gpu/bench.sh "$bin" $models "$out" mixtral mixtral-8x7b \
     "$mixtral_layers" "$bench_modes" "$torch_bench"
+  # Decode over a long context: attention walked by one block per query
+  # head group (cores) or split over segments.
+  stage bench-long-context 200 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b-long \
+    llama-3.1-8b 4 "fused,fused+segments" 0 "" --context 8192 --batches 1,16 --prefill 0 \
+    --steps 8
 fi
 
 {

@@ -392,10 +392,14 @@ enum class GpuGemm { kLt = 0, kChain = 1, kFused = 2 };
 //  - kTensor: on tensor cores (mma.sync m16n8k16), blocks of 64 queries
 //    sharing chunks of 64 keys, queries, keys, values and the softmax's
 //    weights rounded to bf16, scores and sums in f32; head dims that are
-//    multiples of 16 up to 128 (others on CUDA cores).
-// Either is batch- and chunk-invariant: a query's result depends only on
-// its own keys, taken in chunks at fixed positions.
-enum class GpuAttention { kCores = 0, kTensor = 1 };
+//    multiples of 16 up to 128 (others on CUDA cores);
+//  - kSegments: as kCores, each query's keys in segments of 512 at fixed
+//    positions whose softmax states are merged in order, so that a decode
+//    step over a long context splits its keys over one block a segment
+//    (kCores walks them in one block).
+// Each is batch- and chunk-invariant: a query's result depends only on its
+// own keys, taken in chunks at fixed positions.
+enum class GpuAttention { kCores = 0, kTensor = 1, kSegments = 2 };
 
 struct CudaBackendOptions {
   int gpu = 0;  // CUDA device ordinal

@@ -54,10 +54,12 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
                  "or chain (the CPU backend's products bit for bit, on CUDA cores)")
       ->capture_default_str();
   app.add_option("--gpu-attention", f->gpu_attention,
-                 "attention on a GPU: cores (f32 on CUDA cores) or tensor (tensor cores, "
-                 "queries, keys, values and weights in bf16, head dims up to 128)")
+                 "attention on a GPU: cores (f32 on CUDA cores), segments (as cores, keys in "
+                 "segments of 512 merged in order: decode over a long context split over "
+                 "blocks) or tensor (tensor cores, queries, keys, values and weights in bf16, "
+                 "head dims up to 128)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cores", "tensor"}));
+      ->check(CLI::IsMember({"cores", "segments", "tensor"}));
   app.add_flag("--cuda-graphs", f->cuda_graphs,
                "on a GPU, run decode steps that repeat their shapes as CUDA graphs (one launch "
                "a step; a device alone in its group, dense models)");
@@ -198,8 +200,9 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   FS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseGpus(f.gpus));
   FS_ASSIGN_OR_RETURN(GpuGemm gpu_gemm, ParseGpuGemm(f.gpu_gemm));
   FS_ASSIGN_OR_RETURN(std::optional<DType> kv_dtype, ParseKvDtype(f.kv_dtype));
-  const GpuAttention gpu_attention =
-      f.gpu_attention == "tensor" ? GpuAttention::kTensor : GpuAttention::kCores;
+  const GpuAttention gpu_attention = f.gpu_attention == "tensor"     ? GpuAttention::kTensor
+                                     : f.gpu_attention == "segments" ? GpuAttention::kSegments
+                                                                     : GpuAttention::kCores;
   if (f.comm != "shm" && f.comm != "gloo")
     return InvalidArgument("--comm: unknown '{}' (known: shm, gloo)", f.comm);
   if (f.remote_devices > 0 && f.listen.empty()) {

@@ -9,6 +9,16 @@
 // result depends only on its own keys: the same in a prefill chunk of any
 // size as in a decode step.
 //
+// With segments (GpuAttention::kSegments: kAttentionSegment keys at fixed
+// positions, [512 s, 512 s + 512)), each query's online softmax starts
+// afresh in each segment and the segments' states (maximum, sum, weighted
+// values) are merged in increasing order (MergeInto). A block may then take
+// one segment of a problem's keys (AttentionProblem::split: decode and other
+// problems of a single block over long contexts, which one block would walk
+// alone) and leave each query's state in `states`, merged by
+// AttendCombineKernel afterwards with the same MergeInto in the same order:
+// the same bits whether a problem's segments were split over blocks or not.
+//
 // Pages of bf16 (AttentionProblem::kv_bf16) hold keys and values rounded to
 // nearest even as they are stored, as the CPU backend rounds them; they are
 // widened exactly into shared memory and attended in f32 as f32 pages are.
@@ -25,6 +35,8 @@ namespace {
 constexpr int kWarps = 16;      // queries per block, sharing each chunk's keys
 constexpr int kChunk = 32;      // keys per chunk: one per lane
 constexpr int kMaxPerLane = 8;  // head_dim up to 256
+constexpr int kCombineWarps = 4;  // AttendCombineKernel's warps per block
+static_assert(kAttentionSegment % kChunk == 0, "a segment is whole chunks");
 
 // Element i of a page, widened to f32.
 __device__ __forceinline__ float PageAt(const float* page, int64_t i, int bf16) {
@@ -79,10 +91,47 @@ __device__ __forceinline__ int ProblemOfBlock(const int* first_block, int num_pr
   return lo;
 }
 
+// A segment's state joins the total of the segments before it (in
+// increasing order): the first is taken as it is, later ones rescaled to
+// the larger maximum. Products and sums rounded one by one (no contraction
+// the compiler might choose differently in the two kernels that merge).
+__device__ __forceinline__ void MergeInto(float& tm, float& tl, float (&tacc)[kMaxPerLane],
+                                          bool& tany, float m, float l,
+                                          const float (&acc)[kMaxPerLane]) {
+  if (!tany) {
+    tm = m;
+    tl = l;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) tacc[i] = acc[i];
+    tany = true;
+    return;
+  }
+  const float mx = fmaxf(tm, m);
+  const float ct = expf(tm - mx), cs = expf(m - mx);
+  tl = __fmaf_rn(tl, ct, __fmul_rn(l, cs));
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) tacc[i] = __fmaf_rn(tacc[i], ct, __fmul_rn(acc[i], cs));
+  tm = mx;
+}
+
+// Query (token t, query head j)'s result: the weighted values over the sum.
+__device__ __forceinline__ void WriteOutput(const AttentionProblem& a, int t, int j, int lane,
+                                            float l, const float (&acc)[kMaxPerLane]) {
+  float* out = a.out + static_cast<int64_t>(t) * a.ldo + static_cast<int64_t>(j) * a.head_dim;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < a.head_dim) out[d] = acc[i] * inv;
+  }
+}
+
 // Blocks map to problems through `first_block` (problem i owns blocks
-// [first_block[i], first_block[i + 1])).
+// [first_block[i], first_block[i + 1])). `segment_keys`: 0, or
+// kAttentionSegment (segments merged in order; split problems' blocks take
+// one segment each and leave their queries' states in `states`).
 __global__ void AttendKernel(const AttentionProblem* problems, const int* first_block,
-                             int num_problems) {
+                             int num_problems, int segment_keys, float* states) {
   extern __shared__ float smem[];
   const int lo = ProblemOfBlock(first_block, num_problems);
   const AttentionProblem& a = problems[lo];
@@ -90,7 +139,9 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
   if (G == 0) return;  // stores only
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int queries = a.num_tokens * G;
-  const int q0 = (static_cast<int>(blockIdx.x) - first_block[lo]) * kWarps;
+  const int local = static_cast<int>(blockIdx.x) - first_block[lo];
+  const int split = a.split;  // segments over blocks, or 0
+  const int q0 = (split > 0 ? local / split : local) * kWarps;
   const int stride = hd + 1;         // padded rows: lanes read distinct banks
   float* ks = smem;                  // [kChunk][stride]
   float* vs = ks + kChunk * stride;  // [kChunk][stride]
@@ -111,19 +162,41 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
   const int last_q = min(q0 + kWarps, queries) - 1;
   const int block_last = a.start_pos + last_q / G;
   const int p0 = a.start_pos + q0 / G;
-  const int block_first = a.sliding_window > 0 ? max(0, p0 - a.sliding_window + 1) : 0;
+  int block_first = a.sliding_window > 0 ? max(0, p0 - a.sliding_window + 1) : 0;
+  // A split problem's block: its segment's keys only.
+  int block_end = block_last;
+  const int seg_local = split > 0 ? local % split : 0;
+  if (split > 0) {
+    const int seg = a.seg_first + seg_local;
+    block_first = max(block_first, seg * segment_keys);
+    block_end = min(block_last, (seg + 1) * segment_keys - 1);
+  }
+  const int seg_chunks = segment_keys / kChunk;  // 0: no segments
 
-  float m = -FLT_MAX, l = 0;
+  float m = -FLT_MAX, l = 0;  // this segment's
   bool any = false;
   float acc[kMaxPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0;
-  for (int c = block_first / kChunk; c * kChunk <= block_last; ++c) {
+  float tm = -FLT_MAX, tl = 0;  // the segments' before it, merged
+  bool tany = false;
+  float tacc[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) tacc[i] = 0;
+  for (int c = block_first / kChunk; c * kChunk <= block_end; ++c) {
+    if (seg_chunks > 0 && c % seg_chunks == 0 && any) {  // a segment ends
+      MergeInto(tm, tl, tacc, tany, m, l, acc);
+      m = -FLT_MAX;
+      l = 0;
+      any = false;
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0;
+    }
     __syncthreads();  // the previous chunk is read (and qs written, the first time)
     for (int e = threadIdx.x; e < kChunk * hd; e += blockDim.x) {
       const int key = e / hd, d = e % hd;
       const int p = c * kChunk + key;
-      if (p > block_last || p < block_first) continue;
+      if (p > block_end || p < block_first) continue;
       const float* page = a.pages[p / bs];
       ks[key * stride + d] = PageAt(page, static_cast<int64_t>(p % bs) * hd + d, a.kv_bf16);
       vs[key * stride + d] = PageAt(page, static_cast<int64_t>(bs + p % bs) * hd + d, a.kv_bf16);
@@ -158,13 +231,66 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
     any = true;
   }
   if (!active) return;
-  float* out = a.out + static_cast<int64_t>(t) * a.ldo + static_cast<int64_t>(j) * hd;
-  const float inv = 1.0f / l;
+  if (split > 0) {  // the segment's state, for AttendCombineKernel
+    float* st = states + a.state0 + (static_cast<int64_t>(qi) * split + seg_local) * (hd + 2);
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int d = lane + 32 * i;
-    if (d < hd) out[d] = acc[i] * inv;
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) st[d] = acc[i];
+    }
+    if (lane == 0) {
+      st[hd] = m;
+      st[hd + 1] = any ? l : 0.0f;
+    }
+    return;
   }
+  if (seg_chunks > 0) {  // the last segment joins the total, which is the result
+    if (any) MergeInto(tm, tl, tacc, tany, m, l, acc);
+    l = tl;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) acc[i] = tacc[i];
+  }
+  WriteOutput(a, t, j, lane, l, acc);
+}
+
+// Split problems' queries, a warp each (warp w of the grid: problem i's
+// query w - first_query[i] for first_query[i] <= w < first_query[i + 1]):
+// their segments' states merged in increasing order, as AttendKernel merges
+// them in a block.
+__global__ void AttendCombineKernel(const AttentionProblem* problems, const int* first_query,
+                                    int num_problems, int total_queries, const float* states) {
+  const int w = static_cast<int>(blockIdx.x) * kCombineWarps + static_cast<int>(threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= total_queries) return;
+  int lo = 0, hi = num_problems - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_query[mid] <= w) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const AttentionProblem& a = problems[lo];
+  const int hd = a.head_dim, G = a.group_size, qi = w - first_query[lo];
+  const int t = qi / G, j = qi % G;
+  float tm = -FLT_MAX, tl = 0;
+  bool tany = false;
+  float tacc[kMaxPerLane], acc[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) tacc[i] = acc[i] = 0;
+  for (int s = 0; s < a.split; ++s) {
+    const float* st = states + a.state0 + (static_cast<int64_t>(qi) * a.split + s) * (hd + 2);
+    const float l = st[hd + 1];
+    if (!(l > 0)) continue;  // the query reaches none of the segment's keys
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      acc[i] = d < hd ? st[d] : 0.0f;
+    }
+    MergeInto(tm, tl, tacc, tany, st[hd], l, acc);
+  }
+  WriteOutput(a, t, j, lane, tl, tacc);
 }
 
 // ---------------------------------------------------------------------------
@@ -443,7 +569,7 @@ int AttentionBlocks(int num_tokens, int group_size) {
 }
 
 void Attend(const AttentionProblem* problems, const int* first_block, int num_problems,
-            int total_blocks, int max_head_dim, cudaStream_t s) {
+            int total_blocks, int max_head_dim, bool segments, float* states, cudaStream_t s) {
   if (total_blocks <= 0) return;
   FS_CHECK_MSG(max_head_dim <= 32 * kMaxPerLane, "head_dim {} is over {}", max_head_dim,
                32 * kMaxPerLane);
@@ -454,7 +580,17 @@ void Attend(const AttentionProblem* problems, const int* first_block, int num_pr
                                        static_cast<int>(shared)));
     raised = shared;
   }
-  AttendKernel<<<total_blocks, kWarps * 32, shared, s>>>(problems, first_block, num_problems);
+  AttendKernel<<<total_blocks, kWarps * 32, shared, s>>>(
+      problems, first_block, num_problems, segments ? kAttentionSegment : 0, states);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void AttendCombine(const AttentionProblem* problems, const int* first_query, int num_problems,
+                   int total_queries, const float* states, cudaStream_t s) {
+  if (total_queries <= 0) return;
+  const int blocks = (total_queries + kCombineWarps - 1) / kCombineWarps;
+  AttendCombineKernel<<<blocks, kCombineWarps * 32, 0, s>>>(problems, first_query, num_problems,
+                                                             total_queries, states);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

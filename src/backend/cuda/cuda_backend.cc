@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
     sort_ = DeviceArray<float>();
     sort_ids_ = DeviceArray<int>();
     sort_scratch_ = DeviceArray<unsigned char>();
+    states_ = DeviceArray<float>();
     lt_.reset();
     if (ring_) cudaFree(ring_);
     if (pinned_) cudaFreeHost(pinned_);
@@ -422,6 +423,14 @@ class CudaBackend final : public Backend {
     // problems share it, so a model always takes the same kernel).
     bool tensor = attention_ == GpuAttention::kTensor && cuda::AttentionTcSupported(max_hd);
     for (const AttentionArgs& a : problems) tensor = tensor && a.head_dim == max_hd;
+    // Segments: a problem of one block of queries over two or more segments
+    // (decode over a long context) has its segments split over blocks. Not
+    // in a graphed step: its grid and states would change with the context.
+    const bool segments = !tensor && attention_ == GpuAttention::kSegments;
+    const bool may_split = segments && graph_ == Graph::kOff;
+    host_first_query_.assign(problems.size() + 1, 0);
+    int64_t state_floats = 0;
+    int split_queries = 0;
     int blocks = 0;
     for (size_t i = 0; i < problems.size(); ++i) {
       const AttentionArgs& a = problems[i];
@@ -444,22 +453,55 @@ class CudaBackend final : public Backend {
       FS_CHECK_MSG(a.kv_dtype == DType::kF32 || a.kv_dtype == DType::kBF16,
                    "KV pages hold f32 or bf16, not {}", DTypeName(a.kv_dtype));
       p.kv_bf16 = a.kv_dtype == DType::kBF16 ? 1 : 0;
+      p.split = 0;
+      p.seg_first = 0;
+      p.state0 = 0;
       host_first_block_[i] = blocks;
-      if (a.group_size > 0) {
-        blocks += tensor ? cuda::AttentionTcBlocks(a.num_tokens, a.group_size)
-                         : cuda::AttentionBlocks(a.num_tokens, a.group_size);
+      host_first_query_[i] = split_queries;
+      if (a.group_size <= 0) continue;
+      if (tensor) {
+        blocks += cuda::AttentionTcBlocks(a.num_tokens, a.group_size);
+        continue;
       }
+      const int own = cuda::AttentionBlocks(a.num_tokens, a.group_size);
+      if (may_split && own == 1) {
+        const int last = a.start_pos + a.num_tokens - 1;
+        const int first_key =
+            a.sliding_window > 0 ? std::max(0, a.start_pos - a.sliding_window + 1) : 0;
+        const int seg_first = first_key / cuda::kAttentionSegment;
+        const int segs = last / cuda::kAttentionSegment - seg_first + 1;
+        if (segs >= 2) {
+          const int queries = a.num_tokens * a.group_size;
+          p.split = segs;
+          p.seg_first = seg_first;
+          p.state0 = state_floats;
+          state_floats += static_cast<int64_t>(queries) * segs * (a.head_dim + 2);
+          split_queries += queries;
+          blocks += segs;
+          continue;
+        }
+      }
+      blocks += own;
     }
     host_first_block_[problems.size()] = blocks;
+    host_first_query_[problems.size()] = split_queries;
     const auto* dev = Upload<cuda::AttentionProblem>(host_problems_.data(), host_problems_.size());
     const int* first = Upload<int>(host_first_block_.data(), host_first_block_.size());
+    const int* first_query = split_queries > 0
+                                 ? Upload<int>(host_first_query_.data(), host_first_query_.size())
+                                 : nullptr;
+    float* states =
+        split_queries > 0 ? states_.Reserve(static_cast<size_t>(state_floats)) : nullptr;
     if (!Launching()) return;
     cuda::StoreKv(dev, static_cast<int>(problems.size()), max_tokens, stream_);
     if (tensor) {
       cuda::AttendTc(dev, first, static_cast<int>(problems.size()), blocks, max_hd, stream_);
-    } else {
-      cuda::Attend(dev, first, static_cast<int>(problems.size()), blocks, max_hd, stream_);
+      return;
     }
+    cuda::Attend(dev, first, static_cast<int>(problems.size()), blocks, max_hd, segments, states,
+                 stream_);
+    cuda::AttendCombine(dev, first_query, static_cast<int>(problems.size()), split_queries, states,
+                        stream_);
   }
 
   int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter) override {
@@ -598,6 +640,8 @@ class CudaBackend final : public Backend {
   std::vector<const float*> host_pages_;
   std::vector<cuda::AttentionProblem> host_problems_;
   std::vector<int> host_first_block_;
+  std::vector<int> host_first_query_;   // Attention: split problems' queries
+  DeviceArray<float> states_{this, 0};  // Attention: split problems' segment states
   std::vector<float> host_sorted_;
   std::vector<int> host_ids_;
   // Graphs (BeginGraph): every key seen once, the graphs recorded, and the

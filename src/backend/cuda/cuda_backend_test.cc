@@ -392,22 +392,32 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
 // window: each query against the CPU backend, and the same query computed in
 // a prefill chunk and in a decode step with the same bits; with f32 pages and
 // with bf16 pages (the stored keys and values the CPU backend's bits); on
-// CUDA cores (f32, near the CPU backend's) and on tensor cores (queries,
-// keys, values and weights in bf16: within bf16 rounding of it).
+// CUDA cores (f32, near the CPU backend's), the same in segments (a decode
+// step past the first segment split over blocks, its chunk not), and on
+// tensor cores (queries, keys, values and weights in bf16: within bf16
+// rounding of it).
 TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
   REQUIRE_GPU();
   CudaBackendOptions to;
   to.attention = GpuAttention::kTensor;
   auto tensor_backend = MakeCudaBackend(to);
   ASSERT_TRUE(tensor_backend.ok()) << tensor_backend.status().ToString();
+  CudaBackendOptions so;
+  so.attention = GpuAttention::kSegments;
+  auto segments_backend = MakeCudaBackend(so);
+  ASSERT_TRUE(segments_backend.ok()) << segments_backend.status().ToString();
   auto cpu = MakeCpuBackend(1);
-  for (GpuAttention mode : {GpuAttention::kCores, GpuAttention::kTensor})
+  for (GpuAttention mode : {GpuAttention::kCores, GpuAttention::kSegments, GpuAttention::kTensor})
     for (DType kvt : {DType::kF32, DType::kBF16})
       for (int hd : {64, 128}) {
-        Backend* gpu = mode == GpuAttention::kTensor ? tensor_backend->get() : Gpu();
+        Backend* gpu = mode == GpuAttention::kTensor     ? tensor_backend->get()
+                       : mode == GpuAttention::kSegments ? segments_backend->get()
+                                                         : Gpu();
         const double tolerance = mode == GpuAttention::kTensor ? 2e-2 : 2e-5;
-        const char* kernel = mode == GpuAttention::kTensor ? "tensor cores" : "CUDA cores";
-        for (int window : {0, 40}) {
+        const char* kernel = mode == GpuAttention::kTensor     ? "tensor cores"
+                             : mode == GpuAttention::kSegments ? "CUDA cores in segments"
+                                                               : "CUDA cores";
+        for (int window : {0, 40, 300}) {
           const int bs = 16, group = 4, pool_pages = 64;
           // A page's size in floats (bf16 pages: half as many).
           const int64_t page_floats = 2LL * bs * hd * static_cast<int64_t>(DTypeSize(kvt)) / 4;
@@ -425,7 +435,8 @@ TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
           struct Seq {
             int start, tokens;
           };
-          const std::vector<Seq> seqs = {{0, 70}, {45, 1}, {100, 23}, {5, 1}};
+          // The last one past the first segment of 512 keys.
+          const std::vector<Seq> seqs = {{0, 70}, {45, 1}, {100, 23}, {5, 1}, {600, 40}};
           int next_page = 0;
           std::vector<AttentionArgs> cpu_p, gpu_p;
           std::vector<std::vector<float*>> cpu_pages(seqs.size()), gpu_pages(seqs.size());
@@ -476,23 +487,27 @@ TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
           }
           EXPECT_TRUE(SameBits(dpool.Read(gpu), pool))
               << kernel << " " << DTypeName(kvt) << " hd " << hd;
-          // Sequence 0's last token again, alone (a decode step after its
-          // prefill): the same bits as in the chunk.
-          AttentionArgs a = gpu_p[0];
-          const int last = seqs[0].tokens - 1;
-          OnDevice<float> one(gpu, static_cast<size_t>(group) * hd);
-          a.q = dq[0]->get() + static_cast<int64_t>(last) * group * hd;
-          a.out = one.get();
-          a.num_tokens = 1;
-          a.start_pos = seqs[0].start + last;
-          a.new_kv = nullptr;
-          gpu->Attention({a});
-          const auto chunk = dout[0]->Read(gpu);
-          const auto alone = one.Read(gpu);
-          EXPECT_EQ(std::memcmp(alone.data(), chunk.data() + static_cast<size_t>(last) * group * hd,
-                                alone.size() * 4),
-                    0)
-              << kernel << " " << DTypeName(kvt) << " hd " << hd << " window " << window;
+          // Sequences 0's and 4's last tokens again, alone (a decode step
+          // after the prefill): the same bits as in the chunk.
+          for (size_t i : {size_t{0}, size_t{4}}) {
+            AttentionArgs a = gpu_p[i];
+            const int last = seqs[i].tokens - 1;
+            OnDevice<float> one(gpu, static_cast<size_t>(group) * hd);
+            a.q = dq[i]->get() + static_cast<int64_t>(last) * group * hd;
+            a.out = one.get();
+            a.num_tokens = 1;
+            a.start_pos = seqs[i].start + last;
+            a.new_kv = nullptr;
+            gpu->Attention({a});
+            const auto chunk = dout[i]->Read(gpu);
+            const auto alone = one.Read(gpu);
+            EXPECT_EQ(
+                std::memcmp(alone.data(), chunk.data() + static_cast<size_t>(last) * group * hd,
+                            alone.size() * 4),
+                0)
+                << kernel << " " << DTypeName(kvt) << " hd " << hd << " window " << window
+                << " sequence " << i;
+          }
         }
       }
 }

@@ -124,7 +124,18 @@ struct AttentionProblem {
   int num_tokens, start_pos, group_size, head_dim, block_size, sliding_window;
   float scale, softcap;
   int kv_bf16;  // pages hold bf16 (stored rounded to nearest even), else f32
+  // With segments (Attend's `segments`): the number of segments this
+  // problem's keys are split into over its blocks (its blocks: split for a
+  // problem of one block of queries; 0: not split), the first of them
+  // (position / kAttentionSegment), and where its queries' states start in
+  // `states`, in floats (query q's state of segment s at state0 + (q split +
+  // s) (head_dim + 2): weighted values, maximum, sum).
+  int split;
+  int seg_first;
+  int64_t state0;
 };
+// Keys of an attention segment (GpuAttention::kSegments).
+constexpr int kAttentionSegment = 512;
 // Stores every problem's new keys and values into its pages (before any
 // problem attends: another problem of the step may read them).
 void StoreKv(const AttentionProblem* problems, int num_problems, int max_tokens, cudaStream_t s);
@@ -132,9 +143,17 @@ void StoreKv(const AttentionProblem* problems, int num_problems, int max_tokens,
 int AttentionBlocks(int num_tokens, int group_size);
 size_t AttentionSharedBytes(int head_dim);
 // Computes each problem's (token, query head) outputs; problem i takes
-// blocks [first_block[i], first_block[i + 1]) (AttentionBlocks each).
+// blocks [first_block[i], first_block[i + 1]) (AttentionBlocks each, times
+// its `split` where it has one). `segments`: keys in segments of
+// kAttentionSegment merged in order; split problems leave their states in
+// `states` for AttendCombine, which writes their outputs.
 void Attend(const AttentionProblem* problems, const int* first_block, int num_problems,
-            int total_blocks, int max_head_dim, cudaStream_t s);
+            int total_blocks, int max_head_dim, bool segments, float* states, cudaStream_t s);
+// The outputs of the split problems' queries from their segments' states:
+// problem i's queries are [first_query[i], first_query[i + 1]) of
+// total_queries (none for a problem not split).
+void AttendCombine(const AttentionProblem* problems, const int* first_query, int num_problems,
+                   int total_queries, const float* states, cudaStream_t s);
 // The same on tensor cores (GpuAttention::kTensor), every problem of one
 // head dim, one AttentionTcSupported takes; problem i takes blocks
 // [first_block[i], first_block[i + 1]) (AttentionTcBlocks each).

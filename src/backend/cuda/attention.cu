@@ -196,7 +196,13 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
     for (int e = threadIdx.x; e < kChunk * hd; e += blockDim.x) {
       const int key = e / hd, d = e % hd;
       const int p = c * kChunk + key;
-      if (p > block_end || p < block_first) continue;
+      if (p > block_end || p < block_first) {
+        // Zeros, not what a chunk before left: a lane without a key adds
+        // its weight of zero times these, which must be finite.
+        ks[key * stride + d] = 0.0f;
+        vs[key * stride + d] = 0.0f;
+        continue;
+      }
       const float* page = a.pages[p / bs];
       ks[key * stride + d] = PageAt(page, static_cast<int64_t>(p % bs) * hd + d, a.kv_bf16);
       vs[key * stride + d] = PageAt(page, static_cast<int64_t>(bs + p % bs) * hd + d, a.kv_bf16);
@@ -282,7 +288,7 @@ __global__ void AttendCombineKernel(const AttentionProblem* problems, const int*
   for (int s = 0; s < a.split; ++s) {
     const float* st = states + a.state0 + (static_cast<int64_t>(qi) * a.split + s) * (hd + 2);
     const float l = st[hd + 1];
-    if (!(l > 0)) continue;  // the query reaches none of the segment's keys
+    if (l == 0.0f) continue;  // the query reaches none of the segment's keys
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int d = lane + 32 * i;

@@ -87,6 +87,13 @@ class TimedBackend final : public Backend {
   void BackgroundCopyToDevice(void* d, const void* s, size_t n) override {
     b_->BackgroundCopyToDevice(d, s, n);
   }
+  void BackgroundCopiesToHost(const HostCopy* c, size_t n) override {
+    b_->BackgroundCopiesToHost(c, n);
+  }
+  void BackgroundCopiesToDevice(const HostCopy* c, size_t n) override {
+    b_->BackgroundCopiesToDevice(c, n);
+  }
+  void PinHostMemory(void* p, size_t bytes) override { b_->PinHostMemory(p, bytes); }
   void Synchronize() override { b_->Synchronize(); }
   std::string name() const override { return b_->name(); }
   int num_threads() const override { return b_->num_threads(); }

@@ -170,6 +170,28 @@ class DeviceMemory {
   // compute thread's copies: complete on return, into memory no kernel
   // reads or writes meanwhile.
   virtual void BackgroundCopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  // Several BackgroundCopyToDevice (BackgroundCopyToHost) at once, complete
+  // on return (a backend whose copies queue on a device may wait once for
+  // all of them).
+  struct HostCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual void BackgroundCopiesToDevice(const HostCopy* copies, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      BackgroundCopyToDevice(copies[i].dst, copies[i].src, copies[i].bytes);
+  }
+  virtual void BackgroundCopiesToHost(const HostCopy* copies, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      BackgroundCopyToHost(copies[i].dst, copies[i].src, copies[i].bytes);
+  }
+  // Host memory that copies to and from this device use often (the shared
+  // regions a device process maps: logits, the KV backup): a backend whose
+  // copies are faster from page-locked memory locks it, where the system
+  // lets it, until the backend is destroyed; otherwise nothing. Copies work
+  // either way.
+  virtual void PinHostMemory(void* p, size_t bytes) {}
   // Waits until every kernel issued has finished.
   virtual void Synchronize() = 0;
 };

@@ -50,12 +50,14 @@ void BackupWriter::Run() {
       queue_.pop_front();
       busy_ = true;
     }
+    copies_.clear();
     for (const auto& c : job.copies) {
       const size_t n = static_cast<size_t>((c.to - c.from) * row);  // bytes of K, and of V
-      memory_->BackgroundCopyToHost(c.dst + c.from * row, c.page + c.from * row, n);
-      memory_->BackgroundCopyToHost(c.dst + (bs + c.from) * row, c.page + (bs + c.from) * row, n);
+      copies_.push_back({c.dst + c.from * row, c.page + c.from * row, n});
+      copies_.push_back({c.dst + (bs + c.from) * row, c.page + (bs + c.from) * row, n});
       bytes_copied_ += static_cast<int64_t>(2 * n);
     }
+    memory_->BackgroundCopiesToHost(copies_.data(), copies_.size());
     // Publish only after the copies: a reader that sees `tokens` sees the data.
     BackupProgress* p = layout_.Progress(base_, job.slot, device_);
     if (p->seq_id.load(std::memory_order_relaxed) != job.seq_id) {

@@ -64,10 +64,11 @@ class BackupWriter {
   std::function<void(const BackupJob&)> uploader_;  // set before the first job
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
-  std::deque<BackupJob> queue_;  // guarded by mu_
-  bool busy_ = false;            // guarded by mu_
-  bool stop_ = false;            // guarded by mu_
-  int64_t bytes_copied_ = 0;     // written by the writer thread, read after Drain
+  std::deque<BackupJob> queue_;                 // guarded by mu_
+  bool busy_ = false;                           // guarded by mu_
+  bool stop_ = false;                           // guarded by mu_
+  int64_t bytes_copied_ = 0;                    // written by the writer thread, read after Drain
+  std::vector<DeviceMemory::HostCopy> copies_;  // the writer thread's, a job's
   std::thread thread_;
 };
 

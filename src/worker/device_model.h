@@ -201,9 +201,12 @@ class DeviceModel {
   // sequence's page of `slot` at `block` (its K rows, then its V rows).
   // Returns the bytes copied.
   // `background`: from a thread other than the compute thread
-  // (DeviceMemory::BackgroundCopyToDevice).
+  // (DeviceMemory::BackgroundCopyToDevice); `batch` (background only): the
+  // two copies are added to it, for the caller to make at once
+  // (BackgroundCopiesToDevice), instead of made.
   int64_t CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block, int rows,
-                         bool background = false);
+                         bool background = false,
+                         std::vector<DeviceMemory::HostCopy>* batch = nullptr);
   // Plan::KvSlots of this device for a sequence with DP rank `dp_rank`.
   const std::vector<int>& KvSlots(int dp_rank) const {
     return dp_rank == device_ ? kv_slots_rank_ : kv_slots_tp_;

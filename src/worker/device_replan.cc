@@ -149,7 +149,8 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
 }
 
 int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block,
-                                    int rows, bool background) {
+                                    int rows, bool background,
+                                    std::vector<DeviceMemory::HostCopy>* batch) {
   const int bs = kv_.block_size();
   const int64_t row = static_cast<int64_t>(config_.head_dim) * kv_.elem_bytes();
   const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
@@ -157,7 +158,9 @@ int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t
   char* page = reinterpret_cast<char*>(kv_.Page(seq_id, slot, block));
   auto copy = [&](char* dst, const char* from) {
     const size_t bytes = static_cast<size_t>(rows * row);
-    if (background) {
+    if (background && batch) {
+      batch->push_back({dst, from, bytes});
+    } else if (background) {
       backend_->BackgroundCopyToDevice(dst, from, bytes);
     } else {
       backend_->CopyToDevice(dst, from, bytes);
@@ -241,6 +244,9 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
     }
   }
   for (int64_t id : kv_.Seqs()) kv_.FreeSeq(id);
+  // In the background, every block's copies made at once (a GPU waits once
+  // for them all, not once per block).
+  std::vector<DeviceMemory::HostCopy> batch;
   for (const SeqRestore& s : seqs) {
     const std::vector<int>& slots = KvSlots(s.dp_rank);
     FS_RETURN_IF_ERROR(
@@ -255,11 +261,12 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
           return FailedPrecondition("sequence {}: block {} has no host backup to restore from",
                                     s.seq_id, blk);
         }
-        stats->kv_restored_bytes +=
-            CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows, background);
+        stats->kv_restored_bytes += CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows,
+                                                   background, background ? &batch : nullptr);
       }
     }
   }
+  backend_->BackgroundCopiesToDevice(batch.data(), batch.size());
   return Status::Ok();
 }
 

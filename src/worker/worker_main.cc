@@ -217,6 +217,7 @@ class Worker {
     } else {
       backend_ = MakeCpuBackend(init.threads);
     }
+    backend_->PinHostMemory(logits_.data(), logits_.size());  // each step's logits land there
     DeviceOptions d;
     d.block_size = init.block_size;
     d.kv_pages = init.kv_pages;
@@ -232,6 +233,9 @@ class Worker {
           h->kv_dtype != init.kv_dtype || init.device_id >= h->num_devices) {
         return InvalidArgument("the KV backup region does not match the model");
       }
+      // Pages go to the host and back through it: page-locked where the
+      // backend gains by it (a GPU's copies).
+      backend_->PinHostMemory(backup_.data(), backup_.size());
       backup_writer_ = std::make_unique<BackupWriter>(backup_.data(), layout, init.device_id,
                                                       progress_slot_, backend_.get());
       if (link_) {

@@ -17,6 +17,7 @@
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/sampling.h"
+#include "common/log.h"
 
 namespace failsafe {
 namespace {
@@ -70,6 +71,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     ForgetGraphs();
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    for (void* p : pinned_host_) cudaHostUnregister(p);
     x16_ = DeviceArray<uint16_t>();
     parts_ = DeviceArray<float>();
     sort_ = DeviceArray<float>();
@@ -144,6 +146,36 @@ class CudaBackend final : public Backend {
   }
   void BackgroundCopyToDevice(void* dst, const void* src, size_t bytes) override {
     BackgroundCopy(dst, src, bytes, cudaMemcpyHostToDevice);
+  }
+  void BackgroundCopiesToHost(const HostCopy* copies, size_t n) override {
+    BackgroundCopies(copies, n, cudaMemcpyDeviceToHost);
+  }
+  void BackgroundCopiesToDevice(const HostCopy* copies, size_t n) override {
+    BackgroundCopies(copies, n, cudaMemcpyHostToDevice);
+  }
+  // On the copy stream, from any thread, one wait for them all.
+  void BackgroundCopies(const HostCopy* copies, size_t n, cudaMemcpyKind kind) {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    FS_CUDA_CHECK(cudaSetDevice(gpu_));  // this thread's device
+    size_t issued = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (copies[i].bytes == 0) continue;
+      FS_CUDA_CHECK(
+          cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, kind, copy_stream_));
+      ++issued;
+    }
+    if (issued > 0) FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  }
+  void PinHostMemory(void* p, size_t bytes) override {
+    if (!p || bytes == 0) return;
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      FS_LOG_WARN("host memory of {} bytes stays pageable (copies slower): {}", bytes,
+                  cudaGetErrorString(e));
+      return;
+    }
+    pinned_host_.push_back(p);
   }
   // On the copy stream, from any thread, complete on return.
   void BackgroundCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -661,6 +693,7 @@ class CudaBackend final : public Backend {
   std::vector<size_t> capture_uploads_;
   StepGraph* replay_ = nullptr;
   size_t upload_index_ = 0;
+  std::vector<void*> pinned_host_;  // PinHostMemory's regions
   std::vector<cudaEvent_t> marks_;  // Mark(): the first marks_used_ recorded
   size_t marks_used_ = 0;
 };

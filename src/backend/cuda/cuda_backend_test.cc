@@ -637,6 +637,26 @@ TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {
   std::vector<float> back(y.size());
   gpu->CopyToHost(back.data(), dy.get(), y.size() * 4);
   EXPECT_TRUE(SameBits(back, y));
+  // Many small copies at once each way (the backup writer's and a restore's
+  // batches), into host memory page-locked as a device process's backup is.
+  std::vector<float> pinned(x.size(), 0.0f);
+  gpu->PinHostMemory(pinned.data(), pinned.size() * 4);
+  std::vector<DeviceMemory::HostCopy> down, up;
+  for (size_t i = 0; i + 100 <= x.size(); i += 300) {
+    down.push_back({pinned.data() + i, dx.get() + i, 100 * 4});
+    up.push_back({dy.get() + i, x.data() + i, 100 * 4});
+  }
+  std::thread v([&] {
+    gpu->BackgroundCopiesToHost(down.data(), down.size());
+    gpu->BackgroundCopiesToDevice(up.data(), up.size());
+  });
+  v.join();
+  gpu->CopyToHost(back.data(), dy.get(), y.size() * 4);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool copied = i % 300 < 100 && i / 300 * 300 + 100 <= x.size();
+    ASSERT_EQ(pinned[i], copied ? x[i] : 0.0f) << i;
+    ASSERT_EQ(back[i], copied ? x[i] : y[i]) << i;
+  }
 }
 
 }  // namespace

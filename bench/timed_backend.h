@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/check.h"
 #include "common/clock.h"
 
 namespace failsafe::bench {
@@ -44,10 +45,8 @@ class TimedBackend final : public Backend {
   // to entries().
   void Collect() {
     const std::vector<double> t = b_->TakeMarks();
-    if (t.size() != 2 * pending_.size()) {  // marks of calls not timed: none to read
-      pending_.clear();
-      return;
-    }
+    FS_CHECK_MSG(t.size() == 2 * pending_.size(), "{} marks for {} calls", t.size(),
+                 pending_.size());
     for (size_t i = 0; i < pending_.size(); ++i) {
       Entry& e = entries_[pending_[i]];
       e.calls++;

@@ -200,12 +200,10 @@ class DeviceModel {
   // Copies positions [0, rows) of (layer, head) of one backup block into the
   // sequence's page of `slot` at `block` (its K rows, then its V rows).
   // Returns the bytes copied.
-  // `background`: from a thread other than the compute thread
-  // (DeviceMemory::BackgroundCopyToDevice); `batch` (background only): the
-  // two copies are added to it, for the caller to make at once
-  // (BackgroundCopiesToDevice), instead of made.
+  // Without `batch`, copied by the compute thread (CopyToDevice); with it,
+  // the two copies are added to it, for a thread other than the compute
+  // thread to make at once (BackgroundCopiesToDevice).
   int64_t CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block, int rows,
-                         bool background = false,
                          std::vector<DeviceMemory::HostCopy>* batch = nullptr);
   // Plan::KvSlots of this device for a sequence with DP rank `dp_rank`.
   const std::vector<int>& KvSlots(int dp_rank) const {

@@ -149,8 +149,7 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
 }
 
 int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block,
-                                    int rows, bool background,
-                                    std::vector<DeviceMemory::HostCopy>* batch) {
+                                    int rows, std::vector<DeviceMemory::HostCopy>* batch) {
   const int bs = kv_.block_size();
   const int64_t row = static_cast<int64_t>(config_.head_dim) * kv_.elem_bytes();
   const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
@@ -158,10 +157,8 @@ int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t
   char* page = reinterpret_cast<char*>(kv_.Page(seq_id, slot, block));
   auto copy = [&](char* dst, const char* from) {
     const size_t bytes = static_cast<size_t>(rows * row);
-    if (background && batch) {
+    if (batch) {
       batch->push_back({dst, from, bytes});
-    } else if (background) {
-      backend_->BackgroundCopyToDevice(dst, from, bytes);
     } else {
       backend_->CopyToDevice(dst, from, bytes);
     }
@@ -262,7 +259,7 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
                                     s.seq_id, blk);
         }
         stats->kv_restored_bytes += CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows,
-                                                   background, background ? &batch : nullptr);
+                                                   background ? &batch : nullptr);
       }
     }
   }

@@ -179,11 +179,8 @@ class CudaBackend final : public Backend {
   }
   // On the copy stream, from any thread, complete on return.
   void BackgroundCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-    if (bytes == 0) return;
-    std::lock_guard<std::mutex> lock(copy_mu_);
-    FS_CUDA_CHECK(cudaSetDevice(gpu_));  // this thread's device
-    FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream_));
-    FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    const HostCopy c{dst, src, bytes};
+    BackgroundCopies(&c, 1, kind);
   }
   void Synchronize() override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");

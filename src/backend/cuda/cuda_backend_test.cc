@@ -638,20 +638,28 @@ TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {
   gpu->CopyToHost(back.data(), dy.get(), y.size() * 4);
   EXPECT_TRUE(SameBits(back, y));
   // Many small copies at once each way (the backup writer's and a restore's
-  // batches), into host memory page-locked as a device process's backup is.
+  // batches), into host memory page-locked as a device process's backup is
+  // (by a backend of its own, destroyed, and so unlocking it, first).
   std::vector<float> pinned(x.size(), 0.0f);
-  gpu->PinHostMemory(pinned.data(), pinned.size() * 4);
-  std::vector<DeviceMemory::HostCopy> down, up;
-  for (size_t i = 0; i + 100 <= x.size(); i += 300) {
-    down.push_back({pinned.data() + i, dx.get() + i, 100 * 4});
-    up.push_back({dy.get() + i, x.data() + i, 100 * 4});
+  {
+    auto own = MakeCudaBackend({});
+    ASSERT_TRUE(own.ok()) << own.status().ToString();
+    Backend* b = own->get();
+    b->PinHostMemory(pinned.data(), pinned.size() * 4);
+    OnDevice<float> sx(b, x), sy(b, y);
+    std::vector<DeviceMemory::HostCopy> down, up;
+    for (size_t i = 0; i + 100 <= x.size(); i += 300) {
+      down.push_back({pinned.data() + i, sx.get() + i, 100 * 4});
+      up.push_back({sy.get() + i, x.data() + i, 100 * 4});
+    }
+    b->Synchronize();
+    std::thread v([&] {
+      b->BackgroundCopiesToHost(down.data(), down.size());
+      b->BackgroundCopiesToDevice(up.data(), up.size());
+    });
+    v.join();
+    b->CopyToHost(back.data(), sy.get(), y.size() * 4);
   }
-  std::thread v([&] {
-    gpu->BackgroundCopiesToHost(down.data(), down.size());
-    gpu->BackgroundCopiesToDevice(up.data(), up.size());
-  });
-  v.join();
-  gpu->CopyToHost(back.data(), dy.get(), y.size() * 4);
   for (size_t i = 0; i < x.size(); ++i) {
     const bool copied = i % 300 < 100 && i / 300 * 300 + 100 <= x.size();
     ASSERT_EQ(pinned[i], copied ? x[i] : 0.0f) << i;

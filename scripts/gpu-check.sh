@@ -24,7 +24,19 @@
 #                with a breakdown of each step by kernel) and PyTorch with
 #                transformers on the same weights (scripts/gpu/torch_bench.py);
 #                and decode from a context of 8,192 on 4 such layers, with
-#                attention in segments split over blocks and without.
+#                attention in segments split over blocks and without;
+#   faults       8 device processes sharing the GPU under random kill -9,
+#                SIGSTOP/SIGCONT (hangs fenced or in time) and rejoins, often
+#                close enough to cascade, with concurrent greedy and seeded
+#                streams, every text checked against the fault-free run
+#                (failsafe soak): stories260K, and a bf16 model under each
+#                recovery mode and placement; and every recovery mode's
+#                outputs against the fault-free run's (failsafe
+#                recovery-bench on the bf16 model);
+#   recovery     (--recovery only) the paper's recovery experiment: 8 device
+#                processes, the Llama-3.1-8B shape, one killed 8 steps into
+#                the decode, each mode's phases and the steady state beside 7
+#                processes started fresh (scripts/gpu/recovery.sh).
 #
 # The programs come from scripts/gpu-pack.sh (built where the build
 # dependencies are; the GPU machine needs only the CUDA driver, cuBLASLt and
@@ -32,8 +44,10 @@
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
 #                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
-#                        [--no-torch-bench]
-# --quick: the correctness stages only. Exits 1 if any stage failed.
+#                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]]
+# --quick: the correctness stages only. --recovery: the recovery experiment
+# too, REQUESTS sequences of PROMPT tokens (default 32,1000). Exits 1 if any
+# stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +60,7 @@ llama_layers=32
 skip=""
 bench_modes="lt,fused,fused+tensor,fused+tensor+kvbf16"
 torch_bench=1
+recovery=""
 while (($#)); do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -57,6 +72,10 @@ while (($#)); do
     --skip) skip=$2; shift 2 ;;
     --bench-modes) bench_modes=$2; shift 2 ;;
     --no-torch-bench) torch_bench=0; shift ;;
+    --recovery)
+      recovery=32,1000
+      if [[ ${2:-} =~ ^[0-9]+,[0-9]+$ ]]; then recovery=$2; shift; fi
+      shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -127,6 +146,25 @@ stage e2e-graphs 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --sto
 stage e2e-tensor 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
   --gemm fused --bf16-only --attention tensor
 
+# Failures: 8 device processes on GPU 0, events every ~0.6 s (often one
+# during another's recovery), the run's texts checked against a fault-free
+# run of the same streams.
+tiny=$(mktemp -d)/tiny-llama-bf16
+stage faults-model 60 "$bin/failsafe" make-model --preset tiny-llama --dtype bf16 --out "$tiny"
+soak=("$bin/failsafe" soak --gpus 0 --devices 8 --min-devices 3 --event-gap-ms 600
+  --concurrency 48 --max-len 64 --events kill,stop,rejoin)
+stage faults-stories 120 "${soak[@]}" --model $stories --duration 20s --seed 11
+stage faults-full-hybrid 120 "${soak[@]}" --model "$tiny" --duration 20s --seed 12 \
+  --recovery full --placement hybrid
+stage faults-host-cyclic 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 13 \
+  --recovery host --placement cyclic
+stage faults-recompute-nonuniform 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 14 \
+  --recovery recompute --placement nonuniform
+stage faults-full-standard 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 15 \
+  --recovery full --placement standard
+stage faults-modes 180 "$bin/failsafe" recovery-bench --model "$tiny" --gpus 0 --devices 8 \
+  --requests 16 --prompt-tokens 200 --output-tokens 48 --fail-decode-step 6 --window 8 --fresh
+
 if ((quick == 0)); then
   models=/tmp/failsafe-gpu-models
   if [[ $(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1) -gt 40 ]]; then
@@ -144,6 +182,12 @@ if ((quick == 0)); then
     llama-3.1-8b 4 "fused,fused+segments" 0 "" --context 8192 --batches 1,16 --prefill 0 \
     --steps 8
 fi
+if [[ -n $recovery ]]; then
+  models=${models:-/tmp/failsafe-gpu-models}
+  mkdir -p "$models"
+  stage recovery-8b 540 scripts/gpu/recovery.sh "$bin" "$models" "$out" 32 8 \
+    "${recovery%,*}" "${recovery#*,}"
+fi
 
 {
   echo "=== summary"
@@ -152,6 +196,11 @@ fi
     [[ -e $f ]] || continue
     echo "--- $(basename "$f" .log)"
     grep -E "^(GPU|limits|host link|model:|batch|prefill|eager|torch.compile|transformers|  breakdown)" "$f"
+  done
+  for f in "$logs"/faults-*.log "$logs"/recovery-*.log; do
+    [[ -e $f ]] || continue
+    echo "--- $(basename "$f" .log)"
+    grep -E "^(mode|none|recompute|host|full|fresh|decode throughput|[0-9.]+ s:|event|kill|rejoin|stop|longest)" "$f"
   done
   for f in "$logs"/e2e-*.log "$logs"/torch-ref-*.log; do
     [[ -e $f ]] || continue

@@ -28,19 +28,33 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
                  "sequence's last page is half empty on average)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  app.add_option("--kv-dtype", f->kv_dtype,
-                 "what the KV cache and its host backup hold: f32, or bf16 for half the memory "
-                 "and half the bytes attention reads (keys and values rounded once, to nearest, "
-                 "as they are stored; attention then computes in f32); auto: bf16 for a model "
-                 "whose weights are bf16, else f32")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  AddKvDtypeFlag(app, f);
   app.add_flag("--processes", f->processes, "run even a single device as a worker process");
   app.add_option("--recovery", f->recovery, "recovery mode: recompute, host or full")
       ->capture_default_str();
-  app.add_option("--backup-memory", f->backup_memory,
-                 "host memory for the KV backup (0: no backup; committed only as used)")
+  AddBackupMemoryFlag(app, f);
+  AddGpuFlags(app, f);
+  app.add_flag("--rebalance-slow", f->rebalance_slow,
+               "re-plan so that a device that stays slower than its peers (measured per step) "
+               "gets a smaller share of heads and FFN shards");
+  app.add_option("--listen", f->listen,
+                 "HOST:PORT where devices on other hosts join (`failsafe worker --join`); HOST "
+                 "is this host's address as the other hosts reach it");
+  app.add_option("--remote-devices", f->remote_devices,
+                 "how many of the devices are workers joining at --listen (the last ids); "
+                 "implies --comm gloo")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  app.add_option("--cluster-token-file", f->cluster_token_file,
+                 "file whose first line is the token joining workers must present (default: "
+                 "$FAILSAFE_CLUSTER_TOKEN)");
+  app.add_option("--join-timeout", f->join_timeout,
+                 "how long start-up waits for the remote devices to join")
       ->capture_default_str();
+  AddTimeoutFlags(app, f);
+}
+
+void AddGpuFlags(CLI::App& app, DeviceFlags* f) {
   app.add_option(
       "--device-memory", f->device_memory,
       "memory of one device for weights, KV and activations (e.g. 2GiB; default: no limit)");
@@ -63,24 +77,22 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_flag("--cuda-graphs", f->cuda_graphs,
                "on a GPU, run decode steps that repeat their shapes as CUDA graphs (one launch "
                "a step; a device alone in its group, dense models)");
-  app.add_flag("--rebalance-slow", f->rebalance_slow,
-               "re-plan so that a device that stays slower than its peers (measured per step) "
-               "gets a smaller share of heads and FFN shards");
-  app.add_option("--listen", f->listen,
-                 "HOST:PORT where devices on other hosts join (`failsafe worker --join`); HOST "
-                 "is this host's address as the other hosts reach it");
-  app.add_option("--remote-devices", f->remote_devices,
-                 "how many of the devices are workers joining at --listen (the last ids); "
-                 "implies --comm gloo")
+}
+
+void AddKvDtypeFlag(CLI::App& app, DeviceFlags* f) {
+  app.add_option("--kv-dtype", f->kv_dtype,
+                 "what the KV cache and its host backup hold: f32, or bf16 for half the memory "
+                 "and half the bytes attention reads (keys and values rounded once, to nearest, "
+                 "as they are stored; attention then computes in f32); auto: bf16 for a model "
+                 "whose weights are bf16, else f32")
       ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  app.add_option("--cluster-token-file", f->cluster_token_file,
-                 "file whose first line is the token joining workers must present (default: "
-                 "$FAILSAFE_CLUSTER_TOKEN)");
-  app.add_option("--join-timeout", f->join_timeout,
-                 "how long start-up waits for the remote devices to join")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+}
+
+void AddBackupMemoryFlag(CLI::App& app, DeviceFlags* f) {
+  app.add_option("--backup-memory", f->backup_memory,
+                 "host memory for the KV backup (0: no backup; committed only as used)")
       ->capture_default_str();
-  AddTimeoutFlags(app, f);
 }
 
 void AddTimeoutFlags(CLI::App& app, DeviceFlags* f) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <thread>
 
 #include <algorithm>
@@ -123,7 +124,13 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
       continue;
     }
     if (engine.idle() && kills.empty()) {
-      if (next < n) clock = std::max(clock, w.requests[next].arrival_s);
+      if (next < n && o.wall_clock) {
+        const double wait_s = w.requests[next].arrival_s - clock;
+        if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+        clock = std::max((MonotonicNanos() - wall0) * 1e-9, w.requests[next].arrival_s);
+      } else if (next < n) {
+        clock = std::max(clock, w.requests[next].arrival_s);
+      }
       if (next >= n && done < n) {
         // Failed requests finish through events; drain them.
         auto out = engine.Step();
@@ -157,11 +164,12 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
     StepOutcome& out = *stepped;
     // Serving stopped while the engine recovered: the clock moves on by the
     // detection and the recovery (the steps after it are charged as steps).
-    while (charged_recoveries < engine.recoveries().size() &&
+    while (!o.wall_clock && charged_recoveries < engine.recoveries().size() &&
            engine.recoveries()[charged_recoveries].resumed()) {
       const RecoveryReport& r = engine.recoveries()[charged_recoveries++];
       clock += (r.detect_ms + r.outage_ms()) * 1e-3;
     }
+    if (o.wall_clock) clock = (MonotonicNanos() - wall0) * 1e-9;
     if (!out.ran) {
       if (out.recovered) continue;
       // Finished-without-token events (aborted, failed) still count.
@@ -174,7 +182,7 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
       }
       continue;
     }
-    clock += out.timing.emulated_ns * 1e-9;
+    if (!o.wall_clock) clock += out.timing.emulated_ns * 1e-9;
     ++sum.steps;
     if (o.on_step) o.on_step(out);
     sum.preemptions += static_cast<int>(out.plan.preempted.size());

@@ -3,7 +3,8 @@
 // Time: requests arrive on an emulated clock that advances by each step's
 // emulated time (what the step would take with one core per device); when
 // the engine is idle the clock jumps to the next arrival. Wall time is
-// reported beside it.
+// reported beside it. With OfflineRunOptions::wall_clock the clock is the
+// wall clock instead (an idle engine waits for the next arrival).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,11 @@ struct OfflineRunOptions {
   float temperature = 0.8f;
   float top_p = 0.95f;
   bool progress = false;  // a progress bar on stderr
+  // The run's clock: false, emulated (each step the slowest device's compute,
+  // as if every device had a processor of its own; recoveries charged their
+  // detection and outage); true, the wall clock (devices that really run in
+  // parallel, such as GPUs: what clients would see, host work included).
+  bool wall_clock = false;
   std::vector<FaultEvent> faults;
   // Called after every step that ran (the scheduler's plan and its timing).
   std::function<void(const StepOutcome&)> on_step;

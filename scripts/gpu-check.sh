@@ -34,7 +34,7 @@
 #                outputs against the fault-free run's (failsafe
 #                recovery-bench on the bf16 model);
 #   recovery     (--recovery only) the paper's recovery experiment: 8 device
-#                processes, the Llama-3.1-8B shape, one killed 8 steps into
+#                processes, the Llama-3.1-8B shape, one killed 16 steps into
 #                the decode, each mode's phases and the steady state beside 7
 #                processes started fresh (scripts/gpu/recovery.sh).
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's recovery experiment on a GPU (scripts/gpu-check.sh --recovery):
 # device processes sharing the GPU with a Llama-3.1-8B-shaped bf16 model made
-# here, one killed a few steps into the decode, under each recovery mode
+# here, one killed 16 steps into the decode, under each recovery mode
 # (failsafe recovery-bench: the phases, the longest gap between tokens,
 # decode throughput before and after, and devices - 1 started fresh).
 # Removes the model.
@@ -16,7 +16,7 @@ python3 "$(dirname "$0")/make_model.py" --shape llama-3.1-8b --layers "$layers" 
 gpus=0
 for ((d = 1; d < devices; ++d)); do gpus+=",0"; done
 "$bin/failsafe" recovery-bench --model "$dir" --devices "$devices" --gpus "$gpus" \
-  --requests "$requests" --prompt-tokens "$prompt" --output-tokens 64 --fail-decode-step 8 \
+  --requests "$requests" --prompt-tokens "$prompt" --output-tokens 64 --fail-decode-step 16 \
   --window 16 --fresh --max-step-tokens 2048 --kv-dtype bf16 --backup-memory 48GiB \
   --device-memory "$((100 / devices))GiB" --gpu-gemm fused --json "$@" | tee "$out/recovery.txt"
 tail -1 "$out/recovery.txt" >"$out/recovery.json"

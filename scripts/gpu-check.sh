@@ -149,7 +149,8 @@ stage e2e-tensor 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --sto
 # Failures: 8 device processes on GPU 0, events every ~0.6 s (often one
 # during another's recovery), the run's texts checked against a fault-free
 # run of the same streams.
-tiny=$(mktemp -d)/tiny-llama-bf16
+faults_dir=$(mktemp -d)
+tiny=$faults_dir/tiny-llama-bf16
 stage faults-model 60 "$bin/failsafe" make-model --preset tiny-llama --dtype bf16 --out "$tiny"
 soak=("$bin/failsafe" soak --gpus 0 --devices 8 --min-devices 3 --event-gap-ms 600
   --concurrency 48 --max-len 64 --events kill,stop,rejoin)
@@ -164,6 +165,7 @@ stage faults-full-standard 90 "${soak[@]}" --model "$tiny" --duration 12s --seed
   --recovery full --placement standard
 stage faults-modes 180 "$bin/failsafe" recovery-bench --model "$tiny" --gpus 0 --devices 8 \
   --requests 16 --prompt-tokens 200 --output-tokens 48 --fail-decode-step 6 --window 8 --fresh
+rm -rf "$faults_dir"
 
 if ((quick == 0)); then
   models=/tmp/failsafe-gpu-models

@@ -17,7 +17,6 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "backend/cpu_features.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -352,10 +352,7 @@ class Backend : public DeviceMemory {
   // from the first of them. This default stamps the host clock, which is
   // the device's for a backend whose calls finish before they return (the
   // CPU's).
-  virtual void Mark() {
-    marks_.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  }
+  virtual void Mark() { marks_.push_back(MonotonicNanos() * 1e-9); }
   virtual std::vector<double> TakeMarks() {
     std::vector<double> out;
     out.swap(marks_);

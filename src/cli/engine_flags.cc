@@ -14,8 +14,7 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
   app.add_option("--devices", f->devices, "number of devices (worker processes)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  app.add_option("--placement", f->placement, "standard, nonuniform, cyclic or hybrid")
-      ->capture_default_str();
+  AddPlacementFlag(app, f);
   app.add_option("--comm", f->comm, "collectives: shm (one host) or gloo (TCP)")
       ->capture_default_str();
   app.add_option("--threads", f->threads, "compute threads per device")
@@ -52,6 +51,11 @@ void AddDeviceFlags(CLI::App& app, DeviceFlags* f) {
                  "how long start-up waits for the remote devices to join")
       ->capture_default_str();
   AddTimeoutFlags(app, f);
+}
+
+void AddPlacementFlag(CLI::App& app, DeviceFlags* f) {
+  app.add_option("--placement", f->placement, "standard, nonuniform, cyclic or hybrid")
+      ->capture_default_str();
 }
 
 void AddGpuFlags(CLI::App& app, DeviceFlags* f) {

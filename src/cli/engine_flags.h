@@ -47,13 +47,13 @@ struct DeviceFlags {
 
 void AddDeviceFlags(CLI::App& app, DeviceFlags* flags);
 // Pieces of AddDeviceFlags, for commands that start devices with settings
-// of their own: the GPU flags (--gpus, --gpu-gemm, --gpu-attention,
-// --cuda-graphs, --device-memory), --kv-dtype and --backup-memory.
+// of their own: --placement, the GPU flags (--gpus, --gpu-gemm,
+// --gpu-attention, --cuda-graphs, --device-memory), --kv-dtype and
+// --backup-memory.
+void AddPlacementFlag(CLI::App& app, DeviceFlags* flags);
 void AddGpuFlags(CLI::App& app, DeviceFlags* flags);
 void AddKvDtypeFlag(CLI::App& app, DeviceFlags* flags);
 void AddBackupMemoryFlag(CLI::App& app, DeviceFlags* flags);
-// --gpus: each device's CUDA device, or one for all ("" : none).
-Result<std::vector<int>> ParseGpus(const std::string& text);
 // The hang-detection flags alone (part of AddDeviceFlags), for commands that
 // start devices with settings of their own.
 void AddTimeoutFlags(CLI::App& app, DeviceFlags* flags);

@@ -34,15 +34,16 @@ struct Window {
 };
 
 // What one run's steps say: where decode began (every prompt in), and the
-// decode-only steps before the failure and after the recovery.
+// decode-only steps before the failure (in a run with no fault, the first
+// ones) and after the recovery.
 struct StepLog {
-  int fail_step = -1;           // the step index the fault was due at (-1: none)
-  int window = 16;              // steps per throughput window
-  bool wall = false;            // windows on the wall clock (else emulated)
-  int steps = 0;                // steps that ran
-  int decode_from = -1;         // the first step with no prefill once every request is in
-  int after_skip = 2;           // decode-only steps after the recovery left out (transients)
-  Window before, after, fresh;  // fresh: a run with no fault
+  int fail_step = -1;    // the step index the fault was due at (-1: none)
+  int window = 16;       // steps per throughput window
+  bool wall = false;     // windows on the wall clock (else emulated)
+  int steps = 0;         // steps that ran
+  int decode_from = -1;  // the first step with no prefill once every request is in
+  int after_skip = 2;    // decode-only steps after the recovery left out (transients)
+  Window before, after;
 
   // all_in: no request waits to be admitted; recovered: the engine has
   // recovered from a failure and resumed.
@@ -57,15 +58,11 @@ struct StepLog {
       w->tokens += out.plan.decode_tokens;
       w->wall_ns += wall ? out.timing.wall_ns : out.timing.emulated_ns;
     };
-    if (fail_step < 0) {
-      take(&fresh);
-    } else if (!recovered && s >= fail_step - window && s < fail_step) {
-      take(&before);
-    } else if (recovered) {
-      if (after_skip > 0) {
-        --after_skip;
-        return;
-      }
+    if (!recovered) {
+      if (fail_step < 0 || (s >= fail_step - window && s < fail_step)) take(&before);
+    } else if (after_skip > 0) {
+      --after_skip;
+    } else {
       take(&after);
     }
   }
@@ -87,8 +84,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
   app.add_option("--model", o->model, "model directory (default: the synthetic small-llama)");
   app.add_option("--cache-dir", o->cache_dir, "where the default model is kept");
   app.add_option("--devices", o->devices)->capture_default_str()->check(CLI::Range(2, 64));
-  app.add_option("--placement", o->dev.placement, "standard, nonuniform, cyclic or hybrid")
-      ->capture_default_str();
+  AddPlacementFlag(app, &o->dev);
   app.add_option("--requests", o->requests, "requests, all arriving at once")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
@@ -195,11 +191,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
       df.devices = fresh ? o->devices - 1 : o->devices;
       if (fresh && df.gpus.find(',') != std::string::npos) {
         // One id per device: the first devices - 1 of them.
-        auto ids = ParseGpus(df.gpus);
-        if (!ids.ok()) return Fail(ids.status().ToString());
-        df.gpus.clear();
-        for (int d = 0; d + 1 < static_cast<int>(ids->size()) && d < df.devices; ++d)
-          df.gpus += (d ? "," : "") + std::to_string((*ids)[d]);
+        df.gpus.resize(df.gpus.rfind(','));
       }
       df.recovery = m == "none" || fresh ? "full" : m;
       df.max_step_tokens = o->max_step_tokens;
@@ -235,7 +227,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
         fail_step = log.decode_from + o->fail_decode_step;
       }
       if (fresh) {
-        fresh_window = log.fresh;
+        fresh_window = log.before;
         continue;
       }
       if (digest.empty()) digest = s->output_digest;

@@ -124,12 +124,11 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
       continue;
     }
     if (engine.idle() && kills.empty()) {
-      if (next < n && o.wall_clock) {
-        const double wait_s = w.requests[next].arrival_s - clock;
-        if (wait_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
-        clock = std::max((MonotonicNanos() - wall0) * 1e-9, w.requests[next].arrival_s);
-      } else if (next < n) {
-        clock = std::max(clock, w.requests[next].arrival_s);
+      if (next < n) {
+        const double arrival = w.requests[next].arrival_s;
+        if (o.wall_clock && arrival > clock)
+          std::this_thread::sleep_for(std::chrono::duration<double>(arrival - clock));
+        clock = std::max(o.wall_clock ? (MonotonicNanos() - wall0) * 1e-9 : clock, arrival);
       }
       if (next >= n && done < n) {
         // Failed requests finish through events; drain them.
@@ -162,14 +161,18 @@ Result<RunSummary> RunOffline(Engine& engine, const Workload& w, const OfflineRu
       return stepped.status();
     }
     StepOutcome& out = *stepped;
-    // Serving stopped while the engine recovered: the clock moves on by the
-    // detection and the recovery (the steps after it are charged as steps).
-    while (!o.wall_clock && charged_recoveries < engine.recoveries().size() &&
-           engine.recoveries()[charged_recoveries].resumed()) {
-      const RecoveryReport& r = engine.recoveries()[charged_recoveries++];
-      clock += (r.detect_ms + r.outage_ms()) * 1e-3;
+    if (o.wall_clock) {
+      clock = (MonotonicNanos() - wall0) * 1e-9;
+    } else {
+      // Serving stopped while the engine recovered: the clock moves on by
+      // the detection and the recovery (the steps after it are charged as
+      // steps, below).
+      while (charged_recoveries < engine.recoveries().size() &&
+             engine.recoveries()[charged_recoveries].resumed()) {
+        const RecoveryReport& r = engine.recoveries()[charged_recoveries++];
+        clock += (r.detect_ms + r.outage_ms()) * 1e-3;
+      }
     }
-    if (o.wall_clock) clock = (MonotonicNanos() - wall0) * 1e-9;
     if (!out.ran) {
       if (out.recovered) continue;
       // Finished-without-token events (aborted, failed) still count.

@@ -54,7 +54,7 @@ struct RunSummary {
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   double wall_s = 0;
-  double emulated_s = 0;
+  double emulated_s = 0;  // on the run's clock (the wall's with wall_clock)
   int steps = 0;
   int preemptions = 0;
   int peak_concurrent_seqs = 0;

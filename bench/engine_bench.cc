@@ -139,8 +139,8 @@ double MeasureReadBandwidth(int threads) {
 // The f32 multiply-add rate (FLOP/s) `threads` threads reach with the
 // widest FMA the kernels' `level` uses, on twelve independent chains per
 // thread: enough to cover the FMA latency, so this is the ceiling a GEMM
-// built from f32 FMAs can reach on this CPU (the generic level's: sixteen
-// scalar ones, std::fma, per vector).
+// built from f32 FMAs can reach on this CPU (the generic level's: its exact
+// fused multiply-add by double sums, simd.h).
 // Each function runs twelve chains of `iters` FMAs on full vectors (the
 // avx512 level's and vdpbf16ps's in the backend, cpu::Avx512FmaChains and
 // Avx512Dpbf16Chains, which also time them at start-up).
@@ -159,23 +159,27 @@ __attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
   return out[0] + out[7];
 }
 
-// dpbf16: the vdpbf16ps chains instead (the bf16 chain's ceiling).
+// dpbf16: the bf16 chain's ceiling instead: vdpbf16ps's chains (avx512),
+// or FmaBf16's (generic).
 double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
   const int lanes = level == CpuIsa::kAvx2 ? 8 : 16;
-  // The generic level's fused multiply-add is sixteen scalar ones.
-  const int64_t iters = level == CpuIsa::kGeneric ? 500'000 : 20'000'000;
+  const bool generic = level == CpuIsa::kGeneric;
+  // The generic level's fused multiply-add is some twenty instructions.
+  const int64_t iters = generic ? 2'000'000 : 20'000'000;
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const int64_t t0 = MonotonicNanos();
     double sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += dpbf16                     ? cpu::Avx512Dpbf16Chains(iters)
+    sink += dpbf16 && generic          ? cpu::GenericBf16Chains(iters)
+            : dpbf16                   ? cpu::Avx512Dpbf16Chains(iters)
             : level == CpuIsa::kAvx512 ? cpu::Avx512FmaChains(iters)
             : level == CpuIsa::kAvx2   ? Chains256(iters)
                                        : cpu::GenericFmaChains(iters);
     const double secs = (MonotonicNanos() - t0) * 1e-9;
-    if (sink == 42.0) std::printf(" ");  // keep the chains alive
-    best = std::max(best, (dpbf16 ? 4.0 : 2.0) * lanes * 12 * iters * threads / secs);
+    if (sink == 42.0) std::printf(" ");                   // keep the chains alive
+    const double flops = dpbf16 && !generic ? 4.0 : 2.0;  // per lane and instruction
+    best = std::max(best, flops * lanes * 12 * iters * threads / secs);
   }
   return best;
 }
@@ -461,12 +465,13 @@ int main(int argc, char** argv) {
   if (levels.size() > 1 || !running || running != std::string(CpuIsaName(levels.front())))
     return RunEachLevel(argc, argv, levels);
   const std::optional<CpuIsa> isa = levels.front();
-  if (*isa == CpuIsa::kGeneric && (prefill_tokens > 32 || steps > 2)) {
-    // Its products are scalar fused multiply-adds, about a hundredth of the
-    // vector levels' rate: a shorter run of the same measures.
-    prefill_tokens = std::min(prefill_tokens, 32);
-    steps = std::min(steps, 2);
-    batch = std::min(batch, 4);
+  if (*isa == CpuIsa::kGeneric && (prefill_tokens > 64 || steps > 4)) {
+    // Its products are fused multiply-adds by double sums, a tenth to a
+    // twentieth of the vector levels' rate: a shorter run of the same
+    // measures.
+    prefill_tokens = std::min(prefill_tokens, 64);
+    steps = std::min(steps, 4);
+    batch = std::min(batch, 8);
     std::printf("generic level: prefill of %d tokens, %d decode steps, batch %d\n", prefill_tokens,
                 steps, batch);
   }
@@ -506,6 +511,14 @@ int main(int argc, char** argv) {
   // The bf16 chain's ceiling in register tiles (prefill's): vdpbf16ps's
   // where tiles take it, else the FMAs'.
   std::vector<double> bf16_peak = fma_peak;
+  if (level == CpuIsa::kGeneric) {
+    std::printf("bf16 chain peak (generic, FmaBf16: no checks, 12 chains):");
+    for (size_t i = 0; i < thread_counts.size(); ++i) {
+      bf16_peak[i] = MeasureFmaPeak(thread_counts[i], level, true);
+      std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
+                  bf16_peak[i] / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
+    }
+  }
   if (uses_dpbf16) {
     std::printf("bf16 product peak (vdpbf16ps, 12 chains):");
     for (size_t i = 0; i < thread_counts.size(); ++i) {

@@ -178,9 +178,10 @@ inline constexpr int kDpbf16Rows = 16;
 // measuring peaks; only on CPUs with AVX-512 F); the same of vdpbf16ps
 // (only with AVX512_BF16).
 float Avx512FmaChains(int64_t iters);
-// The same by the generic level's fused multiply-add (the ceiling of its
-// kernels; any CPU).
+// The same by the generic level's fused multiply-add (the ceiling of its f32
+// kernels; any CPU), and by its bf16 chain's step (FmaBf16, simd.h).
 float GenericFmaChains(int64_t iters);
+float GenericBf16Chains(int64_t iters);
 float Avx512Dpbf16Chains(int64_t iters);
 
 // x rounded to bf16 (to nearest, ties to even; a NaN stays a NaN), as f32.

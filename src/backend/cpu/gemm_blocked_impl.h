@@ -218,8 +218,8 @@ void DirectBlocked(const KernelArgs& a, const W* const* bp, const int* col) {
           LoadPair(b[q] + static_cast<int64_t>(kk) * 16, &e, &o);
 #pragma GCC unroll 4
           for (int i = 0; i < MR; ++i) {
-            acc[i][q] = Fma(Splat(xs[i][kk + 1]), o, acc[i][q]);
-            acc[i][q] = Fma(Splat(xs[i][kk]), e, acc[i][q]);
+            acc[i][q] = FmaBf16(Splat(xs[i][kk + 1]), o, acc[i][q]);
+            acc[i][q] = FmaBf16(Splat(xs[i][kk]), e, acc[i][q]);
           }
         }
         continue;
@@ -240,8 +240,8 @@ void DirectBlocked(const KernelArgs& a, const W* const* bp, const int* col) {
         const V16 s = Splat(xs[i][kk]), t = Splat(xs[i][kk + 1]);
 #pragma GCC unroll 4
         for (int q = 0; q < NB; ++q) {
-          acc[i][q] = Fma(t, wo[q], acc[i][q]);
-          acc[i][q] = Fma(s, we[q], acc[i][q]);
+          acc[i][q] = FmaBf16(t, wo[q], acc[i][q]);
+          acc[i][q] = FmaBf16(s, we[q], acc[i][q]);
         }
       }
     }
@@ -382,7 +382,9 @@ void DirectTails(const KernelArgs& a, const W* const* w, const int* j0, int t) {
   if constexpr (kPairs<W>) {
     const float* xs[MR];
     for (int i = 0; i < MR; ++i) xs[i] = XsRow(a, i, 0);
-    TailsPairsFrom<MR, NB>(a, w, xs, 0, t, acc, fma);
+    TailsPairsFrom<MR, NB>(a, w, xs, 0, t, acc,
+                           [](float x, const V16& v, const V16& c)
+                               FS_INLINE_LAMBDA { return FmaBf16(Splat(x), v, c); });
   } else {
     for (int kk = 0; kk < a.k; ++kk) {
       const int64_t at = static_cast<int64_t>(kk) * t;
@@ -755,8 +757,8 @@ void DirectWideRows(const KernelArgs& a, int j0, int j1) {
         }
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
-          acc[i] = Fma(Splat(xk[MR + i]), o, acc[i]);
-          acc[i] = Fma(Splat(xk[i]), e, acc[i]);
+          acc[i] = FmaBf16(Splat(xk[MR + i]), o, acc[i]);
+          acc[i] = FmaBf16(Splat(xk[i]), e, acc[i]);
         }
       }
     } else {

@@ -90,8 +90,8 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
         WidenPair(r[t], &even, &odd);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
-          acc[i] = Fma(Splat(xs[i][kb + 2 * t + 1]), odd, acc[i]);
-          acc[i] = Fma(Splat(xs[i][kb + 2 * t]), even, acc[i]);
+          acc[i] = FmaBf16(Splat(xs[i][kb + 2 * t + 1]), odd, acc[i]);
+          acc[i] = FmaBf16(Splat(xs[i][kb + 2 * t]), even, acc[i]);
         }
       }
     }
@@ -103,8 +103,8 @@ void DirectNT(const KernelArgs& a, int j0, int cols) {
         odd[q] = kb + 1 < a.k ? Widen(wr[q][kb + 1]) : 0.0f;
       }
       for (int i = 0; i < MR; ++i) {
-        acc[i] = Fma(Splat(xs[i][kb + 1]), Load(odd), acc[i]);
-        acc[i] = Fma(Splat(xs[i][kb]), Load(even), acc[i]);
+        acc[i] = FmaBf16(Splat(xs[i][kb + 1]), Load(odd), acc[i]);
+        acc[i] = FmaBf16(Splat(xs[i][kb]), Load(even), acc[i]);
       }
     }
   } else {

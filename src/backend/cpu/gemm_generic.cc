@@ -11,20 +11,25 @@ const GemmKernels& GemmKernelsGeneric() {
   return kernels;
 }
 
-// Twelve chains of the generic level's vector fused multiply-add (sixteen
-// scalar ones each, one rounding per lane): the ceiling of its kernels.
-__attribute__((noinline)) float GenericFmaChains(int64_t iters) {
+// Twelve chains of the generic level's vector fused multiply-add (by double
+// sums, simd.h): the ceiling of its f32 kernels; kBf16: of FmaBf16, the bf16
+// chain's step (under DAZ and FTZ, as the kernels take it).
+template <bool kBf16>
+__attribute__((noinline)) float GenericChains(int64_t iters) {
+  FlushDenormals flush;
   V16 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = Splat(static_cast<float>(i));
   V16 a = Splat(1.0f);
   const V16 b = Splat(0.5f);
   for (int64_t t = 0; t < iters; ++t) {
-    for (int i = 0; i < 12; ++i) acc[i] = Fma(a, b, acc[i]);
+    for (int i = 0; i < 12; ++i) acc[i] = kBf16 ? FmaBf16(a, b, acc[i]) : Fma(a, b, acc[i]);
     asm volatile("" : "+m"(a));
   }
   float s = 0;
   for (int i = 0; i < 12; ++i) s += acc[i][0] + acc[i][15];
   return s;
 }
+float GenericFmaChains(int64_t iters) { return GenericChains<false>(iters); }
+float GenericBf16Chains(int64_t iters) { return GenericChains<true>(iters); }
 
 }  // namespace failsafe::cpu

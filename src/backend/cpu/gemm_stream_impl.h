@@ -145,10 +145,10 @@ FS_INLINE void StreamRowsBf16(const BF16* const* wr, const float* const* xs, flo
       V16 ce = Load(acc[i] + 16 * v), co = Load(acc[i] + 16 * v + 16);
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        ce = Fma(xo[i][p], we[p][1], ce);
-        co = Fma(xo[i][p], wo[p][1], co);
-        ce = Fma(xe[i][p], we[p][0], ce);
-        co = Fma(xe[i][p], wo[p][0], co);
+        ce = FmaBf16(xo[i][p], we[p][1], ce);
+        co = FmaBf16(xo[i][p], wo[p][1], co);
+        ce = FmaBf16(xe[i][p], we[p][0], ce);
+        co = FmaBf16(xe[i][p], wo[p][0], co);
       }
       Store(acc[i] + 16 * v, ce);
       Store(acc[i] + 16 * v + 16, co);
@@ -163,8 +163,8 @@ FS_INLINE void StreamRowsBf16(const BF16* const* wr, const float* const* xs, flo
       V16 c = Load(acc[i] + 16 * v);
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        c = Fma(xo[i][p], w[p][1], c);
-        c = Fma(xe[i][p], w[p][0], c);
+        c = FmaBf16(xo[i][p], w[p][1], c);
+        c = FmaBf16(xe[i][p], w[p][0], c);
       }
       Store(acc[i] + 16 * v, c);
     }
@@ -274,8 +274,8 @@ void StreamNN(const KernelArgs& a, int c0, int cols, float* scratch) {
         for (int i = 0; i < rows; ++i) {
           for (int q = 0; q < r; q += 2) {
             const float odd = q + 1 < r ? Widen(wr[q + 1][c]) : 0.0f;
-            acc[i][c] = Fma(xs[i][q + 1], odd, acc[i][c]);
-            acc[i][c] = Fma(xs[i][q], Widen(wr[q][c]), acc[i][c]);
+            acc[i][c] = FmaBf16(xs[i][q + 1], odd, acc[i][c]);
+            acc[i][c] = FmaBf16(xs[i][q], Widen(wr[q][c]), acc[i][c]);
           }
         }
       }

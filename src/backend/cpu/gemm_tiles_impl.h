@@ -218,10 +218,10 @@ FS_INLINE Acc<MR> ChainBf16(const KernelArgs& a, int i0, const Panel<W>& p, int 
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const V16 xe = Splat(xs[i][s]), xo = Splat(xs[i][s + 1]);
-      a0[i] = Fma(xo, o0, a0[i]);
-      a1[i] = Fma(xo, o1, a1[i]);
-      a0[i] = Fma(xe, e0, a0[i]);
-      a1[i] = Fma(xe, e1, a1[i]);
+      a0[i] = FmaBf16(xo, o0, a0[i]);
+      a1[i] = FmaBf16(xo, o1, a1[i]);
+      a0[i] = FmaBf16(xe, e0, a0[i]);
+      a1[i] = FmaBf16(xe, e1, a1[i]);
     }
   }
   if (kk < k1) {  // a lone last k-value: after the zero pair of its padding
@@ -230,10 +230,10 @@ FS_INLINE Acc<MR> ChainBf16(const KernelArgs& a, int i0, const Panel<W>& p, int 
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const V16 xe = Splat(xs[i][s]), xo = Splat(xs[i][s + 1]);  // xo: the padding's 0
-      a0[i] = Fma(xo, V16{}, a0[i]);
-      a1[i] = Fma(xo, V16{}, a1[i]);
-      a0[i] = Fma(xe, w0, a0[i]);
-      a1[i] = Fma(xe, w1, a1[i]);
+      a0[i] = FmaBf16(xo, V16{}, a0[i]);
+      a1[i] = FmaBf16(xo, V16{}, a1[i]);
+      a0[i] = FmaBf16(xe, w0, a0[i]);
+      a1[i] = FmaBf16(xe, w1, a1[i]);
     }
   }
 #pragma GCC unroll 16

@@ -1,6 +1,6 @@
 // Vectors of 16 floats for the CPU kernels: one AVX-512 register where the
 // translation unit is built for it, two AVX2 registers, or four SSE registers
-// with scalar fused multiply-adds (GCC vector extensions).
+// with fused multiply-adds by double sums (GCC vector extensions).
 //
 // Fma is a true fused multiply-add (one rounding) on every path, vector and
 // scalar, so that a chain of Fma gives bit-identical results whichever path
@@ -389,6 +389,88 @@ struct BF16Wide {
 FS_SIMD_INLINE V16 Load(const BF16Wide* p) { return Load(reinterpret_cast<const BF16*>(p)); }
 inline float Widen(BF16Wide b) { return Widen(BF16{b.bits}); }
 
+#if !defined(__FMA__)
+// A fused multiply-add without one in hardware (the generic level: x86-64's
+// SSE2). The product of two floats is exact in double (24 + 24 bits of 53),
+// so a * b + c rounded once to double is within half a double ulp of the
+// exact value, and rounding that to float gives the fused result, except
+// where the double lies exactly halfway between two floats (its own
+// rounding may have put it there: double rounding) or below 2^-125 (where
+// float's rounding point moves up into the denormals). Both are rare and
+// checked for; such a lane takes FmaExact. Under MXCSR's DAZ and FTZ the
+// conversions read denormal inputs as zero and flush a result that rounds
+// below 2^-126, as the instruction does.
+//
+// a * b + c exactly rounded: the double sum's error by TwoSum (exact), the
+// sum rounded to odd (its last bit set where it was inexact and clear), which
+// float's rounding then takes correctly (53 >= 24 + 2 bits).
+__attribute__((noinline, cold)) inline float FmaExact(float a, float b, float c) {
+  const double p = static_cast<double>(a) * static_cast<double>(b), cd = c;
+  double s = p + cd;
+  const double pv = s - cd, cv = s - pv;
+  const double e = (p - pv) + (cd - cv);
+  if (e != 0) {
+    uint64_t bits;
+    __builtin_memcpy(&bits, &s, sizeof(bits));
+    // Truncated toward zero, then the last bit set: up one in magnitude where
+    // the error has the sum's sign, down one where it has the other.
+    if ((bits & 1) == 0) bits += (e > 0) == (s > 0) ? 1 : uint64_t(-1);
+    __builtin_memcpy(&s, &bits, sizeof(bits));
+  }
+  return static_cast<float>(s);
+}
+
+// Four lanes of FmaExact's result by the double sum, taking the exact path
+// only for the lanes that need it.
+FS_SIMD_INLINE __m128 FmaSse2(__m128 a, __m128 b, __m128 c) {
+  const __m128d p0 = _mm_mul_pd(_mm_cvtps_pd(a), _mm_cvtps_pd(b));
+  const __m128d p1 =
+      _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(a, a)), _mm_cvtps_pd(_mm_movehl_ps(b, b)));
+  const __m128d c0 = _mm_cvtps_pd(c), c1 = _mm_cvtps_pd(_mm_movehl_ps(c, c));
+  const __m128d s0 = _mm_add_pd(p0, c0), s1 = _mm_add_pd(p1, c1);
+  const __m128 s0f = _mm_castpd_ps(s0), s1f = _mm_castpd_ps(s1);
+  // The doubles' low and high halves, lane by lane.
+  const __m128i lo = _mm_castps_si128(_mm_shuffle_ps(s0f, s1f, _MM_SHUFFLE(2, 0, 2, 0)));
+  const __m128i hi = _mm_castps_si128(_mm_shuffle_ps(s0f, s1f, _MM_SHUFFLE(3, 1, 3, 1)));
+  // Halfway: the 29 bits below float's last are 1 then zeros.
+  const __m128i half =
+      _mm_cmpeq_epi32(_mm_and_si128(lo, _mm_set1_epi32(0x1FFFFFFF)), _mm_set1_epi32(0x10000000));
+  // Small: a biased exponent in [1, 897] (|s| < 2^-125, not zero; never a
+  // double denormal, the sum being a multiple of 2^-298). An unsigned range
+  // check by a signed compare: exponent - 1 below 897 with the sign flipped.
+  const __m128i exponent = _mm_and_si128(hi, _mm_set1_epi32(0x7FF00000));
+  const __m128i small = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int32_t>(0xB8100000u)),
+                                        _mm_add_epi32(exponent, _mm_set1_epi32(0x7FF00000)));
+  const __m128 r = _mm_movelh_ps(_mm_cvtpd_ps(s0), _mm_cvtpd_ps(s1));
+  if (__builtin_expect(_mm_movemask_ps(_mm_castsi128_ps(_mm_or_si128(half, small))) == 0, 1)) {
+    return r;
+  }
+  // Halfway points are common where the sum is exact (a bf16 chain's
+  // products have 16 bits), and there the float rounding is right. So the
+  // sums' errors by TwoSum first, four lanes at once: only an inexact
+  // halfway lane, or a small one, takes FmaExact.
+  const __m128d cv0 = _mm_sub_pd(s0, p0), cv1 = _mm_sub_pd(s1, p1);
+  const __m128d pv0 = _mm_sub_pd(s0, cv0), pv1 = _mm_sub_pd(s1, cv1);
+  const __m128d e0 = _mm_add_pd(_mm_sub_pd(p0, pv0), _mm_sub_pd(c0, cv0));
+  const __m128d e1 = _mm_add_pd(_mm_sub_pd(p1, pv1), _mm_sub_pd(c1, cv1));
+  const __m128 inexact =
+      _mm_shuffle_ps(_mm_castpd_ps(_mm_cmpneq_pd(e0, _mm_setzero_pd())),
+                     _mm_castpd_ps(_mm_cmpneq_pd(e1, _mm_setzero_pd())), _MM_SHUFFLE(2, 0, 2, 0));
+  const int redo = _mm_movemask_ps(
+      _mm_or_ps(_mm_castsi128_ps(small), _mm_and_ps(_mm_castsi128_ps(half), inexact)));
+  if (redo == 0) return r;
+  alignas(16) float av[4], bv[4], cv[4], rv[4];
+  _mm_store_ps(av, a);
+  _mm_store_ps(bv, b);
+  _mm_store_ps(cv, c);
+  _mm_store_ps(rv, r);
+  for (int l = 0; l < 4; ++l) {
+    if (redo & (1 << l)) rv[l] = FmaExact(av[l], bv[l], cv[l]);
+  }
+  return _mm_load_ps(rv);
+}
+#endif
+
 // a * b + c with one rounding, lane by lane.
 FS_SIMD_INLINE V16 Fma(V16 a, V16 b, V16 c) {
 #if defined(__AVX512F__)
@@ -405,7 +487,9 @@ FS_SIMD_INLINE V16 Fma(V16 a, V16 b, V16 c) {
 #else
   V16 out;
   FS_SIMD_PARTS(V16) {
-    for (int l = 0; l < V16::kLanes; ++l) out.p[j][l] = std::fma(a.p[j][l], b.p[j][l], c.p[j][l]);
+    out.p[j] = reinterpret_cast<V16::Part>(FmaSse2(reinterpret_cast<__m128>(a.p[j]),
+                                                   reinterpret_cast<__m128>(b.p[j]),
+                                                   reinterpret_cast<__m128>(c.p[j])));
   }
   return out;
 #endif
@@ -414,7 +498,46 @@ FS_SIMD_INLINE float Fma(float a, float b, float c) {
 #if defined(__FMA__)
   return __builtin_fmaf(a, b, c);
 #else
-  return std::fma(a, b, c);
+  return _mm_cvtss_f32(FmaSse2(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+#endif
+}
+
+// One step of the bf16 chain: a * b + c rounded once, where a and b hold
+// bf16 values (so a * b is exact in 16 bits) and MXCSR's DAZ and FTZ are set
+// (FlushDenormals). Fma itself where the instruction is; on the generic level
+// the double sum rounded to float, with none of Fma's checks, which such a
+// product never needs. The double sum is inexact only where the two addends
+// lie more than 52 bits apart (the exact sum's lowest bit below the double's
+// last, 2^(E-52) for a sum in [2^E, 2^(E+1))). If the product is the small
+// one, it is below 2^(E-36) and c, a float near the sum, a multiple of
+// 2^(E-23); if c is, below 2^(E-28), and the product, of 16 bits near the
+// sum, a multiple of 2^(E-16). Either way the double sum is far closer to a
+// multiple of 2^(E-23) than the 2^(E-24) that separates one from a float's
+// halfway point: an inexact double sum is never halfway, so rounding it to
+// float rounds the exact sum. With FTZ the result is flushed or rounded at 24
+// bits, never at a denormal's, so no small sum needs a check either.
+FS_SIMD_INLINE V16 FmaBf16(V16 a, V16 b, V16 c) {
+#if defined(__FMA__)
+  return Fma(a, b, c);
+#else
+  V16 out;
+  FS_SIMD_PARTS(V16) {
+    const __m128 ap = reinterpret_cast<__m128>(a.p[j]), bp = reinterpret_cast<__m128>(b.p[j]);
+    const __m128 cp = reinterpret_cast<__m128>(c.p[j]);
+    const __m128d s0 = _mm_add_pd(_mm_mul_pd(_mm_cvtps_pd(ap), _mm_cvtps_pd(bp)), _mm_cvtps_pd(cp));
+    const __m128d s1 = _mm_add_pd(
+        _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(ap, ap)), _mm_cvtps_pd(_mm_movehl_ps(bp, bp))),
+        _mm_cvtps_pd(_mm_movehl_ps(cp, cp)));
+    out.p[j] = reinterpret_cast<V16::Part>(_mm_movelh_ps(_mm_cvtpd_ps(s0), _mm_cvtpd_ps(s1)));
+  }
+  return out;
+#endif
+}
+FS_SIMD_INLINE float FmaBf16(float a, float b, float c) {
+#if defined(__FMA__)
+  return Fma(a, b, c);
+#else
+  return static_cast<float>(static_cast<double>(a) * b + c);
 #endif
 }
 

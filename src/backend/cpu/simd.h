@@ -404,7 +404,7 @@ inline float Widen(BF16Wide b) { return Widen(BF16{b.bits}); }
 // a * b + c exactly rounded: the double sum's error by TwoSum (exact), the
 // sum rounded to odd (its last bit set where it was inexact and clear), which
 // float's rounding then takes correctly (53 >= 24 + 2 bits).
-__attribute__((noinline, cold)) inline float FmaExact(float a, float b, float c) {
+__attribute__((noinline, cold)) inline float FmaExact(float a, float b, float c) noexcept {
   const double p = static_cast<double>(a) * static_cast<double>(b), cd = c;
   double s = p + cd;
   const double pv = s - cd, cv = s - pv;

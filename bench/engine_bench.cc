@@ -159,9 +159,9 @@ __attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
   return out[0] + out[7];
 }
 
-// dpbf16: the bf16 chain's ceiling instead: vdpbf16ps's chains (avx512),
-// or FmaBf16's (generic).
-double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
+// bf16: the bf16 chain's ceiling instead: vdpbf16ps's chains (avx512), or
+// FmaBf16's (generic).
+double MeasureFmaPeak(int threads, CpuIsa level, bool bf16 = false) {
   const int lanes = level == CpuIsa::kAvx2 ? 8 : 16;
   const bool generic = level == CpuIsa::kGeneric;
   // The generic level's fused multiply-add is some twenty instructions.
@@ -171,14 +171,14 @@ double MeasureFmaPeak(int threads, CpuIsa level, bool dpbf16 = false) {
     const int64_t t0 = MonotonicNanos();
     double sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += dpbf16 && generic          ? cpu::GenericBf16Chains(iters)
-            : dpbf16                   ? cpu::Avx512Dpbf16Chains(iters)
+    sink += bf16 && generic            ? cpu::GenericBf16Chains(iters)
+            : bf16                     ? cpu::Avx512Dpbf16Chains(iters)
             : level == CpuIsa::kAvx512 ? cpu::Avx512FmaChains(iters)
             : level == CpuIsa::kAvx2   ? Chains256(iters)
                                        : cpu::GenericFmaChains(iters);
     const double secs = (MonotonicNanos() - t0) * 1e-9;
-    if (sink == 42.0) std::printf(" ");                   // keep the chains alive
-    const double flops = dpbf16 && !generic ? 4.0 : 2.0;  // per lane and instruction
+    if (sink == 42.0) std::printf(" ");                 // keep the chains alive
+    const double flops = bf16 && !generic ? 4.0 : 2.0;  // per lane and instruction
     best = std::max(best, flops * lanes * 12 * iters * threads / secs);
   }
   return best;
@@ -502,31 +502,28 @@ int main(int argc, char** argv) {
                                                      : " (vdpbf16ps not used: forced)");
 
   // The ceiling of f32 FMA work per thread count, for the GEMM columns below.
-  std::vector<double> fma_peak;
-  for (int threads : thread_counts) fma_peak.push_back(MeasureFmaPeak(threads, level));
-  std::printf("f32 FMA peak (%s, 12 chains):", CpuIsaName(level));
-  for (size_t i = 0; i < thread_counts.size(); ++i)
-    std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
-                fma_peak[i] / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
+  // A peak per thread count, measured and printed on one line.
+  auto peaks = [&](const char* label, bool bf16) {
+    std::vector<double> out;
+    std::printf("%s:", label);
+    for (size_t i = 0; i < thread_counts.size(); ++i) {
+      out.push_back(MeasureFmaPeak(thread_counts[i], level, bf16));
+      std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
+                  out.back() / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
+    }
+    return out;
+  };
+  const std::string f32_label = std::string("f32 FMA peak (") + CpuIsaName(level) + ", 12 chains)";
+  const std::vector<double> fma_peak = peaks(f32_label.c_str(), false);
   // The bf16 chain's ceiling in register tiles (prefill's): vdpbf16ps's
-  // where tiles take it, else the FMAs'.
+  // where tiles take it, FmaBf16's on the generic level, else the FMAs'.
   std::vector<double> bf16_peak = fma_peak;
   if (level == CpuIsa::kGeneric) {
-    std::printf("bf16 chain peak (generic, FmaBf16: no checks, 12 chains):");
-    for (size_t i = 0; i < thread_counts.size(); ++i) {
-      bf16_peak[i] = MeasureFmaPeak(thread_counts[i], level, true);
-      std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
-                  bf16_peak[i] / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
-    }
+    bf16_peak = peaks("bf16 chain peak (generic, FmaBf16: no checks, 12 chains)", true);
   }
   if (uses_dpbf16) {
-    std::printf("bf16 product peak (vdpbf16ps, 12 chains):");
-    for (size_t i = 0; i < thread_counts.size(); ++i) {
-      const double dp_peak = MeasureFmaPeak(thread_counts[i], level, true);
-      if (tiles_dpbf16) bf16_peak[i] = dp_peak;
-      std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
-                  dp_peak / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
-    }
+    const std::vector<double> dp_peak = peaks("bf16 product peak (vdpbf16ps, 12 chains)", true);
+    if (tiles_dpbf16) bf16_peak = dp_peak;
     std::printf(
         "vdpbf16ps per fused multiply-add (start-up measure, tiles take it from %.3f): %.2f\n",
         cpu::kDpbf16TilesFrom, cpu::GemmDpbf16PerFma());

@@ -407,7 +407,7 @@ inline float Widen(BF16Wide b) { return Widen(BF16{b.bits}); }
 __attribute__((noinline, cold)) inline float FmaExact(float a, float b, float c) noexcept {
   const double p = static_cast<double>(a) * static_cast<double>(b), cd = c;
   double s = p + cd;
-  const double pv = s - cd, cv = s - pv;
+  const double cv = s - p, pv = s - cv;  // TwoSum: the error, exactly
   const double e = (p - pv) + (cd - cv);
   if (e != 0) {
     uint64_t bits;
@@ -420,14 +420,31 @@ __attribute__((noinline, cold)) inline float FmaExact(float a, float b, float c)
   return static_cast<float>(s);
 }
 
+// Four lanes of a * b + c in two pairs of doubles: the exact products, the
+// addends, and the sums rounded once to double.
+struct DoubleSums {
+  __m128d p0, p1, c0, c1, s0, s1;
+};
+FS_SIMD_INLINE DoubleSums SumInDoubles(__m128 a, __m128 b, __m128 c) {
+  DoubleSums d;
+  d.p0 = _mm_mul_pd(_mm_cvtps_pd(a), _mm_cvtps_pd(b));
+  d.p1 = _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(a, a)), _mm_cvtps_pd(_mm_movehl_ps(b, b)));
+  d.c0 = _mm_cvtps_pd(c);
+  d.c1 = _mm_cvtps_pd(_mm_movehl_ps(c, c));
+  d.s0 = _mm_add_pd(d.p0, d.c0);
+  d.s1 = _mm_add_pd(d.p1, d.c1);
+  return d;
+}
+// The sums rounded to float, four lanes.
+FS_SIMD_INLINE __m128 ToFloats(const DoubleSums& d) {
+  return _mm_movelh_ps(_mm_cvtpd_ps(d.s0), _mm_cvtpd_ps(d.s1));
+}
+
 // Four lanes of FmaExact's result by the double sum, taking the exact path
 // only for the lanes that need it.
 FS_SIMD_INLINE __m128 FmaSse2(__m128 a, __m128 b, __m128 c) {
-  const __m128d p0 = _mm_mul_pd(_mm_cvtps_pd(a), _mm_cvtps_pd(b));
-  const __m128d p1 =
-      _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(a, a)), _mm_cvtps_pd(_mm_movehl_ps(b, b)));
-  const __m128d c0 = _mm_cvtps_pd(c), c1 = _mm_cvtps_pd(_mm_movehl_ps(c, c));
-  const __m128d s0 = _mm_add_pd(p0, c0), s1 = _mm_add_pd(p1, c1);
+  const DoubleSums d = SumInDoubles(a, b, c);
+  const __m128d p0 = d.p0, p1 = d.p1, c0 = d.c0, c1 = d.c1, s0 = d.s0, s1 = d.s1;
   const __m128 s0f = _mm_castpd_ps(s0), s1f = _mm_castpd_ps(s1);
   // The doubles' low and high halves, lane by lane.
   const __m128i lo = _mm_castps_si128(_mm_shuffle_ps(s0f, s1f, _MM_SHUFFLE(2, 0, 2, 0)));
@@ -441,7 +458,7 @@ FS_SIMD_INLINE __m128 FmaSse2(__m128 a, __m128 b, __m128 c) {
   const __m128i exponent = _mm_and_si128(hi, _mm_set1_epi32(0x7FF00000));
   const __m128i small = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int32_t>(0xB8100000u)),
                                         _mm_add_epi32(exponent, _mm_set1_epi32(0x7FF00000)));
-  const __m128 r = _mm_movelh_ps(_mm_cvtpd_ps(s0), _mm_cvtpd_ps(s1));
+  const __m128 r = ToFloats(d);
   if (__builtin_expect(_mm_movemask_ps(_mm_castsi128_ps(_mm_or_si128(half, small))) == 0, 1)) {
     return r;
   }
@@ -522,13 +539,9 @@ FS_SIMD_INLINE V16 FmaBf16(V16 a, V16 b, V16 c) {
 #else
   V16 out;
   FS_SIMD_PARTS(V16) {
-    const __m128 ap = reinterpret_cast<__m128>(a.p[j]), bp = reinterpret_cast<__m128>(b.p[j]);
-    const __m128 cp = reinterpret_cast<__m128>(c.p[j]);
-    const __m128d s0 = _mm_add_pd(_mm_mul_pd(_mm_cvtps_pd(ap), _mm_cvtps_pd(bp)), _mm_cvtps_pd(cp));
-    const __m128d s1 = _mm_add_pd(
-        _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(ap, ap)), _mm_cvtps_pd(_mm_movehl_ps(bp, bp))),
-        _mm_cvtps_pd(_mm_movehl_ps(cp, cp)));
-    out.p[j] = reinterpret_cast<V16::Part>(_mm_movelh_ps(_mm_cvtpd_ps(s0), _mm_cvtpd_ps(s1)));
+    out.p[j] = reinterpret_cast<V16::Part>(
+        ToFloats(SumInDoubles(reinterpret_cast<__m128>(a.p[j]), reinterpret_cast<__m128>(b.p[j]),
+                              reinterpret_cast<__m128>(c.p[j]))));
   }
   return out;
 #endif

@@ -159,6 +159,41 @@ __attribute__((target("avx2,fma"))) double Chains256(int64_t iters) {
   return out[0] + out[7];
 }
 
+// The same of SSE's separate multiply and add, four lanes each: what the
+// generic level's hardware does per cycle without the exact fused
+// multiply-add. Printed beside the generic peaks for scale only: chains
+// built from it would round twice and differ from the other levels'.
+double ChainsSseUnfused(int64_t iters) {
+  __m128 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm_set1_ps(1.0f + i * 1e-3f);
+  const __m128 a = _mm_set1_ps(0.999999f), b = _mm_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm_add_ps(_mm_mul_ps(acc[i], a), b);
+  }
+  __m128 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm_add_ps(s, acc[i]);
+  float out[4];
+  _mm_storeu_ps(out, s);
+  return out[0] + out[3];
+}
+
+// The unfused SSE rate (FLOP/s) of `threads` threads, as MeasureFmaPeak.
+double MeasureSseUnfusedPeak(int threads) {
+  constexpr int64_t kIters = 20'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t t0 = MonotonicNanos();
+    double sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += ChainsSseUnfused(kIters);
+    const double secs = (MonotonicNanos() - t0) * 1e-9;
+    if (sink == 42.0) std::printf(" ");
+    best = std::max(best, 2.0 * 4 * 12 * kIters * threads / secs);
+  }
+  return best;
+}
+
 // bf16: the bf16 chain's ceiling instead: vdpbf16ps's chains (avx512), or
 // FmaBf16's (generic).
 double MeasureFmaPeak(int threads, CpuIsa level, bool bf16 = false) {
@@ -503,11 +538,13 @@ int main(int argc, char** argv) {
 
   // The ceiling of f32 FMA work per thread count, for the GEMM columns below.
   // A peak per thread count, measured and printed on one line.
-  auto peaks = [&](const char* label, bool bf16) {
+  // (unfused: the generic level's separate SSE multiply and add, for scale.)
+  auto peaks = [&](const char* label, bool bf16, bool unfused = false) {
     std::vector<double> out;
     std::printf("%s:", label);
     for (size_t i = 0; i < thread_counts.size(); ++i) {
-      out.push_back(MeasureFmaPeak(thread_counts[i], level, bf16));
+      out.push_back(unfused ? MeasureSseUnfusedPeak(thread_counts[i])
+                            : MeasureFmaPeak(thread_counts[i], level, bf16));
       std::printf(" %d thread%s %.1f GFLOP/s%s", thread_counts[i], thread_counts[i] == 1 ? "" : "s",
                   out.back() / 1e9, i + 1 < thread_counts.size() ? "," : "\n");
     }
@@ -520,6 +557,7 @@ int main(int argc, char** argv) {
   std::vector<double> bf16_peak = fma_peak;
   if (level == CpuIsa::kGeneric) {
     bf16_peak = peaks("bf16 chain peak (generic, FmaBf16: no checks, 12 chains)", true);
+    peaks("for scale, SSE multiply then add (two roundings: not the chains' bits)", false, true);
   }
   if (uses_dpbf16) {
     const std::vector<double> dp_peak = peaks("bf16 product peak (vdpbf16ps, 12 chains)", true);

@@ -40,7 +40,8 @@
 #
 # The programs come from scripts/gpu-pack.sh (built where the build
 # dependencies are; the GPU machine needs only the CUDA driver, cuBLASLt and
-# a python3 with PyTorch and transformers). Usage:
+# a python3 with PyTorch and transformers): .gpu/, or .gpu.tar.xz unpacked
+# into it. Usage:
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
 #                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
@@ -79,6 +80,12 @@ while (($#)); do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# The programs as gpu-pack.sh compressed them, where only that travelled.
+if [[ ! -d $bin && $bin == .gpu/bin && -f .gpu.tar.xz ]]; then
+  python3 -c 'import tarfile; tarfile.open(".gpu.tar.xz").extractall(".")' ||
+    { echo "could not unpack .gpu.tar.xz" >&2; exit 2; }
+fi
+[[ -d $bin ]] || { echo "$bin is missing: run scripts/gpu-pack.sh where the build is" >&2; exit 2; }
 bin=$(realpath "$bin")
 mkdir -p "$out"
 rm -f "$out/stages.log" "$out/progress.txt"

@@ -4,6 +4,7 @@
 # and the shared libraries they take from this machine's packages. Not
 # packed: the C and C++ runtimes, the CUDA driver and cuBLASLt, which that
 # machine has (gpu-check.sh finds cuBLASLt in its toolkit or its PyTorch).
+# Also .gpu.tar.xz, the same compressed, to carry where size counts.
 # Usage: scripts/gpu-pack.sh [--no-build]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,14 @@ for p in "${programs[@]}"; do strip --strip-debug -o ".gpu/bin/$(basename "$p")"
 ldd "${programs[@]}" | awk '/=> \// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcublas[^/]*|libcuda)\.so' |
   while read -r l; do cp -L "$l" .gpu/lib/; done
-du -sh .gpu
+# The same compressed (a quarter of the bytes), for a machine that takes the
+# checkout and what travels with it together under a size limit:
+# gpu-check.sh unpacks it into .gpu/ where that is missing.
+tar -cf - .gpu | xz -6 -T0 >.gpu.tar.xz
+du -sh .gpu .gpu.tar.xz
+# What travels: the checkout's tracked files, the untracked ones git does not
+# ignore, and the pack.
+tree=$( (git ls-files -z --cached; git ls-files -z --others --exclude-standard) |
+  xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
+pack=$(stat -c %s .gpu.tar.xz)
+echo "checkout $((tree / 1048576)) MiB + .gpu.tar.xz $((pack / 1048576)) MiB = $(((tree + pack) / 1048576)) MiB"

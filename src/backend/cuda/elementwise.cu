@@ -191,7 +191,9 @@ __global__ void MoeGateKernel(const float* logits, int tokens, int experts, int 
       for (int j = 0; j < i; ++j) taken |= chosen[j] == e;
       if (taken) continue;
       const float pe = expf(l[e] - mx) / sum;
-      if (pe > bp) {
+      // The first untaken expert always (a row of NaN logits still routes
+      // to real experts: an id of -1 would index out of the weights).
+      if (pe > bp || best < 0) {
         bp = pe;
         best = e;
       }

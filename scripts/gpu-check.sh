@@ -45,10 +45,13 @@
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
 #                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
-#                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]]
+#                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--budget SECONDS]
 # --quick: the correctness stages only. --recovery: the recovery experiment
-# too, REQUESTS sequences of PROMPT tokens (default 32,1000). Exits 1 if any
-# stage failed.
+# too, REQUESTS sequences of PROMPT tokens (default 32,1000). --budget: the
+# whole run's wall-clock seconds (e.g. a remote call's limit): each stage's
+# timeout is cut to what is left, and once under a minute is left the
+# remaining stages are skipped ("skip NAME (budget)"), so that the summary
+# still comes out. Exits 1 if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,6 +65,7 @@ skip=""
 bench_modes="lt,fused,fused+tensor,fused+tensor+kvbf16"
 torch_bench=1
 recovery=""
+budget=0
 while (($#)); do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -73,6 +77,7 @@ while (($#)); do
     --skip) skip=$2; shift 2 ;;
     --bench-modes) bench_modes=$2; shift 2 ;;
     --no-torch-bench) torch_bench=0; shift ;;
+    --budget) budget=$2; shift 2 ;;
     --recovery)
       recovery=32,1000
       if [[ ${2:-} =~ ^[0-9]+,[0-9]+$ ]]; then recovery=$2; shift; fi
@@ -113,6 +118,16 @@ stage() {
   if [[ ",$skip," == *",$name,"* ]]; then
     results+=("skip $name")
     return
+  fi
+  if ((budget > 0)); then
+    # Ten seconds kept for the summary.
+    local left=$((budget - SECONDS - 10))
+    if ((left < 60)); then
+      results+=("skip $name (budget)")
+      echo "${results[-1]}" >>"$out/progress.txt"
+      return
+    fi
+    ((limit > left)) && limit=$left
   fi
   echo "=== $name: $*" | tee "$logs/$name.log"
   local t0=$SECONDS rc=0

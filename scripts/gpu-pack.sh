@@ -30,6 +30,6 @@ du -sh .gpu .gpu.tar.xz
 # What travels: the checkout's tracked files, the untracked ones git does not
 # ignore, and the pack.
 tree=$( (git ls-files -z --cached; git ls-files -z --others --exclude-standard) |
-  xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  { xargs -0 -r stat -c %s -- 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}')
 pack=$(stat -c %s .gpu.tar.xz)
 echo "checkout $((tree / 1048576)) MiB + .gpu.tar.xz $((pack / 1048576)) MiB = $(((tree + pack) / 1048576)) MiB"

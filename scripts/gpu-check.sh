@@ -106,7 +106,19 @@ if [[ -z $cublas ]]; then
   f=$(find / -xdev -name 'libcublasLt.so.13*' -path '*nvidia*' 2>/dev/null | head -1)
   [[ -n $f ]] && cublas=$(dirname "$f")
 fi
-export LD_LIBRARY_PATH="$lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The packed libraries (this build machine's libssl, libcrypto, libz,
+# libgomp...) are for the programs alone: each is called through a wrapper
+# that puts them first, so that python3 and PyTorch keep the image's own.
+# The device processes a program starts inherit its environment.
+packed=$bin
+bin=$logs/bin
+mkdir -p "$bin"
+libpath="$lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for p in "$packed"/*; do
+  printf '#!/usr/bin/env bash\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$libpath" "$p" \
+    >"$bin/$(basename "$p")"
+  chmod +x "$bin/$(basename "$p")"
+done
 export PYTHONUNBUFFERED=1
 
 results=()
@@ -147,7 +159,8 @@ stage() {
 
 stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
   --format=csv; echo cuBLASLt: ${cublas:-not found}; '$bin/failsafe' --help >/dev/null && echo \
-  'failsafe runs'; ldd '$bin/failsafe' | grep -i 'not found' && exit 1; true"
+  'failsafe runs'; LD_LIBRARY_PATH='$libpath' ldd '$packed/failsafe' | grep -i 'not found' && \
+  exit 1; true"
 stage kernels 300 "$bin/fs_backend_tests" --gtest_filter='*Cuda*' --gtest_brief=1
 stories=data/models/stories260K
 stage torch-ref-lt 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \

@@ -201,8 +201,9 @@ class DeviceModel {
   // sequence's page of `slot` at `block` (its K rows, then its V rows).
   // Returns the bytes copied.
   // Without `batch`, copied by the compute thread (CopyToDevice); with it,
-  // the two copies are added to it, for a thread other than the compute
-  // thread to make at once (BackgroundCopiesToDevice).
+  // the two copies are added to it, to be made at once and complete on
+  // return (BackgroundCopiesToDevice: a restore's thread, or a step's
+  // host-tier hits).
   int64_t CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block, int rows,
                          std::vector<DeviceMemory::HostCopy>* batch = nullptr);
   // Plan::KvSlots of this device for a sequence with DP rank `dp_rank`.

@@ -188,13 +188,22 @@ Status DeviceModel::CopyHostHits(const StepBatch& b) {
                                   s.host_first_block + k);
     }
   }
+  // One batch on the backend's copy path, complete on return (a plain copy
+  // from the backup's page-locked pages may still be reading them when it
+  // returns), after the compute stream's earlier work (a page may have been
+  // another sequence's). Before any graph of the step begins.
+  std::vector<DeviceMemory::HostCopy> batch;
   for (const StepSeq& s : b.seqs) {
     if (s.host_blocks == 0) continue;
     for (int slot : KvSlots(s.dp_rank)) {
       for (int k = 0; k < s.host_blocks; ++k)
         CopyFromBackup(s.seq_id, slot, s.host_first_block + k, b.backup_blocks[s.host_offset + k],
-                       bs);
+                       bs, &batch);
     }
+  }
+  if (!batch.empty()) {
+    backend_->Synchronize();
+    backend_->BackgroundCopiesToDevice(batch.data(), batch.size());
   }
   return Status::Ok();
 }

@@ -439,8 +439,11 @@ class CudaBackend final : public Backend {
       page_offset[i] = host_pages_.size();
       host_pages_.insert(host_pages_.end(), a.pages, a.pages + pages);
       // Padded to runs of 64 pages: a graphed step's uploads keep their
-      // sizes while its contexts grow within a run.
-      host_pages_.resize(page_offset[i] + (pages + 63) / 64 * 64, a.pages[pages - 1]);
+      // sizes while its contexts grow within a run. (A problem of no
+      // positions has no pages to pad with.)
+      if (pages > 0) {
+        host_pages_.resize(page_offset[i] + (pages + 63) / 64 * 64, a.pages[pages - 1]);
+      }
       max_tokens = std::max(max_tokens, a.num_tokens);
       max_hd = std::max(max_hd, a.head_dim);
     }

@@ -268,6 +268,78 @@ TEST_P(CudaLinearTest, FixedItemsAreBatchAndPlacementInvariant) {
   }
 }
 
+// The same at a real model's shapes (Llama-3.1-8B, bf16), where cuBLASLt
+// picks its algorithms by shape and a family is chosen per n: q/k/v and
+// gate/up for column slices such as devices of a 7-way placement hold, and
+// down's FFN shards as two runs of items summed, each the whole product's
+// bits at every m, in every product mode.
+TEST(CudaBackend, ModelShapedSlicesKeepTheirBits) {
+  REQUIRE_GPU();
+  const DType t = DType::kBF16;
+  const int big = 300;
+  struct Case {
+    const char* name;
+    int n, k;
+    std::vector<std::pair<int, int>> slices;
+  };
+  const Case cases[] = {
+      {"q/k/v", 6144, 4096, {{0, 896}, {2688, 3584}, {5376, 6144}}},  // 48 heads of 128 over 7
+      {"gate/up", 28672, 4096, {{0, 4096}, {12288, 16384}, {27648, 28672}}},
+  };
+  for (const Case& c : cases) {
+    const auto x = Random(static_cast<size_t>(big) * c.k, 21);
+    const auto wb = WeightBytes(Random(static_cast<size_t>(c.n) * c.k, 22, 0.02f), t);
+    for (GpuGemm mode : kModes) {
+      Backend* gpu = Gpu(mode);
+      OnDevice<float> dx(gpu, x), all(gpu, static_cast<size_t>(big) * c.n);
+      OnDevice<unsigned char> dw(gpu, wb);
+      gpu->LinearNT(dx.get(), c.k, WeightsRef(dw.get(), t), all.get(), c.n, big, c.n, c.k, false);
+      const auto ref = all.Read(gpu);
+      for (auto [c0, c1] : c.slices) {
+        const int cols = c1 - c0;
+        for (int m : {1, 16, 64, big}) {
+          OnDevice<float> part(gpu, static_cast<size_t>(m) * cols);
+          gpu->LinearNT(dx.get(), c.k, WeightsRef(dw.get() + static_cast<size_t>(c0) * c.k * 2, t),
+                        part.get(), cols, m, cols, c.k, false);
+          const auto got = part.Read(gpu);
+          int differ = 0;
+          for (int r = 0; r < m; ++r)
+            for (int j = 0; j < cols; ++j)
+              differ += std::memcmp(&got[static_cast<size_t>(r) * cols + j],
+                                    &ref[static_cast<size_t>(r) * c.n + c0 + j], 4) != 0;
+          EXPECT_EQ(differ, 0) << c.name << ", gemm " << static_cast<int>(mode) << ": columns ["
+                               << c0 << ", " << c1 << ") at " << m << " rows";
+        }
+      }
+    }
+  }
+  // down: seven FFN shards of 2048 as items, [0, 3) and [3, 7) on two devices.
+  const int n = 4096, item_k = 2048, items = 7, k = item_k * items;
+  const auto x = Random(static_cast<size_t>(big) * k, 23);
+  const auto wb = WeightBytes(Random(static_cast<size_t>(k) * n, 24, 0.02f), t);
+  for (GpuGemm mode : kModes) {
+    Backend* gpu = Gpu(mode);
+    OnDevice<float> dx(gpu, x);
+    OnDevice<unsigned char> dw(gpu, wb);
+    OnDevice<int64_t> all(gpu, std::vector<int64_t>(static_cast<size_t>(big) * n, 0));
+    gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), all.get(), n, big, n,
+                       k, item_k);
+    const auto ref = all.Read(gpu);
+    for (int m : {1, 16, 64, big}) {
+      OnDevice<int64_t> part(gpu, std::vector<int64_t>(static_cast<size_t>(m) * n, 0));
+      gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), part.get(), n, m, n,
+                         3 * item_k, item_k);
+      gpu->LinearNNFixed(
+          dx.get() + 3 * item_k, k,
+          WeightsRef(dw.get() + 3 * static_cast<size_t>(n) * item_k * 2, t, false, 0, true),
+          part.get(), n, m, n, (items - 3) * item_k, item_k);
+      const auto got = part.Read(gpu);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
+          << "down, gemm " << static_cast<int>(mode) << ": " << m << " rows in two runs of items";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaLinearTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& info) {

@@ -49,9 +49,10 @@
 # --quick: the correctness stages only. --recovery: the recovery experiment
 # too, REQUESTS sequences of PROMPT tokens (default 32,1000). --budget: the
 # whole run's wall-clock seconds (e.g. a remote call's limit): each stage's
-# timeout is cut to what is left, and once under a minute is left the
-# remaining stages are skipped ("skip NAME (budget)"), so that the summary
-# still comes out. Exits 1 if any stage failed.
+# timeout is cut to what is left (a stage stopped there reads "CUT NAME"),
+# and once under a minute is left the remaining stages are skipped ("skip
+# NAME (budget)"), so that the summary still comes out. Exits 1 if any stage
+# failed or was cut.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,10 +86,34 @@ while (($#)); do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-# The programs as gpu-pack.sh compressed them, where only that travelled.
-if [[ ! -d $bin && $bin == .gpu/bin && -f .gpu.tar.xz ]]; then
-  python3 -c 'import tarfile; tarfile.open(".gpu.tar.xz").extractall(".")' ||
-    { echo "could not unpack .gpu.tar.xz" >&2; exit 2; }
+if [[ ! $budget =~ ^[0-9]+$ ]]; then
+  echo "--budget takes whole seconds, not $budget" >&2
+  exit 2
+fi
+# The programs as gpu-pack.sh compressed them, where that travelled: into
+# .gpu/ unless it already holds this very pack (.gpu/.from: the pack's
+# sha256), so that a machine kept between calls never runs an older pack;
+# unpacked beside it first and moved into place whole.
+if [[ $bin == .gpu/bin && -f .gpu.tar.xz ]]; then
+  python3 - <<'EOF' || { echo "could not unpack .gpu.tar.xz" >&2; exit 2; }
+import hashlib, os, shutil, tarfile
+with open(".gpu.tar.xz", "rb") as f:
+    sha = hashlib.sha256(f.read()).hexdigest()
+try:
+    with open(".gpu/.from") as f:
+        held = f.read().strip()
+except OSError:
+    held = ""
+if held != sha:
+    shutil.rmtree(".gpu.new", ignore_errors=True)
+    with tarfile.open(".gpu.tar.xz") as t:
+        t.extractall(".gpu.new", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    with open(".gpu.new/.gpu/.from", "w") as f:
+        f.write(sha + "\n")
+    shutil.rmtree(".gpu", ignore_errors=True)
+    os.rename(".gpu.new/.gpu", ".gpu")
+    shutil.rmtree(".gpu.new")
+EOF
 fi
 [[ -d $bin ]] || { echo "$bin is missing: run scripts/gpu-pack.sh where the build is" >&2; exit 2; }
 bin=$(realpath "$bin")
@@ -131,22 +156,29 @@ stage() {
     results+=("skip $name")
     return
   fi
+  local cut=0
   if ((budget > 0)); then
-    # Ten seconds kept for the summary.
-    local left=$((budget - SECONDS - 10))
+    # Twenty seconds kept for a stage's kill and the summary.
+    local left=$((budget - SECONDS - 20))
     if ((left < 60)); then
       results+=("skip $name (budget)")
       echo "${results[-1]}" >>"$out/progress.txt"
       return
     fi
-    ((limit > left)) && limit=$left
+    if ((limit > left)); then
+      limit=$left
+      cut=1
+    fi
   fi
   echo "=== $name: $*" | tee "$logs/$name.log"
   local t0=$SECONDS rc=0
-  timeout "$limit" "$@" >>"$logs/$name.log" 2>&1 || rc=$?
+  timeout -k 10 "$limit" "$@" >>"$logs/$name.log" 2>&1 || rc=$?
   local took=$((SECONDS - t0))
   if ((rc == 0)); then
     results+=("PASS $name (${took}s)")
+  elif ((cut && (rc == 124 || rc == 137))); then
+    results+=("CUT $name (stopped at the budget, ${took}s)")
+    failed=1
   else
     results+=("FAIL $name (exit $rc, ${took}s)")
     failed=1

@@ -26,6 +26,8 @@ ldd "${programs[@]}" | awk '/=> \// {print $3}' | sort -u |
 # checkout and what travels with it together under a size limit:
 # gpu-check.sh unpacks it into .gpu/ where that is missing.
 tar -cf - .gpu | xz -6 -T0 >.gpu.tar.xz
+# .gpu/ holds this very pack: gpu-check.sh leaves it as it is.
+sha256sum .gpu.tar.xz | cut -d' ' -f1 >.gpu/.from
 du -sh .gpu .gpu.tar.xz
 # What travels: the checkout's tracked files, the untracked ones git does not
 # ignore, and the pack.

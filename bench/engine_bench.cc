@@ -178,20 +178,27 @@ double ChainsSseUnfused(int64_t iters) {
   return out[0] + out[3];
 }
 
-// The unfused SSE rate (FLOP/s) of `threads` threads, as MeasureFmaPeak.
-double MeasureSseUnfusedPeak(int threads) {
-  constexpr int64_t kIters = 20'000'000;
+// The best of three runs of `chains(iters)` on each of `threads` threads,
+// in FLOP/s (`flops` per iteration of one thread).
+template <typename Chains>
+double BestRate(int threads, int64_t iters, double flops, Chains chains) {
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const int64_t t0 = MonotonicNanos();
     double sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += ChainsSseUnfused(kIters);
+    sink += chains(iters);
     const double secs = (MonotonicNanos() - t0) * 1e-9;
-    if (sink == 42.0) std::printf(" ");
-    best = std::max(best, 2.0 * 4 * 12 * kIters * threads / secs);
+    if (sink == 42.0) std::printf(" ");  // keep the chains alive
+    best = std::max(best, flops * iters * threads / secs);
   }
   return best;
+}
+
+// The unfused SSE rate (FLOP/s) of `threads` threads: twelve chains of
+// four lanes, a multiply and an add each.
+double MeasureSseUnfusedPeak(int threads) {
+  return BestRate(threads, 20'000'000, 2.0 * 4 * 12, ChainsSseUnfused);
 }
 
 // bf16: the bf16 chain's ceiling instead: vdpbf16ps's chains (avx512), or
@@ -201,22 +208,14 @@ double MeasureFmaPeak(int threads, CpuIsa level, bool bf16 = false) {
   const bool generic = level == CpuIsa::kGeneric;
   // The generic level's fused multiply-add is some twenty instructions.
   const int64_t iters = generic ? 2'000'000 : 20'000'000;
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const int64_t t0 = MonotonicNanos();
-    double sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += bf16 && generic            ? cpu::GenericBf16Chains(iters)
-            : bf16                     ? cpu::Avx512Dpbf16Chains(iters)
-            : level == CpuIsa::kAvx512 ? cpu::Avx512FmaChains(iters)
-            : level == CpuIsa::kAvx2   ? Chains256(iters)
-                                       : cpu::GenericFmaChains(iters);
-    const double secs = (MonotonicNanos() - t0) * 1e-9;
-    if (sink == 42.0) std::printf(" ");                 // keep the chains alive
-    const double flops = bf16 && !generic ? 4.0 : 2.0;  // per lane and instruction
-    best = std::max(best, flops * lanes * 12 * iters * threads / secs);
-  }
-  return best;
+  const double flops = bf16 && !generic ? 4.0 : 2.0;  // per lane and instruction
+  return BestRate(threads, iters, flops * lanes * 12, [&](int64_t n) -> double {
+    return bf16 && generic            ? cpu::GenericBf16Chains(n)
+           : bf16                     ? cpu::Avx512Dpbf16Chains(n)
+           : level == CpuIsa::kAvx512 ? cpu::Avx512FmaChains(n)
+           : level == CpuIsa::kAvx2   ? Chains256(n)
+                                      : cpu::GenericFmaChains(n);
+  });
 }
 
 // The model's linear layers per token: (n, k, nt) of q/k/v, o, gate/up, down;

@@ -109,6 +109,77 @@ struct Shape {
   int m, n, k;
 };
 
+// For every product mode: columns [c0, c1) of x's product by [n, k]
+// weights w (of type t), computed alone at each of `rows` rows as a device
+// holding those columns computes them, have the bits of the same columns
+// of the whole product (x's rows, all n columns).
+void ExpectSlicesKeepTheirBits(DType t, int n, int k, std::vector<std::pair<int, int>> slices,
+                               std::vector<int> rows, const std::vector<float>& x,
+                               const std::vector<float>& w, const char* what) {
+  const int big = static_cast<int>(x.size() / k);
+  const auto wb = WeightBytes(w, t);
+  const size_t esize = t == DType::kF32 ? 4 : 2;
+  for (GpuGemm mode : kModes) {
+    Backend* gpu = Gpu(mode);
+    OnDevice<float> dx(gpu, x), all(gpu, static_cast<size_t>(big) * n);
+    OnDevice<unsigned char> dw(gpu, wb);
+    gpu->LinearNT(dx.get(), k, WeightsRef(dw.get(), t), all.get(), n, big, n, k, false);
+    const auto ref = all.Read(gpu);
+    for (auto [c0, c1] : slices) {
+      const int cols = c1 - c0;
+      for (int m : rows) {
+        OnDevice<float> part(gpu, static_cast<size_t>(m) * cols);
+        gpu->LinearNT(dx.get(), k, WeightsRef(dw.get() + static_cast<size_t>(c0) * k * esize, t),
+                      part.get(), cols, m, cols, k, false);
+        const auto got = part.Read(gpu);
+        int differ = 0;
+        for (int r = 0; r < m; ++r)
+          for (int c = 0; c < cols; ++c)
+            differ += std::memcmp(&got[static_cast<size_t>(r) * cols + c],
+                                  &ref[static_cast<size_t>(r) * n + c0 + c], 4) != 0;
+        EXPECT_EQ(differ, 0) << what << "gemm " << static_cast<int>(mode) << ": columns [" << c0
+                             << ", " << c1 << ") at " << m << " rows";
+      }
+    }
+  }
+}
+
+// For every product mode: the exact sums of `items` items of item_k
+// k-values (weights w: items x [n, item_k], of type t) made at each of
+// `rows` rows by two devices, one holding items [0, split) and the other
+// the rest, and added, are the sums of all of them at x's rows.
+void ExpectItemRunsKeepTheirBits(DType t, int n, int item_k, int items, int split,
+                                 std::vector<int> rows, const std::vector<float>& x,
+                                 const std::vector<float>& w, const char* what) {
+  const int k = item_k * items, big = static_cast<int>(x.size() / k);
+  const auto wb = WeightBytes(w, t);
+  const size_t esize = t == DType::kF32 ? 4 : 2;
+  for (GpuGemm mode : kModes) {
+    Backend* gpu = Gpu(mode);
+    OnDevice<float> dx(gpu, x);
+    OnDevice<unsigned char> dw(gpu, wb);
+    // Items [first, first + count) of m rows, added to acc.
+    auto add = [&](int first, int count, int m, int64_t* acc) {
+      gpu->LinearNNFixed(
+          dx.get() + first * item_k, k,
+          WeightsRef(dw.get() + static_cast<size_t>(first) * n * item_k * esize, t, false, 0, true),
+          acc, n, m, n, count * item_k, item_k);
+    };
+    OnDevice<int64_t> all(gpu, std::vector<int64_t>(static_cast<size_t>(big) * n, 0));
+    add(0, items, big, all.get());
+    const auto ref = all.Read(gpu);
+    for (int m : rows) {
+      OnDevice<int64_t> part(gpu, std::vector<int64_t>(static_cast<size_t>(m) * n, 0));
+      add(0, split, m, part.get());
+      add(split, items - split, m, part.get());
+      const auto got = part.Read(gpu);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
+          << what << "gemm " << static_cast<int>(mode) << ": " << m << " rows in items [0, "
+          << split << ") and [" << split << ", " << items << ")";
+    }
+  }
+}
+
 class CudaLinearTest : public ::testing::TestWithParam<DType> {};
 
 // The chains are the CPU backend's products bit for bit; cuBLASLt's are
@@ -213,59 +284,18 @@ TEST_P(CudaLinearTest, ProductsAreBatchAndPlacementInvariant) {
                              [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }))
           << "gemm " << static_cast<int>(mode) << ": " << m << " rows differ from " << big;
     }
-    // Columns [c0, c1) alone, as a device holding those heads computes them.
-    for (auto [c0, c1] : {std::pair{0, 128}, std::pair{384, 896}, std::pair{1000, 1024}}) {
-      const int cols = c1 - c0;
-      for (int m : {1, 37, 1100}) {
-        OnDevice<float> part(gpu, static_cast<size_t>(m) * cols);
-        const size_t off = static_cast<size_t>(c0) * k * (t == DType::kF32 ? 4 : 2);
-        gpu->LinearNT(dx.get(), k, WeightsRef(dw.get() + off, t), part.get(), cols, m, cols, k,
-                      false);
-        const auto got = part.Read(gpu);
-        int differ = 0;
-        for (int r = 0; r < m; ++r)
-          for (int c = 0; c < cols; ++c)
-            differ += std::memcmp(&got[static_cast<size_t>(r) * cols + c],
-                                  &ref[static_cast<size_t>(r) * n + c0 + c], 4) != 0;
-        EXPECT_EQ(differ, 0) << "gemm " << static_cast<int>(mode) << ": columns [" << c0 << ", "
-                             << c1 << ") at " << m << " rows";
-      }
-    }
   }
+  ExpectSlicesKeepTheirBits(t, n, k, {{0, 128}, {384, 896}, {1000, 1024}}, {1, 37, 1100}, x, w, "");
 }
 
 // The exact sums of items: the same bits for any m, and for any run of
 // items a device holds (their sums then added).
 TEST_P(CudaLinearTest, FixedItemsAreBatchAndPlacementInvariant) {
   REQUIRE_GPU();
-  const DType t = GetParam();
-  const int n = 384, item_k = 128, items = 12, k = item_k * items, big = 300;
-  auto x = Random(static_cast<size_t>(big) * k, 14);
-  auto w = Random(static_cast<size_t>(k) * n, 15, 0.1f);  // items x [n, item_k]
-  const auto wb = WeightBytes(w, t);
-  const size_t esize = t == DType::kF32 ? 4 : 2;
-  for (GpuGemm mode : kModes) {
-    Backend* gpu = Gpu(mode);
-    OnDevice<float> dx(gpu, x);
-    OnDevice<unsigned char> dw(gpu, wb);
-    OnDevice<int64_t> all(gpu, std::vector<int64_t>(static_cast<size_t>(big) * n, 0));
-    gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), all.get(), n, big, n,
-                       k, item_k);
-    const auto ref = all.Read(gpu);
-    for (int m : {1, 2, 16, 17, 64, 257}) {
-      // Items [0, 5) and [5, 12) as two devices hold them, summed.
-      OnDevice<int64_t> part(gpu, std::vector<int64_t>(static_cast<size_t>(m) * n, 0));
-      gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), part.get(), n, m, n,
-                         5 * item_k, item_k);
-      gpu->LinearNNFixed(
-          dx.get() + 5 * item_k, k,
-          WeightsRef(dw.get() + 5 * static_cast<size_t>(n) * item_k * esize, t, false, 0, true),
-          part.get(), n, m, n, 7 * item_k, item_k);
-      const auto got = part.Read(gpu);
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
-          << "gemm " << static_cast<int>(mode) << ": " << m << " rows in two runs of items";
-    }
-  }
+  const int n = 384, item_k = 128, items = 12, big = 300;
+  const auto x = Random(static_cast<size_t>(big) * item_k * items, 14);
+  const auto w = Random(static_cast<size_t>(item_k) * items * n, 15, 0.1f);
+  ExpectItemRunsKeepTheirBits(GetParam(), n, item_k, items, 5, {1, 2, 16, 17, 64, 257}, x, w, "");
 }
 
 // The same at a real model's shapes (Llama-3.1-8B, bf16), where cuBLASLt
@@ -276,68 +306,19 @@ TEST_P(CudaLinearTest, FixedItemsAreBatchAndPlacementInvariant) {
 TEST(CudaBackend, ModelShapedSlicesKeepTheirBits) {
   REQUIRE_GPU();
   const DType t = DType::kBF16;
-  const int big = 300;
-  struct Case {
-    const char* name;
-    int n, k;
-    std::vector<std::pair<int, int>> slices;
-  };
-  const Case cases[] = {
-      {"q/k/v", 6144, 4096, {{0, 896}, {2688, 3584}, {5376, 6144}}},  // 48 heads of 128 over 7
-      {"gate/up", 28672, 4096, {{0, 4096}, {12288, 16384}, {27648, 28672}}},
-  };
-  for (const Case& c : cases) {
-    const auto x = Random(static_cast<size_t>(big) * c.k, 21);
-    const auto wb = WeightBytes(Random(static_cast<size_t>(c.n) * c.k, 22, 0.02f), t);
-    for (GpuGemm mode : kModes) {
-      Backend* gpu = Gpu(mode);
-      OnDevice<float> dx(gpu, x), all(gpu, static_cast<size_t>(big) * c.n);
-      OnDevice<unsigned char> dw(gpu, wb);
-      gpu->LinearNT(dx.get(), c.k, WeightsRef(dw.get(), t), all.get(), c.n, big, c.n, c.k, false);
-      const auto ref = all.Read(gpu);
-      for (auto [c0, c1] : c.slices) {
-        const int cols = c1 - c0;
-        for (int m : {1, 16, 64, big}) {
-          OnDevice<float> part(gpu, static_cast<size_t>(m) * cols);
-          gpu->LinearNT(dx.get(), c.k, WeightsRef(dw.get() + static_cast<size_t>(c0) * c.k * 2, t),
-                        part.get(), cols, m, cols, c.k, false);
-          const auto got = part.Read(gpu);
-          int differ = 0;
-          for (int r = 0; r < m; ++r)
-            for (int j = 0; j < cols; ++j)
-              differ += std::memcmp(&got[static_cast<size_t>(r) * cols + j],
-                                    &ref[static_cast<size_t>(r) * c.n + c0 + j], 4) != 0;
-          EXPECT_EQ(differ, 0) << c.name << ", gemm " << static_cast<int>(mode) << ": columns ["
-                               << c0 << ", " << c1 << ") at " << m << " rows";
-        }
-      }
-    }
-  }
+  const int big = 300, h = 4096;
+  const auto x = Random(static_cast<size_t>(big) * h, 21);
+  // q/k/v: 48 heads of 128 over 7 devices.
+  ExpectSlicesKeepTheirBits(t, 6144, h, {{0, 896}, {2688, 3584}, {5376, 6144}}, {1, 16, 64, big}, x,
+                            Random(static_cast<size_t>(6144) * h, 22, 0.02f), "q/k/v, ");
+  ExpectSlicesKeepTheirBits(t, 28672, h, {{0, 4096}, {12288, 16384}, {27648, 28672}},
+                            {1, 16, 64, big}, x, Random(static_cast<size_t>(28672) * h, 23, 0.02f),
+                            "gate/up, ");
   // down: seven FFN shards of 2048 as items, [0, 3) and [3, 7) on two devices.
-  const int n = 4096, item_k = 2048, items = 7, k = item_k * items;
-  const auto x = Random(static_cast<size_t>(big) * k, 23);
-  const auto wb = WeightBytes(Random(static_cast<size_t>(k) * n, 24, 0.02f), t);
-  for (GpuGemm mode : kModes) {
-    Backend* gpu = Gpu(mode);
-    OnDevice<float> dx(gpu, x);
-    OnDevice<unsigned char> dw(gpu, wb);
-    OnDevice<int64_t> all(gpu, std::vector<int64_t>(static_cast<size_t>(big) * n, 0));
-    gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), all.get(), n, big, n,
-                       k, item_k);
-    const auto ref = all.Read(gpu);
-    for (int m : {1, 16, 64, big}) {
-      OnDevice<int64_t> part(gpu, std::vector<int64_t>(static_cast<size_t>(m) * n, 0));
-      gpu->LinearNNFixed(dx.get(), k, WeightsRef(dw.get(), t, false, 0, true), part.get(), n, m, n,
-                         3 * item_k, item_k);
-      gpu->LinearNNFixed(
-          dx.get() + 3 * item_k, k,
-          WeightsRef(dw.get() + 3 * static_cast<size_t>(n) * item_k * 2, t, false, 0, true),
-          part.get(), n, m, n, (items - 3) * item_k, item_k);
-      const auto got = part.Read(gpu);
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
-          << "down, gemm " << static_cast<int>(mode) << ": " << m << " rows in two runs of items";
-    }
-  }
+  const int item_k = 2048, items = 7;
+  ExpectItemRunsKeepTheirBits(t, h, item_k, items, 3, {1, 16, 64, big},
+                              Random(static_cast<size_t>(big) * item_k * items, 24),
+                              Random(static_cast<size_t>(item_k) * items * h, 25, 0.02f), "down, ");
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaLinearTest,

@@ -30,6 +30,8 @@
 // The small helpers are always inlined: a call passes its vectors through
 // memory.
 #define FS_SIMD_INLINE __attribute__((always_inline)) inline
+// The same for a lambda, after its parameters.
+#define FS_SIMD_LAMBDA __attribute__((always_inline))
 
 namespace failsafe::cpu {
 inline namespace FS_SIMD_NAMESPACE {
@@ -488,27 +490,32 @@ FS_SIMD_INLINE __m128 FmaSse2(__m128 a, __m128 b, __m128 c) {
 }
 #endif
 
+#if !defined(__AVX512F__)
+// op(a, b, c) on each native part (N: __m256 or __m128) of three vectors,
+// op a lambda marked FS_SIMD_LAMBDA.
+template <typename N, typename Op>
+FS_SIMD_INLINE V16 PartWise(const V16& a, const V16& b, const V16& c, Op op) {
+  V16 out;
+  FS_SIMD_PARTS(V16) {
+    out.p[j] = reinterpret_cast<V16::Part>(
+        op(reinterpret_cast<N>(a.p[j]), reinterpret_cast<N>(b.p[j]), reinterpret_cast<N>(c.p[j])));
+  }
+  return out;
+}
+#endif
+
 // a * b + c with one rounding, lane by lane.
 FS_SIMD_INLINE V16 Fma(V16 a, V16 b, V16 c) {
 #if defined(__AVX512F__)
   return reinterpret_cast<V16>(_mm512_fmadd_ps(
       reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
 #elif defined(__AVX2__) && defined(__FMA__)
-  V16 out;
-  FS_SIMD_PARTS(V16) {
-    out.p[j] = reinterpret_cast<V16::Part>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a.p[j]),
-                                                           reinterpret_cast<__m256>(b.p[j]),
-                                                           reinterpret_cast<__m256>(c.p[j])));
-  }
-  return out;
+  return PartWise<__m256>(a, b, c, [](__m256 x, __m256 y, __m256 z) FS_SIMD_LAMBDA {
+    return _mm256_fmadd_ps(x, y, z);
+  });
 #else
-  V16 out;
-  FS_SIMD_PARTS(V16) {
-    out.p[j] = reinterpret_cast<V16::Part>(FmaSse2(reinterpret_cast<__m128>(a.p[j]),
-                                                   reinterpret_cast<__m128>(b.p[j]),
-                                                   reinterpret_cast<__m128>(c.p[j])));
-  }
-  return out;
+  return PartWise<__m128>(
+      a, b, c, [](__m128 x, __m128 y, __m128 z) FS_SIMD_LAMBDA { return FmaSse2(x, y, z); });
 #endif
 }
 FS_SIMD_INLINE float Fma(float a, float b, float c) {
@@ -537,13 +544,9 @@ FS_SIMD_INLINE V16 FmaBf16(V16 a, V16 b, V16 c) {
 #if defined(__FMA__)
   return Fma(a, b, c);
 #else
-  V16 out;
-  FS_SIMD_PARTS(V16) {
-    out.p[j] = reinterpret_cast<V16::Part>(
-        ToFloats(SumInDoubles(reinterpret_cast<__m128>(a.p[j]), reinterpret_cast<__m128>(b.p[j]),
-                              reinterpret_cast<__m128>(c.p[j]))));
-  }
-  return out;
+  return PartWise<__m128>(a, b, c, [](__m128 x, __m128 y, __m128 z) FS_SIMD_LAMBDA {
+    return ToFloats(SumInDoubles(x, y, z));
+  });
 #endif
 }
 FS_SIMD_INLINE float FmaBf16(float a, float b, float c) {

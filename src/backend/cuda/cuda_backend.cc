@@ -71,7 +71,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     ForgetGraphs();
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
-    for (void* p : pinned_host_) cudaHostUnregister(p);
+    for (const auto& region : pinned_host_) cudaHostUnregister(region.first);
     x16_ = DeviceArray<uint16_t>();
     parts_ = DeviceArray<float>();
     sort_ = DeviceArray<float>();
@@ -117,8 +117,21 @@ class CudaBackend final : public Backend {
         FS_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyDeviceToDevice, stream_));
       return;
     }
-    // From pageable memory the call returns once the bytes are staged.
+    // From pageable memory the call returns once the bytes are staged; from
+    // page-locked memory the device reads them later, and the source may be
+    // reused on return (backend.h), so that copy is waited for.
     FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    if (PinnedHere(src)) FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  // Whether p lies in a region PinHostMemory page-locked (a few: the shared
+  // regions a device process maps).
+  bool PinnedHere(const void* p) const {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (const auto& [base, bytes] : pinned_host_) {
+      const auto* b = static_cast<const unsigned char*>(base);
+      if (c >= b && c < b + bytes) return true;
+    }
+    return false;
   }
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -175,7 +188,7 @@ class CudaBackend final : public Backend {
                   cudaGetErrorString(e));
       return;
     }
-    pinned_host_.push_back(p);
+    pinned_host_.push_back({p, bytes});
   }
   // On the copy stream, from any thread, complete on return.
   void BackgroundCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -693,8 +706,8 @@ class CudaBackend final : public Backend {
   std::vector<size_t> capture_uploads_;
   StepGraph* replay_ = nullptr;
   size_t upload_index_ = 0;
-  std::vector<void*> pinned_host_;  // PinHostMemory's regions
-  std::vector<cudaEvent_t> marks_;  // Mark(): the first marks_used_ recorded
+  std::vector<std::pair<void*, size_t>> pinned_host_;  // PinHostMemory's regions
+  std::vector<cudaEvent_t> marks_;                     // Mark(): the first marks_used_ recorded
   size_t marks_used_ = 0;
 };
 

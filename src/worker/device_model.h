@@ -197,15 +197,18 @@ class DeviceModel {
   Status ApplyKvTables(const StepBatch& b);
   // Checks every host-tier hit of the step, then copies them.
   Status CopyHostHits(const StepBatch& b);
-  // Copies positions [0, rows) of (layer, head) of one backup block into the
-  // sequence's page of `slot` at `block` (its K rows, then its V rows).
-  // Returns the bytes copied.
-  // Without `batch`, copied by the compute thread (CopyToDevice); with it,
-  // the two copies are added to it, to be made at once and complete on
-  // return (BackgroundCopiesToDevice: a restore's thread, or a step's
-  // host-tier hits).
+  // Adds to `batch` the copies of positions [0, rows) of (layer, head) of
+  // one backup block into the sequence's page of `slot` at `block` (its K
+  // rows, then its V rows). Returns the bytes they copy.
   int64_t CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block, int rows,
-                         std::vector<DeviceMemory::HostCopy>* batch = nullptr);
+                         std::vector<DeviceMemory::HostCopy>& batch);
+  // Makes a batch of CopyFromBackup's copies at once, complete on return:
+  // a GPU waits once for them all, not once a page (a copy from the
+  // backup's page-locked memory waits for the device). From the compute
+  // thread, after its earlier work (a page may have been another
+  // sequence's); else from a restore's own thread, into pages no kernel
+  // touches meanwhile.
+  void CopyBackupIn(const std::vector<DeviceMemory::HostCopy>& batch, bool compute_thread);
   // Plan::KvSlots of this device for a sequence with DP rank `dp_rank`.
   const std::vector<int>& KvSlots(int dp_rank) const {
     return dp_rank == device_ ? kv_slots_rank_ : kv_slots_tp_;

@@ -149,23 +149,23 @@ Status DeviceModel::GatherNewDpHeads(const Plan& prev, const Plan& next, const H
 }
 
 int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t backup_block,
-                                    int rows, std::vector<DeviceMemory::HostCopy>* batch) {
+                                    int rows, std::vector<DeviceMemory::HostCopy>& batch) {
   const int bs = kv_.block_size();
   const int64_t row = static_cast<int64_t>(config_.head_dim) * kv_.elem_bytes();
   const int layer = slot / config_.num_kv_heads, head = slot % config_.num_kv_heads;
   const char* src = backup_layout_.Slot(backup_base_, backup_block, layer, head);
   char* page = reinterpret_cast<char*>(kv_.Page(seq_id, slot, block));
-  auto copy = [&](char* dst, const char* from) {
-    const size_t bytes = static_cast<size_t>(rows * row);
-    if (batch) {
-      batch->push_back({dst, from, bytes});
-    } else {
-      backend_->CopyToDevice(dst, from, bytes);
-    }
-  };
-  copy(page, src);  // K, then V a block further
-  copy(page + bs * row, src + bs * row);
+  const size_t bytes = static_cast<size_t>(rows * row);
+  batch.push_back({page, src, bytes});  // K, then V a block further
+  batch.push_back({page + bs * row, src + bs * row, bytes});
   return 2LL * rows * row;
+}
+
+void DeviceModel::CopyBackupIn(const std::vector<DeviceMemory::HostCopy>& batch,
+                               bool compute_thread) {
+  if (batch.empty()) return;
+  if (compute_thread) backend_->Synchronize();
+  backend_->BackgroundCopiesToDevice(batch.data(), batch.size());
 }
 
 Status DeviceModel::CopyHostHits(const StepBatch& b) {
@@ -188,23 +188,17 @@ Status DeviceModel::CopyHostHits(const StepBatch& b) {
                                   s.host_first_block + k);
     }
   }
-  // One batch on the backend's copy path, complete on return (a plain copy
-  // from the backup's page-locked pages may still be reading them when it
-  // returns), after the compute stream's earlier work (a page may have been
-  // another sequence's). Before any graph of the step begins.
+  // Before any graph of the step begins (CopyBackupIn synchronizes).
   std::vector<DeviceMemory::HostCopy> batch;
   for (const StepSeq& s : b.seqs) {
     if (s.host_blocks == 0) continue;
     for (int slot : KvSlots(s.dp_rank)) {
       for (int k = 0; k < s.host_blocks; ++k)
         CopyFromBackup(s.seq_id, slot, s.host_first_block + k, b.backup_blocks[s.host_offset + k],
-                       bs, &batch);
+                       bs, batch);
     }
   }
-  if (!batch.empty()) {
-    backend_->Synchronize();
-    backend_->BackgroundCopiesToDevice(batch.data(), batch.size());
-  }
+  CopyBackupIn(batch, /*compute_thread=*/true);
   return Status::Ok();
 }
 
@@ -250,8 +244,6 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
     }
   }
   for (int64_t id : kv_.Seqs()) kv_.FreeSeq(id);
-  // In the background, every block's copies made at once (a GPU waits once
-  // for them all, not once per block).
   std::vector<DeviceMemory::HostCopy> batch;
   for (const SeqRestore& s : seqs) {
     const std::vector<int>& slots = KvSlots(s.dp_rank);
@@ -267,12 +259,12 @@ Status DeviceModel::RestoreKv(const std::vector<SeqRestore>& seqs, bool keep, Ap
           return FailedPrecondition("sequence {}: block {} has no host backup to restore from",
                                     s.seq_id, blk);
         }
-        stats->kv_restored_bytes += CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows,
-                                                   background ? &batch : nullptr);
+        stats->kv_restored_bytes +=
+            CopyFromBackup(s.seq_id, slot, blk, s.backup_blocks[blk], rows, batch);
       }
     }
   }
-  backend_->BackgroundCopiesToDevice(batch.data(), batch.size());
+  CopyBackupIn(batch, /*compute_thread=*/!background);
   return Status::Ok();
 }
 

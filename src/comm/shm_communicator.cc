@@ -181,9 +181,10 @@ Status ShmCommunicator::ReduceScatterGather(T* data, size_t count) {
     const int buf = static_cast<int>(ops_++ & 1);
     std::memcpy(Slot(buf, rank_), data + off, n * sizeof(T));
     FS_RETURN_IF_ERROR(Barrier());
-    // This member's piece, a whole number of vectors.
+    // This member's piece: a whole number of vectors, the pieces together
+    // at least n (n / size_ rounded up before the vectors).
     const size_t lanes = 64 / sizeof(T);
-    const size_t per = (n / size_ + lanes - 1) / lanes * lanes;
+    const size_t per = ((n + size_ - 1) / size_ + lanes - 1) / lanes * lanes;
     const size_t b = std::min(n, per * rank_), e = std::min(n, b + per);
     for (int m = 0; m < size_; ++m) slots[m] = Slot(buf, m);
     SumSlots(slots, size_, b, e, result);

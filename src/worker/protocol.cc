@@ -31,7 +31,7 @@ bool WorkerInit::Decode(WireReader* r) {
   gpu_graphs = r->Get<uint8_t>();
   kv_dtype = r->Get<int32_t>();
   gpu_attention = r->Get<int32_t>();
-  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2 && (gpu_attention == 0 || gpu_attention == 1) &&
+  return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2 && gpu_attention >= 0 && gpu_attention <= 2 &&
          (kv_dtype == static_cast<int32_t>(DType::kF32) ||
           kv_dtype == static_cast<int32_t>(DType::kBF16));
 }

@@ -94,6 +94,14 @@ class TimedBackend final : public Backend {
   }
   void PinHostMemory(void* p, size_t bytes) override { b_->PinHostMemory(p, bytes); }
   void Synchronize() override { b_->Synchronize(); }
+  Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {
+    return b_->AllocatePeerMemory(bytes);
+  }
+  void FreePeerMemory(void* p, size_t bytes) override { b_->FreePeerMemory(p, bytes); }
+  Result<void*> OpenPeerMemory(const std::string& handle, size_t bytes) override {
+    return b_->OpenPeerMemory(handle, bytes);
+  }
+  void ClosePeerMemory(void* p, size_t bytes) override { b_->ClosePeerMemory(p, bytes); }
   std::string name() const override { return b_->name(); }
   int num_threads() const override { return b_->num_threads(); }
 
@@ -151,6 +159,12 @@ class TimedBackend final : public Backend {
   }
   void AddFixedTo(const int64_t* a, float* x, int64_t n) override {
     Time("add fixed", [&] { b_->AddFixedTo(a, x, n); });
+  }
+  void SumArrays(const float* const* srcs, int n, size_t count, float* out) override {
+    Time("peer sums", [&] { b_->SumArrays(srcs, n, count, out); });
+  }
+  void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out) override {
+    Time("peer sums", [&] { b_->SumArrays(srcs, n, count, out); });
   }
   void ScaleRows(float* x, int64_t ldx, const float* s, int rows, int cols) override {
     Time("scale rows", [&] { b_->ScaleRows(x, ldx, s, rows, cols); });

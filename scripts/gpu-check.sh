@@ -14,7 +14,9 @@
 #                logits, bit for bit) on 1, 2, 3, 4 and 7 device processes
 #                under every placement, chunked prefill, the prefix cache,
 #                a bf16 KV cache, and the bf16 model's checks again with
-#                attention on tensor cores (scripts/gpu/e2e.py);
+#                attention on tensor cores, and with all-reduces reading the
+#                other device processes' GPU memory through CUDA IPC
+#                (--peer-collectives) (scripts/gpu/e2e.py);
 #   bench        a Llama-3.1-8B-shaped and a Mixtral-8x7B-shaped bf16 model
 #                with synthetic weights made here: decode at batch 1, 16
 #                and 64 and a 2,048-token prefill beside the GPU's measured
@@ -30,13 +32,15 @@
 #                close enough to cascade, with concurrent greedy and seeded
 #                streams, every text checked against the fault-free run
 #                (failsafe soak): stories260K, and a bf16 model under each
-#                recovery mode and placement; and every recovery mode's
+#                recovery mode and placement (and once with
+#                --peer-collectives); and every recovery mode's
 #                outputs against the fault-free run's (failsafe
 #                recovery-bench on the bf16 model);
 #   recovery     (--recovery only) the paper's recovery experiment: 8 device
 #                processes, the Llama-3.1-8B shape, one killed 16 steps into
 #                the decode, each mode's phases and the steady state beside 7
-#                processes started fresh (scripts/gpu/recovery.sh).
+#                processes started fresh (scripts/gpu/recovery.sh); with
+#                --peer, its all-reduces through CUDA IPC.
 #
 # The programs come from scripts/gpu-pack.sh (built where the build
 # dependencies are; the GPU machine needs only the CUDA driver, cuBLASLt and
@@ -45,7 +49,8 @@
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
 #                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
-#                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--budget SECONDS]
+#                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--peer]
+#                        [--budget SECONDS]
 # --quick: the correctness stages only. --recovery: the recovery experiment
 # too, REQUESTS sequences of PROMPT tokens (default 32,1000). --budget: the
 # whole run's wall-clock seconds (e.g. a remote call's limit): each stage's
@@ -66,6 +71,7 @@ skip=""
 bench_modes="lt,fused,fused+tensor,fused+tensor+kvbf16"
 torch_bench=1
 recovery=""
+recovery_args=()
 budget=0
 while (($#)); do
   case "$1" in
@@ -79,6 +85,7 @@ while (($#)); do
     --bench-modes) bench_modes=$2; shift 2 ;;
     --no-torch-bench) torch_bench=0; shift ;;
     --budget) budget=$2; shift 2 ;;
+    --peer) recovery_args+=(--peer-collectives); shift ;;
     --recovery)
       recovery=32,1000
       if [[ ${2:-} =~ ^[0-9]+,[0-9]+$ ]]; then recovery=$2; shift; fi
@@ -212,6 +219,9 @@ stage e2e-graphs 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --sto
   --gemm fused --graphs-only
 stage e2e-tensor 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
   --gemm fused --bf16-only --attention tensor
+# All-reduces between the device processes through CUDA IPC (--peer-collectives).
+stage e2e-peer 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
+  --gemm fused --bf16-only --peer
 
 # Failures: 8 device processes on GPU 0, events every ~0.6 s (often one
 # during another's recovery), the run's texts checked against a fault-free
@@ -230,6 +240,8 @@ stage faults-recompute-nonuniform 90 "${soak[@]}" --model "$tiny" --duration 12s
   --recovery recompute --placement nonuniform
 stage faults-full-standard 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 15 \
   --recovery full --placement standard
+stage faults-peer-full-hybrid 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 16 \
+  --recovery full --placement hybrid --peer-collectives
 stage faults-modes 180 "$bin/failsafe" recovery-bench --model "$tiny" --gpus 0 --devices 8 \
   --requests 16 --prompt-tokens 200 --output-tokens 48 --fail-decode-step 6 --window 8 --fresh
 rm -rf "$faults_dir"
@@ -255,7 +267,7 @@ if [[ -n $recovery ]]; then
   models=${models:-/tmp/failsafe-gpu-models}
   mkdir -p "$models"
   stage recovery-8b 540 scripts/gpu/recovery.sh "$bin" "$models" "$out" 32 8 \
-    "${recovery%,*}" "${recovery#*,}"
+    "${recovery%,*}" "${recovery#*,}" "${recovery_args[@]}"
 fi
 
 {

@@ -10,7 +10,9 @@
 - a bf16 KV cache (--kv-dtype bf16): the same tokens and logits on 1, 3 and
   7 devices and in chunks, near the CPU backend's bf16 cache;
 - the prefix cache on: requests sharing a prompt prefix through `serve`
-  answer what a server without the cache answers.
+  answer what a server without the cache answers;
+- with --peer, every GPU run's all-reduces read the other device
+  processes' GPU memory (CUDA IPC) rather than staging through the host.
 
 Prints one line per check ("ok" or "FAIL") and exits 1 if any failed.
 """
@@ -34,6 +36,7 @@ DEVICES = [1, 2, 3, 4, 7]
 
 failures = 0
 ATTENTION = "cores"  # --gpu-attention of every GPU run (--attention)
+PEER = []  # ["--peer-collectives"] with --peer: all-reduces from the devices' own memory
 
 
 def report(ok, what):
@@ -51,7 +54,8 @@ def run(cmd, timeout=300):
 
 
 def gpu_args(devices, gemm):
-    return ["--gpus", ",".join(["0"] * devices), "--gpu-gemm", gemm, "--gpu-attention", ATTENTION]
+    return ["--gpus", ",".join(["0"] * devices), "--gpu-gemm", gemm, "--gpu-attention", ATTENTION,
+            *PEER]
 
 
 def generate(fs, model, devices, placement, extra, tokens=61):
@@ -65,6 +69,24 @@ def logits(fs, model, prompt, devices, placement, extra, chunk=512):
                "--decode", "8", "--prefill-chunk", str(chunk), "--devices", str(devices),
                "--placement", placement, *extra])
     return json.loads(out)
+
+
+def check_peer_in_use(fs, model, gemm, prompt, devices=4):
+    """With --peer: every device says its all-reduces read the others' GPU
+    memory (a group that could not map it would stage through the host and
+    pass every other check)."""
+    try:
+        r = subprocess.run([fs, "logits", "--model", model, "--prompt-ids",
+                            ",".join(map(str, prompt)), "--decode", "2", "--devices", str(devices),
+                            "--log-level", "debug", *gpu_args(devices, gemm)],
+                           capture_output=True, text=True, timeout=300)
+        said = r.stderr.count(f"all-reduces read the {devices} members' device memory")
+        why = [l for l in r.stderr.splitlines() if "stage through the host" in l][:1]
+        report(r.returncode == 0 and said == devices,
+               f"peer collectives: {said} of {devices} GPU devices read one another's memory"
+               + (f" ({why[0]})" if why else ""))
+    except Exception as e:  # noqa: BLE001
+        report(False, f"peer collectives: {e}")
 
 
 def check_stories(fs, stories, gemm):
@@ -237,9 +259,12 @@ def main():
     ap.add_argument("--graphs-only", action="store_true", help="only the CUDA graphs checks")
     ap.add_argument("--attention", default="cores", choices=["cores", "tensor"],
                     help="--gpu-attention of every GPU run")
+    ap.add_argument("--peer", action="store_true",
+                    help="every GPU run with --peer-collectives (CUDA IPC between the devices)")
     args = ap.parse_args()
-    global ATTENTION
+    global ATTENTION, PEER
     ATTENTION = args.attention
+    PEER = ["--peer-collectives"] if args.peer else []
     fs = args.failsafe
     with tempfile.TemporaryDirectory() as tmp:
         bf16 = os.path.join(tmp, "tiny-llama-bf16")
@@ -248,6 +273,8 @@ def main():
         rng = random.Random(11)
         stories_prompt = [1] + [rng.randrange(3, 500) for _ in range(40)]
         bf16_prompt = [rng.randrange(0, 500) for _ in range(90)]
+        if PEER:
+            check_peer_in_use(fs, bf16, args.gemm, bf16_prompt)
         check_graphs(fs, args.stories, bf16, args.gemm, stories_prompt, bf16_prompt)
         if args.graphs_only:
             sys.exit(1 if failures else 0)

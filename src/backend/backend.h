@@ -194,6 +194,29 @@ class DeviceMemory {
   virtual void PinHostMemory(void* p, size_t bytes) {}
   // Waits until every kernel issued has finished.
   virtual void Synchronize() = 0;
+
+  // Device memory other device processes on the same device map (their
+  // collectives read one another's buffers rather than staging through the
+  // host): `bytes`, and a handle of at most kPeerHandleBytes that names it
+  // to OpenPeerMemory in another process of this host. An error where the
+  // backend cannot share its memory. Freed by FreePeerMemory; memory a peer
+  // has opened stays readable to that peer until it closes it, even past
+  // the owner's exit.
+  static constexpr size_t kPeerHandleBytes = 120;
+  struct PeerMemory {
+    void* data = nullptr;
+    std::string handle;
+  };
+  virtual Result<PeerMemory> AllocatePeerMemory(size_t bytes) {
+    return Unavailable("this device cannot share its memory with other processes");
+  }
+  virtual void FreePeerMemory(void* p, size_t bytes) {}
+  // Another process's AllocatePeerMemory(bytes), mapped here: an error
+  // where it is on another host or device, or gone.
+  virtual Result<void*> OpenPeerMemory(const std::string& handle, size_t bytes) {
+    return Unavailable("this device cannot map other processes' memory");
+  }
+  virtual void ClosePeerMemory(void* p, size_t bytes) {}
 };
 
 // Device memory owned by one object: freed with it. Grows by Reserve.
@@ -322,6 +345,13 @@ class Backend : public DeviceMemory {
   // x[i] += FromFixed(acc[i]), i < n: the residual stream takes a layer's
   // exact partial sums.
   virtual void AddFixedTo(const int64_t* acc, float* x, int64_t n) = 0;
+  // out[i] = srcs[0][i] + srcs[1][i] + ... + srcs[n - 1][i], i < count, added
+  // in that order (float: each addition rounded, as ShmCommunicator sums;
+  // int64_t: fixed-point sums, wrapping). srcs: a host array of n device
+  // pointers, this backend's memory or peers' (OpenPeerMemory); `out` is
+  // none of them.
+  virtual void SumArrays(const float* const* srcs, int n, size_t count, float* out) = 0;
+  virtual void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out) = 0;
   // x[r, :cols] *= scale[r] (scale: host), r < rows.
   virtual void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) = 0;
   // x[r, c] += bias[c] (bias: device), r < rows, c < cols: a projection's

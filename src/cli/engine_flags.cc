@@ -78,6 +78,11 @@ void AddGpuFlags(CLI::App& app, DeviceFlags* f) {
                  "head dims up to 128)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cores", "segments", "tensor"}));
+  app.add_flag("--peer-collectives", f->peer_collectives,
+               "all-reduces read the other devices' memory directly (CUDA IPC between devices "
+               "sharing a GPU, shared memory between CPU devices on one host) instead of "
+               "staging each partial sum through the host; a group whose devices cannot map "
+               "one another's memory stages as without");
   app.add_flag("--cuda-graphs", f->cuda_graphs,
                "on a GPU, run decode steps that repeat their shapes as CUDA graphs (one launch "
                "a step; a device alone in its group, dense models)");
@@ -236,6 +241,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     o.gpu_gemm = gpu_gemm;
     o.gpu_graphs = f.cuda_graphs;
     o.gpu_attention = gpu_attention;
+    o.peer_collectives = f.peer_collectives;
     FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
     return std::unique_ptr<Executor>(std::move(e));
   }
@@ -259,6 +265,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.gpu_gemm = gpu_gemm;
   o.gpu_graphs = f.cuda_graphs;
   o.gpu_attention = gpu_attention;
+  o.peer_collectives = f.peer_collectives;
   o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;
   static const char* kLevels[] = {"debug", "info", "warn", "error", "off"};
   o.log_level = kLevels[static_cast<int>(GetLogLevel())];

@@ -24,6 +24,7 @@ struct DeviceFlags {
   std::string gpu_gemm = "lt";
   bool cuda_graphs = false;
   std::string gpu_attention = "cores";  // cores or tensor
+  bool peer_collectives = false;        // DeviceOptions::peer_collectives
   std::string recovery = "full";
   std::string backup_memory = "4GiB";  // host KV backup; 0: none
   // Hang detection: "auto" derives a step's deadline from measured step

@@ -18,32 +18,10 @@
 #include "comm/kv_store.h"
 #include "comm/shm_communicator.h"
 #include "common/clock.h"
+#include "common/forked.h"
 
 namespace failsafe {
 namespace {
-
-// Runs body(rank) in `n` child processes; returns their exit codes.
-std::vector<int> RunChildren(int n, const std::function<int(int)>& body,
-                             const std::function<void()>& parent = {}) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      // As in a worker: a write to a dead peer's socket is an error, not a signal.
-      std::signal(SIGPIPE, SIG_IGN);
-      ::_exit(body(r));
-    }
-    pids.push_back(pid);
-  }
-  if (parent) parent();
-  std::vector<int> codes;
-  for (pid_t p : pids) {
-    int status = 0;
-    ::waitpid(p, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
 
 // Inputs are computed once, before forking, so that every process sums the
 // very same floats.
@@ -116,7 +94,7 @@ TEST_P(ShmTest, AllReduceAndAllGather) {
   auto region = ShmCommunicator::CreateRegion(n, 64 << 10);
   ASSERT_TRUE(region.ok());
   const int fd = region->fd();
-  auto codes = RunChildren(n, [&](int rank) {
+  auto codes = RunForked(n, [&](int rank) {
     auto mapped = ShmRegion::Map(::dup(fd));
     if (!mapped.ok()) return 1;
     ShmCommunicator comm(std::move(mapped).value(), rank, 10000);
@@ -133,7 +111,7 @@ TEST(Shm, AbortFromCoordinatorFailsEveryWaiterFast) {
   ASSERT_TRUE(region.ok());
   const int fd = region->fd();
   // Rank 3 never shows up (a dead device); the coordinator aborts.
-  auto codes = RunChildren(
+  auto codes = RunForked(
       n - 1,
       [&](int rank) {
         auto mapped = ShmRegion::Map(::dup(fd));
@@ -159,7 +137,7 @@ TEST(Shm, TimeoutAbortsTheGroup) {
   auto region = ShmCommunicator::CreateRegion(3, 4096);
   ASSERT_TRUE(region.ok());
   const int fd = region->fd();
-  auto codes = RunChildren(2, [&](int rank) {
+  auto codes = RunForked(2, [&](int rank) {
     auto mapped = ShmRegion::Map(::dup(fd));
     ShmCommunicator comm(std::move(mapped).value(), rank, 300);
     Status st = comm.Barrier();
@@ -211,7 +189,7 @@ std::vector<int> RunGlooGroup(const GlooGroup& g,
   int port_pipe[2];
   if (::pipe(port_pipe) != 0) return {};
   std::unique_ptr<KvStoreServer> server;
-  return RunChildren(
+  return RunForked(
       g.n,
       [&](int rank) {
         int port = 0;

@@ -20,7 +20,11 @@ namespace failsafe {
 
 class Communicator {
  public:
+  Communicator();
   virtual ~Communicator() = default;
+  // Distinct for every communicator this process makes: state kept for a
+  // group (worker/peer_reducer.h) sees when its group was replaced.
+  uint64_t serial() const { return serial_; }
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
@@ -35,6 +39,9 @@ class Communicator {
   virtual Status AllGather(const void* send, size_t bytes, void* recv) = 0;
   virtual Status Barrier() = 0;
   virtual void Abort() = 0;
+
+ private:
+  const uint64_t serial_;
 };
 
 // A group of one: collectives are no-ops.

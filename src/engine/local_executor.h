@@ -29,6 +29,7 @@ struct LocalExecutorOptions {
   GpuGemm gpu_gemm = GpuGemm::kLt;
   bool gpu_graphs = false;                            // CudaBackendOptions::graphs
   GpuAttention gpu_attention = GpuAttention::kCores;  // CudaBackendOptions::attention
+  bool peer_collectives = false;  // DeviceOptions::peer_collectives (alone: nothing to do)
   // Benchmarks: wraps the backend (e.g. to time its calls); unset: none.
   std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
 };

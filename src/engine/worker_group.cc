@@ -298,6 +298,7 @@ Status WorkerGroup::InitDevice(int device) {
   init.device_id = device;
   init.kv_pages = pool_pages_;
   init.kv_dtype = static_cast<int32_t>(kv_dtype_);
+  init.peer_collectives = options_.peer_collectives ? 1 : 0;
   if (!options_.gpus.empty()) {
     init.gpu = options_.gpus.size() == 1 ? options_.gpus[0] : options_.gpus[device];
     init.gpu_gemm = static_cast<int32_t>(options_.gpu_gemm);

@@ -59,6 +59,7 @@ struct WorkerGroupOptions {
   GpuGemm gpu_gemm = GpuGemm::kLt;
   bool gpu_graphs = false;                            // CudaBackendOptions::graphs
   GpuAttention gpu_attention = GpuAttention::kCores;  // CudaBackendOptions::attention
+  bool peer_collectives = false;                      // DeviceOptions::peer_collectives
   int block_size = 16;
   // What the KV pages (and the host backup) hold: f32, or bf16 for half the
   // bytes (the values rounded once as stored; KvCache); unset: the model's

@@ -49,6 +49,10 @@ Status DeviceModel::ApplyKvTables(const StepBatch& b) {
 
 template <typename T>
 Status DeviceModel::AllReduce(Communicator& comm, T* data, size_t n, std::vector<T>* staging) {
+  if (peer_ && comm.size() > 1) {
+    FS_ASSIGN_OR_RETURN(const bool ready, peer_->Ready(comm));
+    if (ready) return peer_->AllReduceSum(comm, data, n);
+  }
   if (backend_->host_memory()) return comm.AllReduceSum(data, n);
   if (comm.size() == 1) return Status::Ok();
   if (staging->size() < n) staging->resize(n);

@@ -29,6 +29,7 @@
 #include "worker/backup_writer.h"
 #include "worker/item_matrix.h"
 #include "worker/kv_cache.h"
+#include "worker/peer_reducer.h"
 #include "worker/step.h"
 
 namespace failsafe {
@@ -67,6 +68,10 @@ struct DeviceOptions {
   int block_size = 16;           // tokens per KV page
   int64_t kv_pages = 0;          // KV pool size in pages
   DType kv_dtype = DType::kF32;  // of the KV pages: f32 or bf16 (KvCache)
+  // All-reduces read the other members' device memory where every member
+  // can map it (PeerReducer: CUDA IPC on one GPU); else, and by default,
+  // device memory that is not host memory stages through the host.
+  bool peer_collectives = false;
 };
 
 // Attention weights of a set of head groups (or parts of them), held per
@@ -88,6 +93,9 @@ class DeviceModel {
   const ModelConfig& config() const { return config_; }
   const Plan& plan() const { return plan_; }
   KvCache& kv() { return kv_; }
+  // Whether the last group's all-reduces read the members' device memory
+  // (DeviceOptions::peer_collectives, where every member could map it).
+  bool peer_collectives_ready() const { return peer_ && peer_->ready(); }
   const KvCache& kv() const { return kv_; }
   int64_t weight_bytes() const;
 
@@ -218,7 +226,8 @@ class DeviceModel {
   // x += the step's summed partial_ (a layer's attention or FFN output);
   // Gemma: normalised by `out_norm` first.
   void AddToResidual(const DeviceArray<float>& out_norm, int num_tokens);
-  // Sums `n` elements of device memory over the group: in place where
+  // Sums `n` elements of device memory over the group: from the members'
+  // device memory where they map one another's (peer_), in place where
   // device memory is host memory, else through host staging; nothing to do
   // alone on a GPU.
   template <typename T>
@@ -291,6 +300,7 @@ class DeviceModel {
   std::vector<float> host_gate_w_, host_row_scale_, host_stage_f32_;
   std::vector<int64_t> host_stage_fixed_;
   std::vector<AttentionArgs> problems_;
+  std::unique_ptr<PeerReducer> peer_;  // DeviceOptions::peer_collectives
 };
 
 }  // namespace failsafe

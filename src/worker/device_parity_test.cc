@@ -179,8 +179,12 @@ const Reference& GetReference(const ModelCase& m) {
 // i * kMaxBlocks onwards).
 class Devices {
  public:
-  Devices(const Model& model, int num_devices)
+  // peer: the devices all-reduce from one another's memory
+  // (DeviceOptions::peer_collectives), each mapping the others' as the
+  // device processes of one host do.
+  Devices(const Model& model, int num_devices, bool peer = false)
       : model_(model),
+        peer_(peer),
         layout_(model.config.num_layers, model.config.num_kv_heads, kBlockSize,
                 model.config.head_dim, 3 * kMaxBlocks, 4, num_devices) {
     backup_ = std::move(ShmRegion::Create("test-kv-backup", layout_.total_bytes())).value();
@@ -194,6 +198,7 @@ class Devices {
     DeviceOptions o;
     o.block_size = kBlockSize;
     o.kv_pages = 4096;
+    o.peer_collectives = peer_;
     dev.model = std::make_unique<DeviceModel>(model_.config, d, dev.backend.get(), o);
     dev.writer = std::make_unique<BackupWriter>(backup_.data(), layout_, d);
     dev.model->SetBackup(dev.writer.get(), layout_, backup_.data());
@@ -269,6 +274,13 @@ class Devices {
     return total;
   }
   const Plan& plan() const { return plan_; }
+  // Whether every active device's last all-reduces read the others' memory.
+  bool PeerReady() const {
+    for (int d : plan_.active) {
+      if (!devices_[d].model->peer_collectives_ready()) return false;
+    }
+    return true;
+  }
 
  private:
   struct Device {
@@ -305,6 +317,7 @@ class Devices {
   }
 
   const Model& model_;
+  const bool peer_;
   BackupLayout layout_;
   ShmRegion backup_;
   std::vector<Device> devices_;
@@ -402,6 +415,29 @@ TEST_P(EveryPlacement, MatchesOneDeviceAndBacksUpEachSlotOnce) {
 INSTANTIATE_TEST_SUITE_P(Models, EveryPlacement, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return info.param.Name(); });
 
+// All-reduces from the devices' own memory (PeerReducer): the same logits,
+// bit for bit, on every device count; a small and a MoE model, the hybrid
+// placement (TP and DP attention rows).
+TEST(PeerCollectives, MatchOneDevice) {
+  for (const ModelCase& m : {ModelCase{"micro-llama", 6, 3}, ModelCase{"micro-mixtral", 8, 4}}) {
+    const Model& model = GetModel(m);
+    const Reference& ref = GetReference(m);
+    for (int n : {2, 3, 5, 8}) {
+      SCOPED_TRACE(m.Name() + " on " + std::to_string(n) + " devices");
+      std::vector<int> alive(n);
+      std::iota(alive.begin(), alive.end(), 0);
+      auto plan = MakePlan(model.config, Policy::kHybrid, n, alive);
+      ASSERT_TRUE(plan.ok());
+      Devices devices(model, n, /*peer=*/true);
+      ASSERT_TRUE(devices.Load(*plan).ok());
+      double worst = 0;
+      Replay(m, devices, DpRanks(*plan), 0, static_cast<int>(ref.steps.size()), &worst);
+      EXPECT_EQ(worst, 0.0);
+      EXPECT_TRUE(devices.PeerReady());
+    }
+  }
+}
+
 // Plan changes on live devices: a device leaves (its share and the KV it
 // cached move to the others, restored from the backup whichever device wrote
 // it), later one joins; the outputs do not change.
@@ -410,6 +446,9 @@ struct ChangeCase {
   Policy policy;
   int devices;
   std::vector<std::pair<bool, int>> events;  // (joins, device), one after each of the first steps
+  // DeviceOptions::peer_collectives: each new group maps the members it
+  // had not mapped and lets go of those that left.
+  bool peer = false;
 };
 
 class PlanChanges : public ::testing::TestWithParam<ChangeCase> {};
@@ -423,7 +462,7 @@ TEST_P(PlanChanges, KeepTheOutputs) {
   std::iota(alive.begin(), alive.end(), 0);
   auto plan = MakePlan(c, cc.policy, cc.devices, alive);
   ASSERT_TRUE(plan.ok());
-  Devices devices(model, cc.devices);
+  Devices devices(model, cc.devices, cc.peer);
   ASSERT_TRUE(devices.Load(*plan).ok());
   std::vector<int> ranks = DpRanks(*plan);
   double worst = 0;
@@ -459,6 +498,9 @@ TEST_P(PlanChanges, KeepTheOutputs) {
   }
   Replay(cc.model, devices, ranks, step, static_cast<int>(ref.steps.size()), &worst);
   EXPECT_EQ(worst, 0.0);
+  if (cc.peer) {
+    EXPECT_TRUE(devices.PeerReady());
+  }
 }
 
 std::vector<ChangeCase> ChangeCases() {
@@ -492,13 +534,16 @@ std::vector<ChangeCase> ChangeCases() {
       {gemma3, Policy::kHybrid, 7, {{false, 6}, {false, 1}, {true, 1}, {true, 6}}},
       // The shared expert's slots move with the routed experts' shards.
       {qwen2_moe, Policy::kCyclic, 7, {{false, 3}, {false, 6}, {true, 6}, {false, 0}}},
+      // All-reduces from the devices' own memory across leaves and joins.
+      {moe, Policy::kHybrid, 6, {{false, 2}, {false, 0}, {true, 2}, {true, 0}}, true},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Scripts, PlanChanges, ::testing::ValuesIn(ChangeCases()),
                          [](const auto& info) {
                            return info.param.model.Name() + "_" + PolicyName(info.param.policy) +
-                                  "_" + std::to_string(info.param.devices);
+                                  "_" + std::to_string(info.param.devices) +
+                                  (info.param.peer ? "_peer" : "");
                          });
 
 }  // namespace

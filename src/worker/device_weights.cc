@@ -21,6 +21,7 @@ DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* back
                                                   : std::vector<float>()),
       kv_(config.num_layers, config.num_kv_heads, options.block_size, config.head_dim,
           options.kv_pages, backend, options.kv_dtype) {
+  if (options.peer_collectives) peer_ = std::make_unique<PeerReducer>(backend);
   for (DeviceArray<float>* a : {&rope_table_device_,
                                 &rope_table_local_device_,
                                 &out_,

@@ -15,6 +15,7 @@ void WorkerInit::Encode(WireWriter* w) const {
   w->Put(gpu_graphs);
   w->Put(kv_dtype);
   w->Put(gpu_attention);
+  w->Put(peer_collectives);
 }
 
 bool WorkerInit::Decode(WireReader* r) {
@@ -31,6 +32,7 @@ bool WorkerInit::Decode(WireReader* r) {
   gpu_graphs = r->Get<uint8_t>();
   kv_dtype = r->Get<int32_t>();
   gpu_attention = r->Get<int32_t>();
+  peer_collectives = r->Get<uint8_t>();
   return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2 && gpu_attention >= 0 && gpu_attention <= 2 &&
          (kv_dtype == static_cast<int32_t>(DType::kF32) ||
           kv_dtype == static_cast<int32_t>(DType::kBF16));

@@ -43,7 +43,9 @@ enum class WorkerOp : uint32_t {
 // 7: a device may run on a GPU (WorkerInit::gpu, gpu_gemm, gpu_graphs).
 // 8: KV pages may hold bf16 (WorkerInit::kv_dtype, BackupHeader::kv_dtype);
 // a GPU device may attend on tensor cores (WorkerInit::gpu_attention).
-constexpr int32_t kWorkerProtocolVersion = 8;
+// 9: devices may all-reduce from one another's memory
+// (WorkerInit::peer_collectives).
+constexpr int32_t kWorkerProtocolVersion = 9;
 
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.
@@ -60,6 +62,7 @@ struct WorkerInit {
   uint8_t gpu_graphs = 0;   // CudaBackendOptions::graphs
   int32_t kv_dtype = static_cast<int32_t>(DType::kF32);  // of the KV pages: f32 or bf16
   int32_t gpu_attention = 0;                             // GpuAttention
+  uint8_t peer_collectives = 0;                          // DeviceOptions::peer_collectives
 
   void Encode(WireWriter* w) const;
   bool Decode(WireReader* r);

@@ -222,6 +222,7 @@ class Worker {
     d.block_size = init.block_size;
     d.kv_pages = init.kv_pages;
     d.kv_dtype = static_cast<DType>(init.kv_dtype);
+    d.peer_collectives = init.peer_collectives != 0;
     device_ = std::make_unique<DeviceModel>(config_, init.device_id, backend_.get(), d);
     if (backup.valid()) {
       backup_ = std::move(backup);

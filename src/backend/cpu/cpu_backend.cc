@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/unit_shares.h"
+#include "backend/peer_memory.h"
 #include "common/fixed_point.h"
 
 namespace failsafe {
@@ -51,6 +53,28 @@ class CpuBackend final : public Backend {
     HostMemory().BackgroundCopyToDevice(dst, src, bytes);
   }
   void Synchronize() override {}
+
+  // Peer memory is a memfd that the other device processes of this host
+  // map (peer_memory.h).
+  ~CpuBackend() override {
+    for (auto& [p, m] : peer_) FreeHostPeerMemory(m);
+  }
+  Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {
+    FS_ASSIGN_OR_RETURN(HostPeerMemory m, AllocateHostPeerMemory(bytes));
+    PeerMemory out{m.data, m.handle};
+    peer_[m.data] = std::move(m);
+    return out;
+  }
+  void FreePeerMemory(void* p, size_t) override {
+    auto it = peer_.find(p);
+    if (it == peer_.end()) return;
+    FreeHostPeerMemory(it->second);
+    peer_.erase(it);
+  }
+  Result<void*> OpenPeerMemory(const std::string& handle, size_t bytes) override {
+    return OpenHostPeerMemory(handle, bytes);
+  }
+  void ClosePeerMemory(void* p, size_t bytes) override { CloseHostPeerMemory(p, bytes); }
 
   void LinearNT(const float* x, int64_t ldx, WeightsRef w, float* y, int64_t ldy, int m, int n,
                 int k, bool accumulate) override {
@@ -110,6 +134,12 @@ class CpuBackend final : public Backend {
   }
   void AddFixedTo(const int64_t* acc, float* x, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) x[i] += FromFixed(acc[i]);
+  }
+  void SumArrays(const float* const* srcs, int n, size_t count, float* out) override {
+    SumInOrder(srcs, n, count, out, [](float a, float b) { return a + b; });
+  }
+  void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out) override {
+    SumInOrder(srcs, n, count, out, [](int64_t a, int64_t b) { return AddFixed(a, b); });
   }
   void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) override {
     for (int r = 0; r < rows; ++r) {
@@ -241,8 +271,30 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // out[i] = ((srcs[0][i] + srcs[1][i]) + ...) by `add`, 64 bytes of
+  // lanes at a time.
+  template <typename T, typename Add>
+  static void SumInOrder(const T* const* srcs, int n, size_t count, T* out, Add add) {
+    constexpr size_t kLanes = 64 / sizeof(T);
+    size_t i = 0;
+    for (; i + kLanes <= count; i += kLanes) {
+      T acc[kLanes];
+      std::memcpy(acc, srcs[0] + i, sizeof(acc));
+      for (int m = 1; m < n; ++m) {
+        for (size_t l = 0; l < kLanes; ++l) acc[l] = add(acc[l], srcs[m][i + l]);
+      }
+      std::memcpy(out + i, acc, sizeof(acc));
+    }
+    for (; i < count; ++i) {
+      T acc = srcs[0][i];
+      for (int m = 1; m < n; ++m) acc = add(acc, srcs[m][i]);
+      out[i] = acc;
+    }
+  }
+
   const int threads_;
   const cpu::LinearOptions linear_;
+  std::map<void*, HostPeerMemory> peer_;  // AllocatePeerMemory's, by their data
 };
 
 }  // namespace

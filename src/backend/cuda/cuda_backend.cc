@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/peer_memory.h"
 #include "backend/sampling.h"
 #include "common/log.h"
 
@@ -199,6 +200,61 @@ class CudaBackend final : public Backend {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");
     FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     ring_used_ = 0;  // every upload was read
+  }
+
+  // --- peer memory: CUDA IPC between processes of this host ---
+  // The handle: this host's boot id, then cudaIpcGetMemHandle's. Memory a
+  // peer opened stays mapped for it until it closes it, even past this
+  // process's exit, so a collective reading it never faults.
+  struct IpcHandle {
+    uint32_t magic;
+    char boot_id[36];
+    cudaIpcMemHandle_t ipc;
+  };
+  static_assert(sizeof(IpcHandle) <= kPeerHandleBytes);
+  static constexpr uint32_t kIpcMagic = 0x49434653;  // "FSCI"
+
+  Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {
+    FS_CHECK_MSG(graph_ == Graph::kOff, "peer memory allocated inside a graphed step");
+    if (HostBootId().size() != sizeof(IpcHandle::boot_id))
+      return Unavailable("this host does not say which boot it is");
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Unavailable("{} bytes of peer memory: {}", bytes, cudaGetErrorString(e));
+    }
+    IpcHandle h{};
+    h.magic = kIpcMagic;
+    std::memcpy(h.boot_id, HostBootId().data(), sizeof(h.boot_id));
+    e = cudaIpcGetMemHandle(&h.ipc, p);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaFree(p);
+      return Unavailable("cudaIpcGetMemHandle: {}", cudaGetErrorString(e));
+    }
+    return PeerMemory{p, std::string(reinterpret_cast<const char*>(&h), sizeof(h))};
+  }
+  void FreePeerMemory(void* p, size_t bytes) override { Free(p, bytes); }
+  Result<void*> OpenPeerMemory(const std::string& handle, size_t) override {
+    IpcHandle h;
+    if (handle.size() != sizeof(h)) return InvalidArgument("not a CUDA peer-memory handle");
+    std::memcpy(&h, handle.data(), sizeof(h));
+    if (h.magic != kIpcMagic) return InvalidArgument("not a CUDA peer-memory handle");
+    if (HostBootId().size() != sizeof(h.boot_id) ||
+        std::memcmp(h.boot_id, HostBootId().data(), sizeof(h.boot_id)) != 0) {
+      return Unavailable("peer memory of another host");
+    }
+    void* p = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&p, h.ipc, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Unavailable("cudaIpcOpenMemHandle: {}", cudaGetErrorString(e));
+    }
+    return p;
+  }
+  void ClosePeerMemory(void* p, size_t) override {
+    if (p && cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
   }
 
   // --- marks: events in the compute stream ---
@@ -394,6 +450,12 @@ class CudaBackend final : public Backend {
   void AddFixedTo(const int64_t* acc, float* x, int64_t n) override {
     if (!Launching()) return;  // the graph has it
     cuda::AddFixedTo(acc, x, n, stream_);
+  }
+  void SumArrays(const float* const* srcs, int n, size_t count, float* out) override {
+    if (Launching()) cuda::SumArrays(srcs, n, count, out, stream_);
+  }
+  void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out) override {
+    if (Launching()) cuda::SumArrays(srcs, n, count, out, stream_);
   }
   void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) override {
     if (rows <= 0) return;

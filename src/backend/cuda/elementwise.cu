@@ -80,6 +80,41 @@ __global__ void AddFixedToKernel(const int64_t* acc, float* x, int64_t n) {
     x[i] += FromFixedDevice(acc[i]);
 }
 
+// Up to kMaxSumSources pointers, passed by value as the kernel's argument.
+template <typename T>
+struct SumSources {
+  const T* p[kMaxSumSources];
+};
+
+// Fixed-point sums wrap (common/fixed_point.h: AddFixed); floats are added
+// with each sum rounded, in the sources' order.
+__device__ __forceinline__ int64_t AddSum(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<unsigned long long>(a) +
+                              static_cast<unsigned long long>(b));
+}
+__device__ __forceinline__ float AddSum(float a, float b) { return __fadd_rn(a, b); }
+
+template <typename T>
+__global__ void SumArraysKernel(SumSources<T> src, int n, int64_t count, T* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    T acc = src.p[0][i];
+    for (int m = 1; m < n; ++m) acc = AddSum(acc, src.p[m][i]);
+    out[i] = acc;
+  }
+}
+
+template <typename T>
+void LaunchSumArrays(const T* const* srcs, int n, size_t count, T* out, cudaStream_t s) {
+  if (count == 0 || n <= 0) return;
+  FS_CHECK_MSG(n <= kMaxSumSources, "{} arrays to sum, at most {}", n, kMaxSumSources);
+  SumSources<T> src{};
+  for (int m = 0; m < n; ++m) src.p[m] = srcs[m];
+  const int64_t c = static_cast<int64_t>(count);
+  SumArraysKernel<T><<<Blocks(c), kThreads, 0, s>>>(src, n, c, out);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
 __global__ void ScaleRowsKernel(float* x, int64_t ldx, const float* scale, int rows, int cols) {
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
     float* a = x + static_cast<int64_t>(r) * ldx;
@@ -301,6 +336,13 @@ void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   AddFixedToKernel<<<Blocks(n), kThreads, 0, s>>>(acc, x, n);
   FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void SumArrays(const float* const* srcs, int n, size_t count, float* out, cudaStream_t s) {
+  LaunchSumArrays(srcs, n, count, out, s);
+}
+void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out, cudaStream_t s) {
+  LaunchSumArrays(srcs, n, count, out, s);
 }
 
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s) {

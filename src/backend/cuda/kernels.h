@@ -27,6 +27,11 @@ void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int c
 void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
                      int64_t* dst, int64_t ldd, cudaStream_t s);
 void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s);
+// out[i] = srcs[0][i] + ... + srcs[n - 1][i] in that order (Backend::SumArrays);
+// srcs: a host array of n <= kMaxSumSources device pointers.
+constexpr int kMaxSumSources = 64;
+void SumArrays(const float* const* srcs, int n, size_t count, float* out, cudaStream_t s);
+void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out, cudaStream_t s);
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s);
 void Softcap(float* x, int64_t n, float cap, cudaStream_t s);
 void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols, cudaStream_t s);

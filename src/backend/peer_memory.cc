@@ -1,0 +1,111 @@
+#include "backend/peer_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace failsafe {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x4d504653;  // "FSPM"
+constexpr size_t kBootIdChars = 36;
+
+struct Handle {
+  uint32_t magic;
+  char boot_id[kBootIdChars];
+  int32_t pid;
+  int32_t fd;
+  uint64_t dev;
+  uint64_t ino;
+  uint64_t bytes;
+};
+
+}  // namespace
+
+const std::string& HostBootId() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string s;
+    std::getline(in, s);
+    return s.size() == kBootIdChars ? s : std::string();
+  }();
+  return id;
+}
+
+Result<HostPeerMemory> AllocateHostPeerMemory(size_t bytes) {
+  if (HostBootId().empty()) return Unavailable("this host does not say which boot it is");
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t size = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  // Peers open it through /proc, never by inheritance.
+  int fd = ::memfd_create("failsafe-peer", MFD_CLOEXEC);
+  if (fd < 0) return Internal("memfd_create: {}", std::strerror(errno));
+  struct stat st;
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Internal("peer memory of {} bytes: {}", size, std::strerror(e));
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    ::close(fd);
+    return Internal("mmap of peer memory: {}", std::strerror(e));
+  }
+  Handle h{};
+  h.magic = kMagic;
+  std::memcpy(h.boot_id, HostBootId().data(), kBootIdChars);
+  h.pid = static_cast<int32_t>(::getpid());
+  h.fd = fd;
+  h.dev = static_cast<uint64_t>(st.st_dev);
+  h.ino = static_cast<uint64_t>(st.st_ino);
+  h.bytes = size;
+  HostPeerMemory m;
+  m.data = p;
+  m.bytes = size;
+  m.fd = fd;
+  m.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  return m;
+}
+
+void FreeHostPeerMemory(HostPeerMemory& m) {
+  if (m.data) ::munmap(m.data, m.bytes);
+  if (m.fd >= 0) ::close(m.fd);
+  m = HostPeerMemory();
+}
+
+Result<void*> OpenHostPeerMemory(const std::string& handle, size_t bytes) {
+  Handle h;
+  if (handle.size() != sizeof(h)) return InvalidArgument("not a host peer-memory handle");
+  std::memcpy(&h, handle.data(), sizeof(h));
+  if (h.magic != kMagic) return InvalidArgument("not a host peer-memory handle");
+  if (HostBootId().empty() || std::memcmp(h.boot_id, HostBootId().data(), kBootIdChars) != 0) {
+    return Unavailable("peer memory of another host");
+  }
+  if (h.bytes < bytes) return InvalidArgument("peer memory of {} bytes, not {}", h.bytes, bytes);
+  const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Unavailable("opening {}: {}", path, std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != h.dev ||
+      static_cast<uint64_t>(st.st_ino) != h.ino) {
+    ::close(fd);
+    return Unavailable("{} is no longer the peer's memory", path);
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  ::close(fd);  // the mapping keeps the memory
+  if (p == MAP_FAILED) return Internal("mmap of {}: {}", path, std::strerror(e));
+  return p;
+}
+
+void CloseHostPeerMemory(void* p, size_t bytes) {
+  if (p) ::munmap(p, bytes);
+}
+
+}  // namespace failsafe

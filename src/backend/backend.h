@@ -199,9 +199,9 @@ class DeviceMemory {
   // collectives read one another's buffers rather than staging through the
   // host): `bytes`, and a handle of at most kPeerHandleBytes that names it
   // to OpenPeerMemory in another process of this host. An error where the
-  // backend cannot share its memory. Freed by FreePeerMemory; memory a peer
-  // has opened stays readable to that peer until it closes it, even past
-  // the owner's exit.
+  // backend cannot share its memory. Freed by FreePeerMemory. Whether a
+  // peer may still read it after the owner died is the backend's: the CPU
+  // backend's, yes (a mapping keeps it); CUDA IPC leaves it undefined.
   static constexpr size_t kPeerHandleBytes = 120;
   struct PeerMemory {
     void* data = nullptr;

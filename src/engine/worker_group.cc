@@ -317,9 +317,10 @@ Result<std::vector<int64_t>> WorkerGroup::KvCapacityFor(const Plan& plan) const 
   if (options_.kv_pages == 0 && options_.device_memory_bytes > 0) {
     const int64_t page_bytes = kv_page_bytes();
     FS_ASSIGN_OR_RETURN(
-        cap,
-        KvPagesWithinBudget(plan, config_, options_.device_memory_bytes,
-                            ActivationReserveBytes(config_, options_.max_step_tokens), page_bytes));
+        cap, KvPagesWithinBudget(plan, config_, options_.device_memory_bytes,
+                                 ActivationReserveBytes(config_, options_.max_step_tokens) +
+                                     (options_.peer_collectives ? PeerReducer::kMemoryBytes : 0),
+                                 page_bytes));
   } else {
     for (int d : plan.active) cap[d] = pool_pages_;
   }

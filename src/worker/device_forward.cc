@@ -49,7 +49,7 @@ Status DeviceModel::ApplyKvTables(const StepBatch& b) {
 
 template <typename T>
 Status DeviceModel::AllReduce(Communicator& comm, T* data, size_t n, std::vector<T>* staging) {
-  if (peer_ && comm.size() > 1) {
+  if (peer_) {
     FS_ASSIGN_OR_RETURN(const bool ready, peer_->Ready(comm));
     if (ready) return peer_->AllReduceSum(comm, data, n);
   }

@@ -44,6 +44,12 @@ void PeerReducer::CloseUnused(const std::vector<std::string>& keep) {
 
 Result<bool> PeerReducer::Ready(Communicator& comm) {
   if (comm.serial() == serial_) return ready_;
+  if (comm.size() <= 1) {
+    CloseUnused({});
+    serial_ = comm.serial();
+    ready_ = false;
+    return false;
+  }
   bool ready = false;
   FS_RETURN_IF_ERROR(SetUp(comm, &ready));
   serial_ = comm.serial();
@@ -54,6 +60,10 @@ Result<bool> PeerReducer::Ready(Communicator& comm) {
 
 Status PeerReducer::SetUp(Communicator& comm, bool* ready) {
   *ready = false;
+  // A sum of the group before may still be reading the slots the new
+  // group's first chunk writes, or mappings this setup lets go: none is,
+  // once the device is idle.
+  backend_->Synchronize();
   const int size = comm.size(), rank = comm.rank();
   if (size > kMaxMembers) return InvalidArgument("{} members, at most {}", size, kMaxMembers);
   // 1. Every member offers its slots (allocated once, kept across groups).

@@ -21,6 +21,12 @@
 //
 // The sums are the communicator's own, bit for bit: floats added in rank
 // order, fixed-point partial sums wrapping.
+//
+// A member killed while the others read its slots: on CPU devices the
+// mappings keep its memory. CUDA documents reading IPC memory whose owner
+// freed it (as a killed process does) as undefined; the GPU check's fault
+// stages with --peer-collectives are where that is measured, and the
+// reason this path is not yet the default.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +49,9 @@ class PeerReducer {
   // reduce-scatter + all-gather (each member reads each byte of the group's
   // once, not once per member), as ShmCommunicator's.
   static constexpr size_t kDefaultScatterBytes = 1u << 20;
+  // The device memory a member holds for it (three slots), which a device
+  // budget sets aside.
+  static constexpr size_t kMemoryBytes = 3 * kDefaultSlotBytes;
 
   explicit PeerReducer(Backend* backend, size_t slot_bytes = kDefaultSlotBytes,
                        size_t scatter_bytes = kDefaultScatterBytes);
@@ -55,7 +64,8 @@ class PeerReducer {
   // same point, in its first all-reduce on a new group). False, the same on
   // every member, where any member cannot share or map memory (another
   // host, another kind of device): the caller stages through the host. An
-  // error where the group failed meanwhile.
+  // error where the group failed meanwhile. A group of one has nothing to
+  // set up: false, and the mappings of earlier groups are let go.
   Result<bool> Ready(Communicator& comm);
   // data[i] = the sum over the group's members of their data[i], i < count,
   // in device memory. Only after Ready(comm) said true.

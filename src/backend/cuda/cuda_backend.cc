@@ -203,9 +203,11 @@ class CudaBackend final : public Backend {
   }
 
   // --- peer memory: CUDA IPC between processes of this host ---
-  // The handle: this host's boot id, then cudaIpcGetMemHandle's. Memory a
-  // peer opened stays mapped for it until it closes it, even past this
-  // process's exit, so a collective reading it never faults.
+  // The handle: this host's boot id, then cudaIpcGetMemHandle's. A peer on
+  // another GPU opens it where the two GPUs reach each other (peer access),
+  // else its open fails and the group stages through the host. Reading it
+  // after this process died (freed) is undefined by CUDA's documentation
+  // (worker/peer_reducer.h).
   struct IpcHandle {
     uint32_t magic;
     char boot_id[36];
@@ -451,11 +453,14 @@ class CudaBackend final : public Backend {
     if (!Launching()) return;  // the graph has it
     cuda::AddFixedTo(acc, x, n, stream_);
   }
+  // Never in a graph: a replay would sum without the group's barriers.
   void SumArrays(const float* const* srcs, int n, size_t count, float* out) override {
-    if (Launching()) cuda::SumArrays(srcs, n, count, out, stream_);
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a peer sum inside a graphed step");
+    cuda::SumArrays(srcs, n, count, out, stream_);
   }
   void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out) override {
-    if (Launching()) cuda::SumArrays(srcs, n, count, out, stream_);
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a peer sum inside a graphed step");
+    cuda::SumArrays(srcs, n, count, out, stream_);
   }
   void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) override {
     if (rows <= 0) return;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -496,6 +497,28 @@ TEST(Sampling, GreedyTopKTopPAndSeeds) {
   for (uint64_t c = 0; c < 50; ++c) {
     EXPECT_EQ(be->Sample(logits.data(), 5, hot, c), be->Sample(logits.data(), 5, hot, c));
   }
+}
+
+// A NaN logit (a broken model's) ranks as -inf: never chosen over a number,
+// first or not, and the seeded sort stays a strict order.
+TEST(Sampling, NanLogitsAreNeverChosen) {
+  auto be = MakeCpuBackend(1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> logits(300);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(0.37f * i);
+  for (size_t i = 0; i < logits.size(); i += 3) logits[i] = nan;  // id 0 among them
+  logits[7] = 5.0f;
+  EXPECT_EQ(be->Sample(logits.data(), 300, {}, 0), 7);
+  for (SamplingParams p : {SamplingParams{1.0f, 0, 1.0f, 3}, SamplingParams{2.0f, 50, 0.95f, 4},
+                           SamplingParams{4.0f, 0, 1.0f, 5}}) {
+    for (uint64_t c = 0; c < 300; ++c) {
+      const int t = be->Sample(logits.data(), 300, p, c);
+      ASSERT_TRUE(t >= 0 && t < 300);
+      EXPECT_NE(t % 3, 0) << "drew the NaN logit of " << t;
+    }
+  }
+  std::vector<float> all_nan(10, nan);
+  EXPECT_EQ(be->Sample(all_nan.data(), 10, {}, 0), 0);
 }
 
 TEST(MoeGate, TopKRenormalised) {

@@ -12,8 +12,13 @@ int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t cou
   if (vocab <= 0) return -1;
   if (p.temperature <= 0.0f || p.top_k == 1) {
     int best = 0;
+    float best_key = SampleKey(logits[0]);
     for (int i = 1; i < vocab; ++i) {
-      if (logits[i] > logits[best]) best = i;  // lowest id wins ties
+      const float key = SampleKey(logits[i]);
+      if (key > best_key) {  // lowest id wins ties
+        best = i;
+        best_key = key;
+      }
     }
     return best;
   }
@@ -21,7 +26,10 @@ int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t cou
   thread_local std::vector<int> idx;
   idx.resize(vocab);
   std::iota(idx.begin(), idx.end(), 0);
-  auto cmp = [&](int a, int b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+  auto cmp = [&](int a, int b) {
+    const float ka = SampleKey(logits[a]), kb = SampleKey(logits[b]);
+    return ka != kb ? ka > kb : a < b;
+  };
   int keep = vocab;
   if (p.top_k > 0 && p.top_k < vocab) {
     keep = p.top_k;
@@ -31,7 +39,7 @@ int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t cou
   }
   thread_local std::vector<float> sorted;
   sorted.resize(keep);
-  for (int i = 0; i < keep; ++i) sorted[i] = logits[idx[i]];
+  for (int i = 0; i < keep; ++i) sorted[i] = SampleKey(logits[idx[i]]);
   return DrawSorted(sorted.data(), idx.data(), keep, p, counter);
 }
 

@@ -625,10 +625,10 @@ class CudaBackend final : public Backend {
     }
     // Sorted on the device; the draw's sums in the CPU backend's order.
     const size_t scratch = cuda::SortScratchBytes(vocab);
-    float* sorted = sort_.Reserve(vocab);
+    float* sorted = sort_.Reserve(2 * static_cast<size_t>(vocab));
     int* ids = sort_ids_.Reserve(2 * static_cast<size_t>(vocab));
-    cuda::SortDescending(logits, vocab, sorted, ids + vocab, ids, sort_scratch_.Reserve(scratch),
-                         scratch, stream_);
+    cuda::SortDescending(logits, vocab, sorted, sorted + vocab, ids + vocab, ids,
+                         sort_scratch_.Reserve(scratch), scratch, stream_);
     const int keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
     host_sorted_.resize(keep);
     host_ids_.resize(keep);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -572,6 +573,8 @@ TEST(CudaBackend, SamplingDrawsTheCpuBackendsTokens) {
   const int vocab = 32000;
   auto logits = Random(vocab, 12, 8.0f);
   logits[777] = logits[123] = 20.0f;  // a tie: the lower id wins
+  // NaNs (id 0, others in the first stride and past it) rank as -inf.
+  for (int i : {0, 5, 1023, 1024, 20000}) logits[i] = std::numeric_limits<float>::quiet_NaN();
   OnDevice<float> dl(gpu, logits);
   EXPECT_EQ(gpu->Sample(dl.get(), vocab, {}, 0), 123);
   for (SamplingParams p : {SamplingParams{0.8f, 0, 1.0f, 7}, SamplingParams{1.0f, 40, 1.0f, 8},

@@ -169,12 +169,16 @@ void AttendTc(const AttentionProblem* problems, const int* first_block, int num_
               int total_blocks, int head_dim, cudaStream_t s);
 
 // --- sampling.cu ---
-// Greedy: the index of the largest logit, lowest on ties, into *out.
+// Greedy: the index of the largest logit (a NaN as -inf), lowest on ties,
+// into *out.
 void ArgMax(const float* logits, int vocab, int* out, cudaStream_t s);
-// Logits sorted descending with their ids (ascending among equal logits);
-// `scratch` of SortScratchBytes(vocab), ids_scratch [vocab].
+// Logits sorted descending with their ids (ascending among equal logits),
+// each ranked and returned as backend/sampling.h's SampleKey (a NaN as
+// -inf); `scratch` of SortScratchBytes(vocab), keys_scratch and
+// ids_scratch [vocab].
 size_t SortScratchBytes(int vocab);
-void SortDescending(const float* logits, int vocab, float* sorted, int* ids_scratch, int* ids,
-                    void* scratch, size_t scratch_bytes, cudaStream_t s);
+void SortDescending(const float* logits, int vocab, float* sorted, float* keys_scratch,
+                    int* ids_scratch, int* ids, void* scratch, size_t scratch_bytes,
+                    cudaStream_t s);
 
 }  // namespace failsafe::cuda

@@ -12,6 +12,9 @@ namespace {
 
 constexpr int kThreads = 1024;
 
+// backend/sampling.h's SampleKey: a NaN ranks as -inf.
+__device__ __forceinline__ float SampleKeyDevice(float x) { return x == x ? x : -INFINITY; }
+
 // One block: each thread the best of its stride, then a tree; the larger
 // logit wins, the lower index on ties (the CPU backend's rule).
 __global__ void ArgMaxKernel(const float* logits, int vocab, int* out) {
@@ -20,7 +23,7 @@ __global__ void ArgMaxKernel(const float* logits, int vocab, int* out) {
   float v = -FLT_MAX;
   int idx = -1;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float x = logits[i];
+    const float x = SampleKeyDevice(logits[i]);
     if (idx < 0 || x > v) {
       v = x;
       idx = i;
@@ -45,9 +48,12 @@ __global__ void ArgMaxKernel(const float* logits, int vocab, int* out) {
   if (threadIdx.x == 0) *out = best_i[0];
 }
 
-__global__ void IotaKernel(int* ids, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+// ids[i] = i and keys[i] = SampleKey(logits[i]), what the sort ranks by.
+__global__ void KeysKernel(const float* logits, float* keys, int* ids, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     ids[i] = i;
+    keys[i] = SampleKeyDevice(logits[i]);
+  }
 }
 
 }  // namespace
@@ -65,14 +71,15 @@ size_t SortScratchBytes(int vocab) {
   return bytes;
 }
 
-void SortDescending(const float* logits, int vocab, float* sorted, int* ids_scratch, int* ids,
-                    void* scratch, size_t scratch_bytes, cudaStream_t s) {
-  IotaKernel<<<(vocab + 255) / 256 < 1024 ? (vocab + 255) / 256 : 1024, 256, 0, s>>>(ids_scratch,
-                                                                                     vocab);
+void SortDescending(const float* logits, int vocab, float* sorted, float* keys_scratch,
+                    int* ids_scratch, int* ids, void* scratch, size_t scratch_bytes,
+                    cudaStream_t s) {
+  KeysKernel<<<(vocab + 255) / 256 < 1024 ? (vocab + 255) / 256 : 1024, 256, 0, s>>>(
+      logits, keys_scratch, ids_scratch, vocab);
   FS_CUDA_CHECK(cudaGetLastError());
   // Radix sort is stable: equal logits keep ascending ids.
-  FS_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(scratch, scratch_bytes, logits, sorted,
-                                                          ids_scratch, ids, vocab, 0,
+  FS_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(scratch, scratch_bytes, keys_scratch,
+                                                          sorted, ids_scratch, ids, vocab, 0,
                                                           static_cast<int>(sizeof(float) * 8), s));
 }
 

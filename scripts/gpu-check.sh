@@ -3,6 +3,9 @@
 # run that prints one summary:
 #   kernels      the CUDA backend against the CPU backend, kernel by kernel,
 #                and its batch invariance (fs_backend_tests' CUDA tests);
+#   peer-memory  CUDA IPC memory read through a killed owner's teardown
+#                (CudaPeerMemory): whether --peer-collectives' survivors
+#                stay well when a device dies mid-collective;
 #   torch-ref    logits against an independent PyTorch float64 forward pass
 #                on the same weights (tests/python/torch_reference.py, its
 #                tolerances per dtype), for each product mode (--gpu-gemm
@@ -200,7 +203,11 @@ stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,cl
   --format=csv; echo cuBLASLt: ${cublas:-not found}; '$bin/failsafe' --help >/dev/null && echo \
   'failsafe runs'; LD_LIBRARY_PATH='$libpath' ldd '$packed/failsafe' | grep -i 'not found' && \
   exit 1; true"
-stage kernels 300 "$bin/fs_backend_tests" --gtest_filter='*Cuda*' --gtest_brief=1
+stage kernels 300 "$bin/fs_backend_tests" --gtest_filter='*Cuda*:-CudaPeerMemory.*' --gtest_brief=1
+# CUDA IPC memory read while its owner is killed (what --peer-collectives
+# meets when a device dies mid-collective): a stage of its own, since a
+# reader that faults stops the program.
+stage peer-memory 120 "$bin/fs_backend_tests" --gtest_filter='CudaPeerMemory.*'
 stories=data/models/stories260K
 stage torch-ref-lt 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
   --engine-args "--gpus 0" --llama2c $stories/llama2c/stories260K.bin --converted $stories
@@ -287,5 +294,9 @@ fi
     [[ -e $f ]] || continue
     grep -E "^(ok|FAIL)" "$f" | sed "s/^/$(basename "$f" .log): /"
   done
+  if [[ -e $logs/peer-memory.log ]]; then
+    grep -E "killed owner|CUDA error|Failure" "$logs/peer-memory.log" | sed "s/^/peer-memory: /" ||
+      true
+  fi
 } | tee "$out/summary.txt"
 exit $failed

@@ -2,8 +2,15 @@
 // inputs; and its batch invariance. Skipped where no GPU is found (every
 // build machine): scripts/gpu-check.sh runs them on one.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -11,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/clock.h"
 #include "common/fixed_point.h"
 #include "model/safetensors.h"
 
@@ -721,6 +729,111 @@ TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {
     ASSERT_EQ(pinned[i], copied ? x[i] : 0.0f) << i;
     ASSERT_EQ(back[i], copied ? x[i] : y[i]) << i;
   }
+}
+
+// Peer memory (CUDA IPC) whose owner is killed while another process reads
+// it: CUDA documents reading memory whose owner freed it as undefined, and
+// a device process killed with -9 frees its memory. This is what
+// --peer-collectives meets when a device dies mid-collective. The owner
+// half runs as a process of its own (this program, spawned with a filter);
+// the reader sums through the mapping before, during and after the kill,
+// and must stay well. Last in the file: a reader that faults stops the
+// program (a CUDA error stops a device process).
+constexpr char kPeerOwnerEnv[] = "FAILSAFE_PEER_OWNER_OUT";
+constexpr size_t kPeerBytes = 4u << 20;
+
+TEST(CudaPeerMemory, Owner) {
+  const char* out = std::getenv(kPeerOwnerEnv);
+  if (!out) GTEST_SKIP() << "the owner half of CudaPeerMemory.ReaderOutlivesAKilledOwner";
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  auto mem = gpu->AllocatePeerMemory(kPeerBytes);
+  ASSERT_TRUE(mem.ok()) << mem.status().ToString();
+  const std::vector<float> ones(kPeerBytes / 4, 1.0f);
+  gpu->CopyToDevice(mem->data, ones.data(), kPeerBytes);
+  gpu->Synchronize();
+  const std::string tmp = std::string(out) + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(mem->handle.data(), 1, mem->handle.size(), f), mem->handle.size());
+  std::fclose(f);
+  ASSERT_EQ(std::rename(tmp.c_str(), out), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // the reader kills it
+}
+
+TEST(CudaPeerMemory, ReaderOutlivesAKilledOwner) {
+  if (std::getenv(kPeerOwnerEnv)) GTEST_SKIP() << "the owner's process";
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  char dir[] = "/tmp/failsafe-peer-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/handle";
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  env_strings.push_back(std::string(kPeerOwnerEnv) + "=" + path);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", filter = "--gtest_filter=CudaPeerMemory.Owner";
+  char* argv[] = {exe.data(), filter.data(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  // The owner goes with the test, whichever way it ends.
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid <= 0) return;
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+    }
+  } reap{pid};
+  std::string handle;
+  for (int i = 0; i < 6000 && handle.empty(); ++i) {
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+      char buf[Backend::kPeerHandleBytes];
+      handle.assign(buf, std::fread(buf, 1, sizeof(buf), f));
+      std::fclose(f);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ASSERT_FALSE(handle.empty()) << "the owner never published its memory";
+  auto opened = gpu->OpenPeerMemory(handle, kPeerBytes);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  const float* peer = static_cast<const float*>(*opened);
+  const size_t count = kPeerBytes / 4;
+  OnDevice<float> out(gpu, count);
+  const float* twice[2] = {peer, peer};
+  gpu->SumArrays(twice, 2, count, out.get());
+  for (float v : out.Read(gpu)) ASSERT_EQ(v, 2.0f);
+  ::kill(pid, SIGKILL);
+  // Through the owner's teardown and past it.
+  int sums = 0;
+  const int64_t t0 = MonotonicNanos();
+  while (MonotonicNanos() - t0 < 500000000) {
+    gpu->SumArrays(twice, 1, count, out.get());
+    gpu->Synchronize();
+    ++sums;
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  reap.pid = 0;
+  gpu->SumArrays(twice, 1, count, out.get());
+  const std::vector<float> after = out.Read(gpu);
+  size_t kept = 0;
+  for (float v : after) kept += v == 1.0f;
+  std::printf("%d sums through a killed owner's memory; after its exit %zu of %zu values kept\n",
+              sums, kept, count);
+  EXPECT_EQ(kept, count) << "the mapping no longer holds the owner's data";
+  gpu->ClosePeerMemory(*opened, kPeerBytes);
+  // The reader is well: its own memory sums.
+  OnDevice<float> ones(gpu, std::vector<float>(count, 1.0f));
+  const float* own[2] = {ones.get(), ones.get()};
+  gpu->SumArrays(own, 2, count, out.get());
+  for (float v : out.Read(gpu)) ASSERT_EQ(v, 2.0f);
+  std::remove(path.c_str());
+  ::rmdir(dir);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@
 # into it. Usage:
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
+#                        [--only STAGE,...]
 #                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
 #                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--peer]
 #                        [--budget SECONDS]
@@ -59,8 +60,10 @@
 # whole run's wall-clock seconds (e.g. a remote call's limit): each stage's
 # timeout is cut to what is left (a stage stopped there reads "CUT NAME"),
 # and once under a minute is left the remaining stages are skipped ("skip
-# NAME (budget)"), so that the summary still comes out. Exits 1 if any stage
-# failed or was cut.
+# NAME (budget)"), so that the summary still comes out. --skip leaves out
+# the named stages, --only runs none but them (the faults-* stages need
+# faults-model, which makes their model). --peer: the recovery experiment
+# with --peer-collectives. Exits 1 if any stage failed or was cut.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,6 +74,7 @@ compile=""
 mixtral_layers=4
 llama_layers=32
 skip=""
+only=""
 bench_modes="lt,fused,fused+tensor,fused+tensor+kvbf16"
 torch_bench=1
 recovery=""
@@ -85,6 +89,7 @@ while (($#)); do
     --mixtral-layers) mixtral_layers=$2; shift 2 ;;
     --llama-layers) llama_layers=$2; shift 2 ;;
     --skip) skip=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
     --bench-modes) bench_modes=$2; shift 2 ;;
     --no-torch-bench) torch_bench=0; shift ;;
     --budget) budget=$2; shift 2 ;;
@@ -162,7 +167,7 @@ failed=0
 stage() {
   local name=$1 limit=$2
   shift 2
-  if [[ ",$skip," == *",$name,"* ]]; then
+  if [[ ",$skip," == *",$name,"* ]] || [[ -n $only && ",$only," != *",$name,"* ]]; then
     results+=("skip $name")
     return
   fi

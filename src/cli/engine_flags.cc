@@ -216,6 +216,16 @@ Result<GpuGemm> ParseGpuGemm(const std::string& text) {
   return InvalidArgument("--gpu-gemm: unknown '{}' (known: lt, fused, chain)", text);
 }
 
+Result<RecoveryMode> ParseDeviceRecoveryMode(const std::string& name) {
+  FS_ASSIGN_OR_RETURN(RecoveryMode mode, ParseRecoveryMode(name));
+  if (mode == RecoveryMode::kOracle) {
+    return InvalidArgument(
+        "recovery mode 'oracle' is the simulator's ideal, not something devices do (known: "
+        "recompute, host, full)");
+  }
+  return mode;
+}
+
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, const DeviceFlags& f) {
   FS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(f.placement));
   FS_ASSIGN_OR_RETURN(std::vector<int> gpus, ParseGpus(f.gpus));
@@ -233,7 +243,12 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     return InvalidArgument("--remote-devices {} exceeds --devices {}", f.remote_devices, f.devices);
   }
   if (f.devices == 1 && !f.processes && f.listen.empty()) {
+    if (gpus.size() > 1) return InvalidArgument("--gpus: {} GPUs for 1 device", gpus.size());
     LocalExecutorOptions o;
+    if (!f.device_memory.empty()) {
+      FS_ASSIGN_OR_RETURN(o.device_memory_bytes, ParseBytes(f.device_memory));
+    }
+    o.max_step_tokens = f.max_step_tokens;
     o.threads = f.threads;
     o.block_size = f.block_size;
     o.kv_dtype = kv_dtype;
@@ -255,7 +270,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.max_seqs = f.max_seqs;
   FS_ASSIGN_OR_RETURN(o.backup_bytes, ParseBytes(f.backup_memory));
   FS_RETURN_IF_ERROR(ApplyTimeoutFlags(f, &o));
-  FS_RETURN_IF_ERROR(ParseRecoveryMode(f.recovery).status());
+  FS_RETURN_IF_ERROR(ParseDeviceRecoveryMode(f.recovery).status());
   o.num_devices = f.devices;
   o.policy = policy;
   o.threads_per_device = f.threads;

@@ -77,6 +77,10 @@ Status ApplyPrefixCacheFlag(const std::string& value, SchedulerConfig* config);
 // `host` asked for, and the executor keeps no host KV backup: an error.
 Status CheckPrefixCacheTier(const std::string& value, Executor& executor);
 
+// --recovery for real devices: recompute, host or full. The simulator's
+// oracle (an ideal recovery) is refused: devices would run it as a reload.
+Result<RecoveryMode> ParseDeviceRecoveryMode(const std::string& name);
+
 // An in-process executor for one device (unless --processes), else one worker
 // process per device.
 Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir,

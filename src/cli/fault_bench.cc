@@ -30,7 +30,7 @@ Result<std::unique_ptr<FaultServer>> StartFaultServer(const FaultServerOptions& 
   FS_ASSIGN_OR_RETURN(auto config, ModelConfig::Load(o.model_dir));
   FS_ASSIGN_OR_RETURN(auto sc, MakeSchedulerConfig("load-aware", "adaptive", o.max_batch_tokens,
                                                    o.max_num_seqs, config.max_position_embeddings));
-  FS_ASSIGN_OR_RETURN(auto mode, ParseRecoveryMode(o.dev.recovery));
+  FS_ASSIGN_OR_RETURN(auto mode, ParseDeviceRecoveryMode(o.dev.recovery));
   DeviceFlags dev = o.dev;
   dev.max_step_tokens = o.max_batch_tokens;
   dev.max_seqs = o.max_num_seqs;

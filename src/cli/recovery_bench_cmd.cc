@@ -189,6 +189,8 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
       const bool fresh = m == "fresh";
       DeviceFlags df = o->dev;
       df.devices = fresh ? o->devices - 1 : o->devices;
+      // Device processes even for one, with the measured runs' budgets.
+      df.processes = true;
       if (fresh && df.gpus.find(',') != std::string::npos) {
         // One id per device: the first devices - 1 of them.
         df.gpus.resize(df.gpus.rfind(','));
@@ -196,7 +198,7 @@ CommandFn RegisterRecoveryBench(CLI::App& app) {
       df.recovery = m == "none" || fresh ? "full" : m;
       df.max_step_tokens = o->max_step_tokens;
       df.max_seqs = std::max(256, o->requests);
-      auto mode = ParseRecoveryMode(df.recovery);
+      auto mode = ParseDeviceRecoveryMode(df.recovery);
       if (!mode.ok()) return Fail("--modes: " + mode.status().message());
       auto exec = MakeExecutor(dir, df);
       if (!exec.ok()) return Fail(exec.status().ToString());

@@ -78,7 +78,7 @@ CommandFn RegisterRun(CLI::App& app) {
     auto faults = ParseFaults(o->fail, o->dev.devices, o->time_scale);
     if (!faults.ok()) return Fail(faults.status().ToString());
     if (!faults->empty() && o->dev.devices == 1) return Fail("--fail needs more than one device");
-    auto mode = ParseRecoveryMode(o->dev.recovery);
+    auto mode = ParseDeviceRecoveryMode(o->dev.recovery);
     if (!mode.ok()) return Fail("--recovery: " + mode.status().message());
     o->dev.max_step_tokens = o->max_batch_tokens;
     o->dev.max_seqs = o->max_num_seqs;

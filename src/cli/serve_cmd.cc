@@ -157,7 +157,7 @@ CommandFn RegisterServe(CLI::App& app) {
     if (!sc.ok()) return Fail(sc.status().message());
     if (Status st = ApplyPrefixCacheFlag(o->prefix_cache, &*sc); !st.ok())
       return Fail(st.message());
-    auto mode = ParseRecoveryMode(o->dev.recovery);
+    auto mode = ParseDeviceRecoveryMode(o->dev.recovery);
     if (!mode.ok()) return Fail("--recovery: " + mode.status().message());
     Status signals = InstallSignalPipe();
     if (!signals.ok()) return Fail(signals.ToString());

@@ -5,6 +5,8 @@
 #include "engine/executor.h"
 #include "engine/kv_tables.h"
 #include "engine/local_executor.h"
+#include "engine/worker_group.h"
+#include "placement/plan_stats.h"
 
 namespace failsafe {
 
@@ -34,6 +36,18 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   d.kv_dtype = options.kv_dtype.value_or(DefaultKvDtype(e->host_->MatrixDType()));
   const int64_t slots = static_cast<int64_t>(e->config_.num_layers) * e->config_.num_kv_heads;
   d.kv_pages = options.kv_pages > 0 ? options.kv_pages : slots * (65536 / options.block_size);
+  if (options.kv_pages == 0 && options.device_memory_bytes > 0) {
+    // As a device process's budget: what the weights and the step's
+    // activations leave.
+    const int64_t page_bytes = 2LL * options.block_size * e->config_.head_dim *
+                               static_cast<int64_t>(DTypeSize(d.kv_dtype));
+    FS_ASSIGN_OR_RETURN(
+        std::vector<int64_t> pages,
+        KvPagesWithinBudget(plan, e->config_, options.device_memory_bytes,
+                            ActivationReserveBytes(e->config_, options.max_step_tokens),
+                            page_bytes));
+    d.kv_pages = pages[0];
+  }
   e->device_ = std::make_unique<DeviceModel>(e->config_, 0, e->backend_.get(), d);
   FS_RETURN_IF_ERROR(e->device_->LoadShare(plan, *e->host_));
   return e;

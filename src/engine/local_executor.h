@@ -19,7 +19,11 @@ namespace failsafe {
 struct LocalExecutorOptions {
   int threads = 1;
   int block_size = 16;
-  int64_t kv_pages = 0;  // 0: enough for 64K tokens
+  int64_t kv_pages = 0;  // 0: enough for 64K tokens, or what device_memory_bytes leaves
+  // Memory of the device (weights + KV + activations of max_step_tokens), as
+  // WorkerGroupOptions::device_memory_bytes; 0: no limit.
+  int64_t device_memory_bytes = 0;
+  int max_step_tokens = 2048;
   // Of the KV pages (KvCache); unset: the model's (DefaultKvDtype).
   std::optional<DType> kv_dtype = DType::kF32;
   // The CPU kernels' instruction-set level; unset: the best the CPU has.

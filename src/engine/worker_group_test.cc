@@ -29,6 +29,7 @@
 #include "engine/test_support.h"
 #include "engine/worker_group.h"
 #include "model/synthetic.h"
+#include "placement/plan_stats.h"
 
 namespace failsafe {
 namespace {
@@ -330,6 +331,26 @@ TEST(WorkerGroup, BadInputFailsBeforeAnyProcessStarts) {
   auto st = WorkerGroup::Start(o).status();
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("device 0 needs"), std::string::npos) << st.message();
+}
+
+// One device in this process keeps the budget a device process keeps: the
+// KV pool is what the weights and a step's activations leave of it.
+TEST(LocalExecutor, KeepsItsDeviceMemory) {
+  const std::string& dir = ModelDir("tiny-llama");
+  auto open = LocalExecutor::Create(dir, {});
+  ASSERT_TRUE(open.ok()) << open.status().ToString();
+  const Executor& unlimited = **open;
+  const int64_t weights = PlanCosts(unlimited.plan(), unlimited.config())[0].weight_bytes;
+  LocalExecutorOptions o;
+  o.max_step_tokens = 256;
+  const int64_t reserve = ActivationReserveBytes(unlimited.config(), o.max_step_tokens);
+  o.device_memory_bytes = weights + reserve + 1000 * unlimited.kv_page_bytes();
+  auto budgeted = LocalExecutor::Create(dir, o);
+  ASSERT_TRUE(budgeted.ok()) << budgeted.status().ToString();
+  EXPECT_EQ((*budgeted)->kv_capacity_pages()[0], 1000);
+  EXPECT_LT((*budgeted)->kv_capacity_pages()[0], unlimited.kv_capacity_pages()[0]);
+  o.device_memory_bytes = weights;  // no room for a step, let alone KV
+  EXPECT_EQ(LocalExecutor::Create(dir, o).status().code(), StatusCode::kResourceExhausted);
 }
 
 // Worker processes wait passively where the host's devices' threads

@@ -76,7 +76,8 @@ class Worker {
             return FailedPrecondition("the coordinator speaks protocol version {}, this worker {}",
                                       init.protocol_version, kWorkerProtocolVersion);
           }
-          const bool has_backup = decoded && r.Get<uint8_t>() != 0;
+          if (!decoded) return InvalidArgument("malformed init");
+          const bool has_backup = r.Get<uint8_t>() != 0;
           if (has_backup) backup = r.Get<BackupHeader>();
           if (!r.ok()) return InvalidArgument("malformed init");
           if (!model_dir_.empty()) init.model_dir = model_dir_;

@@ -346,8 +346,8 @@ class Backend : public DeviceMemory {
   // exact partial sums.
   virtual void AddFixedTo(const int64_t* acc, float* x, int64_t n) = 0;
   // out[i] = srcs[0][i] + srcs[1][i] + ... + srcs[n - 1][i], i < count, added
-  // in that order (float: each addition rounded, as ShmCommunicator sums;
-  // int64_t: fixed-point sums, wrapping). srcs: a host array of n device
+  // in that order (common/ordered_sums.h: float, each addition rounded;
+  // int64_t, fixed-point sums wrapping). srcs: a host array of n device
   // pointers, this backend's memory or peers' (OpenPeerMemory); `out` is
   // none of them.
   virtual void SumArrays(const float* const* srcs, int n, size_t count, float* out) = 0;

@@ -6,55 +6,13 @@
 #include "comm/futex.h"
 #include "common/check.h"
 #include "common/clock.h"
-#include "common/fixed_point.h"
+#include "common/ordered_sums.h"
 
 namespace failsafe {
 
 namespace {
 
 constexpr uint64_t kMagic = 0x4653434f4d4d3031ULL;  // "FSCOMM01"
-// All-reduces whose total traffic (payload x members) exceeds this use
-// reduce-scatter + all-gather.
-constexpr size_t kScatterThresholdBytes = 1 << 20;
-
-template <typename T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  typedef float V __attribute__((vector_size(64), aligned(4)));
-  static V Add(V a, V b) { return a + b; }
-  static float Add(float a, float b) { return a + b; }
-};
-template <>
-struct Lanes<int64_t> {
-  // Fixed-point sums: AddFixed, lane by lane (unsigned lanes wrap as it does).
-  typedef uint64_t V __attribute__((vector_size(64), aligned(8)));
-  static V Add(V a, V b) { return a + b; }
-  static int64_t Add(int64_t a, int64_t b) { return AddFixed(a, b); }
-};
-
-// out[i] = sum over members in rank order of slot[m][i], for i in [begin, end).
-template <typename T>
-void SumSlots(const char* const* slots, int members, size_t begin, size_t end, T* out) {
-  using L = Lanes<T>;
-  constexpr size_t kLanes = 64 / sizeof(T);
-  size_t i = begin;
-  for (; i + kLanes <= end; i += kLanes) {
-    typename L::V acc;
-    std::memcpy(&acc, reinterpret_cast<const T*>(slots[0]) + i, 64);
-    for (int m = 1; m < members; ++m) {
-      typename L::V v;
-      std::memcpy(&v, reinterpret_cast<const T*>(slots[m]) + i, 64);
-      acc = L::Add(acc, v);
-    }
-    std::memcpy(out + i, &acc, 64);
-  }
-  for (; i < end; ++i) {
-    T acc = reinterpret_cast<const T*>(slots[0])[i];
-    for (int m = 1; m < members; ++m) acc = L::Add(acc, reinterpret_cast<const T*>(slots[m])[i]);
-    out[i] = acc;
-  }
-}
 
 }  // namespace
 
@@ -157,15 +115,15 @@ Status ShmCommunicator::Reduce(T* data, size_t count) {
 template <typename T>
 Status ShmCommunicator::ReduceDirect(T* data, size_t count) {
   const size_t chunk = slot_bytes_ / sizeof(T);
-  const char* slots[64];
+  const T* slots[64];
   FS_CHECK(size_ <= 64);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
     const int buf = static_cast<int>(ops_++ & 1);
     std::memcpy(Slot(buf, rank_), data + off, n * sizeof(T));
     FS_RETURN_IF_ERROR(Barrier());
-    for (int m = 0; m < size_; ++m) slots[m] = Slot(buf, m);
-    SumSlots(slots, size_, 0, n, data + off);
+    for (int m = 0; m < size_; ++m) slots[m] = reinterpret_cast<const T*>(Slot(buf, m));
+    SumInOrder(slots, size_, 0, n, data + off);
   }
   return Status::Ok();
 }
@@ -173,7 +131,7 @@ Status ShmCommunicator::ReduceDirect(T* data, size_t count) {
 template <typename T>
 Status ShmCommunicator::ReduceScatterGather(T* data, size_t count) {
   const size_t chunk = slot_bytes_ / sizeof(T);
-  const char* slots[64];
+  const T* slots[64];
   FS_CHECK(size_ <= 64);
   T* result = reinterpret_cast<T*>(ResultArea());
   for (size_t off = 0; off < count; off += chunk) {
@@ -181,13 +139,10 @@ Status ShmCommunicator::ReduceScatterGather(T* data, size_t count) {
     const int buf = static_cast<int>(ops_++ & 1);
     std::memcpy(Slot(buf, rank_), data + off, n * sizeof(T));
     FS_RETURN_IF_ERROR(Barrier());
-    // This member's piece: a whole number of vectors, the pieces together
-    // at least n (n / size_ rounded up before the vectors).
-    const size_t lanes = 64 / sizeof(T);
-    const size_t per = ((n + size_ - 1) / size_ + lanes - 1) / lanes * lanes;
-    const size_t b = std::min(n, per * rank_), e = std::min(n, b + per);
-    for (int m = 0; m < size_; ++m) slots[m] = Slot(buf, m);
-    SumSlots(slots, size_, b, e, result);
+    size_t b, e;
+    ScatterPiece<T>(n, size_, rank_, &b, &e);
+    for (int m = 0; m < size_; ++m) slots[m] = reinterpret_cast<const T*>(Slot(buf, m));
+    SumInOrder(slots, size_, b, e, result);
     FS_RETURN_IF_ERROR(Barrier());
     std::memcpy(data + off, result, n * sizeof(T));
   }

@@ -23,6 +23,10 @@ namespace failsafe {
 
 class ShmCommunicator final : public Communicator {
  public:
+  // All-reduces whose total traffic (payload x members) exceeds this use
+  // reduce-scatter + all-gather.
+  static constexpr size_t kScatterThresholdBytes = 1 << 20;
+
   // Creates a region for `members` with slots of `slot_bytes`.
   static Result<ShmRegion> CreateRegion(int members, size_t slot_bytes);
   // Aborts the group whose region this is (callable from any process).

@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "common/ordered_sums.h"
 
 namespace failsafe {
 
@@ -94,7 +95,7 @@ Status PeerReducer::SetUp(Communicator& comm, bool* ready) {
   std::vector<std::string> handles;
   member_base_.assign(static_cast<size_t>(size), nullptr);
   uint32_t mapped = 1;
-  for (int m = 0; m < size && mapped; ++m) {
+  for (int m = 0; m < size; ++m) {
     const Offer& o = offers[static_cast<size_t>(m)];
     if (!o.ok || o.handle_bytes > sizeof(o.handle)) {
       mapped = 0;
@@ -123,8 +124,9 @@ Status PeerReducer::SetUp(Communicator& comm, bool* ready) {
   std::vector<uint32_t> all(static_cast<size_t>(size));
   FS_RETURN_IF_ERROR(comm.AllGather(&mapped, sizeof(mapped), all.data()));
   *ready = std::all_of(all.begin(), all.end(), [](uint32_t v) { return v != 0; });
-  if (*ready) FS_LOG_DEBUG("all-reduces read the {} members' device memory", size);
-  if (!*ready) {
+  if (*ready) {
+    FS_LOG_DEBUG("all-reduces read the {} members' device memory", size);
+  } else {
     if (why.empty()) why = "another member could not map every peer's memory";
     if (why != why_not_) FS_LOG_INFO("collectives stage through the host: {}", why);
     why_not_ = why;
@@ -159,11 +161,8 @@ Status PeerReducer::Reduce(Communicator& comm, T* data, size_t count) {
       backend_->SumArrays(srcs, size, n, data + off);
       continue;
     }
-    // Each member's piece: a whole number of 64-byte lines, the pieces
-    // together at least n.
-    const size_t lanes = 64 / sizeof(T), members = static_cast<size_t>(size);
-    const size_t per = ((n + members - 1) / members + lanes - 1) / lanes * lanes;
-    const size_t b = std::min(n, per * static_cast<size_t>(rank)), e = std::min(n, b + per);
+    size_t b, e;
+    ScatterPiece<T>(n, size, rank, &b, &e);
     if (e > b) {
       for (int m = 0; m < size; ++m) srcs[m] = reinterpret_cast<const T*>(Slot(m, slot)) + b;
       backend_->SumArrays(srcs, size, e - b, reinterpret_cast<T*>(Slot(rank, 2)));
@@ -171,7 +170,8 @@ Status PeerReducer::Reduce(Communicator& comm, T* data, size_t count) {
     backend_->Synchronize();
     FS_RETURN_IF_ERROR(comm.Barrier());
     for (int m = 0; m < size; ++m) {
-      const size_t mb = std::min(n, per * static_cast<size_t>(m)), me = std::min(n, mb + per);
+      size_t mb, me;
+      ScatterPiece<T>(n, size, m, &mb, &me);
       if (me > mb) backend_->CopyOnDevice(data + off + mb, Slot(m, 2), (me - mb) * sizeof(T));
     }
   }

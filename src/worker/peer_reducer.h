@@ -37,6 +37,7 @@
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "comm/shm_communicator.h"
 #include "common/status.h"
 
 namespace failsafe {
@@ -48,7 +49,7 @@ class PeerReducer {
   // A chunk whose traffic (bytes x members) is above this goes as
   // reduce-scatter + all-gather (each member reads each byte of the group's
   // once, not once per member), as ShmCommunicator's.
-  static constexpr size_t kDefaultScatterBytes = 1u << 20;
+  static constexpr size_t kDefaultScatterBytes = ShmCommunicator::kScatterThresholdBytes;
   // The device memory a member holds for it (three slots), which a device
   // budget sets aside.
   static constexpr size_t kMemoryBytes = 3 * kDefaultSlotBytes;

@@ -11,6 +11,7 @@
 #include "backend/cpu/unit_shares.h"
 #include "backend/peer_memory.h"
 #include "common/fixed_point.h"
+#include "common/ordered_sums.h"
 
 namespace failsafe {
 namespace {
@@ -136,10 +137,10 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) x[i] += FromFixed(acc[i]);
   }
   void SumArrays(const float* const* srcs, int n, size_t count, float* out) override {
-    SumInOrder(srcs, n, count, out, [](float a, float b) { return a + b; });
+    SumInOrder(srcs, n, 0, count, out);
   }
   void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out) override {
-    SumInOrder(srcs, n, count, out, [](int64_t a, int64_t b) { return AddFixed(a, b); });
+    SumInOrder(srcs, n, 0, count, out);
   }
   void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) override {
     for (int r = 0; r < rows; ++r) {
@@ -271,27 +272,6 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // out[i] = ((srcs[0][i] + srcs[1][i]) + ...) by `add`, 64 bytes of
-  // lanes at a time.
-  template <typename T, typename Add>
-  static void SumInOrder(const T* const* srcs, int n, size_t count, T* out, Add add) {
-    constexpr size_t kLanes = 64 / sizeof(T);
-    size_t i = 0;
-    for (; i + kLanes <= count; i += kLanes) {
-      T acc[kLanes];
-      std::memcpy(acc, srcs[0] + i, sizeof(acc));
-      for (int m = 1; m < n; ++m) {
-        for (size_t l = 0; l < kLanes; ++l) acc[l] = add(acc[l], srcs[m][i + l]);
-      }
-      std::memcpy(out + i, acc, sizeof(acc));
-    }
-    for (; i < count; ++i) {
-      T acc = srcs[0][i];
-      for (int m = 1; m < n; ++m) acc = add(acc, srcs[m][i]);
-      out[i] = acc;
-    }
-  }
-
   const int threads_;
   const cpu::LinearOptions linear_;
   std::map<void*, HostPeerMemory> peer_;  // AllocatePeerMemory's, by their data

@@ -82,8 +82,9 @@ class Executor {
   virtual int block_size() const = 0;
   // What the KV pages hold (f32 or bf16), and the bytes of one page.
   virtual DType kv_dtype() const { return DType::kF32; }
-  int64_t kv_page_bytes() const {
-    return 2LL * block_size() * config().head_dim * static_cast<int64_t>(DTypeSize(kv_dtype()));
+  int64_t kv_page_bytes() const { return KvPageBytes(config(), block_size(), kv_dtype()); }
+  static int64_t KvPageBytes(const ModelConfig& config, int block_size, DType kv_dtype) {
+    return 2LL * block_size * config.head_dim * static_cast<int64_t>(DTypeSize(kv_dtype));
   }
 
   // Fault tolerance; executors of one device support none of it.

@@ -39,13 +39,11 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
   if (options.kv_pages == 0 && options.device_memory_bytes > 0) {
     // As a device process's budget: what the weights and the step's
     // activations leave.
-    const int64_t page_bytes = 2LL * options.block_size * e->config_.head_dim *
-                               static_cast<int64_t>(DTypeSize(d.kv_dtype));
     FS_ASSIGN_OR_RETURN(
         std::vector<int64_t> pages,
         KvPagesWithinBudget(plan, e->config_, options.device_memory_bytes,
                             ActivationReserveBytes(e->config_, options.max_step_tokens),
-                            page_bytes));
+                            KvPageBytes(e->config_, options.block_size, d.kv_dtype)));
     d.kv_pages = pages[0];
   }
   e->device_ = std::make_unique<DeviceModel>(e->config_, 0, e->backend_.get(), d);

@@ -13,10 +13,14 @@ shift 7
 dir=$models/recovery-llama-8b
 trap 'rm -rf "$dir"' EXIT
 python3 "$(dirname "$0")/make_model.py" --shape llama-3.1-8b --layers "$layers" --out "$dir"
+# The host KV backup holds every sequence's keys and values (bf16: 8 KV
+# heads x 128 x 2 x 2 bytes a position and layer), a quarter and a GiB over:
+# every device process page-locks it.
+backup_gib=$(((requests * (prompt + 64 + 16) * layers * 4096 * 5 / 4 >> 30) + 1))
 gpus=0
 for ((d = 1; d < devices; ++d)); do gpus+=",0"; done
 "$bin/failsafe" recovery-bench --model "$dir" --devices "$devices" --gpus "$gpus" \
   --requests "$requests" --prompt-tokens "$prompt" --output-tokens 64 --fail-decode-step 16 \
-  --window 16 --fresh --max-step-tokens 2048 --kv-dtype bf16 --backup-memory 48GiB \
+  --window 16 --fresh --max-step-tokens 2048 --kv-dtype bf16 --backup-memory "${backup_gib}GiB" \
   --device-memory "$((100 / devices))GiB" --gpu-gemm fused --json "$@" | tee "$out/recovery.txt"
 tail -1 "$out/recovery.txt" >"$out/recovery.json"

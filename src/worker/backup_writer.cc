@@ -53,8 +53,9 @@ void BackupWriter::Run() {
     copies_.clear();
     for (const auto& c : job.copies) {
       const size_t n = static_cast<size_t>((c.to - c.from) * row);  // bytes of K, and of V
-      copies_.push_back({c.dst + c.from * row, c.page + c.from * row, n});
-      copies_.push_back({c.dst + (bs + c.from) * row, c.page + (bs + c.from) * row, n});
+      DeviceMemory::AppendCopy(copies_, {c.dst + c.from * row, c.page + c.from * row, n});
+      DeviceMemory::AppendCopy(copies_,
+                               {c.dst + (bs + c.from) * row, c.page + (bs + c.from) * row, n});
       bytes_copied_ += static_cast<int64_t>(2 * n);
     }
     memory_->BackgroundCopiesToHost(copies_.data(), copies_.size());

@@ -156,8 +156,9 @@ int64_t DeviceModel::CopyFromBackup(int64_t seq_id, int slot, int block, int32_t
   const char* src = backup_layout_.Slot(backup_base_, backup_block, layer, head);
   char* page = reinterpret_cast<char*>(kv_.Page(seq_id, slot, block));
   const size_t bytes = static_cast<size_t>(rows * row);
-  batch.push_back({page, src, bytes});  // K, then V a block further
-  batch.push_back({page + bs * row, src + bs * row, bytes});
+  // K, then V a block further: one copy where the rows are the whole block.
+  DeviceMemory::AppendCopy(batch, {page, src, bytes});
+  DeviceMemory::AppendCopy(batch, {page + bs * row, src + bs * row, bytes});
   return 2LL * rows * row;
 }
 

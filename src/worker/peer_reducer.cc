@@ -33,6 +33,12 @@ PeerReducer::~PeerReducer() {
 }
 
 void PeerReducer::CloseUnused(const std::vector<std::string>& keep) {
+  // A sum launched before (one of a step a failed barrier cut short) may
+  // still read a mapping let go here: none does once the device is idle.
+  const bool closing = std::any_of(opened_.begin(), opened_.end(), [&](const auto& o) {
+    return std::find(keep.begin(), keep.end(), o.first) == keep.end();
+  });
+  if (closing) backend_->Synchronize();
   for (auto it = opened_.begin(); it != opened_.end();) {
     if (std::find(keep.begin(), keep.end(), it->first) != keep.end()) {
       ++it;

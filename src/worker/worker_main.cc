@@ -36,6 +36,11 @@ class Worker {
     // heartbeat reads it: both let go before the region is unmapped.
     comm_.reset();
     if (link_) link_->SetProgressSlot(nullptr);
+    // The backend lets go of the shared regions it page-locked while they
+    // are still mapped (they are declared after it).
+    backup_writer_.reset();
+    device_.reset();
+    backend_.reset();
   }
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;

@@ -562,5 +562,34 @@ TEST(Softcap, BoundsLogitsByTheCap) {
   }
 }
 
+// A batch of host copies: a copy that continues the last on both sides
+// joins it (a page's keys then values), any other starts a copy of its own,
+// and the bytes moved are those asked for.
+TEST(HostCopies, ACopyContinuingTheLastJoinsIt) {
+  std::vector<char> src(1000), dst(1000, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 1);
+  std::vector<DeviceMemory::HostCopy> batch;
+  DeviceMemory::AppendCopy(batch, {dst.data(), src.data(), 100});
+  DeviceMemory::AppendCopy(batch, {dst.data() + 100, src.data() + 100, 50});  // joins
+  DeviceMemory::AppendCopy(batch, {dst.data() + 150, src.data() + 160, 10});  // source skips
+  DeviceMemory::AppendCopy(batch, {dst.data() + 170, src.data() + 170, 10});  // destination skips
+  DeviceMemory::AppendCopy(batch, {dst.data() + 180, src.data() + 180, 0});   // nothing
+  DeviceMemory::AppendCopy(batch, {dst.data() + 180, src.data() + 180, 20});  // joins
+  DeviceMemory::AppendCopy(batch, {dst.data() + 500, src.data() + 600, 30});
+  ASSERT_EQ(batch.size(), 4u);
+  EXPECT_EQ(batch[0].bytes, 150u);
+  EXPECT_EQ(batch[1].bytes, 10u);
+  EXPECT_EQ(batch[2].bytes, 30u);
+  EXPECT_EQ(batch[3].bytes, 30u);
+  auto cpu = MakeCpuBackend(1);
+  cpu->BackgroundCopiesToHost(batch.data(), batch.size());
+  std::vector<char> want(1000, 0);
+  std::memcpy(want.data(), src.data(), 150);
+  std::memcpy(want.data() + 150, src.data() + 160, 10);
+  std::memcpy(want.data() + 170, src.data() + 170, 30);
+  std::memcpy(want.data() + 500, src.data() + 600, 30);
+  EXPECT_EQ(dst, want);
+}
+
 }  // namespace
 }  // namespace failsafe

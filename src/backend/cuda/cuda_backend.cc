@@ -4,10 +4,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -60,7 +64,6 @@ class CudaBackend final : public Backend {
     if (e != cudaSuccess) return FailedPrecondition("GPU {}: {}", gpu_, cudaGetErrorString(e));
     FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, gpu_));
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    FS_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
     GrowRing(graphs_enabled_ ? kGraphRingBytes : kRingBytes);
     lt_ = std::make_unique<cuda::LtGemm>(stream_);
@@ -72,6 +75,8 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     ForgetGraphs();
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    pin_stop_.store(true);
+    for (std::thread& t : pinners_) t.join();
     for (const auto& region : pinned_host_) cudaHostUnregister(region.first);
     x16_ = DeviceArray<uint16_t>();
     parts_ = DeviceArray<float>();
@@ -83,7 +88,7 @@ class CudaBackend final : public Backend {
     if (ring_) cudaFree(ring_);
     if (pinned_) cudaFreeHost(pinned_);
     if (result_) cudaFreeHost(result_);
-    cudaStreamDestroy(copy_stream_);
+    for (const auto& [thread, stream] : copy_streams_) cudaStreamDestroy(stream);
     cudaStreamDestroy(stream_);
   }
 
@@ -124,15 +129,15 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     if (PinnedHere(src)) FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  // Whether p lies in a region PinHostMemory page-locked (a few: the shared
-  // regions a device process maps).
-  bool PinnedHere(const void* p) const {
-    const auto* c = static_cast<const unsigned char*>(p);
-    for (const auto& [base, bytes] : pinned_host_) {
-      const auto* b = static_cast<const unsigned char*>(base);
-      if (c >= b && c < b + bytes) return true;
+  // Whether p lies in host memory page-locked for CUDA (by PinHostMemory or
+  // anyone else in this process).
+  static bool PinnedHere(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // not sticky
+      return false;
     }
-    return false;
+    return a.type == cudaMemoryTypeHost;
   }
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -167,29 +172,68 @@ class CudaBackend final : public Backend {
   void BackgroundCopiesToDevice(const HostCopy* copies, size_t n) override {
     BackgroundCopies(copies, n, cudaMemcpyHostToDevice);
   }
-  // On the copy stream, from any thread, one wait for them all.
+  // On the calling thread's copy stream, one wait for them all: the backup
+  // writer, a background restore and the compute thread's host-tier hits
+  // never queue behind one another's jobs.
   void BackgroundCopies(const HostCopy* copies, size_t n, cudaMemcpyKind kind) {
-    std::lock_guard<std::mutex> lock(copy_mu_);
     FS_CUDA_CHECK(cudaSetDevice(gpu_));  // this thread's device
+    const cudaStream_t stream = CopyStream();
     size_t issued = 0;
     for (size_t i = 0; i < n; ++i) {
       if (copies[i].bytes == 0) continue;
-      FS_CUDA_CHECK(
-          cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, kind, copy_stream_));
+      FS_CUDA_CHECK(cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, kind, stream));
       ++issued;
     }
-    if (issued > 0) FS_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    if (issued > 0) FS_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
+  cudaStream_t CopyStream() {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    cudaStream_t& s = copy_streams_[std::this_thread::get_id()];
+    if (!s) FS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }
+  // A region up to kPinAtOnceBytes is locked before this returns; a larger
+  // one (the KV backup, tens of GiB that every device process maps) in
+  // pieces by a thread of its own, so that a device process (a replacement
+  // too) starts without waiting for it. A copy from a piece not yet locked
+  // goes as from pageable memory: slower, and as correct.
+  static constexpr size_t kPinAtOnceBytes = size_t{1} << 30;
+  static constexpr size_t kPinPieceBytes = size_t{256} << 20;
   void PinHostMemory(void* p, size_t bytes) override {
     if (!p || bytes == 0) return;
+    if (bytes <= kPinAtOnceBytes) {
+      PinPiece(p, bytes);
+      return;
+    }
+    pinners_.emplace_back([this, p, bytes] {
+      if (cudaSetDevice(gpu_) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      size_t done = 0;
+      while (done < bytes && !pin_stop_.load()) {
+        const size_t piece = std::min(kPinPieceBytes, bytes - done);
+        if (!PinPiece(static_cast<char*>(p) + done, piece)) break;
+        done += piece;
+      }
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      FS_LOG_INFO("page-locked {:.2f} of {:.2f} GiB of host memory in {:.2f} s",
+                  done / 1073741824.0, bytes / 1073741824.0, s);
+    });
+  }
+  bool PinPiece(void* p, size_t bytes) {
     const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
     if (e != cudaSuccess) {
       cudaGetLastError();  // not sticky: clear it
       FS_LOG_WARN("host memory of {} bytes stays pageable (copies slower): {}", bytes,
                   cudaGetErrorString(e));
-      return;
+      return false;
     }
+    std::lock_guard<std::mutex> lock(copy_mu_);
     pinned_host_.push_back({p, bytes});
+    return true;
   }
   // On the copy stream, from any thread, complete on return.
   void BackgroundCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -211,6 +255,7 @@ class CudaBackend final : public Backend {
   struct IpcHandle {
     uint32_t magic;
     char boot_id[36];
+    uint64_t bytes;  // the allocation's: an open asking for more is refused
     cudaIpcMemHandle_t ipc;
   };
   static_assert(sizeof(IpcHandle) <= kPeerHandleBytes);
@@ -229,6 +274,7 @@ class CudaBackend final : public Backend {
     IpcHandle h{};
     h.magic = kIpcMagic;
     std::memcpy(h.boot_id, HostBootId().data(), sizeof(h.boot_id));
+    h.bytes = bytes;
     e = cudaIpcGetMemHandle(&h.ipc, p);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -238,7 +284,7 @@ class CudaBackend final : public Backend {
     return PeerMemory{p, std::string(reinterpret_cast<const char*>(&h), sizeof(h))};
   }
   void FreePeerMemory(void* p, size_t bytes) override { Free(p, bytes); }
-  Result<void*> OpenPeerMemory(const std::string& handle, size_t) override {
+  Result<void*> OpenPeerMemory(const std::string& handle, size_t bytes) override {
     IpcHandle h;
     if (handle.size() != sizeof(h)) return InvalidArgument("not a CUDA peer-memory handle");
     std::memcpy(&h, handle.data(), sizeof(h));
@@ -247,6 +293,8 @@ class CudaBackend final : public Backend {
         std::memcmp(h.boot_id, HostBootId().data(), sizeof(h.boot_id)) != 0) {
       return Unavailable("peer memory of another host");
     }
+    if (h.bytes < bytes)
+      return InvalidArgument("peer memory of {} bytes, {} asked for", h.bytes, bytes);
     void* p = nullptr;
     const cudaError_t e = cudaIpcOpenMemHandle(&p, h.ipc, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
@@ -270,6 +318,7 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaEventRecord(marks_[marks_used_++], stream_));
   }
   std::vector<double> TakeMarks() override {
+    FS_CHECK_MSG(graph_ == Graph::kOff, "marks taken inside a graphed step");
     std::vector<double> out(marks_used_, 0.0);
     if (marks_used_ > 0) FS_CUDA_CHECK(cudaEventSynchronize(marks_[marks_used_ - 1]));
     for (size_t i = 1; i < marks_used_; ++i) {
@@ -735,10 +784,10 @@ class CudaBackend final : public Backend {
 
   const int gpu_;
   const GpuGemm gemm_;
-  int sms_ = 1;                         // multiprocessors
-  cudaStream_t stream_ = nullptr;       // every kernel and copy of the compute thread
-  cudaStream_t copy_stream_ = nullptr;  // BackgroundCopyToHost
-  std::mutex copy_mu_;
+  int sms_ = 1;                    // multiprocessors
+  cudaStream_t stream_ = nullptr;  // every kernel and copy of the compute thread
+  std::mutex copy_mu_;             // guards copy_streams_ and pinned_host_
+  std::map<std::thread::id, cudaStream_t> copy_streams_;  // Background copies: by thread
   std::unique_ptr<cuda::LtGemm> lt_;
   void* ring_ = nullptr;    // device side of the upload ring
   void* pinned_ = nullptr;  // its host side
@@ -773,8 +822,10 @@ class CudaBackend final : public Backend {
   std::vector<size_t> capture_uploads_;
   StepGraph* replay_ = nullptr;
   size_t upload_index_ = 0;
-  std::vector<std::pair<void*, size_t>> pinned_host_;  // PinHostMemory's regions
-  std::vector<cudaEvent_t> marks_;                     // Mark(): the first marks_used_ recorded
+  std::vector<std::pair<void*, size_t>> pinned_host_;  // PinHostMemory's pieces
+  std::vector<std::thread> pinners_;                   // PinHostMemory of large regions
+  std::atomic<bool> pin_stop_{false};
+  std::vector<cudaEvent_t> marks_;  // Mark(): the first marks_used_ recorded
   size_t marks_used_ = 0;
 };
 

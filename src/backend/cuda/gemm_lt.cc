@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "common/log.h"
 
 namespace failsafe::cuda {
 
@@ -242,8 +243,15 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
     }
   }
   // Without a reference that keeps its rows, the family is not cuBLASLt's
-  // (the caller takes its own kernels).
+  // (the caller takes its own kernels: other bits than cuBLASLt's, which a
+  // placement that cuts this weight otherwise may not share).
   f.usable = found;
+  if (!found) {
+    FS_LOG_WARN(
+        "cuBLASLt keeps no row's bits for n {} k {} batch {}: the engine's own kernels "
+        "take these products",
+        p.n, p.k, p.batch);
+  }
   // A band's own: of the candidates that give the reference's bits at its
   // smallest and largest m, the fastest at its smallest (decode's one row
   // reads the whole weight: an algorithm whose tiles leave most
@@ -272,9 +280,28 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
     double best = seconds(last.algo, lo);
     int checked = 0;
     bool own = false;
+    // Where a candidate must give the reference's bits: the band's ends,
+    // the rows beside them, its middle and the powers of two inside it (the
+    // row counts where tiles change), so that the fastest is as m-invariant
+    // as the first that passed, whichever a process finds fastest.
+    std::vector<int> at = {hi, lo};
+    for (int m : {lo + 1, (lo + hi) / 2, hi - 1}) {
+      if (m > lo && m < hi) at.push_back(m);
+    }
+    for (int m = 2; m < hi; m *= 2) {
+      if (m > lo) at.push_back(m);
+    }
+    std::sort(at.begin() + 2, at.end());
+    at.erase(std::unique(at.begin() + 2, at.end()), at.end());
     for (const auto& algo : candidates(hi)) {
-      if (!Launch(f, algo, p, hi, xp, dcand, false) || differs(hi) != 0) continue;
-      if (!Launch(f, algo, p, lo, xp, dcand, false) || differs(lo) != 0) continue;
+      bool keeps = true;
+      for (int m : at) {
+        if (!Launch(f, algo, p, m, xp, dcand, false) || differs(m) != 0) {
+          keeps = false;
+          break;
+        }
+      }
+      if (!keeps) continue;
       ++checked;
       const double t = seconds(algo, lo);
       if (t < 0 || (best >= 0 && t >= best)) continue;

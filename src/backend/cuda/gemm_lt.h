@@ -8,8 +8,9 @@
 // gets its algorithms once: one for each band of m, the largest band's
 // (the reference) checked to give a row the same bits at 7 rows and at the
 // band's size, every other band's chosen among the heuristic's candidates
-// whose rows equal the reference's, bit for bit, at the band's smallest and
-// largest m, as the fastest of them (and the reference) at the band's
+// whose rows equal the reference's, bit for bit, at the band's ends, the
+// rows beside them, its middle and the powers of two inside it, as the
+// fastest of them (and the reference) at the band's
 // smallest m, timed on the family's weights. A band without such a
 // candidate takes the reference; a family without a reference is not
 // cuBLASLt's (Run: false). The checks run once per family, on the family's

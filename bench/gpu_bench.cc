@@ -206,6 +206,9 @@ std::vector<int> ParseList(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time, into a file too: a run stopped at its time limit keeps
+  // the figures it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"FailSafe on one GPU: decode and prefill beside the GPU's limits"};
   std::string model, batches = "1,16,64", gemm = "lt", json_out;
   int gpu = 0, prefill = 2048, steps = 24, context = 128;

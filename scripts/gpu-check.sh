@@ -16,8 +16,9 @@
 #   e2e          the published story of stories260K, the same tokens (and
 #                logits, bit for bit) on 1, 2, 3, 4 and 7 device processes
 #                under every placement, chunked prefill, the prefix cache,
-#                a bf16 KV cache, and the bf16 model's checks again with
-#                attention on tensor cores, and with all-reduces reading the
+#                a bf16 KV cache, CUDA graphs (fused), and the bf16 model's
+#                checks again with attention on tensor cores, in segments,
+#                and with all-reduces reading the
 #                other device processes' GPU memory through CUDA IPC
 #                (--peer-collectives) (scripts/gpu/e2e.py);
 #   bench        a Llama-3.1-8B-shaped and a Mixtral-8x7B-shaped bf16 model
@@ -55,15 +56,28 @@
 #                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
 #                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--peer]
 #                        [--budget SECONDS]
+# Stages (a group's name, e.g. faults, e2e, torch-ref or bench, names all of
+# its stages): env, kernels, peer-memory, torch-ref-{lt,chain,fused},
+# hf-families, e2e-{lt,chain,fused,tensor,segments,peer}, faults-model,
+# faults-{stories,full-hybrid,host-cyclic,recompute-nonuniform,
+# full-standard,peer-full-hybrid,modes}, bench-{llama-8b,mixtral,
+# long-context}, recovery-8b.
 # --quick: the correctness stages only. --recovery: the recovery experiment
 # too, REQUESTS sequences of PROMPT tokens (default 32,1000). --budget: the
 # whole run's wall-clock seconds (e.g. a remote call's limit): each stage's
 # timeout is cut to what is left (a stage stopped there reads "CUT NAME"),
-# and once under a minute is left the remaining stages are skipped ("skip
-# NAME (budget)"), so that the summary still comes out. --skip leaves out
-# the named stages, --only runs none but them (the faults-* stages need
-# faults-model, which makes their model). --peer: the recovery experiment
-# with --peer-collectives. Exits 1 if any stage failed or was cut.
+# and once under 45 s is left the remaining stages are skipped ("skip NAME
+# (budget)"), so that the summary still comes out. --skip leaves out the
+# named stages; --only runs just them, in the order given (env first unless
+# skipped; faults-model before the first faults stage; recovery-8b implies
+# --recovery). An unknown name is an error. --peer: the recovery experiment
+# with --peer-collectives. The env stage failing (no GPU reached, a library
+# missing) stops the run. Exits 1 if any stage failed or was cut.
+#
+# What comes back from $OUT: summary.txt (the figures, each failure's
+# lines, then every stage's result), progress.txt (each stage as it starts
+# and ends), stages.log (every stage's whole output, as it runs) and
+# figures.tar.gz (the benchmarks' and the recovery experiment's JSON).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -105,30 +119,69 @@ if [[ ! $budget =~ ^[0-9]+$ ]]; then
   echo "--budget takes whole seconds, not $budget" >&2
   exit 2
 fi
+all_stages=(env kernels peer-memory torch-ref-lt torch-ref-chain torch-ref-fused hf-families
+  e2e-lt e2e-chain e2e-fused e2e-tensor e2e-segments e2e-peer faults-model faults-stories
+  faults-full-hybrid faults-host-cyclic faults-recompute-nonuniform faults-full-standard
+  faults-peer-full-hybrid faults-modes bench-llama-8b bench-mixtral bench-long-context recovery-8b)
+# expand LIST: the stage names a comma list of names and groups gives, in
+# its order, into `expanded`; an unknown name ends the run.
+expand() {
+  expanded=()
+  local item s matched
+  for item in ${1//,/ }; do
+    matched=0
+    for s in "${all_stages[@]}"; do
+      if [[ $s == "$item" || $s == "$item"-* ]]; then
+        [[ " ${expanded[*]-} " == *" $s "* ]] || expanded+=("$s")
+        matched=1
+      fi
+    done
+    if ((!matched)); then
+      echo "no stage or group $item; the stages: ${all_stages[*]}" >&2
+      exit 2
+    fi
+  done
+}
+expand "$skip"
+skipped=("${expanded[@]}")
+is_skipped() { [[ " ${skipped[*]-} " == *" $1 "* ]]; }
+plan=()
+if [[ -n $only ]]; then
+  expand "$only"
+  is_skipped env || [[ " ${expanded[*]} " == *" env "* ]] || plan+=(env)
+  for s in "${expanded[@]}"; do
+    if [[ $s == faults-* && $s != faults-model && " ${plan[*]-} " != *" faults-model "* ]] &&
+      ! is_skipped faults-model; then
+      plan+=(faults-model)
+    fi
+    [[ " ${plan[*]-} " == *" $s "* ]] || plan+=("$s")
+  done
+  [[ " ${plan[*]} " == *" recovery-8b "* && -z $recovery ]] && recovery=32,1000
+else
+  for s in "${all_stages[@]}"; do
+    [[ $s == bench-* ]] && ((quick)) && continue
+    [[ $s == recovery-8b && -z $recovery ]] && continue
+    plan+=("$s")
+  done
+fi
+if ((${#recovery_args[@]})) && [[ -z $recovery ]]; then
+  echo "--peer is for the recovery experiment: add --recovery (or --only recovery-8b)" >&2
+  exit 2
+fi
 # The programs as gpu-pack.sh compressed them, where that travelled: into
 # .gpu/ unless it already holds this very pack (.gpu/.from: the pack's
 # sha256), so that a machine kept between calls never runs an older pack;
 # unpacked beside it first and moved into place whole.
 if [[ $bin == .gpu/bin && -f .gpu.tar.xz ]]; then
-  python3 - <<'EOF' || { echo "could not unpack .gpu.tar.xz" >&2; exit 2; }
-import hashlib, os, shutil, tarfile
-with open(".gpu.tar.xz", "rb") as f:
-    sha = hashlib.sha256(f.read()).hexdigest()
-try:
-    with open(".gpu/.from") as f:
-        held = f.read().strip()
-except OSError:
-    held = ""
-if held != sha:
-    shutil.rmtree(".gpu.new", ignore_errors=True)
-    with tarfile.open(".gpu.tar.xz") as t:
-        t.extractall(".gpu.new", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    with open(".gpu.new/.gpu/.from", "w") as f:
-        f.write(sha + "\n")
-    shutil.rmtree(".gpu", ignore_errors=True)
-    os.rename(".gpu.new/.gpu", ".gpu")
-    shutil.rmtree(".gpu.new")
-EOF
+  sha=$(sha256sum .gpu.tar.xz | cut -d' ' -f1)
+  if [[ $(cat .gpu/.from 2>/dev/null) != "$sha" ]]; then
+    rm -rf .gpu.new && mkdir .gpu.new
+    # tar with xz, or Python's lzma where xz is missing.
+    tar -xJf .gpu.tar.xz -C .gpu.new 2>/dev/null ||
+      python3 -c 'import sys, tarfile; tarfile.open(".gpu.tar.xz").extractall(".gpu.new")' ||
+      { echo "could not unpack .gpu.tar.xz" >&2; exit 2; }
+    echo "$sha" >.gpu.new/.gpu/.from && rm -rf .gpu && mv .gpu.new/.gpu .gpu && rm -rf .gpu.new
+  fi
 fi
 [[ -d $bin ]] || { echo "$bin is missing: run scripts/gpu-pack.sh where the build is" >&2; exit 2; }
 bin=$(realpath "$bin")
@@ -163,19 +216,25 @@ export PYTHONUNBUFFERED=1
 
 results=()
 failed=0
-# stage NAME TIMEOUT_S COMMAND...: runs it, its output to the stage's log.
+stopped=""  # why the remaining stages are not run (env failed)
+figures=$logs/figures  # the benchmarks' and the recovery's JSON, packed into $OUT
+mkdir -p "$figures"
+rm -f "$out/figures.tar.gz" "$out/summary.txt"
+# stage NAME TIMEOUT_S COMMAND...: runs it, its output to the stage's log and
+# to $OUT/stages.log as it goes (a call cut short still returns it).
 stage() {
   local name=$1 limit=$2
   shift 2
-  if [[ ",$skip," == *",$name,"* ]] || [[ -n $only && ",$only," != *",$name,"* ]]; then
-    results+=("skip $name")
+  if [[ -n $stopped ]]; then
+    results+=("skip $name ($stopped)")
+    echo "${results[-1]}" >>"$out/progress.txt"
     return
   fi
   local cut=0
   if ((budget > 0)); then
-    # Twenty seconds kept for a stage's kill and the summary.
-    local left=$((budget - SECONDS - 20))
-    if ((left < 60)); then
+    # Fifteen seconds kept for a stage's kill and the summary.
+    local left=$((budget - SECONDS - 15))
+    if ((left < 45)); then
       results+=("skip $name (budget)")
       echo "${results[-1]}" >>"$out/progress.txt"
       return
@@ -185,9 +244,11 @@ stage() {
       cut=1
     fi
   fi
-  echo "=== $name: $*" | tee "$logs/$name.log"
+  echo "start $name (limit ${limit}s, at ${SECONDS}s)" >>"$out/progress.txt"
+  echo "=== $name: $*" | tee -a "$out/stages.log" >"$logs/$name.log"
   local t0=$SECONDS rc=0
-  timeout -k 10 "$limit" "$@" >>"$logs/$name.log" 2>&1 || rc=$?
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$out/stages.log" >>"$logs/$name.log"
+  rc=${PIPESTATUS[0]}
   local took=$((SECONDS - t0))
   if ((rc == 0)); then
     results+=("PASS $name (${took}s)")
@@ -198,110 +259,150 @@ stage() {
     results+=("FAIL $name (exit $rc, ${took}s)")
     failed=1
   fi
-  tail -n 25 "$logs/$name.log"
-  # As it goes, so that a run cut short still leaves what it did.
-  cat "$logs/$name.log" >>"$out/stages.log"
+  tail -n 8 "$logs/$name.log"
   echo "${results[-1]}" >>"$out/progress.txt"
 }
 
-stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
-  --format=csv; echo cuBLASLt: ${cublas:-not found}; '$bin/failsafe' --help >/dev/null && echo \
-  'failsafe runs'; LD_LIBRARY_PATH='$libpath' ldd '$packed/failsafe' | grep -i 'not found' && \
-  exit 1; true"
-stage kernels 300 "$bin/fs_backend_tests" --gtest_filter='*Cuda*:-CudaPeerMemory.*' --gtest_brief=1
-# CUDA IPC memory read while its owner is killed (what --peer-collectives
-# meets when a device dies mid-collective): a stage of its own, since a
-# reader that faults stops the program.
-stage peer-memory 120 "$bin/fs_backend_tests" --gtest_filter='CudaPeerMemory.*'
 stories=data/models/stories260K
-stage torch-ref-lt 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
-  --engine-args "--gpus 0" --llama2c $stories/llama2c/stories260K.bin --converted $stories
-stage torch-ref-chain 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
-  --engine-args "--gpus 0 --gpu-gemm chain"
-stage torch-ref-fused 300 python3 tests/python/torch_reference.py --failsafe "$bin/failsafe" \
-  --engine-args "--gpus 0 --gpu-gemm fused"
-stage hf-families 300 python3 scripts/gpu/hf_families.py --failsafe "$bin/failsafe" \
-  --engine-args "--gpus 0"
-stage e2e-lt 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories --gemm lt
-stage e2e-chain 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
-  --gemm chain
-stage e2e-fused 420 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
-  --gemm fused --bf16-only
-stage e2e-graphs 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
-  --gemm fused --graphs-only
-stage e2e-tensor 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
-  --gemm fused --bf16-only --attention tensor
-# All-reduces between the device processes through CUDA IPC (--peer-collectives).
-stage e2e-peer 300 python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories \
-  --gemm fused --bf16-only --peer
-
+work=$(mktemp -d)  # the faults stages' model
+tiny=$work/tiny-llama-bf16
+trap 'rm -rf "$work"' EXIT
+models=/tmp/failsafe-gpu-models
+if [[ $(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1) -gt 40 ]]; then
+  models=/dev/shm/failsafe-gpu-models
+fi
 # Failures: 8 device processes on GPU 0, events every ~0.6 s (often one
 # during another's recovery), the run's texts checked against a fault-free
 # run of the same streams.
-faults_dir=$(mktemp -d)
-tiny=$faults_dir/tiny-llama-bf16
-stage faults-model 60 "$bin/failsafe" make-model --preset tiny-llama --dtype bf16 --out "$tiny"
 soak=("$bin/failsafe" soak --gpus 0 --devices 8 --min-devices 3 --event-gap-ms 600
   --concurrency 48 --max-len 64 --events kill,stop,rejoin)
-stage faults-stories 120 "${soak[@]}" --model $stories --duration 20s --seed 11
-stage faults-full-hybrid 120 "${soak[@]}" --model "$tiny" --duration 20s --seed 12 \
-  --recovery full --placement hybrid
-stage faults-host-cyclic 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 13 \
-  --recovery host --placement cyclic
-stage faults-recompute-nonuniform 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 14 \
-  --recovery recompute --placement nonuniform
-stage faults-full-standard 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 15 \
-  --recovery full --placement standard
-stage faults-peer-full-hybrid 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 16 \
-  --recovery full --placement hybrid --peer-collectives
-stage faults-modes 180 "$bin/failsafe" recovery-bench --model "$tiny" --gpus 0 --devices 8 \
-  --requests 16 --prompt-tokens 200 --output-tokens 48 --fail-decode-step 6 --window 8 --fresh
-rm -rf "$faults_dir"
+e2e=(python3 scripts/gpu/e2e.py --failsafe "$bin/failsafe" --stories $stories)
+torch_ref=(python3 tests/python/torch_reference.py --failsafe "$bin/failsafe")
 
-if ((quick == 0)); then
-  models=/tmp/failsafe-gpu-models
-  if [[ $(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1) -gt 40 ]]; then
-    models=/dev/shm/failsafe-gpu-models
+run_stage() {
+  case $1 in
+    env)
+      stage env 150 scripts/gpu/env.sh "$bin" "$packed" "$libpath" "$cublas" $stories
+      [[ ${results[-1]} == PASS* ]] || stopped="env failed" ;;
+    kernels)
+      stage kernels 300 scripts/gpu/gtest.sh "$bin/fs_backend_tests" '*Cuda*:-CudaPeerMemory.*' ;;
+    # CUDA IPC memory read while its owner is killed (what --peer-collectives
+    # meets when a device dies mid-collective): a stage of its own, since a
+    # reader that faults stops the program.
+    peer-memory)
+      stage peer-memory 120 scripts/gpu/gtest.sh "$bin/fs_backend_tests" 'CudaPeerMemory.*' \
+        CudaPeerMemory.Owner ;;
+    # f32 weights take the chains in every product mode: lt checks them, the
+    # other modes the 16-bit models only.
+    torch-ref-lt)
+      stage torch-ref-lt 300 "${torch_ref[@]}" --engine-args "--gpus 0" \
+        --llama2c $stories/llama2c/stories260K.bin --converted $stories ;;
+    torch-ref-chain)
+      stage torch-ref-chain 240 "${torch_ref[@]}" --engine-args "--gpus 0 --gpu-gemm chain" \
+        --dtypes bf16,f16 ;;
+    torch-ref-fused)
+      stage torch-ref-fused 240 "${torch_ref[@]}" --engine-args "--gpus 0 --gpu-gemm fused" \
+        --dtypes bf16,f16 ;;
+    hf-families)
+      stage hf-families 300 python3 scripts/gpu/hf_families.py --failsafe "$bin/failsafe" \
+        --engine-args "--gpus 0" ;;
+    e2e-lt) stage e2e-lt 420 "${e2e[@]}" --gemm lt ;;
+    e2e-chain) stage e2e-chain 420 "${e2e[@]}" --gemm chain ;;
+    e2e-fused) stage e2e-fused 420 "${e2e[@]}" --gemm fused --bf16-only --graphs ;;
+    e2e-tensor) stage e2e-tensor 300 "${e2e[@]}" --gemm fused --bf16-only --attention tensor ;;
+    e2e-segments)
+      stage e2e-segments 300 "${e2e[@]}" --gemm fused --bf16-only --attention segments ;;
+    # All-reduces between the device processes through CUDA IPC.
+    e2e-peer) stage e2e-peer 300 "${e2e[@]}" --gemm fused --bf16-only --peer ;;
+    faults-model)
+      stage faults-model 60 "$bin/failsafe" make-model --preset tiny-llama --dtype bf16 \
+        --out "$tiny" ;;
+    faults-stories) stage faults-stories 120 "${soak[@]}" --model $stories --duration 20s --seed 11 ;;
+    faults-full-hybrid)
+      stage faults-full-hybrid 120 "${soak[@]}" --model "$tiny" --duration 20s --seed 12 \
+        --recovery full --placement hybrid ;;
+    faults-host-cyclic)
+      stage faults-host-cyclic 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 13 \
+        --recovery host --placement cyclic ;;
+    faults-recompute-nonuniform)
+      stage faults-recompute-nonuniform 90 "${soak[@]}" --model "$tiny" --duration 12s \
+        --seed 14 --recovery recompute --placement nonuniform ;;
+    faults-full-standard)
+      stage faults-full-standard 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 15 \
+        --recovery full --placement standard ;;
+    faults-peer-full-hybrid)
+      stage faults-peer-full-hybrid 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 16 \
+        --recovery full --placement hybrid --peer-collectives ;;
+    faults-modes)
+      stage faults-modes 180 "$bin/failsafe" recovery-bench --model "$tiny" --gpus 0 --devices 8 \
+        --requests 16 --prompt-tokens 200 --output-tokens 48 --fail-decode-step 6 --window 8 \
+        --fresh ;;
+    bench-llama-8b)
+      mkdir -p "$models"
+      stage bench-llama-8b 420 scripts/gpu/bench.sh "$bin" "$models" "$figures" llama-8b \
+        llama-3.1-8b "$llama_layers" "$bench_modes" "$torch_bench" "$compile" ;;
+    # torch.compile on the 8B shape only: its compile alone takes minutes.
+    bench-mixtral)
+      mkdir -p "$models"
+      stage bench-mixtral 200 scripts/gpu/bench.sh "$bin" "$models" "$figures" mixtral \
+        mixtral-8x7b "$mixtral_layers" "$bench_modes" "$torch_bench" ;;
+    # Decode over a long context: attention walked by one block per query
+    # head group (cores) or split over segments.
+    bench-long-context)
+      mkdir -p "$models"
+      stage bench-long-context 200 scripts/gpu/bench.sh "$bin" "$models" "$figures" \
+        llama-8b-long llama-3.1-8b 4 "fused,fused+segments" 0 "" --context 8192 \
+        --batches 1,16 --prefill 0 --steps 8 ;;
+    recovery-8b)
+      mkdir -p "$models"
+      stage recovery-8b 540 scripts/gpu/recovery.sh "$bin" "$models" "$figures" 32 8 \
+        "${recovery%,*}" "${recovery#*,}" "${recovery_args[@]}" ;;
+  esac
+  if [[ $1 == bench-* || $1 == recovery-* ]]; then
+    tar -czf "$out/figures.tar.gz" -C "$logs" figures
   fi
-  mkdir -p $models
-  stage bench-llama-8b 420 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b llama-3.1-8b \
-    "$llama_layers" "$bench_modes" "$torch_bench" "$compile"
-  # torch.compile on the 8B shape only: its compile alone takes minutes.
-  stage bench-mixtral 200 scripts/gpu/bench.sh "$bin" $models "$out" mixtral mixtral-8x7b \
-    "$mixtral_layers" "$bench_modes" "$torch_bench"
-  # Decode over a long context: attention walked by one block per query
-  # head group (cores) or split over segments.
-  stage bench-long-context 200 scripts/gpu/bench.sh "$bin" $models "$out" llama-8b-long \
-    llama-3.1-8b 4 "fused,fused+segments" 0 "" --context 8192 --batches 1,16 --prefill 0 \
-    --steps 8
-fi
-if [[ -n $recovery ]]; then
-  models=${models:-/tmp/failsafe-gpu-models}
-  mkdir -p "$models"
-  stage recovery-8b 540 scripts/gpu/recovery.sh "$bin" "$models" "$out" 32 8 \
-    "${recovery%,*}" "${recovery#*,}" "${recovery_args[@]}"
-fi
+}
+
+for s in "${plan[@]}"; do
+  if is_skipped "$s"; then
+    results+=("skip $s")
+  else
+    run_stage "$s"
+  fi
+done
 
 {
-  echo "=== summary"
-  for r in "${results[@]}"; do echo "$r"; done
+  echo "=== figures"
   for f in "$logs"/bench-*.log; do
     [[ -e $f ]] || continue
     echo "--- $(basename "$f" .log)"
     grep -E "^(GPU|limits|host link|model:|batch|prefill|eager|torch.compile|transformers|  breakdown)" "$f"
   done
   for f in "$logs"/faults-*.log "$logs"/recovery-*.log; do
-    [[ -e $f ]] || continue
+    [[ -e $f && $f != */faults-model.log ]] || continue
     echo "--- $(basename "$f" .log)"
-    grep -E "^(mode|none|recompute|host|full|fresh|decode throughput|[0-9.]+ s:|event|kill|rejoin|stop|longest)" "$f"
-  done
-  for f in "$logs"/e2e-*.log "$logs"/torch-ref-*.log; do
-    [[ -e $f ]] || continue
-    grep -E "^(ok|FAIL)" "$f" | sed "s/^/$(basename "$f" .log): /"
+    grep -E "^(mode|none|recompute|host|full|fresh|decode throughput|[0-9.]+ s:|event|kill|rejoin|stop|longest|requests|diverged)" "$f"
   done
   if [[ -e $logs/peer-memory.log ]]; then
-    grep -E "killed owner|CUDA error|Failure" "$logs/peer-memory.log" | sed "s/^/peer-memory: /" ||
-      true
+    grep -E "killed owner|CUDA error" "$logs/peer-memory.log" | sed "s/^/peer-memory: /"
   fi
+  # The largest error each reference stage saw.
+  for f in "$logs"/torch-ref-*.log "$logs"/hf-families.log; do
+    [[ -e $f ]] || continue
+    worst=$(grep -E "^ok " "$f" | sed -nE 's/.*max relative error ([-+.0-9e]+).*/\1 &/p' |
+      sort -g | tail -1 | cut -d' ' -f2-)
+    echo "$(basename "$f" .log): $(grep -c '^ok ' "$f") ok, $(grep -c '^FAIL' "$f") FAIL${worst:+; largest error: $worst}"
+  done
+  for f in "$logs"/e2e-*.log; do
+    [[ -e $f ]] || continue
+    echo "$(basename "$f" .log): $(grep -c '^ok ' "$f") ok, $(grep -c '^FAIL' "$f") FAIL"
+  done
+  echo "=== failures"
+  for f in "$logs"/*.log; do
+    grep -E "^FAIL|^\[  FAILED  \] [A-Za-z]|^gtest.sh: (exit|no test|skipped)|^env: |CUDA error|Check failed|diverged: [1-9]" \
+      "$f" | head -20 | sed "s/^/$(basename "$f" .log): /"
+  done
+  echo "=== stages"
+  for r in "${results[@]}"; do echo "$r"; done
 } | tee "$out/summary.txt"
 exit $failed

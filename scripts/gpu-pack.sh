@@ -16,9 +16,18 @@ programs=(build/src/cli/failsafe build/src/backend/fs_backend_tests build/bench/
 for p in "${programs[@]}"; do
   [[ -x $p ]] || { echo "$p is missing: is nvcc on the PATH (the CUDA backend built)?" >&2; exit 1; }
 done
+# A pack of programs older than the sources is a GPU call spent on old code.
+if ! ninja -C build -n failsafe fs_backend_tests failsafe_bench_gpu 2>/dev/null |
+  grep -q "no work to do"; then
+  echo "build/ is older than the sources: build first (scripts/build.sh, or drop --no-build)" >&2
+  exit 1
+fi
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/lib
 for p in "${programs[@]}"; do strip --strip-debug -o ".gpu/bin/$(basename "$p")" "$p"; done
+# Which sources it is: gpu-check.sh's env stage prints it.
+echo "$(git describe --always --dirty) built $(date -u -r build/src/cli/failsafe +%FT%TZ)" \
+  >.gpu/BUILD
 ldd "${programs[@]}" | awk '/=> \// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcublas[^/]*|libcuda)\.so' |
   while read -r l; do cp -L "$l" .gpu/lib/; done

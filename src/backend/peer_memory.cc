@@ -19,11 +19,10 @@ constexpr size_t kBootIdChars = 36;
 struct Handle {
   uint32_t magic;
   char boot_id[kBootIdChars];
-  int32_t pid;
-  int32_t fd;
   uint64_t dev;
   uint64_t ino;
   uint64_t bytes;
+  char share[FdShare::kMaxNameChars];  // FdShare's name, NUL-padded
 };
 
 }  // namespace
@@ -42,7 +41,7 @@ Result<HostPeerMemory> AllocateHostPeerMemory(size_t bytes) {
   if (HostBootId().empty()) return Unavailable("this host does not say which boot it is");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t size = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
-  // Peers open it through /proc, never by inheritance.
+  // Peers fetch it from this process's share, never by inheritance.
   int fd = ::memfd_create("failsafe-peer", MFD_CLOEXEC);
   if (fd < 0) return Internal("memfd_create: {}", std::strerror(errno));
   struct stat st;
@@ -57,23 +56,30 @@ Result<HostPeerMemory> AllocateHostPeerMemory(size_t bytes) {
     ::close(fd);
     return Internal("mmap of peer memory: {}", std::strerror(e));
   }
+  auto share = FdShare::Serve(fd);
+  if (!share.ok()) {
+    ::munmap(p, size);
+    ::close(fd);
+    return share.status();
+  }
   Handle h{};
   h.magic = kMagic;
   std::memcpy(h.boot_id, HostBootId().data(), kBootIdChars);
-  h.pid = static_cast<int32_t>(::getpid());
-  h.fd = fd;
   h.dev = static_cast<uint64_t>(st.st_dev);
   h.ino = static_cast<uint64_t>(st.st_ino);
   h.bytes = size;
+  std::memcpy(h.share, (*share)->name().data(), (*share)->name().size());
   HostPeerMemory m;
   m.data = p;
   m.bytes = size;
   m.fd = fd;
+  m.share = std::move(*share);
   m.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
   return m;
 }
 
 void FreeHostPeerMemory(HostPeerMemory& m) {
+  m.share.reset();
   if (m.data) ::munmap(m.data, m.bytes);
   if (m.fd >= 0) ::close(m.fd);
   m = HostPeerMemory();
@@ -88,19 +94,18 @@ Result<void*> OpenHostPeerMemory(const std::string& handle, size_t bytes) {
     return Unavailable("peer memory of another host");
   }
   if (h.bytes < bytes) return InvalidArgument("peer memory of {} bytes, not {}", h.bytes, bytes);
-  const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return Unavailable("opening {}: {}", path, std::strerror(errno));
+  const std::string name(h.share, ::strnlen(h.share, sizeof(h.share)));
+  FS_ASSIGN_OR_RETURN(const int fd, FetchSharedFd(name));
   struct stat st;
   if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != h.dev ||
       static_cast<uint64_t>(st.st_ino) != h.ino) {
     ::close(fd);
-    return Unavailable("{} is no longer the peer's memory", path);
+    return Unavailable("{} no longer shares the peer's memory", name);
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int e = errno;
   ::close(fd);  // the mapping keeps the memory
-  if (p == MAP_FAILED) return Internal("mmap of {}: {}", path, std::strerror(e));
+  if (p == MAP_FAILED) return Internal("mmap of {}'s memory: {}", name, std::strerror(e));
   return p;
 }
 

@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "common/fd_share.h"
 #include "common/status.h"
 
 namespace failsafe {
@@ -16,19 +18,21 @@ namespace failsafe {
 // or an empty string where the system does not say.
 const std::string& HostBootId();
 
-// A memfd of `bytes` mapped here; the handle names it by this process's id,
-// the fd's number, and its inode (checked on open).
+// A memfd of `bytes` mapped here, shared by an FdShare; the handle names
+// the share, and the memfd's inode (checked on open). A peer's mapping
+// keeps the memory when this process dies.
 struct HostPeerMemory {
   void* data = nullptr;
   size_t bytes = 0;
   int fd = -1;
+  std::unique_ptr<FdShare> share;
   std::string handle;
 };
 Result<HostPeerMemory> AllocateHostPeerMemory(size_t bytes);
 void FreeHostPeerMemory(HostPeerMemory& m);
-// Another process's memory by its handle (/proc/PID/fd/FD, checked to be
-// the same inode on the same host), mapped read-write; unmapped by
-// CloseHostPeerMemory(p, bytes).
+// Another process's memory by its handle (the memfd fetched from its
+// share, checked to be the same inode on the same host), mapped
+// read-write; unmapped by CloseHostPeerMemory(p, bytes).
 Result<void*> OpenHostPeerMemory(const std::string& handle, size_t bytes);
 void CloseHostPeerMemory(void* p, size_t bytes);
 

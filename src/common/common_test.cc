@@ -1,12 +1,18 @@
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstring>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
+#include "common/fd_share.h"
+#include "common/forked.h"
 #include "common/ordered_sums.h"
 #include "common/rng.h"
 #include "common/scratch_dir.h"
@@ -152,6 +158,97 @@ TEST(OrderedSums, InOrderAndWrapping) {
   std::vector<int64_t> sum(20);
   SumInOrder(is, 2, 0, 20, sum.data());
   for (int64_t v : sum) EXPECT_EQ(v, AddFixed(INT64_MAX, 2));
+}
+
+// A memfd of `bytes` holding `fill`, for the FdShare tests.
+int FilledMemfd(size_t bytes, char fill) {
+  const int fd = ::memfd_create("fd-share-test", MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return -1;
+  const std::string data(bytes, fill);
+  return ::pwrite(fd, data.data(), bytes, 0) == static_cast<ssize_t>(bytes) ? fd : -1;
+}
+
+TEST(FdShare, AnotherProcessFetchesTheDescriptor) {
+  const int fd = FilledMemfd(4096, 'x');
+  ASSERT_GE(fd, 0);
+  auto share = FdShare::Serve(fd);
+  ASSERT_TRUE(share.ok()) << share.status().ToString();
+  const std::string name = (*share)->name();
+  EXPECT_LE(name.size(), FdShare::kMaxNameChars);
+  const auto codes = RunForked(3, [&](int) {
+    auto got = FetchSharedFd(name);
+    if (!got.ok()) return 1;
+    char c[2] = {};
+    const bool same = ::pread(*got, c, 2, 4094) == 2 && c[0] == 'x' && c[1] == 'x';
+    ::close(*got);
+    return same ? 0 : 2;
+  });
+  EXPECT_EQ(codes, std::vector<int>({0, 0, 0}));
+  EXPECT_EQ((*share)->served(), 3);
+  ::close(fd);  // the share keeps a descriptor of its own
+  auto again = FetchSharedFd(name);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ::close(*again);
+}
+
+// What a device killed with -9 mid-collective leaves a peer that fetched
+// its memory: the memory, whole.
+TEST(FdShare, MemoryOutlivesItsOwner) {
+  int names[2];
+  ASSERT_EQ(::pipe(names), 0);
+  const size_t bytes = 1 << 20;
+  pid_t owner = 0;
+  int fetched = -1;
+  std::string why;
+  RunForked(
+      1,
+      [&](int) {
+        const int fd = FilledMemfd(bytes, 'm');
+        auto share = FdShare::Serve(fd);
+        if (fd < 0 || !share.ok()) return 1;
+        const std::string name = (*share)->name();
+        const pid_t self = ::getpid();
+        if (::write(names[1], &self, sizeof(self)) != sizeof(self) ||
+            ::write(names[1], name.data(), name.size()) != static_cast<ssize_t>(name.size()))
+          return 1;
+        ::pause();  // until killed
+        return 0;
+      },
+      [&] {
+        char buf[64] = {};
+        if (::read(names[0], &owner, sizeof(owner)) != sizeof(owner)) return;
+        const ssize_t n = ::read(names[0], buf, sizeof(buf));
+        auto got = FetchSharedFd(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0));
+        if (!got.ok()) why = got.status().ToString();
+        fetched = got.ok() ? *got : -1;
+        ::kill(owner, SIGKILL);
+      });
+  ASSERT_GE(fetched, 0) << why;
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fetched, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  ::close(fetched);
+  const std::string want(bytes, 'm');
+  EXPECT_EQ(std::memcmp(p, want.data(), bytes), 0);
+  ::munmap(p, bytes);
+  ::close(names[0]);
+  ::close(names[1]);
+}
+
+TEST(FdShare, UnknownAndStoppedNamesAreUnavailable) {
+  EXPECT_EQ(FetchSharedFd("failsafe-fd-no-such-name").status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(FetchSharedFd("").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(FetchSharedFd(std::string(FdShare::kMaxNameChars + 1, 'a')).status().code(),
+            StatusCode::kInvalidArgument);
+  const int fd = FilledMemfd(64, 'y');
+  ASSERT_GE(fd, 0);
+  std::string name;
+  {
+    auto share = FdShare::Serve(fd);
+    ASSERT_TRUE(share.ok()) << share.status().ToString();
+    name = (*share)->name();
+  }
+  EXPECT_EQ(FetchSharedFd(name).status().code(), StatusCode::kUnavailable);
+  ::close(fd);
 }
 
 }  // namespace

@@ -215,8 +215,9 @@ class DeviceMemory {
   // host): `bytes`, and a handle of at most kPeerHandleBytes that names it
   // to OpenPeerMemory in another process of this host. An error where the
   // backend cannot share its memory. Freed by FreePeerMemory. Whether a
-  // peer may still read it after the owner died is the backend's: the CPU
-  // backend's, yes (a mapping keeps it); CUDA IPC leaves it undefined.
+  // peer may still read it after the owner died is the backend's: with the
+  // CPU backend's and CUDA's virtual memory API's, yes (a mapping keeps it);
+  // with CUDA IPC's (a fallback), undefined.
   static constexpr size_t kPeerHandleBytes = 120;
   struct PeerMemory {
     void* data = nullptr;

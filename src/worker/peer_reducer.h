@@ -1,7 +1,7 @@
 // All-reduces of device memory among device processes that map one
-// another's memory (Backend::AllocatePeerMemory: CUDA IPC between the
-// processes sharing a GPU, a memfd between CPU devices), rather than
-// staging each partial sum through the host.
+// another's memory (Backend::AllocatePeerMemory: CUDA's virtual memory API
+// or CUDA IPC between the processes sharing a GPU, a memfd between CPU
+// devices), rather than staging each partial sum through the host.
 //
 // Each member owns three slots of peer memory: two for its contributions
 // (alternating, as ShmCommunicator's) and one for its piece of a large
@@ -22,11 +22,11 @@
 // The sums are the communicator's own, bit for bit: floats added in rank
 // order, fixed-point partial sums wrapping.
 //
-// A member killed while the others read its slots: on CPU devices the
-// mappings keep its memory. CUDA documents reading IPC memory whose owner
-// freed it (as a killed process does) as undefined; the GPU check's fault
-// stages with --peer-collectives are where that is measured, and the
-// reason this path is not yet the default.
+// A member killed while the others read its slots: its memory stays theirs
+// where the backend shares it by a descriptor they hold (a memfd; on a GPU
+// CUDA's virtual memory API, the default). With CUDA IPC (where that API is
+// missing) reading it then is undefined by CUDA's documentation; the GPU
+// check's peer-memory stage measures both.
 #pragma once
 
 #include <cstdint>

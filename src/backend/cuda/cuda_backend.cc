@@ -1,17 +1,21 @@
 // The CUDA backend: device memory by cudaMalloc, every kernel on one
 // stream, small per-call arguments (index lists, attention problems and
 // page tables) uploaded through a pinned ring.
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -22,6 +26,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/peer_memory.h"
 #include "backend/sampling.h"
+#include "common/fd_share.h"
 #include "common/log.h"
 
 namespace failsafe {
@@ -73,6 +78,11 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     if (!stream_) return;
     cudaStreamSynchronize(stream_);
+    for (auto& [p, m] : vmm_opened_) VmmUnmap(p, m);
+    for (auto& [p, m] : vmm_owned_) {
+      m.second.reset();
+      VmmUnmap(p, m.first);
+    }
     ForgetGraphs();
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     pin_stop_.store(true);
@@ -246,12 +256,28 @@ class CudaBackend final : public Backend {
     ring_used_ = 0;  // every upload was read
   }
 
-  // --- peer memory: CUDA IPC between processes of this host ---
-  // The handle: this host's boot id, then cudaIpcGetMemHandle's. A peer on
-  // another GPU opens it where the two GPUs reach each other (peer access),
-  // else its open fails and the group stages through the host. Reading it
-  // after this process died (freed) is undefined by CUDA's documentation
-  // (worker/peer_reducer.h).
+  // --- peer memory: processes of this host map one another's memory ---
+  // Two kinds (FAILSAFE_PEER_MEMORY=vmm|ipc picks one; by default VMM
+  // where the GPU supports it):
+  // - VMM: CUDA's virtual memory API. cuMemCreate's memory, exported as a
+  //   file descriptor that this process serves (common/fd_share.h); a peer
+  //   imports the descriptor and maps the memory. It lives while any
+  //   process holds a handle to it, so a peer that reads it when its owner
+  //   dies (a device killed with -9 mid-collective) reads it still.
+  // - IPC: cudaMalloc's memory by cudaIpcGetMemHandle. Reading it after its
+  //   owner freed it (as a killed process does) is undefined by CUDA's
+  //   documentation.
+  // Either handle carries this host's boot id and the allocation's size. A
+  // peer on another GPU maps it where the two GPUs reach each other (peer
+  // access), else its open fails and the group stages through the host.
+  enum class PeerKind { kAuto, kVmm, kIpc };
+  static PeerKind PeerKindFromEnvironment() {
+    const char* v = std::getenv("FAILSAFE_PEER_MEMORY");
+    if (v && std::strcmp(v, "ipc") == 0) return PeerKind::kIpc;
+    if (v && std::strcmp(v, "vmm") == 0) return PeerKind::kVmm;
+    if (v && *v) FS_LOG_WARN("FAILSAFE_PEER_MEMORY={}: neither vmm nor ipc; as if unset", v);
+    return PeerKind::kAuto;
+  }
   struct IpcHandle {
     uint32_t magic;
     char boot_id[36];
@@ -260,11 +286,113 @@ class CudaBackend final : public Backend {
   };
   static_assert(sizeof(IpcHandle) <= kPeerHandleBytes);
   static constexpr uint32_t kIpcMagic = 0x49434653;  // "FSCI"
+  struct VmmHandle {
+    uint32_t magic;
+    char boot_id[36];
+    uint64_t bytes;                      // the allocation's (granularity rounded)
+    char share[FdShare::kMaxNameChars];  // the owner's FdShare, NUL-padded
+  };
+  static_assert(sizeof(VmmHandle) <= kPeerHandleBytes);
+  static constexpr uint32_t kVmmMagic = 0x56434653;  // "FSCV"
+  // The driver's virtual memory calls, by the runtime's entry points (no
+  // link to the driver library).
+  struct Vmm {
+    decltype(&cuMemCreate) create = nullptr;
+    decltype(&cuMemRelease) release = nullptr;
+    decltype(&cuMemAddressReserve) reserve = nullptr;
+    decltype(&cuMemAddressFree) address_free = nullptr;
+    decltype(&cuMemMap) map = nullptr;
+    decltype(&cuMemUnmap) unmap = nullptr;
+    decltype(&cuMemSetAccess) set_access = nullptr;
+    decltype(&cuMemExportToShareableHandle) export_fd = nullptr;
+    decltype(&cuMemImportFromShareableHandle) import_fd = nullptr;
+    decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+    decltype(&cuDeviceGetAttribute) attribute = nullptr;
+  };
+  // The calls, where the driver has them and this GPU exports its memory
+  // as file descriptors; otherwise why not.
+  Status LoadVmm() {
+    if (vmm_loaded_) return vmm_status_;
+    vmm_loaded_ = true;
+    auto load = [](const char* name, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+          q != cudaDriverEntryPointSuccess || !p) {
+        cudaGetLastError();
+        return false;
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+      return true;
+    };
+    Vmm& v = vmm_;
+    const bool all = load("cuMemCreate", v.create) && load("cuMemRelease", v.release) &&
+                     load("cuMemAddressReserve", v.reserve) &&
+                     load("cuMemAddressFree", v.address_free) && load("cuMemMap", v.map) &&
+                     load("cuMemUnmap", v.unmap) && load("cuMemSetAccess", v.set_access) &&
+                     load("cuMemExportToShareableHandle", v.export_fd) &&
+                     load("cuMemImportFromShareableHandle", v.import_fd) &&
+                     load("cuMemGetAllocationGranularity", v.granularity) &&
+                     load("cuDeviceGetAttribute", v.attribute);
+    int vmm = 0, fd = 0;
+    if (!all) {
+      vmm_status_ = Unavailable("the driver lacks the virtual memory calls");
+    } else if (v.attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, gpu_) !=
+                   CUDA_SUCCESS ||
+               v.attribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                           gpu_) != CUDA_SUCCESS ||
+               !vmm || !fd) {
+      vmm_status_ = Unavailable("GPU {} does not export memory as file descriptors", gpu_);
+    }
+    return vmm_status_;
+  }
+  CUmemAllocationProp VmmProperties() const {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = gpu_;
+    return prop;
+  }
+  // `handle`'s memory (`bytes`) mapped read-write for this GPU at a new
+  // address; nothing held where it fails.
+  Result<void*> VmmMap(CUmemGenericAllocationHandle handle, size_t bytes) {
+    CUdeviceptr p = 0;
+    CUresult r = vmm_.reserve(&p, bytes, 0, 0, 0);
+    if (r != CUDA_SUCCESS) return Unavailable("cuMemAddressReserve: CUDA driver error {}", r);
+    r = vmm_.map(p, bytes, 0, handle, 0);
+    if (r != CUDA_SUCCESS) {
+      vmm_.address_free(p, bytes);
+      return Unavailable("cuMemMap: CUDA driver error {}", r);
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = gpu_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = vmm_.set_access(p, bytes, &access, 1);
+    if (r != CUDA_SUCCESS) {
+      vmm_.unmap(p, bytes);
+      vmm_.address_free(p, bytes);
+      return Unavailable("cuMemSetAccess (GPU {}): CUDA driver error {}", gpu_, r);
+    }
+    return reinterpret_cast<void*>(p);
+  }
+  void VmmUnmap(void* p, const std::pair<CUmemGenericAllocationHandle, size_t>& m) {
+    const auto d = reinterpret_cast<CUdeviceptr>(p);
+    vmm_.unmap(d, m.second);
+    vmm_.address_free(d, m.second);
+    vmm_.release(m.first);
+  }
 
   Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "peer memory allocated inside a graphed step");
     if (HostBootId().size() != sizeof(IpcHandle::boot_id))
       return Unavailable("this host does not say which boot it is");
+    if (peer_kind_ != PeerKind::kIpc) {
+      auto vmm = AllocateVmmPeerMemory(bytes);
+      if (vmm.ok() || peer_kind_ == PeerKind::kVmm) return vmm;
+      FS_LOG_INFO("peer memory by CUDA IPC: {}", vmm.status().message());
+    }
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     if (e != cudaSuccess) {
@@ -283,12 +411,65 @@ class CudaBackend final : public Backend {
     }
     return PeerMemory{p, std::string(reinterpret_cast<const char*>(&h), sizeof(h))};
   }
-  void FreePeerMemory(void* p, size_t bytes) override { Free(p, bytes); }
+  Result<PeerMemory> AllocateVmmPeerMemory(size_t bytes) {
+    FS_RETURN_IF_ERROR(LoadVmm());
+    const CUmemAllocationProp prop = VmmProperties();
+    size_t grain = 0;
+    if (vmm_.granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !grain)
+      return Unavailable("cuMemGetAllocationGranularity failed");
+    const size_t size = (std::max<size_t>(bytes, 1) + grain - 1) / grain * grain;
+    CUmemGenericAllocationHandle handle = 0;
+    CUresult r = vmm_.create(&handle, size, &prop, 0);
+    if (r != CUDA_SUCCESS)
+      return Unavailable("cuMemCreate of {} bytes: CUDA driver error {}", size, r);
+    int fd = -1;
+    r = vmm_.export_fd(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) {
+      vmm_.release(handle);
+      return Unavailable("cuMemExportToShareableHandle: CUDA driver error {}", r);
+    }
+    auto share = FdShare::Serve(fd);
+    ::close(fd);  // the share holds its own
+    if (!share.ok()) {
+      vmm_.release(handle);
+      return share.status();
+    }
+    auto p = VmmMap(handle, size);
+    if (!p.ok()) {
+      vmm_.release(handle);
+      return p.status();
+    }
+    VmmHandle h{};
+    h.magic = kVmmMagic;
+    std::memcpy(h.boot_id, HostBootId().data(), sizeof(h.boot_id));
+    h.bytes = size;
+    std::memcpy(h.share, (*share)->name().data(), (*share)->name().size());
+    vmm_owned_.emplace(*p, std::make_pair(VmmMapping{handle, size}, std::move(*share)));
+    return PeerMemory{*p, std::string(reinterpret_cast<const char*>(&h), sizeof(h))};
+  }
+  void FreePeerMemory(void* p, size_t bytes) override {
+    auto it = vmm_owned_.find(p);
+    if (it == vmm_owned_.end()) {
+      Free(p, bytes);
+      return;
+    }
+    Synchronize();                  // no kernel of this process reads it any more
+    it->second.second.reset();      // no new peer fetches it
+    VmmUnmap(p, it->second.first);  // peers that mapped it keep it
+    vmm_owned_.erase(it);
+  }
   Result<void*> OpenPeerMemory(const std::string& handle, size_t bytes) override {
+    uint32_t magic = 0;
+    if (handle.size() >= sizeof(magic)) std::memcpy(&magic, handle.data(), sizeof(magic));
+    if (magic == kVmmMagic && handle.size() == sizeof(VmmHandle)) {
+      VmmHandle h;
+      std::memcpy(&h, handle.data(), sizeof(h));
+      return OpenVmmPeerMemory(h, bytes);
+    }
     IpcHandle h;
-    if (handle.size() != sizeof(h)) return InvalidArgument("not a CUDA peer-memory handle");
+    if (handle.size() != sizeof(h) || magic != kIpcMagic)
+      return InvalidArgument("not a CUDA peer-memory handle");
     std::memcpy(&h, handle.data(), sizeof(h));
-    if (h.magic != kIpcMagic) return InvalidArgument("not a CUDA peer-memory handle");
     if (HostBootId().size() != sizeof(h.boot_id) ||
         std::memcmp(h.boot_id, HostBootId().data(), sizeof(h.boot_id)) != 0) {
       return Unavailable("peer memory of another host");
@@ -303,8 +484,39 @@ class CudaBackend final : public Backend {
     }
     return p;
   }
+  Result<void*> OpenVmmPeerMemory(const VmmHandle& h, size_t bytes) {
+    if (HostBootId().size() != sizeof(h.boot_id) ||
+        std::memcmp(h.boot_id, HostBootId().data(), sizeof(h.boot_id)) != 0) {
+      return Unavailable("peer memory of another host");
+    }
+    if (h.bytes < bytes)
+      return InvalidArgument("peer memory of {} bytes, {} asked for", h.bytes, bytes);
+    FS_RETURN_IF_ERROR(LoadVmm());
+    const std::string name(h.share, ::strnlen(h.share, sizeof(h.share)));
+    FS_ASSIGN_OR_RETURN(const int fd, FetchSharedFd(name));
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult r = vmm_.import_fd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ::close(fd);  // the imported handle holds the memory
+    if (r != CUDA_SUCCESS)
+      return Unavailable("cuMemImportFromShareableHandle: CUDA driver error {}", r);
+    auto p = VmmMap(handle, h.bytes);
+    if (!p.ok()) {
+      vmm_.release(handle);
+      return p.status();
+    }
+    vmm_opened_[*p] = {handle, h.bytes};
+    return *p;
+  }
   void ClosePeerMemory(void* p, size_t) override {
-    if (p && cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
+    if (!p) return;
+    auto it = vmm_opened_.find(p);
+    if (it != vmm_opened_.end()) {
+      VmmUnmap(p, it->second);
+      vmm_opened_.erase(it);
+      return;
+    }
+    if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
   }
 
   // --- marks: events in the compute stream ---
@@ -825,6 +1037,16 @@ class CudaBackend final : public Backend {
   std::vector<std::pair<void*, size_t>> pinned_host_;  // PinHostMemory's pieces
   std::vector<std::thread> pinners_;                   // PinHostMemory of large regions
   std::atomic<bool> pin_stop_{false};
+  // Peer memory by the virtual memory API: what this process made (its
+  // handle and size, and the share peers fetch it from), and what it mapped
+  // of its peers'.
+  const PeerKind peer_kind_ = PeerKindFromEnvironment();
+  bool vmm_loaded_ = false;
+  Status vmm_status_;
+  Vmm vmm_;
+  using VmmMapping = std::pair<CUmemGenericAllocationHandle, size_t>;
+  std::unordered_map<void*, std::pair<VmmMapping, std::unique_ptr<FdShare>>> vmm_owned_;
+  std::unordered_map<void*, VmmMapping> vmm_opened_;
   std::vector<cudaEvent_t> marks_;  // Mark(): the first marks_used_ recorded
   size_t marks_used_ = 0;
 };

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/fd_share.h"
 #include "common/forked.h"
 #include "common/ordered_sums.h"
@@ -191,19 +193,16 @@ TEST(FdShare, AnotherProcessFetchesTheDescriptor) {
   ::close(*again);
 }
 
-// What a device killed with -9 mid-collective leaves a peer that fetched
-// its memory: the memory, whole.
-TEST(FdShare, MemoryOutlivesItsOwner) {
+// A forked owner of a share of `bytes` of `fill`: `with(pid, name)` runs in
+// this process meanwhile and must kill it (the owner waits to be killed).
+// If the owner fails before it says its name, `with` is not run.
+void WithAnOwner(size_t bytes, char fill, const std::function<void(pid_t, std::string)>& with) {
   int names[2];
   ASSERT_EQ(::pipe(names), 0);
-  const size_t bytes = 1 << 20;
-  pid_t owner = 0;
-  int fetched = -1;
-  std::string why;
   RunForked(
       1,
       [&](int) {
-        const int fd = FilledMemfd(bytes, 'm');
+        const int fd = FilledMemfd(bytes, fill);
         auto share = FdShare::Serve(fd);
         if (fd < 0 || !share.ok()) return 1;
         const std::string name = (*share)->name();
@@ -215,14 +214,28 @@ TEST(FdShare, MemoryOutlivesItsOwner) {
         return 0;
       },
       [&] {
+        ::close(names[1]);  // a child that died before writing: the reads end
+        pid_t owner = 0;
         char buf[64] = {};
         if (::read(names[0], &owner, sizeof(owner)) != sizeof(owner)) return;
         const ssize_t n = ::read(names[0], buf, sizeof(buf));
-        auto got = FetchSharedFd(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0));
-        if (!got.ok()) why = got.status().ToString();
-        fetched = got.ok() ? *got : -1;
-        ::kill(owner, SIGKILL);
+        with(owner, std::string(buf, n > 0 ? static_cast<size_t>(n) : 0));
       });
+  ::close(names[0]);
+}
+
+// What a device killed with -9 mid-collective leaves a peer that fetched
+// its memory: the memory, whole.
+TEST(FdShare, MemoryOutlivesItsOwner) {
+  const size_t bytes = 1 << 20;
+  int fetched = -1;
+  std::string why;
+  WithAnOwner(bytes, 'm', [&](pid_t owner, const std::string& name) {
+    auto got = FetchSharedFd(name);
+    if (!got.ok()) why = got.status().ToString();
+    fetched = got.ok() ? *got : -1;
+    ::kill(owner, SIGKILL);
+  });
   ASSERT_GE(fetched, 0) << why;
   void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fetched, 0);
   ASSERT_NE(p, MAP_FAILED);
@@ -230,8 +243,25 @@ TEST(FdShare, MemoryOutlivesItsOwner) {
   const std::string want(bytes, 'm');
   EXPECT_EQ(std::memcmp(p, want.data(), bytes), 0);
   ::munmap(p, bytes);
-  ::close(names[0]);
-  ::close(names[1]);
+}
+
+// An owner that is alive but answers nothing (SIGSTOPped, as a hung
+// device is): each fetch gives up by its timeout, also once its queue of
+// connections is full.
+TEST(FdShare, AStoppedOwnerTimesOutEveryFetch) {
+  int timely = 0;
+  WithAnOwner(64, 's', [&](pid_t owner, const std::string& name) {
+    ::kill(owner, SIGSTOP);
+    // More fetches than the listening queue holds (64).
+    for (int i = 0; i < 80; ++i) {
+      const int64_t t0 = MonotonicNanos();
+      auto got = FetchSharedFd(name, 20);
+      if (got.ok()) ::close(*got);
+      timely += !got.ok() && MonotonicNanos() - t0 < 1000000000;
+    }
+    ::kill(owner, SIGKILL);
+  });
+  EXPECT_EQ(timely, 80);
 }
 
 TEST(FdShare, UnknownAndStoppedNamesAreUnavailable) {

@@ -7,11 +7,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <random>
+#include <system_error>
 
 namespace failsafe {
 
@@ -29,7 +31,7 @@ socklen_t Address(const std::string& name, sockaddr_un* a) {
 bool SameUser(int sock) {
   ucred c{};
   socklen_t len = sizeof(c);
-  return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &c, &len) == 0 && c.uid == ::getuid();
+  return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &c, &len) == 0 && c.uid == ::geteuid();
 }
 
 // One byte and room for one descriptor: what the server sends, the client
@@ -60,6 +62,7 @@ std::string RandomName() {
 
 Result<std::unique_ptr<FdShare>> FdShare::Serve(int fd) {
   std::unique_ptr<FdShare> s(new FdShare());
+  s->owner_ = ::getpid();
   s->fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (s->fd_ < 0) return Internal("sharing descriptor {}: {}", fd, std::strerror(errno));
   s->listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -75,16 +78,25 @@ Result<std::unique_ptr<FdShare>> FdShare::Serve(int fd) {
   if (::listen(s->listen_, 64) != 0) return Internal("listen: {}", std::strerror(errno));
   if (::pipe2(s->stop_, O_CLOEXEC) != 0) return Internal("pipe: {}", std::strerror(errno));
   FdShare* raw = s.get();
-  s->thread_ = std::thread([raw] { raw->Run(); });
+  try {
+    s->thread_ = std::make_unique<std::thread>([raw] { raw->Run(); });
+  } catch (const std::system_error& e) {
+    return Internal("starting the share's thread: {}", e.what());
+  }
   return s;
 }
 
 FdShare::~FdShare() {
-  if (thread_.joinable()) {
+  if (thread_ && ::getpid() != owner_) {
+    // A copy in a child forked without exec: the thread is the parent's
+    // (not in this process), and so is the stop pipe's other end. Only
+    // this process's descriptors are closed.
+    (void)thread_.release();
+  } else if (thread_) {
     const char c = 0;
     while (::write(stop_[1], &c, 1) < 0 && errno == EINTR) {
     }
-    thread_.join();
+    thread_->join();
   }
   for (int fd : {fd_, listen_, stop_[0], stop_[1]}) {
     if (fd >= 0) ::close(fd);
@@ -116,7 +128,9 @@ void FdShare::Run() {
       h->cmsg_type = SCM_RIGHTS;
       h->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(h), &fd_, sizeof(int));
-      if (::sendmsg(c, &out.m, MSG_NOSIGNAL) == 1) served_.fetch_add(1);
+      // Counted first: a peer that has the descriptor finds it counted.
+      served_.fetch_add(1);
+      if (::sendmsg(c, &out.m, MSG_NOSIGNAL) != 1) served_.fetch_sub(1);
     }
     ::close(c);
   }
@@ -127,11 +141,19 @@ Result<int> FetchSharedFd(const std::string& name, int timeout_ms) {
     return InvalidArgument("not a shared descriptor's name");
   const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s < 0) return Internal("socket: {}", std::strerror(errno));
+  // Bounded both ways: a stopped owner's queue of connections fills, and a
+  // connect to a full queue waits (up to the send timeout).
+  timeout_ms = std::max(timeout_ms, 1);
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   sockaddr_un a;
   const socklen_t len = Address(name, &a);
   if (::connect(s, reinterpret_cast<const sockaddr*>(&a), len) != 0) {
     const int e = errno;
     ::close(s);
+    if (e == EAGAIN || e == EINTR || e == EINPROGRESS)
+      return Unavailable("{} accepts no connection (its owner stopped?)", name);
     return Unavailable("no process of this network namespace serves {}: {}", name,
                        std::strerror(e));
   }
@@ -139,8 +161,6 @@ Result<int> FetchSharedFd(const std::string& name, int timeout_ms) {
     ::close(s);
     return Unavailable("{} is served by another user", name);
   }
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   FdMessage in;
   ssize_t n;
   do {
@@ -155,7 +175,17 @@ Result<int> FetchSharedFd(const std::string& name, int timeout_ms) {
   const cmsghdr* h = CMSG_FIRSTHDR(&in.m);
   if (!h || h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS ||
       h->cmsg_len != CMSG_LEN(sizeof(int))) {
-    return Unavailable("{} answered without a descriptor", name);
+    // Whatever descriptors came are closed, not leaked.
+    for (; h; h = CMSG_NXTHDR(&in.m, const_cast<cmsghdr*>(h))) {
+      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+      const size_t n = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < n; ++i) {
+        int extra = -1;
+        std::memcpy(&extra, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+        ::close(extra);
+      }
+    }
+    return Unavailable("{} answered without one descriptor", name);
   }
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(h), sizeof(int));

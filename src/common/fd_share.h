@@ -9,8 +9,13 @@
 // caller's credentials, the caller the server's) in the same network
 // namespace (abstract socket names are per namespace: a process in another
 // one fails to connect, and its group stages through the host instead).
-// The name holds 64 random bits, so it is not guessed either.
+// The credentials are the guard: abstract names are listed in
+// /proc/net/unix (the name's random bits only keep two shares apart).
+//
+// A copy in a child forked without exec leaves the parent's share serving.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <memory>
@@ -40,12 +45,13 @@ class FdShare {
   FdShare() = default;
   void Run();
 
+  pid_t owner_ = 0;  // the process that serves
   std::string name_;
   int fd_ = -1;             // the duplicate served
   int listen_ = -1;         // the socket
   int stop_[2] = {-1, -1};  // a pipe: written to stop the thread
   std::atomic<int> served_{0};
-  std::thread thread_;
+  std::unique_ptr<std::thread> thread_;
 };
 
 // The descriptor served under `name`, as a new descriptor of this process

@@ -454,6 +454,7 @@ class CudaBackend final : public Backend {
       return;
     }
     Synchronize();                  // no kernel of this process reads it any more
+    ForgetGraphs();                 // as Free: a graph may name this memory
     it->second.second.reset();      // no new peer fetches it
     VmmUnmap(p, it->second.first);  // peers that mapped it keep it
     vmm_owned_.erase(it);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -17,12 +18,10 @@ constexpr uint32_t kMagic = 0x4d504653;  // "FSPM"
 constexpr size_t kBootIdChars = 36;
 
 struct Handle {
-  uint32_t magic;
-  char boot_id[kBootIdChars];
+  PeerHandleHead head;
   uint64_t dev;
   uint64_t ino;
-  uint64_t bytes;
-  char share[FdShare::kMaxNameChars];  // FdShare's name, NUL-padded
+  char share[FdShare::kMaxNameChars];
 };
 
 }  // namespace
@@ -37,8 +36,36 @@ const std::string& HostBootId() {
   return id;
 }
 
+Result<PeerHandleHead> MakePeerHandleHead(uint32_t magic, uint64_t bytes) {
+  if (HostBootId().size() != kBootIdChars)
+    return Unavailable("this host does not say which boot it is");
+  PeerHandleHead h{};
+  h.magic = magic;
+  std::memcpy(h.boot_id, HostBootId().data(), kBootIdChars);
+  h.bytes = bytes;
+  return h;
+}
+
+Status CheckPeerHandleHead(const PeerHandleHead& h, size_t bytes) {
+  if (HostBootId().size() != kBootIdChars ||
+      std::memcmp(h.boot_id, HostBootId().data(), kBootIdChars) != 0) {
+    return Unavailable("peer memory of another host");
+  }
+  if (h.bytes < bytes)
+    return InvalidArgument("peer memory of {} bytes, {} asked for", h.bytes, bytes);
+  return Status::Ok();
+}
+
+std::string ShareName(const char (&field)[FdShare::kMaxNameChars]) {
+  return std::string(field, ::strnlen(field, sizeof(field)));
+}
+
+void SetShareName(char (&field)[FdShare::kMaxNameChars], const std::string& name) {
+  std::memset(field, 0, sizeof(field));
+  std::memcpy(field, name.data(), std::min(name.size(), sizeof(field)));
+}
+
 Result<HostPeerMemory> AllocateHostPeerMemory(size_t bytes) {
-  if (HostBootId().empty()) return Unavailable("this host does not say which boot it is");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t size = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
   // Peers fetch it from this process's share, never by inheritance.
@@ -57,22 +84,20 @@ Result<HostPeerMemory> AllocateHostPeerMemory(size_t bytes) {
     return Internal("mmap of peer memory: {}", std::strerror(e));
   }
   auto share = FdShare::Serve(fd);
-  if (!share.ok()) {
+  ::close(fd);  // the share holds its own, and the mapping the memory
+  auto head = MakePeerHandleHead(kMagic, size);
+  if (!share.ok() || !head.ok()) {
     ::munmap(p, size);
-    ::close(fd);
-    return share.status();
+    return share.ok() ? head.status() : share.status();
   }
   Handle h{};
-  h.magic = kMagic;
-  std::memcpy(h.boot_id, HostBootId().data(), kBootIdChars);
+  h.head = *head;
   h.dev = static_cast<uint64_t>(st.st_dev);
   h.ino = static_cast<uint64_t>(st.st_ino);
-  h.bytes = size;
-  std::memcpy(h.share, (*share)->name().data(), (*share)->name().size());
+  SetShareName(h.share, (*share)->name());
   HostPeerMemory m;
   m.data = p;
   m.bytes = size;
-  m.fd = fd;
   m.share = std::move(*share);
   m.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
   return m;
@@ -81,7 +106,6 @@ Result<HostPeerMemory> AllocateHostPeerMemory(size_t bytes) {
 void FreeHostPeerMemory(HostPeerMemory& m) {
   m.share.reset();
   if (m.data) ::munmap(m.data, m.bytes);
-  if (m.fd >= 0) ::close(m.fd);
   m = HostPeerMemory();
 }
 
@@ -89,12 +113,9 @@ Result<void*> OpenHostPeerMemory(const std::string& handle, size_t bytes) {
   Handle h;
   if (handle.size() != sizeof(h)) return InvalidArgument("not a host peer-memory handle");
   std::memcpy(&h, handle.data(), sizeof(h));
-  if (h.magic != kMagic) return InvalidArgument("not a host peer-memory handle");
-  if (HostBootId().empty() || std::memcmp(h.boot_id, HostBootId().data(), kBootIdChars) != 0) {
-    return Unavailable("peer memory of another host");
-  }
-  if (h.bytes < bytes) return InvalidArgument("peer memory of {} bytes, not {}", h.bytes, bytes);
-  const std::string name(h.share, ::strnlen(h.share, sizeof(h.share)));
+  if (h.head.magic != kMagic) return InvalidArgument("not a host peer-memory handle");
+  FS_RETURN_IF_ERROR(CheckPeerHandleHead(h.head, bytes));
+  const std::string name = ShareName(h.share);
   FS_ASSIGN_OR_RETURN(const int fd, FetchSharedFd(name));
   struct stat st;
   if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != h.dev ||

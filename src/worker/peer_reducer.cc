@@ -33,19 +33,17 @@ PeerReducer::~PeerReducer() {
 }
 
 void PeerReducer::CloseUnused(const std::vector<std::string>& keep) {
+  std::vector<std::string> gone;
+  for (const auto& [handle, p] : opened_) {
+    if (std::find(keep.begin(), keep.end(), handle) == keep.end()) gone.push_back(handle);
+  }
+  if (gone.empty()) return;
   // A sum launched before (one of a step a failed barrier cut short) may
   // still read a mapping let go here: none does once the device is idle.
-  const bool closing = std::any_of(opened_.begin(), opened_.end(), [&](const auto& o) {
-    return std::find(keep.begin(), keep.end(), o.first) == keep.end();
-  });
-  if (closing) backend_->Synchronize();
-  for (auto it = opened_.begin(); it != opened_.end();) {
-    if (std::find(keep.begin(), keep.end(), it->first) != keep.end()) {
-      ++it;
-      continue;
-    }
-    backend_->ClosePeerMemory(it->second, 3 * slot_bytes_);
-    it = opened_.erase(it);
+  backend_->Synchronize();
+  for (const std::string& handle : gone) {
+    backend_->ClosePeerMemory(opened_[handle], 3 * slot_bytes_);
+    opened_.erase(handle);
   }
 }
 

@@ -279,21 +279,18 @@ class CudaBackend final : public Backend {
     return PeerKind::kAuto;
   }
   struct IpcHandle {
-    uint32_t magic;
-    char boot_id[36];
-    uint64_t bytes;  // the allocation's: an open asking for more is refused
+    PeerHandleHead head;
     cudaIpcMemHandle_t ipc;
   };
   static_assert(sizeof(IpcHandle) <= kPeerHandleBytes);
   static constexpr uint32_t kIpcMagic = 0x49434653;  // "FSCI"
   struct VmmHandle {
-    uint32_t magic;
-    char boot_id[36];
-    uint64_t bytes;                      // the allocation's (granularity rounded)
-    char share[FdShare::kMaxNameChars];  // the owner's FdShare, NUL-padded
+    PeerHandleHead head;                 // bytes: granularity rounded
+    char share[FdShare::kMaxNameChars];  // the owner's FdShare
   };
   static_assert(sizeof(VmmHandle) <= kPeerHandleBytes);
-  static constexpr uint32_t kVmmMagic = 0x56434653;  // "FSCV"
+  static constexpr uint32_t kVmmMagic = 0x56434653;                    // "FSCV"
+  using VmmMapping = std::pair<CUmemGenericAllocationHandle, size_t>;  // handle, bytes
   // The driver's virtual memory calls, by the runtime's entry points (no
   // link to the driver library).
   struct Vmm {
@@ -377,7 +374,7 @@ class CudaBackend final : public Backend {
     }
     return reinterpret_cast<void*>(p);
   }
-  void VmmUnmap(void* p, const std::pair<CUmemGenericAllocationHandle, size_t>& m) {
+  void VmmUnmap(void* p, const VmmMapping& m) {
     const auto d = reinterpret_cast<CUdeviceptr>(p);
     vmm_.unmap(d, m.second);
     vmm_.address_free(d, m.second);
@@ -386,8 +383,7 @@ class CudaBackend final : public Backend {
 
   Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "peer memory allocated inside a graphed step");
-    if (HostBootId().size() != sizeof(IpcHandle::boot_id))
-      return Unavailable("this host does not say which boot it is");
+    FS_ASSIGN_OR_RETURN(const PeerHandleHead head, MakePeerHandleHead(kIpcMagic, bytes));
     if (peer_kind_ != PeerKind::kIpc) {
       auto vmm = AllocateVmmPeerMemory(bytes);
       if (vmm.ok() || peer_kind_ == PeerKind::kVmm) return vmm;
@@ -400,9 +396,7 @@ class CudaBackend final : public Backend {
       return Unavailable("{} bytes of peer memory: {}", bytes, cudaGetErrorString(e));
     }
     IpcHandle h{};
-    h.magic = kIpcMagic;
-    std::memcpy(h.boot_id, HostBootId().data(), sizeof(h.boot_id));
-    h.bytes = bytes;
+    h.head = head;
     e = cudaIpcGetMemHandle(&h.ipc, p);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -413,6 +407,8 @@ class CudaBackend final : public Backend {
   }
   Result<PeerMemory> AllocateVmmPeerMemory(size_t bytes) {
     FS_RETURN_IF_ERROR(LoadVmm());
+    VmmHandle h{};
+    FS_ASSIGN_OR_RETURN(h.head, MakePeerHandleHead(kVmmMagic, 0));  // bytes once rounded
     const CUmemAllocationProp prop = VmmProperties();
     size_t grain = 0;
     if (vmm_.granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !grain)
@@ -439,11 +435,8 @@ class CudaBackend final : public Backend {
       vmm_.release(handle);
       return p.status();
     }
-    VmmHandle h{};
-    h.magic = kVmmMagic;
-    std::memcpy(h.boot_id, HostBootId().data(), sizeof(h.boot_id));
-    h.bytes = size;
-    std::memcpy(h.share, (*share)->name().data(), (*share)->name().size());
+    h.head.bytes = size;
+    SetShareName(h.share, (*share)->name());
     vmm_owned_.emplace(*p, std::make_pair(VmmMapping{handle, size}, std::move(*share)));
     return PeerMemory{*p, std::string(reinterpret_cast<const char*>(&h), sizeof(h))};
   }
@@ -471,12 +464,7 @@ class CudaBackend final : public Backend {
     if (handle.size() != sizeof(h) || magic != kIpcMagic)
       return InvalidArgument("not a CUDA peer-memory handle");
     std::memcpy(&h, handle.data(), sizeof(h));
-    if (HostBootId().size() != sizeof(h.boot_id) ||
-        std::memcmp(h.boot_id, HostBootId().data(), sizeof(h.boot_id)) != 0) {
-      return Unavailable("peer memory of another host");
-    }
-    if (h.bytes < bytes)
-      return InvalidArgument("peer memory of {} bytes, {} asked for", h.bytes, bytes);
+    FS_RETURN_IF_ERROR(CheckPeerHandleHead(h.head, bytes));
     void* p = nullptr;
     const cudaError_t e = cudaIpcOpenMemHandle(&p, h.ipc, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
@@ -486,27 +474,21 @@ class CudaBackend final : public Backend {
     return p;
   }
   Result<void*> OpenVmmPeerMemory(const VmmHandle& h, size_t bytes) {
-    if (HostBootId().size() != sizeof(h.boot_id) ||
-        std::memcmp(h.boot_id, HostBootId().data(), sizeof(h.boot_id)) != 0) {
-      return Unavailable("peer memory of another host");
-    }
-    if (h.bytes < bytes)
-      return InvalidArgument("peer memory of {} bytes, {} asked for", h.bytes, bytes);
+    FS_RETURN_IF_ERROR(CheckPeerHandleHead(h.head, bytes));
     FS_RETURN_IF_ERROR(LoadVmm());
-    const std::string name(h.share, ::strnlen(h.share, sizeof(h.share)));
-    FS_ASSIGN_OR_RETURN(const int fd, FetchSharedFd(name));
+    FS_ASSIGN_OR_RETURN(const int fd, FetchSharedFd(ShareName(h.share)));
     CUmemGenericAllocationHandle handle = 0;
     const CUresult r = vmm_.import_fd(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     ::close(fd);  // the imported handle holds the memory
     if (r != CUDA_SUCCESS)
       return Unavailable("cuMemImportFromShareableHandle: CUDA driver error {}", r);
-    auto p = VmmMap(handle, h.bytes);
+    auto p = VmmMap(handle, h.head.bytes);
     if (!p.ok()) {
       vmm_.release(handle);
       return p.status();
     }
-    vmm_opened_[*p] = {handle, h.bytes};
+    vmm_opened_[*p] = {handle, h.head.bytes};
     return *p;
   }
   void ClosePeerMemory(void* p, size_t) override {
@@ -1045,7 +1027,6 @@ class CudaBackend final : public Backend {
   bool vmm_loaded_ = false;
   Status vmm_status_;
   Vmm vmm_;
-  using VmmMapping = std::pair<CUmemGenericAllocationHandle, size_t>;
   std::unordered_map<void*, std::pair<VmmMapping, std::unique_ptr<FdShare>>> vmm_owned_;
   std::unordered_map<void*, VmmMapping> vmm_opened_;
   std::vector<cudaEvent_t> marks_;  // Mark(): the first marks_used_ recorded

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -584,10 +585,29 @@ TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
       }
 }
 
+// Each of `params` draws `draws` times from `logits` (on the device as
+// `on_gpu`) the CPU backend's tokens; returns how many distinct tokens the
+// CPU backend drew.
+int ExpectTheCpuBackendsDraws(Backend* gpu, const float* on_gpu, const std::vector<float>& logits,
+                              std::initializer_list<SamplingParams> params, uint64_t draws) {
+  auto cpu = MakeCpuBackend(1);
+  const int vocab = static_cast<int>(logits.size());
+  std::set<int> distinct;
+  for (const SamplingParams& p : params) {
+    for (uint64_t counter = 0; counter < draws; ++counter) {
+      const int want = cpu->Sample(logits.data(), vocab, p, counter);
+      EXPECT_EQ(gpu->Sample(on_gpu, vocab, p, counter), want)
+          << "temperature " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p
+          << " draw " << counter;
+      distinct.insert(want);
+    }
+  }
+  return static_cast<int>(distinct.size());
+}
+
 TEST(CudaBackend, SamplingDrawsTheCpuBackendsTokens) {
   REQUIRE_GPU();
   Backend* gpu = Gpu();
-  auto cpu = MakeCpuBackend(1);
   const int vocab = 32000;
   auto logits = Random(vocab, 12, 8.0f);
   logits[777] = logits[123] = 20.0f;  // a tie: the lower id wins
@@ -595,14 +615,10 @@ TEST(CudaBackend, SamplingDrawsTheCpuBackendsTokens) {
   for (int i : {0, 5, 1023, 1024, 20000}) logits[i] = std::numeric_limits<float>::quiet_NaN();
   OnDevice<float> dl(gpu, logits);
   EXPECT_EQ(gpu->Sample(dl.get(), vocab, {}, 0), 123);
-  for (SamplingParams p : {SamplingParams{0.8f, 0, 1.0f, 7}, SamplingParams{1.0f, 40, 1.0f, 8},
-                           SamplingParams{0.7f, 0, 0.9f, 9}, SamplingParams{1.2f, 50, 0.8f, 10}}) {
-    for (uint64_t counter = 0; counter < 20; ++counter) {
-      EXPECT_EQ(gpu->Sample(dl.get(), vocab, p, counter),
-                cpu->Sample(logits.data(), vocab, p, counter))
-          << "temperature " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p;
-    }
-  }
+  ExpectTheCpuBackendsDraws(gpu, dl.get(), logits,
+                            {SamplingParams{0.8f, 0, 1.0f, 7}, SamplingParams{1.0f, 40, 1.0f, 8},
+                             SamplingParams{0.7f, 0, 0.9f, 9}, SamplingParams{1.2f, 50, 0.8f, 10}},
+                            20);
 }
 
 // Where no two logits take nearly all the probability, every draw's sorted
@@ -619,22 +635,11 @@ TEST(CudaBackend, SamplingAFlatDistributionDrawsTheCpuBackendsTokens) {
   for (int i = 7; i < vocab; i += 83) logits[i] = logits[i - 1];  // ties
   OnDevice<float> dl(gpu, logits);
   EXPECT_EQ(gpu->Sample(dl.get(), vocab, {}, 0), cpu->Sample(logits.data(), vocab, {}, 0));
-  int distinct = 0;
-  std::vector<bool> seen(vocab, false);
-  for (SamplingParams p :
-       {SamplingParams{2.0f, 0, 1.0f, 31}, SamplingParams{1.5f, 1000, 1.0f, 32},
-        SamplingParams{2.0f, 0, 0.5f, 33}, SamplingParams{1.0f, 700, 0.3f, 34}}) {
-    for (uint64_t counter = 0; counter < 50; ++counter) {
-      const int want = cpu->Sample(logits.data(), vocab, p, counter);
-      EXPECT_EQ(gpu->Sample(dl.get(), vocab, p, counter), want)
-          << "temperature " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p
-          << " draw " << counter;
-      if (want >= 0 && want < vocab && !seen[want]) {
-        seen[want] = true;
-        ++distinct;
-      }
-    }
-  }
+  const int distinct = ExpectTheCpuBackendsDraws(
+      gpu, dl.get(), logits,
+      {SamplingParams{2.0f, 0, 1.0f, 31}, SamplingParams{1.5f, 1000, 1.0f, 32},
+       SamplingParams{2.0f, 0, 0.5f, 33}, SamplingParams{1.0f, 700, 0.3f, 34}},
+      50);
   EXPECT_GT(distinct, 100);  // the draws reach deep into the sorted order
 }
 

@@ -252,6 +252,14 @@ TEST(FdShare, AStoppedOwnerTimesOutEveryFetch) {
   int timely = 0;
   WithAnOwner(64, 's', [&](pid_t owner, const std::string& name) {
     ::kill(owner, SIGSTOP);
+    // Stopped only once every thread of it is: until then its share's
+    // thread may still answer.
+    int st = 0;
+    if (::waitpid(owner, &st, WUNTRACED) != owner || !WIFSTOPPED(st)) {
+      ADD_FAILURE() << "the owner did not stop";
+      ::kill(owner, SIGKILL);
+      return;
+    }
     // More fetches than the listening queue holds (64).
     for (int i = 0; i < 80; ++i) {
       const int64_t t0 = MonotonicNanos();

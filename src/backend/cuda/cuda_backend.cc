@@ -762,10 +762,11 @@ class CudaBackend final : public Backend {
       const int pages = (positions + a.block_size - 1) / a.block_size;
       page_offset[i] = host_pages_.size();
       host_pages_.insert(host_pages_.end(), a.pages, a.pages + pages);
-      // Padded to runs of 64 pages: a graphed step's uploads keep their
-      // sizes while its contexts grow within a run. (A problem of no
-      // positions has no pages to pad with.)
-      if (pages > 0) {
+      // In a graphed step, padded to runs of 64 pages: its uploads keep
+      // their sizes while its contexts grow within a run. (A problem of no
+      // positions has no pages to pad with.) Otherwise as they are, not
+      // 64 pages for every short context each layer.
+      if (pages > 0 && graph_ != Graph::kOff) {
         host_pages_.resize(page_offset[i] + (pages + 63) / 64 * 64, a.pages[pages - 1]);
       }
       max_tokens = std::max(max_tokens, a.num_tokens);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/attention_plan.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
@@ -751,114 +752,28 @@ class CudaBackend final : public Backend {
 
   void Attention(const std::vector<AttentionArgs>& problems) override {
     if (problems.empty()) return;
-    // Every problem's page table, one after another, then the problems
-    // pointing into it.
-    host_pages_.clear();
-    std::vector<size_t> page_offset(problems.size());
-    int max_tokens = 0, max_hd = 0;
-    for (size_t i = 0; i < problems.size(); ++i) {
-      const AttentionArgs& a = problems[i];
-      const int positions = a.start_pos + a.num_tokens;
-      const int pages = (positions + a.block_size - 1) / a.block_size;
-      page_offset[i] = host_pages_.size();
-      host_pages_.insert(host_pages_.end(), a.pages, a.pages + pages);
-      // In a graphed step, padded to runs of 64 pages: its uploads keep
-      // their sizes while its contexts grow within a run. (A problem of no
-      // positions has no pages to pad with.) Otherwise as they are, not
-      // 64 pages for every short context each layer.
-      if (pages > 0 && graph_ != Graph::kOff) {
-        host_pages_.resize(page_offset[i] + (pages + 63) / 64 * 64, a.pages[pages - 1]);
-      }
-      max_tokens = std::max(max_tokens, a.num_tokens);
-      max_hd = std::max(max_hd, a.head_dim);
-    }
+    cuda::PlanAttention(problems, attention_, graph_ != Graph::kOff, &attention_plan_);
+    cuda::AttentionPlan& plan = attention_plan_;
     const float* const* pages = Upload<const float*>(
-        reinterpret_cast<const float* const*>(host_pages_.data()), host_pages_.size());
-    host_problems_.resize(problems.size());
-    host_first_block_.resize(problems.size() + 1);
-    // On tensor cores where asked and the head dim allows (one model's
-    // problems share it, so a model always takes the same kernel).
-    bool tensor = attention_ == GpuAttention::kTensor && cuda::AttentionTcSupported(max_hd);
-    for (const AttentionArgs& a : problems) tensor = tensor && a.head_dim == max_hd;
-    // Segments: a problem of one block of queries over two or more segments
-    // (decode over a long context) has its segments split over blocks. Not
-    // in a graphed step: its grid and states would change with the context.
-    const bool segments = !tensor && attention_ == GpuAttention::kSegments;
-    const bool may_split = segments && graph_ == Graph::kOff;
-    host_first_query_.assign(problems.size() + 1, 0);
-    int64_t state_floats = 0;
-    int split_queries = 0;
-    int blocks = 0;
-    for (size_t i = 0; i < problems.size(); ++i) {
-      const AttentionArgs& a = problems[i];
-      cuda::AttentionProblem& p = host_problems_[i];
-      p.q = a.q;
-      p.out = a.out;
-      p.new_kv = a.new_kv;
-      p.pages = pages + page_offset[i];
-      p.ldq = a.ldq;
-      p.ldo = a.ldo;
-      p.ld_new_kv = a.ld_new_kv;
-      p.num_tokens = a.num_tokens;
-      p.start_pos = a.start_pos;
-      p.group_size = a.group_size;
-      p.head_dim = a.head_dim;
-      p.block_size = a.block_size;
-      p.sliding_window = a.sliding_window;
-      p.scale = a.scale;
-      p.softcap = a.softcap;
-      FS_CHECK_MSG(a.kv_dtype == DType::kF32 || a.kv_dtype == DType::kBF16,
-                   "KV pages hold f32 or bf16, not {}", DTypeName(a.kv_dtype));
-      p.kv_bf16 = a.kv_dtype == DType::kBF16 ? 1 : 0;
-      p.split = 0;
-      p.seg_first = 0;
-      p.state0 = 0;
-      host_first_block_[i] = blocks;
-      host_first_query_[i] = split_queries;
-      if (a.group_size <= 0) continue;
-      if (tensor) {
-        blocks += cuda::AttentionTcBlocks(a.num_tokens, a.group_size);
-        continue;
-      }
-      const int own = cuda::AttentionBlocks(a.num_tokens, a.group_size);
-      if (may_split && own == 1) {
-        const int last = a.start_pos + a.num_tokens - 1;
-        const int first_key =
-            a.sliding_window > 0 ? std::max(0, a.start_pos - a.sliding_window + 1) : 0;
-        const int seg_first = first_key / cuda::kAttentionSegment;
-        const int segs = last / cuda::kAttentionSegment - seg_first + 1;
-        if (segs >= 2) {
-          const int queries = a.num_tokens * a.group_size;
-          p.split = segs;
-          p.seg_first = seg_first;
-          p.state0 = state_floats;
-          state_floats += static_cast<int64_t>(queries) * segs * (a.head_dim + 2);
-          split_queries += queries;
-          blocks += segs;
-          continue;
-        }
-      }
-      blocks += own;
-    }
-    host_first_block_[problems.size()] = blocks;
-    host_first_query_[problems.size()] = split_queries;
-    const auto* dev = Upload<cuda::AttentionProblem>(host_problems_.data(), host_problems_.size());
-    const int* first = Upload<int>(host_first_block_.data(), host_first_block_.size());
-    const int* first_query = split_queries > 0
-                                 ? Upload<int>(host_first_query_.data(), host_first_query_.size())
+        reinterpret_cast<const float* const*>(plan.pages.data()), plan.pages.size());
+    for (size_t i = 0; i < problems.size(); ++i)
+      plan.problems[i].pages = pages + plan.page_offset[i];
+    const int n = static_cast<int>(problems.size());
+    const auto* dev = Upload<cuda::AttentionProblem>(plan.problems.data(), plan.problems.size());
+    const int* first = Upload<int>(plan.first_block.data(), plan.first_block.size());
+    const int* first_query = plan.split_queries > 0
+                                 ? Upload<int>(plan.first_query.data(), plan.first_query.size())
                                  : nullptr;
     float* states =
-        split_queries > 0 ? states_.Reserve(static_cast<size_t>(state_floats)) : nullptr;
+        plan.split_queries > 0 ? states_.Reserve(static_cast<size_t>(plan.state_floats)) : nullptr;
     if (!Launching()) return;
-    cuda::StoreKv(dev, static_cast<int>(problems.size()), max_tokens, stream_);
-    if (tensor) {
-      cuda::AttendTc(dev, first, static_cast<int>(problems.size()), blocks, max_hd, stream_);
+    cuda::StoreKv(dev, n, plan.max_tokens, stream_);
+    if (plan.tensor) {
+      cuda::AttendTc(dev, first, n, plan.blocks, plan.max_head_dim, stream_);
       return;
     }
-    cuda::Attend(dev, first, static_cast<int>(problems.size()), blocks, max_hd, segments, states,
-                 stream_);
-    cuda::AttendCombine(dev, first_query, static_cast<int>(problems.size()), split_queries, states,
-                        stream_);
+    cuda::Attend(dev, first, n, plan.blocks, plan.max_head_dim, plan.segments, states, stream_);
+    cuda::AttendCombine(dev, first_query, n, plan.split_queries, states, stream_);
   }
 
   int Sample(const float* logits, int vocab, const SamplingParams& p, uint64_t counter) override {
@@ -994,10 +909,7 @@ class CudaBackend final : public Backend {
   DeviceArray<float> sort_{this, 0};
   DeviceArray<int> sort_ids_{this, 0};
   DeviceArray<unsigned char> sort_scratch_{this, 0};
-  std::vector<const float*> host_pages_;
-  std::vector<cuda::AttentionProblem> host_problems_;
-  std::vector<int> host_first_block_;
-  std::vector<int> host_first_query_;   // Attention: split problems' queries
+  cuda::AttentionPlan attention_plan_;  // Attention: this call's, its buffers kept
   DeviceArray<float> states_{this, 0};  // Attention: split problems' segment states
   std::vector<float> host_sorted_;
   std::vector<int> host_ids_;

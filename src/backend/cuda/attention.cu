@@ -32,9 +32,9 @@
 namespace failsafe::cuda {
 namespace {
 
-constexpr int kWarps = 16;      // queries per block, sharing each chunk's keys
-constexpr int kChunk = 32;      // keys per chunk: one per lane
-constexpr int kMaxPerLane = 8;  // head_dim up to 256
+constexpr int kWarps = 16;        // queries per block, sharing each chunk's keys
+constexpr int kChunk = 32;        // keys per chunk: one per lane
+constexpr int kMaxPerLane = 8;    // head_dim up to 256
 constexpr int kCombineWarps = 4;  // AttendCombineKernel's warps per block
 static_assert(kAttentionSegment % kChunk == 0, "a segment is whole chunks");
 
@@ -132,7 +132,7 @@ __device__ __forceinline__ void WriteOutput(const AttentionProblem& a, int t, in
 // one segment each and leave their queries' states in `states`).
 __global__ void AttendKernel(const AttentionProblem* problems, const int* first_block,
                              int num_problems, int segment_keys, float* states) {
-  extern __shared__ float smem[];
+  FS_DYNAMIC_SHARED(float, smem);
   const int lo = ProblemOfBlock(first_block, num_problems);
   const AttentionProblem& a = problems[lo];
   const int hd = a.head_dim, bs = a.block_size, G = a.group_size;
@@ -328,11 +328,15 @@ constexpr int kTcChunk = 64;            // keys of a chunk
 
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1) {
+#ifdef FAILSAFE_CUDA_EMULATION
+  emu::Mma16816(__LINE__, d, a, b0, b1, true);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // Two bf16 values in a register, `lo` in the lower half.
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     AttendTcKernel(const AttentionProblem* problems, const int* first_block, int num_problems) {
   static_assert(HD % 16 == 0 && HD <= 128);
   constexpr int P = TcPitch(HD), KS = HD / 16, DT = HD / 8;
-  extern __shared__ __align__(16) unsigned char tc_smem[];
+  FS_DYNAMIC_SHARED(unsigned char, tc_smem);
   auto* ks = reinterpret_cast<__nv_bfloat16*>(tc_smem);  // [kTcChunk][P]
   __nv_bfloat16* vs = ks + kTcChunk * P;                 // [kTcChunk][P]
   __nv_bfloat16* qs = vs + kTcChunk * P;                 // [kTcRows][P]
@@ -419,9 +423,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
         for (int part = 0; part < 2; ++part) {
           if (a.kv_bf16) {
-            kv2[part] =
-                *reinterpret_cast<const __nv_bfloat162*>(
-                    reinterpret_cast<const __nv_bfloat16*>(page) + at[part]);
+            kv2[part] = *reinterpret_cast<const __nv_bfloat162*>(
+                reinterpret_cast<const __nv_bfloat16*>(page) + at[part]);
           } else {
             kv2[part] = __floats2bfloat162_rn(page[at[part]], page[at[part] + 1]);
           }
@@ -444,7 +447,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
       const __nv_bfloat16* kr = ks + (nt * 8 + g) * P + 2 * q;
 #pragma unroll
-      for (int k = 0; k < KS; ++k) MmaBf16(s[nt], qf[k], Load32(kr + 16 * k), Load32(kr + 16 * k + 8));
+      for (int k = 0; k < KS; ++k)
+        MmaBf16(s[nt], qf[k], Load32(kr + 16 * k), Load32(kr + 16 * k + 8));
     }
     float cmax[2] = {-FLT_MAX, -FLT_MAX};
     uint32_t valid[2] = {0, 0};
@@ -546,13 +550,12 @@ void LaunchTc(const AttentionProblem* problems, const int* first_block, int num_
   const size_t shared = AttentionTcSharedBytes(HD);
   static bool raised = false;
   if (!raised && shared > (48 << 10)) {
-    FS_CUDA_CHECK(cudaFuncSetAttribute(AttendTcKernel<HD>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(shared)));
+    FS_CUDA_CHECK(cudaFuncSetAttribute(
+        AttendTcKernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   }
   raised = true;
-  AttendTcKernel<HD><<<total_blocks, kTcWarps * 32, shared, s>>>(problems, first_block,
-                                                                  num_problems);
+  FS_LAUNCH(total_blocks, kTcWarps * 32, shared, s, AttendTcKernel<HD>)
+  (problems, first_block, num_problems);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -562,7 +565,7 @@ void StoreKv(const AttentionProblem* problems, int num_problems, int max_tokens,
   if (num_problems <= 0 || max_tokens <= 0) return;
   dim3 grid(static_cast<unsigned>(num_problems),
             static_cast<unsigned>(max_tokens < 65535 ? max_tokens : 65535));
-  StoreKvKernel<<<grid, 128, 0, s>>>(problems);
+  FS_LAUNCH(grid, 128, 0, s, StoreKvKernel)(problems);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -586,8 +589,8 @@ void Attend(const AttentionProblem* problems, const int* first_block, int num_pr
                                        static_cast<int>(shared)));
     raised = shared;
   }
-  AttendKernel<<<total_blocks, kWarps * 32, shared, s>>>(
-      problems, first_block, num_problems, segments ? kAttentionSegment : 0, states);
+  FS_LAUNCH(total_blocks, kWarps * 32, shared, s, AttendKernel)
+  (problems, first_block, num_problems, segments ? kAttentionSegment : 0, states);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -595,8 +598,8 @@ void AttendCombine(const AttentionProblem* problems, const int* first_query, int
                    int total_queries, const float* states, cudaStream_t s) {
   if (total_queries <= 0) return;
   const int blocks = (total_queries + kCombineWarps - 1) / kCombineWarps;
-  AttendCombineKernel<<<blocks, kCombineWarps * 32, 0, s>>>(problems, first_query, num_problems,
-                                                             total_queries, states);
+  FS_LAUNCH(blocks, kCombineWarps * 32, 0, s, AttendCombineKernel)
+  (problems, first_query, num_problems, total_queries, states);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -619,7 +622,7 @@ void AttendTc(const AttentionProblem* problems, const int* first_block, int num_
                "tensor-core attention takes head dims of 16 to 128 in steps of 16, not {}",
                head_dim);
   using Launch = void (*)(const AttentionProblem*, const int*, int, int, cudaStream_t);
-  static constexpr Launch kLaunch[] = {LaunchTc<16>, LaunchTc<32>, LaunchTc<48>, LaunchTc<64>,
+  static constexpr Launch kLaunch[] = {LaunchTc<16>, LaunchTc<32>, LaunchTc<48>,  LaunchTc<64>,
                                        LaunchTc<80>, LaunchTc<96>, LaunchTc<112>, LaunchTc<128>};
   kLaunch[head_dim / 16 - 1](problems, first_block, num_problems, total_blocks, s);
 }

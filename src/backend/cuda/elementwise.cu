@@ -111,7 +111,7 @@ void LaunchSumArrays(const T* const* srcs, int n, size_t count, T* out, cudaStre
   SumSources<T> src{};
   for (int m = 0; m < n; ++m) src.p[m] = srcs[m];
   const int64_t c = static_cast<int64_t>(count);
-  SumArraysKernel<T><<<Blocks(c), kThreads, 0, s>>>(src, n, c, out);
+  FS_LAUNCH(Blocks(c), kThreads, 0, s, SumArraysKernel<T>)(src, n, c, out);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -313,28 +313,29 @@ dim3 RowGrid(int cols, int rows) {
 void GatherWeightRows(const void* w, WType type, int cols, const int32_t* src_rows,
                       const int32_t* dst_rows, int n, float* out, int64_t ldo, cudaStream_t s) {
   if (n <= 0) return;
-  GatherWeightRowsKernel<<<RowGrid(cols, n), kThreads, 0, s>>>(w, type, cols, src_rows, dst_rows, n,
-                                                               out, ldo);
+  FS_LAUNCH(RowGrid(cols, n), kThreads, 0, s, GatherWeightRowsKernel)
+  (w, type, cols, src_rows, dst_rows, n, out, ldo);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int cols, float* dst,
                 int64_t ldd, cudaStream_t s) {
   if (n <= 0) return;
-  GatherRowsKernel<<<RowGrid(cols, n), kThreads, 0, s>>>(src, lds, rows, n, cols, dst, ldd);
+  FS_LAUNCH(RowGrid(cols, n), kThreads, 0, s, GatherRowsKernel)(src, lds, rows, n, cols, dst, ldd);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
                      int64_t* dst, int64_t ldd, cudaStream_t s) {
   if (n <= 0) return;
-  ScatterAddFixedKernel<<<RowGrid(cols, n), kThreads, 0, s>>>(src, lds, rows, n, cols, dst, ldd);
+  FS_LAUNCH(RowGrid(cols, n), kThreads, 0, s, ScatterAddFixedKernel)
+  (src, lds, rows, n, cols, dst, ldd);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  AddFixedToKernel<<<Blocks(n), kThreads, 0, s>>>(acc, x, n);
+  FS_LAUNCH(Blocks(n), kThreads, 0, s, AddFixedToKernel)(acc, x, n);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -347,19 +348,19 @@ void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out, cu
 
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s) {
   if (rows <= 0) return;
-  ScaleRowsKernel<<<RowGrid(cols, rows), kThreads, 0, s>>>(x, ldx, scale, rows, cols);
+  FS_LAUNCH(RowGrid(cols, rows), kThreads, 0, s, ScaleRowsKernel)(x, ldx, scale, rows, cols);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void Softcap(float* x, int64_t n, float cap, cudaStream_t s) {
   if (n <= 0) return;
-  SoftcapKernel<<<Blocks(n), kThreads, 0, s>>>(x, n, cap);
+  FS_LAUNCH(Blocks(n), kThreads, 0, s, SoftcapKernel)(x, n, cap);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return;
-  AddBiasKernel<<<RowGrid(cols, rows), kThreads, 0, s>>>(x, ldx, bias, rows, cols);
+  FS_LAUNCH(RowGrid(cols, rows), kThreads, 0, s, AddBiasKernel)(x, ldx, bias, rows, cols);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -367,7 +368,7 @@ void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t
              int dim, float eps, cudaStream_t s) {
   if (rows <= 0) return;
   FS_CHECK(rows <= (1 << 30));
-  RmsNormKernel<<<rows, kThreads, 0, s>>>(x, ldx, weight, y, ldy, dim, eps);
+  FS_LAUNCH(rows, kThreads, 0, s, RmsNormKernel)(x, ldx, weight, y, ldy, dim, eps);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -375,44 +376,46 @@ void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, 
           int heads, int head_dim, const float* cos_sin, cudaStream_t s) {
   if (tokens <= 0 || heads <= 0) return;
   FS_CHECK(tokens <= (1 << 30));
-  RopeKernel<<<tokens, 128, 0, s>>>(x, ldx, head_stride, positions, heads, head_dim, cos_sin);
+  FS_LAUNCH(tokens, 128, 0, s, RopeKernel)
+  (x, ldx, head_stride, positions, heads, head_dim, cos_sin);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
              int shards, cudaStream_t s) {
   if (rows <= 0) return;
-  GatedKernel<Silu><<<RowGrid(width * shards, rows), kThreads, 0, s>>>(gu, ld_in, out, ld_out, rows,
-                                                                       width, shards);
+  FS_LAUNCH(RowGrid(width * shards, rows), kThreads, 0, s, GatedKernel<Silu>)
+  (gu, ld_in, out, ld_out, rows, width, shards);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
                  int shards, cudaStream_t s) {
   if (rows <= 0) return;
-  GatedKernel<GeluTanh><<<RowGrid(width * shards, rows), kThreads, 0, s>>>(gu, ld_in, out, ld_out,
-                                                                           rows, width, shards);
+  FS_LAUNCH(RowGrid(width * shards, rows), kThreads, 0, s, GatedKernel<GeluTanh>)
+  (gu, ld_in, out, ld_out, rows, width, shards);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize, int32_t* ids,
              float* weights, cudaStream_t s) {
   if (tokens <= 0) return;
-  MoeGateKernel<<<Blocks(tokens, 64), 64, 0, s>>>(logits, tokens, experts, k, renormalize, ids,
-                                                  weights);
+  FS_LAUNCH(Blocks(tokens, 64), 64, 0, s, MoeGateKernel)
+  (logits, tokens, experts, k, renormalize, ids, weights);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void RoundActivations(const float* x, int64_t ldx, int m, int k, WType type, void* dst,
                       cudaStream_t s) {
   if (m <= 0) return;
-  RoundActivationsKernel<<<RowGrid(k, m), kThreads, 0, s>>>(x, ldx, m, k, type, dst);
+  FS_LAUNCH(RowGrid(k, m), kThreads, 0, s, RoundActivationsKernel)(x, ldx, m, k, type, dst);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void FillRandom(void* dst, WType type, int64_t n, uint64_t seed, cudaStream_t s) {
   if (n <= 0) return;
-  FillRandomKernel<<<Blocks(n) < 4096 ? Blocks(n) : 4096, kThreads, 0, s>>>(dst, type, n, seed);
+  FS_LAUNCH(Blocks(n) < 4096 ? Blocks(n) : 4096, kThreads, 0, s, FillRandomKernel)
+  (dst, type, n, seed);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -420,16 +423,16 @@ void CountMismatches(const float* a, const float* b, int rows, int n, int64_t ld
                      int64_t stride, int* mismatches, cudaStream_t s) {
   const int64_t total = static_cast<int64_t>(rows) * n * batch;
   if (total <= 0) return;
-  CountMismatchesKernel<<<Blocks(total) < 4096 ? Blocks(total) : 4096, kThreads, 0, s>>>(
-      a, b, rows, n, ld, batch, stride, mismatches);
+  FS_LAUNCH(Blocks(total) < 4096 ? Blocks(total) : 4096, kThreads, 0, s, CountMismatchesKernel)
+  (a, b, rows, n, ld, batch, stride, mismatches);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
 void AddItemsFixed(const float* parts, int items, int64_t item_stride, int m, int n, int64_t* acc,
                    int64_t ldacc, cudaStream_t s) {
   if (m <= 0 || n <= 0) return;
-  AddItemsFixedKernel<<<Blocks(static_cast<int64_t>(m) * n), kThreads, 0, s>>>(
-      parts, items, item_stride, m, n, acc, ldacc);
+  FS_LAUNCH(Blocks(static_cast<int64_t>(m) * n), kThreads, 0, s, AddItemsFixedKernel)
+  (parts, items, item_stride, m, n, acc, ldacc);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

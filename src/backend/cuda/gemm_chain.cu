@@ -197,16 +197,16 @@ void RunChainGemm(const ChainGemm& g, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>(g.n),
                     static_cast<unsigned>((g.m + kFewRows - 1) / kFewRows));
     FS_CHECK(grid.y <= 65535);
-    ChainFewColumnsKernel<<<grid, 128, 0, s>>>(g.x, g.ldx, static_cast<const float*>(g.w), g.y,
-                                               g.ldy, g.m, g.item_k, g.accumulate);
+    FS_LAUNCH(grid, 128, 0, s, ChainFewColumnsKernel)
+    (g.x, g.ldx, static_cast<const float*>(g.w), g.y, g.ldy, g.m, g.item_k, g.accumulate);
     FS_CUDA_CHECK(cudaGetLastError());
     return;
   }
   FS_CHECK((g.m + kRows - 1) / kRows <= 65535);
   if (g.type == WType::kBF16) {
-    ChainKernel<true><<<Grid(g.m, g.n), kThreads, 0, s>>>(g);
+    FS_LAUNCH(Grid(g.m, g.n), kThreads, 0, s, ChainKernel<true>)(g);
   } else {
-    ChainKernel<false><<<Grid(g.m, g.n), kThreads, 0, s>>>(g);
+    FS_LAUNCH(Grid(g.m, g.n), kThreads, 0, s, ChainKernel<false>)(g);
   }
   FS_CUDA_CHECK(cudaGetLastError());
 }

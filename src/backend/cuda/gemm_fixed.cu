@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     FixedItemsKernel(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t* acc, int64_t ldacc,
                      int m, int n, int ik, int items, int items_per_block) {
   using T = Tiles<kWarpsM, kWarpsN, kFm, kFn>;
-  extern __shared__ __align__(16) uint16_t smem[];
+  FS_DYNAMIC_SHARED(uint16_t, smem);
   const int pitch = Pitch(ik);
   uint16_t* sa[2] = {smem, smem + T::kBm * pitch};
   uint16_t* sb[2] = {smem + 2 * T::kBm * pitch, smem + 2 * T::kBm * pitch + T::kBn * pitch};
@@ -213,8 +213,8 @@ void Launch(const FixedItems& g, int sms, cudaStream_t s) {
                                        static_cast<int>(most)));
     raised[g.bf16] = true;
   }
-  kernel<<<grid, T::kThreads, shared, s>>>(g.a, g.lda, g.b, g.acc, g.ldacc, g.m, g.n, g.item_k,
-                                           g.items, per);
+  FS_LAUNCH(grid, T::kThreads, shared, s, kernel)
+  (g.a, g.lda, g.b, g.acc, g.ldacc, g.m, g.n, g.item_k, g.items, per);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

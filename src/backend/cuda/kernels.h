@@ -12,6 +12,20 @@
 #include <cstddef>
 #include <cstdint>
 
+// A launch, `FS_LAUNCH(grid, block, shared bytes, stream, kernel)(args)`,
+// and a kernel's dynamic shared memory, `FS_DYNAMIC_SHARED(type, name);`:
+// CUDA's own syntax, or the CPU emulation's (emulation/emulation.h) where
+// the kernels are compiled as C++ for tests.
+#ifdef FAILSAFE_CUDA_EMULATION
+#define FS_LAUNCH(grid, block, shared, stream, ...) \
+  ::failsafe::cuda::emu::Launch(grid, block, shared, __VA_ARGS__)
+#define FS_DYNAMIC_SHARED(type, name) \
+  type* name = reinterpret_cast<type*>(::failsafe::cuda::emu::DynamicShared())
+#else
+#define FS_LAUNCH(grid, block, shared, stream, ...) __VA_ARGS__<<<grid, block, shared, stream>>>
+#define FS_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
 namespace failsafe::cuda {
 
 // Element types of weights.

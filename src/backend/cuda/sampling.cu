@@ -59,7 +59,7 @@ __global__ void KeysKernel(const float* logits, float* keys, int* ids, int n) {
 }  // namespace
 
 void ArgMax(const float* logits, int vocab, int* out, cudaStream_t s) {
-  ArgMaxKernel<<<1, kThreads, 0, s>>>(logits, vocab, out);
+  FS_LAUNCH(1, kThreads, 0, s, ArgMaxKernel)(logits, vocab, out);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -74,8 +74,8 @@ size_t SortScratchBytes(int vocab) {
 void SortDescending(const float* logits, int vocab, float* sorted, float* keys_scratch,
                     int* ids_scratch, int* ids, void* scratch, size_t scratch_bytes,
                     cudaStream_t s) {
-  KeysKernel<<<(vocab + 255) / 256 < 1024 ? (vocab + 255) / 256 : 1024, 256, 0, s>>>(
-      logits, keys_scratch, ids_scratch, vocab);
+  FS_LAUNCH((vocab + 255) / 256 < 1024 ? (vocab + 255) / 256 : 1024, 256, 0, s, KeysKernel)
+  (logits, keys_scratch, ids_scratch, vocab);
   FS_CUDA_CHECK(cudaGetLastError());
   // Radix sort is stable: equal logits keep ascending ids.
   FS_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(scratch, scratch_bytes, keys_scratch,

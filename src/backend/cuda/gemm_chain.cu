@@ -30,9 +30,13 @@ __device__ __forceinline__ float WidenAt(const void* w, WType t, int64_t i) {
 // The bf16 chain's step: denormal inputs read as zero, denormal results
 // flushed (the CPU's DAZ and FTZ).
 __device__ __forceinline__ float FmaFtz(float a, float b, float c) {
+#ifdef FAILSAFE_CUDA_EMULATION
+  return emu::FmaFtz(a, b, c);
+#else
   float d;
   asm("fma.rn.ftz.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
   return d;
+#endif
 }
 
 __device__ __forceinline__ float RoundBf16(float v) {
@@ -216,11 +220,11 @@ void RunChainGemmNN(const float* x, int64_t ldx, const void* w, WType type, floa
   if (m <= 0 || n <= 0) return;
   FS_CHECK((m + kRows - 1) / kRows <= 65535);
   if (type == WType::kBF16) {
-    ChainNNKernel<true>
-        <<<Grid(m, n), kThreads, 0, s>>>(x, ldx, w, type, y, ldy, m, n, k, accumulate);
+    FS_LAUNCH(Grid(m, n), kThreads, 0, s, ChainNNKernel<true>)
+    (x, ldx, w, type, y, ldy, m, n, k, accumulate);
   } else {
-    ChainNNKernel<false>
-        <<<Grid(m, n), kThreads, 0, s>>>(x, ldx, w, type, y, ldy, m, n, k, accumulate);
+    FS_LAUNCH(Grid(m, n), kThreads, 0, s, ChainNNKernel<false>)
+    (x, ldx, w, type, y, ldy, m, n, k, accumulate);
   }
   FS_CUDA_CHECK(cudaGetLastError());
 }

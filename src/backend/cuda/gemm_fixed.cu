@@ -26,6 +26,24 @@ __device__ __forceinline__ int64_t ToFixedDevice(float v) {
   return static_cast<int64_t>(v * 4294967296.0f);
 }
 
+#ifdef FAILSAFE_CUDA_EMULATION
+// The emulation's (emulation.h): the copies made at once, the fragments
+// gathered from the warp's lanes.
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
+  emu::CopyAsync16(dst, src, valid);
+}
+__device__ __forceinline__ void CommitAsync() {}
+template <int N>
+__device__ __forceinline__ void WaitAsync() {}
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* p) {
+  emu::LoadMatrixX4(__LINE__, r, p);
+}
+template <bool kBf16>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  emu::Mma16816(__LINE__, d, a, b0, b1, kBf16);
+}
+#else
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -65,6 +83,7 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
+#endif
 
 // Warps kWarpsM x kWarpsN, each a tile of (16 kFm) x (8 kFn) (kFn even).
 template <int kWarpsM, int kWarpsN, int kFm, int kFn>

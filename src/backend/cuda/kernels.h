@@ -18,7 +18,7 @@
 // the kernels are compiled as C++ for tests.
 #ifdef FAILSAFE_CUDA_EMULATION
 #define FS_LAUNCH(grid, block, shared, stream, ...) \
-  ::failsafe::cuda::emu::Launch(grid, block, shared, __VA_ARGS__)
+  ::failsafe::cuda::emu::Launch(grid, block, shared, stream, __VA_ARGS__)
 #define FS_DYNAMIC_SHARED(type, name) \
   type* name = reinterpret_cast<type*>(::failsafe::cuda::emu::DynamicShared())
 #else

@@ -1,6 +1,8 @@
 // Sampling's device side: the greedy choice, and the logits sorted for a
 // seeded draw (kernels.h).
+#ifndef FAILSAFE_CUDA_EMULATION
 #include <cub/device/device_radix_sort.cuh>
+#endif
 
 #include <cfloat>
 
@@ -63,6 +65,19 @@ void ArgMax(const float* logits, int vocab, int* out, cudaStream_t s) {
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
+#ifdef FAILSAFE_CUDA_EMULATION
+// The emulation sorts on the host as CUB's radix sort does: by the keys'
+// bits ordered as numbers (so +0 above -0), stable.
+size_t SortScratchBytes(int vocab) { return 0; }
+
+void SortDescending(const float* logits, int vocab, float* sorted, float* keys_scratch,
+                    int* ids_scratch, int* ids, void* scratch, size_t scratch_bytes,
+                    cudaStream_t s) {
+  FS_LAUNCH((vocab + 255) / 256 < 1024 ? (vocab + 255) / 256 : 1024, 256, 0, s, KeysKernel)
+  (logits, keys_scratch, ids_scratch, vocab);
+  emu::SortPairsDescending(keys_scratch, sorted, ids_scratch, ids, vocab);
+}
+#else
 size_t SortScratchBytes(int vocab) {
   size_t bytes = 0;
   FS_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
@@ -82,5 +97,6 @@ void SortDescending(const float* logits, int vocab, float* sorted, float* keys_s
                                                           sorted, ids_scratch, ids, vocab, 0,
                                                           static_cast<int>(sizeof(float) * 8), s));
 }
+#endif
 
 }  // namespace failsafe::cuda

@@ -93,13 +93,14 @@ struct Block {
   size_t slot_bytes = 0;
 };
 
-Block* g_block = nullptr;  // the block running (one at a time)
-Coordinates g_host;        // what Self() answers outside a kernel
+thread_local Block* g_block = nullptr;  // the block this thread runs (one at a time)
+const Coordinates g_host;               // what Self() answers outside a kernel
 
 // Raised limits of dynamic shared memory, by kernel (cudaFuncSetAttribute).
+// (Never destroyed, as the runtime's tables: runtime.cc.)
 std::map<const void*, size_t>& SharedLimits() {
-  static std::map<const void*, size_t> limits;
-  return limits;
+  static auto* limits = new std::map<const void*, size_t>();
+  return *limits;
 }
 
 Fiber& Current() {
@@ -319,6 +320,47 @@ void Mma16816(int site, float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
     for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
     d[e] = s;
   }
+}
+
+void CopyAsync16(void* dst, const void* src, bool valid) {
+  if (valid) {
+    std::memcpy(dst, src, 16);
+  } else {
+    std::memset(dst, 0, 16);
+  }
+}
+
+void LoadMatrixX4(int site, uint32_t (&r)[4], const void* row) {
+  const void* rows[32];
+  WarpGather(site, &row, sizeof(row), rows);
+  const int lane = static_cast<int>(static_cast<size_t>(g_block->current) % 32);
+  for (int i = 0; i < 4; ++i) {
+    std::memcpy(&r[i], static_cast<const unsigned char*>(rows[8 * i + lane / 4]) + 4 * (lane % 4),
+                4);
+  }
+}
+
+void SortPairsDescending(const float* keys_in, float* keys_out, const int* values_in,
+                         int* values_out, int n) {
+  // A float's bits as an unsigned number ordered as the floats: negative
+  // ones flipped whole, the others their sign bit set.
+  auto order = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+  };
+  std::vector<int> index(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) index[static_cast<size_t>(i)] = i;
+  std::stable_sort(index.begin(), index.end(),
+                   [&](int a, int b) { return order(keys_in[a]) > order(keys_in[b]); });
+  std::vector<float> keys(static_cast<size_t>(n));
+  std::vector<int> values(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    keys[static_cast<size_t>(i)] = keys_in[index[static_cast<size_t>(i)]];
+    values[static_cast<size_t>(i)] = values_in[index[static_cast<size_t>(i)]];
+  }
+  std::copy(keys.begin(), keys.end(), keys_out);
+  std::copy(values.begin(), values.end(), values_out);
 }
 
 }  // namespace failsafe::cuda::emu

@@ -1,22 +1,23 @@
 // The CUDA execution model on the CPU, enough to run the engine's own
 // kernels' code (src/backend/cuda/*.cu) in tests on machines without a GPU:
-// CI compiles every kernel with nvcc but can run none, and this runs their
-// logic (indexing, masking, the online softmax, block and warp
-// cooperation, tensor-core fragments) against the CPU backend on every
-// change.
+// CI compiles every kernel with nvcc but can run none. With the emulated
+// runtime (runtime.cc) the CUDA backend itself runs over them, and its GPU
+// tests (cuda_backend_test.cc) check its logic (indexing, masking, the
+// online softmax, block and warp cooperation, tensor-core fragments, the
+// uploads, graphs) against the CPU backend on every change.
 //
-// A kernel file is compiled as C++ with this header first and
-// FAILSAFE_CUDA_EMULATION defined (emulated_kernels.cc). A launch
+// Each kernel file is compiled as C++ with this header first and
+// FAILSAFE_CUDA_EMULATION defined (src/backend/CMakeLists.txt). A launch
 // (FS_LAUNCH, kernels.h) runs the grid's blocks one after another; a
-// block's threads are fibers of one OS thread, each run until it waits at a
-// barrier: __syncthreads (every thread of the block not yet returned) or a
-// warp-wide operation (__shfl_*_sync, __any_sync, mma.sync: every lane of
-// the warp, at the same operation). Each is checked: a warp operation some
-// of whose lanes have returned or wait elsewhere, a block that cannot go on,
-// more dynamic shared memory than a launch may take (48 KiB, or what
-// cudaFuncSetAttribute raised the kernel's limit to; 227 KiB at most) stop
-// the test with a message. Dynamic shared memory starts as NaNs each block,
-// as uninitialised memory would not be zeros.
+// block's threads are fibers of one OS thread, run a warp at a time until
+// each waits at a barrier: __syncthreads (every thread of the block not yet
+// returned) or a warp-wide operation (__shfl_*_sync, __any_sync, mma.sync,
+// ldmatrix: every lane of the warp, at the same operation). Each is
+// checked: a warp operation some of whose lanes have returned or wait
+// elsewhere, or more dynamic shared memory than a launch may take (48 KiB,
+// or what cudaFuncSetAttribute raised the kernel's limit to; 227 KiB at
+// most), stops the test with a message. Dynamic shared memory starts as
+// NaNs each block, as uninitialised memory would not be zeros.
 //
 // What it does not model: timing, the memory model across blocks (blocks
 // run in turn, so a race between blocks goes unseen), and the GPU's own
@@ -64,20 +65,29 @@ unsigned char* DynamicShared();
 void Run(const void* kernel, dim3 grid, dim3 block, size_t shared,
          const std::function<void()>& body);
 
+// Runs `launch` now, or records it where `s` is being captured into a
+// graph (runtime.cc).
+void IssueLaunch(cudaStream_t s, std::function<void()> launch);
+
 template <typename Kernel>
 struct Launcher {
   Kernel kernel;
   dim3 grid, block;
   size_t shared;
+  cudaStream_t stream;
+  // The arguments by value: a captured launch runs when its graph does.
   template <typename... Args>
-  void operator()(Args&&... args) const {
-    Kernel k = kernel;
-    Run(reinterpret_cast<const void*>(k), grid, block, shared, [&] { k(args...); });
+  void operator()(Args... args) const {
+    const Kernel k = kernel;
+    const dim3 g = grid, b = block;
+    const size_t bytes = shared;
+    IssueLaunch(stream,
+                [=] { Run(reinterpret_cast<const void*>(k), g, b, bytes, [&] { k(args...); }); });
   }
 };
 template <typename Kernel>
-Launcher<Kernel> Launch(dim3 grid, dim3 block, size_t shared, Kernel kernel) {
-  return Launcher<Kernel>{kernel, grid, block, shared};
+Launcher<Kernel> Launch(dim3 grid, dim3 block, size_t shared, cudaStream_t stream, Kernel kernel) {
+  return Launcher<Kernel>{kernel, grid, block, shared, stream};
 }
 
 // Lane `src` of the calling warp's `v`.
@@ -92,6 +102,28 @@ T ShuffleFromLane(int site, T v, int src) {
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 of the
 // calling warp: d += a b, with the fragments of the PTX ISA.
 void Mma16816(int site, float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16);
+
+// fma.rn.ftz.f32: denormal inputs read as zeros, a denormal result
+// flushed to a zero of its sign.
+inline float FmaFtz(float a, float b, float c) {
+  auto flush = [](float v) {
+    return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v;
+  };
+  return flush(std::fma(flush(a), flush(b), flush(c)));
+}
+
+// cp.async of 16 bytes (zeros where !valid), made at once.
+void CopyAsync16(void* dst, const void* src, bool valid);
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16 of the calling warp: lanes 8 i
+// to 8 i + 7 give the rows of matrix i; each lane receives in r[i] matrix
+// i's row lane / 4, columns 2 (lane % 4) and the next.
+void LoadMatrixX4(int site, uint32_t (&r)[4], const void* row);
+
+// CUB's DeviceRadixSort::SortPairsDescending of floats: stable, by the
+// keys' bits ordered as numbers.
+void SortPairsDescending(const float* keys_in, float* keys_out, const int* values_in,
+                         int* values_out, int n);
 
 }  // namespace failsafe::cuda::emu
 

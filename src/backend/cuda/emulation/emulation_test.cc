@@ -1,21 +1,12 @@
-// The CUDA kernels' code run by the CPU emulation (emulation.h), against
-// the CPU backend: what CudaBackend's own tests check on a GPU, checked here
-// on every machine. Also the emulation itself: its barriers, warp
-// operations, tensor-core fragments and the mistakes it stops.
+// The CPU emulation of the CUDA execution model itself (emulation.h): its
+// barriers, warp operations, tensor-core fragments and the mistakes it
+// stops. (CudaBackend's own tests, cuda_backend_test.cc, run over it in the
+// same program: the backend and its kernels against the CPU backend.)
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <memory>
 #include <random>
-#include <string>
-#include <tuple>
 #include <vector>
 
-#include "backend/backend.h"
-#include "backend/cuda/attention_cases.h"
-#include "backend/cuda/attention_plan.h"
 #include "backend/cuda/emulation/emulation.h"
 #include "backend/cuda/kernels.h"
 
@@ -117,104 +108,6 @@ TEST(CudaEmulationDeathTest, StopsWhatAGpuWouldNotRun) {
   EXPECT_DEATH(FS_LAUNCH(1, 32, 64 << 10, nullptr, BigSharedKernel)(out.data()),
                "over the kernel's limit");
 }
-
-// --- attention ---
-
-// A step's problems through the backend's plan and the emulated kernels,
-// host memory standing for the device's.
-void RunEmulated(const std::vector<AttentionArgs>& problems, GpuAttention mode) {
-  AttentionPlan plan;
-  PlanAttention(problems, mode, false, &plan);
-  for (size_t i = 0; i < problems.size(); ++i) {
-    plan.problems[i].pages = plan.pages.data() + plan.page_offset[i];
-  }
-  std::vector<float> states(static_cast<size_t>(plan.state_floats));
-  const int n = static_cast<int>(problems.size());
-  StoreKv(plan.problems.data(), n, plan.max_tokens, nullptr);
-  if (plan.tensor) {
-    AttendTc(plan.problems.data(), plan.first_block.data(), n, plan.blocks, plan.max_head_dim,
-             nullptr);
-    return;
-  }
-  Attend(plan.problems.data(), plan.first_block.data(), n, plan.blocks, plan.max_head_dim,
-         plan.segments, states.data(), nullptr);
-  AttendCombine(plan.problems.data(), plan.first_query.data(), n, plan.split_queries, states.data(),
-                nullptr);
-}
-
-// CudaBackend's attention test (cuda_backend_test.cc) on the emulated
-// kernels: each query against the CPU backend, the stored keys and values
-// its bits, and a chunk's last token computed again alone the same bits as
-// in its chunk.
-void CheckAttention(GpuAttention mode, const attention_cases::Shape& shape, DType kv, int window) {
-  const attention_cases::Case c(shape, kv, window);
-  SCOPED_TRACE(c.Name(mode));
-  std::vector<float> cpu_pool = c.pool, gpu_pool = c.pool;
-  const size_t n = c.seqs.size();
-  std::vector<std::vector<float*>> cpu_tables(n), gpu_tables(n);
-  std::vector<std::vector<float>> cpu_out(n), gpu_out(n);
-  std::vector<AttentionArgs> cpu_p, gpu_p;
-  for (size_t i = 0; i < n; ++i) {
-    const auto& s = c.seqs[i];
-    cpu_out[i].assign(s.q.size(), 0.0f);
-    gpu_out[i].assign(s.q.size(), NAN);
-    cpu_p.push_back(
-        c.Args(i, cpu_pool.data(), s.q.data(), s.kv.data(), cpu_out[i].data(), &cpu_tables[i]));
-    gpu_p.push_back(
-        c.Args(i, gpu_pool.data(), s.q.data(), s.kv.data(), gpu_out[i].data(), &gpu_tables[i]));
-  }
-  MakeCpuBackend(1)->Attention(cpu_p);
-  RunEmulated(gpu_p, mode);
-  for (size_t i = 0; i < n; ++i) {
-    EXPECT_LT(attention_cases::MaxRelError(gpu_out[i], cpu_out[i]),
-              attention_cases::Tolerance(mode, shape))
-        << "sequence " << i;
-  }
-  EXPECT_EQ(std::memcmp(gpu_pool.data(), cpu_pool.data(), cpu_pool.size() * 4), 0)
-      << "the stored keys and values";
-  const int width = shape.group * shape.hd;
-  for (size_t i : attention_cases::Case::Chunks()) {
-    AttentionArgs a = gpu_p[i];
-    const int last = c.seqs[i].tokens - 1;
-    std::vector<float> one(static_cast<size_t>(width), NAN);
-    a.q += static_cast<int64_t>(last) * width;
-    a.out = one.data();
-    a.num_tokens = 1;
-    a.start_pos += last;
-    a.new_kv = nullptr;
-    RunEmulated({a}, mode);
-    EXPECT_EQ(std::memcmp(one.data(), gpu_out[i].data() + static_cast<size_t>(last) * width,
-                          one.size() * 4),
-              0)
-        << "sequence " << i << "'s last token alone";
-  }
-}
-
-// Every shape of the GPU test, on each kernel; f32 pages with full
-// attention and a window of 300, bf16 pages with a window of 40 (all three
-// on the GPU).
-class EmulatedAttention : public testing::TestWithParam<std::tuple<GpuAttention, DType>> {};
-
-TEST_P(EmulatedAttention, MatchesTheCpuBackend) {
-  const auto [mode, kv] = GetParam();
-  for (const auto& s : attention_cases::kShapes)
-    for (int window : kv == DType::kF32 ? std::vector<int>{0, 300} : std::vector<int>{40}) {
-      CheckAttention(mode, s, kv, window);
-    }
-}
-
-INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedAttention,
-                         testing::Combine(testing::Values(GpuAttention::kCores,
-                                                          GpuAttention::kSegments,
-                                                          GpuAttention::kTensor),
-                                          testing::Values(DType::kF32, DType::kBF16)),
-                         [](const testing::TestParamInfo<EmulatedAttention::ParamType>& info) {
-                           const GpuAttention mode = std::get<0>(info.param);
-                           return std::string(mode == GpuAttention::kTensor     ? "TensorCores"
-                                              : mode == GpuAttention::kSegments ? "Segments"
-                                                                                : "CudaCores") +
-                                  (std::get<1>(info.param) == DType::kF32 ? "F32" : "BF16");
-                         });
 
 }  // namespace
 }  // namespace failsafe::cuda

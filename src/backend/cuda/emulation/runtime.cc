@@ -1,0 +1,324 @@
+// The CUDA runtime and cuBLASLt calls of the CUDA backend
+// (cuda_backend.cc, gemm_lt.cc), emulated on the CPU so that the backend
+// itself runs over the emulated kernels (emulation.h) in tests: one
+// "device", its memory host memory; every stream operation done at once
+// in issue order (so streams and events only order what is already in
+// order), except while a stream is captured: then launches, copies and
+// sets are recorded, and a graph's launch replays them, reading host
+// memory when it runs as a real graph's copies do.
+//
+// Not emulated, and refused as a GPU without them would refuse them: CUDA
+// IPC and the driver's virtual memory calls (peer memory), and cuBLASLt's
+// algorithms (none offered: every product family takes the engine's own
+// kernels, as where cuBLASLt offers none).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/emulation/emulation.h"
+#include "common/check.h"
+
+struct CUstream_st {
+  std::vector<std::function<void()>>* capture = nullptr;  // while captured
+};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at;
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+
+namespace failsafe::cuda::emu {
+namespace {
+
+// Never destroyed: a backend held in a static frees its memory at exit,
+// after this file's statics would be gone.
+std::mutex& Mu() {  // the tables below
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+// Device allocations and page-locked host ranges, by start: their sizes.
+std::map<const void*, size_t>& Device() {
+  static auto* m = new std::map<const void*, size_t>();
+  return *m;
+}
+std::map<const void*, size_t>& Locked() {
+  static auto* m = new std::map<const void*, size_t>();
+  return *m;
+}
+bool Within(const std::map<const void*, size_t>& m, const void* p) {
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return false;
+  --it;
+  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+}
+
+CUstream_st g_default_stream;
+CUstream_st* StreamOf(cudaStream_t s) { return s ? s : &g_default_stream; }
+
+// Runs `op` now, or records it where `s` is captured.
+void Issue(cudaStream_t s, std::function<void()> op) {
+  CUstream_st* st = StreamOf(s);
+  if (st->capture) {
+    st->capture->push_back(std::move(op));
+  } else {
+    op();
+  }
+}
+
+}  // namespace
+
+void IssueLaunch(cudaStream_t s, std::function<void()> launch) { Issue(s, std::move(launch)); }
+
+}  // namespace failsafe::cuda::emu
+
+using failsafe::cuda::emu::Issue;
+
+extern "C" {
+
+// --- devices ---
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  *value = attr == cudaDevAttrMultiProcessorCount ? 4 : 0;
+  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
+
+// --- memory ---
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+  failsafe::cuda::emu::Device()[*p] = bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+    if (failsafe::cuda::emu::Device().erase(p) == 0) return cudaErrorInvalidValue;
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+  failsafe::cuda::emu::Locked()[*p] = bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return cudaMallocHost(p, bytes); }
+cudaError_t cudaFreeHost(void* p) {
+  {
+    std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+    failsafe::cuda::emu::Locked().erase(p);
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
+  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+  failsafe::cuda::emu::Locked()[p] = bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) {
+  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+  return failsafe::cuda::emu::Locked().erase(p) ? cudaSuccess : cudaErrorHostMemoryNotRegistered;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  std::memset(a, 0, sizeof(*a));
+  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+  if (failsafe::cuda::emu::Within(failsafe::cuda::emu::Device(), p)) {
+    a->type = cudaMemoryTypeDevice;
+    a->devicePointer = const_cast<void*>(p);
+  } else if (failsafe::cuda::emu::Within(failsafe::cuda::emu::Locked(), p)) {
+    a->type = cudaMemoryTypeHost;
+    a->hostPointer = const_cast<void*>(p);
+    a->devicePointer = const_cast<void*>(p);
+  } else {
+    a->type = cudaMemoryTypeUnregistered;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t s) {
+  Issue(s, [=] { std::memmove(dst, src, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t s) {
+  Issue(s, [=] {
+    for (size_t r = 0; r < height; ++r) {
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                   width);
+    }
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  Issue(s, [=] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
+
+// --- streams, events, graphs ---
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  *s = new CUstream_st();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  return failsafe::cuda::emu::StreamOf(s)->capture ? cudaErrorStreamCaptureUnsupported
+                                                   : cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new CUevent_st();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (failsafe::cuda::emu::StreamOf(s)->capture) return cudaErrorStreamCaptureUnsupported;
+  e->at = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  CUstream_st* st = failsafe::cuda::emu::StreamOf(s);
+  if (st->capture) return cudaErrorIllegalState;
+  st->capture = new std::vector<std::function<void()>>();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  CUstream_st* st = failsafe::cuda::emu::StreamOf(s);
+  if (!st->capture) return cudaErrorIllegalState;
+  *graph = new CUgraph_st{std::move(*st->capture)};
+  delete st->capture;
+  st->capture = nullptr;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  for (const auto& op : exec->ops) Issue(s, op);
+  return cudaSuccess;
+}
+
+// --- what a GPU without them refuses ---
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return cudaErrorNotSupported; }
+cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) {
+  return cudaErrorNotSupported;
+}
+cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }
+cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** fn, unsigned int,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult* result) {
+  *fn = nullptr;
+  if (result) *result = cudaDriverEntryPointSymbolNotFound;
+  return cudaErrorNotSupported;
+}
+
+// --- cuBLASLt: handles that hold nothing, and no algorithm offered ---
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  *h = reinterpret_cast<cublasLtHandle_t>(new char(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  delete reinterpret_cast<char*>(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t,
+                                        cudaDataType_t) {
+  *d = reinterpret_cast<cublasLtMatmulDesc_t>(new char(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete reinterpret_cast<char*>(d);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t,
+                                              const void*, size_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType, uint64_t,
+                                          uint64_t, int64_t) {
+  *l = reinterpret_cast<cublasLtMatrixLayout_t>(new char(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete reinterpret_cast<char*>(l);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t,
+                                                cublasLtMatrixLayoutAttribute_t, const void*,
+                                                size_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = reinterpret_cast<cublasLtMatmulPreference_t>(new char(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete reinterpret_cast<char*>(p);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t,
+                                                    cublasLtMatmulPreferenceAttributes_t,
+                                                    const void*, size_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatmulPreference_t, int,
+                                              cublasLtMatmulHeuristicResult_t*, int* returned) {
+  *returned = 0;
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t*,
+                                                    cublasLtMatmulAlgoConfigAttributes_t, void*,
+                                                    size_t, size_t*) {
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*,
+                              cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t,
+                              const void*, const void*, cublasLtMatrixLayout_t, void*,
+                              cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*, void*, size_t,
+                              cudaStream_t) {
+  FS_CHECK_MSG(false, "cuBLASLt offered no algorithm, yet a product was run through it");
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+}  // extern "C"

@@ -74,7 +74,7 @@ void SwitchTo(Context* save, Context* to) { swapcontext(&save->uc, &to->uc); }
 
 struct Fiber {
   Context context;
-  std::unique_ptr<char[]> stack;
+  char* stack = nullptr;  // kStackBytes
   Coordinates at;
   Wait wait = Wait::kNone;
   int site = 0;           // the warp operation it waits at
@@ -142,7 +142,7 @@ std::string Where(const Fiber& f) {
   // What FsEmuSwitch pops: the control words, six registers, then Entry as
   // the return address, its own return slot 16-byte aligned less 8 as
   // after a call.
-  auto top = reinterpret_cast<uintptr_t>(f.stack.get() + kStackBytes) & ~uintptr_t{15};
+  auto top = reinterpret_cast<uintptr_t>(f.stack + kStackBytes) & ~uintptr_t{15};
   auto* sp = reinterpret_cast<uint64_t*>(top - 24);  // Entry's return slot (8 mod 16)
   sp[0] = 0;                                         // Entry never returns
   sp[-1] = reinterpret_cast<uint64_t>(&Entry);
@@ -155,7 +155,7 @@ std::string Where(const Fiber& f) {
   (void)b;
 #else
   getcontext(&f.context.uc);
-  f.context.uc.uc_stack.ss_sp = f.stack.get();
+  f.context.uc.uc_stack.ss_sp = f.stack;
   f.context.uc.uc_stack.ss_size = kStackBytes;
   f.context.uc.uc_link = &b.scheduler.uc;
   makecontext(&f.context.uc, Entry, 0);
@@ -265,10 +265,14 @@ void Run(const void* kernel, dim3 grid, dim3 block, size_t shared,
                "a launch with {} bytes of dynamic shared memory, over the kernel's limit of {} "
                "(cudaFuncSetAttribute raises it)",
                shared, limit);
+  // Stacks kept for the thread's next launches (a launch a kernel, many
+  // a step).
+  thread_local std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() < threads) stacks.emplace_back(new char[kStackBytes]);
   Block b;
   b.body = &body;
   b.fibers.resize(threads);
-  for (Fiber& f : b.fibers) f.stack.reset(new char[kStackBytes]);
+  for (size_t i = 0; i < threads; ++i) b.fibers[i].stack = stacks[i].get();
   b.slot_bytes = 64;
   b.slots.assign(2 * ((threads + 31) / 32), std::vector<unsigned char>(32 * b.slot_bytes));
   g_block = &b;

@@ -15,7 +15,7 @@ namespace failsafe {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d504653;  // "FSPM"
-constexpr size_t kBootIdChars = 36;
+constexpr size_t kBootIdChars = sizeof(PeerHandleHead::boot_id);
 
 struct Handle {
   PeerHandleHead head;

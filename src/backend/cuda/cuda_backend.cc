@@ -384,12 +384,12 @@ class CudaBackend final : public Backend {
 
   Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "peer memory allocated inside a graphed step");
-    FS_ASSIGN_OR_RETURN(const PeerHandleHead head, MakePeerHandleHead(kIpcMagic, bytes));
     if (peer_kind_ != PeerKind::kIpc) {
       auto vmm = AllocateVmmPeerMemory(bytes);
       if (vmm.ok() || peer_kind_ == PeerKind::kVmm) return vmm;
       FS_LOG_INFO("peer memory by CUDA IPC: {}", vmm.status().message());
     }
+    FS_ASSIGN_OR_RETURN(const PeerHandleHead head, MakePeerHandleHead(kIpcMagic, bytes));
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     if (e != cudaSuccess) {

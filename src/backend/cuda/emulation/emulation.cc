@@ -222,6 +222,11 @@ const Coordinates& Self() {
 
 void SyncThreads() { Yield(Wait::kBlock, 0); }
 
+int Lane() {
+  Current();  // (checks it is inside a kernel)
+  return g_block->current % 32;
+}
+
 void WarpGather(int site, const void* mine, size_t bytes, void* all) {
   WarpExchange(site, mine, bytes, -1, all);
 }
@@ -229,8 +234,8 @@ void WarpGather(int site, const void* mine, size_t bytes, void* all) {
 void WarpExchange(int site, const void* mine, size_t bytes, int from, void* out) {
   FS_CHECK(bytes <= g_block->slot_bytes);
   Fiber& f = Current();
-  const size_t index = static_cast<size_t>(g_block->current);
-  const size_t warp = index / 32, lane = index % 32;
+  const size_t warp = static_cast<size_t>(g_block->current) / 32;
+  const size_t lane = static_cast<size_t>(Lane());
   // Two sets of slots, taken in turn by a warp's operations: a lane writes
   // the next operation's while others may still read this one's, and
   // none writes this one's again before every lane has passed the next.
@@ -316,7 +321,7 @@ void Mma16816(int site, float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
     const int lane = 4 * n + (k % 8) / 2;
     return half(all[lane].b[k / 8], k % 2);
   };
-  const int lane = static_cast<int>(static_cast<size_t>(g_block->current) % 32);
+  const int lane = Lane();
   const int g = lane / 4, q = lane % 4;
   for (int e = 0; e < 4; ++e) {
     const int r = g + 8 * (e / 2), n = 2 * q + e % 2;
@@ -337,7 +342,7 @@ void CopyAsync16(void* dst, const void* src, bool valid) {
 void LoadMatrixX4(int site, uint32_t (&r)[4], const void* row) {
   const void* rows[32];
   WarpGather(site, &row, sizeof(row), rows);
-  const int lane = static_cast<int>(static_cast<size_t>(g_block->current) % 32);
+  const int lane = Lane();
   for (int i = 0; i < 4; ++i) {
     std::memcpy(&r[i], static_cast<const unsigned char*>(rows[8 * i + lane / 4]) + 4 * (lane % 4),
                 4);

@@ -51,6 +51,9 @@ const Coordinates& Self();
 // __syncthreads.
 void SyncThreads();
 
+// The calling thread's lane in its warp.
+int Lane();
+
 // Every lane of the calling warp gives `bytes` at `mine` (at the same
 // operation, `site`); `all` receives the 32 lanes' in lane order (a lane
 // past the block's last thread: zeros).
@@ -147,15 +150,9 @@ inline cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int va
 
 inline void __syncthreads() { ::failsafe::cuda::emu::SyncThreads(); }
 
-inline int EmulatedLane() {
-  const auto& s = ::failsafe::cuda::emu::Self();
-  const unsigned linear = s.thread.x + s.block_dim.x * (s.thread.y + s.block_dim.y * s.thread.z);
-  return static_cast<int>(linear % 32);
-}
-
 #define __shfl_xor_sync(mask, v, lane_mask)                                            \
   ::failsafe::cuda::emu::ShuffleFromLane(__LINE__ + (static_cast<void>(mask), 0), (v), \
-                                         EmulatedLane() ^ (lane_mask))
+                                         ::failsafe::cuda::emu::Lane() ^ (lane_mask))
 #define __shfl_sync(mask, v, src) \
   ::failsafe::cuda::emu::ShuffleFromLane(__LINE__ + (static_cast<void>(mask), 0), (v), (src))
 

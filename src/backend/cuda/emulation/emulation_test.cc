@@ -18,7 +18,7 @@ namespace {
 // A block's threads meet at __syncthreads: each reads what the others wrote
 // before it.
 __global__ void ReverseKernel(const int* in, int* out) {
-  static int buf[256];
+  __shared__ int buf[256];
   buf[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
   __syncthreads();
   out[blockIdx.x * blockDim.x + threadIdx.x] = buf[blockDim.x - 1 - threadIdx.x];

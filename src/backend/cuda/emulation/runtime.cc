@@ -76,6 +76,28 @@ void Issue(cudaStream_t s, std::function<void()> op) {
   }
 }
 
+// cuBLASLt's opaque handles: something to point at, holding nothing.
+template <typename Handle>
+cublasStatus_t NewOpaque(Handle* h) {
+  *h = reinterpret_cast<Handle>(new char(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <typename Handle>
+cublasStatus_t DeleteOpaque(Handle h) {
+  delete reinterpret_cast<char*>(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// `bytes` of host memory, 256-byte aligned as cudaMalloc's, entered in
+// `table`.
+cudaError_t Allocate(std::map<const void*, size_t>& table, void** p, size_t bytes) {
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> l(Mu());
+  table[*p] = bytes;
+  return cudaSuccess;
+}
+
 }  // namespace
 
 void IssueLaunch(cudaStream_t s, std::function<void()> launch) { Issue(s, std::move(launch)); }
@@ -99,11 +121,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 
 // --- memory ---
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-  if (!*p) return cudaErrorMemoryAllocation;
-  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
-  failsafe::cuda::emu::Device()[*p] = bytes;
-  return cudaSuccess;
+  return failsafe::cuda::emu::Allocate(failsafe::cuda::emu::Device(), p, bytes);
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
@@ -115,11 +133,7 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-  if (!*p) return cudaErrorMemoryAllocation;
-  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
-  failsafe::cuda::emu::Locked()[*p] = bytes;
-  return cudaSuccess;
+  return failsafe::cuda::emu::Allocate(failsafe::cuda::emu::Locked(), p, bytes);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return cudaMallocHost(p, bytes); }
 cudaError_t cudaFreeHost(void* p) {
@@ -251,22 +265,14 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** fn, unsigned in
 }
 
 // --- cuBLASLt: handles that hold nothing, and no algorithm offered ---
-cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
-  *h = reinterpret_cast<cublasLtHandle_t>(new char(0));
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
-  delete reinterpret_cast<char*>(h);
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { return failsafe::cuda::emu::NewOpaque(h); }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { return failsafe::cuda::emu::DeleteOpaque(h); }
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t,
                                         cudaDataType_t) {
-  *d = reinterpret_cast<cublasLtMatmulDesc_t>(new char(0));
-  return CUBLAS_STATUS_SUCCESS;
+  return failsafe::cuda::emu::NewOpaque(d);
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
-  delete reinterpret_cast<char*>(d);
-  return CUBLAS_STATUS_SUCCESS;
+  return failsafe::cuda::emu::DeleteOpaque(d);
 }
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t,
                                               const void*, size_t) {
@@ -274,12 +280,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t, cublasLtMatm
 }
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType, uint64_t,
                                           uint64_t, int64_t) {
-  *l = reinterpret_cast<cublasLtMatrixLayout_t>(new char(0));
-  return CUBLAS_STATUS_SUCCESS;
+  return failsafe::cuda::emu::NewOpaque(l);
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
-  delete reinterpret_cast<char*>(l);
-  return CUBLAS_STATUS_SUCCESS;
+  return failsafe::cuda::emu::DeleteOpaque(l);
 }
 cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t,
                                                 cublasLtMatrixLayoutAttribute_t, const void*,
@@ -287,12 +291,10 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t,
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
-  *p = reinterpret_cast<cublasLtMatmulPreference_t>(new char(0));
-  return CUBLAS_STATUS_SUCCESS;
+  return failsafe::cuda::emu::NewOpaque(p);
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
-  delete reinterpret_cast<char*>(p);
-  return CUBLAS_STATUS_SUCCESS;
+  return failsafe::cuda::emu::DeleteOpaque(p);
 }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t,
                                                     cublasLtMatmulPreferenceAttributes_t,

@@ -22,6 +22,7 @@ namespace {
 constexpr size_t kStackBytes = 256 << 10;
 constexpr size_t kDefaultShared = 48 << 10;  // a launch's without cudaFuncSetAttribute
 constexpr size_t kMaxShared = 227 << 10;     // a Hopper block's at most
+constexpr size_t kSlotBytes = 64;            // a lane's operands of one warp operation, at most
 
 enum class Wait { kNone, kBlock, kWarp, kDone };
 
@@ -90,7 +91,6 @@ struct Block {
   // Per warp, two sets taken in turn (WarpExchange): each lane's
   // contribution to a warp operation.
   std::vector<std::vector<unsigned char>> slots;
-  size_t slot_bytes = 0;
 };
 
 thread_local Block* g_block = nullptr;  // the block this thread runs (one at a time)
@@ -232,7 +232,7 @@ void WarpGather(int site, const void* mine, size_t bytes, void* all) {
 }
 
 void WarpExchange(int site, const void* mine, size_t bytes, int from, void* out) {
-  FS_CHECK(bytes <= g_block->slot_bytes);
+  FS_CHECK(bytes <= kSlotBytes);
   Fiber& f = Current();
   const size_t warp = static_cast<size_t>(g_block->current) / 32;
   const size_t lane = static_cast<size_t>(Lane());
@@ -240,15 +240,14 @@ void WarpExchange(int site, const void* mine, size_t bytes, int from, void* out)
   // the next operation's while others may still read this one's, and
   // none writes this one's again before every lane has passed the next.
   auto& slots = g_block->slots[2 * warp + (f.warp_ops++ & 1)];
-  std::memcpy(slots.data() + lane * g_block->slot_bytes, mine, bytes);
+  std::memcpy(slots.data() + lane * kSlotBytes, mine, bytes);
   Yield(Wait::kWarp, site);
   if (from >= 0) {
-    std::memcpy(out, slots.data() + static_cast<size_t>(from) * g_block->slot_bytes, bytes);
+    std::memcpy(out, slots.data() + static_cast<size_t>(from) * kSlotBytes, bytes);
     return;
   }
   for (size_t l = 0; l < 32; ++l) {
-    std::memcpy(static_cast<unsigned char*>(out) + l * bytes,
-                slots.data() + l * g_block->slot_bytes, bytes);
+    std::memcpy(static_cast<unsigned char*>(out) + l * bytes, slots.data() + l * kSlotBytes, bytes);
   }
 }
 
@@ -278,8 +277,7 @@ void Run(const void* kernel, dim3 grid, dim3 block, size_t shared,
   b.body = &body;
   b.fibers.resize(threads);
   for (size_t i = 0; i < threads; ++i) b.fibers[i].stack = stacks[i].get();
-  b.slot_bytes = 64;
-  b.slots.assign(2 * ((threads + 31) / 32), std::vector<unsigned char>(32 * b.slot_bytes));
+  b.slots.assign(2 * ((threads + 31) / 32), std::vector<unsigned char>(32 * kSlotBytes));
   g_block = &b;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)

@@ -386,6 +386,11 @@ int main(int argc, char** argv) {
         breakdown("the prefill", {}, timed->entries());
       }
     }
+    // Which kernels the backend chose for the shapes it ran.
+    for (const std::string& line : timed ? timed->KernelChoices() : std::vector<std::string>()) {
+      std::printf("  kernels: %s\n", line.c_str());
+      res["kernels"].push_back(line);
+    }
   }
   if (!json_out.empty()) std::ofstream(json_out) << out.dump(2) << "\n";
   return 0;

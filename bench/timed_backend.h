@@ -180,6 +180,7 @@ class TimedBackend final : public Backend {
     return !enabled && b_->BeginGraph(key, bytes);
   }
   void EndGraph() override { b_->EndGraph(); }
+  std::vector<std::string> KernelChoices() const override { return b_->KernelChoices(); }
   int Sample(const float* l, int vocab, const SamplingParams& p, uint64_t c) override {
     return b_->Sample(l, vocab, p, c);
   }

@@ -391,6 +391,10 @@ class Backend : public DeviceMemory {
   virtual bool BeginGraph(uint64_t key, size_t argument_bytes) { return false; }
   virtual void EndGraph() {}
 
+  // How the backend chose its kernels for the shapes it has run, one line
+  // each (a benchmark prints them); none where nothing is chosen.
+  virtual std::vector<std::string> KernelChoices() const { return {}; }
+
   // Timestamps in the device's queue, for a benchmark's breakdown of a
   // step without waiting between calls: Mark() records one when the device
   // reaches it (after every kernel issued before), TakeMarks() waits for

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -23,6 +24,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/attention_plan.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/fixed_gemm.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/peer_memory.h"
@@ -50,6 +52,9 @@ WType TypeOf(DType t) {
 // Rows of a fixed-point product taken at once: its items' f32 products
 // wait in a buffer of items x this x n.
 constexpr int kFixedRows = 128;
+// Rows of a fused fixed-point product up to which the kernel takes its
+// activations as f32.
+constexpr int kFixedF32Rows = 16;
 constexpr size_t kRingBytes = 16u << 20;
 // With graphs: a graphed step's arguments must fit without wrapping.
 constexpr size_t kGraphRingBytes = 48u << 20;
@@ -73,6 +78,16 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
     GrowRing(graphs_enabled_ ? kGraphRingBytes : kRingBytes);
     lt_ = std::make_unique<cuda::LtGemm>(stream_);
+    int shared_limit = 0;
+    FS_CUDA_CHECK(
+        cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu_));
+#ifdef FAILSAFE_CUDA_EMULATION
+    constexpr int kTuneRows = 0;  // emulated kernels: drawn, not timed
+#else
+    constexpr int kTuneRows = INT_MAX;
+#endif
+    fixed_ = std::make_unique<cuda::FixedGemm>(sms_, static_cast<size_t>(shared_limit), stream_,
+                                               kTuneRows);
     return Status::Ok();
   }
 
@@ -96,6 +111,7 @@ class CudaBackend final : public Backend {
     sort_scratch_ = DeviceArray<unsigned char>();
     states_ = DeviceArray<float>();
     lt_.reset();
+    fixed_.reset();
     if (ring_) cudaFree(ring_);
     if (pinned_) cudaFreeHost(pinned_);
     if (result_) cudaFreeHost(result_);
@@ -503,6 +519,13 @@ class CudaBackend final : public Backend {
     if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
   }
 
+  std::vector<std::string> KernelChoices() const override {
+    std::vector<std::string> out;
+    for (std::string& line : lt_->Report()) out.push_back("cuBLASLt " + std::move(line));
+    for (std::string& line : fixed_->Report()) out.push_back(std::move(line));
+    return out;
+  }
+
   // --- marks: events in the compute stream ---
   void Mark() override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a mark inside a graphed step");
@@ -625,20 +648,29 @@ class CudaBackend final : public Backend {
       RunFixedChains(x, ldx, w, acc, ldacc, m, n, k, item_k);
       return;
     }
+    cuda::FixedItems g;
+    g.b = static_cast<const uint16_t*>(w.data);
+    g.bf16 = w.dtype == DType::kBF16;
+    g.acc = acc;
+    g.ldacc = ldacc;
+    g.m = m;
+    g.n = n;
+    g.item_k = item_k;
+    g.items = items;
+    // Decode's few rows are rounded as the kernel reads them, not by a
+    // launch of their own (the same bits).
+    if (gemm_ == GpuGemm::kFused && m <= kFixedF32Rows &&
+        cuda::FixedItemsSupported(item_k, ldx, x, w.data, true)) {
+      g.a32 = x;
+      g.lda = ldx;
+      fixed_->Run(g, graph_ != Graph::kCapture);
+      return;
+    }
     const auto* x16 = static_cast<const uint16_t*>(Round(x, ldx, m, k, w.dtype));
     if (gemm_ == GpuGemm::kFused && cuda::FixedItemsSupported(item_k, k, x16, w.data)) {
-      cuda::FixedItems g;
       g.a = x16;
       g.lda = k;
-      g.b = static_cast<const uint16_t*>(w.data);
-      g.bf16 = w.dtype == DType::kBF16;
-      g.acc = acc;
-      g.ldacc = ldacc;
-      g.m = m;
-      g.n = n;
-      g.item_k = item_k;
-      g.items = items;
-      cuda::FixedItemsGemm(g, sms_, stream_);
+      fixed_->Run(g, graph_ != Graph::kCapture);
       return;
     }
     // Each item's product by cuBLASLt (one batch entry per item), then
@@ -900,10 +932,11 @@ class CudaBackend final : public Backend {
   std::mutex copy_mu_;             // guards copy_streams_ and pinned_host_
   std::map<std::thread::id, cudaStream_t> copy_streams_;  // Background copies: by thread
   std::unique_ptr<cuda::LtGemm> lt_;
+  std::unique_ptr<cuda::FixedGemm> fixed_;
   void* ring_ = nullptr;    // device side of the upload ring
   void* pinned_ = nullptr;  // its host side
   size_t ring_bytes_ = 0, ring_used_ = 0;
-  int* result_ = nullptr;  // pinned: ArgMax's answer
+  int* result_ = nullptr;   // pinned: ArgMax's answer
   DeviceArray<uint16_t> x16_{this, 0};
   DeviceArray<float> parts_{this, 0};
   DeviceArray<float> sort_{this, 0};

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/fixed_gemm.h"
+#include "backend/cuda/kernels.h"
 #include "common/clock.h"
 #include "common/fixed_point.h"
 #include "model/safetensors.h"
@@ -318,6 +320,122 @@ TEST(CudaBackend, ModelShapedSlicesKeepTheirBits) {
   ExpectItemRunsKeepTheirBits(t, h, item_k, items, 3, {1, 16, 64, big},
                               Random(static_cast<size_t>(big) * item_k * items, 24),
                               Random(static_cast<size_t>(item_k) * items * h, 25, 0.02f), "down, ");
+}
+
+// Every way of launching the fixed-point items' kernel gives the same bits
+// (so FixedGemm may pick any by its speed), and the chosen one of each
+// band of rows is one of the band's candidates, timed.
+TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
+  REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  int shared_limit = 0, sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Shape {
+    int m, n, item_k, items;
+    bool bf16;
+  };
+  for (const Shape& sh :
+       {Shape{1, 200, 128, 7, true}, Shape{5, 136, 256, 3, false}, Shape{17, 72, 48, 5, true},
+        Shape{70, 200, 64, 4, true}, Shape{300, 136, 32, 3, false}}) {
+    SCOPED_TRACE(testing::Message() << "m " << sh.m << " n " << sh.n << " item_k " << sh.item_k
+                                    << " items " << sh.items << (sh.bf16 ? " bf16" : " f16"));
+    const int64_t k = static_cast<int64_t>(sh.item_k) * sh.items;
+    const size_t acc_n = static_cast<size_t>(sh.m) * sh.n;
+    void *a = nullptr, *a32 = nullptr, *b = nullptr, *acc = nullptr;
+    ASSERT_EQ(cudaMalloc(&a, sizeof(uint16_t) * sh.m * k), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&a32, sizeof(float) * sh.m * k), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&b, sizeof(uint16_t) * sh.n * k), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&acc, sizeof(int64_t) * acc_n), cudaSuccess);
+    const cuda::WType t = sh.bf16 ? cuda::WType::kBF16 : cuda::WType::kF16;
+    // A as f32 and as its 16-bit rounding, values between two 16-bit ones.
+    const auto x = Random(static_cast<size_t>(sh.m) * k, 31);
+    ASSERT_EQ(cudaMemcpyAsync(a32, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice, s),
+              cudaSuccess);
+    cuda::RoundActivations(static_cast<const float*>(a32), k, sh.m, static_cast<int>(k), t, a, s);
+    cuda::FillRandom(b, t, sh.n * k, 32, s);
+    std::vector<int64_t> start(acc_n);
+    for (size_t i = 0; i < acc_n; ++i) start[i] = ToFixed(0.5f * static_cast<float>(i % 7) - 1.5f);
+    cuda::FixedItems g;
+    g.a = static_cast<const uint16_t*>(a);
+    g.lda = k;
+    g.b = static_cast<const uint16_t*>(b);
+    g.bf16 = sh.bf16;
+    g.acc = static_cast<int64_t*>(acc);
+    g.ldacc = sh.n;
+    g.m = sh.m;
+    g.n = sh.n;
+    g.item_k = sh.item_k;
+    g.items = sh.items;
+    auto run = [&](auto&& launch) {
+      EXPECT_EQ(
+          cudaMemcpyAsync(acc, start.data(), sizeof(int64_t) * acc_n, cudaMemcpyHostToDevice, s),
+          cudaSuccess);
+      launch();
+      std::vector<int64_t> out(acc_n);
+      EXPECT_EQ(
+          cudaMemcpyAsync(out.data(), acc, sizeof(int64_t) * acc_n, cudaMemcpyDeviceToHost, s),
+          cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      return out;
+    };
+    const auto want =
+        run([&] { cuda::FixedItemsGemm(g, cuda::FixedItemsDefault(g.m, false), sms, s); });
+    // Each item's product is in [-item_k, item_k]: a real sum moved the
+    // accumulator.
+    EXPECT_NE(want, start);
+    int ran = 0;
+    for (int v = 0; v < cuda::FixedItemsVariants(); ++v) {
+      if (cuda::FixedItemsShared(v, sh.item_k) > static_cast<size_t>(shared_limit)) continue;
+      SCOPED_TRACE(cuda::FixedItemsVariantName(v));
+      cuda::FixedItems gv = g;
+      if (cuda::FixedItemsTakesF32(v)) {
+        gv.a = nullptr;
+        gv.a32 = static_cast<const float*>(a32);
+      }
+      EXPECT_EQ(run([&] { cuda::FixedItemsGemm(gv, v, sms, s); }), want);
+      ++ran;
+    }
+    // Items of up to 128 fit every variant in a Hopper block's shared
+    // memory; larger ones the defaults and some more.
+    EXPECT_GE(ran, sh.item_k <= 128 ? cuda::FixedItemsVariants() : 4);
+    // Chosen by timing, for A of either type: the same bits, and the
+    // band's choice reported.
+    cuda::FixedGemm tuned(sms, static_cast<size_t>(shared_limit), s, 4);
+    cuda::FixedItems g32 = g;
+    g32.a = nullptr;
+    g32.a32 = static_cast<const float*>(a32);
+    EXPECT_EQ(run([&] { tuned.Run(g, true); }), want);
+    EXPECT_EQ(run([&] { tuned.Run(g32, true); }), want);
+    const std::vector<std::string> report = tuned.Report();
+    ASSERT_EQ(report.size(), 2u);
+    for (const std::string& line : report) {
+      const bool f32 = line.find("(A f32)") != std::string::npos;
+      bool named = false;
+      for (int v : cuda::FixedGemm::Candidates(cuda::FixedGemm::BandOf(sh.m), f32)) {
+        named |= line.find(std::string(": ") + cuda::FixedItemsVariantName(v) + ", timed") !=
+                 std::string::npos;
+      }
+      EXPECT_TRUE(named) << line;
+    }
+    // Drawn rather than timed (as under the emulation): a candidate too.
+    cuda::FixedGemm drawn(sms, static_cast<size_t>(shared_limit), s, 0);
+    EXPECT_EQ(run([&] { drawn.Run(g32, true); }), want);
+    ASSERT_EQ(drawn.Report().size(), 1u);
+    EXPECT_NE(drawn.Report()[0].find(", drawn (not timed)"), std::string::npos);
+    // Inside a graph capture nothing is timed: the default runs.
+    cuda::FixedGemm untimed(sms, static_cast<size_t>(shared_limit), s, 4);
+    EXPECT_EQ(run([&] { untimed.Run(g, false); }), want);
+    EXPECT_EQ(run([&] { untimed.Run(g32, false); }), want);
+    EXPECT_TRUE(untimed.Report().empty());
+    cudaFree(a);
+    cudaFree(a32);
+    cudaFree(b);
+    cudaFree(acc);
+  }
+  cudaStreamDestroy(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaLinearTest,

@@ -85,48 +85,82 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 }
 #endif
 
-// Warps kWarpsM x kWarpsN, each a tile of (16 kFm) x (8 kFn) (kFn even).
-template <int kWarpsM, int kWarpsN, int kFm, int kFn>
+// Warps kWarpsM x kWarpsN, each a tile of (16 kFm) x (8 kFn) (kFn even);
+// kStages items' operands in shared memory at once (cp.async's pipeline).
+// kA32: A is f32, rounded to 16 bits (to nearest even, as
+// RoundActivations) as each warp takes its fragments from shared memory.
+template <int kWarpsM, int kWarpsN, int kFm, int kFn, int kStages, bool kA32>
 struct Tiles {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBm = 16 * kFm * kWarpsM;
   static constexpr int kBn = 8 * kFn * kWarpsN;
+  static_assert(kFn % 2 == 0 && kStages >= 2);
+  // A stage's elements: its rows of A (floats where kA32, 16 bytes past the
+  // item's k-values), then its columns of B.
+  static __host__ __device__ int AElements(int ik) {
+    return kA32 ? 2 * kBm * (ik + 4) : kBm * (ik + 8);
+  }
+  static __host__ __device__ int StageElements(int ik) { return AElements(ik) + kBn * (ik + 8); }
 };
 
 // Elements of 16-bit values in a shared row: an item's k-values and 8 more
 // (rows 16 bytes apart in bank order: ldmatrix without conflicts).
 __host__ __device__ constexpr int Pitch(int ik) { return ik + 8; }
 
-template <int kWarpsM, int kWarpsN, int kFm, int kFn, bool kBf16>
+template <bool kBf16>
+__device__ __forceinline__ uint32_t Pack16(float lo, float hi) {
+  uint32_t l, h;
+  if constexpr (kBf16) {
+    l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
+    h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
+  } else {
+    l = __half_as_ushort(__float2half_rn(lo));
+    h = __half_as_ushort(__float2half_rn(hi));
+  }
+  return l | (h << 16);
+}
+
+template <int kWarpsM, int kWarpsN, int kFm, int kFn, int kStages, bool kA32, bool kBf16>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
-    FixedItemsKernel(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t* acc, int64_t ldacc,
+    FixedItemsKernel(const void* a, int64_t lda, const uint16_t* b, int64_t* acc, int64_t ldacc,
                      int m, int n, int ik, int items, int items_per_block) {
-  using T = Tiles<kWarpsM, kWarpsN, kFm, kFn>;
+  using T = Tiles<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>;
   FS_DYNAMIC_SHARED(uint16_t, smem);
-  const int pitch = Pitch(ik);
-  uint16_t* sa[2] = {smem, smem + T::kBm * pitch};
-  uint16_t* sb[2] = {smem + 2 * T::kBm * pitch, smem + 2 * T::kBm * pitch + T::kBn * pitch};
+  const int pitch = Pitch(ik), pitch32 = ik + 4;
+  // Stage s: its rows of A, then its columns of B.
+  auto stage_a = [&](int s) { return smem + s * T::StageElements(ik); };
+  auto stage_b = [&](int s) { return stage_a(s) + T::AElements(ik); };
   const int row0 = blockIdx.y * T::kBm, col0 = blockIdx.x * T::kBn;
   const int first = blockIdx.z * items_per_block;
   const int last = min(items, first + items_per_block);
   if (first >= last) return;
-  const int chunks = ik / 8;  // 16-byte chunks of a row of one item
+  const int chunks = ik / 8;  // 16-byte chunks of a row of one item's 16-bit values
+  const int chunks_a = kA32 ? ik / 4 : chunks;
+  const int a_pitch = kA32 ? 2 * pitch32 : pitch;  // 16-bit elements between rows of A
+  const int a_chunk = kA32 ? 4 : 8;                // A's values in 16 bytes
+  const int a_bytes = kA32 ? 4 : 2;
 
+  // Issues the copies of an item's operands into a stage (committed by the
+  // caller: one group per item, empty past the last, so that waiting for
+  // all but the newest kStages - 1 groups waits for the item wanted).
   auto load = [&](int item, int stage) {
-    for (int e = threadIdx.x; e < T::kBm * chunks; e += T::kThreads) {
-      const int r = e / chunks, c = e % chunks;
+    uint16_t* sa = stage_a(stage);
+    uint16_t* sb = stage_b(stage);
+    for (int e = threadIdx.x; e < T::kBm * chunks_a; e += T::kThreads) {
+      const int r = e / chunks_a, c = e % chunks_a;
       const bool ok = row0 + r < m;
-      const uint16_t* src = a + (ok ? static_cast<int64_t>(row0 + r) * lda : 0) +
-                            static_cast<int64_t>(item) * ik + c * 8;
-      CopyAsync16(sa[stage] + r * pitch + c * 8, src, ok);
+      const char* src =
+          static_cast<const char*>(a) + ((ok ? static_cast<int64_t>(row0 + r) * lda : 0) +
+                                         static_cast<int64_t>(item) * ik + c * a_chunk) *
+                                            a_bytes;
+      CopyAsync16(sa + r * a_pitch + c * 8, src, ok);
     }
     for (int e = threadIdx.x; e < T::kBn * chunks; e += T::kThreads) {
       const int r = e / chunks, c = e % chunks;
       const bool ok = col0 + r < n;
       const uint16_t* src = b + (static_cast<int64_t>(item) * n + (ok ? col0 + r : 0)) * ik + c * 8;
-      CopyAsync16(sb[stage] + r * pitch + c * 8, src, ok);
+      CopyAsync16(sb + r * pitch + c * 8, src, ok);
     }
-    CommitAsync();
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -140,16 +174,21 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
 #pragma unroll
       for (int q = 0; q < 4; ++q) sums[i][j][q] = 0;
 
-  load(first, 0);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (first + s < last) load(first + s, s);
+    CommitAsync();
+  }
   for (int item = first; item < last; ++item) {
-    const int stage = (item - first) % 2;
-    if (item + 1 < last) {
-      load(item + 1, 1 - stage);
-      WaitAsync<1>();
-    } else {
-      WaitAsync<0>();
-    }
+    const int at = item - first;
+    // The stage read in the step before: every warp passed the barrier
+    // that ended it.
+    if (item + kStages - 1 < last) load(item + kStages - 1, (at + kStages - 1) % kStages);
+    CommitAsync();
+    WaitAsync<kStages - 1>();
     __syncthreads();
+    const uint16_t* sa = stage_a(at % kStages);
+    const uint16_t* sb = stage_b(at % kStages);
 #pragma unroll
     for (int i = 0; i < kFm; ++i)
 #pragma unroll
@@ -160,14 +199,25 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
       uint32_t af[kFm][4];
 #pragma unroll
       for (int i = 0; i < kFm; ++i) {
-        const int r = wm * 16 * kFm + i * 16 + lane % 16;
-        LoadMatrixX4(af[i], sa[stage] + r * pitch + ks + (lane / 16) * 8);
+        if constexpr (kA32) {
+          // The fragment ldmatrix would give: rows lane / 4 and 8 more,
+          // columns 2 (lane % 4) and 8 more, each pair packed low first.
+          const float* f = reinterpret_cast<const float*>(sa) +
+                           (wm * 16 * kFm + i * 16 + lane / 4) * pitch32 + ks + (lane % 4) * 2;
+          af[i][0] = Pack16<kBf16>(f[0], f[1]);
+          af[i][1] = Pack16<kBf16>(f[8 * pitch32], f[8 * pitch32 + 1]);
+          af[i][2] = Pack16<kBf16>(f[8], f[9]);
+          af[i][3] = Pack16<kBf16>(f[8 * pitch32 + 8], f[8 * pitch32 + 9]);
+        } else {
+          const int r = wm * 16 * kFm + i * 16 + lane % 16;
+          LoadMatrixX4(af[i], sa + r * pitch + ks + (lane / 16) * 8);
+        }
       }
 #pragma unroll
       for (int j = 0; j < kFn; j += 2) {
         uint32_t bf[4];
         const int r = wn * 8 * kFn + j * 8 + lane % 8 + (lane / 16) * 8;
-        LoadMatrixX4(bf, sb[stage] + r * pitch + ks + ((lane / 8) % 2) * 8);
+        LoadMatrixX4(bf, sb + r * pitch + ks + ((lane / 8) % 2) * 8);
 #pragma unroll
         for (int i = 0; i < kFm; ++i) {
           Mma<kBf16>(d[i][j], af[i], bf[0], bf[1]);
@@ -182,7 +232,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           sums[i][j][q] += static_cast<uint64_t>(ToFixedDevice(d[i][j][q]));
-    __syncthreads();  // the stage is read before the next load overwrites it
+    __syncthreads();  // the stage is read before a later load overwrites it
   }
 
   const bool shared_tile = gridDim.z > 1;
@@ -207,51 +257,124 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   }
 }
 
-template <int kWarpsM, int kWarpsN, int kFm, int kFn>
-void Launch(const FixedItems& g, int sms, cudaStream_t s) {
-  using T = Tiles<kWarpsM, kWarpsN, kFm, kFn>;
+template <int kWarpsM, int kWarpsN, int kFm, int kFn, int kStages, bool kA32>
+size_t SharedBytes(int item_k) {
+  using T = Tiles<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>;
+  return sizeof(uint16_t) * kStages * T::StageElements(item_k);
+}
+
+template <int kWarpsM, int kWarpsN, int kFm, int kFn, int kStages, bool kA32>
+void Launch(const FixedItems& g, int blocks_per_sm, int sms, cudaStream_t s) {
+  using T = Tiles<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>;
+  FS_CHECK_MSG((g.a32 != nullptr) == kA32, "fixed-point items with A of the variant's other type");
   const int tiles_n = (g.n + T::kBn - 1) / T::kBn, tiles_m = (g.m + T::kBm - 1) / T::kBm;
-  // Enough blocks for two per multiprocessor: the items split over blocks.
-  const int want = 2 * sms, tiles = tiles_n * tiles_m;
+  // Enough blocks for `blocks_per_sm` per multiprocessor: the items split
+  // over blocks.
+  const int want = blocks_per_sm * sms, tiles = tiles_n * tiles_m;
   int groups = tiles >= want ? 1 : (want + tiles - 1) / tiles;
   groups = groups < g.items ? groups : g.items;
   const int per = (g.items + groups - 1) / groups;
   groups = (g.items + per - 1) / per;
-  const size_t shared = sizeof(uint16_t) * 2 * (T::kBm + T::kBn) * Pitch(g.item_k);
+  const size_t shared = SharedBytes<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>(g.item_k);
   dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
             static_cast<unsigned>(groups));
   FS_CHECK(tiles_m <= 65535 && groups <= 65535);
-  auto kernel = g.bf16 ? FixedItemsKernel<kWarpsM, kWarpsN, kFm, kFn, true>
-                       : FixedItemsKernel<kWarpsM, kWarpsN, kFm, kFn, false>;
-  // Shared memory past 48 KiB is asked for once per kernel (one GPU per
-  // process), up to the most any item size needs.
-  static bool raised[2] = {false, false};
-  if (!raised[g.bf16]) {
-    const size_t most = sizeof(uint16_t) * 2 * (T::kBm + T::kBn) * Pitch(256);
+  auto kernel = g.bf16 ? FixedItemsKernel<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32, true>
+                       : FixedItemsKernel<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32, false>;
+  // Shared memory past 48 KiB is asked for per kernel (one GPU per
+  // process), raised to the most a launch has needed.
+  static size_t raised[2] = {0, 0};
+  if (shared > 48 * 1024 && shared > raised[g.bf16]) {
     FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(most)));
-    raised[g.bf16] = true;
+                                       static_cast<int>(shared)));
+    raised[g.bf16] = shared;
   }
   FS_LAUNCH(grid, T::kThreads, shared, s, kernel)
-  (g.a, g.lda, g.b, g.acc, g.ldacc, g.m, g.n, g.item_k, g.items, per);
+  (kA32 ? static_cast<const void*>(g.a32) : g.a, g.lda, g.b, g.acc, g.ldacc, g.m, g.n, g.item_k,
+   g.items, per);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
+// The ways to launch it; every one gives the same bits.
+struct Variant {
+  const char* name;
+  size_t (*shared)(int item_k);
+  void (*launch)(const FixedItems& g, int blocks_per_sm, int sms, cudaStream_t s);
+  int blocks_per_sm;
+  bool a32;
+};
+
+#define FS_FIXED_VARIANT(name, wm, wn, fm, fn, stages, bps)                                       \
+  {                                                                                               \
+    name, SharedBytes<wm, wn, fm, fn, stages, false>, Launch<wm, wn, fm, fn, stages, false>, bps, \
+        false                                                                                     \
+  }
+#define FS_FIXED_VARIANT_A32(name, wm, wn, fm, fn, stages, bps)                                 \
+  {                                                                                             \
+    name, SharedBytes<wm, wn, fm, fn, stages, true>, Launch<wm, wn, fm, fn, stages, true>, bps, \
+        true                                                                                    \
+  }
+
+// Names: "a32" where A is f32, rows x columns of a block's tile, pipeline
+// stages, blocks per multiprocessor the items are split to fill. The
+// defaults (FixedItemsDefault) fit every item size in a Hopper block's
+// shared memory.
+const Variant kVariants[] = {
+    FS_FIXED_VARIANT("16x64 s2 b2", 1, 4, 1, 2, 2, 2),
+    FS_FIXED_VARIANT("16x64 s4 b2", 1, 4, 1, 2, 4, 2),
+    FS_FIXED_VARIANT("16x64 s3 b4", 1, 4, 1, 2, 3, 4),
+    FS_FIXED_VARIANT("16x128 s3 b2", 1, 4, 1, 4, 3, 2),
+    FS_FIXED_VARIANT("16x32 s4 b4", 1, 2, 1, 2, 4, 4),
+    FS_FIXED_VARIANT("32x64 s3 b2", 2, 2, 1, 4, 3, 2),
+    FS_FIXED_VARIANT("64x128 s2 b2", 2, 4, 2, 4, 2, 2),
+    FS_FIXED_VARIANT("64x128 s3 b2", 2, 4, 2, 4, 3, 2),
+    FS_FIXED_VARIANT("128x128 s2 b1", 2, 4, 4, 4, 2, 1),
+    FS_FIXED_VARIANT("128x64 s3 b2", 4, 2, 2, 4, 3, 2),
+    FS_FIXED_VARIANT("64x64 s3 b4", 2, 2, 2, 4, 3, 4),
+    FS_FIXED_VARIANT_A32("a32 16x64 s2 b2", 1, 4, 1, 2, 2, 2),
+    FS_FIXED_VARIANT_A32("a32 16x64 s4 b2", 1, 4, 1, 2, 4, 2),
+    FS_FIXED_VARIANT_A32("a32 16x64 s3 b4", 1, 4, 1, 2, 3, 4),
+    FS_FIXED_VARIANT_A32("a32 16x128 s3 b2", 1, 4, 1, 4, 3, 2),
+    FS_FIXED_VARIANT_A32("a32 16x32 s4 b4", 1, 2, 1, 2, 4, 4),
+};
+#undef FS_FIXED_VARIANT
+#undef FS_FIXED_VARIANT_A32
+constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+constexpr int kDecode = 0, kPrefill = 6, kDecodeA32 = 11;
+
 }  // namespace
 
-bool FixedItemsSupported(int item_k, int64_t lda, const void* a, const void* b) {
-  return item_k % 16 == 0 && item_k <= 256 && lda % 8 == 0 &&
+bool FixedItemsSupported(int item_k, int64_t lda, const void* a, const void* b, bool a32) {
+  return item_k % 16 == 0 && item_k <= 256 && lda % (a32 ? 4 : 8) == 0 &&
          reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
 }
 
-void FixedItemsGemm(const FixedItems& g, int sms, cudaStream_t s) {
+int FixedItemsVariants() { return kNumVariants; }
+
+const char* FixedItemsVariantName(int v) {
+  FS_CHECK(v >= 0 && v < kNumVariants);
+  return kVariants[v].name;
+}
+
+size_t FixedItemsShared(int v, int item_k) {
+  FS_CHECK(v >= 0 && v < kNumVariants);
+  return kVariants[v].shared(item_k);
+}
+
+bool FixedItemsTakesF32(int v) {
+  FS_CHECK(v >= 0 && v < kNumVariants);
+  return kVariants[v].a32;
+}
+
+int FixedItemsDefault(int m, bool a32) { return a32 ? kDecodeA32 : m <= 16 ? kDecode : kPrefill; }
+
+void FixedItemsGemm(const FixedItems& g, int variant, int sms, cudaStream_t s) {
   if (g.m <= 0 || g.n <= 0 || g.items <= 0) return;
-  FS_CHECK(FixedItemsSupported(g.item_k, g.lda, g.a, g.b));
-  if (g.m <= 16) {
-    Launch<1, 4, 1, 2>(g, sms, s);  // 16 x 64 tiles: decode
-  } else {
-    Launch<2, 4, 2, 4>(g, sms, s);  // 64 x 128 tiles
-  }
+  FS_CHECK(FixedItemsSupported(g.item_k, g.lda, g.a32 ? static_cast<const void*>(g.a32) : g.a, g.b,
+                               g.a32 != nullptr));
+  FS_CHECK(variant >= 0 && variant < kNumVariants);
+  const Variant& v = kVariants[variant];
+  v.launch(g, v.blocks_per_sm, sms, s);
 }
 
 }  // namespace failsafe::cuda

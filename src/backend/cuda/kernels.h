@@ -118,6 +118,7 @@ void RunChainGemmNN(const float* x, int64_t ldx, const void* w, WType type, floa
 // blocks (their fixed-point sums are added as integers).
 struct FixedItems {
   const uint16_t* a = nullptr;
+  const float* a32 = nullptr;  // or A as f32, rounded in the kernel (variants that take it)
   int64_t lda = 0;
   const uint16_t* b = nullptr;
   bool bf16 = true;
@@ -126,10 +127,22 @@ struct FixedItems {
   int m = 0, n = 0, item_k = 0, items = 0;
 };
 // Whether FixedItemsGemm takes these: item_k a multiple of 16 up to 256,
-// rows and operands 16-byte aligned.
-bool FixedItemsSupported(int item_k, int64_t lda, const void* a, const void* b);
+// rows and operands 16-byte aligned (a32: A is f32).
+bool FixedItemsSupported(int item_k, int64_t lda, const void* a, const void* b, bool a32 = false);
+// The ways to launch it (tiles, pipeline depth, blocks per multiprocessor,
+// A as 16-bit values or as f32 rounded in the kernel), numbered from 0:
+// every one gives the same bits, each is faster on some shapes
+// (fixed_gemm.h times them). A variant's name, the dynamic shared memory it
+// takes for items of item_k, whether it takes A as f32 (FixedItems::a32,
+// else FixedItems::a), and the default for m rows (which fits every item
+// size).
+int FixedItemsVariants();
+const char* FixedItemsVariantName(int variant);
+size_t FixedItemsShared(int variant, int item_k);
+bool FixedItemsTakesF32(int variant);
+int FixedItemsDefault(int m, bool a32);
 // `sms`: the GPU's multiprocessors (blocks are sized to fill them).
-void FixedItemsGemm(const FixedItems& g, int sms, cudaStream_t s);
+void FixedItemsGemm(const FixedItems& g, int variant, int sms, cudaStream_t s);
 
 // --- attention.cu ---
 // One attention problem as the kernels read it (AttentionArgs, with the

@@ -116,8 +116,11 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   // A small GPU's 4 multiprocessors (what sizes grids: the fixed-point
-  // items split over blocks as on a GPU with few); any other attribute 0.
-  *value = attr == cudaDevAttrMultiProcessorCount ? 4 : 0;
+  // items split over blocks as on a GPU with few), a Hopper block's shared
+  // memory at most; any other attribute 0.
+  *value = attr == cudaDevAttrMultiProcessorCount            ? 4
+           : attr == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 227 << 10
+                                                             : 0;
   return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 

@@ -1,0 +1,203 @@
+#include "backend/cuda/fixed_gemm.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "common/log.h"
+
+namespace failsafe::cuda {
+
+namespace {
+
+constexpr int kTimedRuns = 3;  // a candidate is timed over these, after one warm run
+
+// Bands of m: first and last rows, the rows timed.
+constexpr int kBandRows[FixedGemm::kBands][3] = {
+    {1, 16, 16}, {17, 64, 64}, {65, 256, 256}, {257, INT_MAX, 1024}};
+
+// Each band's candidates, by name (kernels.h: FixedItemsVariantName), for A
+// of 16-bit values; for A of f32 (which decode's rows take), every band's.
+const std::vector<const char*> kA32Candidates = {
+    "a32 16x64 s2 b2", "a32 16x64 s4 b2", "a32 16x64 s3 b4", "a32 16x128 s3 b2", "a32 16x32 s4 b4"};
+const std::vector<std::vector<const char*>>& CandidateNames() {
+  static const auto* names = new std::vector<std::vector<const char*>>{
+      {"16x64 s2 b2", "16x64 s4 b2", "16x64 s3 b4", "16x128 s3 b2", "16x32 s4 b4"},
+      {"16x64 s2 b2", "16x64 s3 b4", "16x128 s3 b2", "32x64 s3 b2", "64x128 s2 b2", "64x64 s3 b4"},
+      {"64x128 s2 b2", "32x64 s3 b2", "64x128 s3 b2", "128x64 s3 b2", "64x64 s3 b4"},
+      {"64x128 s2 b2", "64x128 s3 b2", "128x128 s2 b1", "128x64 s3 b2", "64x64 s3 b4"},
+  };
+  return *names;
+}
+
+int VariantNamed(const char* name) {
+  for (int v = 0; v < FixedItemsVariants(); ++v) {
+    if (std::strcmp(FixedItemsVariantName(v), name) == 0) return v;
+  }
+  return -1;
+}
+
+std::string BandName(int band) {
+  return kBandRows[band][1] == INT_MAX
+             ? fmt::format("{}-", kBandRows[band][0])
+             : fmt::format("{}-{}", kBandRows[band][0], kBandRows[band][1]);
+}
+
+}  // namespace
+
+int FixedGemm::BandOf(int m) {
+  for (int b = 0; b < kBands; ++b) {
+    if (m <= kBandRows[b][1]) return b;
+  }
+  return kBands - 1;
+}
+
+std::vector<int> FixedGemm::Candidates(int band, bool a32) {
+  FS_CHECK(band >= 0 && band < kBands);
+  std::vector<int> out;
+  for (const char* name : a32 ? kA32Candidates : CandidateNames()[band]) {
+    const int v = VariantNamed(name);
+    FS_CHECK_MSG(v >= 0 && FixedItemsTakesF32(v) == a32, "no fixed-point variant {}", name);
+    out.push_back(v);
+  }
+  return out;
+}
+
+FixedGemm::FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows)
+    : sms_(sms), shared_limit_(shared_limit), stream_(stream), tune_rows_(tune_rows) {
+  if (const char* forced = std::getenv("FAILSAFE_FIXED_GEMM"); forced && *forced) {
+    forced_ = VariantNamed(forced);
+    std::string known;
+    for (int v = 0; v < FixedItemsVariants(); ++v) {
+      known += fmt::format("{}'{}'", v ? ", " : "", FixedItemsVariantName(v));
+    }
+    FS_CHECK_MSG(forced_ >= 0, "FAILSAFE_FIXED_GEMM='{}' names no variant (one of {})", forced,
+                 known);
+  }
+}
+
+bool FixedGemm::Fits(int variant, int item_k) const {
+  return FixedItemsShared(variant, item_k) <= shared_limit_;
+}
+
+void FixedGemm::Run(const FixedItems& g, bool may_time) {
+  if (g.m <= 0 || g.n <= 0 || g.items <= 0) return;
+  const int band = BandOf(g.m);
+  const bool a32 = g.a32 != nullptr;
+  int variant = FixedItemsDefault(g.m, a32);
+  if (forced_ >= 0 && Fits(forced_, g.item_k) && FixedItemsTakesF32(forced_) == a32) {
+    variant = forced_;
+  } else if (forced_ < 0) {
+    Band& b = families_[Key{g.bf16, a32, g.n, g.item_k, g.items, g.lda}].bands[band];
+    if (b.variant < 0 && may_time) Choose(g, band, b);
+    if (b.variant >= 0) variant = b.variant;
+  }
+  FixedItemsGemm(g, variant, sms_, stream_);
+}
+
+void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
+  const bool a32 = g.a32 != nullptr;
+  const int fallback = FixedItemsDefault(kBandRows[band][0], a32);
+  if (tune_rows_ == 0) {  // drawn by the process and the family
+    std::vector<int> fit;
+    for (int v : Candidates(band, a32)) {
+      if (Fits(v, g.item_k)) fit.push_back(v);
+    }
+    uint64_t h = static_cast<uint64_t>(getpid()) * 0x9e3779b97f4a7c15ull;
+    for (int64_t x : {int64_t{g.bf16}, int64_t{a32}, int64_t{g.n}, int64_t{g.item_k},
+                      int64_t{g.items}, g.lda, int64_t{band}}) {
+      h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;
+    }
+    out.variant = fit.empty() ? fallback : fit[(h >> 17) % fit.size()];
+    out.how = fmt::format("{}, drawn (not timed)", FixedItemsVariantName(out.variant));
+    return;
+  }
+  const int rows = std::max(1, std::min(kBandRows[band][2], tune_rows_));
+  // Rows laid out as the family's (random 16-bit values; f32 zeros), and
+  // sums to throw away.
+  FixedItems t = g;
+  t.m = rows;
+  void* a = nullptr;
+  void* acc = nullptr;
+  const size_t a_bytes = (a32 ? 4 : 2) * static_cast<size_t>(rows) * g.lda;
+  const size_t acc_bytes = sizeof(int64_t) * static_cast<size_t>(rows) * g.n;
+  if (cudaMalloc(&a, a_bytes) != cudaSuccess || cudaMalloc(&acc, acc_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    if (a) FS_CUDA_CHECK(cudaFree(a));
+    out.variant = fallback;
+    out.how = fmt::format("{}, untimed: no device memory for the timing",
+                          FixedItemsVariantName(fallback));
+    return;
+  }
+  if (a32) {
+    FS_CUDA_CHECK(cudaMemsetAsync(a, 0, a_bytes, stream_));
+    t.a32 = static_cast<const float*>(a);
+  } else {
+    FillRandom(a, g.bf16 ? WType::kBF16 : WType::kF16, static_cast<int64_t>(rows) * g.lda, 0xf1ced,
+               stream_);
+    t.a = static_cast<const uint16_t*>(a);
+  }
+  t.acc = static_cast<int64_t*>(acc);
+  t.ldacc = g.n;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FS_CUDA_CHECK(cudaEventCreate(&start));
+  FS_CUDA_CHECK(cudaEventCreate(&stop));
+  double best = -1;
+  std::string times;
+  for (int v : Candidates(band, a32)) {
+    if (!Fits(v, g.item_k)) continue;
+    FixedItemsGemm(t, v, sms_, stream_);  // warm
+    FS_CUDA_CHECK(cudaEventRecord(start, stream_));
+    for (int r = 0; r < kTimedRuns; ++r) FixedItemsGemm(t, v, sms_, stream_);
+    FS_CUDA_CHECK(cudaEventRecord(stop, stream_));
+    FS_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    const double s = ms * 1e-3 / kTimedRuns;
+    times +=
+        fmt::format("{}{} {:.1f} us", times.empty() ? "" : ", ", FixedItemsVariantName(v), s * 1e6);
+    if (best < 0 || s < best) {
+      best = s;
+      out.variant = v;
+    }
+  }
+  FS_CUDA_CHECK(cudaEventDestroy(start));
+  FS_CUDA_CHECK(cudaEventDestroy(stop));
+  FS_CUDA_CHECK(cudaFree(a));
+  FS_CUDA_CHECK(cudaFree(acc));
+  if (out.variant < 0) {  // the defaults fit every item size; kept for safety
+    out.variant = fallback;
+    out.how = fmt::format("{}, untimed: no candidate fits", FixedItemsVariantName(fallback));
+    return;
+  }
+  out.how =
+      fmt::format("{}, timed at {} rows: {}", FixedItemsVariantName(out.variant), rows, times);
+  FS_LOG_INFO("fixed-point items n {} item_k {} items {} rows {}: {}", g.n, g.item_k, g.items,
+              BandName(band), out.how);
+}
+
+std::vector<std::string> FixedGemm::Report() const {
+  std::vector<std::string> out;
+  if (forced_ >= 0) {
+    out.push_back(
+        fmt::format("fixed-point items: {} (FAILSAFE_FIXED_GEMM)", FixedItemsVariantName(forced_)));
+  }
+  for (const auto& [key, f] : families_) {
+    for (int b = 0; b < kBands; ++b) {
+      if (f.bands[b].variant < 0) continue;
+      out.push_back(fmt::format("fixed-point items {}{} n {} item_k {} items {} rows {}: {}",
+                                std::get<0>(key) ? "bf16" : "f16",
+                                std::get<1>(key) ? " (A f32)" : "", std::get<2>(key),
+                                std::get<3>(key), std::get<4>(key), BandName(b), f.bands[b].how));
+    }
+  }
+  return out;
+}
+
+}  // namespace failsafe::cuda

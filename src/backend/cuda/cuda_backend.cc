@@ -146,6 +146,7 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     if (graph_ != Graph::kOff) {  // staged in the ring, which the graph copies from
       const void* staged = Upload(static_cast<const unsigned char*>(src), bytes);
+      CopyUploads();
       if (Launching())
         FS_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyDeviceToDevice, stream_));
       return;
@@ -269,8 +270,9 @@ class CudaBackend final : public Backend {
   }
   void Synchronize() override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");
+    FS_CHECK_MSG(ring_copied_ == ring_used_, "an upload never copied to the device");
     FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    ring_used_ = 0;  // every upload was read
+    ring_used_ = ring_copied_ = 0;  // every upload was read
   }
 
   // --- peer memory: processes of this host map one another's memory ---
@@ -711,6 +713,7 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     const auto* src = Upload<int32_t>(src_rows, n);
     const auto* dst = Upload<int32_t>(dst_rows, n);
+    CopyUploads();
     if (!Launching()) return;
     cuda::GatherWeightRows(w.data, TypeOf(w.dtype), cols, src, dst, n, out, ldo, stream_);
   }
@@ -718,12 +721,14 @@ class CudaBackend final : public Backend {
                   int64_t ldd) override {
     if (n <= 0) return;
     const int32_t* r = Upload<int32_t>(rows, n);
+    CopyUploads();
     if (Launching()) cuda::GatherRows(src, lds, r, n, cols, dst, ldd, stream_);
   }
   void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
                        int64_t* dst, int64_t ldd) override {
     if (n <= 0) return;
     const int32_t* r = Upload<int32_t>(rows, n);
+    CopyUploads();
     if (Launching()) cuda::ScatterAddFixed(src, lds, r, n, cols, dst, ldd, stream_);
   }
   void AddFixedTo(const int64_t* acc, float* x, int64_t n) override {
@@ -742,6 +747,7 @@ class CudaBackend final : public Backend {
   void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols) override {
     if (rows <= 0) return;
     const float* f = Upload<float>(scale, rows);
+    CopyUploads();
     if (Launching()) cuda::ScaleRows(x, ldx, f, rows, cols, stream_);
   }
 
@@ -796,6 +802,7 @@ class CudaBackend final : public Backend {
     const int* first_query = plan.split_queries > 0
                                  ? Upload<int>(plan.first_query.data(), plan.first_query.size())
                                  : nullptr;
+    CopyUploads();  // one copy for the step's tables
     float* states =
         plan.split_queries > 0 ? states_.Reserve(static_cast<size_t>(plan.state_floats)) : nullptr;
     if (!Launching()) return;
@@ -875,6 +882,7 @@ class CudaBackend final : public Backend {
 
   void GrowRing(size_t bytes) {
     if (ring_) {
+      CopyUploads();
       Synchronize();
       ForgetGraphs();  // they copy from the ring
       FS_CUDA_CHECK(cudaFree(ring_));
@@ -883,11 +891,12 @@ class CudaBackend final : public Backend {
     ring_bytes_ = bytes;
     FS_CUDA_CHECK(cudaMalloc(&ring_, ring_bytes_));
     FS_CUDA_CHECK(cudaMallocHost(&pinned_, ring_bytes_));
-    ring_used_ = 0;
+    ring_used_ = ring_copied_ = 0;
   }
 
-  // n elements from host memory into the ring; valid for kernels issued
-  // before the next Synchronize.
+  // n elements from host memory into the ring, staged on the host side
+  // until CopyUploads (one copy for all staged since the last) and then
+  // valid for kernels issued before the next Synchronize.
   template <typename T>
   const T* Upload(const T* src, size_t n) {
     const size_t bytes = sizeof(T) * n, padded = (bytes + 255) / 256 * 256;
@@ -905,15 +914,27 @@ class CudaBackend final : public Backend {
       }
     } else {
       if (padded > ring_bytes_) GrowRing(std::max(2 * ring_bytes_, padded));
-      if (ring_used_ + padded > ring_bytes_) Synchronize();  // every slot was read
+      if (ring_used_ + padded > ring_bytes_) {  // every slot read, then from the start
+        CopyUploads();
+        Synchronize();
+      }
     }
     char* host = static_cast<char*>(pinned_) + ring_used_;
     char* dev = static_cast<char*>(ring_) + ring_used_;
     std::memcpy(host, src, bytes);
-    if (Launching())
-      FS_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
     ring_used_ += padded;
     return reinterpret_cast<const T*>(dev);
+  }
+  // The uploads staged since the last call, to the device in one copy (in
+  // a replayed graph, its own copy).
+  void CopyUploads() {
+    if (ring_copied_ == ring_used_) return;
+    if (Launching()) {
+      FS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ring_) + ring_copied_,
+                                    static_cast<char*>(pinned_) + ring_copied_,
+                                    ring_used_ - ring_copied_, cudaMemcpyHostToDevice, stream_));
+    }
+    ring_copied_ = ring_used_;
   }
 
   // Whether calls launch work: not while a graph replays (it has them).
@@ -936,6 +957,7 @@ class CudaBackend final : public Backend {
   void* ring_ = nullptr;    // device side of the upload ring
   void* pinned_ = nullptr;  // its host side
   size_t ring_bytes_ = 0, ring_used_ = 0;
+  size_t ring_copied_ = 0;  // uploads [0, this) copied to the device side
   int* result_ = nullptr;   // pinned: ArgMax's answer
   DeviceArray<uint16_t> x16_{this, 0};
   DeviceArray<float> parts_{this, 0};

@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-gemm", gemm,
                  "product modes, each a run: lt, fused, chain, each with +graphs (CUDA graphs), "
                  "+tensor (attention on tensor cores), +segments (attention in segments), "
-                 "+kvbf16 (a bf16 KV cache)")
+                 "+kvbf16 (a bf16 KV cache), +pdl (programmatic dependent launch)")
       ->capture_default_str();
   bool breakdown_on = false;
   app.add_flag("--breakdown", breakdown_on,
@@ -292,6 +292,7 @@ int main(int argc, char** argv) {
                  : products == "fused" ? GpuGemm::kFused
                                        : GpuGemm::kLt;
     o.gpu_graphs = mode.find("+graphs") != std::string::npos;
+    o.gpu_dependent_launch = mode.find("+pdl") != std::string::npos;
     o.gpu_attention = mode.find("+tensor") != std::string::npos     ? GpuAttention::kTensor
                       : mode.find("+segments") != std::string::npos ? GpuAttention::kSegments
                                                                     : GpuAttention::kCores;

@@ -130,6 +130,10 @@ class TimedBackend final : public Backend {
             const float* cs) override {
     Time("rope", [&] { b_->Rope(x, ldx, hs, pos, tokens, heads, hd, cs); });
   }
+  void RopeQK(float* q, int64_t ldq, int64_t qs, int qh, float* k, int64_t ldk, int64_t ks, int kh,
+              const int32_t* pos, int tokens, int hd, const float* cs) override {
+    Time("rope q k", [&] { b_->RopeQK(q, ldq, qs, qh, k, ldk, ks, kh, pos, tokens, hd, cs); });
+  }
   void SiluMul(const float* gu, int64_t li, float* out, int64_t lo, int rows, int width,
                int shards) override {
     Time("silu mul", [&] { b_->SiluMul(gu, li, out, lo, rows, width, shards); });
@@ -159,6 +163,10 @@ class TimedBackend final : public Backend {
   }
   void AddFixedTo(const int64_t* a, float* x, int64_t n) override {
     Time("add fixed", [&] { b_->AddFixedTo(a, x, n); });
+  }
+  void AddFixedToNorm(int64_t* a, float* x, const float* w, float* y, int rows, int dim,
+                      float eps) override {
+    Time("add fixed + rms norm", [&] { b_->AddFixedToNorm(a, x, w, y, rows, dim, eps); });
   }
   void SumArrays(const float* const* srcs, int n, size_t count, float* out) override {
     Time("peer sums", [&] { b_->SumArrays(srcs, n, count, out); });

@@ -53,7 +53,7 @@
 #   scripts/gpu-check.sh [--bin .gpu/bin] [--out DIR] [--quick] [--compile 1,16,64]
 #                        [--mixtral-layers 4] [--llama-layers 32] [--skip STAGE,...]
 #                        [--only STAGE,...]
-#                        [--bench-modes lt,fused,fused+tensor,fused+tensor+kvbf16]
+#                        [--bench-modes lt,fused,fused+pdl,fused+tensor,fused+tensor+kvbf16]
 #                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--peer]
 #                        [--budget SECONDS]
 # Stages (a group's name, e.g. faults, e2e, torch-ref or bench, names all of
@@ -89,7 +89,7 @@ mixtral_layers=4
 llama_layers=32
 skip=""
 only=""
-bench_modes="lt,fused,fused+tensor,fused+tensor+kvbf16"
+bench_modes="lt,fused,fused+pdl,fused+tensor,fused+tensor+kvbf16"
 torch_bench=1
 recovery=""
 recovery_args=()

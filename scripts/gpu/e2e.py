@@ -238,7 +238,8 @@ def check_prefix_cache(fs, stories, gemm, tmp):
 
 
 def check_graphs(fs, stories, bf16, gemm, prompt_stories, prompt_bf16):
-    """CUDA graphs (--cuda-graphs) change no bit: decode steps replayed."""
+    """CUDA graphs (--cuda-graphs) and programmatic dependent launch
+    (--gpu-dependent-launch) change no bit."""
     try:
         r = generate(fs, stories, 1, "hybrid", gpu_args(1, gemm) + ["--cuda-graphs"])
         report(r["text"].strip() == PUBLISHED,
@@ -249,6 +250,15 @@ def check_graphs(fs, stories, bf16, gemm, prompt_stories, prompt_bf16):
             b = logits(fs, model, prompt, 1, "hybrid", gpu_args(1, gemm) + ["--cuda-graphs"])
             report(a["logits"] == b["logits"] and a["output_ids"] == b["output_ids"],
                    f"{label}, gemm {gemm}: CUDA graphs give the logits without them, bit for bit")
+            # Programmatic dependent launch: alone, with graphs, and on 4
+            # devices.
+            pdl = ["--gpu-dependent-launch"]
+            for what, n, extra in [("", 1, []), (" with CUDA graphs", 1, ["--cuda-graphs"]),
+                                   (" on 4 devices", 4, [])]:
+                c = logits(fs, model, prompt, n, "hybrid", gpu_args(n, gemm) + pdl + extra)
+                report(a["logits"] == c["logits"] and a["output_ids"] == c["output_ids"],
+                       f"{label}, gemm {gemm}: dependent launch{what} gives the logits of 1 "
+                       "device without it, bit for bit")
     except Exception as e:  # noqa: BLE001
         report(False, f"CUDA graphs, gemm {gemm}: {e}")
 
@@ -260,8 +270,10 @@ def main():
     ap.add_argument("--gemm", default="lt")
     ap.add_argument("--bf16-only", action="store_true",
                     help="only the synthetic bf16 model (what a product mode changes)")
-    ap.add_argument("--graphs", action="store_true", help="the CUDA graphs checks too")
-    ap.add_argument("--graphs-only", action="store_true", help="only the CUDA graphs checks")
+    ap.add_argument("--graphs", action="store_true",
+                    help="the CUDA graphs and dependent launch checks too")
+    ap.add_argument("--graphs-only", action="store_true",
+                    help="only the CUDA graphs and dependent launch checks")
     ap.add_argument("--attention", default="cores", choices=["cores", "tensor", "segments"],
                     help="--gpu-attention of every GPU run")
     ap.add_argument("--peer", action="store_true",

@@ -326,6 +326,14 @@ class Backend : public DeviceMemory {
   // table (ExtendRopeTable) with rows for every position given.
   virtual void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions,
                     int tokens, int heads, int head_dim, const float* cos_sin) = 0;
+  // The query heads and the keys of the same tokens rotated in one call:
+  // Rope(q, ...) then Rope(k, ...), which this default makes.
+  virtual void RopeQK(float* q, int64_t ldq, int64_t q_stride, int q_heads, float* k, int64_t ldk,
+                      int64_t k_stride, int k_heads, const int32_t* positions, int tokens,
+                      int head_dim, const float* cos_sin) {
+    Rope(q, ldq, q_stride, positions, tokens, q_heads, head_dim, cos_sin);
+    Rope(k, ldk, k_stride, positions, tokens, k_heads, head_dim, cos_sin);
+  }
   // FFN shards side by side, each its gate then its up columns: for shard
   // j < shards and i < width,
   //   out[r, j * width + i] = silu(gu[r, 2 j width + i]) * gu[r, (2 j + 1) width + i].
@@ -361,6 +369,17 @@ class Backend : public DeviceMemory {
   // x[i] += FromFixed(acc[i]), i < n: the residual stream takes a layer's
   // exact partial sums.
   virtual void AddFixedTo(const int64_t* acc, float* x, int64_t n) = 0;
+  // The residual stream takes a layer's sums and the next norm reads it:
+  // x += FromFixed(acc), then y = RmsNorm(x) (rows of dim, contiguous), and
+  // acc = 0 for the next sums. The same bits as those three calls, which
+  // this default makes; a backend may make them one pass.
+  virtual void AddFixedToNorm(int64_t* acc, float* x, const float* weight, float* y, int rows,
+                              int dim, float eps) {
+    const int64_t n = static_cast<int64_t>(rows) * dim;
+    AddFixedTo(acc, x, n);
+    RmsNorm(x, dim, weight, y, dim, rows, dim, eps);
+    SetZero(acc, sizeof(int64_t) * static_cast<size_t>(n));
+  }
   // out[i] = srcs[0][i] + srcs[1][i] + ... + srcs[n - 1][i], i < count, added
   // in that order (common/ordered_sums.h: float, each addition rounded;
   // int64_t, fixed-point sums wrapping). srcs: a host array of n device
@@ -475,6 +494,9 @@ struct CudaBackendOptions {
   GpuGemm gemm = GpuGemm::kLt;
   bool graphs = false;  // steps that repeat their shapes as CUDA graphs (BeginGraph)
   GpuAttention attention = GpuAttention::kCores;
+  // Kernels launched with programmatic dependent launch (kernels.h:
+  // SetDependentLaunch): each may start while the one before it finishes.
+  bool dependent_launch = false;
 };
 
 // The CUDA backend (backend/cuda): bf16, f16 and f32 weights, cuBLASLt

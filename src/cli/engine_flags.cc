@@ -86,6 +86,10 @@ void AddGpuFlags(CLI::App& app, DeviceFlags* f) {
   app.add_flag("--cuda-graphs", f->cuda_graphs,
                "on a GPU, run decode steps that repeat their shapes as CUDA graphs (one launch "
                "a step; a device alone in its group, dense models)");
+  app.add_flag("--gpu-dependent-launch", f->gpu_dependent_launch,
+               "on a GPU (Hopper or later), launch kernels with programmatic dependent launch: "
+               "each may start while the one before it finishes, and waits for its results "
+               "(hides the gap between a step's many small kernels)");
 }
 
 void AddKvDtypeFlag(CLI::App& app, DeviceFlags* f) {
@@ -255,6 +259,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
     if (!gpus.empty()) o.gpu = gpus[0];
     o.gpu_gemm = gpu_gemm;
     o.gpu_graphs = f.cuda_graphs;
+    o.gpu_dependent_launch = f.gpu_dependent_launch;
     o.gpu_attention = gpu_attention;
     o.peer_collectives = f.peer_collectives;
     FS_ASSIGN_OR_RETURN(auto e, LocalExecutor::Create(model_dir, o));
@@ -279,6 +284,7 @@ Result<std::unique_ptr<Executor>> MakeExecutor(const std::string& model_dir, con
   o.gpus = gpus;
   o.gpu_gemm = gpu_gemm;
   o.gpu_graphs = f.cuda_graphs;
+  o.gpu_dependent_launch = f.gpu_dependent_launch;
   o.gpu_attention = gpu_attention;
   o.peer_collectives = f.peer_collectives;
   o.comm = f.comm == "gloo" ? CommKind::kGloo : CommKind::kShm;

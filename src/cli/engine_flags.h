@@ -23,6 +23,7 @@ struct DeviceFlags {
   std::string gpus;              // e.g. "0,0,0,0": each device's GPU; empty: CPU devices
   std::string gpu_gemm = "lt";
   bool cuda_graphs = false;
+  bool gpu_dependent_launch = false;
   std::string gpu_attention = "cores";  // cores or tensor
   bool peer_collectives = false;        // DeviceOptions::peer_collectives
   std::string recovery = "full";

@@ -25,6 +25,7 @@ Result<std::unique_ptr<LocalExecutor>> LocalExecutor::Create(const std::string& 
     co.gpu = options.gpu;
     co.gemm = options.gpu_gemm;
     co.graphs = options.gpu_graphs;
+    co.dependent_launch = options.gpu_dependent_launch;
     co.attention = options.gpu_attention;
     FS_ASSIGN_OR_RETURN(e->backend_, MakeCudaBackend(co));
   } else {

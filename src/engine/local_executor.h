@@ -32,6 +32,7 @@ struct LocalExecutorOptions {
   int gpu = -1;                // >= 0: the CUDA backend on this GPU
   GpuGemm gpu_gemm = GpuGemm::kLt;
   bool gpu_graphs = false;                            // CudaBackendOptions::graphs
+  bool gpu_dependent_launch = false;                  // CudaBackendOptions::dependent_launch
   GpuAttention gpu_attention = GpuAttention::kCores;  // CudaBackendOptions::attention
   bool peer_collectives = false;  // DeviceOptions::peer_collectives (alone: nothing to do)
   // Benchmarks: wraps the backend (e.g. to time its calls); unset: none.

@@ -303,6 +303,7 @@ Status WorkerGroup::InitDevice(int device) {
     init.gpu = options_.gpus.size() == 1 ? options_.gpus[0] : options_.gpus[device];
     init.gpu_gemm = static_cast<int32_t>(options_.gpu_gemm);
     init.gpu_graphs = options_.gpu_graphs ? 1 : 0;
+    init.gpu_dependent_launch = options_.gpu_dependent_launch ? 1 : 0;
     init.gpu_attention = static_cast<int32_t>(options_.gpu_attention);
   }
   WireWriter w;

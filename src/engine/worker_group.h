@@ -58,6 +58,7 @@ struct WorkerGroupOptions {
   std::vector<int> gpus;
   GpuGemm gpu_gemm = GpuGemm::kLt;
   bool gpu_graphs = false;                            // CudaBackendOptions::graphs
+  bool gpu_dependent_launch = false;                  // CudaBackendOptions::dependent_launch
   GpuAttention gpu_attention = GpuAttention::kCores;  // CudaBackendOptions::attention
   bool peer_collectives = false;                      // DeviceOptions::peer_collectives
   int block_size = 16;

@@ -140,13 +140,15 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   // The partial sums of query heads and FFN shards are exact (fixed point):
   // whichever devices hold which items, the sums and so the residual stream
   // are the same bit for bit.
+  h_normed_ = partial_clear_ = false;
   for (int l = 0; l < config_.num_layers; ++l) {
     AttentionPartial(l, b, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
-    AddToResidual(layers_[l].attn_out_norm, T);
+    AddToResidual(layers_[l].attn_out_norm, T, &layers_[l].ffn_norm);
     FfnPartial(l, T, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
-    AddToResidual(layers_[l].ffn_out_norm, T);
+    AddToResidual(layers_[l].ffn_out_norm, T,
+                  l + 1 < config_.num_layers ? &layers_[l + 1].attn_norm : nullptr);
   }
   LmHead(b, stats);
   if (in_graph) backend_->EndGraph();
@@ -159,9 +161,17 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   return Status::Ok();
 }
 
-void DeviceModel::AddToResidual(const DeviceArray<float>& out_norm, int num_tokens) {
+void DeviceModel::AddToResidual(const DeviceArray<float>& out_norm, int num_tokens,
+                                const DeviceArray<float>* next_norm) {
   const int H = config_.hidden_size;
   const int64_t n = static_cast<int64_t>(num_tokens) * H;
+  if (!config_.gemma() && next_norm) {
+    backend_->AddFixedToNorm(partial_.data(), x_.data(), next_norm->data(),
+                             h_.Reserve(static_cast<size_t>(n)), num_tokens, H,
+                             static_cast<float>(config_.rms_norm_eps));
+    h_normed_ = partial_clear_ = true;
+    return;
+  }
   if (!config_.gemma()) {
     backend_->AddFixedTo(partial_.data(), x_.data(), n);
     return;
@@ -263,9 +273,8 @@ void DeviceModel::RunHeads(const AttentionWeights& w, int layer, const StepBatch
   // 2) RoPE on the query heads and on the key of each group.
   const float* rope =
       config_.LocalRope(layer) ? rope_table_local_device_.data() : rope_table_device_.data();
-  backend_->Rope(q, ld_q, hd, hr.positions, hr.rows, n_q, hd, rope);
   // Each group's key: heads 2 * hd apart (its value between).
-  backend_->Rope(kv, ld_kv, 2 * hd, hr.positions, hr.rows, n_kv, hd, rope);
+  backend_->RopeQK(q, ld_q, hd, n_q, kv, ld_kv, 2 * hd, n_kv, hr.positions, hr.rows, hd, rope);
   // The query heads of each held group are adjacent in q (both ascending):
   // group k's are [first[k], first[k] + count[k]).
   const std::vector<int> groups = w.kv.items(), queries = w.q.items();
@@ -340,8 +349,9 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* h = h_.Reserve(static_cast<size_t>(T) * H);
   int64_t* partial = partial_.Reserve(static_cast<size_t>(T) * H);
-  backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
-  backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
+  if (!partial_clear_) backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
+  if (!h_normed_) backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
+  h_normed_ = partial_clear_ = false;
 
   // TP head groups: every token.
   const int n_tp = lw.tp.q.num_items();
@@ -394,10 +404,11 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
 }
 
 void DeviceModel::FfnOnRows(const LayerWeights& lw, int first, int end, const float* in, int rows,
-                            const float* row_scale, int64_t* out, ForwardStats* stats) {
+                            const float* row_scale, int64_t* out, bool out_clear,
+                            ForwardStats* stats) {
   const int H = config_.hidden_size;
   const int w = plan_.shape.shard_width;
-  backend_->SetZero(out, sizeof(int64_t) * static_cast<size_t>(rows) * H);
+  if (!out_clear) backend_->SetZero(out, sizeof(int64_t) * static_cast<size_t>(rows) * H);
   const auto& down_segs = lw.ffn_down.segments();
   const auto& gu_segs = lw.ffn_gate_up.segments();
   FS_CHECK(down_segs.size() == gu_segs.size());
@@ -428,10 +439,14 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   const int T = num_tokens, H = config_.hidden_size;
   float* h = h_.data();
   int64_t* partial = partial_.data();
-  backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H,
-                    static_cast<float>(config_.rms_norm_eps));
+  if (!h_normed_) {
+    backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H,
+                      static_cast<float>(config_.rms_norm_eps));
+  }
+  const bool partial_clear = partial_clear_;
+  h_normed_ = partial_clear_ = false;
   if (!config_.is_moe()) {
-    FfnOnRows(lw, 0, 1, h, T, nullptr, partial, stats);
+    FfnOnRows(lw, 0, 1, h, T, nullptr, partial, partial_clear, stats);
     return;
   }
   // Mixtral: every device routes every token (same inputs, same result), then
@@ -461,8 +476,8 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
     host_row_scale_.resize(T);
     backend_->CopyToHost(host_row_scale_.data(), shared, sizeof(float) * T);
     for (float& g : host_row_scale_) g = 1.0f / (1.0f + std::exp(-g));
-    FfnOnRows(lw, E, slots, h, T, host_row_scale_.data(), partial, stats);
-  } else {
+    FfnOnRows(lw, E, slots, h, T, host_row_scale_.data(), partial, partial_clear, stats);
+  } else if (!partial_clear) {
     backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
   }
   for (int e = 0; e < E; ++e) {
@@ -481,7 +496,7 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
     float* in = expert_in_.Reserve(static_cast<size_t>(rows) * H);
     backend_->GatherRows(h, H, host_rows_.data(), rows, H, in, H);
     int64_t* out = expert_out_.Reserve(static_cast<size_t>(rows) * H);
-    FfnOnRows(lw, e, e + 1, in, rows, host_row_scale_.data(), out, stats);
+    FfnOnRows(lw, e, e + 1, in, rows, host_row_scale_.data(), out, false, stats);
     backend_->ScatterAddFixed(out, H, host_rows_.data(), rows, H, partial, H);
   }
 }

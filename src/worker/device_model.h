@@ -196,9 +196,9 @@ class DeviceModel {
   // out[rows, hidden] = FFN of `in` over the held shards of expert slots
   // [first, end) (a dense FFN is slot 0), as exact fixed-point partial sums
   // (one per shard); each row's activations scaled by row_scale[row] (host;
-  // nullptr: 1).
+  // nullptr: 1); out_clear: out is zero already.
   void FfnOnRows(const LayerWeights& lw, int first, int end, const float* in, int rows,
-                 const float* row_scale, int64_t* out, ForwardStats* stats);
+                 const float* row_scale, int64_t* out, bool out_clear, ForwardStats* stats);
   // Takes this device's new block-table entries and checks that every
   // sequence of the step has pages for the positions it writes; then copies
   // the step's host-tier hits into their pages (CopyHostHits).
@@ -224,8 +224,11 @@ class DeviceModel {
   // A host vector into device memory.
   void Upload(const std::vector<float>& host, DeviceArray<float>* dst);
   // x += the step's summed partial_ (a layer's attention or FFN output);
-  // Gemma: normalised by `out_norm` first.
-  void AddToResidual(const DeviceArray<float>& out_norm, int num_tokens);
+  // Gemma: normalised by `out_norm` first. With `next_norm` (the norm that
+  // reads x next, where it is not Gemma's), in one backend call with that
+  // norm into h_, and partial_ cleared (h_normed_, partial_clear_).
+  void AddToResidual(const DeviceArray<float>& out_norm, int num_tokens,
+                     const DeviceArray<float>* next_norm);
   // Sums `n` elements of device memory over the group: from the members'
   // device memory where they map one another's (peer_), in place where
   // device memory is host memory, else through host staging; nothing to do
@@ -292,6 +295,10 @@ class DeviceModel {
       lm_out_;
   // Fixed-point partial sums (common/fixed_point.h), [tokens, hidden].
   DeviceArray<int64_t> partial_, dp_out_, expert_out_;
+  // Within a step: h_ holds the next norm of x_ and partial_ is zero, as
+  // AddToResidual left them (the next attention or FFN takes them as they
+  // are, once).
+  bool h_normed_ = false, partial_clear_ = false;
   DeviceArray<int32_t> positions_, gate_ids_, dp_positions_;
   // Host scratch: positions, index lists, a MoE step's routing, staging for
   // collectives when device memory is not host memory.

@@ -16,6 +16,7 @@ void WorkerInit::Encode(WireWriter* w) const {
   w->Put(kv_dtype);
   w->Put(gpu_attention);
   w->Put(peer_collectives);
+  w->Put(gpu_dependent_launch);
 }
 
 bool WorkerInit::Decode(WireReader* r) {
@@ -33,6 +34,7 @@ bool WorkerInit::Decode(WireReader* r) {
   kv_dtype = r->Get<int32_t>();
   gpu_attention = r->Get<int32_t>();
   peer_collectives = r->Get<uint8_t>();
+  gpu_dependent_launch = r->Get<uint8_t>();
   return r->ok() && gpu_gemm >= 0 && gpu_gemm <= 2 && gpu_attention >= 0 && gpu_attention <= 2 &&
          (kv_dtype == static_cast<int32_t>(DType::kF32) ||
           kv_dtype == static_cast<int32_t>(DType::kBF16));

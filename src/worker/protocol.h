@@ -45,7 +45,9 @@ enum class WorkerOp : uint32_t {
 // a GPU device may attend on tensor cores (WorkerInit::gpu_attention).
 // 9: devices may all-reduce from one another's memory
 // (WorkerInit::peer_collectives).
-constexpr int32_t kWorkerProtocolVersion = 9;
+// 10: a GPU device may launch kernels with programmatic dependent launch
+// (WorkerInit::gpu_dependent_launch).
+constexpr int32_t kWorkerProtocolVersion = 10;
 
 // kInit carries the logits region, the device progress region and, if the
 // coordinator keeps a host KV backup, the backup region.
@@ -63,6 +65,7 @@ struct WorkerInit {
   int32_t kv_dtype = static_cast<int32_t>(DType::kF32);  // of the KV pages: f32 or bf16
   int32_t gpu_attention = 0;                             // GpuAttention
   uint8_t peer_collectives = 0;                          // DeviceOptions::peer_collectives
+  uint8_t gpu_dependent_launch = 0;                      // CudaBackendOptions::dependent_launch
 
   void Encode(WireWriter* w) const;
   bool Decode(WireReader* r);

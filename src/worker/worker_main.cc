@@ -218,6 +218,7 @@ class Worker {
       o.gpu = init.gpu;
       o.gemm = static_cast<GpuGemm>(init.gpu_gemm);
       o.graphs = init.gpu_graphs != 0;
+      o.dependent_launch = init.gpu_dependent_launch != 0;
       o.attention = static_cast<GpuAttention>(init.gpu_attention);
       FS_ASSIGN_OR_RETURN(backend_, MakeCudaBackend(o));
     } else {

@@ -46,6 +46,7 @@ __device__ __forceinline__ float PageAt(const float* page, int64_t i, int bf16) 
 
 // Every problem's new keys and values into its pages: block (problem, token).
 __global__ void StoreKvKernel(const AttentionProblem* problems) {
+  FS_KERNEL_PROLOGUE();
   const AttentionProblem& a = problems[blockIdx.x];
   if (!a.new_kv) return;
   const int hd = a.head_dim, bs = a.block_size;
@@ -132,6 +133,7 @@ __device__ __forceinline__ void WriteOutput(const AttentionProblem& a, int t, in
 // one segment each and leave their queries' states in `states`).
 __global__ void AttendKernel(const AttentionProblem* problems, const int* first_block,
                              int num_problems, int segment_keys, float* states) {
+  FS_KERNEL_PROLOGUE();
   FS_DYNAMIC_SHARED(float, smem);
   const int lo = ProblemOfBlock(first_block, num_problems);
   const AttentionProblem& a = problems[lo];
@@ -265,6 +267,7 @@ __global__ void AttendKernel(const AttentionProblem* problems, const int* first_
 // them in a block.
 __global__ void AttendCombineKernel(const AttentionProblem* problems, const int* first_query,
                                     int num_problems, int total_queries, const float* states) {
+  FS_KERNEL_PROLOGUE();
   const int w = static_cast<int>(blockIdx.x) * kCombineWarps + static_cast<int>(threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (w >= total_queries) return;
@@ -355,6 +358,7 @@ __host__ __device__ constexpr int TcPitch(int hd) { return hd + 8; }
 template <int HD>
 __global__ void __launch_bounds__(kTcWarps * 32)
     AttendTcKernel(const AttentionProblem* problems, const int* first_block, int num_problems) {
+  FS_KERNEL_PROLOGUE();
   static_assert(HD % 16 == 0 && HD <= 128);
   constexpr int P = TcPitch(HD), KS = HD / 16, DT = HD / 8;
   FS_DYNAMIC_SHARED(unsigned char, tc_smem);

@@ -63,7 +63,11 @@ constexpr size_t kMaxGraphs = 64;
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : gpu_(o.gpu), gemm_(o.gemm), graphs_enabled_(o.graphs), attention_(o.attention) {}
+      : gpu_(o.gpu),
+        gemm_(o.gemm),
+        graphs_enabled_(o.graphs),
+        attention_(o.attention),
+        dependent_launch_(o.dependent_launch) {}
 
   Status Init() {
     int count = 0;
@@ -74,6 +78,7 @@ class CudaBackend final : public Backend {
     e = cudaSetDevice(gpu_);
     if (e != cudaSuccess) return FailedPrecondition("GPU {}: {}", gpu_, cudaGetErrorString(e));
     FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, gpu_));
+    cuda::SetDependentLaunch(dependent_launch_);
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
     GrowRing(graphs_enabled_ ? kGraphRingBytes : kRingBytes);
@@ -147,6 +152,7 @@ class CudaBackend final : public Backend {
     if (graph_ != Graph::kOff) {  // staged in the ring, which the graph copies from
       const void* staged = Upload(static_cast<const unsigned char*>(src), bytes);
       CopyUploads();
+      cuda::CountDeviceWrite();
       if (Launching())
         FS_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyDeviceToDevice, stream_));
       return;
@@ -154,6 +160,7 @@ class CudaBackend final : public Backend {
     // From pageable memory the call returns once the bytes are staged; from
     // page-locked memory the device reads them later, and the source may be
     // reused on return (backend.h), so that copy is waited for.
+    cuda::CountDeviceWrite();
     FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     if (PinnedHere(src)) FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -182,10 +189,12 @@ class CudaBackend final : public Backend {
     Synchronize();
   }
   void CopyOnDevice(void* dst, const void* src, size_t bytes) override {
+    cuda::CountDeviceWrite();
     if (bytes && Launching())
       FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   void SetZero(void* dst, size_t bytes) override {
+    cuda::CountDeviceWrite();
     if (bytes && Launching()) FS_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
   }
   void BackgroundCopyToHost(void* dst, const void* src, size_t bytes) override {
@@ -612,11 +621,13 @@ class CudaBackend final : public Backend {
     if (!Launching()) return;  // the graph has it
     FS_CHECK_MSG(!w.blocked16 && !w.transposed, "the CUDA backend reads [n, k] weights row-major");
     if (m <= 0 || n <= 0) return;
+    ProductWrites writes(this, y, sizeof(float) * ((m - 1) * ldy + n));
     if (Chains(w.dtype)) {
       RunChains(x, ldx, w, y, ldy, m, n, k, accumulate);
       return;
     }
     const void* x16 = Round(x, ldx, m, k, w.dtype);
+    writes.Mark();
     cuda::LtProblem p;
     p.type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
     p.x = x16;
@@ -646,6 +657,7 @@ class CudaBackend final : public Backend {
     if (m <= 0 || n <= 0 || k <= 0) return;
     FS_CHECK(item_k > 0 && k % item_k == 0);
     const int items = k / item_k;
+    ProductWrites writes(this, acc, sizeof(int64_t) * ((m - 1) * ldacc + n));
     if (Chains(w.dtype)) {
       RunFixedChains(x, ldx, w, acc, ldacc, m, n, k, item_k);
       return;
@@ -669,6 +681,7 @@ class CudaBackend final : public Backend {
       return;
     }
     const auto* x16 = static_cast<const uint16_t*>(Round(x, ldx, m, k, w.dtype));
+    writes.Mark();
     if (gemm_ == GpuGemm::kFused && cuda::FixedItemsSupported(item_k, k, x16, w.data)) {
       g.a = x16;
       g.lda = k;
@@ -735,6 +748,13 @@ class CudaBackend final : public Backend {
     if (!Launching()) return;  // the graph has it
     cuda::AddFixedTo(acc, x, n, stream_);
   }
+  void AddFixedToNorm(int64_t* acc, float* x, const float* weight, float* y, int rows, int dim,
+                      float eps) override {
+    if (!Launching()) return;  // the graph has it
+    void* y16 = NormRounding(rows, dim);
+    cuda::AddFixedToNorm(acc, x, weight, y, rows, dim, eps, y16, TypeOf(round_type_), stream_);
+    NormRounded(y16, y, dim, rows, dim);
+  }
   // Never in a graph: a replay would sum without the group's barriers.
   void SumArrays(const float* const* srcs, int n, size_t count, float* out) override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a peer sum inside a graphed step");
@@ -764,12 +784,21 @@ class CudaBackend final : public Backend {
   void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
                int dim, float eps) override {
     if (!Launching()) return;  // the graph has it
-    cuda::RmsNorm(x, ldx, weight, y, ldy, rows, dim, eps, stream_);
+    void* y16 = NormRounding(rows, dim);
+    cuda::RmsNorm(x, ldx, weight, y, ldy, rows, dim, eps, y16, TypeOf(round_type_), stream_);
+    NormRounded(y16, y, ldy, rows, dim);
   }
   void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, int tokens,
             int heads, int head_dim, const float* cos_sin) override {
     if (!Launching()) return;  // the graph has it
     cuda::Rope(x, ldx, head_stride, positions, tokens, heads, head_dim, cos_sin, stream_);
+  }
+  void RopeQK(float* q, int64_t ldq, int64_t q_stride, int q_heads, float* k, int64_t ldk,
+              int64_t k_stride, int k_heads, const int32_t* positions, int tokens, int head_dim,
+              const float* cos_sin) override {
+    if (!Launching()) return;  // the graph has it
+    cuda::RopeQK(q, ldq, q_stride, q_heads, k, ldk, k_stride, k_heads, positions, tokens, head_dim,
+                 cos_sin, stream_);
   }
   void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
                int shards) override {
@@ -874,11 +903,58 @@ class CudaBackend final : public Backend {
   }
 
   // x [m, k] rounded to the weights' 16-bit type, contiguous.
+  // x [m, k] rounded to 16-bit `t` for a product: what the last rounding
+  // or norm made, while nothing may have written device memory since (the
+  // q and k/v products of one input, a norm's output), else rounded now.
   const void* Round(const float* x, int64_t ldx, int m, int k, DType t) {
+    if (rounded_.x == x && rounded_.ldx == ldx && rounded_.m == m && rounded_.k == k &&
+        rounded_.type == t && rounded_.writes == cuda::DeviceWrites()) {
+      return x16_.data();
+    }
     uint16_t* dst = x16_.Reserve(static_cast<size_t>(m) * k);
     cuda::RoundActivations(x, ldx, m, k, TypeOf(t), dst, stream_);
+    round_type_ = t;
+    rounded_ = Rounded{x, ldx, m, k, t, cuda::DeviceWrites()};
     return dst;
   }
+  // Where a norm writes its output rounded too: products' inputs are
+  // norms' outputs, rounded as the last product's were (none before one,
+  // nor for products on CUDA cores).
+  void* NormRounding(int rows, int dim) {
+    if (round_type_ == DType::kF32 || gemm_ == GpuGemm::kChain) return nullptr;
+    return x16_.Reserve(static_cast<size_t>(rows) * dim);
+  }
+  void NormRounded(void* y16, const float* y, int64_t ldy, int rows, int dim) {
+    rounded_ = y16 ? Rounded{y, ldy, rows, dim, round_type_, cuda::DeviceWrites()} : Rounded();
+  }
+  // A product writes only its output (and scratch of its own): rounded
+  // activations current when it starts (after any rounding of its own,
+  // Mark) stay current after it unless its output overlaps them.
+  class ProductWrites {
+   public:
+    ProductWrites(CudaBackend* b, const void* out, size_t bytes)
+        : b_(b), out_(static_cast<const char*>(out)), bytes_(bytes) {
+      Mark();
+    }
+    ~ProductWrites() {
+      Rounded& r = b_->rounded_;
+      if (!r.x) return;
+      const auto* a = reinterpret_cast<const char*>(r.x);
+      const char* a_end = a + sizeof(float) * static_cast<size_t>((r.m - 1) * r.ldx + r.k);
+      if (out_ < a_end && a < out_ + bytes_) {
+        r = Rounded();
+      } else if (r.writes == mark_) {
+        r.writes = cuda::DeviceWrites();
+      }
+    }
+    void Mark() { mark_ = cuda::DeviceWrites(); }
+
+   private:
+    CudaBackend* b_;
+    const char* out_;
+    size_t bytes_;
+    uint64_t mark_ = 0;
+  };
 
   void GrowRing(size_t bytes) {
     if (ring_) {
@@ -954,8 +1030,18 @@ class CudaBackend final : public Backend {
   std::map<std::thread::id, cudaStream_t> copy_streams_;  // Background copies: by thread
   std::unique_ptr<cuda::LtGemm> lt_;
   std::unique_ptr<cuda::FixedGemm> fixed_;
-  void* ring_ = nullptr;    // device side of the upload ring
-  void* pinned_ = nullptr;  // its host side
+  // What x16_ holds: x [m, k] rounded to `type` when cuda::DeviceWrites()
+  // was `writes` (Round).
+  struct Rounded {
+    const float* x = nullptr;
+    int64_t ldx = 0;
+    int m = 0, k = 0;
+    DType type = DType::kF32;
+    uint64_t writes = 0;
+  } rounded_;
+  DType round_type_ = DType::kF32;  // of the last rounding
+  void* ring_ = nullptr;            // device side of the upload ring
+  void* pinned_ = nullptr;          // its host side
   size_t ring_bytes_ = 0, ring_used_ = 0;
   size_t ring_copied_ = 0;  // uploads [0, this) copied to the device side
   int* result_ = nullptr;   // pinned: ArgMax's answer
@@ -978,6 +1064,7 @@ class CudaBackend final : public Backend {
   };
   const bool graphs_enabled_;
   const GpuAttention attention_;
+  const bool dependent_launch_;
   Graph graph_ = Graph::kOff;
   std::unordered_set<uint64_t> seen_;
   std::unordered_map<uint64_t, StepGraph> graphs_;

@@ -444,6 +444,91 @@ INSTANTIATE_TEST_SUITE_P(Types, CudaLinearTest,
                            return std::string(DTypeName(info.param));
                          });
 
+// A product's 16-bit activations are those a norm wrote beside its output,
+// or an earlier product's of the same input, only while nothing has written
+// device memory since: the same bits as rounding afresh, and never stale.
+TEST(CudaBackend, RoundedActivationsAreReusedOnlyWhileCurrent) {
+  REQUIRE_GPU();
+  Backend* gpu = Gpu(GpuGemm::kFused);
+  ASSERT_NE(gpu, nullptr);
+  const DType t = DType::kBF16;
+  // Rows past decode's, so that the fixed-point product reads 16-bit rows.
+  const int m = 20, n = 48, item_k = 32, items = 3, k = item_k * items;
+  const auto x = Random(static_cast<size_t>(m) * k, 41), x2 = Random(x.size(), 42);
+  const auto norm = Random(k, 43), w = Random(static_cast<size_t>(k) * n, 44, 0.2f);
+  OnDevice<float> dx(gpu, x), dx2(gpu, x2), dnorm(gpu, norm), h(gpu, x.size()),
+      scratch(gpu, x.size());
+  OnDevice<unsigned char> dw(gpu, WeightBytes(w, t));
+  OnDevice<int64_t> acc(gpu, static_cast<size_t>(m) * n);
+  const WeightsRef ref(dw.get(), t, false, 0, true);
+  auto product = [&](const float* in) {
+    gpu->SetZero(acc.get(), sizeof(int64_t) * acc.n);
+    gpu->LinearNNFixed(in, k, ref, acc.get(), n, m, n, k, item_k);
+    return acc.Read(gpu);
+  };
+  // Rounded afresh: a write (the zeroing) comes between every norm and product.
+  product(dx.get());  // products round to bf16 from now on
+  gpu->RmsNorm(dx.get(), k, dnorm.get(), h.get(), k, m, k, 1e-5f);
+  const auto fresh = product(h.get());
+  gpu->RmsNorm(dx2.get(), k, dnorm.get(), h.get(), k, m, k, 1e-5f);
+  const auto fresh2 = product(h.get());
+  ASSERT_NE(fresh, fresh2);
+  // The norm's own rounding, straight into the product: its one launch
+  // (the count of device writes says no rounding ran).
+  gpu->RmsNorm(dx.get(), k, dnorm.get(), h.get(), k, m, k, 1e-5f);
+  uint64_t writes = cuda::DeviceWrites();
+  gpu->LinearNNFixed(h.get(), k, ref, acc.get(), n, m, n, k, item_k);  // onto fresh2's
+  EXPECT_EQ(cuda::DeviceWrites() - writes, 1u);
+  auto twice = acc.Read(gpu);
+  for (size_t i = 0; i < twice.size(); ++i) twice[i] -= fresh2[i];
+  EXPECT_EQ(twice, fresh);
+  // The same input twice with nothing written between: the first rounding.
+  gpu->SetZero(acc.get(), sizeof(int64_t) * acc.n);
+  writes = cuda::DeviceWrites();
+  gpu->LinearNNFixed(h.get(), k, ref, acc.get(), n, m, n, k, item_k);
+  EXPECT_EQ(cuda::DeviceWrites() - writes, 2u);  // rounded, then the product
+  gpu->LinearNNFixed(h.get(), k, ref, acc.get(), n, m, n, k, item_k);
+  EXPECT_EQ(cuda::DeviceWrites() - writes, 3u);
+  twice = acc.Read(gpu);
+  for (size_t i = 0; i < twice.size(); ++i) twice[i] -= fresh[i];
+  EXPECT_EQ(twice, fresh);
+  // Written after the norm, by a copy, a kernel or another norm: the new
+  // values.
+  gpu->RmsNorm(dx.get(), k, dnorm.get(), h.get(), k, m, k, 1e-5f);
+  gpu->RmsNorm(dx2.get(), k, dnorm.get(), scratch.get(), k, m, k, 1e-5f);
+  gpu->CopyOnDevice(h.get(), scratch.get(), sizeof(float) * x.size());
+  EXPECT_EQ(product(h.get()), fresh2);
+  gpu->RmsNorm(dx.get(), k, dnorm.get(), h.get(), k, m, k, 1e-5f);
+  std::vector<float> host2(x.size());
+  gpu->CopyToHost(host2.data(), scratch.get(), sizeof(float) * x.size());
+  gpu->CopyToDevice(h.get(), host2.data(), sizeof(float) * x.size());
+  EXPECT_EQ(product(h.get()), fresh2);
+  gpu->RmsNorm(dx.get(), k, dnorm.get(), h.get(), k, m, k, 1e-5f);
+  gpu->SetZero(h.get(), sizeof(float) * x.size());
+  gpu->AddBias(h.get(), x.size(), scratch.get(), 1, static_cast<int>(x.size()));
+  EXPECT_EQ(product(h.get()), fresh2);
+  // The residual add and norm in one call: its norm's rounding.
+  OnDevice<float> res(gpu, x);
+  OnDevice<int64_t> sums(gpu, std::vector<int64_t>(x.size(), ToFixed(0.25f)));
+  gpu->AddFixedToNorm(sums.get(), res.get(), dnorm.get(), h.get(), m, k, 1e-5f);
+  EXPECT_EQ(sums.Read(gpu), std::vector<int64_t>(x.size(), 0));
+  gpu->LinearNNFixed(h.get(), k, ref, acc.get(), n, m, n, k, item_k);  // after the norm: reused
+  const auto fused = acc.Read(gpu);
+  std::vector<float> shifted = x;
+  for (float& v : shifted) v += 0.25f;
+  OnDevice<float> dshifted(gpu, shifted);
+  gpu->RmsNorm(dshifted.get(), k, dnorm.get(), scratch.get(), k, m, k, 1e-5f);
+  EXPECT_EQ(res.Read(gpu), shifted);
+  EXPECT_TRUE(SameBits(h.Read(gpu), scratch.Read(gpu)));
+  gpu->SetZero(acc.get(), sizeof(int64_t) * acc.n);
+  gpu->SetZero(acc.get(), sizeof(int64_t) * acc.n);
+  gpu->LinearNNFixed(h.get(), k, ref, acc.get(), n, m, n, k, item_k);
+  const auto again = acc.Read(gpu);
+  ASSERT_EQ(fused.size(), again.size());
+  // `fused` added to the acc left by the last product (fresh2).
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i] - fresh2[i], again[i]);
+}
+
 TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
   REQUIRE_GPU();
   Backend* gpu = Gpu();
@@ -488,7 +573,16 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
     OnDevice<float> dx(gpu, x), dt(gpu, table);
     OnDevice<int32_t> dp(gpu, pos);
     gpu->Rope(dx.get(), dim, 64, dp.get(), rows, 5, 64, dt.get());
-    EXPECT_LT(MaxRelError(dx.Read(gpu), want), 1e-6);
+    const std::vector<float> alone = dx.Read(gpu);
+    EXPECT_LT(MaxRelError(alone, want), 1e-6);
+    // With keys in the same call (RopeQK): 2 heads 128 apart, as a group's
+    // key beside its value; the queries' bits as alone.
+    std::vector<float> kwant = x;
+    cpu->Rope(kwant.data(), dim, 128, pos.data(), rows, 2, 64, table.data());
+    OnDevice<float> dq(gpu, x), dk(gpu, x);
+    gpu->RopeQK(dq.get(), dim, 64, 5, dk.get(), dim, 128, 2, dp.get(), rows, 64, dt.get());
+    EXPECT_TRUE(SameBits(dq.Read(gpu), alone));
+    EXPECT_LT(MaxRelError(dk.Read(gpu), kwant), 1e-6);
   }
   {  // SiluMul: 2 shards of 80
     std::vector<float> want(static_cast<size_t>(rows) * 160);

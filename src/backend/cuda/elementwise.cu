@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -46,6 +47,7 @@ __device__ __forceinline__ float Widen(const void* w, WType t, int64_t i) {
 
 __global__ void GatherWeightRowsKernel(const void* w, WType type, int cols, const int32_t* src_rows,
                                        const int32_t* dst_rows, int n, float* out, int64_t ldo) {
+  FS_KERNEL_PROLOGUE();
   for (int i = blockIdx.y; i < n; i += gridDim.y) {
     const int64_t src = static_cast<int64_t>(src_rows[i]) * cols;
     float* o = out + static_cast<int64_t>(dst_rows[i]) * ldo;
@@ -56,6 +58,7 @@ __global__ void GatherWeightRowsKernel(const void* w, WType type, int cols, cons
 
 __global__ void GatherRowsKernel(const float* src, int64_t lds, const int32_t* rows, int n,
                                  int cols, float* dst, int64_t ldd) {
+  FS_KERNEL_PROLOGUE();
   for (int i = blockIdx.y; i < n; i += gridDim.y) {
     const float* s = src + static_cast<int64_t>(rows[i]) * lds;
     float* d = dst + static_cast<int64_t>(i) * ldd;
@@ -66,6 +69,7 @@ __global__ void GatherRowsKernel(const float* src, int64_t lds, const int32_t* r
 
 __global__ void ScatterAddFixedKernel(const int64_t* src, int64_t lds, const int32_t* rows, int n,
                                       int cols, int64_t* dst, int64_t ldd) {
+  FS_KERNEL_PROLOGUE();
   for (int i = blockIdx.y; i < n; i += gridDim.y) {
     const int64_t* s = src + static_cast<int64_t>(i) * lds;
     int64_t* d = dst + static_cast<int64_t>(rows[i]) * ldd;
@@ -75,6 +79,7 @@ __global__ void ScatterAddFixedKernel(const int64_t* src, int64_t lds, const int
 }
 
 __global__ void AddFixedToKernel(const int64_t* acc, float* x, int64_t n) {
+  FS_KERNEL_PROLOGUE();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] += FromFixedDevice(acc[i]);
@@ -96,6 +101,7 @@ __device__ __forceinline__ float AddSum(float a, float b) { return __fadd_rn(a, 
 
 template <typename T>
 __global__ void SumArraysKernel(SumSources<T> src, int n, int64_t count, T* out) {
+  FS_KERNEL_PROLOGUE();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     T acc = src.p[0][i];
@@ -116,6 +122,7 @@ void LaunchSumArrays(const T* const* srcs, int n, size_t count, T* out, cudaStre
 }
 
 __global__ void ScaleRowsKernel(float* x, int64_t ldx, const float* scale, int rows, int cols) {
+  FS_KERNEL_PROLOGUE();
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
     float* a = x + static_cast<int64_t>(r) * ldx;
     const float f = scale[r];
@@ -125,12 +132,14 @@ __global__ void ScaleRowsKernel(float* x, int64_t ldx, const float* scale, int r
 }
 
 __global__ void SoftcapKernel(float* x, int64_t n, float cap) {
+  FS_KERNEL_PROLOGUE();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = cap * tanhf(x[i] / cap);
 }
 
 __global__ void AddBiasKernel(float* x, int64_t ldx, const float* bias, int rows, int cols) {
+  FS_KERNEL_PROLOGUE();
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
     float* a = x + static_cast<int64_t>(r) * ldx;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
@@ -140,13 +149,26 @@ __global__ void AddBiasKernel(float* x, int64_t ldx, const float* bias, int rows
 
 // One block per row: the sum of squares in a fixed tree (the same for every
 // row whatever the launch), then y = x * inv * weight as the CPU backend.
+// kAddFixed: first x += FromFixed(acc) and acc = 0, each thread on the
+// elements it then reads (AddFixedTo's sums, so the same bits).
+template <bool kAddFixed>
 __global__ void RmsNormKernel(const float* x, int64_t ldx, const float* weight, float* y,
-                              int64_t ldy, int dim, float eps) {
+                              int64_t ldy, int dim, float eps, int64_t* acc, void* y16,
+                              WType type16) {
+  FS_KERNEL_PROLOGUE();
   const int r = blockIdx.x;
   const float* xr = x + static_cast<int64_t>(r) * ldx;
   float* yr = y + static_cast<int64_t>(r) * ldy;
   float s = 0;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    if constexpr (kAddFixed) {
+      int64_t* ar = acc + static_cast<int64_t>(r) * dim;
+      const float v = xr[i] + FromFixedDevice(ar[i]);
+      const_cast<float*>(xr)[i] = v;  // x is the caller's to write (AddFixedToNorm)
+      ar[i] = 0;
+    }
+    s = fmaf(xr[i], xr[i], s);
+  }
   __shared__ float part[kThreads / 32];
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
@@ -159,11 +181,31 @@ __global__ void RmsNormKernel(const float* x, int64_t ldx, const float* weight, 
   __syncthreads();
   const float ms = part[0] / static_cast<float>(dim);
   const float inv = 1.0f / sqrtf(ms + eps);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * weight[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = xr[i] * inv * weight[i];
+    yr[i] = v;
+    if (y16) {
+      const int64_t at = static_cast<int64_t>(r) * dim + i;
+      if (type16 == WType::kBF16) {
+        static_cast<__nv_bfloat16*>(y16)[at] = __float2bfloat16_rn(v);
+      } else {
+        static_cast<__half*>(y16)[at] = __float2half_rn(v);
+      }
+    }
+  }
 }
 
-__global__ void RopeKernel(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions,
-                           int heads, int head_dim, const float* cos_sin) {
+// Block (t, j): token t of tensor j (x, then x2 where blockIdx.y is 1).
+__global__ void RopeKernel(float* x, int64_t ldx, int64_t head_stride, int heads, float* x2,
+                           int64_t ldx2, int64_t head_stride2, int heads2, const int32_t* positions,
+                           int head_dim, const float* cos_sin) {
+  FS_KERNEL_PROLOGUE();
+  if (blockIdx.y == 1) {
+    x = x2;
+    ldx = ldx2;
+    head_stride = head_stride2;
+    heads = heads2;
+  }
   const int t = blockIdx.x;
   const int half = head_dim / 2;
   const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * head_dim;
@@ -190,6 +232,7 @@ struct GeluTanh {  // gelu's tanh approximation, as PyTorch's
 template <typename Act>
 __global__ void GatedKernel(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows,
                             int width, int shards) {
+  FS_KERNEL_PROLOGUE();
   const int n = width * shards;
   const Act act;
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -206,6 +249,7 @@ __global__ void GatedKernel(const float* gu, int64_t ld_in, float* out, int64_t 
 // on ties), renormalised or not, as the CPU backend.
 __global__ void MoeGateKernel(const float* logits, int tokens, int experts, int k, bool renormalize,
                               int32_t* ids, float* weights) {
+  FS_KERNEL_PROLOGUE();
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= tokens) return;
   const float* l = logits + static_cast<int64_t>(t) * experts;
@@ -245,6 +289,7 @@ __global__ void MoeGateKernel(const float* logits, int tokens, int experts, int 
 
 __global__ void RoundActivationsKernel(const float* x, int64_t ldx, int m, int k, WType type,
                                        void* dst) {
+  FS_KERNEL_PROLOGUE();
   for (int r = blockIdx.y; r < m; r += gridDim.y) {
     const float* xr = x + static_cast<int64_t>(r) * ldx;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < k; c += gridDim.x * blockDim.x) {
@@ -260,6 +305,7 @@ __global__ void RoundActivationsKernel(const float* x, int64_t ldx, int m, int k
 
 __global__ void AddItemsFixedKernel(const float* parts, int items, int64_t item_stride, int m,
                                     int n, int64_t* acc, int64_t ldacc) {
+  FS_KERNEL_PROLOGUE();
   const int64_t total = static_cast<int64_t>(m) * n;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -275,6 +321,7 @@ __global__ void AddItemsFixedKernel(const float* parts, int items, int64_t item_
 // Blocks over a row's columns, rows over grid.y (kernels stride by
 // gridDim.y past its limit).
 __global__ void FillRandomKernel(void* dst, WType type, int64_t n, uint64_t seed) {
+  FS_KERNEL_PROLOGUE();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
@@ -292,6 +339,7 @@ __global__ void FillRandomKernel(void* dst, WType type, int64_t n, uint64_t seed
 
 __global__ void CountMismatchesKernel(const float* a, const float* b, int rows, int n, int64_t ld,
                                       int batch, int64_t stride, int* mismatches) {
+  FS_KERNEL_PROLOGUE();
   const int64_t per = static_cast<int64_t>(rows) * n, total = per * batch;
   int count = 0;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -308,7 +356,15 @@ dim3 RowGrid(int cols, int rows) {
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(rows < 65535 ? rows : 65535));
 }
 
+bool g_dependent_launch = false;
+std::atomic<uint64_t> g_device_writes{0};
+
 }  // namespace
+
+void SetDependentLaunch(bool on) { g_dependent_launch = on; }
+bool DependentLaunch() { return g_dependent_launch; }
+void CountDeviceWrite() { g_device_writes.fetch_add(1, std::memory_order_relaxed); }
+uint64_t DeviceWrites() { return g_device_writes.load(std::memory_order_relaxed); }
 
 void GatherWeightRows(const void* w, WType type, int cols, const int32_t* src_rows,
                       const int32_t* dst_rows, int n, float* out, int64_t ldo, cudaStream_t s) {
@@ -365,10 +421,20 @@ void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols, cudaS
 }
 
 void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
-             int dim, float eps, cudaStream_t s) {
+             int dim, float eps, void* y16, WType type16, cudaStream_t s) {
   if (rows <= 0) return;
   FS_CHECK(rows <= (1 << 30));
-  FS_LAUNCH(rows, kThreads, 0, s, RmsNormKernel)(x, ldx, weight, y, ldy, dim, eps);
+  FS_LAUNCH(rows, kThreads, 0, s, RmsNormKernel<false>)
+  (x, ldx, weight, y, ldy, dim, eps, nullptr, y16, type16);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void AddFixedToNorm(int64_t* acc, float* x, const float* weight, float* y, int rows, int dim,
+                    float eps, void* y16, WType type16, cudaStream_t s) {
+  if (rows <= 0) return;
+  FS_CHECK(rows <= (1 << 30));
+  FS_LAUNCH(rows, kThreads, 0, s, RmsNormKernel<true>)
+  (x, dim, weight, y, dim, dim, eps, acc, y16, type16);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -377,7 +443,17 @@ void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, 
   if (tokens <= 0 || heads <= 0) return;
   FS_CHECK(tokens <= (1 << 30));
   FS_LAUNCH(tokens, 128, 0, s, RopeKernel)
-  (x, ldx, head_stride, positions, heads, head_dim, cos_sin);
+  (x, ldx, head_stride, heads, nullptr, 0, 0, 0, positions, head_dim, cos_sin);
+  FS_CUDA_CHECK(cudaGetLastError());
+}
+
+void RopeQK(float* q, int64_t ldq, int64_t q_stride, int q_heads, float* k, int64_t ldk,
+            int64_t k_stride, int k_heads, const int32_t* positions, int tokens, int head_dim,
+            const float* cos_sin, cudaStream_t s) {
+  if (tokens <= 0) return;
+  FS_CHECK(tokens <= (1 << 30));
+  FS_LAUNCH(dim3(static_cast<unsigned>(tokens), 2), 128, 0, s, RopeKernel)
+  (q, ldq, q_stride, q_heads, k, ldk, k_stride, k_heads, positions, head_dim, cos_sin);
   FS_CUDA_CHECK(cudaGetLastError());
 }
 

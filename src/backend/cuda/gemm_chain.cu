@@ -51,6 +51,7 @@ __device__ __forceinline__ int64_t ToFixedDevice(float v) {
 
 template <bool kBf16Chain>
 __global__ void ChainKernel(ChainGemm g) {
+  FS_KERNEL_PROLOGUE();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int r0 = blockIdx.y * kRows;
   if (c >= g.n) return;
@@ -113,6 +114,7 @@ __global__ void ChainKernel(ChainGemm g) {
 template <bool kBf16Chain>
 __global__ void ChainNNKernel(const float* x, int64_t ldx, const void* w, WType type, float* y,
                               int64_t ldy, int m, int n, int k, bool accumulate) {
+  FS_KERNEL_PROLOGUE();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int r0 = blockIdx.y * kRows;
   if (c >= n) return;
@@ -164,6 +166,7 @@ constexpr int kFewChunk = 256;
 
 __global__ void ChainFewColumnsKernel(const float* x, int64_t ldx, const float* w, float* y,
                                       int64_t ldy, int m, int k, bool accumulate) {
+  FS_KERNEL_PROLOGUE();
   __shared__ float ws[kFewChunk];
   __shared__ float xs[kFewRows][kFewChunk + 1];
   const int c = blockIdx.x, r0 = blockIdx.y * kFewRows;

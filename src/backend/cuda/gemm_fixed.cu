@@ -124,6 +124,7 @@ template <int kWarpsM, int kWarpsN, int kFm, int kFn, int kStages, bool kA32, bo
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     FixedItemsKernel(const void* a, int64_t lda, const uint16_t* b, int64_t* acc, int64_t ldacc,
                      int m, int n, int ik, int items, int items_per_block) {
+  FS_KERNEL_PROLOGUE();
   using T = Tiles<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>;
   FS_DYNAMIC_SHARED(uint16_t, smem);
   const int pitch = Pitch(ik), pitch32 = ik + 4;

@@ -12,21 +12,89 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+
 // A launch, `FS_LAUNCH(grid, block, shared bytes, stream, kernel)(args)`,
-// and a kernel's dynamic shared memory, `FS_DYNAMIC_SHARED(type, name);`:
-// CUDA's own syntax, or the CPU emulation's (emulation/emulation.h) where
-// the kernels are compiled as C++ for tests.
+// a kernel's dynamic shared memory, `FS_DYNAMIC_SHARED(type, name);`, and
+// every kernel's first statement, `FS_KERNEL_PROLOGUE();`: CUDA's own, or
+// the CPU emulation's (emulation/emulation.h) where the kernels are
+// compiled as C++ for tests (which checks that every thread of every
+// kernel starts with the prologue).
+//
+// The prologue is what programmatic dependent launch asks of a kernel
+// (SetDependentLaunch; Hopper and later): a kernel launched with it may
+// start while the work before it in its stream is still running, so it
+// first waits for that work to finish and its writes to be seen
+// (griddepcontrol.wait), and then lets the kernel after it start early in
+// turn (griddepcontrol.launch_dependents). Launched without it, or
+// compiled for an older GPU, the prologue does nothing.
 #ifdef FAILSAFE_CUDA_EMULATION
 #define FS_LAUNCH(grid, block, shared, stream, ...) \
   ::failsafe::cuda::emu::Launch(grid, block, shared, stream, __VA_ARGS__)
 #define FS_DYNAMIC_SHARED(type, name) \
   type* name = reinterpret_cast<type*>(::failsafe::cuda::emu::DynamicShared())
+#define FS_KERNEL_PROLOGUE() ::failsafe::cuda::emu::KernelPrologue()
 #else
-#define FS_LAUNCH(grid, block, shared, stream, ...) __VA_ARGS__<<<grid, block, shared, stream>>>
+#define FS_LAUNCH(grid, block, shared, stream, ...) \
+  ::failsafe::cuda::MakeLauncher(grid, block, shared, stream, __VA_ARGS__)
 #define FS_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FS_KERNEL_PROLOGUE() \
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n" ::: "memory")
+#else
+#define FS_KERNEL_PROLOGUE() \
+  do {                       \
+  } while (0)
+#endif
 #endif
 
 namespace failsafe::cuda {
+
+// Whether this process's kernels are launched with programmatic dependent
+// launch (off by default; one setting for the process).
+void SetDependentLaunch(bool on);
+bool DependentLaunch();
+
+// A count of what may have written device memory: every launch of the
+// engine's kernels (FS_LAUNCH) and every copy or set a backend's compute
+// thread issues adds one (background copies, which write KV pages only,
+// do not). Whatever was derived from activations at one count holds while
+// the count is unchanged (the backend's rounded activations).
+void CountDeviceWrite();
+uint64_t DeviceWrites();
+
+#ifndef FAILSAFE_CUDA_EMULATION
+// FS_LAUNCH's: the launch configured, then its arguments.
+template <typename... Params>
+struct Launcher {
+  dim3 grid, block;
+  size_t shared;
+  cudaStream_t stream;
+  void (*kernel)(Params...);
+  template <typename... Args>
+  void operator()(Args&&... args) const {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = DependentLaunch() ? 1 : 0;
+    CountDeviceWrite();
+    FS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  }
+};
+template <typename... Params>
+Launcher<Params...> MakeLauncher(dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                                 void (*kernel)(Params...)) {
+  return Launcher<Params...>{grid, block, shared, stream, kernel};
+}
+#endif
 
 // Element types of weights.
 enum class WType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -41,6 +109,9 @@ void GatherRows(const float* src, int64_t lds, const int32_t* rows, int n, int c
 void ScatterAddFixed(const int64_t* src, int64_t lds, const int32_t* rows, int n, int cols,
                      int64_t* dst, int64_t ldd, cudaStream_t s);
 void AddFixedTo(const int64_t* acc, float* x, int64_t n, cudaStream_t s);
+// Backend::AddFixedToNorm: AddFixedTo, RmsNorm of the sums, acc cleared.
+void AddFixedToNorm(int64_t* acc, float* x, const float* weight, float* y, int rows, int dim,
+                    float eps, void* y16, WType type16, cudaStream_t s);
 // out[i] = srcs[0][i] + ... + srcs[n - 1][i] in that order (Backend::SumArrays);
 // srcs: a host array of n <= kMaxSumSources device pointers.
 constexpr int kMaxSumSources = 64;
@@ -49,10 +120,16 @@ void SumArrays(const int64_t* const* srcs, int n, size_t count, int64_t* out, cu
 void ScaleRows(float* x, int64_t ldx, const float* scale, int rows, int cols, cudaStream_t s);
 void Softcap(float* x, int64_t n, float cap, cudaStream_t s);
 void AddBias(float* x, int64_t ldx, const float* bias, int rows, int cols, cudaStream_t s);
+// y16 (or nullptr): y rounded to nearest even as `type16` too, contiguous
+// [rows, dim] (what RoundActivations would make of y).
 void RmsNorm(const float* x, int64_t ldx, const float* weight, float* y, int64_t ldy, int rows,
-             int dim, float eps, cudaStream_t s);
+             int dim, float eps, void* y16, WType type16, cudaStream_t s);
 void Rope(float* x, int64_t ldx, int64_t head_stride, const int32_t* positions, int tokens,
           int heads, int head_dim, const float* cos_sin, cudaStream_t s);
+// Rope of q's heads and k's (blocks of each), one launch.
+void RopeQK(float* q, int64_t ldq, int64_t q_stride, int q_heads, float* k, int64_t ldk,
+            int64_t k_stride, int k_heads, const int32_t* positions, int tokens, int head_dim,
+            const float* cos_sin, cudaStream_t s);
 void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
              int shards, cudaStream_t s);
 void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,

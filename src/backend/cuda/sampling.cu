@@ -20,6 +20,7 @@ __device__ __forceinline__ float SampleKeyDevice(float x) { return x == x ? x : 
 // One block: each thread the best of its stride, then a tree; the larger
 // logit wins, the lower index on ties (the CPU backend's rule).
 __global__ void ArgMaxKernel(const float* logits, int vocab, int* out) {
+  FS_KERNEL_PROLOGUE();
   __shared__ float best_v[kThreads];
   __shared__ int best_i[kThreads];
   float v = -FLT_MAX;
@@ -52,6 +53,7 @@ __global__ void ArgMaxKernel(const float* logits, int vocab, int* out) {
 
 // ids[i] = i and keys[i] = SampleKey(logits[i]), what the sort ranks by.
 __global__ void KeysKernel(const float* logits, float* keys, int* ids, int n) {
+  FS_KERNEL_PROLOGUE();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     ids[i] = i;
     keys[i] = SampleKeyDevice(logits[i]);

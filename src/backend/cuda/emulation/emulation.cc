@@ -80,6 +80,7 @@ struct Fiber {
   Wait wait = Wait::kNone;
   int site = 0;           // the warp operation it waits at
   uint64_t warp_ops = 0;  // warp operations it passed
+  bool prologue = false;  // passed FS_KERNEL_PROLOGUE
 };
 
 struct Block {
@@ -138,6 +139,7 @@ std::string Where(const Fiber& f) {
   f.wait = Wait::kNone;
   f.site = 0;
   f.warp_ops = 0;
+  f.prologue = false;
 #if defined(__x86_64__)
   // What FsEmuSwitch pops: the control words, six registers, then Entry as
   // the return address, its own return slot 16-byte aligned less 8 as
@@ -291,8 +293,20 @@ void Run(const void* kernel, dim3 grid, dim3 block, size_t shared,
               Start(b, b.fibers[i], Coordinates{{tx, ty, tz}, {x, y, z}, block, grid});
             }
         RunBlock(b);
+        for (const Fiber& f : b.fibers) {
+          FS_CHECK_MSG(f.prologue,
+                       "a kernel whose thread ({}, {}, {}) of block ({}, {}, {}) did not start "
+                       "with FS_KERNEL_PROLOGUE (kernels.h)",
+                       f.at.thread.x, f.at.thread.y, f.at.thread.z, x, y, z);
+        }
       }
   g_block = nullptr;
+}
+
+void KernelPrologue() {
+  Fiber& f = Current();
+  FS_CHECK_MSG(f.warp_ops == 0 && !f.prologue, "FS_KERNEL_PROLOGUE not a kernel's first statement");
+  f.prologue = true;
 }
 
 void Mma16816(int site, float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,

@@ -64,6 +64,16 @@ void WarpExchange(int site, const void* mine, size_t bytes, int from, void* out)
 // The block's dynamic shared memory (extern __shared__).
 unsigned char* DynamicShared();
 
+// FS_KERNEL_PROLOGUE (kernels.h): every thread of a kernel must start with
+// it (Run checks after each block).
+void KernelPrologue();
+
+}  // namespace failsafe::cuda::emu
+namespace failsafe::cuda {
+void CountDeviceWrite();  // kernels.h
+}  // namespace failsafe::cuda
+namespace failsafe::cuda::emu {
+
 // Runs `body` as every thread of every block of the grid.
 void Run(const void* kernel, dim3 grid, dim3 block, size_t shared,
          const std::function<void()>& body);
@@ -84,6 +94,7 @@ struct Launcher {
     const Kernel k = kernel;
     const dim3 g = grid, b = block;
     const size_t bytes = shared;
+    CountDeviceWrite();
     IssueLaunch(stream,
                 [=] { Run(reinterpret_cast<const void*>(k), g, b, bytes, [&] { k(args...); }); });
   }

@@ -18,6 +18,7 @@ namespace {
 // A block's threads meet at __syncthreads: each reads what the others wrote
 // before it.
 __global__ void ReverseKernel(const int* in, int* out) {
+  FS_KERNEL_PROLOGUE();
   __shared__ int buf[256];
   buf[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
   __syncthreads();
@@ -34,6 +35,7 @@ TEST(CudaEmulation, ThreadsMeetAtSyncThreads) {
 
 // A warp's butterfly sum: every lane ends with the warp's total.
 __global__ void WarpSumKernel(const float* in, float* out) {
+  FS_KERNEL_PROLOGUE();
   float v = in[threadIdx.x];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   out[threadIdx.x] = v;
@@ -56,6 +58,7 @@ TEST(CudaEmulation, WarpShufflesExchangeWithinAWarp) {
 
 // One warp's m16n8k16 product of bf16 values from their fragments.
 __global__ void MmaKernel(const float* a, const float* b, float* d) {
+  FS_KERNEL_PROLOGUE();
   const int lane = threadIdx.x, g = lane / 4, q = lane % 4;
   auto pack = [](float lo, float hi) {
     return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
@@ -92,14 +95,22 @@ TEST(CudaEmulation, TensorCoreFragmentsMultiply) {
 }
 
 __global__ void DivergentShuffleKernel(float* out) {
+  FS_KERNEL_PROLOGUE();
   if (threadIdx.x < 16) out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
   __syncthreads();
 }
 __global__ void ShuffleAfterReturnKernel(float* out) {
+  FS_KERNEL_PROLOGUE();
   if (threadIdx.x == 5) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
 }
-__global__ void BigSharedKernel(float*) {}
+__global__ void BigSharedKernel(float*) { FS_KERNEL_PROLOGUE(); }
+
+__global__ void NoPrologueKernel(float* out) { out[threadIdx.x] = 1.0f; }
+__global__ void LatePrologueKernel(float* out) {
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  FS_KERNEL_PROLOGUE();
+}
 
 TEST(CudaEmulationDeathTest, StopsWhatAGpuWouldNotRun) {
   std::vector<float> out(32);
@@ -107,6 +118,12 @@ TEST(CudaEmulationDeathTest, StopsWhatAGpuWouldNotRun) {
   EXPECT_DEATH(FS_LAUNCH(1, 32, 0, nullptr, ShuffleAfterReturnKernel)(out.data()), "have returned");
   EXPECT_DEATH(FS_LAUNCH(1, 32, 64 << 10, nullptr, BigSharedKernel)(out.data()),
                "over the kernel's limit");
+  // Without the prologue first, a dependent launch could read its inputs
+  // before the kernel before it wrote them.
+  EXPECT_DEATH(FS_LAUNCH(1, 32, 0, nullptr, NoPrologueKernel)(out.data()),
+               "did not start with FS_KERNEL_PROLOGUE");
+  EXPECT_DEATH(FS_LAUNCH(1, 32, 0, nullptr, LatePrologueKernel)(out.data()),
+               "not a kernel's first statement");
 }
 
 }  // namespace

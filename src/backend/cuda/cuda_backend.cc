@@ -78,6 +78,23 @@ class CudaBackend final : public Backend {
     e = cudaSetDevice(gpu_);
     if (e != cudaSuccess) return FailedPrecondition("GPU {}: {}", gpu_, cudaGetErrorString(e));
     FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, gpu_));
+#ifndef FAILSAFE_CUDA_EMULATION
+    // The kernels wait for the work before them only where compiled for
+    // Hopper or later and running on such a GPU: elsewhere a dependent
+    // launch could let a kernel read its inputs before they are written.
+    if (dependent_launch_) {
+      int major = 0;
+      FS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu_));
+      const int built = cuda::KernelsArchitecture();
+      if (major < 9 || built < 90) {
+        FS_LOG_WARN(
+            "GPU {}: dependent launch off (needs a GPU of compute capability 9.0 or later and "
+            "kernels built for it; this GPU's is {}.x, the kernels' {})",
+            gpu_, major, built);
+        dependent_launch_ = false;
+      }
+    }
+#endif
     cuda::SetDependentLaunch(dependent_launch_);
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
@@ -566,7 +583,8 @@ class CudaBackend final : public Backend {
     if (!graphs_enabled_ || argument_bytes > ring_bytes_ / 2) return false;
     auto it = graphs_.find(key);
     if (it == graphs_.end() && seen_.insert(key).second) return false;  // first: as usual
-    Synchronize();  // every slot of the ring is free: the uploads start at 0
+    Synchronize();         // every slot of the ring is free: the uploads start at 0
+    rounded_ = Rounded();  // a replay writes without counting; a capture rounds afresh
     graph_key_ = key;
     if (it != graphs_.end()) {
       graph_ = Graph::kReplay;
@@ -587,6 +605,7 @@ class CudaBackend final : public Backend {
                    "a replayed step uploaded {} arguments, its graph {}", upload_index_,
                    replay_->uploads.size());
       graph_ = Graph::kOff;
+      cuda::CountDeviceWrite();
       FS_CUDA_CHECK(cudaGraphLaunch(replay_->exec, stream_));
       return;
     }
@@ -610,6 +629,7 @@ class CudaBackend final : public Backend {
     g.uploads = std::move(capture_uploads_);
     g.last_use = ++graph_clock_;
     // Recorded, not run: run it now.
+    cuda::CountDeviceWrite();
     FS_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
   }
 
@@ -1064,7 +1084,7 @@ class CudaBackend final : public Backend {
   };
   const bool graphs_enabled_;
   const GpuAttention attention_;
-  const bool dependent_launch_;
+  bool dependent_launch_;
   Graph graph_ = Graph::kOff;
   std::unordered_set<uint64_t> seen_;
   std::unordered_map<uint64_t, StepGraph> graphs_;

@@ -425,6 +425,15 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
     EXPECT_EQ(run([&] { drawn.Run(g32, true); }), want);
     ASSERT_EQ(drawn.Report().size(), 1u);
     EXPECT_NE(drawn.Report()[0].find(", drawn (not timed)"), std::string::npos);
+    // A GPU with less shared memory than the default takes: a candidate
+    // that fits, the same bits.
+    if (sh.m == 17) {
+      const size_t tight_limit =
+          cuda::FixedItemsShared(cuda::FixedItemsDefault(sh.m, false), sh.item_k) - 1;
+      cuda::FixedGemm tight(sms, tight_limit, s, 4);
+      EXPECT_EQ(run([&] { tight.Run(g, false); }), want);
+      EXPECT_EQ(run([&] { tight.Run(g, true); }), want);
+    }
     // Inside a graph capture nothing is timed: the default runs.
     cuda::FixedGemm untimed(sms, static_cast<size_t>(shared_limit), s, 4);
     EXPECT_EQ(run([&] { untimed.Run(g, false); }), want);

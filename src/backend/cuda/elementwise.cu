@@ -363,6 +363,19 @@ std::atomic<uint64_t> g_device_writes{0};
 
 void SetDependentLaunch(bool on) { g_dependent_launch = on; }
 bool DependentLaunch() { return g_dependent_launch; }
+int KernelsArchitecture() {
+#ifdef FAILSAFE_CUDA_EMULATION
+  return 90;  // the emulation's prologue is checked, not skipped
+#else
+  cudaFuncAttributes a{};
+  if (cudaFuncGetAttributes(&a, reinterpret_cast<const void*>(AddFixedToKernel)) != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return 0;
+  }
+  return a.binaryVersion < a.ptxVersion ? a.binaryVersion : a.ptxVersion;
+#endif
+}
+
 void CountDeviceWrite() { g_device_writes.fetch_add(1, std::memory_order_relaxed); }
 uint64_t DeviceWrites() { return g_device_writes.load(std::memory_order_relaxed); }
 

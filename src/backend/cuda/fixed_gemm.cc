@@ -86,11 +86,24 @@ bool FixedGemm::Fits(int variant, int item_k) const {
   return FixedItemsShared(variant, item_k) <= shared_limit_;
 }
 
+int FixedGemm::Fallback(int m, bool a32, int item_k) const {
+  const int v = FixedItemsDefault(m, a32);
+  if (Fits(v, item_k)) return v;
+  int best = -1;
+  for (int c : Candidates(BandOf(m), a32)) {
+    if (best < 0 || FixedItemsShared(c, item_k) < FixedItemsShared(best, item_k)) best = c;
+  }
+  FS_CHECK_MSG(best >= 0 && Fits(best, item_k),
+               "no fixed-point variant fits items of {} in {} bytes of shared memory", item_k,
+               shared_limit_);
+  return best;
+}
+
 void FixedGemm::Run(const FixedItems& g, bool may_time) {
   if (g.m <= 0 || g.n <= 0 || g.items <= 0) return;
   const int band = BandOf(g.m);
   const bool a32 = g.a32 != nullptr;
-  int variant = FixedItemsDefault(g.m, a32);
+  int variant = Fallback(g.m, a32, g.item_k);
   if (forced_ >= 0 && Fits(forced_, g.item_k) && FixedItemsTakesF32(forced_) == a32) {
     variant = forced_;
   } else if (forced_ < 0) {
@@ -103,7 +116,7 @@ void FixedGemm::Run(const FixedItems& g, bool may_time) {
 
 void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   const bool a32 = g.a32 != nullptr;
-  const int fallback = FixedItemsDefault(kBandRows[band][0], a32);
+  const int fallback = Fallback(g.m, a32, g.item_k);
   if (tune_rows_ == 0) {  // drawn by the process and the family
     std::vector<int> fit;
     for (int v : Candidates(band, a32)) {

@@ -63,6 +63,9 @@ class FixedGemm {
   using Key = std::tuple<bool, bool, int, int, int, int64_t>;
 
   bool Fits(int variant, int item_k) const;
+  // The default for m rows where it fits this GPU's shared memory, else the
+  // band's candidate that takes the least.
+  int Fallback(int m, bool a32, int item_k) const;
   void Choose(const FixedItems& g, int band, Band& out);
 
   int sms_;

@@ -319,7 +319,7 @@ struct Variant {
 // Names: "a32" where A is f32, rows x columns of a block's tile, pipeline
 // stages, blocks per multiprocessor the items are split to fill. The
 // defaults (FixedItemsDefault) fit every item size in a Hopper block's
-// shared memory.
+// shared memory (FixedGemm takes a smaller one where a GPU has less).
 const Variant kVariants[] = {
     FS_FIXED_VARIANT("16x64 s2 b2", 1, 4, 1, 2, 2, 2),
     FS_FIXED_VARIANT("16x64 s4 b2", 1, 4, 1, 2, 4, 2),

@@ -56,6 +56,10 @@ namespace failsafe::cuda {
 // launch (off by default; one setting for the process).
 void SetDependentLaunch(bool on);
 bool DependentLaunch();
+// The architecture the kernels run as on this process's GPU (major * 10 +
+// minor; the lower of the code's and the virtual architecture it was
+// compiled for): 90 or more where FS_KERNEL_PROLOGUE waits.
+int KernelsArchitecture();
 
 // A count of what may have written device memory: every launch of the
 // engine's kernels (FS_LAUNCH) and every copy or set a backend's compute
@@ -212,7 +216,7 @@ bool FixedItemsSupported(int item_k, int64_t lda, const void* a, const void* b, 
 // (fixed_gemm.h times them). A variant's name, the dynamic shared memory it
 // takes for items of item_k, whether it takes A as f32 (FixedItems::a32,
 // else FixedItems::a), and the default for m rows (which fits every item
-// size).
+// size on Hopper).
 int FixedItemsVariants();
 const char* FixedItemsVariantName(int variant);
 size_t FixedItemsShared(int variant, int item_k);

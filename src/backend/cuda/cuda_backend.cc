@@ -922,7 +922,6 @@ class CudaBackend final : public Backend {
     cuda::RunChainGemm(g, stream_);
   }
 
-  // x [m, k] rounded to the weights' 16-bit type, contiguous.
   // x [m, k] rounded to 16-bit `t` for a product: what the last rounding
   // or norm made, while nothing may have written device memory since (the
   // q and k/v products of one input, a norm's output), else rounded now.

@@ -431,8 +431,20 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
       const size_t tight_limit =
           cuda::FixedItemsShared(cuda::FixedItemsDefault(sh.m, false), sh.item_k) - 1;
       cuda::FixedGemm tight(sms, tight_limit, s, 4);
+      const int fallback = tight.Fallback(sh.m, false, sh.item_k);
+      EXPECT_NE(fallback, cuda::FixedItemsDefault(sh.m, false));
+      EXPECT_LE(cuda::FixedItemsShared(fallback, sh.item_k), tight_limit);
       EXPECT_EQ(run([&] { tight.Run(g, false); }), want);
       EXPECT_EQ(run([&] { tight.Run(g, true); }), want);
+      ASSERT_EQ(tight.Report().size(), 1u);
+      bool chosen_fits = false;
+      for (int v = 0; v < cuda::FixedItemsVariants(); ++v) {
+        if (tight.Report()[0].find(std::string(": ") + cuda::FixedItemsVariantName(v) +
+                                   ", timed") != std::string::npos) {
+          chosen_fits = cuda::FixedItemsShared(v, sh.item_k) <= tight_limit;
+        }
+      }
+      EXPECT_TRUE(chosen_fits) << tight.Report()[0];
     }
     // Inside a graph capture nothing is timed: the default runs.
     cuda::FixedGemm untimed(sms, static_cast<size_t>(shared_limit), s, 4);

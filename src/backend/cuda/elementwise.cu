@@ -45,6 +45,15 @@ __device__ __forceinline__ float Widen(const void* w, WType t, int64_t i) {
   return static_cast<const float*>(w)[i];
 }
 
+// dst[at] = v rounded to nearest even as `type` (bf16 or f16).
+__device__ __forceinline__ void StoreRounded(void* dst, WType type, int64_t at, float v) {
+  if (type == WType::kBF16) {
+    static_cast<__nv_bfloat16*>(dst)[at] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<__half*>(dst)[at] = __float2half_rn(v);
+  }
+}
+
 __global__ void GatherWeightRowsKernel(const void* w, WType type, int cols, const int32_t* src_rows,
                                        const int32_t* dst_rows, int n, float* out, int64_t ldo) {
   FS_KERNEL_PROLOGUE();
@@ -184,14 +193,7 @@ __global__ void RmsNormKernel(const float* x, int64_t ldx, const float* weight, 
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = xr[i] * inv * weight[i];
     yr[i] = v;
-    if (y16) {
-      const int64_t at = static_cast<int64_t>(r) * dim + i;
-      if (type16 == WType::kBF16) {
-        static_cast<__nv_bfloat16*>(y16)[at] = __float2bfloat16_rn(v);
-      } else {
-        static_cast<__half*>(y16)[at] = __float2half_rn(v);
-      }
-    }
+    if (y16) StoreRounded(y16, type16, static_cast<int64_t>(r) * dim + i, v);
   }
 }
 
@@ -293,12 +295,7 @@ __global__ void RoundActivationsKernel(const float* x, int64_t ldx, int m, int k
   for (int r = blockIdx.y; r < m; r += gridDim.y) {
     const float* xr = x + static_cast<int64_t>(r) * ldx;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < k; c += gridDim.x * blockDim.x) {
-      const int64_t at = static_cast<int64_t>(r) * k + c;
-      if (type == WType::kBF16) {
-        static_cast<__nv_bfloat16*>(dst)[at] = __float2bfloat16_rn(xr[c]);
-      } else {
-        static_cast<__half*>(dst)[at] = __float2half_rn(xr[c]);
-      }
+      StoreRounded(dst, type, static_cast<int64_t>(r) * k + c, xr[c]);
     }
   }
 }
@@ -328,12 +325,7 @@ __global__ void FillRandomKernel(void* dst, WType type, int64_t n, uint64_t seed
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
-    const float v = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
-    if (type == WType::kBF16) {
-      static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(v);
-    } else {
-      static_cast<__half*>(dst)[i] = __float2half_rn(v);
-    }
+    StoreRounded(dst, type, i, static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
   }
 }
 

@@ -86,48 +86,51 @@ bool FixedGemm::Fits(int variant, int item_k) const {
   return FixedItemsShared(variant, item_k) <= shared_limit_;
 }
 
+std::vector<int> FixedGemm::Fitting(int band, bool a32, int item_k) const {
+  std::vector<int> fit;
+  for (int v : Candidates(band, a32)) {
+    if (Fits(v, item_k)) fit.push_back(v);
+  }
+  FS_CHECK_MSG(!fit.empty(), "no fixed-point variant fits items of {} in {} bytes of shared memory",
+               item_k, shared_limit_);
+  return fit;
+}
+
 int FixedGemm::Fallback(int m, bool a32, int item_k) const {
   const int v = FixedItemsDefault(m, a32);
   if (Fits(v, item_k)) return v;
-  int best = -1;
-  for (int c : Candidates(BandOf(m), a32)) {
-    if (best < 0 || FixedItemsShared(c, item_k) < FixedItemsShared(best, item_k)) best = c;
-  }
-  FS_CHECK_MSG(best >= 0 && Fits(best, item_k),
-               "no fixed-point variant fits items of {} in {} bytes of shared memory", item_k,
-               shared_limit_);
-  return best;
+  const std::vector<int> fit = Fitting(BandOf(m), a32, item_k);
+  return *std::min_element(fit.begin(), fit.end(), [&](int a, int b) {
+    return FixedItemsShared(a, item_k) < FixedItemsShared(b, item_k);
+  });
 }
 
 void FixedGemm::Run(const FixedItems& g, bool may_time) {
   if (g.m <= 0 || g.n <= 0 || g.items <= 0) return;
-  const int band = BandOf(g.m);
   const bool a32 = g.a32 != nullptr;
-  int variant = Fallback(g.m, a32, g.item_k);
-  if (forced_ >= 0 && Fits(forced_, g.item_k) && FixedItemsTakesF32(forced_) == a32) {
-    variant = forced_;
-  } else if (forced_ < 0) {
+  int variant = -1;
+  if (forced_ >= 0) {
+    if (Fits(forced_, g.item_k) && FixedItemsTakesF32(forced_) == a32) variant = forced_;
+  } else {
+    const int band = BandOf(g.m);
     Band& b = families_[Key{g.bf16, a32, g.n, g.item_k, g.items, g.lda}].bands[band];
     if (b.variant < 0 && may_time) Choose(g, band, b);
-    if (b.variant >= 0) variant = b.variant;
+    variant = b.variant;
   }
+  if (variant < 0) variant = Fallback(g.m, a32, g.item_k);
   FixedItemsGemm(g, variant, sms_, stream_);
 }
 
 void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   const bool a32 = g.a32 != nullptr;
-  const int fallback = Fallback(g.m, a32, g.item_k);
+  const std::vector<int> fit = Fitting(band, a32, g.item_k);
   if (tune_rows_ == 0) {  // drawn by the process and the family
-    std::vector<int> fit;
-    for (int v : Candidates(band, a32)) {
-      if (Fits(v, g.item_k)) fit.push_back(v);
-    }
     uint64_t h = static_cast<uint64_t>(getpid()) * 0x9e3779b97f4a7c15ull;
     for (int64_t x : {int64_t{g.bf16}, int64_t{a32}, int64_t{g.n}, int64_t{g.item_k},
                       int64_t{g.items}, g.lda, int64_t{band}}) {
       h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;
     }
-    out.variant = fit.empty() ? fallback : fit[(h >> 17) % fit.size()];
+    out.variant = fit[(h >> 17) % fit.size()];
     out.how = fmt::format("{}, drawn (not timed)", FixedItemsVariantName(out.variant));
     return;
   }
@@ -143,9 +146,9 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   if (cudaMalloc(&a, a_bytes) != cudaSuccess || cudaMalloc(&acc, acc_bytes) != cudaSuccess) {
     cudaGetLastError();
     if (a) FS_CUDA_CHECK(cudaFree(a));
-    out.variant = fallback;
+    out.variant = Fallback(g.m, a32, g.item_k);
     out.how = fmt::format("{}, untimed: no device memory for the timing",
-                          FixedItemsVariantName(fallback));
+                          FixedItemsVariantName(out.variant));
     return;
   }
   if (a32) {
@@ -163,8 +166,7 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   FS_CUDA_CHECK(cudaEventCreate(&stop));
   double best = -1;
   std::string times;
-  for (int v : Candidates(band, a32)) {
-    if (!Fits(v, g.item_k)) continue;
+  for (int v : fit) {
     FixedItemsGemm(t, v, sms_, stream_);  // warm
     FS_CUDA_CHECK(cudaEventRecord(start, stream_));
     for (int r = 0; r < kTimedRuns; ++r) FixedItemsGemm(t, v, sms_, stream_);
@@ -184,11 +186,6 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   FS_CUDA_CHECK(cudaEventDestroy(stop));
   FS_CUDA_CHECK(cudaFree(a));
   FS_CUDA_CHECK(cudaFree(acc));
-  if (out.variant < 0) {  // the defaults fit every item size; kept for safety
-    out.variant = fallback;
-    out.how = fmt::format("{}, untimed: no candidate fits", FixedItemsVariantName(fallback));
-    return;
-  }
   out.how =
       fmt::format("{}, timed at {} rows: {}", FixedItemsVariantName(out.variant), rows, times);
   FS_LOG_INFO("fixed-point items n {} item_k {} items {} rows {}: {}", g.n, g.item_k, g.items,

@@ -50,6 +50,10 @@ class FixedGemm {
   // values or (a32) of f32.
   static int BandOf(int m);
   static std::vector<int> Candidates(int band, bool a32);
+  // What runs where nothing was chosen (inside a graph capture; no memory
+  // to time): the default for m rows where it fits this GPU's shared
+  // memory, else the band's candidate that takes the least.
+  int Fallback(int m, bool a32, int item_k) const;
 
  private:
   struct Band {
@@ -63,9 +67,8 @@ class FixedGemm {
   using Key = std::tuple<bool, bool, int, int, int, int64_t>;
 
   bool Fits(int variant, int item_k) const;
-  // The default for m rows where it fits this GPU's shared memory, else the
-  // band's candidate that takes the least.
-  int Fallback(int m, bool a32, int item_k) const;
+  // The band's candidates that fit (at least one, or a stop).
+  std::vector<int> Fitting(int band, bool a32, int item_k) const;
   void Choose(const FixedItems& g, int band, Band& out);
 
   int sms_;

@@ -21,7 +21,6 @@ namespace {
 
 constexpr size_t kStackBytes = 256 << 10;
 constexpr size_t kDefaultShared = 48 << 10;  // a launch's without cudaFuncSetAttribute
-constexpr size_t kMaxShared = 227 << 10;     // a Hopper block's at most
 constexpr size_t kSlotBytes = 64;            // a lane's operands of one warp operation, at most
 
 enum class Wait { kNone, kBlock, kWarp, kDone };
@@ -393,9 +392,9 @@ cudaError_t cudaGetLastError() { return cudaSuccess; }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    FS_CHECK_MSG(value >= 0 && static_cast<size_t>(value) <= failsafe::cuda::emu::kMaxShared,
+    FS_CHECK_MSG(value >= 0 && static_cast<size_t>(value) <= failsafe::cuda::emu::kMaxSharedBytes,
                  "a kernel's dynamic shared memory raised to {} bytes, over {}", value,
-                 failsafe::cuda::emu::kMaxShared);
+                 failsafe::cuda::emu::kMaxSharedBytes);
     failsafe::cuda::emu::SharedLimits()[func] = static_cast<size_t>(value);
   }
   return cudaSuccess;

@@ -64,6 +64,10 @@ void WarpExchange(int site, const void* mine, size_t bytes, int from, void* out)
 // The block's dynamic shared memory (extern __shared__).
 unsigned char* DynamicShared();
 
+// A block's dynamic shared memory at most, as on Hopper (the device's
+// cudaDevAttrMaxSharedMemoryPerBlockOptin).
+inline constexpr size_t kMaxSharedBytes = 227 << 10;
+
 // FS_KERNEL_PROLOGUE (kernels.h): every thread of a kernel must start with
 // it (Run checks after each block).
 void KernelPrologue();

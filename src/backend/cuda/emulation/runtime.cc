@@ -118,9 +118,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   // A small GPU's 4 multiprocessors (what sizes grids: the fixed-point
   // items split over blocks as on a GPU with few), a Hopper block's shared
   // memory at most; any other attribute 0.
-  *value = attr == cudaDevAttrMultiProcessorCount            ? 4
-           : attr == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 227 << 10
-                                                             : 0;
+  *value = attr == cudaDevAttrMultiProcessorCount ? 4
+           : attr == cudaDevAttrMaxSharedMemoryPerBlockOptin
+               ? static_cast<int>(failsafe::cuda::emu::kMaxSharedBytes)
+               : 0;
   return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "common/check.h"
 #include "common/clock.h"
@@ -140,7 +141,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   // The partial sums of query heads and FFN shards are exact (fixed point):
   // whichever devices hold which items, the sums and so the residual stream
   // are the same bit for bit.
-  h_normed_ = partial_clear_ = false;
+  residual_normed_ = false;
   for (int l = 0; l < config_.num_layers; ++l) {
     AttentionPartial(l, b, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
@@ -165,15 +166,15 @@ void DeviceModel::AddToResidual(const DeviceArray<float>& out_norm, int num_toke
                                 const DeviceArray<float>* next_norm) {
   const int H = config_.hidden_size;
   const int64_t n = static_cast<int64_t>(num_tokens) * H;
-  if (!config_.gemma() && next_norm) {
-    backend_->AddFixedToNorm(partial_.data(), x_.data(), next_norm->data(),
-                             h_.Reserve(static_cast<size_t>(n)), num_tokens, H,
-                             static_cast<float>(config_.rms_norm_eps));
-    h_normed_ = partial_clear_ = true;
-    return;
-  }
   if (!config_.gemma()) {
-    backend_->AddFixedTo(partial_.data(), x_.data(), n);
+    if (next_norm) {
+      backend_->AddFixedToNorm(partial_.data(), x_.data(), next_norm->data(),
+                               h_.Reserve(static_cast<size_t>(n)), num_tokens, H,
+                               static_cast<float>(config_.rms_norm_eps));
+      residual_normed_ = true;
+    } else {
+      backend_->AddFixedTo(partial_.data(), x_.data(), n);
+    }
     return;
   }
   // Gemma normalises the summed output before the residual takes it: the
@@ -349,9 +350,10 @@ void DeviceModel::AttentionPartial(int layer, const StepBatch& b, ForwardStats* 
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* h = h_.Reserve(static_cast<size_t>(T) * H);
   int64_t* partial = partial_.Reserve(static_cast<size_t>(T) * H);
-  if (!partial_clear_) backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
-  if (!h_normed_) backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
-  h_normed_ = partial_clear_ = false;
+  if (!std::exchange(residual_normed_, false)) {
+    backend_->SetZero(partial, sizeof(int64_t) * static_cast<size_t>(T) * H);
+    backend_->RmsNorm(x_.data(), H, lw.attn_norm.data(), h, H, T, H, eps);
+  }
 
   // TP head groups: every token.
   const int n_tp = lw.tp.q.num_items();
@@ -439,12 +441,12 @@ void DeviceModel::FfnPartial(int layer, int num_tokens, ForwardStats* stats) {
   const int T = num_tokens, H = config_.hidden_size;
   float* h = h_.data();
   int64_t* partial = partial_.data();
-  if (!h_normed_) {
+  // Normed by the residual add before, with the sums cleared.
+  const bool partial_clear = std::exchange(residual_normed_, false);
+  if (!partial_clear) {
     backend_->RmsNorm(x_.data(), H, lw.ffn_norm.data(), h, H, T, H,
                       static_cast<float>(config_.rms_norm_eps));
   }
-  const bool partial_clear = partial_clear_;
-  h_normed_ = partial_clear_ = false;
   if (!config_.is_moe()) {
     FfnOnRows(lw, 0, 1, h, T, nullptr, partial, partial_clear, stats);
     return;

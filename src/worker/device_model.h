@@ -226,7 +226,7 @@ class DeviceModel {
   // x += the step's summed partial_ (a layer's attention or FFN output);
   // Gemma: normalised by `out_norm` first. With `next_norm` (the norm that
   // reads x next, where it is not Gemma's), in one backend call with that
-  // norm into h_, and partial_ cleared (h_normed_, partial_clear_).
+  // norm into h_, and partial_ cleared (residual_normed_).
   void AddToResidual(const DeviceArray<float>& out_norm, int num_tokens,
                      const DeviceArray<float>* next_norm);
   // Sums `n` elements of device memory over the group: from the members'
@@ -298,7 +298,7 @@ class DeviceModel {
   // Within a step: h_ holds the next norm of x_ and partial_ is zero, as
   // AddToResidual left them (the next attention or FFN takes them as they
   // are, once).
-  bool h_normed_ = false, partial_clear_ = false;
+  bool residual_normed_ = false;
   DeviceArray<int32_t> positions_, gate_ids_, dp_positions_;
   // Host scratch: positions, index lists, a MoE step's routing, staging for
   // collectives when device memory is not host memory.

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -744,6 +745,7 @@ class CudaBackend final : public Backend {
                         const int32_t* dst_rows, int n, float* out, int64_t ldo) override {
     FS_CHECK_MSG(!w.blocked16 && !w.transposed, "the CUDA backend reads weights row-major");
     if (n <= 0) return;
+    ReserveUploads({sizeof(int32_t) * n, sizeof(int32_t) * n});
     const auto* src = Upload<int32_t>(src_rows, n);
     const auto* dst = Upload<int32_t>(dst_rows, n);
     CopyUploads();
@@ -841,6 +843,10 @@ class CudaBackend final : public Backend {
     if (problems.empty()) return;
     cuda::PlanAttention(problems, attention_, graph_ != Graph::kOff, &attention_plan_);
     cuda::AttentionPlan& plan = attention_plan_;
+    ReserveUploads({sizeof(const float*) * plan.pages.size(),
+                    sizeof(cuda::AttentionProblem) * plan.problems.size(),
+                    sizeof(int) * plan.first_block.size(),
+                    plan.split_queries > 0 ? sizeof(int) * plan.first_query.size() : 0});
     const float* const* pages = Upload<const float*>(
         reinterpret_cast<const float* const*>(plan.pages.data()), plan.pages.size());
     for (size_t i = 0; i < problems.size(); ++i)
@@ -989,12 +995,28 @@ class CudaBackend final : public Backend {
     ring_used_ = ring_copied_ = 0;
   }
 
+  static size_t RingPadded(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  // Room in the ring for a call's uploads of these sizes, all of them: the
+  // ring grown, or every slot read and staging from its start, before the
+  // first is staged, so that a later upload of the call never moves the
+  // ring or overwrites an earlier one's slot.
+  void ReserveUploads(std::initializer_list<size_t> sizes) {
+    if (graph_ != Graph::kOff) return;  // a graph's slots are fixed (Upload checks)
+    size_t total = 0;
+    for (size_t bytes : sizes) total += RingPadded(bytes);
+    if (total > ring_bytes_) GrowRing(std::max(2 * ring_bytes_, total));
+    if (ring_used_ + total > ring_bytes_) {  // every slot read, then from the start
+      CopyUploads();
+      Synchronize();
+    }
+  }
   // n elements from host memory into the ring, staged on the host side
   // until CopyUploads (one copy for all staged since the last) and then
-  // valid for kernels issued before the next Synchronize.
+  // valid for kernels issued before the next Synchronize. A call that
+  // uploads more than once reserves them all first (ReserveUploads).
   template <typename T>
   const T* Upload(const T* src, size_t n) {
-    const size_t bytes = sizeof(T) * n, padded = (bytes + 255) / 256 * 256;
+    const size_t bytes = sizeof(T) * n, padded = RingPadded(bytes);
     if (graph_ != Graph::kOff) {
       // Same offsets every replay: the graph copies from these slots.
       FS_CHECK_MSG(ring_used_ + padded <= ring_bytes_,
@@ -1008,11 +1030,7 @@ class CudaBackend final : public Backend {
         ++upload_index_;
       }
     } else {
-      if (padded > ring_bytes_) GrowRing(std::max(2 * ring_bytes_, padded));
-      if (ring_used_ + padded > ring_bytes_) {  // every slot read, then from the start
-        CopyUploads();
-        Synchronize();
-      }
+      ReserveUploads({bytes});
     }
     char* host = static_cast<char*>(pinned_) + ring_used_;
     char* dev = static_cast<char*>(ring_) + ring_used_;

@@ -684,6 +684,36 @@ TEST(CudaBackend, RowKernelsMatchTheCpuBackend) {
 // 17 (a warp's rows cut mid-token, a token's over two blocks), a sharp
 // softmax and a softcap, and decode steps and short chunks split over 2 and
 // 3 segments, some of whose queries see no key in a segment.
+// A call's uploads that pass the end of the upload ring (16 MiB) together:
+// none overwrites another's slot, none is left in a ring let go.
+TEST(CudaBackend, UploadsOfOneCallKeepTheirSlots) {
+  REQUIRE_GPU();
+  auto made = MakeCudaBackend({});
+  ASSERT_TRUE(made.ok());
+  Backend* gpu = made->get();
+  const std::vector<float> w = {10.0f, 20.0f, 30.0f};
+  OnDevice<float> dw(gpu, w);
+  // One row staged first: the next call's uploads start past it.
+  const int32_t one = 0;
+  OnDevice<float> first(gpu, size_t{1});
+  gpu->GatherRows(dw.get(), 1, &one, 1, 1, first.get(), 1);
+  // Two uploads of 8.4 MB each: the second did not fit after the first.
+  const int n = 2100000;
+  std::vector<int32_t> src(n), dst(n);
+  for (int i = 0; i < n; ++i) {
+    src[i] = i % 3;
+    dst[i] = n - 1 - i;
+  }
+  OnDevice<float> out(gpu, static_cast<size_t>(n));
+  gpu->GatherWeightRows(WeightsRef(dw.get(), DType::kF32), 3, 1, src.data(), dst.data(), n,
+                        out.get(), 1);
+  const std::vector<float> got = out.Read(gpu);
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += got[n - 1 - i] != w[i % 3];
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(first.Read(gpu)[0], 10.0f);
+}
+
 TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
   REQUIRE_GPU();
   CudaBackendOptions to;

@@ -1060,6 +1060,56 @@ TEST(CudaBackend, GraphsReplayStepsWithNewArguments) {
   }
 }
 
+// A cuBLASLt family met first in a step being captured: chosen outside the
+// graph (its checks wait for the device, which a capture may not), and the
+// replays give what a backend without graphs gives.
+TEST(CudaBackend, AProductFirstMetInACapturedStepIsChosenOutsideIt) {
+  REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.graphs = true;
+  o.gemm = GpuGemm::kLt;
+  auto made = MakeCudaBackend(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Backend* graphs = made->get();
+  Backend* plain = Gpu(GpuGemm::kLt);
+  const int rows = 3, k = 64;
+  const auto x = Random(static_cast<size_t>(rows) * k, 31);
+  const auto wa = WeightBytes(Random(static_cast<size_t>(32) * k, 32, 0.1f), DType::kBF16);
+  const auto wb = WeightBytes(Random(static_cast<size_t>(48) * k, 33, 0.1f), DType::kBF16);
+  // The same buffers on each backend (memory freed drops a backend's graphs).
+  struct Buffers {
+    Buffers(Backend* be, const std::vector<float>& x, const std::vector<unsigned char>& wa,
+            const std::vector<unsigned char>& wb)
+        : x(be, x), wa(be, wa), wb(be, wb), ya(be, size_t{rows} * 32), yb(be, size_t{rows} * 48) {}
+    OnDevice<float> x;
+    OnDevice<unsigned char> wa, wb;
+    OnDevice<float> ya, yb;
+  };
+  Buffers gb(graphs, x, wa, wb), pb(plain, x, wa, wb);
+  auto products = [&](Backend* be, Buffers& b, bool bracket, int round) {
+    const bool in = bracket && be->BeginGraph(9, 1 << 16);
+    if (bracket) {
+      EXPECT_EQ(in, round > 0);  // the first runs as usual, the second is recorded
+    }
+    be->LinearNT(b.x.get(), k, WeightsRef(b.wa.get(), DType::kBF16), b.ya.get(), 32, rows, 32, k,
+                 false);
+    // The second family only from the first capture on.
+    if (round > 0) {
+      be->LinearNT(b.x.get(), k, WeightsRef(b.wb.get(), DType::kBF16), b.yb.get(), 48, rows, 48, k,
+                   false);
+    }
+    if (in) be->EndGraph();
+  };
+  for (int round = 0; round < 3; ++round) {
+    products(graphs, gb, true, round);
+    products(plain, pb, false, round);
+    EXPECT_TRUE(SameBits(gb.ya.Read(graphs), pb.ya.Read(plain))) << "round " << round;
+    if (round > 0) {
+      EXPECT_TRUE(SameBits(gb.yb.Read(graphs), pb.yb.Read(plain))) << "round " << round;
+    }
+  }
+}
+
 TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {
   REQUIRE_GPU();
   Backend* gpu = Gpu();

@@ -122,6 +122,7 @@ LtGemm::LtGemm(cudaStream_t stream) : stream_(stream) {
 
 LtGemm::~LtGemm() {
   families_.clear();
+  if (choose_stream_) cudaStreamDestroy(choose_stream_);
   if (workspace_) cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
@@ -160,19 +161,41 @@ LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
   FS_LT_CHECK(cublasLtMatrixLayoutCreate(&f->a, p.type, p.k, p.n, p.ldw));
   f->SetBatch(f->a, p.stride_w);
   Family& ref = *families_.emplace(key, std::move(f)).first->second;
-  Choose(ref, p);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FS_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture == cudaStreamCaptureStatusNone) {
+    Choose(ref, p, stream_);
+    return ref;
+  }
+  // Met first in a step being captured (its graph keeps the band's
+  // algorithm, so it is chosen now, not later): the checks and the timing
+  // go on a stream of their own, outside the graph, with this thread's
+  // capture rules relaxed for their allocations and waits. Nothing else
+  // runs meanwhile: a capture starts with the stream idle
+  // (CudaBackend::BeginGraph), so the workspace is free.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  if (!choose_stream_)
+    FS_CUDA_CHECK(cudaStreamCreateWithFlags(&choose_stream_, cudaStreamNonBlocking));
+  Choose(ref, p, choose_stream_);
+  FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   return ref;
 }
 
 bool LtGemm::Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m,
-                    const void* x, float* d, bool accumulate) {
+                    const void* x, float* d, bool accumulate, cudaStream_t s) {
   const auto& l = f.For(m);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  return cublasLtMatmul(handle_, f.op, &alpha, p.w, f.a, x, l.b, &beta, d, l.c, d, l.c, &algo,
-                        workspace_, workspace_bytes_, stream_) == CUBLAS_STATUS_SUCCESS;
+  if (cublasLtMatmul(handle_, f.op, &alpha, p.w, f.a, x, l.b, &beta, d, l.c, d, l.c, &algo,
+                     workspace_, workspace_bytes_, s) == CUBLAS_STATUS_SUCCESS)
+    return true;
+  // A candidate refused may leave a launch error behind, which the next
+  // check of the runtime's last error would take for its own.
+  (void)cudaGetLastError();
+  return false;
 }
 
-void LtGemm::Choose(Family& f, const LtProblem& p) {
+void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   cublasLtMatmulPreference_t pref = nullptr;
   FS_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = workspace_bytes_;
@@ -218,13 +241,13 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
   FS_CUDA_CHECK(cudaMalloc(&dref, d_elems * 4));
   FS_CUDA_CHECK(cudaMalloc(&dcand, d_elems * 4));
   FS_CUDA_CHECK(cudaMalloc(&mismatches, sizeof(int)));
-  FillRandom(xp, p.type == CUDA_R_16BF ? WType::kBF16 : WType::kF16, x_elems, 0x5eed, stream_);
+  FillRandom(xp, p.type == CUDA_R_16BF ? WType::kBF16 : WType::kF16, x_elems, 0x5eed, s);
   auto differs = [&](int rows) {
-    FS_CUDA_CHECK(cudaMemsetAsync(mismatches, 0, sizeof(int), stream_));
-    CountMismatches(dref, dcand, rows, p.n, p.ldd, p.batch, p.stride_d, mismatches, stream_);
+    FS_CUDA_CHECK(cudaMemsetAsync(mismatches, 0, sizeof(int), s));
+    CountMismatches(dref, dcand, rows, p.n, p.ldd, p.batch, p.stride_d, mismatches, s);
     int host = 0;
-    FS_CUDA_CHECK(cudaMemcpyAsync(&host, mismatches, sizeof(int), cudaMemcpyDeviceToHost, stream_));
-    FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    FS_CUDA_CHECK(cudaMemcpyAsync(&host, mismatches, sizeof(int), cudaMemcpyDeviceToHost, s));
+    FS_CUDA_CHECK(cudaStreamSynchronize(s));
     return host;
   };
 
@@ -233,8 +256,8 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
   std::vector<cublasLtMatmulAlgo_t> refs = candidates(probe);
   bool found = false;
   for (const auto& algo : refs) {
-    if (!Launch(f, algo, p, probe, xp, dref, false)) continue;
-    if (!Launch(f, algo, p, kSmallProbe, xp, dcand, false)) continue;
+    if (!Launch(f, algo, p, probe, xp, dref, false, s)) continue;
+    if (!Launch(f, algo, p, kSmallProbe, xp, dcand, false, s)) continue;
     if (differs(kSmallProbe) == 0) {
       last.algo = algo;
       last.how = "reference, checked";
@@ -260,12 +283,12 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
   FS_CUDA_CHECK(cudaEventCreate(&start));
   FS_CUDA_CHECK(cudaEventCreate(&stop));
   auto seconds = [&](const cublasLtMatmulAlgo_t& algo, int m) {
-    if (!Launch(f, algo, p, m, xp, dcand, false)) return -1.0;  // warm
-    FS_CUDA_CHECK(cudaEventRecord(start, stream_));
+    if (!Launch(f, algo, p, m, xp, dcand, false, s)) return -1.0;  // warm
+    FS_CUDA_CHECK(cudaEventRecord(start, s));
     for (int r = 0; r < kTimedRuns; ++r) {
-      if (!Launch(f, algo, p, m, xp, dcand, false)) return -1.0;
+      if (!Launch(f, algo, p, m, xp, dcand, false, s)) return -1.0;
     }
-    FS_CUDA_CHECK(cudaEventRecord(stop, stream_));
+    FS_CUDA_CHECK(cudaEventRecord(stop, s));
     FS_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     FS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -296,7 +319,7 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
     for (const auto& algo : candidates(hi)) {
       bool keeps = true;
       for (int m : at) {
-        if (!Launch(f, algo, p, m, xp, dcand, false) || differs(m) != 0) {
+        if (!Launch(f, algo, p, m, xp, dcand, false, s) || differs(m) != 0) {
           keeps = false;
           break;
         }
@@ -312,7 +335,7 @@ void LtGemm::Choose(Family& f, const LtProblem& p) {
     band.how = fmt::format("{}, the fastest of {} checked and the reference: {:.1f} us at m {}",
                            own ? "own" : "reference", checked, best * 1e6, lo);
   }
-  FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  FS_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaFree(xp);
@@ -327,8 +350,8 @@ bool LtGemm::Run(const LtProblem& p) {
   Family& f = FamilyOf(p);
   if (!f.usable) return false;
   FS_CHECK_MSG(p.m <= f.max_rows, "{} rows over the batched family's {}", p.m, f.max_rows);
-  if (Launch(f, f.bands[f.BandOf(p.m)].algo, p, p.m, p.x, p.d, p.accumulate)) return true;
-  FS_CHECK_MSG(Launch(f, f.bands[kNumBands - 1].algo, p, p.m, p.x, p.d, p.accumulate),
+  if (Launch(f, f.bands[f.BandOf(p.m)].algo, p, p.m, p.x, p.d, p.accumulate, stream_)) return true;
+  FS_CHECK_MSG(Launch(f, f.bands[kNumBands - 1].algo, p, p.m, p.x, p.d, p.accumulate, stream_),
                "cuBLASLt cannot run n {} k {} m {}", p.n, p.k, p.m);
   return true;
 }

@@ -67,11 +67,15 @@ class LtGemm {
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t,
                          int, int, int>;
   Family& FamilyOf(const LtProblem& p);
-  void Choose(Family& f, const LtProblem& p);
+  // Checks and times the family's candidates on stream s.
+  void Choose(Family& f, const LtProblem& p, cudaStream_t s);
   bool Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m, const void* x,
-              float* d, bool accumulate);
+              float* d, bool accumulate, cudaStream_t s);
 
   cudaStream_t stream_;
+  // Where a family first met while stream_ is being captured is chosen
+  // (made at the first such).
+  cudaStream_t choose_stream_ = nullptr;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -14,12 +14,14 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/emulation/emulation.h"
@@ -223,6 +225,18 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  *status = failsafe::cuda::emu::StreamOf(s)->capture ? cudaStreamCaptureStatusActive
+                                                      : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+// The emulation checks no capture rules but a capturing stream's own (its
+// synchronizations and events refused), whatever the mode.
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
+  std::swap(current, *mode);
   return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {

@@ -14,6 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 
@@ -97,27 +99,30 @@ struct Tiles {
   static_assert(kFn % 2 == 0 && kStages >= 2);
   // A stage's elements: its rows of A (floats where kA32, 16 bytes past the
   // item's k-values), then its columns of B.
-  static __host__ __device__ int AElements(int ik) {
-    return kA32 ? 2 * kBm * (ik + 4) : kBm * (ik + 8);
-  }
+  static __host__ __device__ int AElements(int ik) { return kBm * (kA32 ? 2 : 1) * (ik + 8); }
   static __host__ __device__ int StageElements(int ik) { return AElements(ik) + kBn * (ik + 8); }
 };
 
-// Elements of 16-bit values in a shared row: an item's k-values and 8 more
-// (rows 16 bytes apart in bank order: ldmatrix without conflicts).
+// Elements in a shared row: an item's k-values and 8 more. For 16-bit
+// values, rows 16 bytes apart in bank order (ldmatrix without conflicts);
+// for f32 (kA32), rows 8 or 24 words apart modulo the 32 banks, so that a
+// quarter warp's 8-byte reads of four rows (k-values 2 (lane % 4), rows
+// lane / 4) fall in distinct banks.
 __host__ __device__ constexpr int Pitch(int ik) { return ik + 8; }
 
+// lo and hi rounded to 16 bits (to nearest even) and packed, lo in the low
+// half: one conversion instruction for the pair.
 template <bool kBf16>
 __device__ __forceinline__ uint32_t Pack16(float lo, float hi) {
-  uint32_t l, h;
   if constexpr (kBf16) {
-    l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
-    h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return static_cast<uint32_t>(__bfloat16_as_ushort(v.x)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(v.y)) << 16);
   } else {
-    l = __half_as_ushort(__float2half_rn(lo));
-    h = __half_as_ushort(__float2half_rn(hi));
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return static_cast<uint32_t>(__half_as_ushort(v.x)) |
+           (static_cast<uint32_t>(__half_as_ushort(v.y)) << 16);
   }
-  return l | (h << 16);
 }
 
 template <int kWarpsM, int kWarpsN, int kFm, int kFn, int kStages, bool kA32, bool kBf16>
@@ -127,7 +132,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   FS_KERNEL_PROLOGUE();
   using T = Tiles<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>;
   FS_DYNAMIC_SHARED(uint16_t, smem);
-  const int pitch = Pitch(ik), pitch32 = ik + 4;
+  const int pitch = Pitch(ik);  // elements, 16-bit or f32 (kA32's A)
   // Stage s: its rows of A, then its columns of B.
   auto stage_a = [&](int s) { return smem + s * T::StageElements(ik); };
   auto stage_b = [&](int s) { return stage_a(s) + T::AElements(ik); };
@@ -137,8 +142,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   if (first >= last) return;
   const int chunks = ik / 8;  // 16-byte chunks of a row of one item's 16-bit values
   const int chunks_a = kA32 ? ik / 4 : chunks;
-  const int a_pitch = kA32 ? 2 * pitch32 : pitch;  // 16-bit elements between rows of A
-  const int a_chunk = kA32 ? 4 : 8;                // A's values in 16 bytes
+  const int a_pitch = kA32 ? 2 * pitch : pitch;  // 16-bit elements between rows of A
+  const int a_chunk = kA32 ? 4 : 8;              // A's values in 16 bytes
   const int a_bytes = kA32 ? 4 : 2;
 
   // Issues the copies of an item's operands into a stage (committed by the
@@ -203,12 +208,15 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
         if constexpr (kA32) {
           // The fragment ldmatrix would give: rows lane / 4 and 8 more,
           // columns 2 (lane % 4) and 8 more, each pair packed low first.
-          const float* f = reinterpret_cast<const float*>(sa) +
-                           (wm * 16 * kFm + i * 16 + lane / 4) * pitch32 + ks + (lane % 4) * 2;
-          af[i][0] = Pack16<kBf16>(f[0], f[1]);
-          af[i][1] = Pack16<kBf16>(f[8 * pitch32], f[8 * pitch32 + 1]);
-          af[i][2] = Pack16<kBf16>(f[8], f[9]);
-          af[i][3] = Pack16<kBf16>(f[8 * pitch32 + 8], f[8 * pitch32 + 9]);
+          // Pairs read as one 8-byte value (an even element of a row).
+          const float2* f = reinterpret_cast<const float2*>(
+              reinterpret_cast<const float*>(sa) + (wm * 16 * kFm + i * 16 + lane / 4) * pitch +
+              ks + (lane % 4) * 2);
+          const float2 v0 = f[0], v1 = f[4 * pitch], v2 = f[4], v3 = f[4 * pitch + 4];
+          af[i][0] = Pack16<kBf16>(v0.x, v0.y);
+          af[i][1] = Pack16<kBf16>(v1.x, v1.y);
+          af[i][2] = Pack16<kBf16>(v2.x, v2.y);
+          af[i][3] = Pack16<kBf16>(v3.x, v3.y);
         } else {
           const int r = wm * 16 * kFm + i * 16 + lane % 16;
           LoadMatrixX4(af[i], sa + r * pitch + ks + (lane / 16) * 8);
@@ -268,18 +276,7 @@ template <int kWarpsM, int kWarpsN, int kFm, int kFn, int kStages, bool kA32>
 void Launch(const FixedItems& g, int blocks_per_sm, int sms, cudaStream_t s) {
   using T = Tiles<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>;
   FS_CHECK_MSG((g.a32 != nullptr) == kA32, "fixed-point items with A of the variant's other type");
-  const int tiles_n = (g.n + T::kBn - 1) / T::kBn, tiles_m = (g.m + T::kBm - 1) / T::kBm;
-  // Enough blocks for `blocks_per_sm` per multiprocessor: the items split
-  // over blocks.
-  const int want = blocks_per_sm * sms, tiles = tiles_n * tiles_m;
-  int groups = tiles >= want ? 1 : (want + tiles - 1) / tiles;
-  groups = groups < g.items ? groups : g.items;
-  const int per = (g.items + groups - 1) / groups;
-  groups = (g.items + per - 1) / per;
   const size_t shared = SharedBytes<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32>(g.item_k);
-  dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
-            static_cast<unsigned>(groups));
-  FS_CHECK(tiles_m <= 65535 && groups <= 65535);
   auto kernel = g.bf16 ? FixedItemsKernel<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32, true>
                        : FixedItemsKernel<kWarpsM, kWarpsN, kFm, kFn, kStages, kA32, false>;
   // Shared memory past 48 KiB is asked for per kernel (one GPU per
@@ -290,6 +287,29 @@ void Launch(const FixedItems& g, int blocks_per_sm, int sms, cudaStream_t s) {
                                        static_cast<int>(shared)));
     raised[g.bf16] = shared;
   }
+  // The blocks a multiprocessor holds at once at this item size (its
+  // shared memory and registers), the variant's `blocks_per_sm` at most.
+  static size_t resident_at[2] = {0, 0};
+  static int resident[2] = {0, 0};
+  if (resident_at[g.bf16] != shared) {
+    int blocks = 0;
+    FS_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, T::kThreads, shared));
+    resident[g.bf16] = blocks;
+    resident_at[g.bf16] = shared;
+  }
+  const int per_sm = std::max(1, std::min(blocks_per_sm, resident[g.bf16]));
+  const int tiles_n = (g.n + T::kBn - 1) / T::kBn, tiles_m = (g.m + T::kBm - 1) / T::kBm;
+  // Enough blocks for that many per multiprocessor: the items split over
+  // blocks.
+  const int want = per_sm * sms, tiles = tiles_n * tiles_m;
+  int groups = tiles >= want ? 1 : (want + tiles - 1) / tiles;
+  groups = groups < g.items ? groups : g.items;
+  const int per = (g.items + groups - 1) / groups;
+  groups = (g.items + per - 1) / per;
+  dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
+            static_cast<unsigned>(groups));
+  FS_CHECK(tiles_m <= 65535 && groups <= 65535);
   FS_LAUNCH(grid, T::kThreads, shared, s, kernel)
   (kA32 ? static_cast<const void*>(g.a32) : g.a, g.lda, g.b, g.acc, g.ldacc, g.m, g.n, g.item_k,
    g.items, per);

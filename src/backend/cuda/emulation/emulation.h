@@ -154,6 +154,14 @@ inline cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int va
   return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
 }
 
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor of a kernel (the same).
+template <typename T>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, T* entry, int threads,
+                                                                 size_t shared) {
+  return ::cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, reinterpret_cast<const void*>(entry), threads, shared);
+}
+
 #undef __shared__
 #define __shared__ static
 #undef __launch_bounds__

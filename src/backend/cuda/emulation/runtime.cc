@@ -127,6 +127,17 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
+// A Hopper multiprocessor's: 2,048 threads, 32 blocks and 228 KiB of shared
+// memory (1 KiB of it kept by each block), registers not counted.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int threads,
+                                                          size_t shared) {
+  if (threads <= 0 || threads > 1024) return cudaErrorInvalidValue;
+  const size_t by_shared = (228u << 10) / (shared + 1024);
+  *blocks =
+      static_cast<int>(std::min<size_t>({32, static_cast<size_t>(2048 / threads), by_shared}));
+  return cudaSuccess;
+}
+
 // --- memory ---
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   return failsafe::cuda::emu::Allocate(failsafe::cuda::emu::Device(), p, bytes);

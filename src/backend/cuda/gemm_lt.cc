@@ -122,6 +122,7 @@ LtGemm::LtGemm(cudaStream_t stream) : stream_(stream) {
 
 LtGemm::~LtGemm() {
   families_.clear();
+  for (void* p : deferred_frees_) cudaFree(p);
   if (choose_stream_) cudaStreamDestroy(choose_stream_);
   if (workspace_) cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
@@ -338,14 +339,30 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   FS_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cudaFree(xp);
-  cudaFree(dref);
-  cudaFree(dcand);
-  cudaFree(mismatches);
+  // Inside a capture a free may wait for the device, which the capture
+  // refuses: the probes go once it has ended (FreeDeferred).
+  for (void* probe :
+       {xp, static_cast<void*>(dref), static_cast<void*>(dcand), static_cast<void*>(mismatches)}) {
+    if (s == stream_) {
+      cudaFree(probe);
+    } else {
+      deferred_frees_.push_back(probe);
+    }
+  }
   cublasLtMatmulPreferenceDestroy(pref);
 }
 
+void LtGemm::FreeDeferred() {
+  if (deferred_frees_.empty()) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FS_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  for (void* p : deferred_frees_) cudaFree(p);
+  deferred_frees_.clear();
+}
+
 bool LtGemm::Run(const LtProblem& p) {
+  FreeDeferred();
   if (p.m <= 0 || p.n <= 0) return true;
   Family& f = FamilyOf(p);
   if (!f.usable) return false;

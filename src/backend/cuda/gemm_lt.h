@@ -71,11 +71,15 @@ class LtGemm {
   void Choose(Family& f, const LtProblem& p, cudaStream_t s);
   bool Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m, const void* x,
               float* d, bool accumulate, cudaStream_t s);
+  // Frees deferred_frees_ once stream_ is not being captured.
+  void FreeDeferred();
 
   cudaStream_t stream_;
   // Where a family first met while stream_ is being captured is chosen
   // (made at the first such).
   cudaStream_t choose_stream_ = nullptr;
+  // Probe buffers of a choice made during a capture, freed after it.
+  std::vector<void*> deferred_frees_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -6,8 +6,15 @@
 # Usage: scripts/gpu/env.sh BIN PACKED_BIN LIBRARY_PATH CUBLAS_DIR STORIES_DIR
 set -uo pipefail
 bin=$1 packed=$2 libpath=$3 cublas=$4 stories=$5
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,compute_mode \
   --format=csv || { echo "env: nvidia-smi found no GPU"; exit 1; }
+# Several device processes share GPU 0 in the e2e and failure stages: a
+# GPU that admits one process at a time fails them all, so say so first.
+mode=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null)
+if [[ $mode == *Exclusive_Process* || $mode == *Prohibited* ]]; then
+  echo "env: GPU 0's compute mode is $mode: device processes cannot share it"
+  exit 1
+fi
 echo "cuBLASLt: ${cublas:-not found}"
 stamp=$(dirname "$packed")/BUILD
 if [[ -f $stamp ]]; then

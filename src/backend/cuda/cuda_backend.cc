@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -78,6 +77,15 @@ class CudaBackend final : public Backend {
       return InvalidArgument("GPU {} does not exist ({} CUDA devices)", gpu_, count);
     e = cudaSetDevice(gpu_);
     if (e != cudaSuccess) return FailedPrecondition("GPU {}: {}", gpu_, cudaGetErrorString(e));
+    // A thread waiting for the device yields its core rather than spin on
+    // it: device processes share a host's cores (8 to a GPU in the failure
+    // tests), and each has its step's thread and copy threads waiting. On
+    // an idle core a yield returns at once, as a spin would.
+    e = cudaSetDeviceFlags(cudaDeviceScheduleYield);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky
+      FS_LOG_WARN("GPU {}: waits spin as the runtime chooses ({})", gpu_, cudaGetErrorString(e));
+    }
     FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, gpu_));
 #ifndef FAILSAFE_CUDA_EMULATION
     // The kernels wait for the work before them only where compiled for
@@ -138,7 +146,7 @@ class CudaBackend final : public Backend {
     if (ring_) cudaFree(ring_);
     if (pinned_) cudaFreeHost(pinned_);
     if (result_) cudaFreeHost(result_);
-    for (const auto& [thread, stream] : copy_streams_) cudaStreamDestroy(stream);
+    for (cudaStream_t stream : copy_streams_) cudaStreamDestroy(stream);
     cudaStreamDestroy(stream_);
   }
 
@@ -179,8 +187,14 @@ class CudaBackend final : public Backend {
     // page-locked memory the device reads them later, and the source may be
     // reused on return (backend.h), so that copy is waited for.
     cuda::CountDeviceWrite();
-    FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
-    if (PinnedHere(src)) FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    bool pinned = false;
+    ForEachPart(src, bytes, [&](size_t at, size_t part) {
+      const char* from = static_cast<const char*>(src) + at;
+      FS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at, from, part,
+                                    cudaMemcpyHostToDevice, stream_));
+      pinned = pinned || PinnedHere(from);
+    });
+    if (pinned) FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   // Whether p lies in host memory page-locked for CUDA (by PinHostMemory or
   // anyone else in this process).
@@ -227,25 +241,64 @@ class CudaBackend final : public Backend {
   void BackgroundCopiesToDevice(const HostCopy* copies, size_t n) override {
     BackgroundCopies(copies, n, cudaMemcpyHostToDevice);
   }
-  // On the calling thread's copy stream, one wait for them all: the backup
+  // On a copy stream of the call's own, one wait for them all: the backup
   // writer, a background restore and the compute thread's host-tier hits
-  // never queue behind one another's jobs.
+  // never queue behind one another's jobs. The stream goes back to the pool
+  // idle (waited for), so there are as many as calls ever ran at once, not
+  // one per thread that ever copied (a restore thread per recovery).
   void BackgroundCopies(const HostCopy* copies, size_t n, cudaMemcpyKind kind) {
     FS_CUDA_CHECK(cudaSetDevice(gpu_));  // this thread's device
-    const cudaStream_t stream = CopyStream();
+    const cudaStream_t stream = TakeCopyStream();
     size_t issued = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (copies[i].bytes == 0) continue;
-      FS_CUDA_CHECK(cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, kind, stream));
-      ++issued;
+      const HostCopy& c = copies[i];
+      ForEachPart(kind == cudaMemcpyDeviceToHost ? c.dst : c.src, c.bytes,
+                  [&](size_t at, size_t part) {
+                    FS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(c.dst) + at,
+                                                  static_cast<const char*>(c.src) + at, part, kind,
+                                                  stream));
+                    ++issued;
+                  });
     }
     if (issued > 0) FS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
-  cudaStream_t CopyStream() {
     std::lock_guard<std::mutex> lock(copy_mu_);
-    cudaStream_t& s = copy_streams_[std::this_thread::get_id()];
-    if (!s) FS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    idle_copy_streams_.push_back(stream);
+  }
+  cudaStream_t TakeCopyStream() {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    if (!idle_copy_streams_.empty()) {
+      const cudaStream_t s = idle_copy_streams_.back();
+      idle_copy_streams_.pop_back();
+      return s;
+    }
+    cudaStream_t s = nullptr;
+    FS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    copy_streams_.push_back(s);
     return s;
+  }
+  // f(offset, bytes) for the parts of a copy of `bytes` whose host side
+  // starts at `host`: the whole, except where it crosses a seam between
+  // the pieces of a region locked piece by piece (PinHostMemory), which
+  // cut it, so that each part lies in one registration or in none (a
+  // piece locked and the next not yet, or two registrations).
+  template <typename F>
+  void ForEachPart(const void* host, size_t bytes, F&& f) {
+    std::vector<std::pair<const char*, size_t>> regions;
+    {
+      std::lock_guard<std::mutex> lock(copy_mu_);
+      regions = pieced_regions_;
+    }
+    const char* h = static_cast<const char*>(host);
+    for (size_t done = 0; done < bytes;) {
+      size_t part = bytes - done;
+      for (const auto& [base, size] : regions) {
+        if (h + done < base || h + done >= base + size) continue;
+        const size_t into = static_cast<size_t>(h + done - base) % kPinPieceBytes;
+        part = std::min(part, kPinPieceBytes - into);
+      }
+      f(done, part);
+      done += part;
+    }
   }
   // A region up to kPinAtOnceBytes is locked before this returns; a larger
   // one (the KV backup, tens of GiB that every device process maps) in
@@ -259,6 +312,10 @@ class CudaBackend final : public Backend {
     if (bytes <= kPinAtOnceBytes) {
       PinPiece(p, bytes);
       return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(copy_mu_);
+      pieced_regions_.emplace_back(static_cast<const char*>(p), bytes);
     }
     pinners_.emplace_back([this, p, bytes] {
       if (cudaSetDevice(gpu_) != cudaSuccess) {
@@ -1063,8 +1120,10 @@ class CudaBackend final : public Backend {
   const GpuGemm gemm_;
   int sms_ = 1;                    // multiprocessors
   cudaStream_t stream_ = nullptr;  // every kernel and copy of the compute thread
-  std::mutex copy_mu_;             // guards copy_streams_ and pinned_host_
-  std::map<std::thread::id, cudaStream_t> copy_streams_;  // Background copies: by thread
+  // Guards the copy streams, pinned_host_ and pieced_regions_.
+  std::mutex copy_mu_;
+  std::vector<cudaStream_t> copy_streams_;       // BackgroundCopies': every one made
+  std::vector<cudaStream_t> idle_copy_streams_;  // those no call holds
   std::unique_ptr<cuda::LtGemm> lt_;
   std::unique_ptr<cuda::FixedGemm> fixed_;
   // What x16_ holds: x [m, k] rounded to `type` when cuda::DeviceWrites()
@@ -1109,8 +1168,9 @@ class CudaBackend final : public Backend {
   std::vector<size_t> capture_uploads_;
   StepGraph* replay_ = nullptr;
   size_t upload_index_ = 0;
-  std::vector<std::pair<void*, size_t>> pinned_host_;  // PinHostMemory's pieces
-  std::vector<std::thread> pinners_;                   // PinHostMemory of large regions
+  std::vector<std::pair<void*, size_t>> pinned_host_;           // PinHostMemory's pieces
+  std::vector<std::thread> pinners_;                            // PinHostMemory of large regions
+  std::vector<std::pair<const char*, size_t>> pieced_regions_;  // those regions
   std::atomic<bool> pin_stop_{false};
   // Peer memory by the virtual memory API: what this process made (its
   // handle and size, and the share peers fetch it from), and what it mapped

@@ -1190,9 +1190,11 @@ TEST(CudaBackend, CopiesFromPageLockedRegions) {
     EXPECT_EQ(std::memcmp(host, x.data(), count * 4), 0) << "seed " << seed;
   };
   check(small.data(), 50);
-  const size_t offsets[] = {0, large / 2, large - count * 4};
+  // The last across the seam of the first two pieces the region is locked
+  // in (256 MiB each).
+  const size_t offsets[] = {0, large / 2, large - count * 4, (size_t{256} << 20) - count * 2};
   for (int round = 0; round < 2; ++round) {
-    for (size_t i = 0; i < 3; ++i)
+    for (size_t i = 0; i < 4; ++i)
       check(reinterpret_cast<float*>(static_cast<char*>(region) + offsets[i]),
             51 + round * 3 + static_cast<uint32_t>(i));
     // The second round once the whole region is locked.

@@ -200,6 +200,25 @@ void TensorRef::ReadColsTransposed(int64_t col_begin, int64_t num_cols, float* d
   }
 }
 
+bool TensorRef::CopyRows(int64_t row_begin, int64_t num_rows, DType want, void* dst) const {
+  if (info->dtype != want) return false;
+  const int64_t c = cols();
+  FS_CHECK(row_begin >= 0 && row_begin + num_rows <= rows());
+  const size_t es = DTypeSize(want);
+  std::memcpy(dst, data + row_begin * c * es, static_cast<size_t>(num_rows * c) * es);
+  return true;
+}
+
+bool TensorRef::CopyCols(int64_t col_begin, int64_t num_cols, DType want, void* dst) const {
+  if (info->dtype != want) return false;
+  const int64_t r = rows(), c = cols();
+  FS_CHECK(col_begin >= 0 && col_begin + num_cols <= c);
+  const size_t es = DTypeSize(want), run = static_cast<size_t>(num_cols) * es;
+  for (int64_t i = 0; i < r; ++i)
+    std::memcpy(static_cast<unsigned char*>(dst) + i * run, data + (i * c + col_begin) * es, run);
+  return true;
+}
+
 Status SafetensorsWriter::Write(const std::string& path, const std::vector<Entry>& entries,
                                 FillFn fill, void* ctx) {
   json header = json::object();

@@ -50,6 +50,12 @@ struct TensorRef {
   // Copies columns [col_begin, col_begin + num_cols) of a 2-D tensor, transposed,
   // into dst [num_cols, rows()]: dst[c][r] = tensor[r][col_begin + c].
   void ReadColsTransposed(int64_t col_begin, int64_t num_cols, float* dst) const;
+  // The same elements as they are stored, where the tensor's type is `want`
+  // (false, writing nothing, where it is not): rows [row_begin, row_begin +
+  // num_rows) into dst [num_rows, cols()]; and columns [col_begin, col_begin
+  // + num_cols) of every row, untransposed, into dst [rows(), num_cols].
+  bool CopyRows(int64_t row_begin, int64_t num_rows, DType want, void* dst) const;
+  bool CopyCols(int64_t col_begin, int64_t num_cols, DType want, void* dst) const;
 };
 
 // One memory-mapped safetensors file.

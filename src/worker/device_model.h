@@ -50,10 +50,22 @@ class HostLoader {
   void GateUp(int layer, int shard, float* dst) const;    // [2 * width, hidden]
   void Down(int layer, int shard, float* dst) const;      // [width, hidden]
   void Vocab(bool lm_head, int chunk, float* dst) const;  // [chunk_size, hidden], zero-padded
+  // The same items' elements as the checkpoint stores them, where its
+  // tensors are of type dt (false where not: ItemMatrix::RawSource): q, k/v,
+  // gate/up and vocabulary items as their rows; o and down items as the
+  // run of their columns in each of the tensor's rows (their transposes).
+  bool CopyQuery(int layer, int q, DType dt, unsigned char* dst) const;
+  bool CopyKv(int layer, int head, DType dt, unsigned char* dst) const;
+  bool CopyO(int layer, int q, DType dt, unsigned char* dst) const;
+  bool CopyGateUp(int layer, int shard, DType dt, unsigned char* dst) const;
+  bool CopyDown(int layer, int shard, DType dt, unsigned char* dst) const;
+  bool CopyVocab(bool lm_head, int chunk, DType dt, unsigned char* dst) const;
 
  private:
   // Rows [row, row + n) of a projection (its own tensor or a fused one's run).
   void Read(const tensor_names::Rows& rows, int64_t row, int64_t n, float* dst) const;
+  bool Copy(const tensor_names::Rows& rows, int64_t row, int64_t n, DType dt,
+            unsigned char* dst) const;
 
   const ModelConfig& c_;
   const PlanShape& shape_;

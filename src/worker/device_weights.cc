@@ -133,6 +133,57 @@ void HostLoader::Vocab(bool lm_head, int chunk, float* dst) const {
       sizeof(float) * static_cast<size_t>(shape_.vocab_chunk_size - (end - begin)) * hidden);
 }
 
+bool HostLoader::Copy(const tn::Rows& rows, int64_t row, int64_t n, DType dt,
+                      unsigned char* dst) const {
+  return host_.Get(rows.tensor).CopyRows(rows.first + row, n, dt, dst);
+}
+
+bool HostLoader::CopyQuery(int layer, int q, DType dt, unsigned char* dst) const {
+  const int hd = c_.head_dim;
+  return Copy(tn::QRows(c_, layer), static_cast<int64_t>(q) * hd, hd, dt, dst);
+}
+
+bool HostLoader::CopyKv(int layer, int head, DType dt, unsigned char* dst) const {
+  const int hd = c_.head_dim, hidden = c_.hidden_size;
+  return Copy(tn::KRows(c_, layer), static_cast<int64_t>(head) * hd, hd, dt, dst) &&
+         Copy(tn::VRows(c_, layer), static_cast<int64_t>(head) * hd, hd, dt,
+              dst + static_cast<int64_t>(hd) * hidden * DTypeSize(dt));
+}
+
+bool HostLoader::CopyO(int layer, int q, DType dt, unsigned char* dst) const {
+  const int hd = c_.head_dim;
+  return host_.Get(tn::O(layer)).CopyCols(static_cast<int64_t>(q) * hd, hd, dt, dst);
+}
+
+bool HostLoader::CopyGateUp(int layer, int shard, DType dt, unsigned char* dst) const {
+  const int w = shape_.shard_width, hidden = c_.hidden_size;
+  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
+  const int64_t col = static_cast<int64_t>(shard % shape_.shards_per_expert) * w;
+  return Copy(tn::GateRows(c_, layer, expert), col, w, dt, dst) &&
+         Copy(tn::UpRows(c_, layer, expert), col, w, dt,
+              dst + static_cast<int64_t>(w) * hidden * DTypeSize(dt));
+}
+
+bool HostLoader::CopyDown(int layer, int shard, DType dt, unsigned char* dst) const {
+  const int w = shape_.shard_width;
+  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
+  const tn::Rows cols = tn::DownCols(c_, layer, expert);
+  return host_.Get(cols.tensor)
+      .CopyCols(cols.first + static_cast<int64_t>(shard % shape_.shards_per_expert) * w, w, dt,
+                dst);
+}
+
+bool HostLoader::CopyVocab(bool lm_head, int chunk, DType dt, unsigned char* dst) const {
+  const int hidden = c_.hidden_size;
+  const int begin = shape_.ChunkBegin(chunk), end = shape_.ChunkEnd(chunk);
+  if (!host_.Get(lm_head ? tn::LmHead(c_) : tn::Embedding()).CopyRows(begin, end - begin, dt, dst))
+    return false;
+  const size_t row = static_cast<size_t>(hidden) * DTypeSize(dt);
+  std::memset(dst + static_cast<size_t>(end - begin) * row, 0,
+              static_cast<size_t>(shape_.vocab_chunk_size - (end - begin)) * row);
+  return true;
+}
+
 std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break_every) {
   std::vector<std::pair<int, int>> runs;
   for (int id : ids) {
@@ -149,15 +200,22 @@ std::vector<std::pair<int, int>> ItemRuns(const std::vector<int>& ids, int break
 
 void DeviceModel::AddAttention(AttentionWeights* w, int layer, const std::vector<int>& queries,
                                const std::vector<int>& groups, const HostLoader& load) {
+  // Each item as the checkpoint stores it where the matrix holds it so
+  // (ItemMatrix::RawSource: rows for [n, k] weights, the transposed [k, n]
+  // items' column runs), else through f32.
+  const DType dt = w->q.dtype();
   for (auto [first, count] : ItemRuns(queries, 0)) {
-    w->q.Add(
-        first, count, [&](int q, float* dst) { load.Query(layer, q, dst); }, true);
-    w->o.Add(
-        first, count, [&](int q, float* dst) { load.O(layer, q, dst); }, true);
+    w->q.Add(first, count, [&](int q, float* dst) { load.Query(layer, q, dst); }, true,
+             {ItemLayout::kRowMajor,
+              [&](int q, unsigned char* dst) { return load.CopyQuery(layer, q, dt, dst); }});
+    w->o.Add(first, count, [&](int q, float* dst) { load.O(layer, q, dst); }, true,
+             {ItemLayout::kTransposed,
+              [&](int q, unsigned char* dst) { return load.CopyO(layer, q, dt, dst); }});
   }
   for (auto [first, count] : ItemRuns(groups, 0))
-    w->kv.Add(
-        first, count, [&](int h, float* dst) { load.Kv(layer, h, dst); }, true);
+    w->kv.Add(first, count, [&](int h, float* dst) { load.Kv(layer, h, dst); }, true,
+              {ItemLayout::kRowMajor,
+               [&](int h, unsigned char* dst) { return load.CopyKv(layer, h, dt, dst); }});
 }
 
 std::vector<int> DeviceModel::QueriesOfGroups(const std::vector<int>& groups) const {
@@ -182,25 +240,32 @@ void DeviceModel::UpdateBackupSlots() {
 
 void DeviceModel::AddShards(LayerWeights* lw, int layer, const std::vector<int>& shards,
                             const HostLoader& load) {
+  const DType dt = lw->ffn_gate_up.dtype();
   for (auto [first, count] : ItemRuns(shards, plan_.shape.shards_per_expert)) {
-    lw->ffn_gate_up.Add(
-        first, count, [&](int s, float* dst) { load.GateUp(layer, s, dst); }, true);
-    lw->ffn_down.Add(
-        first, count, [&](int s, float* dst) { load.Down(layer, s, dst); }, true);
+    lw->ffn_gate_up.Add(first, count, [&](int s, float* dst) { load.GateUp(layer, s, dst); }, true,
+                        {ItemLayout::kRowMajor, [&](int s, unsigned char* dst) {
+                           return load.CopyGateUp(layer, s, dt, dst);
+                         }});
+    lw->ffn_down.Add(first, count, [&](int s, float* dst) { load.Down(layer, s, dst); }, true,
+                     {ItemLayout::kTransposed,
+                      [&](int s, unsigned char* dst) { return load.CopyDown(layer, s, dt, dst); }});
   }
 }
 
 void DeviceModel::AddChunks(const std::vector<int>& chunks, const HostLoader& load) {
+  const DType dt = embed_.dtype();
   for (auto [first, count] : ItemRuns(chunks, 0)) {
-    embed_.Add(
-        first, count, [&](int ch, float* dst) { load.Vocab(false, ch, dst); }, true);
+    embed_.Add(first, count, [&](int ch, float* dst) { load.Vocab(false, ch, dst); }, true,
+               {ItemLayout::kRowMajor,
+                [&](int ch, unsigned char* dst) { return load.CopyVocab(false, ch, dt, dst); }});
     if (config_.tie_word_embeddings) {
       for (auto& seg : embed_.segments()) {
         if (seg.first == first) lm_head_.AddShared(seg);
       }
     } else {
-      lm_head_.Add(
-          first, count, [&](int ch, float* dst) { load.Vocab(true, ch, dst); }, true);
+      lm_head_.Add(first, count, [&](int ch, float* dst) { load.Vocab(true, ch, dst); }, true,
+                   {ItemLayout::kRowMajor,
+                    [&](int ch, unsigned char* dst) { return load.CopyVocab(true, ch, dt, dst); }});
     }
   }
 }

@@ -98,6 +98,9 @@ class ItemMatrix {
   void ReadRows(int item, int row, int rows, float* dst) const;
   int64_t bytes() const { return static_cast<int64_t>(num_items()) * item_bytes(); }
 
+  // Items go to device memory that is not host memory in runs of up to
+  // this many bytes (one item at least), staged on the host.
+  static constexpr int64_t kStagingBytes = int64_t{64} << 20;
   // Adds items [first, first + count) (none may be held) in one new segment;
   // fill(item, dst) writes each item's rows as f32, stored as dtype()
   // (rounded to nearest even: exact for values read from a file of that
@@ -105,6 +108,21 @@ class ItemMatrix {
   // once (into device memory that is not host memory).
   void Add(int first, int count, const std::function<void(int item, float* dst)>& fill,
            bool fill_is_thread_safe = false);
+  // An item's bytes as the matrix holds them, copied from the source without
+  // conversion: for kRowMajor its rows, for kTransposed its transpose's
+  // rows (an item of a [k, n] product held as the [n, k] weight: a run of
+  // columns of each of the source's rows). copy(item, dst) returns false
+  // where the source is not of dtype(); fill then writes that item whole.
+  // Used only when `layout` is the matrix's.
+  struct RawSource {
+    ItemLayout layout = ItemLayout::kRowMajor;
+    std::function<bool(int item, unsigned char* dst)> copy;
+  };
+  // Add, each item copied by `raw` where it can be: the same bytes (a value
+  // read as f32 and rounded back is itself), without the round trip or, for
+  // kTransposed, transposing twice.
+  void Add(int first, int count, const std::function<void(int item, float* dst)>& fill,
+           bool fill_is_thread_safe, const RawSource& raw);
   // Adds a segment that shares storage with another matrix (no copy).
   void AddShared(const Segment& segment);
   // Takes the item out (no copy: a segment may split in two) and returns a

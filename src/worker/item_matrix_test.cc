@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/staged_memory.h"
 #include "common/rng.h"
 
 namespace failsafe {
@@ -122,6 +123,85 @@ TEST(ItemMatrix, ColumnBlockedItemsReadBackAndMultiplyAsRowMajor) {
       ItemMatrix check(rows, cols, t);
       check.Add(3, 1, fill);
       ExpectReadsAs(moved, check, 3, 1);
+    }
+  }
+}
+
+// Items copied as a checkpoint stores them (RawSource) hold the bytes that
+// reading them as f32 and laying them out gives: rows for a row-major
+// matrix, each source row's run of the item's columns for a transposed one;
+// an item the copy refuses goes through f32; a copy of another layout is
+// not used.
+TEST(ItemMatrix, CopiedItemsHoldWhatTheRoundTripHolds) {
+  const int rows = 5, cols = 12, items = 4;  // transposed: items of `rows` columns
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    // The source as stored: [items * rows, cols] for row items, and its
+    // [cols, items * rows] transpose for column items.
+    std::vector<uint16_t> by_rows(static_cast<size_t>(items) * rows * cols),
+        by_cols(by_rows.size());
+    Rng r(7);
+    for (size_t i = 0; i < by_rows.size(); ++i) {
+      const float v = static_cast<float>(r.Normal());
+      by_rows[i] = dt == DType::kBF16 ? FloatToBFloat16(v) : FloatToHalf(v);
+    }
+    const int width = items * rows;
+    for (int i = 0; i < width; ++i)
+      for (int c = 0; c < cols; ++c)
+        by_cols[static_cast<size_t>(c) * width + i] = by_rows[static_cast<size_t>(i) * cols + c];
+    auto widen = [&](uint16_t h) {
+      return dt == DType::kBF16 ? BFloat16ToFloat(h) : HalfToFloat(h);
+    };
+    // Item `it` as f32 rows [rows, cols]: rows of by_rows, or (the same
+    // values) columns of by_cols transposed.
+    auto fill = [&](int it, float* dst) {
+      for (int i = 0; i < rows * cols; ++i)
+        dst[i] = widen(by_rows[static_cast<size_t>(it) * rows * cols + i]);
+    };
+    int refused = 0;
+    auto copy_rows = [&](int it, unsigned char* dst) {
+      if (it == 2) return ++refused, false;
+      std::memcpy(dst, by_rows.data() + static_cast<size_t>(it) * rows * cols,
+                  sizeof(uint16_t) * rows * cols);
+      return true;
+    };
+    auto copy_cols = [&](int it, unsigned char* dst) {
+      if (it == 2) return ++refused, false;
+      for (int c = 0; c < cols; ++c)
+        std::memcpy(dst + sizeof(uint16_t) * c * rows,
+                    by_cols.data() + static_cast<size_t>(c) * width + it * rows,
+                    sizeof(uint16_t) * rows);
+      return true;
+    };
+    StagedMemory staged;
+    for (DeviceMemory* mem :
+         {static_cast<DeviceMemory*>(&HostMemory()), static_cast<DeviceMemory*>(&staged)}) {
+      for (ItemLayout layout : {ItemLayout::kRowMajor, ItemLayout::kTransposed}) {
+        const bool row_major = layout == ItemLayout::kRowMajor;
+        ItemMatrix through(rows, cols, dt, layout, mem), copied(rows, cols, dt, layout, mem),
+            other(rows, cols, dt, layout, mem);
+        through.Add(0, items, fill, true);
+        refused = 0;
+        copied.Add(0, items, fill, true,
+                   {layout, row_major ? std::function<bool(int, unsigned char*)>(copy_rows)
+                                      : std::function<bool(int, unsigned char*)>(copy_cols)});
+        EXPECT_EQ(refused, 1);
+        // A copy for the other layout would give other bytes: not taken.
+        other.Add(0, items, fill, true,
+                  {row_major ? ItemLayout::kTransposed : ItemLayout::kRowMajor,
+                   [&](int, unsigned char*) -> bool {
+                     ADD_FAILURE() << "copied";
+                     return false;
+                   }});
+        const size_t bytes = static_cast<size_t>(through.item_bytes()) * items;
+        ASSERT_EQ(through.segments().size(), 1u);
+        std::vector<unsigned char> a(bytes), b(bytes), c(bytes);
+        mem->CopyToHost(a.data(), through.segments()[0].data, bytes);
+        mem->CopyToHost(b.data(), copied.segments()[0].data, bytes);
+        mem->CopyToHost(c.data(), other.segments()[0].data, bytes);
+        EXPECT_EQ(a, b) << DTypeName(dt) << (row_major ? " row-major" : " transposed")
+                        << (mem->host_memory() ? " host" : " staged");
+        EXPECT_EQ(a, c);
+      }
     }
   }
 }

@@ -66,6 +66,10 @@ class HostLoader {
   void Read(const tensor_names::Rows& rows, int64_t row, int64_t n, float* dst) const;
   bool Copy(const tensor_names::Rows& rows, int64_t row, int64_t n, DType dt,
             unsigned char* dst) const;
+  // An FFN shard's expert (-1 in a dense model) and its first row (gate,
+  // up) or column (down) in that expert's projections.
+  int Expert(int shard) const;
+  int64_t ShardOffset(int shard) const;
 
   const ModelConfig& c_;
   const PlanShape& shape_;

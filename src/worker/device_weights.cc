@@ -107,21 +107,23 @@ void HostLoader::HeadRows(int layer, int head, int row_begin, int row_end, float
   }
 }
 
+int HostLoader::Expert(int shard) const { return c_.is_moe() ? shape_.ShardExpert(shard) : -1; }
+
+int64_t HostLoader::ShardOffset(int shard) const {
+  return static_cast<int64_t>(shard % shape_.shards_per_expert) * shape_.shard_width;
+}
+
 void HostLoader::GateUp(int layer, int shard, float* dst) const {
   const int w = shape_.shard_width, hidden = c_.hidden_size;
-  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
-  const int64_t col = static_cast<int64_t>(shard % shape_.shards_per_expert) * w;
-  Read(tn::GateRows(c_, layer, expert), col, w, dst);
-  Read(tn::UpRows(c_, layer, expert), col, w, dst + static_cast<int64_t>(w) * hidden);
+  Read(tn::GateRows(c_, layer, Expert(shard)), ShardOffset(shard), w, dst);
+  Read(tn::UpRows(c_, layer, Expert(shard)), ShardOffset(shard), w,
+       dst + static_cast<int64_t>(w) * hidden);
 }
 
 void HostLoader::Down(int layer, int shard, float* dst) const {
-  const int w = shape_.shard_width;
-  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
-  const tn::Rows cols = tn::DownCols(c_, layer, expert);
+  const tn::Rows cols = tn::DownCols(c_, layer, Expert(shard));
   host_.Get(cols.tensor)
-      .ReadColsTransposed(cols.first + static_cast<int64_t>(shard % shape_.shards_per_expert) * w,
-                          w, dst);
+      .ReadColsTransposed(cols.first + ShardOffset(shard), shape_.shard_width, dst);
 }
 
 void HostLoader::Vocab(bool lm_head, int chunk, float* dst) const {
@@ -157,20 +159,15 @@ bool HostLoader::CopyO(int layer, int q, DType dt, unsigned char* dst) const {
 
 bool HostLoader::CopyGateUp(int layer, int shard, DType dt, unsigned char* dst) const {
   const int w = shape_.shard_width, hidden = c_.hidden_size;
-  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
-  const int64_t col = static_cast<int64_t>(shard % shape_.shards_per_expert) * w;
-  return Copy(tn::GateRows(c_, layer, expert), col, w, dt, dst) &&
-         Copy(tn::UpRows(c_, layer, expert), col, w, dt,
+  return Copy(tn::GateRows(c_, layer, Expert(shard)), ShardOffset(shard), w, dt, dst) &&
+         Copy(tn::UpRows(c_, layer, Expert(shard)), ShardOffset(shard), w, dt,
               dst + static_cast<int64_t>(w) * hidden * DTypeSize(dt));
 }
 
 bool HostLoader::CopyDown(int layer, int shard, DType dt, unsigned char* dst) const {
-  const int w = shape_.shard_width;
-  const int expert = c_.is_moe() ? shape_.ShardExpert(shard) : -1;
-  const tn::Rows cols = tn::DownCols(c_, layer, expert);
+  const tn::Rows cols = tn::DownCols(c_, layer, Expert(shard));
   return host_.Get(cols.tensor)
-      .CopyCols(cols.first + static_cast<int64_t>(shard % shape_.shards_per_expert) * w, w, dt,
-                dst);
+      .CopyCols(cols.first + ShardOffset(shard), shape_.shard_width, dt, dst);
 }
 
 bool HostLoader::CopyVocab(bool lm_head, int chunk, DType dt, unsigned char* dst) const {

@@ -283,18 +283,16 @@ class CudaBackend final : public Backend {
   // piece locked and the next not yet, or two registrations).
   template <typename F>
   void ForEachPart(const void* host, size_t bytes, F&& f) {
-    std::vector<std::pair<const char*, size_t>> regions;
-    {
-      std::lock_guard<std::mutex> lock(copy_mu_);
-      regions = pieced_regions_;
-    }
     const char* h = static_cast<const char*>(host);
     for (size_t done = 0; done < bytes;) {
       size_t part = bytes - done;
-      for (const auto& [base, size] : regions) {
-        if (h + done < base || h + done >= base + size) continue;
-        const size_t into = static_cast<size_t>(h + done - base) % kPinPieceBytes;
-        part = std::min(part, kPinPieceBytes - into);
+      {
+        std::lock_guard<std::mutex> lock(copy_mu_);
+        for (const auto& [base, size] : pieced_regions_) {
+          if (h + done < base || h + done >= base + size) continue;
+          const size_t into = static_cast<size_t>(h + done - base) % kPinPieceBytes;
+          part = std::min(part, kPinPieceBytes - into);
+        }
       }
       f(done, part);
       done += part;

@@ -146,6 +146,41 @@ TEST(Shm, TimeoutAbortsTheGroup) {
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 
+// Await: work outside the communicator (a device library's operation)
+// waited for as a collective: done when it says so, its error returned,
+// ended by the group's abort, and past the timeout the group aborted.
+TEST(Shm, AwaitEndsByDoneErrorAbortOrDeadline) {
+  auto region = ShmCommunicator::CreateRegion(2, 4096);
+  ASSERT_TRUE(region.ok());
+  {
+    ShmCommunicator comm(ShmRegion::Map(::dup(region->fd())).value(), 0, 60000);
+    int polls = 0;
+    EXPECT_TRUE(comm.Await([&]() -> Result<bool> { return ++polls == 5; }).ok());
+    EXPECT_EQ(polls, 5);
+    Status failed = comm.Await([]() -> Result<bool> { return Unavailable("the library failed"); });
+    EXPECT_EQ(failed.code(), StatusCode::kUnavailable);
+    EXPECT_FALSE(ShmCommunicator::IsAborted(*region));  // the caller's to handle
+    // Never done: the coordinator's abort ends it.
+    std::thread coordinator([&] {
+      ::usleep(100000);
+      ShmCommunicator::AbortRegion(*region);
+    });
+    const int64_t t0 = MonotonicNanos();
+    Status aborted = comm.Await([]() -> Result<bool> { return false; });
+    coordinator.join();
+    EXPECT_EQ(aborted.code(), StatusCode::kAborted);
+    EXPECT_LT(MonotonicNanos() - t0, 5000000000LL);
+  }
+  auto fresh = ShmCommunicator::CreateRegion(2, 4096);
+  ASSERT_TRUE(fresh.ok());
+  ShmCommunicator comm(ShmRegion::Map(::dup(fresh->fd())).value(), 0, 200);
+  const int64_t t0 = MonotonicNanos();
+  Status late = comm.Await([]() -> Result<bool> { return false; });
+  EXPECT_EQ(late.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_GE(MonotonicNanos() - t0, 200000000LL);
+  EXPECT_TRUE(ShmCommunicator::IsAborted(*fresh));
+}
+
 TEST(Channel, PassesMessagesAndDescriptors) {
   auto pair = Channel::Pair();
   ASSERT_TRUE(pair.ok());

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "common/status.h"
 
@@ -38,7 +39,23 @@ class Communicator {
   // recv[r * bytes, (r + 1) * bytes) = member r's send buffer.
   virtual Status AllGather(const void* send, size_t bytes, void* recv) = 0;
   virtual Status Barrier() = 0;
+  // Waits, as one collective of this group, until `done` says true: for
+  // work the members do together outside this communicator that completes
+  // only if every member takes part (a device library's all-reduce,
+  // worker/device_group_reducer.h), which cannot tell a dead or hung peer
+  // by itself. `done` is polled, often (it must be cheap), and its error
+  // ends the wait. Fails as every collective does: kAborted once the group
+  // is aborted, kDeadlineExceeded past the timeout (the group aborted).
+  // The wait sleeps between polls, never spins.
+  virtual Status Await(const std::function<Result<bool>()>& done) = 0;
   virtual void Abort() = 0;
+
+ protected:
+  // Await's loop: polls `done` until it says true or fails, `aborted` says
+  // the group was aborted, or `timeout_ms` passed (then `abort` aborts the
+  // group). Sleeps between polls, from a few microseconds up to 200.
+  static Status PollUntil(const std::function<Result<bool>()>& done, int64_t timeout_ms,
+                          const std::function<bool()>& aborted, const std::function<void()>& abort);
 
  private:
   const uint64_t serial_;
@@ -53,6 +70,7 @@ class LocalCommunicator final : public Communicator {
   Status AllReduceSum(int64_t*, size_t) override { return Status::Ok(); }
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override { return Status::Ok(); }
+  Status Await(const std::function<Result<bool>()>& done) override;
   void Abort() override {}
 };
 

@@ -178,6 +178,7 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(const GlooGr
   auto comm = std::unique_ptr<GlooCommunicator>(new GlooCommunicator());
   comm->rank_ = o.rank;
   comm->size_ = o.size;
+  comm->timeout_ms_ = o.timeout_ms;
   FS_ASSIGN_OR_RETURN(auto client,
                       KvStoreClient::Connect(o.store_host, o.store_port, o.timeout_ms));
   const std::set<int> before = TcpSockets();
@@ -416,6 +417,14 @@ Status GlooCommunicator::AllGather(const void* send, size_t bytes, void* recv) {
     return Aborted("all-gather failed: {}", e.what());
   }
   return Status::Ok();
+}
+
+Status GlooCommunicator::Await(const std::function<Result<bool>()>& done) {
+  if (aborted_) return Aborted("collective group was aborted");
+  return PollUntil(
+      done, timeout_ms_,
+      [this] { return aborted_.load() || (signal_.valid() && signal_.raised()); },
+      [this] { Fail(); });
 }
 
 // A member leaves once every other's byte has come: each had entered.

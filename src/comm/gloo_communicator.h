@@ -65,6 +65,7 @@ class GlooCommunicator final : public Communicator {
   Status AllReduceSum(int64_t* data, size_t count) override;
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override;
+  Status Await(const std::function<Result<bool>()>& done) override;
   void Abort() override;
 
  private:
@@ -84,6 +85,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   int rank_ = 0;
   int size_ = 1;
+  int64_t timeout_ms_ = 60000;
   uint32_t tag_ = 0;
   std::atomic<bool> aborted_{false};
   AbortSignal signal_;

@@ -97,6 +97,11 @@ Status ShmCommunicator::Barrier() {
   return Status::Ok();
 }
 
+Status ShmCommunicator::Await(const std::function<Result<bool>()>& done) {
+  return PollUntil(
+      done, timeout_ms_, [this] { return IsAborted(region_); }, [this] { AbortRegion(region_); });
+}
+
 Status ShmCommunicator::AllReduceSum(float* data, size_t count) { return Reduce(data, count); }
 
 Status ShmCommunicator::AllReduceSum(int64_t* data, size_t count) { return Reduce(data, count); }

@@ -42,6 +42,7 @@ class ShmCommunicator final : public Communicator {
   Status AllReduceSum(int64_t* data, size_t count) override;
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override;
+  Status Await(const std::function<Result<bool>()>& done) override;
   void Abort() override { AbortRegion(region_); }
 
  private:

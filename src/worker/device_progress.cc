@@ -173,6 +173,13 @@ Status ProgressCommunicator::AllGather(const void* send, size_t bytes, void* rec
   return st;
 }
 
+Status ProgressCommunicator::Await(const std::function<Result<bool>()>& done) {
+  Enter();
+  Status st = inner_->Await(done);
+  Leave();
+  return st;
+}
+
 Status ProgressCommunicator::Barrier() {
   Enter();
   Status st = inner_->Barrier();

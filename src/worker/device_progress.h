@@ -131,6 +131,7 @@ class ProgressCommunicator final : public Communicator {
   Status AllReduceSum(int64_t* data, size_t count) override;
   Status AllGather(const void* send, size_t bytes, void* recv) override;
   Status Barrier() override;
+  Status Await(const std::function<Result<bool>()>& done) override;
   void Abort() override { inner_->Abort(); }
 
  private:

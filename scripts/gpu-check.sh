@@ -57,10 +57,12 @@
 #                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--peer]
 #                        [--budget SECONDS]
 # Stages (a group's name, e.g. faults, e2e, torch-ref or bench, names all of
-# its stages): env, kernels, peer-memory, torch-ref-{lt,chain,fused},
-# hf-families, e2e-{lt,chain,fused,tensor,segments,peer}, faults-model,
+# its stages): env, kernels, peer-memory, device-group,
+# torch-ref-{lt,chain,fused}, hf-families,
+# e2e-{lt,chain,fused,tensor,segments,peer,library}, faults-model,
 # faults-{stories,full-hybrid,host-cyclic,recompute-nonuniform,
-# full-standard,peer-full-hybrid,modes}, bench-{llama-8b,mixtral,
+# full-standard,peer-full-hybrid,library-full-hybrid,modes},
+# bench-{llama-8b,mixtral,
 # long-context}, recovery-8b.
 # --quick: the correctness stages only. --recovery: the recovery experiment
 # too, REQUESTS sequences of PROMPT tokens (default 32,1000). --budget: the
@@ -119,10 +121,11 @@ if [[ ! $budget =~ ^[0-9]+$ ]]; then
   echo "--budget takes whole seconds, not $budget" >&2
   exit 2
 fi
-all_stages=(env kernels peer-memory torch-ref-lt torch-ref-chain torch-ref-fused hf-families
-  e2e-lt e2e-chain e2e-fused e2e-tensor e2e-segments e2e-peer faults-model faults-stories
-  faults-full-hybrid faults-host-cyclic faults-recompute-nonuniform faults-full-standard
-  faults-peer-full-hybrid faults-modes bench-llama-8b bench-mixtral bench-long-context recovery-8b)
+all_stages=(env kernels peer-memory device-group torch-ref-lt torch-ref-chain torch-ref-fused
+  hf-families e2e-lt e2e-chain e2e-fused e2e-tensor e2e-segments e2e-peer e2e-library
+  faults-model faults-stories faults-full-hybrid faults-host-cyclic faults-recompute-nonuniform
+  faults-full-standard faults-peer-full-hybrid faults-library-full-hybrid faults-modes
+  bench-llama-8b bench-mixtral bench-long-context recovery-8b)
 # expand LIST: the stage names a comma list of names and groups gives, in
 # its order, into `expanded`; an unknown name ends the run.
 expand() {
@@ -199,6 +202,16 @@ if [[ -z $cublas ]]; then
   f=$(find / -xdev -name 'libcublasLt.so.13*' -path '*nvidia*' 2>/dev/null | head -1)
   [[ -n $f ]] && cublas=$(dirname "$f")
 fi
+# NCCL (loaded by the programs at run time) from the toolkit or from
+# PyTorch's packages.
+nccl=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+  [[ -e $d/libnccl.so.2 ]] && nccl=$d && break
+done
+if [[ -z $nccl ]]; then
+  f=$(find / -xdev -name 'libnccl.so.2*' -path '*nvidia*' 2>/dev/null | head -1)
+  [[ -n $f ]] && nccl=$(dirname "$f")
+fi
 # The packed libraries (this build machine's libssl, libcrypto, libz,
 # libgomp...) are for the programs alone: each is called through a wrapper
 # that puts them first, so that python3 and PyTorch keep the image's own.
@@ -206,13 +219,14 @@ fi
 packed=$bin
 bin=$logs/bin
 mkdir -p "$bin"
-libpath="$lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+libpath="$lib${cublas:+:$cublas}${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for p in "$packed"/*; do
   printf '#!/usr/bin/env bash\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$libpath" "$p" \
     >"$bin/$(basename "$p")"
   chmod +x "$bin/$(basename "$p")"
 done
 export PYTHONUNBUFFERED=1
+echo "libraries: cuBLASLt ${cublas:-not found}, NCCL ${nccl:-not found}" >>"$out/progress.txt"
 
 results=()
 failed=0
@@ -285,13 +299,20 @@ run_stage() {
       stage env 150 scripts/gpu/env.sh "$bin" "$packed" "$libpath" "$cublas" $stories
       [[ ${results[-1]} == PASS* ]] || stopped="env failed" ;;
     kernels)
-      stage kernels 300 scripts/gpu/gtest.sh "$bin/fs_backend_tests" '*Cuda*:-CudaPeerMemory.*' ;;
+      stage kernels 300 scripts/gpu/gtest.sh "$bin/fs_backend_tests" \
+        '*Cuda*:-CudaPeerMemory.*:CudaDeviceGroup.*' ;;
     # CUDA IPC memory read while its owner is killed (what --peer-collectives
     # meets when a device dies mid-collective): a stage of its own, since a
     # reader that faults stops the program.
     peer-memory)
       stage peer-memory 120 scripts/gpu/gtest.sh "$bin/fs_backend_tests" 'CudaPeerMemory.*' \
         CudaPeerMemory.Owner ;;
+    # NCCL between processes that each have a backend, all on GPU 0 as
+    # hosts apart (its network transport): sums and gathers bit for bit, a
+    # member killed, the survivors' operation ended by abort, a new group.
+    device-group)
+      stage device-group 240 scripts/gpu/gtest.sh "$bin/fs_backend_tests" 'CudaDeviceGroup.*' \
+        CudaDeviceGroup.Member ;;
     # f32 weights take the chains in every product mode: lt checks them, the
     # other modes the 16-bit models only.
     torch-ref-lt)
@@ -314,6 +335,8 @@ run_stage() {
       stage e2e-segments 300 "${e2e[@]}" --gemm fused --bf16-only --attention segments ;;
     # All-reduces between the device processes through CUDA IPC.
     e2e-peer) stage e2e-peer 300 "${e2e[@]}" --gemm fused --bf16-only --peer ;;
+    # All-reduces through NCCL (the device processes as hosts apart).
+    e2e-library) stage e2e-library 300 "${e2e[@]}" --gemm fused --bf16-only --library apart ;;
     faults-model)
       stage faults-model 60 "$bin/failsafe" make-model --preset tiny-llama --dtype bf16 \
         --out "$tiny" ;;
@@ -333,6 +356,9 @@ run_stage() {
     faults-peer-full-hybrid)
       stage faults-peer-full-hybrid 90 "${soak[@]}" --model "$tiny" --duration 12s --seed 16 \
         --recovery full --placement hybrid --peer-collectives ;;
+    faults-library-full-hybrid)
+      stage faults-library-full-hybrid 120 env FAILSAFE_NCCL_APART=1 "${soak[@]}" --model "$tiny" \
+        --duration 12s --seed 17 --recovery full --placement hybrid --peer-collectives ;;
     faults-modes)
       stage faults-modes 180 "$bin/failsafe" recovery-bench --model "$tiny" --gpus 0 --devices 8 \
         --requests 16 --prompt-tokens 200 --output-tokens 48 --fail-decode-step 6 --window 8 \

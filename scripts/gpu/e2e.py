@@ -12,7 +12,12 @@
 - the prefix cache on: requests sharing a prompt prefix through `serve`
   answer what a server without the cache answers;
 - with --peer, every GPU run's all-reduces read the other device
-  processes' GPU memory (CUDA IPC) rather than staging through the host.
+  processes' GPU memory (CUDA IPC) rather than staging through the host;
+- with --library, they go through the devices' library of collectives
+  (NCCL), which needs every device on a GPU of its own: `distinct` puts
+  device i on GPU i (the emulated GPU has 8), `apart` keeps them on GPU 0 as
+  hosts apart (FAILSAFE_NCCL_APART: NCCL's network transport, a check of
+  its joins and aborts on a machine with one GPU).
 
 Prints one line per check ("ok" or "FAIL") and exits 1 if any failed.
 """
@@ -38,6 +43,7 @@ DEVICES = [1, 2, 3, 4, 7]
 failures = 0
 ATTENTION = "cores"  # --gpu-attention of every GPU run (--attention)
 PEER = []  # ["--peer-collectives"] with --peer: all-reduces from the devices' own memory
+LIBRARY = None  # --library: "distinct" or "apart"
 
 
 def report(ok, what):
@@ -55,8 +61,8 @@ def run(cmd, timeout=150):
 
 
 def gpu_args(devices, gemm):
-    return ["--gpus", ",".join(["0"] * devices), "--gpu-gemm", gemm, "--gpu-attention", ATTENTION,
-            *PEER]
+    gpus = [str(i) for i in range(devices)] if LIBRARY == "distinct" else ["0"] * devices
+    return ["--gpus", ",".join(gpus), "--gpu-gemm", gemm, "--gpu-attention", ATTENTION, *PEER]
 
 
 def generate(fs, model, devices, placement, extra, tokens=61):
@@ -72,22 +78,28 @@ def logits(fs, model, prompt, devices, placement, extra, chunk=512):
     return json.loads(out)
 
 
-def check_peer_in_use(fs, model, gemm, prompt, devices=4):
-    """With --peer: every device says its all-reduces read the others' GPU
-    memory (a group that could not map it would stage through the host and
-    pass every other check)."""
+def check_collectives_in_use(fs, model, gemm, prompt, devices=4):
+    """With --peer or --library: every device says its all-reduces go the
+    way asked (a group that could not would take another way, or stage
+    through the host, and pass every other check)."""
+    if LIBRARY:
+        label, said_text = "device library", "all-reduces by the device library among the"
+        why_text, what = ("not by the device library", "device group:"), "all-reduce through it"
+    else:
+        label, said_text = "peer collectives", "all-reduces read the"
+        why_text, what = ("stage through the host",), "read one another's memory"
     try:
         r = subprocess.run([fs, "logits", "--model", model, "--prompt-ids",
                             ",".join(map(str, prompt)), "--decode", "2", "--devices", str(devices),
                             "--log-level", "debug", *gpu_args(devices, gemm)],
                            capture_output=True, text=True, timeout=150)
-        said = r.stderr.count(f"all-reduces read the {devices} members' device memory")
-        why = [l for l in r.stderr.splitlines() if "stage through the host" in l][:1]
+        said = len(re.findall(rf"{re.escape(said_text)} {devices} members", r.stderr))
+        why = [l for l in r.stderr.splitlines() if any(w in l for w in why_text)][:1]
         report(r.returncode == 0 and said == devices,
-               f"peer collectives: {said} of {devices} GPU devices read one another's memory"
+               f"{label}: {said} of {devices} GPU devices {what}"
                + (f" ({why[0]})" if why else ""))
     except Exception as e:  # noqa: BLE001
-        report(False, f"peer collectives: {e}")
+        report(False, f"{label}: {e}")
 
 
 def check_stories(fs, stories, gemm):
@@ -278,10 +290,16 @@ def main():
                     help="--gpu-attention of every GPU run")
     ap.add_argument("--peer", action="store_true",
                     help="every GPU run with --peer-collectives (CUDA IPC between the devices)")
+    ap.add_argument("--library", choices=["distinct", "apart"],
+                    help="every GPU run's all-reduces through the device library (NCCL): each "
+                    "device on a GPU of its own, or all on GPU 0 as hosts apart")
     args = ap.parse_args()
-    global ATTENTION, PEER
+    global ATTENTION, PEER, LIBRARY
     ATTENTION = args.attention
-    PEER = ["--peer-collectives"] if args.peer else []
+    PEER = ["--peer-collectives"] if args.peer or args.library else []
+    LIBRARY = args.library
+    if LIBRARY == "apart":
+        os.environ["FAILSAFE_NCCL_APART"] = "1"
     fs = args.failsafe
     with tempfile.TemporaryDirectory() as tmp:
         bf16 = os.path.join(tmp, "tiny-llama-bf16")
@@ -291,7 +309,7 @@ def main():
         stories_prompt = [1] + [rng.randrange(3, 500) for _ in range(40)]
         bf16_prompt = [rng.randrange(0, 500) for _ in range(90)]
         if PEER:
-            check_peer_in_use(fs, bf16, args.gemm, bf16_prompt)
+            check_collectives_in_use(fs, bf16, args.gemm, bf16_prompt)
         if args.graphs or args.graphs_only:
             check_graphs(fs, args.stories, bf16, args.gemm, stories_prompt, bf16_prompt)
         if args.graphs_only:

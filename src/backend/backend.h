@@ -233,6 +233,48 @@ class DeviceMemory {
     return Unavailable("this device cannot map other processes' memory");
   }
   virtual void ClosePeerMemory(void* p, size_t bytes) {}
+
+  // Collectives by the device's own library among device processes on
+  // distinct devices of one host (NCCL between GPUs), in device memory on
+  // the compute stream: the group's members each join with the id one of
+  // them made, then start the same operations in the same order. Nothing
+  // here waits for a peer: each start returns at once, and Done() says
+  // whether the operation started last (or the join) has finished, so that
+  // the caller waits under its group's deadline and abort
+  // (Communicator::Await). A dead or hung peer leaves an operation
+  // unfinished until Abort.
+  class DeviceGroup {
+   public:
+    // Aborts (never waits for a peer).
+    virtual ~DeviceGroup() = default;
+    // Whether the join, or the operation started last, has finished; an
+    // error where the library reported one (the group is then unusable).
+    virtual Result<bool> Done() = 0;
+    // data[i] = the sum over the members of their data[i], i < count, as
+    // integers (wrapping): exact in any order.
+    virtual Status StartAllReduce(int64_t* data, size_t count) = 0;
+    // recv[r * count + i] = member r's send[i], i < count.
+    virtual Status StartAllGather(const float* send, size_t count, float* recv) = 0;
+    // Ends the group's operations under way (their results undefined) and
+    // lets go of its resources; every later call fails.
+    virtual void Abort() = 0;
+  };
+  // This device among the host's, for telling whether members are on
+  // distinct devices (a GPU's PCI bus id); "" where the backend has no
+  // library of collectives, or it is off or missing.
+  virtual std::string CollectiveDevice() { return ""; }
+  // A new group's id, made by one member and given to every other (at most
+  // kDeviceGroupIdBytes).
+  static constexpr size_t kDeviceGroupIdBytes = 128;
+  virtual Result<std::string> NewDeviceGroupId() {
+    return Unavailable("this device has no library of collectives");
+  }
+  // Starts joining the group `id` as member `rank` of `size`: finished when
+  // Done() says so.
+  virtual Result<std::unique_ptr<DeviceGroup>> JoinDeviceGroup(const std::string& id, int rank,
+                                                               int size) {
+    return Unavailable("this device has no library of collectives");
+  }
 };
 
 // Device memory owned by one object: freed with it. Grows by Reserve.

@@ -79,10 +79,12 @@ void AddGpuFlags(CLI::App& app, DeviceFlags* f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"cores", "segments", "tensor"}));
   app.add_flag("--peer-collectives", f->peer_collectives,
-               "all-reduces read the other devices' memory directly (CUDA IPC between devices "
-               "sharing a GPU, shared memory between CPU devices on one host) instead of "
-               "staging each partial sum through the host; a group whose devices cannot map "
-               "one another's memory stages as without");
+               "all-reduces from the devices' own memory instead of staging each partial sum "
+               "through the host: by NCCL where every device of a group is on a GPU of its "
+               "own (loaded at run time: FAILSAFE_NCCL_LIBRARY, else libnccl.so.2), else "
+               "reading the other devices' memory directly (CUDA's virtual memory API or IPC "
+               "between devices sharing a GPU, shared memory between CPU devices on one "
+               "host); a group whose devices can do neither stages as without");
   app.add_flag("--cuda-graphs", f->cuda_graphs,
                "on a GPU, run decode steps that repeat their shapes as CUDA graphs (one launch "
                "a step; a device alone in its group, dense models)");

@@ -48,8 +48,17 @@ Status DeviceModel::ApplyKvTables(const StepBatch& b) {
   return CopyHostHits(b);
 }
 
+Status DeviceModel::PrepareCollectives(Communicator& comm) {
+  if (group_) return group_->Ready(comm).status();
+  return Status::Ok();
+}
+
 template <typename T>
 Status DeviceModel::AllReduce(Communicator& comm, T* data, size_t n, std::vector<T>* staging) {
+  if (group_) {
+    FS_ASSIGN_OR_RETURN(const bool ready, group_->Ready(comm));
+    if (ready) return group_->AllReduceSum(comm, data, n);
+  }
   if (peer_) {
     FS_ASSIGN_OR_RETURN(const bool ready, peer_->Ready(comm));
     if (ready) return peer_->AllReduceSum(comm, data, n);

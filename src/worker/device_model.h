@@ -27,6 +27,7 @@
 #include "placement/plan.h"
 #include "placement/replan.h"
 #include "worker/backup_writer.h"
+#include "worker/device_group_reducer.h"
 #include "worker/item_matrix.h"
 #include "worker/kv_cache.h"
 #include "worker/peer_reducer.h"
@@ -84,9 +85,12 @@ struct DeviceOptions {
   int block_size = 16;           // tokens per KV page
   int64_t kv_pages = 0;          // KV pool size in pages
   DType kv_dtype = DType::kF32;  // of the KV pages: f32 or bf16 (KvCache)
-  // All-reduces read the other members' device memory where every member
-  // can map it (PeerReducer: CUDA IPC on one GPU); else, and by default,
-  // device memory that is not host memory stages through the host.
+  // All-reduces from device memory: by the device library where every
+  // member is on a device of its own (DeviceGroupReducer: NCCL between
+  // GPUs), else reading the other members' device memory where every member
+  // can map it (PeerReducer: CUDA's virtual memory API or IPC on one GPU);
+  // else, and by default, device memory that is not host memory stages
+  // through the host.
   bool peer_collectives = false;
 };
 
@@ -109,15 +113,22 @@ class DeviceModel {
   const ModelConfig& config() const { return config_; }
   const Plan& plan() const { return plan_; }
   KvCache& kv() { return kv_; }
-  // Whether the last group's all-reduces read the members' device memory
-  // (DeviceOptions::peer_collectives, where every member could map it).
-  bool peer_collectives_ready() const { return peer_ && peer_->ready(); }
+  // Whether the last group's all-reduces go from device memory
+  // (DeviceOptions::peer_collectives, where every member could take part).
+  bool peer_collectives_ready() const {
+    return (group_ && group_->ready()) || (peer_ && peer_->ready());
+  }
   const KvCache& kv() const { return kv_; }
   int64_t weight_bytes() const;
 
   // Loads the device's share of `plan` from the host weights, replacing
   // whatever it held.
   Status LoadShare(const Plan& plan, const WeightStore& host);
+
+  // Sets up what the device's collectives need once per group (the device
+  // library's group, DeviceOptions::peer_collectives): every member of
+  // `comm` calls it as it joins, before the group's first step.
+  Status PrepareCollectives(Communicator& comm);
 
   // Runs one step. Every active device of the plan must call it with the same
   // batch. Writes logits [batch.num_logits_rows, vocab_size] for the
@@ -324,6 +335,8 @@ class DeviceModel {
   std::vector<int64_t> host_stage_fixed_;
   std::vector<AttentionArgs> problems_;
   std::unique_ptr<PeerReducer> peer_;  // DeviceOptions::peer_collectives
+  // The same, first, by the device library (destroyed first: it aborts).
+  std::unique_ptr<DeviceGroupReducer> group_;
 };
 
 }  // namespace failsafe

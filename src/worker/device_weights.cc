@@ -21,7 +21,12 @@ DeviceModel::DeviceModel(const ModelConfig& config, int device_id, Backend* back
                                                   : std::vector<float>()),
       kv_(config.num_layers, config.num_kv_heads, options.block_size, config.head_dim,
           options.kv_pages, backend, options.kv_dtype) {
-  if (options.peer_collectives) peer_ = std::make_unique<PeerReducer>(backend);
+  if (options.peer_collectives) {
+    // Between distinct GPUs the device library (NCCL) where it is there;
+    // else, or between processes sharing a GPU, peer memory.
+    if (!backend->host_memory()) group_ = std::make_unique<DeviceGroupReducer>(backend);
+    peer_ = std::make_unique<PeerReducer>(backend);
+  }
   for (DeviceArray<float>* a : {&rope_table_device_,
                                 &rope_table_local_device_,
                                 &out_,

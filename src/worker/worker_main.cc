@@ -136,7 +136,10 @@ class Worker {
         GroupSpec spec;
         if (!spec.Decode(&r)) return InvalidArgument("malformed group");
         comm_.reset();
-        if (link_) return JoinRemoteGroup(spec);
+        if (link_) {
+          FS_RETURN_IF_ERROR(JoinRemoteGroup(spec));
+          return PrepareCollectives();
+        }
         if (m.fds.size() != 1) return InvalidArgument("a group without its region");
         std::unique_ptr<Communicator> comm;
         if (spec.kind == CommKind::kShm) {
@@ -156,7 +159,7 @@ class Worker {
           FS_ASSIGN_OR_RETURN(comm, GlooCommunicator::Connect(o, std::move(abort)));
         }
         comm_ = std::make_unique<ProgressCommunicator>(std::move(comm), progress_slot_);
-        return Status::Ok();
+        return PrepareCollectives();
       }
       case WorkerOp::kStep: {
         if (!device_ || !comm_) return FailedPrecondition("no plan or group");
@@ -278,6 +281,15 @@ class Worker {
     link_->SetProgressSlot(progress_slot_);
     if (backup_.valid()) link_->SetBackupMirror(backup_.data(), backup_.size());
     return Status::Ok();
+  }
+
+  // What the device's collectives set up once per group, as every member
+  // joins it (under the group's timeout, not a step's).
+  Status PrepareCollectives() {
+    if (!device_) return Status::Ok();
+    Status st = device_->PrepareCollectives(*comm_);
+    if (!st.ok()) comm_.reset();
+    return st;
   }
 
   // Collectives across hosts are gloo's; the coordinator's aborts arrive

@@ -27,6 +27,7 @@
 #include "backend/cuda/fixed_gemm.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/nccl_group.h"
 #include "backend/peer_memory.h"
 #include "backend/sampling.h"
 #include "common/fd_share.h"
@@ -77,6 +78,7 @@ class CudaBackend final : public Backend {
       return InvalidArgument("GPU {} does not exist ({} CUDA devices)", gpu_, count);
     e = cudaSetDevice(gpu_);
     if (e != cudaSuccess) return FailedPrecondition("GPU {}: {}", gpu_, cudaGetErrorString(e));
+    cuda::PrepareNcclEnvironment();  // before other threads may read the environment
     // A thread waiting for the device yields its core rather than spin on
     // it: device processes share a host's cores (8 to a GPU in the failure
     // tests), and each has its step's thread and copy threads waiting. On
@@ -480,6 +482,29 @@ class CudaBackend final : public Backend {
     vmm_.unmap(d, m.second);
     vmm_.address_free(d, m.second);
     vmm_.release(m.first);
+  }
+
+  // Collectives by NCCL between GPUs (nccl_group.h), on the compute stream.
+  std::string CollectiveDevice() override {
+    std::string why;
+    if (!cuda::NcclLoaded(&why)) {
+      FS_LOG_DEBUG("GPU {}: no NCCL ({})", gpu_, why);
+      return "";
+    }
+    char bus[64] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), gpu_) != cudaSuccess) {
+      cudaGetLastError();  // not sticky
+      return "";
+    }
+    if (cuda::NcclApart()) return fmt::format("{}/{}", bus, getpid());
+    return bus;
+  }
+  Result<std::string> NewDeviceGroupId() override { return cuda::NewNcclGroupId(); }
+  Result<std::unique_ptr<DeviceGroup>> JoinDeviceGroup(const std::string& id, int rank,
+                                                       int size) override {
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a device group joined inside a graphed step");
+    FS_CUDA_CHECK(cudaSetDevice(gpu_));  // NCCL binds the group to this thread's device
+    return cuda::JoinNcclGroup(id, rank, size, stream_);
   }
 
   Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {

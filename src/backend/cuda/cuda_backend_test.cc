@@ -2,6 +2,8 @@
 // inputs; and its batch invariance. Skipped where no GPU is found (every
 // build machine): scripts/gpu-check.sh runs them on one.
 #include <cuda_runtime.h>
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -9,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -1337,6 +1340,231 @@ TEST(CudaPeerMemory, IpcReaderOutlivesAKilledOwner) {
   if (std::getenv(kPeerOwnerEnv)) GTEST_SKIP() << "the owner's process";
   REQUIRE_GPU();
   ReadThroughAKilledOwner("ipc", false);
+}
+
+// --- collectives by the device library (NCCL) between processes ---
+//
+// Members are processes of this program (CudaDeviceGroup.Member, given
+// their part by the environment), each with a backend of its own: on the
+// emulated GPU each on a GPU of its own; on a machine with one GPU, all on
+// it as hosts apart (FAILSAFE_NCCL_APART: NCCL's network transport). They
+// meet on a board in a shared file: member 0 posts each group's id there.
+
+constexpr const char* kGroupMemberEnv = "FAILSAFE_TEST_GROUP_MEMBER";  // "rank,size,board"
+constexpr int kNoLibrary = 77;  // a member's exit: no NCCL here
+
+struct GroupBoard {
+  std::atomic<uint32_t> posted[2];
+  char id[2][Backend::kDeviceGroupIdBytes];
+};
+
+uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Polls `g` until it finishes (true), fails or `ms` pass (false).
+bool Finishes(Backend::DeviceGroup* g, int64_t ms, std::string* error = nullptr) {
+  const int64_t deadline = MonotonicNanos() + ms * 1000000;
+  while (MonotonicNanos() < deadline) {
+    auto done = g->Done();
+    if (!done.ok()) {
+      if (error) *error = done.status().ToString();
+      return false;
+    }
+    if (*done) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (error) *error = "did not finish";
+  return false;
+}
+
+// The group's id, made by member 0 and posted as board slot `which`.
+std::string GroupId(Backend* b, GroupBoard* board, int which, int rank) {
+  if (rank == 0) {
+    auto id = b->NewDeviceGroupId();
+    if (!id.ok()) return "";
+    std::memcpy(board->id[which], id->data(), std::min(id->size(), sizeof(board->id[which])));
+    board->posted[which].store(1, std::memory_order_release);
+  }
+  for (int i = 0; i < 30000 && !board->posted[which].load(std::memory_order_acquire); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return std::string(board->id[which], sizeof(board->id[which]));
+}
+
+// A sum of `size` members' random 64-bit values (wrapping) and a gather of
+// their floats, checked bit for bit: 0, or what failed.
+int SumAndGather(Backend* b, Backend::DeviceGroup* g, int rank, int size, int round) {
+  const size_t count = 20011, fcount = 3001;
+  std::vector<int64_t> mine(count), want(count, 0);
+  for (size_t i = 0; i < count; ++i) {
+    for (int m = 0; m < size; ++m) {
+      const uint64_t v =
+          Mix((static_cast<uint64_t>(round) << 56) ^ (static_cast<uint64_t>(m) << 40) ^ i);
+      want[i] = static_cast<int64_t>(static_cast<uint64_t>(want[i]) + v);
+      if (m == rank) mine[i] = static_cast<int64_t>(v);
+    }
+  }
+  OnDevice<int64_t> data(b, mine);
+  if (!g->StartAllReduce(data.get(), count).ok() || !Finishes(g, 30000)) return 10;
+  if (data.Read(b) != want) return 11;
+  std::vector<float> send(fcount), all_want(fcount * static_cast<size_t>(size));
+  for (size_t i = 0; i < fcount; ++i) {
+    for (int m = 0; m < size; ++m)
+      all_want[static_cast<size_t>(m) * fcount + i] =
+          static_cast<float>(m * 1000 + round) + 0.25f * i;
+    send[i] = all_want[static_cast<size_t>(rank) * fcount + i];
+  }
+  OnDevice<float> fsend(b, send), frecv(b, fcount * static_cast<size_t>(size));
+  if (!g->StartAllGather(fsend.get(), fcount, frecv.get()).ok() || !Finishes(g, 30000)) return 12;
+  if (frecv.Read(b) != all_want) return 13;
+  return 0;
+}
+
+int RunGroupMember(int rank, int size, const char* board_path) {
+  const int fd = ::open(board_path, O_RDWR);
+  if (fd < 0) return 2;
+  auto* board = static_cast<GroupBoard*>(
+      ::mmap(nullptr, sizeof(GroupBoard), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ::close(fd);
+  if (board == MAP_FAILED) return 2;
+  CudaBackendOptions o;
+#ifdef FAILSAFE_CUDA_EMULATION
+  o.gpu = rank;  // a GPU each
+#endif
+  auto made = MakeCudaBackend(o);
+  if (!made.ok()) return 3;
+  Backend* b = made->get();
+  if (b->CollectiveDevice().empty()) return kNoLibrary;
+
+  // 1. The whole group: sums and gathers.
+  const std::string id = GroupId(b, board, 0, rank);
+  auto joined = b->JoinDeviceGroup(id, rank, size);
+  if (!joined.ok()) return 4;
+  std::unique_ptr<Backend::DeviceGroup> g = std::move(*joined);
+  std::string why;
+  if (!Finishes(g.get(), 60000, &why)) {
+    std::fprintf(stderr, "member %d: join: %s\n", rank, why.c_str());
+    return 5;
+  }
+  if (int bad = SumAndGather(b, g.get(), rank, size, 1)) return bad;
+
+  // 2. The last member is killed; the others' next sum cannot finish (or
+  // fails), until they abort it; then the device is well.
+  if (rank == size - 1) ::raise(SIGKILL);
+  OnDevice<int64_t> data(b, std::vector<int64_t>(4096, 1));
+  if (!g->StartAllReduce(data.get(), 4096).ok()) return 20;
+  const int64_t t0 = MonotonicNanos();
+  while (MonotonicNanos() - t0 < 500000000) {
+    auto done = g->Done();
+    if (!done.ok()) break;  // the library saw the peer go: as good
+    if (*done) return 21;   // a sum without the dead member
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  g->Abort();
+  if (g->Done().ok()) return 22;
+  b->Synchronize();
+  g.reset();
+
+  // 3. The survivors make a new group.
+  const std::string id2 = GroupId(b, board, 1, rank);
+  auto rejoined = b->JoinDeviceGroup(id2, rank, size - 1);
+  if (!rejoined.ok()) return 23;
+  g = std::move(*rejoined);
+  if (!Finishes(g.get(), 60000, &why)) {
+    std::fprintf(stderr, "member %d: second join: %s\n", rank, why.c_str());
+    return 24;
+  }
+  if (int bad = SumAndGather(b, g.get(), rank, size - 1, 2)) return 30 + bad;
+  return 0;
+}
+
+TEST(CudaDeviceGroup, Member) {
+  const char* part = std::getenv(kGroupMemberEnv);
+  if (!part) GTEST_SKIP() << "a member of CudaDeviceGroup's tests";
+  int rank = 0, size = 0;
+  char board[512] = {};
+  ASSERT_EQ(std::sscanf(part, "%d,%d,%511s", &rank, &size, board), 3);
+  std::fflush(stdout);
+  ::_exit(RunGroupMember(rank, size, board));
+}
+
+// Members in processes of their own sum and gather exactly (integers
+// wrapping, floats as sent); one is killed, and the survivors' operation
+// does not finish without it, ends when they abort it, and leaves their
+// devices well; the survivors then form a new group that sums and gathers.
+TEST(CudaDeviceGroup, SumsGathersAndOutlivesAKilledMember) {
+  if (std::getenv(kGroupMemberEnv)) GTEST_SKIP() << "a member's process";
+  REQUIRE_GPU();
+  constexpr int kMembers = 3;
+  char dir[] = "/tmp/failsafe-group-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/board";
+  {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, sizeof(GroupBoard)), 0);
+    ::close(fd);
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kMembers; ++r) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    env_strings.push_back(fmt::format("{}={},{},{}", kGroupMemberEnv, r, kMembers, path));
+#ifndef FAILSAFE_CUDA_EMULATION
+    // One GPU: the members as hosts apart (NCCL refuses two on one GPU).
+    env_strings.push_back("FAILSAFE_NCCL_APART=1");
+#endif
+    std::vector<char*> envp;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe", filter = "--gtest_filter=CudaDeviceGroup.Member";
+    char* argv[] = {exe.data(), filter.data(), nullptr};
+    pid_t pid = 0;
+    ASSERT_EQ(::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+    pids.push_back(pid);
+  }
+  // Every member goes with the test, whichever way it ends.
+  struct Reap {
+    std::vector<pid_t>* pids;
+    ~Reap() {
+      for (pid_t p : *pids) {
+        if (p <= 0) continue;  // reaped (kill(0) would signal the whole group)
+        ::kill(p, SIGKILL);
+        int status = 0;
+        ::waitpid(p, &status, 0);
+      }
+    }
+  } reap{&pids};
+  std::vector<int> status(kMembers, -1);
+  const int64_t deadline = MonotonicNanos() + 240 * 1000000000LL;
+  for (int left = kMembers; left > 0 && MonotonicNanos() < deadline;) {
+    for (int r = 0; r < kMembers; ++r) {
+      if (pids[static_cast<size_t>(r)] <= 0) continue;
+      int st = 0;
+      if (::waitpid(pids[static_cast<size_t>(r)], &st, WNOHANG) == pids[static_cast<size_t>(r)]) {
+        status[static_cast<size_t>(r)] = st;
+        pids[static_cast<size_t>(r)] = 0;
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::remove(path.c_str());
+  ::rmdir(dir);
+  for (int r = 0; r < kMembers; ++r) {
+    const int st = status[static_cast<size_t>(r)];
+    ASSERT_NE(st, -1) << "member " << r << " did not end within 240 s";
+    if (WIFEXITED(st) && WEXITSTATUS(st) == kNoLibrary) GTEST_SKIP() << "no NCCL here";
+    if (r == kMembers - 1) {
+      EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "the killed member: " << st;
+    } else {
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+          << "member " << r << ": " << (WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+    }
+  }
 }
 
 }  // namespace

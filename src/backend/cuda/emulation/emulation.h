@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <type_traits>
 
 namespace failsafe::cuda::emu {
@@ -85,6 +86,23 @@ void Run(const void* kernel, dim3 grid, dim3 block, size_t shared,
 // Runs `launch` now, or records it where `s` is being captured into a
 // graph (runtime.cc).
 void IssueLaunch(cudaStream_t s, std::function<void()> launch);
+
+// The emulated GPUs (runtime.cc): device ordinals 0 to kGpus - 1.
+inline constexpr int kGpus = 8;
+
+// Work on a stream that finishes only when other processes take part (an
+// emulated NCCL operation). Advance does what it can: with `block`, until
+// the work is finished (or can never be: its group aborted); returns
+// whether it is. Called again once finished, it returns true at once.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  virtual bool Advance(bool block) = 0;
+};
+// Issues `op` on `s` after the stream's work before it (runtime.cc): it is
+// advanced at once, and what is left waits on the stream. False while `s`
+// is captured (not supported).
+bool IssuePending(cudaStream_t s, std::shared_ptr<Pending> op);
 
 template <typename Kernel>
 struct Launcher {

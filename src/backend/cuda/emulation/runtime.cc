@@ -7,6 +7,14 @@
 // sets are recorded, and a graph's launch replays them, reading host
 // memory when it runs as a real graph's copies do.
 //
+// Work that completes only when other processes take part (an emulated
+// NCCL operation, emulation/nccl.cc) is left pending on its stream: an
+// event recorded after it is not ready until it has finished, and the
+// stream's next operation, or a synchronization, waits for it.
+//
+// Eight GPUs (kGpus), every one this process's host memory, each with a
+// PCI bus id of its own.
+//
 // Not emulated, and refused as a GPU without them would refuse them: CUDA
 // IPC and the driver's virtual memory calls (peer memory), and cuBLASLt's
 // algorithms (none offered: every product family takes the engine's own
@@ -16,10 +24,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -27,11 +37,14 @@
 #include "backend/cuda/emulation/emulation.h"
 #include "common/check.h"
 
+using PendingOp = std::shared_ptr<failsafe::cuda::emu::Pending>;
 struct CUstream_st {
   std::vector<std::function<void()>>* capture = nullptr;  // while captured
+  PendingOp pending;                                      // work issued last, not yet finished
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point at;
+  PendingOp pending;  // what the event waits for
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -68,12 +81,20 @@ bool Within(const std::map<const void*, size_t>& m, const void* p) {
 CUstream_st g_default_stream;
 CUstream_st* StreamOf(cudaStream_t s) { return s ? s : &g_default_stream; }
 
-// Runs `op` now, or records it where `s` is captured.
+// Waits for `p` to finish (nothing where null), then forgets it.
+void Finish(PendingOp& p) {
+  if (p) p->Advance(/*block=*/true);
+  p.reset();
+}
+
+// Runs `op` now (after the stream's pending work), or records it where `s`
+// is captured.
 void Issue(cudaStream_t s, std::function<void()> op) {
   CUstream_st* st = StreamOf(s);
   if (st->capture) {
     st->capture->push_back(std::move(op));
   } else {
+    Finish(st->pending);
     op();
   }
 }
@@ -104,6 +125,14 @@ cudaError_t Allocate(std::map<const void*, size_t>& table, void** p, size_t byte
 
 void IssueLaunch(cudaStream_t s, std::function<void()> launch) { Issue(s, std::move(launch)); }
 
+bool IssuePending(cudaStream_t s, std::shared_ptr<Pending> op) {
+  CUstream_st* st = StreamOf(s);
+  if (st->capture) return false;
+  Finish(st->pending);
+  if (!op->Advance(/*block=*/false)) st->pending = std::move(op);
+  return true;
+}
+
 }  // namespace failsafe::cuda::emu
 
 using failsafe::cuda::emu::Issue;
@@ -112,10 +141,17 @@ extern "C" {
 
 // --- devices ---
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = failsafe::cuda::emu::kGpus;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+  return device >= 0 && device < failsafe::cuda::emu::kGpus ? cudaSuccess : cudaErrorInvalidDevice;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
+  if (device < 0 || device >= failsafe::cuda::emu::kGpus) return cudaErrorInvalidDevice;
+  std::snprintf(bus, static_cast<size_t>(len), "00000000:%02X:00.0", 0x18 + device);
+  return cudaSuccess;
+}
 cudaError_t cudaSetDeviceFlags(unsigned int) { return cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   // A small GPU's 4 multiprocessors (what sizes grids: the fixed-point
@@ -125,7 +161,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
            : attr == cudaDevAttrMaxSharedMemoryPerBlockOptin
                ? static_cast<int>(failsafe::cuda::emu::kMaxSharedBytes)
                : 0;
-  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  return device >= 0 && device < failsafe::cuda::emu::kGpus ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
 // A Hopper multiprocessor's: 2,048 threads, 32 blocks and 228 KiB of shared
@@ -218,13 +254,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return failsafe::cuda::emu::StreamOf(s)->capture ? cudaErrorStreamCaptureUnsupported
-                                                   : cudaSuccess;
+  CUstream_st* st = failsafe::cuda::emu::StreamOf(s);
+  if (st->capture) return cudaErrorStreamCaptureUnsupported;
+  failsafe::cuda::emu::Finish(st->pending);
+  return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = new CUevent_st();
   return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
@@ -232,9 +271,18 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (failsafe::cuda::emu::StreamOf(s)->capture) return cudaErrorStreamCaptureUnsupported;
   e->at = std::chrono::steady_clock::now();
+  e->pending = failsafe::cuda::emu::StreamOf(s)->pending;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  failsafe::cuda::emu::Finish(e->pending);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e->pending && !e->pending->Advance(/*block=*/false)) return cudaErrorNotReady;
+  e->pending.reset();
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;

@@ -1,0 +1,55 @@
+// Collectives between GPUs by NCCL (Backend::DeviceGroup), loaded at run
+// time: a program built here runs where NCCL is missing (its groups then
+// stage through the host or read peer memory), and uses the machine's own
+// NCCL where there is one (FAILSAFE_NCCL_LIBRARY names the file, else
+// libnccl.so.2 on the library path). FAILSAFE_NCCL=0 turns it off.
+//
+// Communicators are nonblocking (ncclConfig_t.blocking = 0): no call waits
+// for a peer. A join, or an operation, is finished once
+// ncclCommGetAsyncError no longer says ncclInProgress and an event recorded
+// after the operation on the compute stream has completed; the caller
+// polls that (Done) under its group's deadline and abort, and ends a group
+// whose peer died or hangs with ncclCommAbort (never ncclCommDestroy, which
+// can wait for the dead peer).
+//
+// A group whose join is abandoned (a member died or failed before it
+// finished) leaves, in the member that made its id, NCCL's bootstrap root
+// thread waiting for the members that never came: NCCL has no call that
+// ends it (one thread and one listening socket per such failure).
+//
+// Over the emulated GPU (emulation/), the same code runs against an
+// emulation of these NCCL calls between processes (emulation/nccl.cc).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace failsafe::cuda {
+
+// FAILSAFE_NCCL_APART=1: each device process joins as if on a host of its
+// own (NCCL_HOSTID), so that members sharing one GPU may form a group, over
+// NCCL's network transport: a test of NCCL's joins, operations and aborts
+// on a machine with one GPU, never a deployment's setting.
+bool NcclApart();
+
+// Sets NCCL's environment before any thread reads it (CudaBackend::Init):
+// every connection made when a group forms; with NcclApart, the settings
+// for hosts apart on one host.
+void PrepareNcclEnvironment();
+
+// Whether NCCL is loaded (loading it at the first call); where not, why.
+bool NcclLoaded(std::string* why);
+
+// A new group id (ncclGetUniqueId's bytes).
+Result<std::string> NewNcclGroupId();
+
+// Starts joining group `id` as `rank` of `size` on the current GPU; its
+// operations go on `stream`.
+Result<std::unique_ptr<Backend::DeviceGroup>> JoinNcclGroup(const std::string& id, int rank,
+                                                            int size, cudaStream_t stream);
+
+}  // namespace failsafe::cuda

@@ -1,0 +1,204 @@
+#include "worker/device_group_reducer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "backend/peer_memory.h"
+#include "common/check.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace failsafe {
+namespace {
+
+// What a member says of itself at a group's setup.
+struct Offer {
+  uint32_t ok = 0;  // the library is there and not broken here
+  char boot[40] = {};
+  char netns[40] = {};
+  char device[80] = {};  // Backend::CollectiveDevice
+};
+
+struct IdOffer {
+  uint32_t ok = 0;
+  char id[Backend::kDeviceGroupIdBytes] = {};
+};
+
+// This process's network namespace: the library's bootstrap connects by
+// the host's addresses, which another namespace may not reach.
+std::string NetNamespace() {
+  char buf[64] = {};
+  const ssize_t n = readlink("/proc/self/ns/net", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+void Put(char* dst, size_t cap, const std::string& s) {
+  std::memcpy(dst, s.data(), std::min(cap - 1, s.size()));
+}
+
+}  // namespace
+
+Result<bool> DeviceGroupReducer::Ready(Communicator& comm) {
+  if (comm.serial() == serial_) return ready_;
+  // The group before is done with: every operation of it finished or
+  // failed. An abort lets go of it without waiting for any member.
+  group_.reset();
+  ready_ = false;
+  serial_ = comm.serial();
+  if (comm.size() <= 1) return false;
+  bool ready = false;
+  FS_RETURN_IF_ERROR(SetUp(comm, &ready));
+  ready_ = ready;
+  return ready_;
+}
+
+Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
+  *ready = false;
+  const int size = comm.size(), rank = comm.rank();
+  // 1. Who can take part.
+  Offer mine;
+  const std::string device = broken_ ? std::string() : backend_->CollectiveDevice();
+  const std::string boot = HostBootId(), netns = NetNamespace();
+  if (!device.empty() && device.size() < sizeof(mine.device) && !boot.empty() &&
+      boot.size() < sizeof(mine.boot) && !netns.empty() && netns.size() < sizeof(mine.netns)) {
+    mine.ok = 1;
+    Put(mine.boot, sizeof(mine.boot), boot);
+    Put(mine.netns, sizeof(mine.netns), netns);
+    Put(mine.device, sizeof(mine.device), device);
+  }
+  std::vector<Offer> offers(static_cast<size_t>(size));
+  FS_RETURN_IF_ERROR(comm.AllGather(&mine, sizeof(Offer), offers.data()));
+  std::string why;
+  std::set<std::string> devices;
+  for (int m = 0; m < size && why.empty(); ++m) {
+    const Offer& o = offers[static_cast<size_t>(m)];
+    if (!o.ok) {
+      why = fmt::format("member {} has no library of collectives", m);
+    } else if (std::strncmp(o.boot, offers[0].boot, sizeof(o.boot)) != 0 ||
+               std::strncmp(o.netns, offers[0].netns, sizeof(o.netns)) != 0) {
+      why = fmt::format("member {} is on another host or network namespace", m);
+    } else if (!devices.emplace(o.device, strnlen(o.device, sizeof(o.device))).second) {
+      why = fmt::format("member {} shares a device with another", m);
+    }
+  }
+  if (!why.empty()) {
+    if (why != why_not_) FS_LOG_DEBUG("all-reduces not by the device library: {}", why);
+    why_not_ = why;
+    return Status::Ok();
+  }
+
+  // 2. Member 0 makes the group's id.
+  IdOffer id;
+  if (rank == 0) {
+    auto made = backend_->NewDeviceGroupId();
+    if (made.ok() && made->size() <= sizeof(id.id)) {
+      id.ok = 1;
+      std::memcpy(id.id, made->data(), made->size());
+    } else {
+      FS_LOG_WARN("device group: no id ({})", made.ok() ? "too long" : made.status().ToString());
+    }
+  }
+  std::vector<IdOffer> ids(static_cast<size_t>(size));
+  FS_RETURN_IF_ERROR(comm.AllGather(&id, sizeof(IdOffer), ids.data()));
+  if (!ids[0].ok) {
+    why_not_ = "member 0 could not make a group id";
+    return Status::Ok();
+  }
+
+  // 3. Every member starts its join, and says whether it could.
+  auto joined = backend_->JoinDeviceGroup(
+      std::string(ids[0].id, sizeof(ids[0].id)).substr(0, Backend::kDeviceGroupIdBytes), rank,
+      size);
+  uint32_t started = joined.ok() ? 1 : 0;
+  if (joined.ok()) {
+    group_ = std::move(*joined);
+  } else {
+    FS_LOG_WARN("device group: cannot join ({}); the device library is not used again",
+                joined.status().ToString());
+    broken_ = true;
+  }
+  std::vector<uint32_t> all(static_cast<size_t>(size));
+  FS_RETURN_IF_ERROR(comm.AllGather(&started, sizeof(started), all.data()));
+  Status st = comm.AllGather(&started, sizeof(started), all.data());
+  if (!st.ok() || !std::all_of(all.begin(), all.end(), [](uint32_t v) { return v != 0; })) {
+    group_.reset();
+    why_not_ = "a member could not join the device group";
+    return st;
+  }
+
+  // 4. The join finishes once every member has joined; then one operation
+  // of each kind, so that whatever the library sets up at its first is
+  // done here, not inside a step.
+  const int64_t t0 = MonotonicNanos();
+  FS_RETURN_IF_ERROR(Wait(comm));
+  const int64_t t1 = MonotonicNanos();
+  int64_t* one = warm_sum_.Reserve(1);
+  float* floats = gathered_.Reserve(static_cast<size_t>(size));
+  backend_->SetZero(one, sizeof(int64_t));
+  backend_->SetZero(floats, sizeof(float) * static_cast<size_t>(size));
+  FS_RETURN_IF_ERROR(group_->StartAllReduce(one, 1));
+  FS_RETURN_IF_ERROR(Wait(comm));
+  FS_RETURN_IF_ERROR(group_->StartAllGather(floats + rank, 1, floats));
+  FS_RETURN_IF_ERROR(Wait(comm));
+  FS_LOG_DEBUG(
+      "all-reduces by the device library among the {} members (joined in {:.1f} ms, first "
+      "operations {:.1f} ms)",
+      size, static_cast<double>(t1 - t0) / 1e6, static_cast<double>(MonotonicNanos() - t1) / 1e6);
+  *ready = true;
+  return Status::Ok();
+}
+
+DeviceGroupReducer::~DeviceGroupReducer() {
+  group_.reset();  // ends any operation before its buffers go
+}
+
+Status DeviceGroupReducer::Wait(Communicator& comm) {
+  // The library's own failure (kInternal), not a peer's (kUnavailable: a
+  // connection to a dead member gone) or the group's deadline or abort.
+  bool library_failed = false;
+  Status st = comm.Await([&]() -> Result<bool> {
+    auto done = group_->Done();
+    if (!done.ok() && done.status().code() == StatusCode::kInternal) library_failed = true;
+    return done;
+  });
+  if (!st.ok()) {
+    // Its operations end; whatever they wrote is not used (the step fails).
+    group_.reset();
+    if (library_failed) {
+      FS_LOG_WARN("device group: {}; the device library is not used again", st.ToString());
+      broken_ = true;
+    }
+  }
+  return st;
+}
+
+Status DeviceGroupReducer::AllReduceSum(Communicator& comm, int64_t* data, size_t count) {
+  FS_CHECK_MSG(ready_ && comm.serial() == serial_, "device-group all-reduce on a group not set up");
+  if (!group_) return Aborted("the device group failed");
+  FS_RETURN_IF_ERROR(group_->StartAllReduce(data, count));
+  return Wait(comm);
+}
+
+Status DeviceGroupReducer::AllReduceSum(Communicator& comm, float* data, size_t count) {
+  FS_CHECK_MSG(ready_ && comm.serial() == serial_, "device-group all-reduce on a group not set up");
+  if (!group_) return Aborted("the device group failed");
+  const size_t size = static_cast<size_t>(comm.size());
+  const size_t chunk = std::max<size_t>(1, kGatherBytes / sizeof(float) / size);
+  float* gathered = gathered_.Reserve(std::min(chunk, count) * size);
+  const float* srcs[64];
+  FS_CHECK(size <= 64);
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t n = std::min(chunk, count - off);
+    FS_RETURN_IF_ERROR(group_->StartAllGather(data + off, n, gathered));
+    FS_RETURN_IF_ERROR(Wait(comm));
+    for (size_t m = 0; m < size; ++m) srcs[m] = gathered + m * n;
+    backend_->SumArrays(srcs, static_cast<int>(size), n, data + off);
+  }
+  return Status::Ok();
+}
+
+}  // namespace failsafe

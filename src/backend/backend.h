@@ -152,6 +152,18 @@ class DeviceMemory {
   // Host -> device; `src` may be reused on return, and kernels issued after
   // see the bytes.
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  // Staging for large copies in (weights as they load, and as a survivor
+  // gains them in a recovery): host buffer `which` (0 or 1) of at least
+  // `bytes`, which the device copies from at its full rate (page-locked),
+  // free to write on return (Staging waits for the last copy from it), so
+  // that one buffer is filled while the other's copy runs. nullptr where
+  // the device has none (or cannot lock that much): stage in any host
+  // memory and CopyToDevice. For one thread at a time.
+  virtual void* Staging(int which, size_t bytes) { return nullptr; }
+  // Copies the first `bytes` of Staging(which) to `dst`; kernels issued
+  // after see them. May return before the copy is done. Only where Staging
+  // gave a buffer.
+  virtual void CopyFromStaging(int which, void* dst, size_t bytes) {}
   // Device -> host, after every kernel issued before.
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   // `rows` rows of `width` bytes, `spitch` bytes apart in device memory,

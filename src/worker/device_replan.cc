@@ -385,6 +385,9 @@ Status DeviceModel::MoveWeights(const Plan& prev, const Plan& next, const Weight
   stats->host_bytes += static_cast<int64_t>(gain_chunks.size()) * embed_.item_bytes() *
                        (config_.tie_word_embeddings ? 1 : 2);
   if (active) FS_RETURN_IF_ERROR(GatherNewDpHeads(prev, next, load, comm, stats));
+  // The weights phase ends when they are on the device: copies from the
+  // backend's staging may still run on return from their call.
+  backend_->Synchronize();
   return Status::Ok();
 }
 

@@ -216,23 +216,36 @@ void ItemMatrix::Add(int first, int count, const std::function<void(int, float*)
   }
   // Device memory: items laid out on the host (on all the host's threads
   // where the fill allows: a GPU's host is otherwise idle while it loads)
-  // in a buffer this thread keeps, and copied in runs of up to
-  // kStagingBytes. The buffer's pages are touched once per thread, not once
-  // per segment (a layer's gate/up is 235 MB on the 8B shape), and the copy
-  // may reuse them on return (DeviceMemory::CopyToDevice).
+  // and copied in runs of up to kStagingBytes: through the device's two
+  // page-locked staging buffers where it has them (DeviceMemory::Staging:
+  // one run laid out while the one before it is copied), else through a
+  // buffer this thread keeps, whose pages are touched once per thread, not
+  // once per segment (a layer's gate/up is 235 MB on the 8B shape), and
+  // which the copy may reuse on return (DeviceMemory::CopyToDevice).
   thread_local std::vector<unsigned char> staging;
   const int64_t ib = item_bytes();
   const int per_run = static_cast<int>(std::max<int64_t>(1, kStagingBytes / ib));
+  int which = 0;
   for (int i0 = 0; i0 < count; i0 += per_run) {
     const int n = std::min(per_run, count - i0);
-    if (staging.size() < static_cast<size_t>(n * ib)) staging.resize(static_cast<size_t>(n * ib));
-    unsigned char* const buf = staging.data();
+    const size_t run_bytes = static_cast<size_t>(n * ib);
+    auto* buf = static_cast<unsigned char*>(memory_->Staging(which, run_bytes));
+    const bool staged = buf != nullptr;
+    if (!staged) {
+      if (staging.size() < run_bytes) staging.resize(run_bytes);
+      buf = staging.data();
+    }
 #pragma omp parallel for schedule(dynamic) if (fill_is_thread_safe && n > 1)
     for (int i = 0; i < n; ++i) {
       std::vector<float> item;
       place(first + i0 + i, item, buf + i * ib);
     }
-    memory_->CopyToDevice(seg.data + i0 * ib, buf, static_cast<size_t>(n * ib));
+    if (staged) {
+      memory_->CopyFromStaging(which, seg.data + i0 * ib, run_bytes);
+      which ^= 1;
+    } else {
+      memory_->CopyToDevice(seg.data + i0 * ib, buf, run_bytes);
+    }
   }
   Insert(seg);
 }

@@ -134,6 +134,10 @@ class CudaBackend final : public Backend {
     }
     ForgetGraphs();
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    for (StagingBuffer& b : staging_) {
+      if (b.data) cudaFreeHost(b.data);
+      if (b.done) cudaEventDestroy(b.done);
+    }
     pin_stop_.store(true);
     for (std::thread& t : pinners_) t.join();
     for (const auto& region : pinned_host_) cudaHostUnregister(region.first);
@@ -198,6 +202,43 @@ class CudaBackend final : public Backend {
     });
     if (pinned) FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  // Two page-locked buffers, kept once made (a recovery's weights go
+  // through them: making them then would cost tens of milliseconds).
+  void* Staging(int which, size_t bytes) override {
+    FS_CHECK(which == 0 || which == 1);
+    StagingBuffer& b = staging_[which];
+    if (b.pending) {
+      FS_CUDA_CHECK(cudaEventSynchronize(b.done));
+      b.pending = false;
+    }
+    if (b.bytes < bytes) {
+      if (b.data) FS_CUDA_CHECK(cudaFreeHost(b.data));
+      b.data = nullptr;
+      b.bytes = 0;
+      if (cudaMallocHost(&b.data, bytes) != cudaSuccess) {
+        cudaGetLastError();  // not sticky
+        b.data = nullptr;
+        FS_LOG_WARN("GPU {}: no page-locked staging of {} bytes; copies in from pageable memory",
+                    gpu_, bytes);
+        return nullptr;
+      }
+      b.bytes = bytes;
+      if (!b.done) FS_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+    }
+    return b.data;
+  }
+  void CopyFromStaging(int which, void* dst, size_t bytes) override {
+    FS_CHECK(which == 0 || which == 1);
+    StagingBuffer& b = staging_[which];
+    FS_CHECK_MSG(b.data && bytes <= b.bytes && !b.pending, "a copy from staging not had");
+    FS_CHECK_MSG(graph_ == Graph::kOff, "a copy from staging inside a graphed step");
+    if (bytes == 0) return;
+    cuda::CountDeviceWrite();
+    FS_CUDA_CHECK(cudaMemcpyAsync(dst, b.data, bytes, cudaMemcpyHostToDevice, stream_));
+    FS_CUDA_CHECK(cudaEventRecord(b.done, stream_));
+    b.pending = true;
+  }
+
   // Whether p lies in host memory page-locked for CUDA (by PinHostMemory or
   // anyone else in this process).
   static bool PinnedHere(const void* p) {
@@ -1143,6 +1184,14 @@ class CudaBackend final : public Backend {
   const GpuGemm gemm_;
   int sms_ = 1;                    // multiprocessors
   cudaStream_t stream_ = nullptr;  // every kernel and copy of the compute thread
+  // Staging / CopyFromStaging: a buffer, and its last copy not yet waited for.
+  struct StagingBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  StagingBuffer staging_[2];
   // Guards the copy streams, pinned_host_ and pieced_regions_.
   std::mutex copy_mu_;
   std::vector<cudaStream_t> copy_streams_;       // BackgroundCopies': every one made

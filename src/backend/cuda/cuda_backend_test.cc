@@ -1167,6 +1167,34 @@ TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {
 // backup): a source may be reused as soon as the copy returns, and a region
 // too large to lock at once (over 1 GiB) is locked in pieces by a thread of
 // its own while copies to and from it go on.
+// Weights' staging: two page-locked buffers that alternate; a buffer
+// handed out again has finished its last copy, so what each copy carried
+// arrives whole though the next run is written into a buffer at once.
+TEST(CudaBackend, StagingBuffersAlternateAndKeepTheirCopies) {
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  const size_t n = size_t{16} << 20;  // floats: 64 MiB a run, as weights stage
+  std::vector<OnDevice<float>> dst;
+  for (int run = 0; run < 4; ++run) dst.emplace_back(gpu, n);
+  for (int run = 0; run < 4; ++run) {
+    auto* buf = static_cast<float*>(gpu->Staging(run & 1, n * sizeof(float)));
+    ASSERT_NE(buf, nullptr);
+    cudaPointerAttributes a{};
+    ASSERT_EQ(cudaPointerGetAttributes(&a, buf), cudaSuccess);
+    EXPECT_EQ(a.type, cudaMemoryTypeHost) << "staging is not page-locked";
+    for (size_t i = 0; i < n; ++i)
+      buf[i] = static_cast<float>(run * 1000003 + static_cast<int>(i % 999983));
+    gpu->CopyFromStaging(run & 1, dst[static_cast<size_t>(run)].get(), n * sizeof(float));
+  }
+  for (int run = 0; run < 4; ++run) {
+    const std::vector<float> got = dst[static_cast<size_t>(run)].Read(gpu);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i)
+      bad += got[i] != static_cast<float>(run * 1000003 + static_cast<int>(i % 999983));
+    EXPECT_EQ(bad, 0u) << "run " << run;
+  }
+}
+
 TEST(CudaBackend, CopiesFromPageLockedRegions) {
   REQUIRE_GPU();
   auto own = MakeCudaBackend({});

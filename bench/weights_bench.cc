@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
@@ -46,6 +47,22 @@ struct Tensor {
   std::vector<uint16_t> bytes;
 };
 
+// The items of a product whose rows stack `rows` rows of `a` over the same
+// of `b` (k/v's, gate/up's): read as f32, and copied as stored.
+std::function<void(int, float*)> StackedRows(const Tensor& a, const Tensor& b, int rows) {
+  return [&a, &b, rows](int i, float* d) {
+    a.Ref().ReadRows(int64_t{i} * rows, rows, d);
+    b.Ref().ReadRows(int64_t{i} * rows, rows, d + int64_t{rows} * a.info.shape[1]);
+  };
+}
+std::function<bool(int, unsigned char*)> StackedCopy(const Tensor& a, const Tensor& b, int rows) {
+  return [&a, &b, rows](int i, unsigned char* d) {
+    return a.Ref().CopyRows(int64_t{i} * rows, rows, DType::kBF16, d) &&
+           b.Ref().CopyRows(int64_t{i} * rows, rows, DType::kBF16,
+                            d + int64_t{rows} * a.info.shape[1] * int64_t{sizeof(uint16_t)});
+  };
+}
+
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
@@ -76,27 +93,13 @@ int main(int argc, char** argv) {
       {"q", hd, heads, ItemLayout::kRowMajor,
        [&](int i, float* d) { q.Ref().ReadRows(int64_t{i} * hd, hd, d); },
        [&](int i, unsigned char* d) { return q.Ref().CopyRows(int64_t{i} * hd, hd, dt, d); }},
-      {"k/v", 2 * hd, kv_heads, ItemLayout::kRowMajor,
-       [&](int i, float* d) {
-         k.Ref().ReadRows(int64_t{i} * hd, hd, d);
-         v.Ref().ReadRows(int64_t{i} * hd, hd, d + int64_t{hd} * hidden);
-       },
-       [&](int i, unsigned char* d) {
-         return k.Ref().CopyRows(int64_t{i} * hd, hd, dt, d) &&
-                v.Ref().CopyRows(int64_t{i} * hd, hd, dt, d + int64_t{hd} * hidden * es);
-       }},
+      {"k/v", 2 * hd, kv_heads, ItemLayout::kRowMajor, StackedRows(k, v, hd),
+       StackedCopy(k, v, hd)},
       {"o", hd, heads, ItemLayout::kTransposed,
        [&](int i, float* d) { o.Ref().ReadColsTransposed(int64_t{i} * hd, hd, d); },
        [&](int i, unsigned char* d) { return o.Ref().CopyCols(int64_t{i} * hd, hd, dt, d); }},
-      {"gate/up", 2 * width, shards, ItemLayout::kRowMajor,
-       [&](int i, float* d) {
-         gate.Ref().ReadRows(int64_t{i} * width, width, d);
-         up.Ref().ReadRows(int64_t{i} * width, width, d + int64_t{width} * hidden);
-       },
-       [&](int i, unsigned char* d) {
-         return gate.Ref().CopyRows(int64_t{i} * width, width, dt, d) &&
-                up.Ref().CopyRows(int64_t{i} * width, width, dt, d + int64_t{width} * hidden * es);
-       }},
+      {"gate/up", 2 * width, shards, ItemLayout::kRowMajor, StackedRows(gate, up, width),
+       StackedCopy(gate, up, width)},
       {"down", width, shards, ItemLayout::kTransposed,
        [&](int i, float* d) { down.Ref().ReadColsTransposed(int64_t{i} * width, width, d); },
        [&](int i, unsigned char* d) {

@@ -193,25 +193,18 @@ rm -f "$out/stages.log" "$out/progress.txt"
 logs=$(mktemp -d)
 lib=$(dirname "$bin")/lib
 
-# cuBLASLt from the toolkit or from PyTorch's CUDA packages.
-cublas=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [[ -e $d/libcublasLt.so.13 ]] && cublas=$d && break
-done
-if [[ -z $cublas ]]; then
-  f=$(find / -xdev -name 'libcublasLt.so.13*' -path '*nvidia*' 2>/dev/null | head -1)
-  [[ -n $f ]] && cublas=$(dirname "$f")
-fi
-# NCCL (loaded by the programs at run time) from the toolkit or from
-# PyTorch's packages.
-nccl=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-  [[ -e $d/libnccl.so.2 ]] && nccl=$d && break
-done
-if [[ -z $nccl ]]; then
-  f=$(find / -xdev -name 'libnccl.so.2*' -path '*nvidia*' 2>/dev/null | head -1)
-  [[ -n $f ]] && nccl=$(dirname "$f")
-fi
+# A shared library's directory, from the toolkit or from PyTorch's CUDA
+# packages: cuBLASLt, and NCCL (which the programs load at run time).
+find_lib() {
+  local d f
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+    [[ -e $d/$1 ]] && echo "$d" && return
+  done
+  f=$(find / -xdev -name "$1*" -path '*nvidia*' 2>/dev/null | head -1)
+  [[ -n $f ]] && dirname "$f"
+}
+cublas=$(find_lib libcublasLt.so.13)
+nccl=$(find_lib libnccl.so.2)
 # The packed libraries (this build machine's libssl, libcrypto, libz,
 # libgomp...) are for the programs alone: each is called through a wrapper
 # that puts them first, so that python3 and PyTorch keep the image's own.

@@ -110,9 +110,7 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   }
 
   // 3. Every member starts its join, and says whether it could.
-  auto joined = backend_->JoinDeviceGroup(
-      std::string(ids[0].id, sizeof(ids[0].id)).substr(0, Backend::kDeviceGroupIdBytes), rank,
-      size);
+  auto joined = backend_->JoinDeviceGroup(std::string(ids[0].id, sizeof(ids[0].id)), rank, size);
   uint32_t started = joined.ok() ? 1 : 0;
   if (joined.ok()) {
     group_ = std::move(*joined);

@@ -1245,130 +1245,35 @@ TEST(CudaBackend, CopiesFromPageLockedRegions) {
   ::munmap(region, large);
 }
 
-// Peer memory whose owner is killed while another process reads it: what
-// --peer-collectives meets when a device dies mid-collective. The owner
-// half runs as a process of its own (this program, spawned with a filter
-// and the kind of memory in its environment); the reader sums through the
-// mapping before, during and after the kill, and must stay well. Last in
-// the file: a reader that faults stops the program (a CUDA error stops a
-// device process).
-constexpr char kPeerOwnerEnv[] = "FAILSAFE_PEER_OWNER_OUT";
-constexpr size_t kPeerBytes = 4u << 20;
-
-TEST(CudaPeerMemory, Owner) {
-  const char* out = std::getenv(kPeerOwnerEnv);
-  if (!out) GTEST_SKIP() << "the owner half of CudaPeerMemory's reader tests";
-  REQUIRE_GPU();
-  Backend* gpu = Gpu();
-  auto mem = gpu->AllocatePeerMemory(kPeerBytes);
-  ASSERT_TRUE(mem.ok()) << mem.status().ToString();
-  const std::vector<float> ones(kPeerBytes / 4, 1.0f);
-  gpu->CopyToDevice(mem->data, ones.data(), kPeerBytes);
-  gpu->Synchronize();
-  const std::string tmp = std::string(out) + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fwrite(mem->handle.data(), 1, mem->handle.size(), f), mem->handle.size());
-  std::fclose(f);
-  ASSERT_EQ(std::rename(tmp.c_str(), out), 0);
-  std::this_thread::sleep_for(std::chrono::seconds(60));  // the reader kills it
-}
-
-// The owner's memory made by `kind` (FAILSAFE_PEER_MEMORY in the owner's
-// environment); `must_keep`: its values must stay readable after the kill.
-void ReadThroughAKilledOwner(const char* kind, bool must_keep) {
-  Backend* gpu = Gpu();
-  char dir[] = "/tmp/failsafe-peer-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/handle";
+// This program again as a process of its own, running only `test` (a
+// gtest filter), with `env` added to this one's environment: its pid, or
+// -1 where it could not start.
+pid_t SpawnTest(const std::string& test, const std::vector<std::string>& env) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back(std::string(kPeerOwnerEnv) + "=" + path);
-  env_strings.push_back(std::string("FAILSAFE_PEER_MEMORY=") + kind);
+  env_strings.insert(env_strings.end(), env.begin(), env.end());
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", filter = "--gtest_filter=CudaPeerMemory.Owner";
+  std::string exe = "/proc/self/exe", filter = "--gtest_filter=" + test;
   char* argv[] = {exe.data(), filter.data(), nullptr};
   pid_t pid = 0;
-  ASSERT_EQ(::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-  // The owner goes with the test, whichever way it ends.
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
-      if (pid <= 0) return;
-      ::kill(pid, SIGKILL);
+  return ::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()) == 0 ? pid : -1;
+}
+
+// Spawned processes that go with the test, whichever way it ends: each
+// still running is killed and waited for. A pid set to 0 was reaped.
+struct Reaped {
+  std::vector<pid_t> pids;
+  ~Reaped() {
+    for (pid_t p : pids) {
+      if (p <= 0) continue;  // kill(0) would signal the whole process group
+      ::kill(p, SIGKILL);
       int status = 0;
-      ::waitpid(pid, &status, 0);
-    }
-  } reap{pid};
-  std::string handle;
-  for (int i = 0; i < 6000 && handle.empty(); ++i) {
-    if (FILE* f = std::fopen(path.c_str(), "rb")) {
-      char buf[Backend::kPeerHandleBytes];
-      handle.assign(buf, std::fread(buf, 1, sizeof(buf), f));
-      std::fclose(f);
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ::waitpid(p, &status, 0);
     }
   }
-  ASSERT_FALSE(handle.empty()) << "the owner never published its memory";
-  auto opened = gpu->OpenPeerMemory(handle, kPeerBytes);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  const float* peer = static_cast<const float*>(*opened);
-  const size_t count = kPeerBytes / 4;
-  OnDevice<float> out(gpu, count);
-  const float* twice[2] = {peer, peer};
-  gpu->SumArrays(twice, 2, count, out.get());
-  for (float v : out.Read(gpu)) ASSERT_EQ(v, 2.0f);
-  ::kill(pid, SIGKILL);
-  // Through the owner's teardown and past it.
-  int sums = 0;
-  const int64_t t0 = MonotonicNanos();
-  while (MonotonicNanos() - t0 < 500000000) {
-    gpu->SumArrays(twice, 1, count, out.get());
-    gpu->Synchronize();
-    ++sums;
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  reap.pid = 0;
-  gpu->SumArrays(twice, 1, count, out.get());
-  const std::vector<float> after = out.Read(gpu);
-  size_t kept = 0;
-  for (float v : after) kept += v == 1.0f;
-  std::printf(
-      "%s: %d sums through a killed owner's memory; after its exit %zu of %zu values kept\n", kind,
-      sums, kept, count);
-  if (must_keep) {
-    EXPECT_EQ(kept, count) << kind << ": the mapping no longer holds the owner's data";
-  }
-  gpu->ClosePeerMemory(*opened, kPeerBytes);
-  // The reader is well: its own memory sums.
-  OnDevice<float> ones(gpu, std::vector<float>(count, 1.0f));
-  const float* own[2] = {ones.get(), ones.get()};
-  gpu->SumArrays(own, 2, count, out.get());
-  for (float v : out.Read(gpu)) ASSERT_EQ(v, 2.0f);
-  std::remove(path.c_str());
-  ::rmdir(dir);
-}
-
-// CUDA's virtual memory API (the default): a peer's imported handle keeps
-// the memory, so the reader reads the owner's values after its death.
-TEST(CudaPeerMemory, VmmReaderOutlivesAKilledOwner) {
-  if (std::getenv(kPeerOwnerEnv)) GTEST_SKIP() << "the owner's process";
-  REQUIRE_GPU();
-  ReadThroughAKilledOwner("vmm", true);
-}
-
-// CUDA IPC (where the virtual memory API is missing): undefined by CUDA's
-// documentation; measured (the values kept), the reader required to stay
-// well. Last: a reader that faults stops the program.
-TEST(CudaPeerMemory, IpcReaderOutlivesAKilledOwner) {
-  if (std::getenv(kPeerOwnerEnv)) GTEST_SKIP() << "the owner's process";
-  REQUIRE_GPU();
-  ReadThroughAKilledOwner("ipc", false);
-}
+};
 
 // --- collectives by the device library (NCCL) between processes ---
 //
@@ -1536,36 +1441,17 @@ TEST(CudaDeviceGroup, SumsGathersAndOutlivesAKilledMember) {
     ASSERT_EQ(::ftruncate(fd, sizeof(GroupBoard)), 0);
     ::close(fd);
   }
-  std::vector<pid_t> pids;
+  Reaped reap;
+  std::vector<pid_t>& pids = reap.pids;
   for (int r = 0; r < kMembers; ++r) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
-    env_strings.push_back(fmt::format("{}={},{},{}", kGroupMemberEnv, r, kMembers, path));
+    std::vector<std::string> env = {fmt::format("{}={},{},{}", kGroupMemberEnv, r, kMembers, path)};
 #ifndef FAILSAFE_CUDA_EMULATION
     // One GPU: the members as hosts apart (NCCL refuses two on one GPU).
-    env_strings.push_back("FAILSAFE_NCCL_APART=1");
+    env.push_back("FAILSAFE_NCCL_APART=1");
 #endif
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string exe = "/proc/self/exe", filter = "--gtest_filter=CudaDeviceGroup.Member";
-    char* argv[] = {exe.data(), filter.data(), nullptr};
-    pid_t pid = 0;
-    ASSERT_EQ(::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-    pids.push_back(pid);
+    pids.push_back(SpawnTest("CudaDeviceGroup.Member", env));
+    ASSERT_GT(pids.back(), 0);
   }
-  // Every member goes with the test, whichever way it ends.
-  struct Reap {
-    std::vector<pid_t>* pids;
-    ~Reap() {
-      for (pid_t p : *pids) {
-        if (p <= 0) continue;  // reaped (kill(0) would signal the whole group)
-        ::kill(p, SIGKILL);
-        int status = 0;
-        ::waitpid(p, &status, 0);
-      }
-    }
-  } reap{&pids};
   std::vector<int> status(kMembers, -1);
   const int64_t deadline = MonotonicNanos() + 240 * 1000000000LL;
   for (int left = kMembers; left > 0 && MonotonicNanos() < deadline;) {
@@ -1593,6 +1479,115 @@ TEST(CudaDeviceGroup, SumsGathersAndOutlivesAKilledMember) {
           << "member " << r << ": " << (WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
     }
   }
+}
+
+// Peer memory whose owner is killed while another process reads it: what
+// --peer-collectives meets when a device dies mid-collective. The owner
+// half runs as a process of its own (this program, spawned with a filter
+// and the kind of memory in its environment); the reader sums through the
+// mapping before, during and after the kill, and must stay well. Last in
+// the file: a reader that faults stops the program (a CUDA error stops a
+// device process).
+constexpr char kPeerOwnerEnv[] = "FAILSAFE_PEER_OWNER_OUT";
+constexpr size_t kPeerBytes = 4u << 20;
+
+TEST(CudaPeerMemory, Owner) {
+  const char* out = std::getenv(kPeerOwnerEnv);
+  if (!out) GTEST_SKIP() << "the owner half of CudaPeerMemory's reader tests";
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  auto mem = gpu->AllocatePeerMemory(kPeerBytes);
+  ASSERT_TRUE(mem.ok()) << mem.status().ToString();
+  const std::vector<float> ones(kPeerBytes / 4, 1.0f);
+  gpu->CopyToDevice(mem->data, ones.data(), kPeerBytes);
+  gpu->Synchronize();
+  const std::string tmp = std::string(out) + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(mem->handle.data(), 1, mem->handle.size(), f), mem->handle.size());
+  std::fclose(f);
+  ASSERT_EQ(std::rename(tmp.c_str(), out), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // the reader kills it
+}
+
+// The owner's memory made by `kind` (FAILSAFE_PEER_MEMORY in the owner's
+// environment); `must_keep`: its values must stay readable after the kill.
+void ReadThroughAKilledOwner(const char* kind, bool must_keep) {
+  Backend* gpu = Gpu();
+  char dir[] = "/tmp/failsafe-peer-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/handle";
+  const pid_t pid = SpawnTest(
+      "CudaPeerMemory.Owner",
+      {std::string(kPeerOwnerEnv) + "=" + path, std::string("FAILSAFE_PEER_MEMORY=") + kind});
+  ASSERT_GT(pid, 0);
+  Reaped reap{{pid}};
+  std::string handle;
+  for (int i = 0; i < 6000 && handle.empty(); ++i) {
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+      char buf[Backend::kPeerHandleBytes];
+      handle.assign(buf, std::fread(buf, 1, sizeof(buf), f));
+      std::fclose(f);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ASSERT_FALSE(handle.empty()) << "the owner never published its memory";
+  auto opened = gpu->OpenPeerMemory(handle, kPeerBytes);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  const float* peer = static_cast<const float*>(*opened);
+  const size_t count = kPeerBytes / 4;
+  OnDevice<float> out(gpu, count);
+  const float* twice[2] = {peer, peer};
+  gpu->SumArrays(twice, 2, count, out.get());
+  for (float v : out.Read(gpu)) ASSERT_EQ(v, 2.0f);
+  ::kill(pid, SIGKILL);
+  // Through the owner's teardown and past it.
+  int sums = 0;
+  const int64_t t0 = MonotonicNanos();
+  while (MonotonicNanos() - t0 < 500000000) {
+    gpu->SumArrays(twice, 1, count, out.get());
+    gpu->Synchronize();
+    ++sums;
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  reap.pids[0] = 0;
+  gpu->SumArrays(twice, 1, count, out.get());
+  const std::vector<float> after = out.Read(gpu);
+  size_t kept = 0;
+  for (float v : after) kept += v == 1.0f;
+  std::printf(
+      "%s: %d sums through a killed owner's memory; after its exit %zu of %zu values kept\n", kind,
+      sums, kept, count);
+  if (must_keep) {
+    EXPECT_EQ(kept, count) << kind << ": the mapping no longer holds the owner's data";
+  }
+  gpu->ClosePeerMemory(*opened, kPeerBytes);
+  // The reader is well: its own memory sums.
+  OnDevice<float> ones(gpu, std::vector<float>(count, 1.0f));
+  const float* own[2] = {ones.get(), ones.get()};
+  gpu->SumArrays(own, 2, count, out.get());
+  for (float v : out.Read(gpu)) ASSERT_EQ(v, 2.0f);
+  std::remove(path.c_str());
+  ::rmdir(dir);
+}
+
+// CUDA's virtual memory API (the default): a peer's imported handle keeps
+// the memory, so the reader reads the owner's values after its death.
+TEST(CudaPeerMemory, VmmReaderOutlivesAKilledOwner) {
+  if (std::getenv(kPeerOwnerEnv)) GTEST_SKIP() << "the owner's process";
+  REQUIRE_GPU();
+  ReadThroughAKilledOwner("vmm", true);
+}
+
+// CUDA IPC (where the virtual memory API is missing): undefined by CUDA's
+// documentation; measured (the values kept), the reader required to stay
+// well. Last: a reader that faults stops the program.
+TEST(CudaPeerMemory, IpcReaderOutlivesAKilledOwner) {
+  if (std::getenv(kPeerOwnerEnv)) GTEST_SKIP() << "the owner's process";
+  REQUIRE_GPU();
+  ReadThroughAKilledOwner("ipc", false);
 }
 
 }  // namespace

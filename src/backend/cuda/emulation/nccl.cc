@@ -282,9 +282,9 @@ ncclResult_t CommAbort(ncclComm_t comm) {
 
 ncclResult_t AllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  if (op != ncclSum || ElementBytes(type) == 0 || type == ncclFloat64 || type == ncclInt32 ||
-      type == ncclUint32)
-    return ncclInvalidArgument;
+  // Sums of 64-bit integers and of floats: what FailSafe asks for.
+  const bool integers = type == ncclUint64 || type == ncclInt64;
+  if (op != ncclSum || !(integers || type == ncclFloat32)) return ncclInvalidArgument;
   return Issue(comm, type == ncclFloat32 ? Kind::kSumF32 : Kind::kSumU64, send, recv, count,
                ElementBytes(type), stream);
 }

@@ -120,7 +120,6 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
     broken_ = true;
   }
   std::vector<uint32_t> all(static_cast<size_t>(size));
-  FS_RETURN_IF_ERROR(comm.AllGather(&started, sizeof(started), all.data()));
   Status st = comm.AllGather(&started, sizeof(started), all.data());
   if (!st.ok() || !std::all_of(all.begin(), all.end(), [](uint32_t v) { return v != 0; })) {
     group_.reset();

@@ -131,8 +131,9 @@ __device__ __forceinline__ void WriteOutput(const AttentionProblem& a, int t, in
 // [first_block[i], first_block[i + 1])). `segment_keys`: 0, or
 // kAttentionSegment (segments merged in order; split problems' blocks take
 // one segment each and leave their queries' states in `states`).
-__global__ void AttendKernel(const AttentionProblem* problems, const int* first_block,
-                             int num_problems, int segment_keys, float* states) {
+__global__ void __launch_bounds__(kWarps * 32)
+    AttendKernel(const AttentionProblem* problems, const int* first_block, int num_problems,
+                 int segment_keys, float* states) {
   FS_KERNEL_PROLOGUE();
   FS_DYNAMIC_SHARED(float, smem);
   const int lo = ProblemOfBlock(first_block, num_problems);

@@ -553,7 +553,12 @@ class CudaBackend final : public Backend {
     if (peer_kind_ != PeerKind::kIpc) {
       auto vmm = AllocateVmmPeerMemory(bytes);
       if (vmm.ok() || peer_kind_ == PeerKind::kVmm) return vmm;
-      FS_LOG_INFO("peer memory by CUDA IPC: {}", vmm.status().message());
+      // IPC memory is freed with its owner: a survivor reading a killed
+      // owner's may fault, which ends its context too.
+      FS_LOG_WARN(
+          "peer memory by CUDA IPC (a device killed mid-collective may take its readers "
+          "with it): {}",
+          vmm.status().message());
     }
     FS_ASSIGN_OR_RETURN(const PeerHandleHead head, MakePeerHandleHead(kIpcMagic, bytes));
     void* p = nullptr;

@@ -909,6 +909,22 @@ TEST(CudaBackend, SamplingAFlatDistributionDrawsTheCpuBackendsTokens) {
   EXPECT_GT(distinct, 100);  // the draws reach deep into the sorted order
 }
 
+// -0.0 and +0.0 are equal logits (the lower id first), also where top-k
+// cuts among them: only zeros and lower logits, the zeros' signs mixed.
+TEST(CudaBackend, SamplingTakesMinusZeroAsZero) {
+  REQUIRE_GPU();
+  Backend* gpu = Gpu();
+  const int vocab = 301;
+  std::vector<float> logits(vocab, -3.0f);
+  for (int i = 0; i < vocab; i += 3) logits[i] = (i / 3) % 3 == 1 ? 0.0f : -0.0f;
+  OnDevice<float> dl(gpu, logits);
+  EXPECT_EQ(gpu->Sample(dl.get(), vocab, {}, 0), 0);
+  ExpectTheCpuBackendsDraws(gpu, dl.get(), logits,
+                            {SamplingParams{4.0f, 7, 1.0f, 41}, SamplingParams{4.0f, 40, 0.5f, 42},
+                             SamplingParams{1.0f, 0, 0.2f, 43}},
+                            40);
+}
+
 // A peer all-reduce's sum (--peer-collectives) from five arrays in device
 // memory: the CPU backend's bits, floats added in order and rounded at each
 // addition, fixed-point values wrapping.

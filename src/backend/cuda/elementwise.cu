@@ -259,8 +259,9 @@ __global__ void MoeGateKernel(const float* logits, int tokens, int experts, int 
   for (int e = 0; e < experts; ++e) mx = fmaxf(mx, l[e]);
   float sum = 0;
   for (int e = 0; e < experts; ++e) sum += expf(l[e] - mx);
-  // Selection by repeated maximum over probabilities (k is small).
-  constexpr int kMaxK = 16;
+  // Selection by repeated maximum over probabilities (k is small:
+  // kMoeMaxK at most, which MoeGate checks).
+  constexpr int kMaxK = kMoeMaxK;
   int chosen[kMaxK];
   float p[kMaxK];
   float top = 0;
@@ -481,6 +482,9 @@ void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int
 void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize, int32_t* ids,
              float* weights, cudaStream_t s) {
   if (tokens <= 0) return;
+  FS_CHECK_MSG(k >= 1 && k <= kMoeMaxK && k <= experts,
+               "the GPU's MoE gate takes 1 to {} experts a token (of {}), not {}", kMoeMaxK,
+               experts, k);
   FS_LAUNCH(Blocks(tokens, 64), 64, 0, s, MoeGateKernel)
   (logits, tokens, experts, k, renormalize, ids, weights);
   FS_CUDA_CHECK(cudaGetLastError());

@@ -138,6 +138,9 @@ void SiluMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int row
              int shards, cudaStream_t s);
 void GeluTanhMul(const float* gu, int64_t ld_in, float* out, int64_t ld_out, int rows, int width,
                  int shards, cudaStream_t s);
+// Each token's k experts of the highest softmax probability (k up to
+// kMoeMaxK).
+inline constexpr int kMoeMaxK = 16;
 void MoeGate(const float* logits, int tokens, int experts, int k, bool renormalize, int32_t* ids,
              float* weights, cudaStream_t s);
 // dst[r, :k] = x[r, :k] rounded to nearest even as `type` (bf16 or f16),

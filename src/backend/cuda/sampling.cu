@@ -69,7 +69,8 @@ void ArgMax(const float* logits, int vocab, int* out, cudaStream_t s) {
 
 #ifdef FAILSAFE_CUDA_EMULATION
 // The emulation sorts on the host as CUB's radix sort does: by the keys'
-// bits ordered as numbers (so +0 above -0), stable.
+// bits ordered as numbers, -0 taken as +0 (equal keys keep their order),
+// stable.
 size_t SortScratchBytes(int vocab) { return 0; }
 
 void SortDescending(const float* logits, int vocab, float* sorted, float* keys_scratch,

@@ -363,10 +363,11 @@ void LoadMatrixX4(int site, uint32_t (&r)[4], const void* row) {
 void SortPairsDescending(const float* keys_in, float* keys_out, const int* values_in,
                          int* values_out, int n) {
   // A float's bits as an unsigned number ordered as the floats: negative
-  // ones flipped whole, the others their sign bit set.
+  // ones flipped whole, the others their sign bit set; -0 as +0.
   auto order = [](float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
+    if (u == 0x80000000u) u = 0;
     return (u & 0x80000000u) ? ~u : u | 0x80000000u;
   };
   std::vector<int> index(static_cast<size_t>(n));

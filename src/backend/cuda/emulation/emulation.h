@@ -157,7 +157,8 @@ void CopyAsync16(void* dst, const void* src, bool valid);
 void LoadMatrixX4(int site, uint32_t (&r)[4], const void* row);
 
 // CUB's DeviceRadixSort::SortPairsDescending of floats: stable, by the
-// keys' bits ordered as numbers.
+// keys' bits ordered as numbers, with -0 as +0 (CUB's
+// ProcessFloatMinusZero: the two compare equal).
 void SortPairsDescending(const float* keys_in, float* keys_out, const int* values_in,
                          int* values_out, int n);
 

@@ -423,6 +423,26 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
       }
       EXPECT_TRUE(named) << line;
     }
+    // A family with a few items fewer (a recovery's survivor's next to its
+    // old one) takes the chosen one's variant, untimed; one with a third of
+    // them or fewer is timed itself. The same bits as the default's.
+    cuda::FixedItems near = g, far = g;
+    near.items = sh.items - 1;
+    far.items = 1;
+    for (const cuda::FixedItems& other : {near, far}) {
+      const auto other_want = run(
+          [&] { cuda::FixedItemsGemm(other, cuda::FixedItemsDefault(other.m, false), sms, s); });
+      EXPECT_EQ(run([&] { tuned.Run(other, true); }), other_want);
+    }
+    const std::vector<std::string> grown = tuned.Report();
+    ASSERT_EQ(grown.size(), 4u);
+    int adopted = 0, timed = 0;
+    for (const std::string& line : grown) {
+      adopted += line.find(fmt::format("as for {} items", sh.items)) != std::string::npos;
+      timed += line.find(", timed at") != std::string::npos;
+    }
+    EXPECT_EQ(adopted, 1);
+    EXPECT_EQ(timed, 3);
     // Drawn rather than timed (as under the emulation): a candidate too.
     cuda::FixedGemm drawn(sms, static_cast<size_t>(shared_limit), s, 0);
     EXPECT_EQ(run([&] { drawn.Run(g32, true); }), want);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,9 @@ namespace failsafe::cuda {
 namespace {
 
 constexpr int kTimedRuns = 3;  // a candidate is timed over these, after one warm run
+// A family takes the variant of one whose count of items is within this
+// ratio of its own (fixed_gemm.h).
+constexpr double kAdoptRatio = 1.5;
 
 // Bands of m: first and last rows, the rows timed.
 constexpr int kBandRows[FixedGemm::kBands][3] = {
@@ -114,14 +118,40 @@ void FixedGemm::Run(const FixedItems& g, bool may_time) {
   } else {
     const int band = BandOf(g.m);
     Band& b = families_[Key{g.bf16, a32, g.n, g.item_k, g.items, g.lda}].bands[band];
-    if (b.variant < 0 && may_time) Choose(g, band, b);
+    if (b.variant < 0 && !Adopt(g, band, b) && may_time) Choose(g, band, b);
     variant = b.variant;
   }
   if (variant < 0) variant = Fallback(g.m, a32, g.item_k);
   FixedItemsGemm(g, variant, sms_, stream_);
 }
 
+bool FixedGemm::Adopt(const FixedItems& g, int band, Band& out) const {
+  const bool a32 = g.a32 != nullptr;
+  const Band* from = nullptr;
+  int from_items = 0;
+  double nearest = 0;
+  for (const auto& [key, f] : families_) {
+    const Band& b = f.bands[band];
+    const auto [bf16, f32, n, item_k, items, lda] = key;
+    if (b.variant < 0 || b.adopted || bf16 != g.bf16 || f32 != a32 || n != g.n ||
+        item_k != g.item_k || (items == g.items && lda == g.lda))
+      continue;
+    const double ratio = static_cast<double>(std::max(items, g.items)) / std::min(items, g.items);
+    if (ratio <= kAdoptRatio && (!from || ratio < nearest)) {
+      from = &b;
+      from_items = items;
+      nearest = ratio;
+    }
+  }
+  if (!from) return false;
+  out.variant = from->variant;
+  out.adopted = true;
+  out.how = fmt::format("{}, as for {} items", FixedItemsVariantName(out.variant), from_items);
+  return true;
+}
+
 void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
+  const auto t0 = std::chrono::steady_clock::now();
   const bool a32 = g.a32 != nullptr;
   const std::vector<int> fit = Fitting(band, a32, g.item_k);
   if (tune_rows_ == 0) {  // drawn by the process and the family
@@ -186,8 +216,10 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   FS_CUDA_CHECK(cudaEventDestroy(stop));
   FS_CUDA_CHECK(cudaFree(a));
   FS_CUDA_CHECK(cudaFree(acc));
-  out.how =
-      fmt::format("{}, timed at {} rows: {}", FixedItemsVariantName(out.variant), rows, times);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  out.how = fmt::format("{}, timed at {} rows in {:.1f} ms: {}", FixedItemsVariantName(out.variant),
+                        rows, ms, times);
   FS_LOG_INFO("fixed-point items n {} item_k {} items {} rows {}: {}", g.n, g.item_k, g.items,
               BandName(band), out.how);
 }

@@ -13,7 +13,11 @@
 // wherever it fits. Where kernels are emulated on the CPU, whose timings say
 // nothing of a GPU's and take long, a band's variant is drawn by the
 // process and the family instead: processes then run the variants side by
-// side, and their outputs must still agree.
+// side, and their outputs must still agree. A family whose band is
+// unchosen takes the band's variant of a family that differs only in its
+// count of items (and so its row stride), by at most half, the nearest
+// such: a recovery's survivors gain a few items, and their first step
+// after it should not time kernels.
 //
 // Thread-safety: one thread (the backend's).
 #pragma once
@@ -58,6 +62,7 @@ class FixedGemm {
  private:
   struct Band {
     int variant = -1;  // unchosen
+    bool adopted = false;
     std::string how;
   };
   struct Family {
@@ -70,6 +75,8 @@ class FixedGemm {
   // The band's candidates that fit (at least one, or a stop).
   std::vector<int> Fitting(int band, bool a32, int item_k) const;
   void Choose(const FixedItems& g, int band, Band& out);
+  // The band's variant of the nearest family with other items (see above).
+  bool Adopt(const FixedItems& g, int band, Band& out) const;
 
   int sms_;
   size_t shared_limit_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
@@ -25,6 +26,9 @@ constexpr int kProbeRows = 1024;  // the reference band's probe
 constexpr int kSmallProbe = 7;
 constexpr int kCandidates = 16;
 constexpr int kTimedRuns = 3;  // a band's candidates are timed over these, after one warm run
+// A family adopts a chosen one's algorithms (gemm_lt.h) whose width (n
+// times the batch count) is within this ratio of its own.
+constexpr double kAdoptRatio = 1.5;
 
 // Bands of m, ascending; the last is the reference.
 constexpr int kBands[][2] = {{1, 8}, {9, 32}, {33, 128}, {129, 512}, {513, INT_MAX}};
@@ -64,6 +68,8 @@ struct LtGemm::Family {
   int align_x = 0, align_w = 0, align_d = 0;
   int max_rows = INT_MAX;  // batched: the rows stride_d leaves room for
   bool usable = false;     // a reference was found that keeps a row's bits
+  std::string adopted;     // whose algorithms it took, if it did not choose its own
+  double choose_ms = 0;    // the wall time its choice took
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr;  // W
   struct Layouts {
@@ -162,10 +168,26 @@ LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
   FS_LT_CHECK(cublasLtMatrixLayoutCreate(&f->a, p.type, p.k, p.n, p.ldw));
   f->SetBatch(f->a, p.stride_w);
   Family& ref = *families_.emplace(key, std::move(f)).first->second;
+  const ChoiceKey choice{
+      static_cast<int>(p.type), p.k, p.ldx, p.ldw, p.stride_x, p.stride_w, p.stride_d, ax, aw, ad};
+  std::vector<Family*>& chosen = chosen_[choice];
+  const auto t0 = std::chrono::steady_clock::now();
+  auto took = [&] {
+    ref.choose_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (Adopt(ref, chosen)) {
+    took();
+    return ref;
+  }
+  chosen.push_back(&ref);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FS_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (capture == cudaStreamCaptureStatusNone) {
     Choose(ref, p, stream_);
+    took();
+    FS_LOG_INFO("cuBLASLt n {} k {} batch {}: algorithms chosen in {:.1f} ms", p.n, p.k, p.batch,
+                ref.choose_ms);
     return ref;
   }
   // Met first in a step being captured (its graph keeps the band's
@@ -180,7 +202,47 @@ LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&choose_stream_, cudaStreamNonBlocking));
   Choose(ref, p, choose_stream_);
   FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  took();
+  FS_LOG_INFO("cuBLASLt n {} k {} batch {}: algorithms chosen in {:.1f} ms (in a capture)", p.n,
+              p.k, p.batch, ref.choose_ms);
   return ref;
+}
+
+bool LtGemm::Adopt(Family& f, const std::vector<Family*>& chosen) {
+  const double width = static_cast<double>(f.shape.n) * f.shape.batch;
+  Family* from = nullptr;
+  double nearest = 0;
+  for (Family* c : chosen) {
+    if (!c->usable) continue;
+    const double w = static_cast<double>(c->shape.n) * c->shape.batch;
+    const double ratio = std::max(w, width) / std::min(w, width);
+    if (ratio <= kAdoptRatio && (!from || ratio < nearest)) {
+      from = c;
+      nearest = ratio;
+    }
+  }
+  if (!from) return false;
+  // cuBLASLt must take each band's algorithm at the band's ends (Run falls
+  // back to the reference's where one refuses a row count in between).
+  for (int b = 0; b < kNumBands; ++b) {
+    const int lo = kBands[b][0], hi = std::min({kBands[b][1], kProbeRows, f.max_rows});
+    if (lo > hi) continue;
+    for (int m : {lo, hi}) {
+      const auto& l = f.For(m);
+      cublasLtMatmulHeuristicResult_t result{};
+      if (cublasLtMatmulAlgoCheck(handle_, f.op, f.a, l.b, l.c, l.c, &from->bands[b].algo,
+                                  &result) != CUBLAS_STATUS_SUCCESS ||
+          result.workspaceSize > workspace_bytes_) {
+        FS_LOG_INFO("cuBLASLt n {} k {} batch {}: n {} batch {}'s algorithms refused at m {}",
+                    f.shape.n, f.shape.k, f.shape.batch, from->shape.n, from->shape.batch, m);
+        return false;
+      }
+    }
+  }
+  for (int b = 0; b < kNumBands; ++b) f.bands[b] = from->bands[b];
+  f.usable = true;
+  f.adopted = fmt::format("n {} batch {}", from->shape.n, from->shape.batch);
+  return true;
 }
 
 bool LtGemm::Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m,
@@ -376,8 +438,11 @@ bool LtGemm::Run(const LtProblem& p) {
 std::vector<std::string> LtGemm::Report() const {
   std::vector<std::string> out;
   for (const auto& [key, f] : families_) {
-    std::string line = fmt::format("n {} k {} batch {} ldd {}:", f->shape.n, f->shape.k,
+    std::string line = fmt::format("n {} k {} batch {} ldd {}", f->shape.n, f->shape.k,
                                    f->shape.batch, f->shape.ldd);
+    line += f->adopted.empty()
+                ? fmt::format(" (chosen in {:.1f} ms):", f->choose_ms)
+                : fmt::format(" (as {}, checked in {:.2f} ms):", f->adopted, f->choose_ms);
     if (!f->usable) line += " not cuBLASLt's (no algorithm keeps a row's bits)";
     for (int b = 0; f->usable && b < kNumBands; ++b) {
       line += fmt::format(" [{}-{}] {} ({})", kBands[b][0],

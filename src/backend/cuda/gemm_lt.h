@@ -16,6 +16,15 @@
 // cuBLASLt's (Run: false). The checks run once per family, on the family's
 // own weights and random activations.
 //
+// A family that differs from one already chosen only in its width (n, its
+// row stride, its batch count) by at most half takes that one's
+// algorithms, where cuBLASLt accepts them for its shape: a recovery's
+// survivors gain a few shards, so each meets products a little wider than
+// before, and a choice (hundreds of launches, each waited for) inside the
+// first step after it would cost the recovery tenths of a second. An
+// algorithm gives a column the same bits whatever the width (as every
+// placement's devices, which cut the weights at other widths, rely on).
+//
 // Thread-safety: one thread (the backend's).
 #pragma once
 
@@ -67,6 +76,10 @@ class LtGemm {
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t,
                          int, int, int>;
   Family& FamilyOf(const LtProblem& p);
+  // Gives f the algorithms of the chosen family of its choice key nearest
+  // its width, if within kAdoptRatio of it and cuBLASLt takes them for f's
+  // shape.
+  bool Adopt(Family& f, const std::vector<Family*>& chosen);
   // Checks and times the family's candidates on stream s.
   void Choose(Family& f, const LtProblem& p, cudaStream_t s);
   bool Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m, const void* x,
@@ -84,6 +97,10 @@ class LtGemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Family>> families_;
+  // The families chosen (not adopted), by the key without n, ldd and batch.
+  using ChoiceKey =
+      std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;
+  std::map<ChoiceKey, std::vector<Family*>> chosen_;
 };
 
 }  // namespace failsafe::cuda

@@ -89,6 +89,9 @@ class CudaBackend final : public Backend {
       FS_LOG_WARN("GPU {}: waits spin as the runtime chooses ({})", gpu_, cudaGetErrorString(e));
     }
     FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, gpu_));
+    int pools = 0;
+    FS_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, gpu_));
+    allocator_ = pools ? AllocatorFromEnvironment() : Allocator::kSync;
 #ifndef FAILSAFE_CUDA_EMULATION
     // The kernels wait for the work before them only where compiled for
     // Hopper or later and running on such a GPU: elsewhere a dependent
@@ -154,6 +157,7 @@ class CudaBackend final : public Backend {
     if (result_) cudaFreeHost(result_);
     for (cudaStream_t stream : copy_streams_) cudaStreamDestroy(stream);
     cudaStreamDestroy(stream_);
+    stream_ = nullptr;
   }
 
   std::string name() const override { return "cuda"; }
@@ -161,10 +165,37 @@ class CudaBackend final : public Backend {
 
   // --- DeviceMemory ---
   bool host_memory() const override { return false; }
+  // Device memory comes from the device's stream-ordered pool where it has
+  // one (FAILSAFE_CUDA_ALLOCATOR=sync: cudaMalloc and cudaFree): cudaFree
+  // waits for the whole device, every stream, so a recovery's weights,
+  // which free the segments they replace, would wait for the KV restore's
+  // copies running beside them, and a step buffer that grows for the
+  // backup writer's copies. A free is ordered on the compute stream (the
+  // memory's last user: the background copies' KV pages are freed only
+  // once nothing copies); an allocation waits for the compute stream to
+  // reach it, so that any stream may use the memory at once, as
+  // cudaMalloc's.
+  enum class Allocator { kPool, kSync };
+  static Allocator AllocatorFromEnvironment() {
+    const char* v = std::getenv("FAILSAFE_CUDA_ALLOCATOR");
+    if (v && std::strcmp(v, "sync") == 0) return Allocator::kSync;
+    if (v && *v && std::strcmp(v, "pool") != 0)
+      FS_LOG_WARN("FAILSAFE_CUDA_ALLOCATOR={}: neither pool nor sync; as if unset", v);
+    return Allocator::kPool;
+  }
   void* Allocate(size_t bytes) override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "device memory allocated inside a graphed step");
     void* p = nullptr;
-    if (cudaMalloc(&p, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+    const size_t n = std::max<size_t>(bytes, 1);
+    if (allocator_ == Allocator::kPool) {
+      if (cudaMallocAsync(&p, n, stream_) != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky: the device is usable
+        throw std::bad_alloc();
+      }
+      FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      return p;
+    }
+    if (cudaMalloc(&p, n) != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: the device is usable
       throw std::bad_alloc();
     }
@@ -174,7 +205,8 @@ class CudaBackend final : public Backend {
     if (!p) return;
     FS_CHECK_MSG(graph_ == Graph::kOff, "device memory freed inside a graphed step");
     ForgetGraphs();  // a graph may name this memory
-    const cudaError_t e = cudaFree(p);
+    const cudaError_t e =
+        allocator_ == Allocator::kPool && stream_ ? cudaFreeAsync(p, stream_) : cudaFree(p);
     // At exit the runtime may be gone before the last buffers.
     FS_CHECK_MSG(e == cudaSuccess || e == cudaErrorCudartUnloading, "cudaFree: {}",
                  cudaGetErrorString(e));
@@ -1253,6 +1285,7 @@ class CudaBackend final : public Backend {
   // handle and size, and the share peers fetch it from), and what it mapped
   // of its peers'.
   const PeerKind peer_kind_ = PeerKindFromEnvironment();
+  Allocator allocator_ = Allocator::kSync;  // Init: the pool where the GPU has one
   bool vmm_loaded_ = false;
   Status vmm_status_;
   Vmm vmm_;

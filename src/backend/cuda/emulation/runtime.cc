@@ -156,11 +156,12 @@ cudaError_t cudaSetDeviceFlags(unsigned int) { return cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   // A small GPU's 4 multiprocessors (what sizes grids: the fixed-point
   // items split over blocks as on a GPU with few), a Hopper block's shared
-  // memory at most; any other attribute 0.
+  // memory at most, a stream-ordered memory pool; any other attribute 0.
   *value = attr == cudaDevAttrMultiProcessorCount ? 4
            : attr == cudaDevAttrMaxSharedMemoryPerBlockOptin
                ? static_cast<int>(failsafe::cuda::emu::kMaxSharedBytes)
-               : 0;
+           : attr == cudaDevAttrMemoryPoolsSupported ? 1
+                                                     : 0;
   return device >= 0 && device < failsafe::cuda::emu::kGpus ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
@@ -186,6 +187,18 @@ cudaError_t cudaFree(void* p) {
     if (failsafe::cuda::emu::Device().erase(p) == 0) return cudaErrorInvalidValue;
   }
   std::free(p);
+  return cudaSuccess;
+}
+// The stream-ordered pool's: allocated at once, freed after the stream's
+// work before it.
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (!p) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+    if (failsafe::cuda::emu::Device().count(p) == 0) return cudaErrorInvalidValue;
+  }
+  Issue(s, [p] { cudaFree(p); });
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {

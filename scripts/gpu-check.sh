@@ -402,6 +402,14 @@ done
     echo "--- $(basename "$f" .log)"
     grep -E "^(mode|none|recompute|host|full|fresh|decode throughput|[0-9.]+ s:|event|kill|rejoin|stop|longest|requests|diverged)" "$f"
   done
+  # Warnings the failure and recovery stages' device processes gave that
+  # say a recovery path was not the one meant: a recovery's wider products
+  # that could not take the choices made before, peer memory by CUDA IPC.
+  for f in "$logs"/faults-*.log "$logs"/recovery-*.log; do
+    [[ -e $f ]] || continue
+    grep -hoE "do not keep a row's bits here|peer memory by CUDA IPC" "$f" | sort | uniq -c |
+      sed "s/^/$(basename "$f" .log): /"
+  done
   if [[ -e $logs/peer-memory.log ]]; then
     grep -E "killed owner|CUDA error" "$logs/peer-memory.log" | sed "s/^/peer-memory: /"
   fi

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 
@@ -168,47 +169,81 @@ LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
   FS_LT_CHECK(cublasLtMatrixLayoutCreate(&f->a, p.type, p.k, p.n, p.ldw));
   f->SetBatch(f->a, p.stride_w);
   Family& ref = *families_.emplace(key, std::move(f)).first->second;
-  const ChoiceKey choice{
-      static_cast<int>(p.type), p.k, p.ldx, p.ldw, p.stride_x, p.stride_w, p.stride_d, ax, aw, ad};
-  std::vector<Family*>& chosen = chosen_[choice];
-  const auto t0 = std::chrono::steady_clock::now();
-  auto took = [&] {
-    ref.choose_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  if (Adopt(ref, chosen)) {
-    took();
-    return ref;
-  }
-  chosen.push_back(&ref);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FS_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  if (capture == cudaStreamCaptureStatusNone) {
-    Choose(ref, p, stream_);
-    took();
-    FS_LOG_INFO("cuBLASLt n {} k {} batch {}: algorithms chosen in {:.1f} ms", p.n, p.k, p.batch,
-                ref.choose_ms);
-    return ref;
-  }
   // Met first in a step being captured (its graph keeps the band's
   // algorithm, so it is chosen now, not later): the checks and the timing
   // go on a stream of their own, outside the graph, with this thread's
   // capture rules relaxed for their allocations and waits. Nothing else
   // runs meanwhile: a capture starts with the stream idle
   // (CudaBackend::BeginGraph), so the workspace is free.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FS_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  const bool captured = capture != cudaStreamCaptureStatusNone;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  if (!choose_stream_)
-    FS_CUDA_CHECK(cudaStreamCreateWithFlags(&choose_stream_, cudaStreamNonBlocking));
-  Choose(ref, p, choose_stream_);
-  FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  took();
-  FS_LOG_INFO("cuBLASLt n {} k {} batch {}: algorithms chosen in {:.1f} ms (in a capture)", p.n,
-              p.k, p.batch, ref.choose_ms);
+  if (captured) {
+    FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    if (!choose_stream_)
+      FS_CUDA_CHECK(cudaStreamCreateWithFlags(&choose_stream_, cudaStreamNonBlocking));
+  }
+  const cudaStream_t s = captured ? choose_stream_ : stream_;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Strides and the activations' row stride change a family's alignment
+  // (in the key) and its width, not how a column's sum is ordered.
+  std::vector<Family*>& chosen =
+      chosen_[ChoiceKey{static_cast<int>(p.type), p.k, p.ldw, ax, aw, ad}];
+  const bool adopted = Adopt(ref, p, chosen, s);
+  if (!adopted) {
+    chosen.push_back(&ref);
+    Choose(ref, p, s);
+  }
+  if (captured) FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  ref.choose_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  FS_LOG_INFO("cuBLASLt n {} k {} batch {}: {} in {:.1f} ms{}", p.n, p.k, p.batch,
+              adopted ? "the algorithms of " + ref.adopted + " checked" : "algorithms chosen",
+              ref.choose_ms, captured ? " (in a capture)" : "");
   return ref;
 }
 
-bool LtGemm::Adopt(Family& f, const std::vector<Family*>& chosen) {
+LtGemm::Probe LtGemm::MakeProbe(const Family& f, const LtProblem& p, cudaStream_t s) {
+  Probe pr;
+  pr.rows = std::min(kProbeRows, f.max_rows);
+  const int eb = ElementBytes(p.type);
+  const int64_t x_elems = static_cast<int64_t>(pr.rows) * p.ldx + (p.batch - 1) * p.stride_x + p.k;
+  const int64_t d_elems = static_cast<int64_t>(pr.rows) * p.ldd + (p.batch - 1) * p.stride_d + p.n;
+  FS_CUDA_CHECK(cudaMalloc(&pr.x, x_elems * eb));
+  FS_CUDA_CHECK(cudaMalloc(&pr.ref, d_elems * 4));
+  FS_CUDA_CHECK(cudaMalloc(&pr.cand, d_elems * 4));
+  FS_CUDA_CHECK(cudaMalloc(&pr.mismatches, sizeof(int)));
+  FillRandom(pr.x, p.type == CUDA_R_16BF ? WType::kBF16 : WType::kF16, x_elems, 0x5eed, s);
+  return pr;
+}
+
+int LtGemm::Differs(const Probe& pr, const LtProblem& p, int rows, cudaStream_t s) {
+  FS_CUDA_CHECK(cudaMemsetAsync(pr.mismatches, 0, sizeof(int), s));
+  CountMismatches(pr.ref, pr.cand, rows, p.n, p.ldd, p.batch, p.stride_d, pr.mismatches, s);
+  int host = 0;
+  FS_CUDA_CHECK(cudaMemcpyAsync(&host, pr.mismatches, sizeof(int), cudaMemcpyDeviceToHost, s));
+  FS_CUDA_CHECK(cudaStreamSynchronize(s));
+  return host;
+}
+
+void LtGemm::FreeProbe(Probe& pr, cudaStream_t s) {
+  FS_CUDA_CHECK(cudaStreamSynchronize(s));
+  // Inside a capture a free may wait for the device, which the capture
+  // refuses: the probes go once it has ended (FreeDeferred).
+  for (void* b : {pr.x, static_cast<void*>(pr.ref), static_cast<void*>(pr.cand),
+                  static_cast<void*>(pr.mismatches)}) {
+    if (s == stream_) {
+      cudaFree(b);
+    } else {
+      deferred_frees_.push_back(b);
+    }
+  }
+  pr = Probe();
+}
+
+bool LtGemm::Adopt(Family& f, const LtProblem& p, const std::vector<Family*>& chosen,
+                   cudaStream_t s) {
   const double width = static_cast<double>(f.shape.n) * f.shape.batch;
   Family* from = nullptr;
   double nearest = 0;
@@ -222,26 +257,52 @@ bool LtGemm::Adopt(Family& f, const std::vector<Family*>& chosen) {
     }
   }
   if (!from) return false;
-  // cuBLASLt must take each band's algorithm at the band's ends (Run falls
-  // back to the reference's where one refuses a row count in between).
+  const std::string whose = fmt::format("n {} batch {}", from->shape.n, from->shape.batch);
+  // The rows each band's algorithm is checked at: its ends, within the
+  // probe (a batched family's rows end before the last bands begin: they
+  // are checked at its last row, since Run falls back to the reference).
+  const int cap = std::min(kProbeRows, f.max_rows);
+  auto rows_of = [&](int b) {
+    const int lo = std::min(kBands[b][0], cap), hi = std::min(kBands[b][1], cap);
+    return std::array<int, 2>{lo, hi};
+  };
+  // cuBLASLt must take each band's algorithm at those rows for this shape.
   for (int b = 0; b < kNumBands; ++b) {
-    const int lo = kBands[b][0], hi = std::min({kBands[b][1], kProbeRows, f.max_rows});
-    if (lo > hi) continue;
-    for (int m : {lo, hi}) {
+    for (int m : rows_of(b)) {
       const auto& l = f.For(m);
       cublasLtMatmulHeuristicResult_t result{};
       if (cublasLtMatmulAlgoCheck(handle_, f.op, f.a, l.b, l.c, l.c, &from->bands[b].algo,
                                   &result) != CUBLAS_STATUS_SUCCESS ||
           result.workspaceSize > workspace_bytes_) {
-        FS_LOG_INFO("cuBLASLt n {} k {} batch {}: n {} batch {}'s algorithms refused at m {}",
-                    f.shape.n, f.shape.k, f.shape.batch, from->shape.n, from->shape.batch, m);
+        FS_LOG_INFO("cuBLASLt n {} k {} batch {}: {}'s algorithms refused at m {}", f.shape.n,
+                    f.shape.k, f.shape.batch, whose, m);
         return false;
       }
     }
   }
+  // And give a row the same bits at those rows as the reference at the
+  // probe's (and it at kSmallProbe rows), on this family's weights: a dozen
+  // launches, where a choice is hundreds.
+  Probe pr = MakeProbe(f, p, s);
+  const cublasLtMatmulAlgo_t& reference = from->bands[kNumBands - 1].algo;
+  bool keeps = Launch(f, reference, p, pr.rows, pr.x, pr.ref, false, s) &&
+               Launch(f, reference, p, std::min(kSmallProbe, pr.rows), pr.x, pr.cand, false, s) &&
+               Differs(pr, p, std::min(kSmallProbe, pr.rows), s) == 0;
+  for (int b = 0; keeps && b < kNumBands - 1; ++b) {
+    for (int m : rows_of(b)) {
+      keeps = keeps && Launch(f, from->bands[b].algo, p, m, pr.x, pr.cand, false, s) &&
+              Differs(pr, p, m, s) == 0;
+    }
+  }
+  FreeProbe(pr, s);
+  if (!keeps) {
+    FS_LOG_WARN("cuBLASLt n {} k {} batch {}: {}'s algorithms do not keep a row's bits here",
+                f.shape.n, f.shape.k, f.shape.batch, whose);
+    return false;
+  }
   for (int b = 0; b < kNumBands; ++b) f.bands[b] = from->bands[b];
   f.usable = true;
-  f.adopted = fmt::format("n {} batch {}", from->shape.n, from->shape.batch);
+  f.adopted = whose;
   return true;
 }
 
@@ -293,34 +354,17 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
 
   // Probe buffers: random activations laid out as the family's, and two
   // outputs.
-  const int probe = std::min(kProbeRows, f.max_rows);
-  const int eb = ElementBytes(p.type);
-  const int64_t x_elems = static_cast<int64_t>(probe) * p.ldx + (p.batch - 1) * p.stride_x + p.k;
-  const int64_t d_elems = static_cast<int64_t>(probe) * p.ldd + (p.batch - 1) * p.stride_d + p.n;
-  void* xp = nullptr;
-  float *dref = nullptr, *dcand = nullptr;
-  int* mismatches = nullptr;
-  FS_CUDA_CHECK(cudaMalloc(&xp, x_elems * eb));
-  FS_CUDA_CHECK(cudaMalloc(&dref, d_elems * 4));
-  FS_CUDA_CHECK(cudaMalloc(&dcand, d_elems * 4));
-  FS_CUDA_CHECK(cudaMalloc(&mismatches, sizeof(int)));
-  FillRandom(xp, p.type == CUDA_R_16BF ? WType::kBF16 : WType::kF16, x_elems, 0x5eed, s);
-  auto differs = [&](int rows) {
-    FS_CUDA_CHECK(cudaMemsetAsync(mismatches, 0, sizeof(int), s));
-    CountMismatches(dref, dcand, rows, p.n, p.ldd, p.batch, p.stride_d, mismatches, s);
-    int host = 0;
-    FS_CUDA_CHECK(cudaMemcpyAsync(&host, mismatches, sizeof(int), cudaMemcpyDeviceToHost, s));
-    FS_CUDA_CHECK(cudaStreamSynchronize(s));
-    return host;
-  };
+  Probe pr = MakeProbe(f, p, s);
+  const int probe = pr.rows;
+  auto differs = [&](int rows) { return Differs(pr, p, rows, s); };
 
   // The reference: a row's bits the same at kSmallProbe rows as at `probe`.
   Family::Band& last = f.bands[kNumBands - 1];
   std::vector<cublasLtMatmulAlgo_t> refs = candidates(probe);
   bool found = false;
   for (const auto& algo : refs) {
-    if (!Launch(f, algo, p, probe, xp, dref, false, s)) continue;
-    if (!Launch(f, algo, p, kSmallProbe, xp, dcand, false, s)) continue;
+    if (!Launch(f, algo, p, probe, pr.x, pr.ref, false, s)) continue;
+    if (!Launch(f, algo, p, kSmallProbe, pr.x, pr.cand, false, s)) continue;
     if (differs(kSmallProbe) == 0) {
       last.algo = algo;
       last.how = "reference, checked";
@@ -346,10 +390,10 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   FS_CUDA_CHECK(cudaEventCreate(&start));
   FS_CUDA_CHECK(cudaEventCreate(&stop));
   auto seconds = [&](const cublasLtMatmulAlgo_t& algo, int m) {
-    if (!Launch(f, algo, p, m, xp, dcand, false, s)) return -1.0;  // warm
+    if (!Launch(f, algo, p, m, pr.x, pr.cand, false, s)) return -1.0;  // warm
     FS_CUDA_CHECK(cudaEventRecord(start, s));
     for (int r = 0; r < kTimedRuns; ++r) {
-      if (!Launch(f, algo, p, m, xp, dcand, false, s)) return -1.0;
+      if (!Launch(f, algo, p, m, pr.x, pr.cand, false, s)) return -1.0;
     }
     FS_CUDA_CHECK(cudaEventRecord(stop, s));
     FS_CUDA_CHECK(cudaEventSynchronize(stop));
@@ -382,7 +426,7 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
     for (const auto& algo : candidates(hi)) {
       bool keeps = true;
       for (int m : at) {
-        if (!Launch(f, algo, p, m, xp, dcand, false, s) || differs(m) != 0) {
+        if (!Launch(f, algo, p, m, pr.x, pr.cand, false, s) || differs(m) != 0) {
           keeps = false;
           break;
         }
@@ -398,19 +442,9 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
     band.how = fmt::format("{}, the fastest of {} checked and the reference: {:.1f} us at m {}",
                            own ? "own" : "reference", checked, best * 1e6, lo);
   }
-  FS_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  // Inside a capture a free may wait for the device, which the capture
-  // refuses: the probes go once it has ended (FreeDeferred).
-  for (void* probe :
-       {xp, static_cast<void*>(dref), static_cast<void*>(dcand), static_cast<void*>(mismatches)}) {
-    if (s == stream_) {
-      cudaFree(probe);
-    } else {
-      deferred_frees_.push_back(probe);
-    }
-  }
+  FreeProbe(pr, s);
   cublasLtMatmulPreferenceDestroy(pref);
 }
 

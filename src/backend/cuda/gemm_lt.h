@@ -17,8 +17,9 @@
 // own weights and random activations.
 //
 // A family that differs from one already chosen only in its width (n, its
-// row stride, its batch count) by at most half takes that one's
-// algorithms, where cuBLASLt accepts them for its shape: a recovery's
+// batch count, and the strides that go with them) by at most half takes
+// that one's algorithms, where cuBLASLt accepts them for its shape and
+// they keep a row's bits on its weights (a dozen launches): a recovery's
 // survivors gain a few shards, so each meets products a little wider than
 // before, and a choice (hundreds of launches, each waited for) inside the
 // first step after it would cost the recovery tenths of a second. An
@@ -76,10 +77,24 @@ class LtGemm {
   using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t,
                          int, int, int>;
   Family& FamilyOf(const LtProblem& p);
+  // Random activations laid out as a family's, and two outputs (of the
+  // reference, of a candidate), on stream s.
+  struct Probe {
+    void* x = nullptr;
+    float* ref = nullptr;
+    float* cand = nullptr;
+    int* mismatches = nullptr;
+    int rows = 0;
+  };
+  Probe MakeProbe(const Family& f, const LtProblem& p, cudaStream_t s);
+  // Elements of the first `rows` rows where the candidate's output differs
+  // from the reference's (waits for s).
+  int Differs(const Probe& pr, const LtProblem& p, int rows, cudaStream_t s);
+  void FreeProbe(Probe& pr, cudaStream_t s);
   // Gives f the algorithms of the chosen family of its choice key nearest
-  // its width, if within kAdoptRatio of it and cuBLASLt takes them for f's
-  // shape.
-  bool Adopt(Family& f, const std::vector<Family*>& chosen);
+  // its width, if within kAdoptRatio of it, cuBLASLt takes them for f's
+  // shape, and they keep a row's bits on f's weights (checked on s).
+  bool Adopt(Family& f, const LtProblem& p, const std::vector<Family*>& chosen, cudaStream_t s);
   // Checks and times the family's candidates on stream s.
   void Choose(Family& f, const LtProblem& p, cudaStream_t s);
   bool Launch(Family& f, const cublasLtMatmulAlgo_t& algo, const LtProblem& p, int m, const void* x,
@@ -97,9 +112,9 @@ class LtGemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Family>> families_;
-  // The families chosen (not adopted), by the key without n, ldd and batch.
-  using ChoiceKey =
-      std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;
+  // The families chosen (not adopted), by what their algorithms depend on:
+  // the element type, k, W's row stride and the operands' alignments.
+  using ChoiceKey = std::tuple<int, int, int64_t, int, int, int>;  // type, k, ldw, alignments
   std::map<ChoiceKey, std::vector<Family*>> chosen_;
 };
 

@@ -92,6 +92,8 @@ class CudaBackend final : public Backend {
     int pools = 0;
     FS_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, gpu_));
     allocator_ = pools ? AllocatorFromEnvironment() : Allocator::kSync;
+    if (allocator_ == Allocator::kPool)
+      FS_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
 #ifndef FAILSAFE_CUDA_EMULATION
     // The kernels wait for the work before them only where compiled for
     // Hopper or later and running on such a GPU: elsewhere a dependent
@@ -158,6 +160,7 @@ class CudaBackend final : public Backend {
     for (cudaStream_t stream : copy_streams_) cudaStreamDestroy(stream);
     cudaStreamDestroy(stream_);
     stream_ = nullptr;
+    if (alloc_stream_) cudaStreamDestroy(alloc_stream_);
   }
 
   std::string name() const override { return "cuda"; }
@@ -172,9 +175,11 @@ class CudaBackend final : public Backend {
   // copies running beside them, and a step buffer that grows for the
   // backup writer's copies. A free is ordered on the compute stream (the
   // memory's last user: the background copies' KV pages are freed only
-  // once nothing copies); an allocation waits for the compute stream to
-  // reach it, so that any stream may use the memory at once, as
-  // cudaMalloc's.
+  // once nothing copies). An allocation is made on a stream of its own,
+  // otherwise idle, and waited for, so that any stream may use the memory
+  // at once, as cudaMalloc's; it waits for the compute stream only where
+  // the pool gives it memory freed there that the stream has not yet
+  // reached.
   enum class Allocator { kPool, kSync };
   static Allocator AllocatorFromEnvironment() {
     const char* v = std::getenv("FAILSAFE_CUDA_ALLOCATOR");
@@ -188,11 +193,11 @@ class CudaBackend final : public Backend {
     void* p = nullptr;
     const size_t n = std::max<size_t>(bytes, 1);
     if (allocator_ == Allocator::kPool) {
-      if (cudaMallocAsync(&p, n, stream_) != cudaSuccess) {
+      if (cudaMallocAsync(&p, n, alloc_stream_) != cudaSuccess) {
         (void)cudaGetLastError();  // not sticky: the device is usable
         throw std::bad_alloc();
       }
-      FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      FS_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
       return p;
     }
     if (cudaMalloc(&p, n) != cudaSuccess) {
@@ -644,10 +649,14 @@ class CudaBackend final : public Backend {
     vmm_owned_.emplace(*p, std::make_pair(VmmMapping{handle, size}, std::move(*share)));
     return PeerMemory{*p, std::string(reinterpret_cast<const char*>(&h), sizeof(h))};
   }
-  void FreePeerMemory(void* p, size_t bytes) override {
+  void FreePeerMemory(void* p, size_t) override {
     auto it = vmm_owned_.find(p);
-    if (it == vmm_owned_.end()) {
-      Free(p, bytes);
+    if (it == vmm_owned_.end()) {  // CUDA IPC's: cudaMalloc's, not the pool's
+      FS_CHECK_MSG(graph_ == Graph::kOff, "peer memory freed inside a graphed step");
+      ForgetGraphs();
+      const cudaError_t e = cudaFree(p);
+      FS_CHECK_MSG(e == cudaSuccess || e == cudaErrorCudartUnloading, "cudaFree: {}",
+                   cudaGetErrorString(e));
       return;
     }
     Synchronize();                  // no kernel of this process reads it any more
@@ -1286,6 +1295,7 @@ class CudaBackend final : public Backend {
   // of its peers'.
   const PeerKind peer_kind_ = PeerKindFromEnvironment();
   Allocator allocator_ = Allocator::kSync;  // Init: the pool where the GPU has one
+  cudaStream_t alloc_stream_ = nullptr;     // the pool's allocations
   bool vmm_loaded_ = false;
   Status vmm_status_;
   Vmm vmm_;

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <csignal>
 #include <cstring>
 #include <string_view>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "engine/pinned_process.h"
 
@@ -107,6 +109,7 @@ Status DeviceProcess::ReadReply(int64_t timeout_ms, Status* reply, std::string* 
 }
 
 void DeviceProcess::Kill() {
+  if (killed_ns_ == 0) killed_ns_ = MonotonicNanos();
   if (pid_ > 0 && !reaped_) ::kill(pid_, SIGKILL);
   if (remote_) remote_->Close();
   channel_.Close();
@@ -117,6 +120,13 @@ bool DeviceProcess::Reap() {
   if (reaped_ || pid_ <= 0) return true;
   if (::waitpid(pid_, nullptr, WNOHANG) == pid_) reaped_ = true;
   return reaped_;
+}
+
+bool DeviceProcess::WaitExit(int64_t timeout_ms) {
+  if (Reap()) return true;
+  pollfd p{pidfd_, POLLIN, 0};
+  ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(timeout_ms, 0, INT_MAX)));
+  return Reap();
 }
 
 }  // namespace failsafe

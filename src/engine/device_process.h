@@ -60,14 +60,20 @@ class DeviceProcess {
   // SIGKILL now and close the channel: nothing from this process is heard
   // again. Reaps it if it already exited.
   void Kill();
+  int64_t killed_ns() const { return killed_ns_; }  // the first Kill's (MonotonicNanos), or 0
   // Reaps the process if it has exited; true once it has.
   bool Reap();
+  // Waits up to timeout_ms for the process to exit, and reaps it; true once
+  // it has. What a killed process holds (a GPU's memory too) is freed only
+  // as it exits.
+  bool WaitExit(int64_t timeout_ms);
 
  private:
   DeviceProcess() = default;
   pid_t pid_ = -1;
   int pidfd_ = -1;
   bool reaped_ = false;
+  int64_t killed_ns_ = 0;
   Channel channel_;
   uint32_t request_seq_ = 0;              // of the last request sent
   std::unique_ptr<RemoteDevice> remote_;  // a device on another host

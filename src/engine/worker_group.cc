@@ -22,6 +22,9 @@ namespace {
 
 // Starting a process and mapping the model.
 constexpr int64_t kStartTimeoutMs = 60000;
+// How long after its kill a fenced process is waited for, at most, before a
+// device rejoins (AwaitKilled).
+constexpr int64_t kKilledExitMs = 10000;
 // Loading a device's whole share from the host copy.
 constexpr int64_t kLoadTimeoutMs = 600000;
 
@@ -391,6 +394,25 @@ void WorkerGroup::MarkDead(const Verdict& v) {
   std::erase_if(killed_, [](const auto& p) { return p->Reap(); });
 }
 
+void WorkerGroup::AwaitKilled(int64_t timeout_ms) {
+  for (const auto& p : killed_) {
+    const int64_t t0 = MonotonicNanos();
+    const int64_t left_ms = (p->killed_ns() + timeout_ms * 1000000 - t0) / 1000000;
+    if (left_ms <= 0 || p->Reap()) continue;  // gone, or given up on before
+    if (!p->WaitExit(left_ms)) {
+      FS_LOG_WARN(
+          "process {}, fenced, has not exited {} ms after its kill; starting the device "
+          "regardless",
+          p->pid(), timeout_ms);
+      continue;
+    }
+    const int64_t waited_ms = (MonotonicNanos() - t0) / 1000000;
+    if (waited_ms > 0)
+      FS_LOG_INFO("waited {} ms for process {}, fenced, to exit", waited_ms, p->pid());
+  }
+  std::erase_if(killed_, [](const auto& p) { return p->Reap(); });
+}
+
 Status WorkerGroup::DeadAmong(const std::vector<int>& devices, const char* during) const {
   std::string list;
   for (int d : devices) {
@@ -555,6 +577,7 @@ Status WorkerGroup::SpawnDevice(int device, bool wait) {
     return OutOfRange("device id {} is out of range [0, {})", device, options_.num_devices);
   }
   if (alive(device)) return InvalidArgument("device {} is alive: it cannot rejoin", device);
+  AwaitKilled(kKilledExitMs);
   const int64_t t0 = MonotonicNanos();
   FS_RETURN_IF_ERROR(Spawn(device, 0, wait));
   for (const DeviceReply& r : Collect({{device}, {DeviceProgress()}, t0}, kStartTimeoutMs))

@@ -203,6 +203,11 @@ class WorkerGroup final : public Executor, public DeviceFaults {
                                    int64_t expected_move_ns = 0);
   // Fences a device: its group aborted, its process killed, its channel closed.
   void MarkDead(const Verdict& verdict);
+  // Waits for the processes fenced before to exit (a replacement needs what
+  // they held: a GPU's memory), each until timeout_ms after it was killed
+  // (one that outlives that is not waited for again), then forgets those
+  // that did.
+  void AwaitKilled(int64_t timeout_ms);
   Status FormGroup(const std::vector<int>& members);
   // kUnavailable naming the listed devices that died, or OK.
   Status DeadAmong(const std::vector<int>& devices, const char* during) const;

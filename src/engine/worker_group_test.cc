@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -413,6 +414,21 @@ TEST(DeviceProcess, SpawnAddsAndReplacesEnvironmentVariables) {
   EXPECT_EQ(count("FAILSAFE_SPAWN_REPLACED=theirs"), 1);
   EXPECT_EQ(count("FAILSAFE_SPAWN_REPLACED=ours"), 0);
   EXPECT_EQ(count("FAILSAFE_SPAWN_ADDED=1"), 1);
+}
+
+// A fenced worker's process is reaped once it has exited, which a rejoin
+// waits for (what it held, a GPU's memory too, is freed only then); a
+// running one is not.
+TEST(DeviceProcess, WaitExitReapsAKilledWorker) {
+  auto p = DeviceProcess::Spawn(Binary(), "warn");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const pid_t pid = (*p)->pid();
+  EXPECT_FALSE((*p)->WaitExit(50));    // it waits for its requests
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);  // hung, as a fenced device may be
+  (*p)->Kill();
+  EXPECT_TRUE((*p)->WaitExit(10000));
+  EXPECT_TRUE((*p)->Reap());
+  EXPECT_NE(::kill(pid, 0), 0);  // reaped: gone
 }
 
 }  // namespace

@@ -146,7 +146,7 @@ double MatmulRate() {
   cuda::FillRandom(w, cuda::WType::kBF16, int64_t{n} * n, 2, s);
   double rate = 0;
   {
-    cuda::LtGemm lt(s);
+    cuda::LtGemm lt(s, /*pools=*/false);
     cuda::LtProblem p;
     p.x = x;
     p.ldx = n;

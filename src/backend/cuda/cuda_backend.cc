@@ -115,7 +115,7 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
     GrowRing(graphs_enabled_ ? kGraphRingBytes : kRingBytes);
-    lt_ = std::make_unique<cuda::LtGemm>(stream_);
+    lt_ = std::make_unique<cuda::LtGemm>(stream_, allocator_ == Allocator::kPool);
     int shared_limit = 0;
     FS_CUDA_CHECK(
         cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu_));

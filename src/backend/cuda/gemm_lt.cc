@@ -23,7 +23,8 @@ namespace {
   } while (0)
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-constexpr int kProbeRows = 1024;  // the reference band's probe
+constexpr int kProbeRows = 1024;      // the reference band's probe
+constexpr int kAdoptProbeRows = 256;  // an adoption's (LtGemm::Adopt)
 constexpr int kSmallProbe = 7;
 constexpr int kCandidates = 16;
 constexpr int kTimedRuns = 3;  // a band's candidates are timed over these, after one warm run
@@ -121,7 +122,7 @@ struct LtGemm::Family {
   }
 };
 
-LtGemm::LtGemm(cudaStream_t stream) : stream_(stream) {
+LtGemm::LtGemm(cudaStream_t stream, bool pools) : stream_(stream), pools_(pools) {
   FS_LT_CHECK(cublasLtCreate(&handle_));
   workspace_bytes_ = kWorkspaceBytes;
   FS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
@@ -204,21 +205,37 @@ LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
   return ref;
 }
 
-LtGemm::Probe LtGemm::MakeProbe(const Family& f, const LtProblem& p, cudaStream_t s) {
-  Probe pr;
-  pr.rows = std::min(kProbeRows, f.max_rows);
+bool LtGemm::MakeProbe(const Family& f, const LtProblem& p, int rows, cudaStream_t s, Probe* pr) {
+  *pr = Probe();
+  pr->rows = std::min(rows, f.max_rows);
+  pr->stream = s;
   const int eb = ElementBytes(p.type);
-  const int64_t x_elems = static_cast<int64_t>(pr.rows) * p.ldx + (p.batch - 1) * p.stride_x + p.k;
-  const int64_t d_elems = static_cast<int64_t>(pr.rows) * p.ldd + (p.batch - 1) * p.stride_d + p.n;
-  FS_CUDA_CHECK(cudaMalloc(&pr.x, x_elems * eb));
-  FS_CUDA_CHECK(cudaMalloc(&pr.ref, d_elems * 4));
-  FS_CUDA_CHECK(cudaMalloc(&pr.cand, d_elems * 4));
-  FS_CUDA_CHECK(cudaMalloc(&pr.mismatches, sizeof(int)));
-  FillRandom(pr.x, p.type == CUDA_R_16BF ? WType::kBF16 : WType::kF16, x_elems, 0x5eed, s);
-  return pr;
+  const int64_t x_elems = static_cast<int64_t>(pr->rows) * p.ldx + (p.batch - 1) * p.stride_x + p.k;
+  const int64_t d_elems = static_cast<int64_t>(pr->rows) * p.ldd + (p.batch - 1) * p.stride_d + p.n;
+  // From the device's pool where the backend allocates from it: cudaFree
+  // would wait for the whole device (a recovery's KV restore beside it),
+  // and the pool's free is ordered on s, which is not being captured.
+  auto get = [&](void** out, size_t bytes) {
+    const cudaError_t e = pools_ ? cudaMallocAsync(out, bytes, s) : cudaMalloc(out, bytes);
+    if (e == cudaSuccess) return true;
+    (void)cudaGetLastError();  // not sticky: the device is usable
+    *out = nullptr;
+    return false;
+  };
+  const bool ok = get(&pr->x, x_elems * eb) &&
+                  get(reinterpret_cast<void**>(&pr->ref), d_elems * 4) &&
+                  get(reinterpret_cast<void**>(&pr->cand), d_elems * 4) &&
+                  get(reinterpret_cast<void**>(&pr->mismatches), sizeof(int));
+  if (!ok) {
+    FreeProbe(*pr);
+    return false;
+  }
+  FillRandom(pr->x, p.type == CUDA_R_16BF ? WType::kBF16 : WType::kF16, x_elems, 0x5eed, s);
+  return true;
 }
 
-int LtGemm::Differs(const Probe& pr, const LtProblem& p, int rows, cudaStream_t s) {
+int LtGemm::Differs(const Probe& pr, const LtProblem& p, int rows) {
+  const cudaStream_t s = pr.stream;
   FS_CUDA_CHECK(cudaMemsetAsync(pr.mismatches, 0, sizeof(int), s));
   CountMismatches(pr.ref, pr.cand, rows, p.n, p.ldd, p.batch, p.stride_d, pr.mismatches, s);
   int host = 0;
@@ -227,19 +244,43 @@ int LtGemm::Differs(const Probe& pr, const LtProblem& p, int rows, cudaStream_t 
   return host;
 }
 
-void LtGemm::FreeProbe(Probe& pr, cudaStream_t s) {
-  FS_CUDA_CHECK(cudaStreamSynchronize(s));
-  // Inside a capture a free may wait for the device, which the capture
-  // refuses: the probes go once it has ended (FreeDeferred).
+void LtGemm::FreeProbe(Probe& pr) {
+  const cudaStream_t s = pr.stream;
   for (void* b : {pr.x, static_cast<void*>(pr.ref), static_cast<void*>(pr.cand),
                   static_cast<void*>(pr.mismatches)}) {
-    if (s == stream_) {
+    if (!b) continue;
+    if (pools_) {
+      FS_CUDA_CHECK(cudaFreeAsync(b, s));
+    } else if (s == stream_) {
+      FS_CUDA_CHECK(cudaStreamSynchronize(s));
       cudaFree(b);
     } else {
+      // Inside a capture a free may wait for the device, which the capture
+      // refuses: the probes go once it has ended (FreeDeferred).
       deferred_frees_.push_back(b);
     }
   }
   pr = Probe();
+}
+
+// The rows a band's candidate is checked at for the reference's bits: the
+// band's ends, the rows beside them, its middle and the powers of two
+// inside it (the row counts where tiles change), up to `cap` rows; none
+// where the band begins past it.
+std::vector<int> LtGemm::CheckedRows(int band, int cap) {
+  const int lo = kBands[band][0], hi = std::min(kBands[band][1], cap);
+  if (lo > hi) return {};
+  std::vector<int> at = {hi, lo};
+  for (int m : {lo + 1, (lo + hi) / 2, hi - 1}) {
+    if (m > lo && m < hi) at.push_back(m);
+  }
+  for (int m = 2; m < hi; m *= 2) {
+    if (m > lo) at.push_back(m);
+  }
+  std::sort(at.begin() + 2, at.end());
+  at.erase(std::unique(at.begin() + 2, at.end()), at.end());
+  at.erase(std::unique(at.begin(), at.end()), at.end());
+  return at;
 }
 
 bool LtGemm::Adopt(Family& f, const LtProblem& p, const std::vector<Family*>& chosen,
@@ -258,17 +299,18 @@ bool LtGemm::Adopt(Family& f, const LtProblem& p, const std::vector<Family*>& ch
   }
   if (!from) return false;
   const std::string whose = fmt::format("n {} batch {}", from->shape.n, from->shape.batch);
-  // The rows each band's algorithm is checked at: its ends, within the
-  // probe (a batched family's rows end before the last bands begin: they
-  // are checked at its last row, since Run falls back to the reference).
+  // cuBLASLt must take each band's algorithm at the band's ends for this
+  // shape (its reference at the family's last row too, where a batched
+  // family's rows end before the last band begins: Run falls back to it).
   const int cap = std::min(kProbeRows, f.max_rows);
-  auto rows_of = [&](int b) {
-    const int lo = std::min(kBands[b][0], cap), hi = std::min(kBands[b][1], cap);
-    return std::array<int, 2>{lo, hi};
-  };
-  // cuBLASLt must take each band's algorithm at those rows for this shape.
   for (int b = 0; b < kNumBands; ++b) {
-    for (int m : rows_of(b)) {
+    std::vector<int> ends;
+    if (kBands[b][0] <= cap) {
+      ends = {kBands[b][0], std::min(kBands[b][1], cap)};
+    } else if (b == kNumBands - 1) {
+      ends = {cap};
+    }
+    for (int m : ends) {
       const auto& l = f.For(m);
       cublasLtMatmulHeuristicResult_t result{};
       if (cublasLtMatmulAlgoCheck(handle_, f.op, f.a, l.b, l.c, l.c, &from->bands[b].algo,
@@ -280,21 +322,29 @@ bool LtGemm::Adopt(Family& f, const LtProblem& p, const std::vector<Family*>& ch
       }
     }
   }
-  // And give a row the same bits at those rows as the reference at the
-  // probe's (and it at kSmallProbe rows), on this family's weights: a dozen
-  // launches, where a choice is hundreds.
-  Probe pr = MakeProbe(f, p, s);
+  // And give a row the reference's bits where a choice checks them, up to
+  // kAdoptProbeRows (the reference there and at kSmallProbe rows), on this
+  // family's own weights: tens of launches, where a choice is hundreds, and
+  // probes a quarter of a choice's size (a recovery's device has little
+  // memory to spare: without it the family chooses its own).
+  Probe pr;
+  if (!MakeProbe(f, p, kAdoptProbeRows, s, &pr)) {
+    FS_LOG_WARN("cuBLASLt n {} k {} batch {}: no device memory to check {}'s algorithms", f.shape.n,
+                f.shape.k, f.shape.batch, whose);
+    return false;
+  }
   const cublasLtMatmulAlgo_t& reference = from->bands[kNumBands - 1].algo;
+  const int small = std::min(kSmallProbe, pr.rows);
   bool keeps = Launch(f, reference, p, pr.rows, pr.x, pr.ref, false, s) &&
-               Launch(f, reference, p, std::min(kSmallProbe, pr.rows), pr.x, pr.cand, false, s) &&
-               Differs(pr, p, std::min(kSmallProbe, pr.rows), s) == 0;
+               Launch(f, reference, p, small, pr.x, pr.cand, false, s) &&
+               Differs(pr, p, small) == 0;
   for (int b = 0; keeps && b < kNumBands - 1; ++b) {
-    for (int m : rows_of(b)) {
+    for (int m : CheckedRows(b, pr.rows)) {
       keeps = keeps && Launch(f, from->bands[b].algo, p, m, pr.x, pr.cand, false, s) &&
-              Differs(pr, p, m, s) == 0;
+              Differs(pr, p, m) == 0;
     }
   }
-  FreeProbe(pr, s);
+  FreeProbe(pr);
   if (!keeps) {
     FS_LOG_WARN("cuBLASLt n {} k {} batch {}: {}'s algorithms do not keep a row's bits here",
                 f.shape.n, f.shape.k, f.shape.batch, whose);
@@ -354,9 +404,13 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
 
   // Probe buffers: random activations laid out as the family's, and two
   // outputs.
-  Probe pr = MakeProbe(f, p, s);
+  Probe pr;
+  FS_CHECK_MSG(MakeProbe(f, p, kProbeRows, s, &pr),
+               "no device memory to choose cuBLASLt's algorithms for n {} k {} batch {}", p.n, p.k,
+               p.batch);
   const int probe = pr.rows;
-  auto differs = [&](int rows) { return Differs(pr, p, rows, s); };
+  const int small = std::min(kSmallProbe, probe);
+  auto differs = [&](int rows) { return Differs(pr, p, rows); };
 
   // The reference: a row's bits the same at kSmallProbe rows as at `probe`.
   Family::Band& last = f.bands[kNumBands - 1];
@@ -364,8 +418,8 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   bool found = false;
   for (const auto& algo : refs) {
     if (!Launch(f, algo, p, probe, pr.x, pr.ref, false, s)) continue;
-    if (!Launch(f, algo, p, kSmallProbe, pr.x, pr.cand, false, s)) continue;
-    if (differs(kSmallProbe) == 0) {
+    if (!Launch(f, algo, p, small, pr.x, pr.cand, false, s)) continue;
+    if (differs(small) == 0) {
       last.algo = algo;
       last.how = "reference, checked";
       found = true;
@@ -410,19 +464,10 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
     double best = seconds(last.algo, lo);
     int checked = 0;
     bool own = false;
-    // Where a candidate must give the reference's bits: the band's ends,
-    // the rows beside them, its middle and the powers of two inside it (the
-    // row counts where tiles change), so that the fastest is as m-invariant
-    // as the first that passed, whichever a process finds fastest.
-    std::vector<int> at = {hi, lo};
-    for (int m : {lo + 1, (lo + hi) / 2, hi - 1}) {
-      if (m > lo && m < hi) at.push_back(m);
-    }
-    for (int m = 2; m < hi; m *= 2) {
-      if (m > lo) at.push_back(m);
-    }
-    std::sort(at.begin() + 2, at.end());
-    at.erase(std::unique(at.begin() + 2, at.end()), at.end());
+    // Where a candidate must give the reference's bits (CheckedRows), so
+    // that the fastest is as m-invariant as the first that passed,
+    // whichever a process finds fastest.
+    const std::vector<int> at = CheckedRows(b, probe);
     for (const auto& algo : candidates(hi)) {
       bool keeps = true;
       for (int m : at) {
@@ -444,7 +489,7 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  FreeProbe(pr, s);
+  FreeProbe(pr);
   cublasLtMatmulPreferenceDestroy(pref);
 }
 

@@ -60,7 +60,9 @@ struct LtProblem {
 
 class LtGemm {
  public:
-  explicit LtGemm(cudaStream_t stream);
+  // pools: probe buffers from the device's stream-ordered pool (else
+  // cudaMalloc's, whose free waits for the whole device).
+  LtGemm(cudaStream_t stream, bool pools);
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -78,19 +80,22 @@ class LtGemm {
                          int, int, int>;
   Family& FamilyOf(const LtProblem& p);
   // Random activations laid out as a family's, and two outputs (of the
-  // reference, of a candidate), on stream s.
+  // reference, of a candidate), for up to `rows` rows, on stream s: false
+  // (nothing held) where the device has no memory for them.
   struct Probe {
     void* x = nullptr;
     float* ref = nullptr;
     float* cand = nullptr;
     int* mismatches = nullptr;
     int rows = 0;
+    cudaStream_t stream = nullptr;
   };
-  Probe MakeProbe(const Family& f, const LtProblem& p, cudaStream_t s);
+  bool MakeProbe(const Family& f, const LtProblem& p, int rows, cudaStream_t s, Probe* pr);
   // Elements of the first `rows` rows where the candidate's output differs
-  // from the reference's (waits for s).
-  int Differs(const Probe& pr, const LtProblem& p, int rows, cudaStream_t s);
-  void FreeProbe(Probe& pr, cudaStream_t s);
+  // from the reference's (waits for the probe's stream).
+  int Differs(const Probe& pr, const LtProblem& p, int rows);
+  void FreeProbe(Probe& pr);
+  static std::vector<int> CheckedRows(int band, int cap);
   // Gives f the algorithms of the chosen family of its choice key nearest
   // its width, if within kAdoptRatio of it, cuBLASLt takes them for f's
   // shape, and they keep a row's bits on f's weights (checked on s).
@@ -103,6 +108,7 @@ class LtGemm {
   void FreeDeferred();
 
   cudaStream_t stream_;
+  bool pools_;
   // Where a family first met while stream_ is being captured is chosen
   // (made at the first such).
   cudaStream_t choose_stream_ = nullptr;

@@ -293,9 +293,11 @@ run_stage() {
     env)
       stage env 150 scripts/gpu/env.sh "$bin" "$packed" "$libpath" "$cublas" $stories
       # Every stage leans on the device memory pool (not yet run on a GPU
-      # when it was written): where the engine runs only without it, the
-      # run goes on without it (and fails, with env's FAIL in the summary).
-      if [[ ${results[-1]} != PASS* && -z ${FAILSAFE_CUDA_ALLOCATOR:-} ]]; then
+      # when it was written): where the engine ran no model, and runs one
+      # without the pool, the run goes on without it (and fails, with env's
+      # FAIL in the summary).
+      if [[ ${results[-1]} == FAIL* && -z ${FAILSAFE_CUDA_ALLOCATOR:-} ]] &&
+        grep -q "^env: the engine did not run" "$logs/env.log"; then
         export FAILSAFE_CUDA_ALLOCATOR=sync
         stage env-allocator-sync 150 scripts/gpu/env.sh "$bin" "$packed" "$libpath" "$cublas" \
           $stories

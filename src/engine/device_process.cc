@@ -123,10 +123,15 @@ bool DeviceProcess::Reap() {
 }
 
 bool DeviceProcess::WaitExit(int64_t timeout_ms) {
-  if (Reap()) return true;
-  pollfd p{pidfd_, POLLIN, 0};
-  ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(timeout_ms, 0, INT_MAX)));
-  return Reap();
+  const int64_t deadline = MonotonicNanos() + timeout_ms * 1000000;
+  while (!Reap()) {
+    const int64_t left_ms = (deadline - MonotonicNanos()) / 1000000;
+    if (left_ms <= 0) return false;
+    pollfd p{pidfd_, POLLIN, 0};
+    // A signal (the server's SIGTERM handler) ends a poll early: wait on.
+    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, INT_MAX))) > 0) return Reap();
+  }
+  return true;
 }
 
 }  // namespace failsafe

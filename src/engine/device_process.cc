@@ -81,9 +81,7 @@ DeviceProcess::~DeviceProcess() {
     ::kill(pid_, SIGKILL);
     // A killed process exits at once unless it sleeps in the kernel; do not
     // wait long for one that does (init reaps it when we exit).
-    pollfd p{pidfd_, POLLIN, 0};
-    ::poll(&p, 1, 1000);
-    Reap();
+    WaitExit(1000);
   }
   if (pidfd_ >= 0) ::close(pidfd_);
 }

@@ -398,7 +398,7 @@ void WorkerGroup::AwaitKilled(int64_t timeout_ms) {
   for (const auto& p : killed_) {
     const int64_t t0 = MonotonicNanos();
     const int64_t left_ms = (p->killed_ns() + timeout_ms * 1000000 - t0) / 1000000;
-    if (left_ms <= 0 || p->Reap()) continue;  // gone, or given up on before
+    if (left_ms <= 0) continue;  // given up on before
     if (!p->WaitExit(left_ms)) {
       FS_LOG_WARN(
           "process {}, fenced, has not exited {} ms after its kill; starting the device "

@@ -246,13 +246,13 @@ int LtGemm::Differs(const Probe& pr, const LtProblem& p, int rows) {
 
 void LtGemm::FreeProbe(Probe& pr) {
   const cudaStream_t s = pr.stream;
+  if (!pools_ && s == stream_) FS_CUDA_CHECK(cudaStreamSynchronize(s));
   for (void* b : {pr.x, static_cast<void*>(pr.ref), static_cast<void*>(pr.cand),
                   static_cast<void*>(pr.mismatches)}) {
     if (!b) continue;
     if (pools_) {
       FS_CUDA_CHECK(cudaFreeAsync(b, s));
     } else if (s == stream_) {
-      FS_CUDA_CHECK(cudaStreamSynchronize(s));
       cudaFree(b);
     } else {
       // Inside a capture a free may wait for the device, which the capture

@@ -19,12 +19,11 @@
 // A family that differs from one already chosen only in its width (n, its
 // batch count, and the strides that go with them) by at most half takes
 // that one's algorithms, where cuBLASLt accepts them for its shape and
-// they keep a row's bits on its weights (a dozen launches): a recovery's
-// survivors gain a few shards, so each meets products a little wider than
-// before, and a choice (hundreds of launches, each waited for) inside the
-// first step after it would cost the recovery tenths of a second. An
-// algorithm gives a column the same bits whatever the width (as every
-// placement's devices, which cut the weights at other widths, rely on).
+// they give a row the reference's bits on its own weights at the rows a
+// choice checks (tens of launches): a recovery's survivors gain a few
+// shards, so each meets products a little wider than before, and a choice
+// (hundreds of launches, each waited for) inside the first step after it
+// would cost the recovery tenths of a second.
 //
 // Thread-safety: one thread (the backend's).
 #pragma once

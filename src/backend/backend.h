@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -551,6 +552,11 @@ struct CudaBackendOptions {
   // Kernels launched with programmatic dependent launch (kernels.h:
   // SetDependentLaunch): each may start while the one before it finishes.
   bool dependent_launch = false;
+  // Called now and then while the backend does long work of its own inside
+  // a call (checking and timing the algorithms of a product it meets first):
+  // a sign of life for whoever watches the device for hangs, since such a
+  // call may run far longer than a step's kernels. Unset: nobody is told.
+  std::function<void()> busy;
 };
 
 // The CUDA backend (backend/cuda): bf16, f16 and f32 weights, cuBLASLt

@@ -223,6 +223,10 @@ class Worker {
       o.graphs = init.gpu_graphs != 0;
       o.dependent_launch = init.gpu_dependent_launch != 0;
       o.attention = static_cast<GpuAttention>(init.gpu_attention);
+      // Choosing a product's algorithms inside a step may keep the device
+      // from its next collective for longer than a hang's deadline: each
+      // of its waits is a sign of life (a GPU that hangs never returns).
+      o.busy = [slot = progress_slot_] { DeviceProgressRegion::Moved(slot); };
       FS_ASSIGN_OR_RETURN(backend_, MakeCudaBackend(o));
     } else {
       backend_ = MakeCpuBackend(init.threads);

@@ -68,7 +68,8 @@ class CudaBackend final : public Backend {
         gemm_(o.gemm),
         graphs_enabled_(o.graphs),
         attention_(o.attention),
-        dependent_launch_(o.dependent_launch) {}
+        dependent_launch_(o.dependent_launch),
+        busy_(o.busy) {}
 
   Status Init() {
     int count = 0;
@@ -115,7 +116,7 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
     GrowRing(graphs_enabled_ ? kGraphRingBytes : kRingBytes);
-    lt_ = std::make_unique<cuda::LtGemm>(stream_, allocator_ == Allocator::kPool);
+    lt_ = std::make_unique<cuda::LtGemm>(stream_, allocator_ == Allocator::kPool, busy_);
     int shared_limit = 0;
     FS_CUDA_CHECK(
         cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu_));
@@ -125,7 +126,7 @@ class CudaBackend final : public Backend {
     constexpr int kTuneRows = INT_MAX;
 #endif
     fixed_ = std::make_unique<cuda::FixedGemm>(sms_, static_cast<size_t>(shared_limit), stream_,
-                                               kTuneRows);
+                                               kTuneRows, busy_);
     return Status::Ok();
   }
 
@@ -1279,6 +1280,7 @@ class CudaBackend final : public Backend {
   const bool graphs_enabled_;
   const GpuAttention attention_;
   bool dependent_launch_;
+  const std::function<void()> busy_;  // CudaBackendOptions::busy
   Graph graph_ = Graph::kOff;
   std::unordered_set<uint64_t> seen_;
   std::unordered_map<uint64_t, StepGraph> graphs_;

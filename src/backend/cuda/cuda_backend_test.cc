@@ -406,12 +406,19 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
     EXPECT_GE(ran, sh.item_k <= 128 ? cuda::FixedItemsVariants() : 4);
     // Chosen by timing, for A of either type: the same bits, and the
     // band's choice reported.
-    cuda::FixedGemm tuned(sms, static_cast<size_t>(shared_limit), s, 4);
+    // Each timing's wait is a sign of life (a device process's progress).
+    int signs = 0;
+    cuda::FixedGemm tuned(sms, static_cast<size_t>(shared_limit), s, 4, [&signs] { ++signs; });
     cuda::FixedItems g32 = g;
     g32.a = nullptr;
     g32.a32 = static_cast<const float*>(a32);
     EXPECT_EQ(run([&] { tuned.Run(g, true); }), want);
+    const int fit16 =
+        static_cast<int>(cuda::FixedGemm::Candidates(cuda::FixedGemm::BandOf(sh.m), false).size());
+    EXPECT_GE(signs, 1);
+    EXPECT_LE(signs, fit16);
     EXPECT_EQ(run([&] { tuned.Run(g32, true); }), want);
+    const int chosen_signs = signs;
     const std::vector<std::string> report = tuned.Report();
     ASSERT_EQ(report.size(), 2u);
     for (const std::string& line : report) {
@@ -429,11 +436,19 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
     cuda::FixedItems near = g, far = g;
     near.items = sh.items - 1;
     far.items = 1;
-    for (const cuda::FixedItems& other : {near, far}) {
+    for (const cuda::FixedItems* o : {&near, &far}) {
+      const cuda::FixedItems& other = *o;
       const auto other_want = run(
           [&] { cuda::FixedItemsGemm(other, cuda::FixedItemsDefault(other.m, false), sms, s); });
+      const int before = signs;
       EXPECT_EQ(run([&] { tuned.Run(other, true); }), other_want);
+      if (o == &near) {
+        EXPECT_EQ(signs, before);  // adopted: nothing timed, nothing waited for
+      } else {
+        EXPECT_GT(signs, before);
+      }
     }
+    EXPECT_GT(signs, chosen_signs);
     const std::vector<std::string> grown = tuned.Report();
     ASSERT_EQ(grown.size(), 4u);
     int adopted = 0, timed = 0;
@@ -1147,6 +1162,40 @@ TEST(CudaBackend, AProductFirstMetInACapturedStepIsChosenOutsideIt) {
       EXPECT_TRUE(SameBits(gb.yb.Read(graphs), pb.yb.Read(plain))) << "round " << round;
     }
   }
+}
+
+// Choosing a product's algorithms, inside the call that first meets it,
+// tells the backend's watcher it is alive at each of its waits (a device
+// process's progress, which a hang's deadline reads); a product already
+// chosen runs without a word.
+TEST(CudaBackend, ChoosingAProductShowsSignsOfLife) {
+  REQUIRE_GPU();
+#ifdef FAILSAFE_CUDA_EMULATION
+  GTEST_SKIP() << "emulated cuBLASLt offers no algorithm: nothing to choose (the fixed-point "
+                  "kernels' timings: CudaFixedItems.EveryVariantGivesTheSameBits)";
+#endif
+  std::atomic<int> signs{0};
+  CudaBackendOptions o;
+  o.gemm = GpuGemm::kLt;
+  o.busy = [&signs] { signs.fetch_add(1); };
+  auto made = MakeCudaBackend(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Backend* be = made->get();
+  const int rows = 5, k = 96, n = 80;
+  OnDevice<float> x(be, Random(static_cast<size_t>(rows) * k, 51));
+  OnDevice<unsigned char> w(
+      be, WeightBytes(Random(static_cast<size_t>(n) * k, 52, 0.1f), DType::kBF16));
+  OnDevice<float> y(be, static_cast<size_t>(rows) * n);
+  be->LinearNT(x.get(), k, WeightsRef(w.get(), DType::kBF16), y.get(), n, rows, n, k, false);
+  be->Synchronize();
+  const int first = signs.load();
+  // Hundreds of launches checked and timed: a sign after each wait.
+  EXPECT_GE(first, 8);
+  for (int m : {1, rows, 3}) {
+    be->LinearNT(x.get(), k, WeightsRef(w.get(), DType::kBF16), y.get(), n, m, n, k, false);
+  }
+  be->Synchronize();
+  EXPECT_EQ(signs.load(), first);
 }
 
 TEST(CudaBackend, BackgroundCopiesFromAnotherThread) {

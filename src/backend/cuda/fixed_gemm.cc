@@ -73,8 +73,13 @@ std::vector<int> FixedGemm::Candidates(int band, bool a32) {
   return out;
 }
 
-FixedGemm::FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows)
-    : sms_(sms), shared_limit_(shared_limit), stream_(stream), tune_rows_(tune_rows) {
+FixedGemm::FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows,
+                     std::function<void()> busy)
+    : sms_(sms),
+      shared_limit_(shared_limit),
+      stream_(stream),
+      tune_rows_(tune_rows),
+      busy_(std::move(busy)) {
   if (const char* forced = std::getenv("FAILSAFE_FIXED_GEMM"); forced && *forced) {
     forced_ = VariantNamed(forced);
     std::string known;
@@ -202,6 +207,7 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
     for (int r = 0; r < kTimedRuns; ++r) FixedItemsGemm(t, v, sms_, stream_);
     FS_CUDA_CHECK(cudaEventRecord(stop, stream_));
     FS_CUDA_CHECK(cudaEventSynchronize(stop));
+    if (busy_) busy_();
     float ms = 0;
     FS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     const double s = ms * 1e-3 / kTimedRuns;

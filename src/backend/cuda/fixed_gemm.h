@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -39,8 +40,10 @@ class FixedGemm {
   static constexpr int kBands = 4;
   // sms: the GPU's multiprocessors; shared_limit: the dynamic shared memory
   // a block may be given; tune_rows: the most rows a timing runs (INT_MAX:
-  // the band's); 0: drawn, not timed.
-  FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows);
+  // the band's); 0: drawn, not timed; busy: called after each timing's wait
+  // (a sign of life; may be empty).
+  FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows,
+            std::function<void()> busy = {});
 
   // acc += the items' fixed-point products. may_time: false while a graph
   // is being captured (nothing may wait for the device).
@@ -82,6 +85,7 @@ class FixedGemm {
   size_t shared_limit_;
   cudaStream_t stream_;
   int tune_rows_;
+  std::function<void()> busy_;
   int forced_ = -1;
   std::map<Key, Family> families_;
 };

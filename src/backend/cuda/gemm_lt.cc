@@ -122,7 +122,8 @@ struct LtGemm::Family {
   }
 };
 
-LtGemm::LtGemm(cudaStream_t stream, bool pools) : stream_(stream), pools_(pools) {
+LtGemm::LtGemm(cudaStream_t stream, bool pools, std::function<void()> busy)
+    : stream_(stream), pools_(pools), busy_(std::move(busy)) {
   FS_LT_CHECK(cublasLtCreate(&handle_));
   workspace_bytes_ = kWorkspaceBytes;
   FS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
@@ -241,6 +242,7 @@ int LtGemm::Differs(const Probe& pr, const LtProblem& p, int rows) {
   int host = 0;
   FS_CUDA_CHECK(cudaMemcpyAsync(&host, pr.mismatches, sizeof(int), cudaMemcpyDeviceToHost, s));
   FS_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (busy_) busy_();
   return host;
 }
 
@@ -402,19 +404,33 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
     return out;
   };
 
+  // The reference's candidates, at the probe's rows (MakeProbe's).
+  const int probe = std::min(kProbeRows, f.max_rows);
+  const std::vector<cublasLtMatmulAlgo_t> refs = candidates(probe);
+  const int small = std::min(kSmallProbe, probe);
+  auto unusable = [&] {
+    f.usable = false;
+    FS_LOG_WARN(
+        "cuBLASLt keeps no row's bits for n {} k {} batch {}: the engine's own kernels "
+        "take these products",
+        p.n, p.k, p.batch);
+  };
+  if (refs.empty()) {  // nothing offered: nothing to check, no probes
+    unusable();
+    cublasLtMatmulPreferenceDestroy(pref);
+    return;
+  }
+
   // Probe buffers: random activations laid out as the family's, and two
   // outputs.
   Probe pr;
-  FS_CHECK_MSG(MakeProbe(f, p, kProbeRows, s, &pr),
+  FS_CHECK_MSG(MakeProbe(f, p, probe, s, &pr),
                "no device memory to choose cuBLASLt's algorithms for n {} k {} batch {}", p.n, p.k,
                p.batch);
-  const int probe = pr.rows;
-  const int small = std::min(kSmallProbe, probe);
   auto differs = [&](int rows) { return Differs(pr, p, rows); };
 
   // The reference: a row's bits the same at kSmallProbe rows as at `probe`.
   Family::Band& last = f.bands[kNumBands - 1];
-  std::vector<cublasLtMatmulAlgo_t> refs = candidates(probe);
   bool found = false;
   for (const auto& algo : refs) {
     if (!Launch(f, algo, p, probe, pr.x, pr.ref, false, s)) continue;
@@ -430,12 +446,7 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   // (the caller takes its own kernels: other bits than cuBLASLt's, which a
   // placement that cuts this weight otherwise may not share).
   f.usable = found;
-  if (!found) {
-    FS_LOG_WARN(
-        "cuBLASLt keeps no row's bits for n {} k {} batch {}: the engine's own kernels "
-        "take these products",
-        p.n, p.k, p.batch);
-  }
+  if (!found) unusable();
   // A band's own: of the candidates that give the reference's bits at its
   // smallest and largest m, the fastest at its smallest (decode's one row
   // reads the whole weight: an algorithm whose tiles leave most
@@ -451,6 +462,7 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
     }
     FS_CUDA_CHECK(cudaEventRecord(stop, s));
     FS_CUDA_CHECK(cudaEventSynchronize(stop));
+    if (busy_) busy_();
     float ms = 0;
     FS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     return ms * 1e-3 / kTimedRuns;

@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,8 +61,9 @@ struct LtProblem {
 class LtGemm {
  public:
   // pools: probe buffers from the device's stream-ordered pool (else
-  // cudaMalloc's, whose free waits for the whole device).
-  LtGemm(cudaStream_t stream, bool pools);
+  // cudaMalloc's, whose free waits for the whole device). busy: called
+  // after each wait of a choice (a sign of life; may be empty).
+  LtGemm(cudaStream_t stream, bool pools, std::function<void()> busy = {});
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -108,6 +110,7 @@ class LtGemm {
 
   cudaStream_t stream_;
   bool pools_;
+  std::function<void()> busy_;
   // Where a family first met while stream_ is being captured is chosen
   // (made at the first such).
   cudaStream_t choose_stream_ = nullptr;

@@ -44,6 +44,7 @@ failures = 0
 ATTENTION = "cores"  # --gpu-attention of every GPU run (--attention)
 PEER = []  # ["--peer-collectives"] with --peer: all-reduces from the devices' own memory
 LIBRARY = None  # --library: "distinct" or "apart"
+TIMEOUT = []  # ["--step-timeout-floor", T] with --step-timeout-floor
 
 
 def report(ok, what):
@@ -62,7 +63,8 @@ def run(cmd, timeout=150):
 
 def gpu_args(devices, gemm):
     gpus = [str(i) for i in range(devices)] if LIBRARY == "distinct" else ["0"] * devices
-    return ["--gpus", ",".join(gpus), "--gpu-gemm", gemm, "--gpu-attention", ATTENTION, *PEER]
+    return ["--gpus", ",".join(gpus), "--gpu-gemm", gemm, "--gpu-attention", ATTENTION, *PEER,
+            *TIMEOUT]
 
 
 def generate(fs, model, devices, placement, extra, tokens=61):
@@ -293,8 +295,15 @@ def main():
     ap.add_argument("--library", choices=["distinct", "apart"],
                     help="every GPU run's all-reduces through the device library (NCCL): each "
                     "device on a GPU of its own, or all on GPU 0 as hosts apart")
+    ap.add_argument("--step-timeout-floor",
+                    help="every GPU run's --step-timeout-floor (the emulated GPU: its kernels "
+                    "run on the CPU, 7 device processes on a few cores, and a first step's "
+                    "one-off work may keep a device from its next collective for longer than "
+                    "the default floor, which is set for real GPUs; these checks are of bits, "
+                    "not of the hang detector)")
     args = ap.parse_args()
-    global ATTENTION, PEER, LIBRARY
+    global ATTENTION, PEER, LIBRARY, TIMEOUT
+    TIMEOUT = ["--step-timeout-floor", args.step_timeout_floor] if args.step_timeout_floor else []
     ATTENTION = args.attention
     PEER = ["--peer-collectives"] if args.peer or args.library else []
     LIBRARY = args.library

@@ -290,6 +290,19 @@ Status RemoteDevice::Receive(uint32_t type, const std::string& body) {
       // them), if it said.
       if (const uint64_t alias = r.Get<uint64_t>(); r.ok())
         slot->alias.store(alias, std::memory_order_release);
+      // Its latest move of any kind, as long ago as it said, where later
+      // than any heard: a sign of life that changes no counter (its backup
+      // writer's, a long choice's) keeps it from being taken for a hung
+      // device. (The frame's time on its way makes the move look that much
+      // newer, as a counter's change is dated when heard; never later than
+      // now.)
+      if (const int64_t ago = r.Get<int64_t>(); r.ok() && ago >= 0 && ago <= now) {
+        const int64_t at = now - ago;
+        int64_t seen = slot->last_move_ns.load(std::memory_order_acquire);
+        while (at > seen && !slot->last_move_ns.compare_exchange_weak(
+                                seen, at, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        }
+      }
       // Clocks of other hosts are not this one's: a move is dated when heard.
       if (p.requests != last_heard_progress_.requests ||
           p.entered != last_heard_progress_.entered || p.left != last_heard_progress_.left) {

@@ -16,12 +16,15 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include "comm/shm_region.h"
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/scratch_dir.h"
+#include "common/wire.h"
 #include "engine/cluster_listener.h"
 #include "engine/engine.h"
 #include "engine/offline_run.h"
@@ -452,6 +455,82 @@ TEST(Remote, ClosingALinkMidFrameStopsItAtOnce) {
     Message m;
     EXPECT_FALSE(coordinator.Receive(&m, 100).ok());
   }
+}
+
+// A remote device's heartbeat says how long ago it last moved in any way:
+// a sign of life that changes no counter (its backup writer draining, a
+// GPU choosing a product's algorithms) dates its move in the coordinator's
+// progress slot, as a local device's own writes do, and never moves it
+// back; a heartbeat that does not say leaves it alone.
+TEST(Remote, HeartbeatsCarryMovesThatCountNothing) {
+  ClusterWelcome welcome = Welcome();
+  welcome.link_timeout_ms = 120000;
+  auto pair = Channel::Pair();
+  ASSERT_TRUE(pair.ok());
+  Channel worker = std::move(pair->second);
+  auto remote = RemoteDevice::Start(std::move(pair->first), 0, welcome, "test", "10.0.0.9");
+  ASSERT_TRUE(remote.ok());
+  Channel coordinator = (*remote)->TakeLocalEnd();
+  auto logits = ShmRegion::Create("remote-test-logits", 4096);
+  auto progress = DeviceProgressRegion::Create(1);
+  ASSERT_TRUE(logits.ok() && progress.ok());
+  ASSERT_TRUE(coordinator
+                  .Send(static_cast<uint32_t>(WorkerOp::kInit) | (1u << 8), "init",
+                        {logits->fd(), progress->fd()})
+                  .ok());
+  // The init forwarded (past the proxy's own heartbeats): it has mapped the
+  // regions.
+  bool forwarded = false;
+  for (const int64_t until = MonotonicNanos() + int64_t{20} * 1000000000;
+       !forwarded && MonotonicNanos() < until;) {
+    Message m;
+    ASSERT_TRUE(worker.Receive(&m, 20000).ok());
+    forwarded = m.type == static_cast<uint32_t>(LinkOp::kRequest);
+  }
+  ASSERT_TRUE(forwarded);
+  DeviceProgressSlot* slot = progress->slot(0);
+  // requests, entered, left (unchanged), no echo, no loss, no alias, then
+  // how long ago it moved (absent: an older worker's heartbeat).
+  auto heartbeat = [&](std::optional<int64_t> moved_ago_ns) {
+    WireWriter w;
+    w.Put<uint64_t>(0);
+    w.Put<uint64_t>(0);
+    w.Put<uint64_t>(0);
+    w.Put<int64_t>(0);
+    w.Put<int64_t>(0);
+    w.Put<uint32_t>(0);
+    w.Put<uint64_t>(0);
+    if (moved_ago_ns) w.Put<int64_t>(*moved_ago_ns);
+    ASSERT_TRUE(
+        worker.Send(static_cast<uint32_t>(LinkOp::kHeartbeat), LinkFrame(welcome.epoch, w.data()))
+            .ok());
+  };
+  // Heard once the proxy has read the frame: until then the slot is as it was.
+  auto heard = [&](int64_t before_ns) {
+    const int64_t until = MonotonicNanos() + int64_t{20} * 1000000000;
+    while (slot->heard_ns.load() <= before_ns && MonotonicNanos() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return slot->heard_ns.load() > before_ns;
+  };
+  int64_t t = MonotonicNanos();
+  heartbeat(std::nullopt);
+  ASSERT_TRUE(heard(t));
+  EXPECT_EQ(slot->last_move_ns.load(), 0);
+  t = MonotonicNanos();
+  heartbeat(int64_t{30} * 1000000);  // moved 30 ms ago
+  ASSERT_TRUE(heard(t));
+  const int64_t moved = slot->last_move_ns.load();
+  EXPECT_LE(moved, MonotonicNanos() - int64_t{30} * 1000000);
+  EXPECT_GE(moved, t - int64_t{30} * 1000000);
+  t = MonotonicNanos();
+  heartbeat(int64_t{1000} * 1000000000);  // an older move: not back
+  ASSERT_TRUE(heard(t));
+  EXPECT_EQ(slot->last_move_ns.load(), moved);
+  t = MonotonicNanos();
+  heartbeat(-1);  // never moved
+  ASSERT_TRUE(heard(t));
+  EXPECT_EQ(slot->last_move_ns.load(), moved);
+  (*remote)->Close();
 }
 
 // A worker does not prove itself to (or take requests from) a coordinator

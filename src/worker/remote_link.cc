@@ -245,6 +245,7 @@ void RemoteWorkerLink::HeartbeatLoop() {
     int64_t echo = 0, held = 0;
     std::vector<std::pair<uint64_t, int64_t>> loss;  // (host, how long ago)
     uint64_t alias = 0;
+    int64_t moved_ns = 0;
     const int64_t now = MonotonicNanos();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -254,6 +255,7 @@ void RemoteWorkerLink::HeartbeatLoop() {
         p.left = progress_->left.load(std::memory_order_acquire);
         // The peers its connections lost frames to within the window.
         alias = progress_->alias.load(std::memory_order_acquire);
+        moved_ns = progress_->last_move_ns.load(std::memory_order_acquire);
         for (const LossPeer& l : DeviceProgressRegion::ReadLoss(*progress_)) {
           if (l.host != 0 && now - l.last_ns < kLossHeardNs)
             loss.push_back({l.host, std::max<int64_t>(0, now - l.last_ns)});
@@ -280,6 +282,10 @@ void RemoteWorkerLink::HeartbeatLoop() {
       w.Put(ago);
     }
     w.Put(alias);
+    // How long ago it last moved in any way: a request or a collective, or
+    // a sign of life that counts nothing (its backup writer's copies, a
+    // GPU's long choice of a product's algorithms); -1: never.
+    w.Put<int64_t>(moved_ns > 0 ? std::max<int64_t>(0, MonotonicNanos() - moved_ns) : -1);
     // A send that fails means the coordinator is gone; the reader sees it.
     (void)Send(LinkOp::kHeartbeat, w.data());
   }

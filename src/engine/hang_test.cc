@@ -316,6 +316,7 @@ std::vector<std::vector<int32_t>> FaultFreeTokens(const std::vector<RequestSpec>
 // 20 ms) is slow, not hung: it is measured as slow, far more often than its
 // peers, and the outputs are unchanged.
 TEST(SlowDevice, AThrottledDeviceIsMeasuredAsSlow) {
+  MeasuringLock measuring;  // no other test's devices measured beside these
   const auto reqs = Requests(8, 150, 17);
   const auto want = FaultFreeTokens(reqs);
   ASSERT_FALSE(want.empty());
@@ -357,6 +358,7 @@ TEST(SlowDevice, AThrottledDeviceIsMeasuredAsSlow) {
 // plan change between steps, after which every request goes on with the
 // tokens of the even plan and none gets more tokens than it asked for.
 TEST(SlowDevice, RebalancingKeepsTheOutputs) {
+  MeasuringLock measuring;  // no other test's devices measured beside these
   const auto reqs = Requests(8, 150, 17);
   const auto want = FaultFreeTokens(reqs);
   ASSERT_FALSE(want.empty());
@@ -385,6 +387,7 @@ TEST(SlowDevice, RebalancingKeepsTheOutputs) {
 // speed, and with rebalance_slow gets about half a share: the share
 // measured on the smaller share still fits, so it stays.
 TEST(SlowDevice, AHalfSpeedDeviceSettlesOnHalfAShare) {
+  MeasuringLock measuring;  // no other test's devices measured beside these
   const auto reqs = Requests(8, 150, 23);
   const auto want = FaultFreeTokens(reqs);
   ASSERT_FALSE(want.empty());

@@ -3,8 +3,12 @@
 // scratch directory (removed at exit).
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -17,6 +21,33 @@
 #include "trace/workload.h"
 
 namespace failsafe {
+
+// Held by a test that measures how fast its device processes run against
+// one another (a throttled device against its peers): two such tests at once
+// on a machine of 2 cores starve each other's processes and blur what each
+// measures. An exclusive lock (flock) on a file in the temporary directory,
+// taken at construction (waiting for the holder) and held for the object's
+// life; every other test runs beside it.
+class MeasuringLock {
+ public:
+  explicit MeasuringLock(const std::string& name = "speeds") {
+    const char* dir = std::getenv("TMPDIR");
+    const std::string path =
+        std::string(dir && *dir ? dir : "/tmp") + "/failsafe-test-" + name + ".lock";
+    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+    if (fd_ < 0) return;  // unlocked: the test still runs
+    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~MeasuringLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  MeasuringLock(const MeasuringLock&) = delete;
+  MeasuringLock& operator=(const MeasuringLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // The failsafe program (FAILSAFE_TEST_BIN, which CTest sets); aborts without it.
 inline std::string TestBinary() {

@@ -126,7 +126,7 @@ class CudaBackend final : public Backend {
     constexpr int kTuneRows = INT_MAX;
 #endif
     fixed_ = std::make_unique<cuda::FixedGemm>(sms_, static_cast<size_t>(shared_limit), stream_,
-                                               kTuneRows, busy_);
+                                               kTuneRows, allocator_ == Allocator::kPool, busy_);
     return Status::Ok();
   }
 

@@ -408,7 +408,10 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
     // band's choice reported.
     // Each timing's wait is a sign of life (a device process's progress).
     int signs = 0;
-    cuda::FixedGemm tuned(sms, static_cast<size_t>(shared_limit), s, 4, [&signs] { ++signs; });
+    // (Its timings' buffers from the stream-ordered pool, the others'
+    // cudaMalloc's.)
+    cuda::FixedGemm tuned(sms, static_cast<size_t>(shared_limit), s, 4, /*pools=*/true,
+                          [&signs] { ++signs; });
     cuda::FixedItems g32 = g;
     g32.a = nullptr;
     g32.a32 = static_cast<const float*>(a32);
@@ -459,7 +462,7 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
     EXPECT_EQ(adopted, 1);
     EXPECT_EQ(timed, 3);
     // Drawn rather than timed (as under the emulation): a candidate too.
-    cuda::FixedGemm drawn(sms, static_cast<size_t>(shared_limit), s, 0);
+    cuda::FixedGemm drawn(sms, static_cast<size_t>(shared_limit), s, 0, false);
     EXPECT_EQ(run([&] { drawn.Run(g32, true); }), want);
     ASSERT_EQ(drawn.Report().size(), 1u);
     EXPECT_NE(drawn.Report()[0].find(", drawn (not timed)"), std::string::npos);
@@ -468,7 +471,7 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
     if (sh.m == 17) {
       const size_t tight_limit =
           cuda::FixedItemsShared(cuda::FixedItemsDefault(sh.m, false), sh.item_k) - 1;
-      cuda::FixedGemm tight(sms, tight_limit, s, 4);
+      cuda::FixedGemm tight(sms, tight_limit, s, 4, false);
       const int fallback = tight.Fallback(sh.m, false, sh.item_k);
       EXPECT_NE(fallback, cuda::FixedItemsDefault(sh.m, false));
       EXPECT_LE(cuda::FixedItemsShared(fallback, sh.item_k), tight_limit);
@@ -485,7 +488,7 @@ TEST(CudaFixedItems, EveryVariantGivesTheSameBits) {
       EXPECT_TRUE(chosen_fits) << tight.Report()[0];
     }
     // Inside a graph capture nothing is timed: the default runs.
-    cuda::FixedGemm untimed(sms, static_cast<size_t>(shared_limit), s, 4);
+    cuda::FixedGemm untimed(sms, static_cast<size_t>(shared_limit), s, 4, false);
     EXPECT_EQ(run([&] { untimed.Run(g, false); }), want);
     EXPECT_EQ(run([&] { untimed.Run(g32, false); }), want);
     EXPECT_TRUE(untimed.Report().empty());

@@ -73,12 +73,13 @@ std::vector<int> FixedGemm::Candidates(int band, bool a32) {
   return out;
 }
 
-FixedGemm::FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows,
+FixedGemm::FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows, bool pools,
                      std::function<void()> busy)
     : sms_(sms),
       shared_limit_(shared_limit),
       stream_(stream),
       tune_rows_(tune_rows),
+      pools_(pools),
       busy_(std::move(busy)) {
   if (const char* forced = std::getenv("FAILSAFE_FIXED_GEMM"); forced && *forced) {
     forced_ = VariantNamed(forced);
@@ -178,9 +179,17 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   void* acc = nullptr;
   const size_t a_bytes = (a32 ? 4 : 2) * static_cast<size_t>(rows) * g.lda;
   const size_t acc_bytes = sizeof(int64_t) * static_cast<size_t>(rows) * g.n;
-  if (cudaMalloc(&a, a_bytes) != cudaSuccess || cudaMalloc(&acc, acc_bytes) != cudaSuccess) {
-    cudaGetLastError();
-    if (a) FS_CUDA_CHECK(cudaFree(a));
+  auto get = [&](void** p, size_t bytes) {
+    if ((pools_ ? cudaMallocAsync(p, bytes, stream_) : cudaMalloc(p, bytes)) == cudaSuccess)
+      return true;
+    *p = nullptr;
+    return false;
+  };
+  // (Freed on stream_ after the timings' last wait: nothing waits for them.)
+  auto put = [&](void* p) { FS_CUDA_CHECK(pools_ ? cudaFreeAsync(p, stream_) : cudaFree(p)); };
+  if (!get(&a, a_bytes) || !get(&acc, acc_bytes)) {
+    cudaGetLastError();  // not sticky: the device is usable
+    if (a) put(a);
     out.variant = Fallback(g.m, a32, g.item_k);
     out.how = fmt::format("{}, untimed: no device memory for the timing",
                           FixedItemsVariantName(out.variant));
@@ -220,8 +229,8 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   }
   FS_CUDA_CHECK(cudaEventDestroy(start));
   FS_CUDA_CHECK(cudaEventDestroy(stop));
-  FS_CUDA_CHECK(cudaFree(a));
-  FS_CUDA_CHECK(cudaFree(acc));
+  put(a);
+  put(acc);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   out.how = fmt::format("{}, timed at {} rows in {:.1f} ms: {}", FixedItemsVariantName(out.variant),

@@ -40,9 +40,11 @@ class FixedGemm {
   static constexpr int kBands = 4;
   // sms: the GPU's multiprocessors; shared_limit: the dynamic shared memory
   // a block may be given; tune_rows: the most rows a timing runs (INT_MAX:
-  // the band's); 0: drawn, not timed; busy: called after each timing's wait
-  // (a sign of life; may be empty).
-  FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows,
+  // the band's); 0: drawn, not timed; pools: a timing's buffers from the
+  // device's stream-ordered pool (else cudaMalloc's, whose free waits for
+  // the whole device: a recovery's KV restore beside it); busy: called
+  // after each timing's wait (a sign of life; may be empty).
+  FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows, bool pools,
             std::function<void()> busy = {});
 
   // acc += the items' fixed-point products. may_time: false while a graph
@@ -85,6 +87,7 @@ class FixedGemm {
   size_t shared_limit_;
   cudaStream_t stream_;
   int tune_rows_;
+  bool pools_;
   std::function<void()> busy_;
   int forced_ = -1;
   std::map<Key, Family> families_;

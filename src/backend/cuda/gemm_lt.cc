@@ -408,15 +408,13 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   const int probe = std::min(kProbeRows, f.max_rows);
   const std::vector<cublasLtMatmulAlgo_t> refs = candidates(probe);
   const int small = std::min(kSmallProbe, probe);
-  auto unusable = [&] {
+  auto unusable = [&](const char* why) {
     f.usable = false;
-    FS_LOG_WARN(
-        "cuBLASLt keeps no row's bits for n {} k {} batch {}: the engine's own kernels "
-        "take these products",
-        p.n, p.k, p.batch);
+    FS_LOG_WARN("cuBLASLt {} for n {} k {} batch {}: the engine's own kernels take these products",
+                why, p.n, p.k, p.batch);
   };
-  if (refs.empty()) {  // nothing offered: nothing to check, no probes
-    unusable();
+  if (refs.empty()) {  // nothing to check, no probes
+    unusable("offers no algorithm");
     cublasLtMatmulPreferenceDestroy(pref);
     return;
   }
@@ -446,7 +444,7 @@ void LtGemm::Choose(Family& f, const LtProblem& p, cudaStream_t s) {
   // (the caller takes its own kernels: other bits than cuBLASLt's, which a
   // placement that cuts this weight otherwise may not share).
   f.usable = found;
-  if (!found) unusable();
+  if (!found) unusable("keeps no row's bits");
   // A band's own: of the candidates that give the reference's bits at its
   // smallest and largest m, the fastest at its smallest (decode's one row
   // reads the whole weight: an algorithm whose tiles leave most

@@ -271,25 +271,6 @@ class DeviceMemory {
     // Ends the group's operations under way (their results undefined) and
     // lets go of its resources; every later call fails.
     virtual void Abort() = 0;
-    // Ends the operations under way (their results undefined) but keeps
-    // the group for a Shrink: true where the library can (NCCL's
-    // ncclCommRevoke, 2.28 and later; Done() then says whether the group
-    // has settled, and no operation may start on it), else it aborts and
-    // says false. Only on a group whose join finished.
-    virtual bool Revoke() {
-      Abort();
-      return false;
-    }
-    // Starts joining the group of this one's members but `excluded` (its
-    // ranks, ascending; the others keep their order, ranked from 0) without
-    // a new id, by the library's own shrink (ncclCommShrink), which every
-    // remaining member calls alike: an error where the library cannot.
-    // Only on a group whose join finished and that is idle or revoked and
-    // settled; this one outlives the new one's join (finished when its
-    // Done() says so), and is then aborted.
-    virtual Result<std::unique_ptr<DeviceGroup>> Shrink(const std::vector<int>& excluded) {
-      return Unavailable("this library cannot shrink a group");
-    }
   };
   // This device among the host's, for telling whether members are on
   // distinct devices (a GPU's PCI bus id); "" where the backend has no

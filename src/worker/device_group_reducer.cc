@@ -21,40 +21,7 @@ struct Offer {
   char boot[40] = {};
   char netns[40] = {};
   char device[80] = {};  // Backend::CollectiveDevice
-  // The group it holds for a shrink (Membership; id 0: none).
-  uint64_t parent_id = 0;
-  int32_t parent_rank = -1, parent_size = 0;
 };
-
-uint64_t Fnv(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h | 1;  // never 0 (none)
-}
-
-// Whether every member holds the same group for a shrink, this group's
-// members in its order; its ranks not among them in *excluded.
-bool Shrinkable(const std::vector<Offer>& offers, std::vector<int>* excluded) {
-  const Offer& first = offers[0];
-  if (first.parent_id == 0 || first.parent_size < static_cast<int32_t>(offers.size())) return false;
-  std::vector<bool> kept(static_cast<size_t>(first.parent_size), false);
-  int32_t last = -1;
-  for (const Offer& o : offers) {
-    if (o.parent_id != first.parent_id || o.parent_size != first.parent_size ||
-        o.parent_rank <= last || o.parent_rank >= first.parent_size)
-      return false;
-    last = o.parent_rank;
-    kept[static_cast<size_t>(o.parent_rank)] = true;
-  }
-  excluded->clear();
-  for (int r = 0; r < first.parent_size; ++r) {
-    if (!kept[static_cast<size_t>(r)]) excluded->push_back(r);
-  }
-  return true;
-}
 
 struct IdOffer {
   uint32_t ok = 0;
@@ -78,14 +45,11 @@ void Put(char* dst, size_t cap, const std::string& s) {
 Result<bool> DeviceGroupReducer::Ready(Communicator& comm) {
   if (comm.serial() == serial_) return ready_;
   // The group before is done with: every operation of it finished or
-  // failed. Revoked (or aborted) it waits for no member.
-  Retire();
+  // failed. An abort lets go of it without waiting for any member.
+  group_.reset();
   ready_ = false;
   serial_ = comm.serial();
-  if (comm.size() <= 1) {
-    parent_.reset();
-    return false;
-  }
+  if (comm.size() <= 1) return false;
   bool ready = false;
   FS_RETURN_IF_ERROR(SetUp(comm, &ready));
   ready_ = ready;
@@ -105,11 +69,6 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
     Put(mine.boot, sizeof(mine.boot), boot);
     Put(mine.netns, sizeof(mine.netns), netns);
     Put(mine.device, sizeof(mine.device), device);
-    if (parent_) {
-      mine.parent_id = parent_member_.id;
-      mine.parent_rank = parent_member_.rank;
-      mine.parent_size = parent_member_.size;
-    }
   }
   std::vector<Offer> offers(static_cast<size_t>(size));
   FS_RETURN_IF_ERROR(comm.AllGather(&mine, sizeof(Offer), offers.data()));
@@ -129,23 +88,10 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   if (!why.empty()) {
     if (why != why_not_) FS_LOG_DEBUG("all-reduces not by the device library: {}", why);
     why_not_ = why;
-    parent_.reset();
     return Status::Ok();
   }
 
-  // 2. Shrunk from the group every member holds, where each does;
-  std::vector<int> excluded;
-  if (Shrinkable(offers, &excluded)) {
-    bool shrunk = false;
-    FS_RETURN_IF_ERROR(Shrink(comm, excluded, &shrunk));
-    if (shrunk) {
-      *ready = true;
-      return Status::Ok();
-    }
-  }
-  parent_.reset();
-
-  // else member 0 makes the group's id.
+  // 2. Member 0 makes the group's id.
   IdOffer id;
   if (rank == 0) {
     auto made = backend_->NewDeviceGroupId();
@@ -168,7 +114,6 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   uint32_t started = joined.ok() ? 1 : 0;
   if (joined.ok()) {
     group_ = std::move(*joined);
-    member_ = {Fnv(ids[0].id, sizeof(ids[0].id)), rank, size};
   } else {
     FS_LOG_WARN("device group: cannot join ({}); the device library is not used again",
                 joined.status().ToString());
@@ -178,17 +123,24 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   Status st = comm.AllGather(&started, sizeof(started), all.data());
   if (!st.ok() || !std::all_of(all.begin(), all.end(), [](uint32_t v) { return v != 0; })) {
     group_.reset();
-    member_ = {};
     why_not_ = "a member could not join the device group";
     return st;
   }
 
-  // 4. The join finishes once every member has joined; then the first
-  // operations.
+  // 4. The join finishes once every member has joined; then one operation
+  // of each kind, so that whatever the library sets up at its first is
+  // done here, not inside a step.
   const int64_t t0 = MonotonicNanos();
   FS_RETURN_IF_ERROR(Wait(comm));
   const int64_t t1 = MonotonicNanos();
-  FS_RETURN_IF_ERROR(WarmUp(comm));
+  int64_t* one = warm_sum_.Reserve(1);
+  float* floats = gathered_.Reserve(static_cast<size_t>(size));
+  backend_->SetZero(one, sizeof(int64_t));
+  backend_->SetZero(floats, sizeof(float) * static_cast<size_t>(size));
+  FS_RETURN_IF_ERROR(group_->StartAllReduce(one, 1));
+  FS_RETURN_IF_ERROR(Wait(comm));
+  FS_RETURN_IF_ERROR(group_->StartAllGather(floats + rank, 1, floats));
+  FS_RETURN_IF_ERROR(Wait(comm));
   FS_LOG_DEBUG(
       "all-reduces by the device library among the {} members (joined in {:.1f} ms, first "
       "operations {:.1f} ms)",
@@ -197,94 +149,8 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   return Status::Ok();
 }
 
-Status DeviceGroupReducer::Shrink(Communicator& comm, const std::vector<int>& excluded,
-                                  bool* shrunk) {
-  *shrunk = false;
-  const int size = comm.size(), rank = comm.rank();
-  const int from = parent_member_.size;
-  const int64_t t0 = MonotonicNanos();
-  // The parent settles (its operations ended); a parent that fails to is
-  // no use here, which every member hears below.
-  bool unsettled = false;
-  Status st = comm.Await([&]() -> Result<bool> {
-    auto done = parent_->Done();
-    if (done.ok()) return done;
-    unsettled = true;
-    return true;
-  });
-  if (!st.ok()) {
-    parent_.reset();
-    return st;
-  }
-  // Every member starts its shrink, and says whether it could.
-  std::unique_ptr<Backend::DeviceGroup> started_group;
-  if (!unsettled) {
-    auto made = parent_->Shrink(excluded);
-    if (made.ok()) {
-      started_group = std::move(*made);
-    } else {
-      FS_LOG_DEBUG("device group: no shrink ({})", made.status().ToString());
-    }
-  } else {
-    FS_LOG_DEBUG("device group: the group to shrink failed to settle");
-  }
-  uint32_t started = started_group ? 1 : 0;
-  std::vector<uint32_t> all(static_cast<size_t>(size));
-  st = comm.AllGather(&started, sizeof(started), all.data());
-  if (!st.ok() || !std::all_of(all.begin(), all.end(), [](uint32_t v) { return v != 0; })) {
-    started_group.reset();  // before its parent, whose state its join shares
-    parent_.reset();
-    return st;  // ok: the new id's way
-  }
-  uint64_t id = parent_member_.id;
-  for (int r : excluded) id = Fnv(&r, sizeof(r), id);
-  group_ = std::move(started_group);
-  member_ = {id, rank, size};
-  FS_RETURN_IF_ERROR(Wait(comm));  // its join
-  parent_.reset();
-  const int64_t t1 = MonotonicNanos();
-  FS_RETURN_IF_ERROR(WarmUp(comm));
-  FS_LOG_DEBUG(
-      "all-reduces by the device library among the {} members (shrunk from {} in {:.1f} ms, "
-      "first operations {:.1f} ms)",
-      size, from, static_cast<double>(t1 - t0) / 1e6,
-      static_cast<double>(MonotonicNanos() - t1) / 1e6);
-  *shrunk = true;
-  return Status::Ok();
-}
-
-Status DeviceGroupReducer::WarmUp(Communicator& comm) {
-  const int size = comm.size(), rank = comm.rank();
-  int64_t* one = warm_sum_.Reserve(1);
-  float* floats = gathered_.Reserve(static_cast<size_t>(size));
-  backend_->SetZero(one, sizeof(int64_t));
-  backend_->SetZero(floats, sizeof(float) * static_cast<size_t>(size));
-  FS_RETURN_IF_ERROR(group_->StartAllReduce(one, 1));
-  FS_RETURN_IF_ERROR(Wait(comm));
-  FS_RETURN_IF_ERROR(group_->StartAllGather(floats + rank, 1, floats));
-  return Wait(comm);
-}
-
-void DeviceGroupReducer::Retire() {
-  if (!group_) return;  // (a group kept before stays)
-  std::unique_ptr<Backend::DeviceGroup> g = std::move(group_);
-  const Membership m = member_;
-  member_ = {};
-  // (A group whose join did not finish aborts in Revoke.)
-  const bool kept = g && !broken_ && m.id != 0 && g->Revoke();
-  if (!kept) g.reset();  // before an older parent a shrink's join may share
-  parent_.reset();
-  if (kept) {
-    parent_ = std::move(g);
-    parent_member_ = m;
-  } else {
-    parent_member_ = {};
-  }
-}
-
 DeviceGroupReducer::~DeviceGroupReducer() {
   group_.reset();  // ends any operation before its buffers go
-  parent_.reset();
 }
 
 Status DeviceGroupReducer::Wait(Communicator& comm) {
@@ -298,11 +164,11 @@ Status DeviceGroupReducer::Wait(Communicator& comm) {
   });
   if (!st.ok()) {
     // Its operations end; whatever they wrote is not used (the step fails).
+    group_.reset();
     if (library_failed) {
       FS_LOG_WARN("device group: {}; the device library is not used again", st.ToString());
       broken_ = true;
     }
-    Retire();
   }
   return st;
 }

@@ -1484,39 +1484,12 @@ int RunGroupMember(int rank, int size, const char* board_path) {
     if (*done) return 21;   // a sum without the dead member
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  // Revoked where the library can (its operation ends, the group stays
-  // for the survivors to shrink), else aborted (it fails from now on).
-  const bool revoked = g->Revoke();
-  if (!revoked && g->Done().ok()) return 22;
-#ifdef FAILSAFE_CUDA_EMULATION
-  if (!revoked) return 29;  // the emulation has ncclCommRevoke and ncclCommShrink
-#endif
+  g->Abort();
+  if (g->Done().ok()) return 22;
   b->Synchronize();
-  if (revoked) {
-    if (!Finishes(g.get(), 30000, &why)) {  // settled
-      std::fprintf(stderr, "member %d: revoke: %s\n", rank, why.c_str());
-      return 25;
-    }
-    if (g->StartAllReduce(data.get(), 4096).ok()) return 26;  // none on a revoked group
-    // The survivors' group shrunk from it, without a new id: sums and
-    // gathers among them.
-    auto made = g->Shrink({size - 1});
-    if (!made.ok()) {
-      std::fprintf(stderr, "member %d: shrink: %s\n", rank, made.status().ToString().c_str());
-      return 27;
-    }
-    std::unique_ptr<Backend::DeviceGroup> shrunk = std::move(*made);
-    if (!Finishes(shrunk.get(), 60000, &why)) {
-      std::fprintf(stderr, "member %d: shrink's join: %s\n", rank, why.c_str());
-      return 28;
-    }
-    g.reset();
-    if (int bad = SumAndGather(b, shrunk.get(), rank, size - 1, 3)) return 40 + bad;
-    shrunk.reset();
-  }
   g.reset();
 
-  // 3. The survivors make a new group from an id.
+  // 3. The survivors make a new group.
   const std::string id2 = GroupId(b, board, 1, rank);
   auto rejoined = b->JoinDeviceGroup(id2, rank, size - 1);
   if (!rejoined.ok()) return 23;
@@ -1541,10 +1514,8 @@ TEST(CudaDeviceGroup, Member) {
 
 // Members in processes of their own sum and gather exactly (integers
 // wrapping, floats as sent); one is killed, and the survivors' operation
-// does not finish without it, ends when they revoke (or abort) it, and
-// leaves their devices well; where the library can, the survivors shrink
-// the revoked group to themselves and sum and gather in it; then they form
-// a new group from an id that sums and gathers.
+// does not finish without it, ends when they abort it, and leaves their
+// devices well; the survivors then form a new group that sums and gathers.
 TEST(CudaDeviceGroup, SumsGathersAndOutlivesAKilledMember) {
   if (std::getenv(kGroupMemberEnv)) GTEST_SKIP() << "a member's process";
   REQUIRE_GPU();

@@ -8,7 +8,6 @@
 #include <string>
 #include <thread>
 #include <type_traits>
-#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/nccl_api.h"
@@ -57,17 +56,12 @@ Loaded LoadLibrary() {
     l.why = fmt::format("{} has no {}", file, missing);
     return l;
   }
-  // Optional (2.28): without them, the survivors of a group whose member
-  // failed make theirs anew from an id.
-  api.CommRevoke = reinterpret_cast<decltype(api.CommRevoke)>(dlsym(h, "ncclCommRevoke"));
-  api.CommShrink = reinterpret_cast<decltype(api.CommShrink)>(dlsym(h, "ncclCommShrink"));
   int version = 0;
   if (api.GetVersion(&version) != ncclSuccess || version < kOldestNccl) {
     l.why = fmt::format("{} is NCCL {}, older than 2.18", file, version);
     return l;
   }
-  FS_LOG_DEBUG("NCCL {} from {}{}", version, file,
-               api.CommRevoke && api.CommShrink ? " (groups shrink)" : "");
+  FS_LOG_DEBUG("NCCL {} from {}", version, file);
   l.api = &api;
   return l;
 }
@@ -106,10 +100,8 @@ void AbortComm(const NcclApi* api, ncclComm_t comm, bool joined) {
 
 class NcclGroup final : public Backend::DeviceGroup {
  public:
-  // parent: the group `comm` is shrunk from, whose state its join shares
-  // (not owned; it outlives the join).
-  NcclGroup(const NcclApi* api, ncclComm_t comm, cudaStream_t stream, ncclComm_t parent = nullptr)
-      : api_(api), comm_(comm), stream_(stream), parent_(parent) {
+  NcclGroup(const NcclApi* api, ncclComm_t comm, cudaStream_t stream)
+      : api_(api), comm_(comm), stream_(stream) {
     FS_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
   }
   ~NcclGroup() override {
@@ -122,23 +114,9 @@ class NcclGroup final : public Backend::DeviceGroup {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = api_->CommGetAsyncError(comm_, &state);
     if (r != ncclSuccess) return Fail(r);
-    // Revoked: settled once NCCL no longer says in progress (an error it
-    // keeps from before the revoke is the failure revoked for).
-    if (revoked_) return state != ncclInProgress;
-    if (!failure_.ok()) return failure_;
     if (state == ncclInProgress) return false;
     if (state != ncclSuccess) return Fail(state);
-    if (!joined_ && parent_) {
-      // A shrink's join goes on in its parent too (nonblocking) until the
-      // parent no longer says in progress; what else the parent says (an
-      // abort of its operations) is the parent's, not the new group's.
-      ncclResult_t parent_state = ncclSuccess;
-      if (api_->CommGetAsyncError(parent_, &parent_state) == ncclSuccess &&
-          parent_state == ncclInProgress)
-        return false;
-    }
     joined_ = true;
-    parent_ = nullptr;
     if (!in_flight_) return true;  // joined, or nothing started
     // The operation is on the stream once the state left ncclInProgress:
     // only then may work after it be queued.
@@ -156,14 +134,14 @@ class NcclGroup final : public Backend::DeviceGroup {
 
   Status StartAllReduce(int64_t* data, size_t count) override {
     FS_CHECK_MSG(!in_flight_, "an NCCL operation started before the last finished");
-    if (!comm_ || revoked_ || !failure_.ok()) return Aborted("the NCCL group was aborted");
+    if (!comm_) return Aborted("the NCCL group was aborted");
     // Unsigned: the same bits as int64_t's wrapping sum, with no overflow.
     return Started(api_->AllReduce(data, data, count, ncclUint64, ncclSum, comm_, stream_));
   }
 
   Status StartAllGather(const float* send, size_t count, float* recv) override {
     FS_CHECK_MSG(!in_flight_, "an NCCL operation started before the last finished");
-    if (!comm_ || revoked_ || !failure_.ok()) return Aborted("the NCCL group was aborted");
+    if (!comm_) return Aborted("the NCCL group was aborted");
     return Started(api_->AllGather(send, recv, count, ncclFloat32, comm_, stream_));
   }
 
@@ -172,42 +150,6 @@ class NcclGroup final : public Backend::DeviceGroup {
     AbortComm(api_, comm_, joined_);
     comm_ = nullptr;
     in_flight_ = false;
-  }
-
-  bool Revoke() override {
-    if (!comm_ || !joined_ || !Shrinks()) {
-      Abort();
-      return false;
-    }
-    const ncclResult_t r = api_->CommRevoke(comm_, 0);  // NCCL_REVOKE_DEFAULT
-    if (r != ncclSuccess && r != ncclInProgress) {
-      FS_LOG_DEBUG("NCCL group: revoke: {}", Describe(api_, r, comm_));
-      Abort();
-      return false;
-    }
-    revoked_ = true;
-    in_flight_ = false;  // Done() now says whether it has settled
-    return true;
-  }
-
-  Result<std::unique_ptr<DeviceGroup>> Shrink(const std::vector<int>& excluded) override {
-    if (!comm_ || !joined_ || in_flight_)
-      return FailedPrecondition("an NCCL group shrinks only once joined and idle");
-    if (!api_->CommShrink) return Unavailable("this NCCL cannot shrink a group");
-    std::vector<int> ranks = excluded;
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclComm_t comm = nullptr;
-    // NCCL_SHRINK_ABORT: a parent whose member failed (revoked, so nothing
-    // of it is left under way to end), as NCCL asks for one in error.
-    const ncclResult_t r = api_->CommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()),
-                                            &comm, &config, NCCL_SHRINK_ABORT);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      std::string what = Describe(api_, r, comm_);
-      if (comm) api_->CommAbort(comm);
-      return Unavailable("{}", what);
-    }
-    return std::unique_ptr<DeviceGroup>(new NcclGroup(api_, comm, stream_, comm_));
   }
 
  private:
@@ -219,31 +161,18 @@ class NcclGroup final : public Backend::DeviceGroup {
   }
   // A peer's failure (its connection gone, an error it reported) is
   // kUnavailable; NCCL's own, or this device's, kInternal.
-  bool Shrinks() const { return api_->CommRevoke && api_->CommShrink; }
-  // A peer's failure leaves a joined group for Revoke (and the survivors'
-  // shrink) where NCCL can: its operations refused, its kernels spinning
-  // until then (the caller revokes or aborts at once); else it ends here.
   Status Fail(ncclResult_t r) {
     std::string what = Describe(api_, r, comm_);
-    const bool peer = r == ncclRemoteError || r == ncclSystemError;
-    Status st = peer ? Unavailable("{}", what) : Internal("{}", what);
-    if (peer && joined_ && !revoked_ && Shrinks()) {
-      failure_ = st;
-      in_flight_ = false;
-    } else {
-      Abort();
-    }
-    return st;
+    Abort();
+    if (r == ncclRemoteError || r == ncclSystemError) return Unavailable("{}", what);
+    return Internal("{}", what);
   }
 
   const NcclApi* const api_;
   ncclComm_t comm_;
   const cudaStream_t stream_;
-  ncclComm_t parent_;  // a shrink's, until its join finished
   cudaEvent_t event_ = nullptr;
   bool joined_ = false;     // the join finished
-  bool revoked_ = false;    // no operation may start
-  Status failure_;          // a peer's, kept for Revoke (Fail)
   bool in_flight_ = false;  // an operation started and not yet seen finished
   bool recorded_ = false;   // event_ recorded after it
 };

@@ -12,12 +12,6 @@
 // whose peer died or hangs with ncclCommAbort (never ncclCommDestroy, which
 // can wait for the dead peer).
 //
-// Where NCCL has ncclCommRevoke and ncclCommShrink (2.28 and later), a
-// group whose operation failed is revoked rather than aborted (its
-// operations end, its communicator stays), and the survivors' next group
-// is shrunk from it (DeviceGroup::Shrink): no new id, no bootstrap through
-// member 0's socket; it is aborted once the new group has joined.
-//
 // A group whose join is abandoned (a member died or failed before it
 // finished) leaves, in the member that made its id, NCCL's bootstrap root
 // thread waiting for the members that never came: NCCL has no call that

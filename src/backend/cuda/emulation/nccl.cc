@@ -10,11 +10,6 @@
 // The sums: unsigned integers wrapping (what FailSafe's fixed-point sums
 // take), floats in rank order.
 //
-// A revoke ends this member's operations under way and leaves its view of
-// the group settled (no error, whoever is gone); a shrink joins the group
-// named by the parent's name and the ranks excluded, which every remaining
-// member names alike, as a join by id.
-//
 // What a real NCCL may answer, and the callers must handle, it answers too:
 // every other operation's enqueue "in progress" (ncclInProgress, then one
 // poll of ncclCommGetAsyncError in progress), and a member whose process is
@@ -83,7 +78,6 @@ struct ncclComm {
   std::string last_error;
   uint64_t operations = 0;
   bool enqueue_pending = false;  // the last operation said in progress
-  bool revoked = false;
 };
 
 namespace failsafe::cuda::emu {
@@ -199,10 +193,8 @@ bool Joined(ncclComm* c) {
 
 ncclResult_t Issue(ncclComm* c, Kind kind, const void* send, void* recv, size_t count, size_t elem,
                    cudaStream_t stream) {
-  if (!c || !Joined(c) || c->revoked) {
-    if (c)
-      c->last_error =
-          c->revoked ? "an operation on a revoked group" : "an operation before the join finished";
+  if (!c || !Joined(c)) {
+    if (c) c->last_error = "an operation before the join finished";
     return ncclInvalidUsage;
   }
   if (count == 0) return ncclSuccess;
@@ -241,13 +233,12 @@ ncclResult_t GetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-// Joins the group named `name` as `rank` of `nranks`.
-ncclResult_t JoinNamed(ncclComm_t* comm, int nranks, const std::string& name, int rank,
-                       ncclConfig_t* config) {
+ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                ncclConfig_t* config) {
   *comm = nullptr;
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   auto g = std::make_shared<Group>();
-  g->name = name;
+  g->name.assign(id.internal, strnlen(id.internal, sizeof(id.internal)));
   g->rank = rank;
   g->size = nranks;
   g->bytes = kHeaderBytes + 2 * static_cast<size_t>(nranks) * kSlotBytes;
@@ -268,67 +259,8 @@ ncclResult_t JoinNamed(ncclComm_t* comm, int nranks, const std::string& name, in
   return ncclSuccess;
 }
 
-ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                ncclConfig_t* config) {
-  return JoinNamed(comm, nranks,
-                   std::string(id.internal, strnlen(id.internal, sizeof(id.internal))), rank,
-                   config);
-}
-
-ncclResult_t CommRevoke(ncclComm_t comm, int flags) {
-  if (!comm || flags != 0) return ncclInvalidArgument;
-  if (!Joined(comm)) {
-    comm->last_error = "a revoke before the join finished";
-    return ncclInvalidUsage;
-  }
-  comm->revoked = true;
-  comm->enqueue_pending = false;
-  // This member's operations under way end; its later ones are refused.
-  // (Operations hold the member's view: a view of its own for the rest.)
-  comm->group->aborted.store(true);
-  return ncclSuccess;
-}
-
-ncclResult_t CommShrink(ncclComm_t comm, int* excluded, int count, ncclComm_t* newcomm,
-                        ncclConfig_t* config, int flags) {
-  *newcomm = nullptr;
-  if (!comm || count < 0 || (count > 0 && !excluded) ||
-      (flags != NCCL_SHRINK_DEFAULT && flags != NCCL_SHRINK_ABORT))
-    return ncclInvalidArgument;
-  const Group& g = *comm->group;
-  if (!Joined(comm) || (!comm->revoked && comm->enqueue_pending)) {
-    comm->last_error = "a shrink of a group not joined, or with an operation under way";
-    return ncclInvalidUsage;
-  }
-  // The new name: the parent's and the ranks excluded (FNV-1a), alike on
-  // every remaining member.
-  uint64_t h = 0xcbf29ce484222325ULL;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 0x100000001b3ULL;
-    }
-  };
-  for (char c : g.name) mix(static_cast<unsigned char>(c));
-  int below = 0;
-  for (int i = 0; i < count; ++i) {
-    const int r = excluded[i];
-    if (r < 0 || r >= g.size || r == g.rank || (i > 0 && r <= excluded[i - 1])) {
-      comm->last_error = "excluded ranks out of range, unordered, or this member's";
-      return ncclInvalidArgument;
-    }
-    below += r < g.rank;
-    mix(static_cast<uint64_t>(r));
-  }
-  char name[40];
-  std::snprintf(name, sizeof(name), "/fs-emu-nccl-%016llx", static_cast<unsigned long long>(h));
-  return JoinNamed(newcomm, g.size - count, name, g.rank - below, config);
-}
-
 ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
-  if (comm->revoked) {  // settled at once: nothing of it waits for a peer
-    *state = ncclSuccess;
-  } else if (comm->enqueue_pending) {
+  if (comm->enqueue_pending) {
     comm->enqueue_pending = false;
     *state = ncclInProgress;
   } else if (MemberGone(*comm->group)) {
@@ -391,9 +323,9 @@ namespace failsafe::cuda {
 
 const NcclApi* EmulatedNccl() {
   static const NcclApi api = {
-      emu::GetVersion,   emu::GetUniqueId, emu::CommInitRankConfig, emu::CommGetAsyncError,
-      emu::CommAbort,    emu::AllReduce,   emu::AllGather,          emu::GetErrorString,
-      emu::GetLastError, emu::CommRevoke,  emu::CommShrink,
+      emu::GetVersion,        emu::GetUniqueId,    emu::CommInitRankConfig,
+      emu::CommGetAsyncError, emu::CommAbort,      emu::AllReduce,
+      emu::AllGather,         emu::GetErrorString, emu::GetLastError,
   };
   return &api;
 }

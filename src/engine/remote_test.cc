@@ -410,6 +410,24 @@ TEST(Remote, AWorkerThatLostItsLinkJoinsAgain) {
   EXPECT_EQ(workers.WaitExit(pid, 100), -1);
 }
 
+// A coordinator's proxy for a worker over a socket pair, as the tests
+// below drive it: the worker's end, the proxy and the coordinator's end.
+struct Proxied {
+  bool Start(const ClusterWelcome& welcome) {
+    auto pair = Channel::Pair();
+    if (!pair.ok()) return false;
+    worker = std::move(pair->second);
+    auto started = RemoteDevice::Start(std::move(pair->first), 0, welcome, "test", "10.0.0.9");
+    if (!started.ok()) return false;
+    remote = std::move(*started);
+    coordinator = remote->TakeLocalEnd();
+    return true;
+  }
+  Channel worker;
+  std::unique_ptr<RemoteDevice> remote;
+  Channel coordinator;
+};
+
 // The coordinator fences a device on another host by closing its link and
 // waits for the link's threads; over a lossy link they may be mid-frame (a
 // large reply arriving a piece at a time, a request the link holds back).
@@ -420,12 +438,10 @@ TEST(Remote, ClosingALinkMidFrameStopsItAtOnce) {
   welcome.link_timeout_ms = 120000;  // the link never times out by itself here
   for (const bool sending : {false, true}) {
     SCOPED_TRACE(sending ? "a request held back" : "a reply half-way");
-    auto pair = Channel::Pair();
-    ASSERT_TRUE(pair.ok());
-    Channel worker = std::move(pair->second);
-    auto remote = RemoteDevice::Start(std::move(pair->first), 0, welcome, "test", "10.0.0.9");
-    ASSERT_TRUE(remote.ok());
-    Channel coordinator = (*remote)->TakeLocalEnd();
+    Proxied link;
+    ASSERT_TRUE(link.Start(welcome));
+    Channel& worker = link.worker;
+    Channel& coordinator = link.coordinator;
     if (sending) {
       // A request larger than the socket's buffers, which the worker never
       // reads: the proxy blocks in its send.
@@ -447,8 +463,8 @@ TEST(Remote, ClosingALinkMidFrameStopsItAtOnce) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the proxy is in it
     const int64_t t0 = MonotonicNanos();
-    (*remote)->Close();
-    remote->reset();
+    link.remote->Close();
+    link.remote.reset();
     const int64_t ms = (MonotonicNanos() - t0) / 1000000;
     EXPECT_LT(ms, 1000);
     // Nothing reached the coordinator, and its end sees the link gone.
@@ -465,12 +481,10 @@ TEST(Remote, ClosingALinkMidFrameStopsItAtOnce) {
 TEST(Remote, HeartbeatsCarryMovesThatCountNothing) {
   ClusterWelcome welcome = Welcome();
   welcome.link_timeout_ms = 120000;
-  auto pair = Channel::Pair();
-  ASSERT_TRUE(pair.ok());
-  Channel worker = std::move(pair->second);
-  auto remote = RemoteDevice::Start(std::move(pair->first), 0, welcome, "test", "10.0.0.9");
-  ASSERT_TRUE(remote.ok());
-  Channel coordinator = (*remote)->TakeLocalEnd();
+  Proxied link;
+  ASSERT_TRUE(link.Start(welcome));
+  Channel& worker = link.worker;
+  Channel& coordinator = link.coordinator;
   auto logits = ShmRegion::Create("remote-test-logits", 4096);
   auto progress = DeviceProgressRegion::Create(1);
   ASSERT_TRUE(logits.ok() && progress.ok());
@@ -530,7 +544,7 @@ TEST(Remote, HeartbeatsCarryMovesThatCountNothing) {
   heartbeat(-1);  // never moved
   ASSERT_TRUE(heard(t));
   EXPECT_EQ(slot->last_move_ns.load(), moved);
-  (*remote)->Close();
+  link.remote->Close();
 }
 
 // A worker does not prove itself to (or take requests from) a coordinator

@@ -271,6 +271,28 @@ class DeviceMemory {
     // Ends the group's operations under way (their results undefined) and
     // lets go of its resources; every later call fails.
     virtual void Abort() = 0;
+    // Ends the operations under way (their results undefined) but keeps
+    // the group for a Shrink: true where the library can (NCCL's
+    // ncclCommRevoke, 2.28 and later; Done() then says whether the group
+    // has settled, and no operation may start on it), else it aborts and
+    // says false: a library without the call, a group whose join did not
+    // finish, or that reported an error. Again on a revoked group, true.
+    virtual bool Revoke() {
+      Abort();
+      return false;
+    }
+    // Starts joining the group of this one's members but `excluded` (its
+    // ranks, ascending, at least one, not this member's; the others keep
+    // their order, ranked from 0) without a new id, by the library's own
+    // shrink (ncclCommShrink), which every remaining member calls alike.
+    // Only on a group revoked and settled, outside a graph's capture. Once started, the new group
+    // carries this one (which every later call finds aborted) until its
+    // join finishes, and aborts it then, or with itself. An error where
+    // the library cannot, or the shrink did not start: this group is then
+    // as it was.
+    virtual Result<std::unique_ptr<DeviceGroup>> Shrink(const std::vector<int>& excluded) {
+      return Unavailable("this library cannot shrink a group");
+    }
   };
   // This device among the host's, for telling whether members are on
   // distinct devices (a GPU's PCI bus id); "" where the backend has no

@@ -21,7 +21,43 @@ struct Offer {
   char boot[40] = {};
   char netns[40] = {};
   char device[80] = {};  // Backend::CollectiveDevice
+  // The group it holds for a shrink (Membership; id 0: none).
+  uint64_t parent_id = 0;
+  int32_t parent_rank = -1, parent_size = 0;
 };
+
+uint64_t Fnv(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h | 1;  // never 0 (none)
+}
+
+// Whether every member holds the same group for a shrink, this group's
+// members in its order; its ranks not among them in *excluded.
+bool Shrinkable(const std::vector<Offer>& offers, std::vector<int>* excluded) {
+  const Offer& first = offers[0];
+  // (A shrink leaves out one member or more: the same members keep their
+  // revoked group for none, and make a new one from an id.)
+  if (first.parent_id == 0 || first.parent_size <= static_cast<int32_t>(offers.size()))
+    return false;
+  std::vector<bool> kept(static_cast<size_t>(first.parent_size), false);
+  int32_t last = -1;
+  for (const Offer& o : offers) {
+    if (o.parent_id != first.parent_id || o.parent_size != first.parent_size ||
+        o.parent_rank <= last || o.parent_rank >= first.parent_size)
+      return false;
+    last = o.parent_rank;
+    kept[static_cast<size_t>(o.parent_rank)] = true;
+  }
+  excluded->clear();
+  for (int r = 0; r < first.parent_size; ++r) {
+    if (!kept[static_cast<size_t>(r)]) excluded->push_back(r);
+  }
+  return true;
+}
 
 struct IdOffer {
   uint32_t ok = 0;
@@ -45,11 +81,14 @@ void Put(char* dst, size_t cap, const std::string& s) {
 Result<bool> DeviceGroupReducer::Ready(Communicator& comm) {
   if (comm.serial() == serial_) return ready_;
   // The group before is done with: every operation of it finished or
-  // failed. An abort lets go of it without waiting for any member.
-  group_.reset();
+  // failed. Revoked (or aborted) it waits for no member.
+  Retire();
   ready_ = false;
   serial_ = comm.serial();
-  if (comm.size() <= 1) return false;
+  if (comm.size() <= 1) {
+    parent_.reset();
+    return false;
+  }
   bool ready = false;
   FS_RETURN_IF_ERROR(SetUp(comm, &ready));
   ready_ = ready;
@@ -69,6 +108,11 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
     Put(mine.boot, sizeof(mine.boot), boot);
     Put(mine.netns, sizeof(mine.netns), netns);
     Put(mine.device, sizeof(mine.device), device);
+    if (parent_) {
+      mine.parent_id = parent_member_.id;
+      mine.parent_rank = parent_member_.rank;
+      mine.parent_size = parent_member_.size;
+    }
   }
   std::vector<Offer> offers(static_cast<size_t>(size));
   FS_RETURN_IF_ERROR(comm.AllGather(&mine, sizeof(Offer), offers.data()));
@@ -88,10 +132,24 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   if (!why.empty()) {
     if (why != why_not_) FS_LOG_DEBUG("all-reduces not by the device library: {}", why);
     why_not_ = why;
+    parent_.reset();
     return Status::Ok();
   }
 
-  // 2. Member 0 makes the group's id.
+  // 2. Shrunk from the group every member holds, where each does;
+  std::vector<int> excluded;
+  if (Shrinkable(offers, &excluded)) {
+    bool shrunk = false;
+    FS_RETURN_IF_ERROR(Shrink(comm, excluded, &shrunk));
+    if (shrunk) {
+      *ready = true;
+      return Status::Ok();
+    }
+  }
+  parent_.reset();
+  parent_member_ = {};
+
+  // else member 0 makes the group's id.
   IdOffer id;
   if (rank == 0) {
     auto made = backend_->NewDeviceGroupId();
@@ -114,6 +172,7 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   uint32_t started = joined.ok() ? 1 : 0;
   if (joined.ok()) {
     group_ = std::move(*joined);
+    member_ = {Fnv(ids[0].id, sizeof(ids[0].id)), rank, size};
   } else {
     FS_LOG_WARN("device group: cannot join ({}); the device library is not used again",
                 joined.status().ToString());
@@ -123,24 +182,17 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   Status st = comm.AllGather(&started, sizeof(started), all.data());
   if (!st.ok() || !std::all_of(all.begin(), all.end(), [](uint32_t v) { return v != 0; })) {
     group_.reset();
+    member_ = {};
     why_not_ = "a member could not join the device group";
     return st;
   }
 
-  // 4. The join finishes once every member has joined; then one operation
-  // of each kind, so that whatever the library sets up at its first is
-  // done here, not inside a step.
+  // 4. The join finishes once every member has joined; then the first
+  // operations.
   const int64_t t0 = MonotonicNanos();
   FS_RETURN_IF_ERROR(Wait(comm));
   const int64_t t1 = MonotonicNanos();
-  int64_t* one = warm_sum_.Reserve(1);
-  float* floats = gathered_.Reserve(static_cast<size_t>(size));
-  backend_->SetZero(one, sizeof(int64_t));
-  backend_->SetZero(floats, sizeof(float) * static_cast<size_t>(size));
-  FS_RETURN_IF_ERROR(group_->StartAllReduce(one, 1));
-  FS_RETURN_IF_ERROR(Wait(comm));
-  FS_RETURN_IF_ERROR(group_->StartAllGather(floats + rank, 1, floats));
-  FS_RETURN_IF_ERROR(Wait(comm));
+  FS_RETURN_IF_ERROR(WarmUp(comm));
   FS_LOG_DEBUG(
       "all-reduces by the device library among the {} members (joined in {:.1f} ms, first "
       "operations {:.1f} ms)",
@@ -149,8 +201,95 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   return Status::Ok();
 }
 
+Status DeviceGroupReducer::Shrink(Communicator& comm, const std::vector<int>& excluded,
+                                  bool* shrunk) {
+  *shrunk = false;
+  const int size = comm.size(), rank = comm.rank();
+  const int from = parent_member_.size;
+  const uint64_t parent_id = parent_member_.id;
+  const int64_t t0 = MonotonicNanos();
+  // The parent settles (its operations ended): within kSettleMs here, so
+  // that a parent that does not still lets this member say so below, where
+  // every member hears it, rather than miss the group's deadline alone.
+  bool unsettled = false;
+  Status st = comm.Await([&]() -> Result<bool> {
+    auto done = parent_->Done();
+    if (done.ok() && *done) return true;
+    if (done.ok() && MonotonicNanos() - t0 < kSettleMs * 1'000'000) return false;
+    unsettled = true;
+    return true;
+  });
+  if (!st.ok()) {
+    parent_.reset();
+    parent_member_ = {};
+    return st;
+  }
+  // Every member starts its shrink, and says whether it could.
+  std::unique_ptr<Backend::DeviceGroup> started_group;
+  if (!unsettled) {
+    auto made = parent_->Shrink(excluded);
+    if (made.ok()) {
+      started_group = std::move(*made);  // it carries the parent from here on
+    } else {
+      FS_LOG_DEBUG("device group: no shrink ({})", made.status().ToString());
+    }
+  } else {
+    FS_LOG_DEBUG("device group: the group to shrink did not settle in {} ms", kSettleMs);
+  }
+  parent_.reset();
+  parent_member_ = {};
+  uint32_t started = started_group ? 1 : 0;
+  std::vector<uint32_t> all(static_cast<size_t>(size));
+  st = comm.AllGather(&started, sizeof(started), all.data());
+  if (!st.ok() || !std::all_of(all.begin(), all.end(), [](uint32_t v) { return v != 0; })) {
+    started_group.reset();  // its parent aborted first, which ends its join
+    return st;              // ok: the new id's way
+  }
+  uint64_t id = parent_id;
+  for (int r : excluded) id = Fnv(&r, sizeof(r), id);
+  group_ = std::move(started_group);
+  member_ = {id, rank, size};
+  FS_RETURN_IF_ERROR(Wait(comm));  // its join
+  const int64_t t1 = MonotonicNanos();
+  FS_RETURN_IF_ERROR(WarmUp(comm));
+  FS_LOG_DEBUG(
+      "all-reduces by the device library among the {} members (shrunk from {} in {:.1f} ms, "
+      "first operations {:.1f} ms)",
+      size, from, static_cast<double>(t1 - t0) / 1e6,
+      static_cast<double>(MonotonicNanos() - t1) / 1e6);
+  *shrunk = true;
+  return Status::Ok();
+}
+
+Status DeviceGroupReducer::WarmUp(Communicator& comm) {
+  const int size = comm.size(), rank = comm.rank();
+  int64_t* one = warm_sum_.Reserve(1);
+  float* floats = gathered_.Reserve(static_cast<size_t>(size));
+  backend_->SetZero(one, sizeof(int64_t));
+  backend_->SetZero(floats, sizeof(float) * static_cast<size_t>(size));
+  FS_RETURN_IF_ERROR(Started(group_->StartAllReduce(one, 1)));
+  FS_RETURN_IF_ERROR(Wait(comm));
+  FS_RETURN_IF_ERROR(Started(group_->StartAllGather(floats + rank, 1, floats)));
+  return Wait(comm);
+}
+
+void DeviceGroupReducer::Retire() {
+  if (!group_) return;  // (a group kept before stays)
+  std::unique_ptr<Backend::DeviceGroup> g = std::move(group_);
+  const Membership m = member_;
+  member_ = {};
+  parent_.reset();
+  parent_member_ = {};
+  // (A group whose join did not finish aborts in Revoke.)
+  if (!broken_ && m.id != 0 && g->Revoke()) {
+    parent_ = std::move(g);
+    parent_member_ = m;
+  }
+}
+
 DeviceGroupReducer::~DeviceGroupReducer() {
   group_.reset();  // ends any operation before its buffers go
+  parent_.reset();
 }
 
 Status DeviceGroupReducer::Wait(Communicator& comm) {
@@ -164,19 +303,30 @@ Status DeviceGroupReducer::Wait(Communicator& comm) {
   });
   if (!st.ok()) {
     // Its operations end; whatever they wrote is not used (the step fails).
-    group_.reset();
     if (library_failed) {
       FS_LOG_WARN("device group: {}; the device library is not used again", st.ToString());
       broken_ = true;
     }
+    Retire();
   }
+  return st;
+}
+
+Status DeviceGroupReducer::Started(Status st) {
+  if (st.ok()) return st;
+  // As a failed wait: the library's own failure ends its use here.
+  if (st.code() == StatusCode::kInternal) {
+    FS_LOG_WARN("device group: {}; the device library is not used again", st.ToString());
+    broken_ = true;
+  }
+  Retire();
   return st;
 }
 
 Status DeviceGroupReducer::AllReduceSum(Communicator& comm, int64_t* data, size_t count) {
   FS_CHECK_MSG(ready_ && comm.serial() == serial_, "device-group all-reduce on a group not set up");
   if (!group_) return Aborted("the device group failed");
-  FS_RETURN_IF_ERROR(group_->StartAllReduce(data, count));
+  FS_RETURN_IF_ERROR(Started(group_->StartAllReduce(data, count)));
   return Wait(comm);
 }
 
@@ -190,7 +340,7 @@ Status DeviceGroupReducer::AllReduceSum(Communicator& comm, float* data, size_t 
   FS_CHECK(size <= 64);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
-    FS_RETURN_IF_ERROR(group_->StartAllGather(data + off, n, gathered));
+    FS_RETURN_IF_ERROR(Started(group_->StartAllGather(data + off, n, gathered)));
     FS_RETURN_IF_ERROR(Wait(comm));
     for (size_t m = 0; m < size; ++m) srcs[m] = gathered + m * n;
     backend_->SumArrays(srcs, static_cast<int>(size), n, data + off);

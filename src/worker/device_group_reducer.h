@@ -25,11 +25,24 @@
 // to peer memory or the host. A member whose join fails (the library's own
 // error, not a peer's failure) fails that step and never offers the
 // library again, so the next group does without it.
+//
+// Where the library can (Backend::DeviceGroup::Revoke and Shrink: NCCL
+// 2.28), a group done with (its communicator replaced, or its operation
+// ended by the deadline or an abort, the library having reported no error)
+// is revoked rather than aborted, and kept: when the next group's members
+// all hold it, in its order, and lose one of its members or more, the next
+// group is shrunk from it (the members it loses excluded) rather than made
+// from a new id, which member 0 makes and every member bootstraps from.
+// Any member that cannot (a device rejoined, a library without the calls,
+// a parent that did not settle within kSettleMs or kept an error, a shrink
+// that did not start) sends every member the new id's way, decided alike
+// from what each says at the setup.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
@@ -70,13 +83,38 @@ class DeviceGroupReducer {
   const std::string& why_not() const { return why_not_; }
 
  private:
+  // Who this member is in a group: the group's identity (a hash of the id
+  // it was made from, or of its parent's and the ranks a shrink excluded:
+  // alike on every member; 0: none), its rank and size.
+  struct Membership {
+    uint64_t id = 0;
+    int rank = -1, size = 0;
+  };
+  // How long a member waits for the group it holds to settle (its
+  // operations ended by a revoke) before it shrinks it: a revoke stops the
+  // library's kernels at once, so a parent that takes longer is not used.
+  static constexpr int64_t kSettleMs = 500;
   Status SetUp(Communicator& comm, bool* ready);
+  // Shrinks parent_ to comm's members (parent_ ranks but `excluded`); false
+  // in *shrunk, alike on every member, where any could not.
+  Status Shrink(Communicator& comm, const std::vector<int>& excluded, bool* shrunk);
+  // One operation of each kind on the group just joined, so that whatever
+  // the library sets up at its first is done here, not inside a step.
+  Status WarmUp(Communicator& comm);
   // Waits for the group's operation (or join) under `comm`; a failure
-  // aborts the group.
+  // retires the group.
   Status Wait(Communicator& comm);
+  // `st`, an operation's start; a failure retires the group.
+  Status Started(Status st);
+  // Lets go of group_ (if any): kept as parent_ (revoked) where the
+  // library can, else aborted; any older parent aborted.
+  void Retire();
 
   Backend* const backend_;
   std::unique_ptr<Backend::DeviceGroup> group_;
+  Membership member_;                             // in group_
+  std::unique_ptr<Backend::DeviceGroup> parent_;  // revoked, for a shrink
+  Membership parent_member_;
   uint64_t serial_ = 0;  // the communicator set up for (0: none)
   bool ready_ = false;   // for that communicator
   bool broken_ = false;  // the library failed here: offered no more

@@ -583,7 +583,7 @@ class CudaBackend final : public Backend {
                                                        int size) override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a device group joined inside a graphed step");
     FS_CUDA_CHECK(cudaSetDevice(gpu_));  // NCCL binds the group to this thread's device
-    return cuda::JoinNcclGroup(id, rank, size, stream_);
+    return cuda::JoinNcclGroup(id, rank, size, stream_, gpu_);
   }
 
   Result<PeerMemory> AllocatePeerMemory(size_t bytes) override {

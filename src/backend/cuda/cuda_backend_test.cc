@@ -1375,8 +1375,8 @@ constexpr const char* kGroupMemberEnv = "FAILSAFE_TEST_GROUP_MEMBER";  // "rank,
 constexpr int kNoLibrary = 77;  // a member's exit: no NCCL here
 
 struct GroupBoard {
-  std::atomic<uint32_t> posted[2];
-  char id[2][Backend::kDeviceGroupIdBytes];
+  std::atomic<uint32_t> posted[3];
+  char id[3][Backend::kDeviceGroupIdBytes];
 };
 
 uint64_t Mix(uint64_t x) {  // splitmix64
@@ -1461,44 +1461,142 @@ int RunGroupMember(int rank, int size, const char* board_path) {
   if (b->CollectiveDevice().empty()) return kNoLibrary;
 
   // 1. The whole group: sums and gathers.
-  const std::string id = GroupId(b, board, 0, rank);
-  auto joined = b->JoinDeviceGroup(id, rank, size);
-  if (!joined.ok()) return 4;
-  std::unique_ptr<Backend::DeviceGroup> g = std::move(*joined);
-  std::string why;
-  if (!Finishes(g.get(), 60000, &why)) {
-    std::fprintf(stderr, "member %d: join: %s\n", rank, why.c_str());
-    return 5;
-  }
+  auto join = [&](int which, int members, std::unique_ptr<Backend::DeviceGroup>* g) -> int {
+    auto joined = b->JoinDeviceGroup(GroupId(b, board, which, rank), rank, members);
+    if (!joined.ok()) return 4;
+    *g = std::move(*joined);
+    std::string why;
+    if (!Finishes(g->get(), 60000, &why)) {
+      std::fprintf(stderr, "member %d: join %d: %s\n", rank, which, why.c_str());
+      return 5;
+    }
+    return 0;
+  };
+  std::unique_ptr<Backend::DeviceGroup> g;
+  if (int bad = join(0, size, &g)) return bad;
   if (int bad = SumAndGather(b, g.get(), rank, size, 1)) return bad;
+  std::string why;
 
-  // 2. The last member is killed; the others' next sum cannot finish (or
-  // fails), until they abort it; then the device is well.
+  // Revoked where the library can (it then settles, and refuses
+  // operations), else aborted (it fails from now on): 1 or 0, or what
+  // failed.
+  auto revoke = [&](Backend::DeviceGroup* group, int* revoked) -> int {
+    *revoked = group->Revoke() ? 1 : 0;
+    if (!*revoked) return group->Done().ok() ? 60 : 0;
+    if (!Finishes(group, 30000, &why)) {
+      std::fprintf(stderr, "member %d: revoke: %s\n", rank, why.c_str());
+      return 61;
+    }
+    OnDevice<int64_t> one(b, std::vector<int64_t>(1, 1));
+    if (group->StartAllReduce(one.get(), 1).ok()) return 62;  // none on a revoked group
+    if (!group->Revoke()) return 63;                          // again: still revoked
+    if (group->Shrink({}).ok()) return 64;                    // by no member: refused
+    return 0;
+  };
+  // Shrinks `group` by `excluded` and waits for the join: 0, or what
+  // failed. The parent, let go of at once, goes with the new group.
+  auto shrink = [&](std::unique_ptr<Backend::DeviceGroup>* group,
+                    std::vector<int> excluded) -> int {
+    auto made = (*group)->Shrink(excluded);
+    if (!made.ok()) {
+      std::fprintf(stderr, "member %d: shrink: %s\n", rank, made.status().ToString().c_str());
+      return 70;
+    }
+    std::unique_ptr<Backend::DeviceGroup> parent = std::move(*group);
+    *group = std::move(*made);
+    if (parent->Done().ok()) return 71;  // carried by the new group
+    parent.reset();
+    if (!Finishes(group->get(), 60000, &why)) {
+      std::fprintf(stderr, "member %d: shrink's join: %s\n", rank, why.c_str());
+      return 72;
+    }
+    return 0;
+  };
+
+  // 2. Where the library shrinks: a shrink that a member of the new group
+  // never joins (member 0 shrinks the whole group by its last member;
+  // the others do not) does not finish, and its abort (the parent, then
+  // the new group) does not wait. Then a new whole group from an id.
+  int revoked = 0;
+  if (int bad = revoke(g.get(), &revoked)) return bad;
+#ifdef FAILSAFE_CUDA_EMULATION
+  if (!revoked) return 29;  // the emulation has ncclCommRevoke and ncclCommShrink
+#endif
+  const bool shrinks = revoked != 0;
+  if (shrinks && rank == 0) {
+    auto lone = g->Shrink({size - 1});
+    if (!lone.ok()) return 54;
+    const int64_t t1 = MonotonicNanos();
+    while (MonotonicNanos() - t1 < 300000000) {
+      auto done = (*lone)->Done();
+      if (!done.ok()) break;
+      if (*done) return 55;  // joined without member 1
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const int64_t t2 = MonotonicNanos();
+    lone->reset();
+    if (MonotonicNanos() - t2 > 1000000000) return 56;
+  }
+  g.reset();
+  b->Synchronize();
+  if (int bad = join(1, size, &g)) return 10 + bad;
+  if (int bad = SumAndGather(b, g.get(), rank, size, 2)) return 20 + bad;
+
+  // 3. The last member is killed; the others' next sum cannot finish (or
+  // fails), until they revoke or abort it; then the device is well.
   if (rank == size - 1) ::raise(SIGKILL);
   OnDevice<int64_t> data(b, std::vector<int64_t>(4096, 1));
-  if (!g->StartAllReduce(data.get(), 4096).ok()) return 20;
+  if (!g->StartAllReduce(data.get(), 4096).ok()) return 30;
   const int64_t t0 = MonotonicNanos();
   while (MonotonicNanos() - t0 < 500000000) {
     auto done = g->Done();
     if (!done.ok()) break;  // the library saw the peer go: as good
-    if (*done) return 21;   // a sum without the dead member
+    if (*done) return 31;   // a sum without the dead member
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  g->Abort();
-  if (g->Done().ok()) return 22;
+  if (int bad = revoke(g.get(), &revoked)) return bad;
   b->Synchronize();
+#ifdef FAILSAFE_CUDA_EMULATION
+  // No NCCL thread watches a peer between GPUs of one host: the group
+  // revokes, and the survivors shrink it.
+  if (!revoked) return 32;
+#endif
+  if (revoked) {
+    // The survivors' group shrunk from it, without a new id (where NCCL
+    // saw the member go, over its network transport, it keeps the error
+    // and refuses the shrink: the new id's way then).
+    auto made = g->Shrink({size - 1});
+    if (made.ok()) {
+      std::unique_ptr<Backend::DeviceGroup> shrunk = std::move(*made);
+      g.reset();
+      if (!Finishes(shrunk.get(), 60000, &why)) {
+        std::fprintf(stderr, "member %d: shrink's join: %s\n", rank, why.c_str());
+        return 33;
+      }
+      if (int bad = SumAndGather(b, shrunk.get(), rank, size - 1, 3)) return 40 + bad;
+    } else {
+#ifdef FAILSAFE_CUDA_EMULATION
+      return 34;
+#endif
+      std::fprintf(stderr, "member %d: no shrink after the kill: %s\n", rank,
+                   made.status().ToString().c_str());
+    }
+  }
   g.reset();
 
-  // 3. The survivors make a new group.
-  const std::string id2 = GroupId(b, board, 1, rank);
-  auto rejoined = b->JoinDeviceGroup(id2, rank, size - 1);
-  if (!rejoined.ok()) return 23;
-  g = std::move(*rejoined);
-  if (!Finishes(g.get(), 60000, &why)) {
-    std::fprintf(stderr, "member %d: second join: %s\n", rank, why.c_str());
-    return 24;
+  // 4. The survivors make a new group from an id.
+  if (int bad = join(2, size - 1, &g)) return 80 + bad;
+  if (int bad = SumAndGather(b, g.get(), rank, size - 1, 4)) return 90 + bad;
+
+  // 5. Where the library shrinks, a group with no member gone: revoked,
+  // every member but the last shrinks it by the last, which lets go.
+  if (shrinks) {
+    if (int bad = revoke(g.get(), &revoked)) return bad;
+    if (!revoked) return 100;
+    if (rank == size - 2) return 0;
+    if (int bad = shrink(&g, {size - 2})) return bad;
+    if (int bad = SumAndGather(b, g.get(), rank, size - 2, 5)) return 110 + bad;
   }
-  if (int bad = SumAndGather(b, g.get(), rank, size - 1, 2)) return 30 + bad;
   return 0;
 }
 
@@ -1513,13 +1611,18 @@ TEST(CudaDeviceGroup, Member) {
 }
 
 // Members in processes of their own sum and gather exactly (integers
-// wrapping, floats as sent); one is killed, and the survivors' operation
-// does not finish without it, ends when they abort it, and leaves their
-// devices well; the survivors then form a new group that sums and gathers.
+// wrapping, floats as sent). Where the library shrinks, a shrink that one
+// of its members never joins does not finish, and aborts at once. One
+// member is killed, and the survivors' operation does not finish without
+// it, ends when they revoke (or abort) it, and leaves their devices well;
+// where the library can, the survivors shrink the revoked group to
+// themselves and sum and gather in it; they form a new group from an id
+// that sums and gathers; and, where the library shrinks, a healthy group
+// is shrunk by a member that lets go, and sums and gathers.
 TEST(CudaDeviceGroup, SumsGathersAndOutlivesAKilledMember) {
   if (std::getenv(kGroupMemberEnv)) GTEST_SKIP() << "a member's process";
   REQUIRE_GPU();
-  constexpr int kMembers = 3;
+  constexpr int kMembers = 4;
   char dir[] = "/tmp/failsafe-group-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string path = std::string(dir) + "/board";

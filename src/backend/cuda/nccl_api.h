@@ -21,6 +21,10 @@ struct NcclApi {
                             ncclComm_t comm, cudaStream_t stream);
   const char* (*GetErrorString)(ncclResult_t result);
   const char* (*GetLastError)(ncclComm_t comm);
+  // Null where the library has none (NCCL older than 2.28, 2.27).
+  ncclResult_t (*CommRevoke)(ncclComm_t comm, int flags);
+  ncclResult_t (*CommShrink)(ncclComm_t comm, int* excluded, int count, ncclComm_t* newcomm,
+                             ncclConfig_t* config, int flags);
 };
 
 #ifdef FAILSAFE_CUDA_EMULATION

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/nccl_api.h"
@@ -56,12 +57,17 @@ Loaded LoadLibrary() {
     l.why = fmt::format("{} has no {}", file, missing);
     return l;
   }
+  // Optional (2.28): without them, the survivors of a group whose member
+  // failed make theirs anew from an id.
+  api.CommRevoke = reinterpret_cast<decltype(api.CommRevoke)>(dlsym(h, "ncclCommRevoke"));
+  api.CommShrink = reinterpret_cast<decltype(api.CommShrink)>(dlsym(h, "ncclCommShrink"));
   int version = 0;
   if (api.GetVersion(&version) != ncclSuccess || version < kOldestNccl) {
     l.why = fmt::format("{} is NCCL {}, older than 2.18", file, version);
     return l;
   }
-  FS_LOG_DEBUG("NCCL {} from {}", version, file);
+  FS_LOG_DEBUG("NCCL {} from {}{}", version, file,
+               api.CommRevoke && api.CommShrink ? " (groups shrink)" : "");
   l.api = &api;
   return l;
 }
@@ -98,10 +104,37 @@ void AbortComm(const NcclApi* api, ncclComm_t comm, bool joined) {
   }
 }
 
+// FAILSAFE_NCCL_SHRINK=0: every group from a new id.
+bool ShrinkOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("FAILSAFE_NCCL_SHRINK");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// Where NCCL publishes a shrink's communicator: written by NCCL's own
+// thread as the shrink's join ends (it stays null until then), read once
+// the parent no longer says in progress.
+ncclComm_t LoadPublished(const ncclComm_t* slot) { return __atomic_load_n(slot, __ATOMIC_ACQUIRE); }
+
 class NcclGroup final : public Backend::DeviceGroup {
  public:
-  NcclGroup(const NcclApi* api, ncclComm_t comm, cudaStream_t stream)
-      : api_(api), comm_(comm), stream_(stream) {
+  // A group joined by id.
+  NcclGroup(const NcclApi* api, ncclComm_t comm, cudaStream_t stream, int gpu)
+      : api_(api), comm_(comm), stream_(stream), gpu_(gpu) {
+    FS_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  // A group shrunk from `parent` (owned from here on): its communicator
+  // is published into *slot once the shrink's join ends.
+  NcclGroup(const NcclApi* api, ncclComm_t parent, std::unique_ptr<ncclComm_t> slot,
+            cudaStream_t stream, int gpu)
+      : api_(api),
+        comm_(nullptr),
+        stream_(stream),
+        gpu_(gpu),
+        parent_(parent),
+        slot_(std::move(slot)) {
     FS_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
   }
   ~NcclGroup() override {
@@ -110,13 +143,44 @@ class NcclGroup final : public Backend::DeviceGroup {
   }
 
   Result<bool> Done() override {
-    if (!comm_) return Aborted("the NCCL group was aborted");
+    if (!comm_ && !parent_) return Aborted("the NCCL group was aborted");
+    if (!comm_) {
+      // A shrink's join: under way in its parent (nonblocking) until the
+      // parent no longer says in progress; NCCL has published the new
+      // communicator by then (null where the shrink failed early).
+      ncclResult_t parent_state = ncclSuccess;
+      const ncclResult_t r = api_->CommGetAsyncError(parent_, &parent_state);
+      if (r == ncclSuccess && parent_state == ncclInProgress) return false;
+      comm_ = LoadPublished(slot_.get());
+      if (r != ncclSuccess || parent_state != ncclSuccess || !comm_) {
+        std::string what = Describe(api_, r != ncclSuccess ? r : parent_state, parent_);
+        Abort();
+        return Unavailable("the NCCL group's shrink: {}", what);
+      }
+    }
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = api_->CommGetAsyncError(comm_, &state);
     if (r != ncclSuccess) return Fail(r);
+    // Revoked: settled once NCCL no longer says in progress. An error it
+    // says then is one it keeps (a peer's, seen by its proxy thread), which
+    // would fail a shrink too.
+    if (revoked_) {
+      if (state == ncclInProgress) return false;
+      if (state != ncclSuccess) kept_ = state;
+      return true;
+    }
     if (state == ncclInProgress) return false;
     if (state != ncclSuccess) return Fail(state);
-    joined_ = true;
+    if (!joined_) {
+      joined_ = true;
+      if (parent_) {
+        // Its parent is done with: aborted (never destroyed, which can
+        // wait for the member that failed), off this thread.
+        std::thread([api = api_, parent = parent_] { api->CommAbort(parent); }).detach();
+        parent_ = nullptr;
+        slot_.reset();
+      }
+    }
     if (!in_flight_) return true;  // joined, or nothing started
     // The operation is on the stream once the state left ncclInProgress:
     // only then may work after it be queued.
@@ -134,47 +198,122 @@ class NcclGroup final : public Backend::DeviceGroup {
 
   Status StartAllReduce(int64_t* data, size_t count) override {
     FS_CHECK_MSG(!in_flight_, "an NCCL operation started before the last finished");
-    if (!comm_) return Aborted("the NCCL group was aborted");
+    if (!Usable()) return Aborted("the NCCL group was aborted");
     // Unsigned: the same bits as int64_t's wrapping sum, with no overflow.
     return Started(api_->AllReduce(data, data, count, ncclUint64, ncclSum, comm_, stream_));
   }
 
   Status StartAllGather(const float* send, size_t count, float* recv) override {
     FS_CHECK_MSG(!in_flight_, "an NCCL operation started before the last finished");
-    if (!comm_) return Aborted("the NCCL group was aborted");
+    if (!Usable()) return Aborted("the NCCL group was aborted");
     return Started(api_->AllGather(send, recv, count, ncclFloat32, comm_, stream_));
   }
 
   void Abort() override {
+    in_flight_ = false;
+    if (parent_) {
+      // A shrink's join not finished: its parent first (which ends the
+      // join, waiting for NCCL's thread of it), then the new communicator
+      // NCCL published meanwhile, if any; off this thread.
+      std::thread([api = api_, parent = parent_, comm = comm_, slot = std::move(slot_)] {
+        api->CommAbort(parent);
+        const ncclComm_t published = comm ? comm : LoadPublished(slot.get());
+        if (published) api->CommAbort(published);
+      }).detach();
+      parent_ = nullptr;
+      comm_ = nullptr;
+      return;
+    }
     if (!comm_) return;
     AbortComm(api_, comm_, joined_);
     comm_ = nullptr;
-    in_flight_ = false;
+  }
+
+  bool Revoke() override {
+    if (comm_ && revoked_) return true;
+    // Not where NCCL reported an error (it keeps it, and would fail the
+    // shrink), or where the last operation's enqueue may still be NCCL's
+    // job (not yet seen out of ncclInProgress): a revoke then ends that
+    // job under NCCL's own feet.
+    if (!comm_ || !joined_ || !Shrinks() || (in_flight_ && !recorded_)) {
+      Abort();
+      return false;
+    }
+    const ncclResult_t r = api_->CommRevoke(comm_, 0);  // NCCL_REVOKE_DEFAULT
+    if (r != ncclSuccess && r != ncclInProgress) {
+      FS_LOG_DEBUG("NCCL group: revoke: {}", Describe(api_, r, comm_));
+      Abort();
+      return false;
+    }
+    revoked_ = true;
+    in_flight_ = false;  // Done() now says whether it has settled
+    return true;
+  }
+
+  Result<std::unique_ptr<DeviceGroup>> Shrink(const std::vector<int>& excluded) override {
+    if (!Shrinks()) return Unavailable("this NCCL cannot shrink a group");
+    if (!comm_ || !revoked_) return FailedPrecondition("an NCCL group shrinks only once revoked");
+    if (kept_ != ncclSuccess)
+      return Unavailable("the NCCL group keeps an error: {}", api_->GetErrorString(kept_));
+    if (excluded.empty()) return InvalidArgument("an NCCL group shrinks by one member or more");
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &capturing) != cudaSuccess ||
+        capturing != cudaStreamCaptureStatusNone)
+      return FailedPrecondition("an NCCL group shrinks outside a graph's capture");
+    FS_CUDA_CHECK(cudaSetDevice(gpu_));  // NCCL binds the group to the thread's device
+    std::vector<int> ranks = excluded;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    auto slot = std::make_unique<ncclComm_t>(nullptr);
+    // NCCL_SHRINK_ABORT: a parent whose member may have failed (revoked,
+    // settled: nothing of it is left under way to end), as NCCL asks for
+    // one in error; no resources shared with it.
+    const ncclResult_t r = api_->CommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()),
+                                            slot.get(), &config, NCCL_SHRINK_ABORT);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      // Not started: NCCL published nothing, and this group is the
+      // caller's still.
+      return Unavailable("{}", Describe(api_, r, comm_));
+    }
+    const ncclComm_t parent = comm_;
+    comm_ = nullptr;
+    return std::unique_ptr<DeviceGroup>(
+        new NcclGroup(api_, parent, std::move(slot), stream_, gpu_));
   }
 
  private:
+  bool Usable() const { return comm_ && joined_ && !revoked_; }
   Status Started(ncclResult_t r) {
     if (r != ncclSuccess && r != ncclInProgress) return Fail(r);
     in_flight_ = true;
     recorded_ = false;
     return Status::Ok();
   }
+  bool Shrinks() const { return api_->CommRevoke && api_->CommShrink && ShrinkOn(); }
   // A peer's failure (its connection gone, an error it reported) is
-  // kUnavailable; NCCL's own, or this device's, kInternal.
+  // kUnavailable; NCCL's own, or this device's, kInternal. Either ends
+  // the group: NCCL keeps the error, so it could not be shrunk.
   Status Fail(ncclResult_t r) {
     std::string what = Describe(api_, r, comm_);
+    const bool peer = r == ncclRemoteError || r == ncclSystemError;
     Abort();
-    if (r == ncclRemoteError || r == ncclSystemError) return Unavailable("{}", what);
-    return Internal("{}", what);
+    return peer ? Unavailable("{}", what) : Internal("{}", what);
   }
 
   const NcclApi* const api_;
-  ncclComm_t comm_;
+  ncclComm_t comm_;  // null once aborted, or a shrink's until published
   const cudaStream_t stream_;
+  const int gpu_;
+  // A shrink's parent and where NCCL publishes its communicator, until
+  // its join finished (owned: aborted then, or with it).
+  ncclComm_t parent_ = nullptr;
+  std::unique_ptr<ncclComm_t> slot_;
   cudaEvent_t event_ = nullptr;
-  bool joined_ = false;     // the join finished
-  bool in_flight_ = false;  // an operation started and not yet seen finished
-  bool recorded_ = false;   // event_ recorded after it
+  bool joined_ = false;              // the join finished
+  bool revoked_ = false;             // no operation may start
+  ncclResult_t kept_ = ncclSuccess;  // the error a revoked group settled with
+  bool in_flight_ = false;           // an operation started and not yet seen finished
+  bool recorded_ = false;            // event_ recorded after it
 };
 
 }  // namespace
@@ -219,7 +358,8 @@ Result<std::string> NewNcclGroupId() {
 }
 
 Result<std::unique_ptr<Backend::DeviceGroup>> JoinNcclGroup(const std::string& id, int rank,
-                                                            int size, cudaStream_t stream) {
+                                                            int size, cudaStream_t stream,
+                                                            int gpu) {
   const Loaded& l = Load();
   if (!l.api) return Unavailable("{}", l.why);
   ncclUniqueId uid;
@@ -235,7 +375,7 @@ Result<std::unique_ptr<Backend::DeviceGroup>> JoinNcclGroup(const std::string& i
     if (comm) l.api->CommAbort(comm);
     return Unavailable("{}", what);
   }
-  return std::unique_ptr<Backend::DeviceGroup>(new NcclGroup(l.api, comm, stream));
+  return std::unique_ptr<Backend::DeviceGroup>(new NcclGroup(l.api, comm, stream, gpu));
 }
 
 }  // namespace failsafe::cuda

@@ -12,6 +12,17 @@
 // whose peer died or hangs with ncclCommAbort (never ncclCommDestroy, which
 // can wait for the dead peer).
 //
+// Where NCCL has ncclCommRevoke and ncclCommShrink (2.28 and later), a
+// group whose operation failed is revoked rather than aborted (its
+// operations end, its communicator stays), and the survivors' next group
+// is shrunk from it (DeviceGroup::Shrink): no new id, no bootstrap through
+// member 0's socket. NCCL publishes the shrunk communicator from its own
+// thread as the shrink's join ends, so the new group owns the parent and
+// the slot NCCL writes until then; the parent is aborted (never destroyed)
+// once the new group has joined, or, where the join fails, before the new
+// communicator (its abort ends the shrink's join). FAILSAFE_NCCL_SHRINK=0
+// turns shrinking off (a new id every time).
+//
 // A group whose join is abandoned (a member died or failed before it
 // finished) leaves, in the member that made its id, NCCL's bootstrap root
 // thread waiting for the members that never came: NCCL has no call that
@@ -47,9 +58,9 @@ bool NcclLoaded(std::string* why);
 // A new group id (ncclGetUniqueId's bytes).
 Result<std::string> NewNcclGroupId();
 
-// Starts joining group `id` as `rank` of `size` on the current GPU; its
-// operations go on `stream`.
+// Starts joining group `id` as `rank` of `size` on the current GPU, `gpu`
+// (a shrink of the group binds to it again); its operations go on `stream`.
 Result<std::unique_ptr<Backend::DeviceGroup>> JoinNcclGroup(const std::string& id, int rank,
-                                                            int size, cudaStream_t stream);
+                                                            int size, cudaStream_t stream, int gpu);
 
 }  // namespace failsafe::cuda

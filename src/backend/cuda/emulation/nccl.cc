@@ -10,10 +10,24 @@
 // The sums: unsigned integers wrapping (what FailSafe's fixed-point sums
 // take), floats in rank order.
 //
+// A revoke ends this member's operations under way and leaves its view of
+// the group settled after one poll in progress; a second is refused. A
+// shrink (by one rank or more, of a group joined and settled) joins the
+// group named by the parent's name and the ranks excluded, which every
+// remaining member names alike, as a join by id; as NCCL's nonblocking
+// shrink, it publishes the new communicator into the caller's slot only
+// once that join has finished (the parent in progress until then, and
+// null there meanwhile), and an abort of the parent before then ends the
+// new one's join (published, aborted).
+//
 // What a real NCCL may answer, and the callers must handle, it answers too:
 // every other operation's enqueue "in progress" (ncclInProgress, then one
-// poll of ncclCommGetAsyncError in progress), and a member whose process is
-// gone a remote error (ncclRemoteError, as a lost connection reads).
+// poll of ncclCommGetAsyncError in progress). A member whose process is
+// gone leaves the others' operations unfinished, as between GPUs of one
+// host (no NCCL thread watches a peer there); with FAILSAFE_NCCL_APART=1
+// (NCCL's network transport, whose proxy thread sees a connection go) it
+// is a remote error (ncclRemoteError), which NCCL keeps: through a revoke,
+// and failing a shrink.
 #include <errno.h>
 #include <fcntl.h>
 #include <nccl.h>
@@ -25,6 +39,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -78,6 +93,12 @@ struct ncclComm {
   std::string last_error;
   uint64_t operations = 0;
   bool enqueue_pending = false;  // the last operation said in progress
+  bool revoked = false;
+  int revoke_polls = 0;     // polls in progress left after the revoke
+  bool kept_error = false;  // a member gone, seen as over the network
+  // A shrink not yet published: the new communicator and where it goes.
+  ncclComm* shrink_child = nullptr;
+  ncclComm** shrink_slot = nullptr;
 };
 
 namespace failsafe::cuda::emu {
@@ -193,8 +214,10 @@ bool Joined(ncclComm* c) {
 
 ncclResult_t Issue(ncclComm* c, Kind kind, const void* send, void* recv, size_t count, size_t elem,
                    cudaStream_t stream) {
-  if (!c || !Joined(c)) {
-    if (c) c->last_error = "an operation before the join finished";
+  if (!c || !Joined(c) || c->revoked) {
+    if (c)
+      c->last_error =
+          c->revoked ? "an operation on a revoked group" : "an operation before the join finished";
     return ncclInvalidUsage;
   }
   if (count == 0) return ncclSuccess;
@@ -208,6 +231,14 @@ ncclResult_t Issue(ncclComm* c, Kind kind, const void* send, void* recv, size_t 
     return ncclInProgress;
   }
   return ncclSuccess;
+}
+
+bool OverTheNetwork() {
+  static const bool apart = [] {
+    const char* v = std::getenv("FAILSAFE_NCCL_APART");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return apart;
 }
 
 // A member whose process no longer exists.
@@ -233,12 +264,13 @@ ncclResult_t GetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                ncclConfig_t* config) {
+// Joins the group named `name` as `rank` of `nranks`.
+ncclResult_t JoinNamed(ncclComm_t* comm, int nranks, const std::string& name, int rank,
+                       ncclConfig_t* config) {
   *comm = nullptr;
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   auto g = std::make_shared<Group>();
-  g->name.assign(id.internal, strnlen(id.internal, sizeof(id.internal)));
+  g->name = name;
   g->rank = rank;
   g->size = nranks;
   g->bytes = kHeaderBytes + 2 * static_cast<size_t>(nranks) * kSlotBytes;
@@ -259,13 +291,111 @@ ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, i
   return ncclSuccess;
 }
 
+ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                ncclConfig_t* config) {
+  return JoinNamed(comm, nranks,
+                   std::string(id.internal, strnlen(id.internal, sizeof(id.internal))), rank,
+                   config);
+}
+
+ncclResult_t CommRevoke(ncclComm_t comm, int flags) {
+  if (!comm || flags != 0) return ncclInvalidArgument;
+  if (comm->revoked) {
+    comm->last_error = "the communicator is revoked already";
+    return ncclInvalidArgument;
+  }
+  if (!Joined(comm) || comm->shrink_child) {
+    comm->last_error = "a revoke before the join finished, or during a shrink";
+    return ncclInvalidUsage;
+  }
+  comm->revoked = true;
+  comm->revoke_polls = 1;
+  comm->enqueue_pending = false;
+  // This member's operations under way end; its later ones are refused.
+  // (Operations hold the member's view: a view of its own for the rest.)
+  comm->group->aborted.store(true);
+  return ncclInProgress;
+}
+
+ncclResult_t CommShrink(ncclComm_t comm, int* excluded, int count, ncclComm_t* newcomm,
+                        ncclConfig_t* config, int flags) {
+  if (!comm || !newcomm || count <= 0 || !excluded ||
+      (flags != NCCL_SHRINK_DEFAULT && flags != NCCL_SHRINK_ABORT))
+    return ncclInvalidArgument;
+  *newcomm = nullptr;
+  const Group& g = *comm->group;
+  if (!Joined(comm) || comm->revoke_polls > 0 || comm->shrink_child ||
+      (!comm->revoked && comm->enqueue_pending)) {
+    comm->last_error = "a shrink of a group not joined or settled, or with an operation under way";
+    return ncclInvalidArgument;
+  }
+  if (comm->kept_error) {
+    comm->last_error = "a member's connection is gone";
+    return ncclRemoteError;
+  }
+  // The new name: the parent's and the ranks excluded (FNV-1a), alike on
+  // every remaining member.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ULL;
+    }
+  };
+  for (char c : g.name) mix(static_cast<unsigned char>(c));
+  int below = 0;
+  for (int i = 0; i < count; ++i) {
+    const int r = excluded[i];
+    if (r < 0 || r >= g.size || r == g.rank || (i > 0 && r <= excluded[i - 1])) {
+      comm->last_error = "excluded ranks out of range, unordered, or this member's";
+      return ncclInvalidArgument;
+    }
+    below += r < g.rank;
+    mix(static_cast<uint64_t>(r));
+  }
+  char name[40];
+  std::snprintf(name, sizeof(name), "/fs-emu-nccl-%016llx", static_cast<unsigned long long>(h));
+  ncclComm_t child = nullptr;
+  ncclConfig_t nonblocking = config ? *config : ncclConfig_t(NCCL_CONFIG_INITIALIZER);
+  nonblocking.blocking = 0;
+  const ncclResult_t r = JoinNamed(&child, g.size - count, name, g.rank - below, &nonblocking);
+  if (r != ncclSuccess && r != ncclInProgress) return r;
+  if (config && config->blocking != 0) {
+    while (!Joined(child)) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    *newcomm = child;
+    return ncclSuccess;
+  }
+  comm->shrink_child = child;
+  comm->shrink_slot = newcomm;
+  return ncclInProgress;
+}
+
 ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
-  if (comm->enqueue_pending) {
+  if (comm->shrink_child) {
+    // In progress while the shrink's join goes on; its communicator
+    // published once that has finished, on the last poll that says so.
+    *state = ncclInProgress;
+    if (Joined(comm->shrink_child)) {
+      __atomic_store_n(comm->shrink_slot, comm->shrink_child, __ATOMIC_RELEASE);
+      comm->shrink_child = nullptr;
+      comm->shrink_slot = nullptr;
+    }
+    return ncclSuccess;
+  }
+  if (!comm->kept_error && OverTheNetwork() && MemberGone(*comm->group)) {
+    comm->last_error = "a member's connection is gone";
+    comm->kept_error = true;
+  }
+  if (comm->revoked && comm->revoke_polls > 0) {  // settled after a poll
+    --comm->revoke_polls;
+    *state = ncclInProgress;
+  } else if (comm->kept_error) {
+    *state = ncclRemoteError;
+  } else if (comm->revoked) {
+    *state = ncclSuccess;
+  } else if (comm->enqueue_pending) {
     comm->enqueue_pending = false;
     *state = ncclInProgress;
-  } else if (MemberGone(*comm->group)) {
-    comm->last_error = "a member's connection is gone";
-    *state = ncclRemoteError;
   } else {
     *state = Joined(comm) ? ncclSuccess : ncclInProgress;
   }
@@ -274,6 +404,12 @@ ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
 
 ncclResult_t CommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
+  if (ncclComm* child = comm->shrink_child) {
+    // The shrink's join ends, failed; NCCL publishes what it made.
+    child->group->aborted.store(true);
+    child->last_error = "the parent was aborted during the shrink";
+    __atomic_store_n(comm->shrink_slot, child, __ATOMIC_RELEASE);
+  }
   comm->group->aborted.store(true);
   if (!comm->group->joined) shm_unlink(comm->group->name.c_str());
   delete comm;
@@ -301,6 +437,8 @@ const char* GetErrorString(ncclResult_t r) {
       return "no error";
     case ncclSystemError:
       return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
     case ncclInvalidArgument:
       return "invalid argument";
     case ncclInvalidUsage:
@@ -323,9 +461,9 @@ namespace failsafe::cuda {
 
 const NcclApi* EmulatedNccl() {
   static const NcclApi api = {
-      emu::GetVersion,        emu::GetUniqueId,    emu::CommInitRankConfig,
-      emu::CommGetAsyncError, emu::CommAbort,      emu::AllReduce,
-      emu::AllGather,         emu::GetErrorString, emu::GetLastError,
+      emu::GetVersion,   emu::GetUniqueId, emu::CommInitRankConfig, emu::CommGetAsyncError,
+      emu::CommAbort,    emu::AllReduce,   emu::AllGather,          emu::GetErrorString,
+      emu::GetLastError, emu::CommRevoke,  emu::CommShrink,
   };
   return &api;
 }

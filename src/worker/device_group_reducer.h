@@ -93,7 +93,7 @@ class DeviceGroupReducer {
   // How long a member waits for the group it holds to settle (its
   // operations ended by a revoke) before it shrinks it: a revoke stops the
   // library's kernels at once, so a parent that takes longer is not used.
-  static constexpr int64_t kSettleMs = 500;
+  static constexpr int64_t kSettleMs = 200;
   Status SetUp(Communicator& comm, bool* ready);
   // Shrinks parent_ to comm's members (parent_ ranks but `excluded`); false
   // in *shrunk, alike on every member, where any could not.

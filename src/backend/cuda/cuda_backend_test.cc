@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -1337,8 +1339,16 @@ TEST(CudaBackend, CopiesFromPageLockedRegions) {
 // gtest filter), with `env` added to this one's environment: its pid, or
 // -1 where it could not start.
 pid_t SpawnTest(const std::string& test, const std::vector<std::string>& env) {
+  // This process's environment, but where `env` sets a variable.
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  for (char** e = environ; *e; ++e) {
+    const std::string_view var(*e);
+    const bool set = std::any_of(env.begin(), env.end(), [&](const std::string& x) {
+      const size_t eq = x.find('=');
+      return var.substr(0, var.find('=')) == std::string_view(x).substr(0, eq);
+    });
+    if (!set) env_strings.emplace_back(*e);
+  }
   env_strings.insert(env_strings.end(), env.begin(), env.end());
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
@@ -1377,7 +1387,23 @@ constexpr int kNoLibrary = 77;  // a member's exit: no NCCL here
 struct GroupBoard {
   std::atomic<uint32_t> posted[3];
   char id[3][Backend::kDeviceGroupIdBytes];
+  std::atomic<uint32_t> said[8];  // each member's say (AllSay): 1 yes, 2 no
+  std::atomic<uint32_t> shrunk;   // the last step's shrink is done with
 };
+
+// Whether each of the first `members` says yes, this member saying `yes`
+// (once per run; at most 30 s for the others).
+bool AllSay(GroupBoard* board, int rank, int members, bool yes) {
+  board->said[rank].store(yes ? 1 : 2, std::memory_order_release);
+  bool all = true;
+  for (int m = 0; m < members; ++m) {
+    uint32_t v = 0;
+    for (int i = 0; i < 30000 && (v = board->said[m].load(std::memory_order_acquire)) == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    all = all && v == 1;
+  }
+  return all;
+}
 
 uint64_t Mix(uint64_t x) {  // splitmix64
   x += 0x9e3779b97f4a7c15ull;
@@ -1515,8 +1541,9 @@ int RunGroupMember(int rank, int size, const char* board_path) {
 
   // 2. Where the library shrinks: a shrink that a member of the new group
   // never joins (member 0 shrinks the whole group by its last member;
-  // the others do not) does not finish, and its abort (the parent, then
-  // the new group) does not wait. Then a new whole group from an id.
+  // the others do not) does not finish, and is aborted (the parent, then
+  // the new group: off the caller's thread), the device well after. Then
+  // a new whole group from an id.
   int revoked = 0;
   if (int bad = revoke(g.get(), &revoked)) return bad;
 #ifdef FAILSAFE_CUDA_EMULATION
@@ -1533,9 +1560,7 @@ int RunGroupMember(int rank, int size, const char* board_path) {
       if (*done) return 55;  // joined without member 1
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    const int64_t t2 = MonotonicNanos();
     lone->reset();
-    if (MonotonicNanos() - t2 > 1000000000) return 56;
   }
   g.reset();
   b->Synchronize();
@@ -1561,27 +1586,33 @@ int RunGroupMember(int rank, int size, const char* board_path) {
   // revokes, and the survivors shrink it.
   if (!revoked) return 32;
 #endif
+  // The survivors' group shrunk from it, without a new id, where every
+  // survivor could start the shrink (where NCCL saw the member go, over its
+  // network transport, it keeps the error and refuses the shrink: the new
+  // id's way then, for all).
+  std::unique_ptr<Backend::DeviceGroup> shrunk;
   if (revoked) {
-    // The survivors' group shrunk from it, without a new id (where NCCL
-    // saw the member go, over its network transport, it keeps the error
-    // and refuses the shrink: the new id's way then).
     auto made = g->Shrink({size - 1});
     if (made.ok()) {
-      std::unique_ptr<Backend::DeviceGroup> shrunk = std::move(*made);
-      g.reset();
-      if (!Finishes(shrunk.get(), 60000, &why)) {
-        std::fprintf(stderr, "member %d: shrink's join: %s\n", rank, why.c_str());
-        return 33;
-      }
-      if (int bad = SumAndGather(b, shrunk.get(), rank, size - 1, 3)) return 40 + bad;
+      shrunk = std::move(*made);
     } else {
-#ifdef FAILSAFE_CUDA_EMULATION
-      return 34;
-#endif
       std::fprintf(stderr, "member %d: no shrink after the kill: %s\n", rank,
                    made.status().ToString().c_str());
     }
   }
+  if (AllSay(board, rank, size - 1, shrunk != nullptr)) {
+    g.reset();
+    if (!Finishes(shrunk.get(), 60000, &why)) {
+      std::fprintf(stderr, "member %d: shrink's join: %s\n", rank, why.c_str());
+      return 33;
+    }
+    if (int bad = SumAndGather(b, shrunk.get(), rank, size - 1, 3)) return 40 + bad;
+  } else {
+#ifdef FAILSAFE_CUDA_EMULATION
+    return 34;
+#endif
+  }
+  shrunk.reset();
   g.reset();
 
   // 4. The survivors make a new group from an id.
@@ -1589,13 +1620,22 @@ int RunGroupMember(int rank, int size, const char* board_path) {
   if (int bad = SumAndGather(b, g.get(), rank, size - 1, 4)) return 90 + bad;
 
   // 5. Where the library shrinks, a group with no member gone: revoked,
-  // every member but the last shrinks it by the last, which lets go.
+  // every member but the last shrinks it by the last, which lets go (and
+  // stays until the others are done, lest its exit be taken for a
+  // failure over the network transport).
   if (shrinks) {
     if (int bad = revoke(g.get(), &revoked)) return bad;
     if (!revoked) return 100;
-    if (rank == size - 2) return 0;
-    if (int bad = shrink(&g, {size - 2})) return bad;
-    if (int bad = SumAndGather(b, g.get(), rank, size - 2, 5)) return 110 + bad;
+    if (rank == size - 2) {
+      for (int i = 0; i < 60000 && !board->shrunk.load(std::memory_order_acquire); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return 0;
+    }
+    const int bad = shrink(&g, {size - 2});
+    const int sums = bad ? 0 : SumAndGather(b, g.get(), rank, size - 2, 5);
+    if (rank == 0) board->shrunk.store(1, std::memory_order_release);
+    if (bad) return bad;
+    if (sums) return 110 + sums;
   }
   return 0;
 }
@@ -1639,6 +1679,8 @@ TEST(CudaDeviceGroup, SumsGathersAndOutlivesAKilledMember) {
 #ifndef FAILSAFE_CUDA_EMULATION
     // One GPU: the members as hosts apart (NCCL refuses two on one GPU).
     env.push_back("FAILSAFE_NCCL_APART=1");
+#else
+    env.push_back("FAILSAFE_NCCL_APART=0");  // GPUs of one host
 #endif
     pids.push_back(SpawnTest("CudaDeviceGroup.Member", env));
     ASSERT_GT(pids.back(), 0);

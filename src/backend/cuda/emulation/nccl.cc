@@ -280,7 +280,10 @@ ncclResult_t JoinNamed(ncclComm_t* comm, int nranks, const std::string& name, in
   if (ftruncate(fd, static_cast<off_t>(g->bytes)) == 0)
     p = mmap(nullptr, g->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (p == MAP_FAILED) return ncclSystemError;
+  if (p == MAP_FAILED) {
+    shm_unlink(g->name.c_str());
+    return ncclSystemError;
+  }
   g->base = static_cast<char*>(p);
   g->header()->pid[rank].store(getpid(), std::memory_order_release);
   g->header()->joined.fetch_add(1, std::memory_order_acq_rel);
@@ -307,6 +310,10 @@ ncclResult_t CommRevoke(ncclComm_t comm, int flags) {
   if (!Joined(comm) || comm->shrink_child) {
     comm->last_error = "a revoke before the join finished, or during a shrink";
     return ncclInvalidUsage;
+  }
+  if (!comm->kept_error && OverTheNetwork() && MemberGone(*comm->group)) {
+    comm->last_error = "a member's connection is gone";
+    comm->kept_error = true;
   }
   comm->revoked = true;
   comm->revoke_polls = 1;
@@ -382,7 +389,9 @@ ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
     }
     return ncclSuccess;
   }
-  if (!comm->kept_error && OverTheNetwork() && MemberGone(*comm->group)) {
+  // (A revoke stops NCCL's proxy thread: what it saw by then it keeps,
+  // and it sees nothing more.)
+  if (!comm->kept_error && !comm->revoked && OverTheNetwork() && MemberGone(*comm->group)) {
     comm->last_error = "a member's connection is gone";
     comm->kept_error = true;
   }

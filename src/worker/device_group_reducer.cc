@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/rng.h"
 
 namespace failsafe {
 namespace {
@@ -26,13 +27,15 @@ struct Offer {
   int32_t parent_rank = -1, parent_size = 0;
 };
 
-uint64_t Fnv(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ULL;
+// A group's identity from the id it was made from (never 0: none).
+uint64_t IdentityOf(const char (&id)[Backend::kDeviceGroupIdBytes]) {
+  uint64_t h = 0;
+  for (size_t i = 0; i < sizeof(id); i += sizeof(uint64_t)) {
+    uint64_t word = 0;
+    std::memcpy(&word, id + i, sizeof(word));
+    h = HashCombine(h, word);
   }
-  return h | 1;  // never 0 (none)
+  return h | 1;
 }
 
 // Whether every member holds the same group for a shrink, this group's
@@ -86,7 +89,7 @@ Result<bool> DeviceGroupReducer::Ready(Communicator& comm) {
   ready_ = false;
   serial_ = comm.serial();
   if (comm.size() <= 1) {
-    parent_.reset();
+    parent_ = {};
     return false;
   }
   bool ready = false;
@@ -108,10 +111,10 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
     Put(mine.boot, sizeof(mine.boot), boot);
     Put(mine.netns, sizeof(mine.netns), netns);
     Put(mine.device, sizeof(mine.device), device);
-    if (parent_) {
-      mine.parent_id = parent_member_.id;
-      mine.parent_rank = parent_member_.rank;
-      mine.parent_size = parent_member_.size;
+    if (parent_.group) {
+      mine.parent_id = parent_.member.id;
+      mine.parent_rank = parent_.member.rank;
+      mine.parent_size = parent_.member.size;
     }
   }
   std::vector<Offer> offers(static_cast<size_t>(size));
@@ -132,7 +135,7 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   if (!why.empty()) {
     if (why != why_not_) FS_LOG_DEBUG("all-reduces not by the device library: {}", why);
     why_not_ = why;
-    parent_.reset();
+    parent_ = {};
     return Status::Ok();
   }
 
@@ -146,8 +149,7 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
       return Status::Ok();
     }
   }
-  parent_.reset();
-  parent_member_ = {};
+  parent_ = {};
 
   // else member 0 makes the group's id.
   IdOffer id;
@@ -172,7 +174,7 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   uint32_t started = joined.ok() ? 1 : 0;
   if (joined.ok()) {
     group_ = std::move(*joined);
-    member_ = {Fnv(ids[0].id, sizeof(ids[0].id)), rank, size};
+    member_ = {IdentityOf(ids[0].id), rank, size};
   } else {
     FS_LOG_WARN("device group: cannot join ({}); the device library is not used again",
                 joined.status().ToString());
@@ -205,29 +207,28 @@ Status DeviceGroupReducer::Shrink(Communicator& comm, const std::vector<int>& ex
                                   bool* shrunk) {
   *shrunk = false;
   const int size = comm.size(), rank = comm.rank();
-  const int from = parent_member_.size;
-  const uint64_t parent_id = parent_member_.id;
+  const int from = parent_.member.size;
+  const uint64_t parent_id = parent_.member.id;
   const int64_t t0 = MonotonicNanos();
   // The parent settles (its operations ended): within kSettleMs here, so
   // that a parent that does not still lets this member say so below, where
   // every member hears it, rather than miss the group's deadline alone.
   bool unsettled = false;
   Status st = comm.Await([&]() -> Result<bool> {
-    auto done = parent_->Done();
+    auto done = parent_.group->Done();
     if (done.ok() && *done) return true;
     if (done.ok() && MonotonicNanos() - t0 < kSettleMs * 1'000'000) return false;
     unsettled = true;
     return true;
   });
   if (!st.ok()) {
-    parent_.reset();
-    parent_member_ = {};
+    parent_ = {};
     return st;
   }
   // Every member starts its shrink, and says whether it could.
   std::unique_ptr<Backend::DeviceGroup> started_group;
   if (!unsettled) {
-    auto made = parent_->Shrink(excluded);
+    auto made = parent_.group->Shrink(excluded);
     if (made.ok()) {
       started_group = std::move(*made);  // it carries the parent from here on
     } else {
@@ -236,8 +237,7 @@ Status DeviceGroupReducer::Shrink(Communicator& comm, const std::vector<int>& ex
   } else {
     FS_LOG_DEBUG("device group: the group to shrink did not settle in {} ms", kSettleMs);
   }
-  parent_.reset();
-  parent_member_ = {};
+  parent_ = {};
   uint32_t started = started_group ? 1 : 0;
   std::vector<uint32_t> all(static_cast<size_t>(size));
   st = comm.AllGather(&started, sizeof(started), all.data());
@@ -246,7 +246,7 @@ Status DeviceGroupReducer::Shrink(Communicator& comm, const std::vector<int>& ex
     return st;              // ok: the new id's way
   }
   uint64_t id = parent_id;
-  for (int r : excluded) id = Fnv(&r, sizeof(r), id);
+  for (int r : excluded) id = HashCombine(id, static_cast<uint64_t>(r)) | 1;
   group_ = std::move(started_group);
   member_ = {id, rank, size};
   FS_RETURN_IF_ERROR(Wait(comm));  // its join
@@ -275,21 +275,16 @@ Status DeviceGroupReducer::WarmUp(Communicator& comm) {
 
 void DeviceGroupReducer::Retire() {
   if (!group_) return;  // (a group kept before stays)
-  std::unique_ptr<Backend::DeviceGroup> g = std::move(group_);
-  const Membership m = member_;
+  Held kept{std::move(group_), member_};
   member_ = {};
-  parent_.reset();
-  parent_member_ = {};
+  parent_ = {};
   // (A group whose join did not finish aborts in Revoke.)
-  if (!broken_ && m.id != 0 && g->Revoke()) {
-    parent_ = std::move(g);
-    parent_member_ = m;
-  }
+  if (!broken_ && kept.member.id != 0 && kept.group->Revoke()) parent_ = std::move(kept);
 }
 
 DeviceGroupReducer::~DeviceGroupReducer() {
   group_.reset();  // ends any operation before its buffers go
-  parent_.reset();
+  parent_ = {};
 }
 
 Status DeviceGroupReducer::Wait(Communicator& comm) {
@@ -301,26 +296,23 @@ Status DeviceGroupReducer::Wait(Communicator& comm) {
     if (!done.ok() && done.status().code() == StatusCode::kInternal) library_failed = true;
     return done;
   });
-  if (!st.ok()) {
-    // Its operations end; whatever they wrote is not used (the step fails).
-    if (library_failed) {
-      FS_LOG_WARN("device group: {}; the device library is not used again", st.ToString());
-      broken_ = true;
-    }
-    Retire();
-  }
+  if (!st.ok()) Failed(st, library_failed);
   return st;
 }
 
 Status DeviceGroupReducer::Started(Status st) {
-  if (st.ok()) return st;
-  // As a failed wait: the library's own failure ends its use here.
-  if (st.code() == StatusCode::kInternal) {
+  if (!st.ok()) Failed(st, st.code() == StatusCode::kInternal);
+  return st;
+}
+
+void DeviceGroupReducer::Failed(const Status& st, bool library_failed) {
+  // Its operations end; whatever they wrote is not used (the step fails).
+  // The library's own failure ends its use here.
+  if (library_failed) {
     FS_LOG_WARN("device group: {}; the device library is not used again", st.ToString());
     broken_ = true;
   }
   Retire();
-  return st;
 }
 
 Status DeviceGroupReducer::AllReduceSum(Communicator& comm, int64_t* data, size_t count) {

@@ -95,7 +95,7 @@ class DeviceGroupReducer {
   // library's kernels at once, so a parent that takes longer is not used.
   static constexpr int64_t kSettleMs = 200;
   Status SetUp(Communicator& comm, bool* ready);
-  // Shrinks parent_ to comm's members (parent_ ranks but `excluded`); false
+  // Shrinks parent_.group to comm's members (parent_ ranks but `excluded`); false
   // in *shrunk, alike on every member, where any could not.
   Status Shrink(Communicator& comm, const std::vector<int>& excluded, bool* shrunk);
   // One operation of each kind on the group just joined, so that whatever
@@ -106,15 +106,23 @@ class DeviceGroupReducer {
   Status Wait(Communicator& comm);
   // `st`, an operation's start; a failure retires the group.
   Status Started(Status st);
+  // After a failed wait or start: the group retired, and the library
+  // offered no more where it failed itself.
+  void Failed(const Status& st, bool library_failed);
   // Lets go of group_ (if any): kept as parent_ (revoked) where the
   // library can, else aborted; any older parent aborted.
   void Retire();
 
   Backend* const backend_;
   std::unique_ptr<Backend::DeviceGroup> group_;
-  Membership member_;                             // in group_
-  std::unique_ptr<Backend::DeviceGroup> parent_;  // revoked, for a shrink
-  Membership parent_member_;
+  Membership member_;  // in group_
+  // A group done with, revoked and kept for a shrink, and who this member
+  // was in it.
+  struct Held {
+    std::unique_ptr<Backend::DeviceGroup> group;
+    Membership member;
+  };
+  Held parent_;
   uint64_t serial_ = 0;  // the communicator set up for (0: none)
   bool ready_ = false;   // for that communicator
   bool broken_ = false;  // the library failed here: offered no more

@@ -301,6 +301,15 @@ ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, i
                    config);
 }
 
+// NCCL's proxy thread over the network transport: a member gone is a
+// lost connection, an error it keeps. A revoke stops the proxy: what it saw
+// by then it keeps, and it sees nothing more.
+void WatchMembers(ncclComm* comm) {
+  if (comm->kept_error || comm->revoked || !OverTheNetwork() || !MemberGone(*comm->group)) return;
+  comm->last_error = "a member's connection is gone";
+  comm->kept_error = true;
+}
+
 ncclResult_t CommRevoke(ncclComm_t comm, int flags) {
   if (!comm || flags != 0) return ncclInvalidArgument;
   if (comm->revoked) {
@@ -311,10 +320,7 @@ ncclResult_t CommRevoke(ncclComm_t comm, int flags) {
     comm->last_error = "a revoke before the join finished, or during a shrink";
     return ncclInvalidUsage;
   }
-  if (!comm->kept_error && OverTheNetwork() && MemberGone(*comm->group)) {
-    comm->last_error = "a member's connection is gone";
-    comm->kept_error = true;
-  }
+  WatchMembers(comm);  // a last look before the revoke stops the proxy
   comm->revoked = true;
   comm->revoke_polls = 1;
   comm->enqueue_pending = false;
@@ -389,12 +395,7 @@ ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
     }
     return ncclSuccess;
   }
-  // (A revoke stops NCCL's proxy thread: what it saw by then it keeps,
-  // and it sees nothing more.)
-  if (!comm->kept_error && !comm->revoked && OverTheNetwork() && MemberGone(*comm->group)) {
-    comm->last_error = "a member's connection is gone";
-    comm->kept_error = true;
-  }
+  WatchMembers(comm);
   if (comm->revoked && comm->revoke_polls > 0) {  // settled after a poll
     --comm->revoke_polls;
     *state = ncclInProgress;

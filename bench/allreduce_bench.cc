@@ -3,6 +3,12 @@
 //
 //   failsafe_bench_allreduce [--hidden 2048] [--tokens 1,16,128,1024] [--members 2,3,4,5,6,7,8]
 //       [--netns NS=ADDR,NS=ADDR,...]
+//   failsafe_bench_allreduce --await [--await-us 20,100,500,2000]
+//
+// With --await, instead: how late Communicator::Await (the wait of each
+// collective of a device library, worker/device_group_reducer.h) returns
+// after what it waits for is done, another thread marking it done after
+// each of the given delays.
 //
 // With --netns, gloo member r runs in network namespace r mod k of the list
 // (created beforehand, e.g. by tests/python/netns_cluster.py --bench) and is
@@ -14,8 +20,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -124,6 +132,35 @@ Timing RunGloo(int n, size_t count, int iters, int epoch) {
   return res;
 }
 
+// Await's lateness: another thread marks the wait's work done `delay_us`
+// after the wait began; the time from that mark to Await's return.
+void RunAwait(const std::vector<int>& delays_us) {
+  std::printf("Communicator::Await: from the work's end to the wait's return, median (p90) us\n");
+  LocalCommunicator comm;
+  for (int delay : delays_us) {
+    std::vector<double> late;
+    const int iters = delay >= 1000 ? 100 : 300;
+    for (int i = 0; i < iters; ++i) {
+      std::atomic<int64_t> done_at{0};
+      const int64_t start = MonotonicNanos();
+      std::thread marker([&] {
+        while (MonotonicNanos() - start < delay * int64_t{1000}) {
+        }
+        done_at.store(MonotonicNanos(), std::memory_order_release);
+      });
+      const Status st = comm.Await(
+          [&]() -> Result<bool> { return done_at.load(std::memory_order_acquire) != 0; });
+      const int64_t back = MonotonicNanos();
+      marker.join();
+      if (!st.ok()) return;
+      late.push_back((back - done_at.load()) / 1e3);
+    }
+    std::sort(late.begin(), late.end());
+    std::printf("  done after %5d us: %8.1f (%8.1f)\n", delay, late[late.size() / 2],
+                late[late.size() * 9 / 10]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,7 +175,16 @@ int main(int argc, char** argv) {
   app.add_option("--netns", netns,
                  "gloo members across network namespaces NS=ADDR (member r in the r mod k-th)")
       ->delimiter(',');
+  bool await = false;
+  std::vector<int> await_us = {20, 100, 500, 2000};
+  app.add_flag("--await", await, "time Communicator::Await's lateness instead");
+  app.add_option("--await-us", await_us, "with --await: delays until the work is done")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  if (await) {
+    RunAwait(await_us);
+    return 0;
+  }
   for (const std::string& spec : netns) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {

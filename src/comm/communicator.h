@@ -46,14 +46,25 @@ class Communicator {
   // by itself. `done` is polled, often (it must be cheap), and its error
   // ends the wait. Fails as every collective does: kAborted once the group
   // is aborted, kDeadlineExceeded past the timeout (the group aborted).
-  // The wait sleeps between polls, never spins.
+  // The wait yields its core between polls, then sleeps (PollUntil): it
+  // never spins.
   virtual Status Await(const std::function<Result<bool>()>& done) = 0;
   virtual void Abort() = 0;
 
  protected:
   // Await's loop: polls `done` until it says true or fails, `aborted` says
   // the group was aborted, or `timeout_ms` passed (then `abort` aborts the
-  // group). Sleeps between polls, from a few microseconds up to 200.
+  // group). For the first kPollYieldNs of a wait it polls between yields of
+  // its core (to any thread that is ready to run on it): a device's
+  // collective is usually done within tens to hundreds of microseconds,
+  // and a sleep, however short it asks to be, lasts the kernel's timer
+  // slack and wake-up at least (about 100 us measured on a VM), which
+  // every collective of a step would add. After that it sleeps a
+  // sixteenth of the time waited so far between polls (kPollNapMinNs to
+  // kPollNapMaxNs, plus the slack).
+  static constexpr int64_t kPollYieldNs = 250'000;
+  static constexpr int64_t kPollNapMinNs = 50'000;
+  static constexpr int64_t kPollNapMaxNs = 200'000;
   static Status PollUntil(const std::function<Result<bool>()>& done, int64_t timeout_ms,
                           const std::function<bool()>& aborted, const std::function<void()>& abort);
 

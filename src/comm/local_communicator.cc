@@ -17,18 +17,24 @@ Communicator::Communicator()
 Status Communicator::PollUntil(const std::function<Result<bool>()>& done, int64_t timeout_ms,
                                const std::function<bool()>& aborted,
                                const std::function<void()>& abort) {
-  const int64_t deadline = MonotonicNanos() + timeout_ms * 1000000;
-  int64_t nap_us = 2;
+  const int64_t start = MonotonicNanos();
+  const int64_t deadline = start + timeout_ms * 1000000;
   for (;;) {
     FS_ASSIGN_OR_RETURN(const bool finished, done());
     if (finished) return Status::Ok();
     if (aborted()) return Aborted("collective group was aborted");
-    if (MonotonicNanos() > deadline) {
+    const int64_t now = MonotonicNanos();
+    if (now > deadline) {
       abort();
       return DeadlineExceeded("collective did not complete within {} ms", timeout_ms);
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(nap_us));
-    nap_us = std::min<int64_t>(nap_us * 2, 200);
+    const int64_t waited = now - start;
+    if (waited < kPollYieldNs) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(
+          std::chrono::nanoseconds(std::clamp<int64_t>(waited / 16, kPollNapMinNs, kPollNapMaxNs)));
+    }
   }
 }
 

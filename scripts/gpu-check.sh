@@ -3,6 +3,10 @@
 # run that prints one summary:
 #   kernels      the CUDA backend against the CPU backend, kernel by kernel,
 #                and its batch invariance (fs_backend_tests' CUDA tests);
+#   sanitize     the kernels' tests under compute-sanitizer: memcheck,
+#                racecheck and synccheck (scripts/gpu/sanitize.sh), what the
+#                CPU emulation cannot see (warps truly at once); "n/a" where
+#                the machine's runtime refuses the tool;
 #   peer-memory  CUDA IPC memory read through a killed owner's teardown
 #                (CudaPeerMemory): whether --peer-collectives' survivors
 #                stay well when a device dies mid-collective;
@@ -57,7 +61,7 @@
 #                        [--no-torch-bench] [--recovery [REQUESTS,PROMPT]] [--peer]
 #                        [--budget SECONDS]
 # Stages (a group's name, e.g. faults, e2e, torch-ref or bench, names all of
-# its stages): env, kernels, peer-memory, device-group,
+# its stages): env, kernels, sanitize, peer-memory, device-group,
 # torch-ref-{lt,chain,fused}, hf-families,
 # e2e-{lt,chain,fused,tensor,segments,peer,library}, faults-model,
 # faults-{stories,full-hybrid,host-cyclic,recompute-nonuniform,
@@ -123,7 +127,7 @@ if [[ ! $budget =~ ^[0-9]+$ ]]; then
   echo "--budget takes whole seconds, not $budget" >&2
   exit 2
 fi
-all_stages=(env kernels peer-memory device-group torch-ref-lt torch-ref-chain torch-ref-fused
+all_stages=(env kernels sanitize peer-memory device-group torch-ref-lt torch-ref-chain torch-ref-fused
   hf-families e2e-lt e2e-chain e2e-fused e2e-tensor e2e-segments e2e-peer e2e-library
   faults-model faults-stories faults-full-hybrid faults-host-cyclic faults-recompute-nonuniform
   faults-full-standard faults-peer-full-hybrid faults-library-full-hybrid faults-modes
@@ -261,6 +265,8 @@ stage() {
   local took=$((SECONDS - t0))
   if ((rc == 0)); then
     results+=("PASS $name (${took}s)")
+  elif ((rc == 3)) && [[ $name == sanitize ]]; then
+    results+=("n/a $name (the tool cannot run here: its log says why, ${took}s)")
   elif ((cut && (rc == 124 || rc == 137))); then
     results+=("CUT $name (stopped at the budget, ${took}s)")
     failed=1
@@ -307,6 +313,7 @@ run_stage() {
     kernels)
       stage kernels 300 scripts/gpu/gtest.sh "$bin/fs_backend_tests" \
         '*Cuda*:-CudaPeerMemory.*:CudaDeviceGroup.*' ;;
+    sanitize) stage sanitize 240 scripts/gpu/sanitize.sh "$bin/fs_backend_tests" ;;
     # CUDA IPC memory read while its owner is killed (what --peer-collectives
     # meets when a device dies mid-collective): a stage of its own, since a
     # reader that faults stops the program.

@@ -399,14 +399,17 @@ class Worker {
   std::vector<int> fds_;
   ModelConfig config_;
   std::unique_ptr<WeightStore> host_;
+  // Mapped before the backend page-locks them (PinHostMemory) and
+  // unmapped after it is gone (declared before it): its destructor stops
+  // its locking of them and lets go of their locks while they are mapped.
+  ShmRegion logits_;
+  int64_t logits_rows_ = 0;
+  ShmRegion backup_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeviceModel> device_;
   std::unique_ptr<Communicator> comm_;
   DeviceProgressRegion progress_;
   DeviceProgressSlot* progress_slot_ = nullptr;  // this device's, once initialised
-  ShmRegion logits_;
-  int64_t logits_rows_ = 0;
-  ShmRegion backup_;
   std::unique_ptr<BackupWriter> backup_writer_;  // destroyed before device_ (declared after)
 };
 

@@ -72,6 +72,7 @@ class CudaBackend final : public Backend {
         busy_(o.busy) {}
 
   Status Init() {
+    cuda::PrepareNcclEnvironment();  // before CUDA's own threads may read the environment
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) return FailedPrecondition("no CUDA device: {}", cudaGetErrorString(e));
@@ -79,7 +80,6 @@ class CudaBackend final : public Backend {
       return InvalidArgument("GPU {} does not exist ({} CUDA devices)", gpu_, count);
     e = cudaSetDevice(gpu_);
     if (e != cudaSuccess) return FailedPrecondition("GPU {}: {}", gpu_, cudaGetErrorString(e));
-    cuda::PrepareNcclEnvironment();  // before other threads may read the environment
     // A thread waiting for the device yields its core rather than spin on
     // it: device processes share a host's cores (8 to a GPU in the failure
     // tests), and each has its step's thread and copy threads waiting. On
@@ -189,22 +189,21 @@ class CudaBackend final : public Backend {
       FS_LOG_WARN("FAILSAFE_CUDA_ALLOCATOR={}: neither pool nor sync; as if unset", v);
     return Allocator::kPool;
   }
+  // Out of memory is std::bad_alloc (backend.h); any other failure (a
+  // device that faulted: its error is sticky) stops the process, as every
+  // other call's does.
   void* Allocate(size_t bytes) override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "device memory allocated inside a graphed step");
     void* p = nullptr;
     const size_t n = std::max<size_t>(bytes, 1);
-    if (allocator_ == Allocator::kPool) {
-      if (cudaMallocAsync(&p, n, alloc_stream_) != cudaSuccess) {
-        (void)cudaGetLastError();  // not sticky: the device is usable
-        throw std::bad_alloc();
-      }
-      FS_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
-      return p;
-    }
-    if (cudaMalloc(&p, n) != cudaSuccess) {
+    const cudaError_t e =
+        allocator_ == Allocator::kPool ? cudaMallocAsync(&p, n, alloc_stream_) : cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // not sticky: the device is usable
       throw std::bad_alloc();
     }
+    FS_CUDA_CHECK(e);
+    if (allocator_ == Allocator::kPool) FS_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
     return p;
   }
   void Free(void* p, size_t) override {
@@ -287,19 +286,39 @@ class CudaBackend final : public Backend {
     }
     return a.type == cudaMemoryTypeHost;
   }
+  // Cut where the host side crosses a seam of a region locked piece by
+  // piece (ForEachPart), as every copy to or from the host is.
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     FS_CHECK_MSG(graph_ == Graph::kOff, "a copy to the host inside a graphed step");
-    FS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    ForEachPart(dst, bytes, [&](size_t at, size_t part) {
+      FS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at,
+                                    static_cast<const char*>(src) + at, part,
+                                    cudaMemcpyDeviceToHost, stream_));
+    });
     Synchronize();
   }
   void CopyToHost2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                     size_t rows) override {
     if (rows == 0 || width == 0) return;
     FS_CHECK_MSG(graph_ == Graph::kOff, "a copy to the host inside a graphed step");
-    FS_CUDA_CHECK(
-        cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost, stream_));
+    int parts = 0;
+    ForEachPart(dst, (rows - 1) * dpitch + width, [&](size_t, size_t) { ++parts; });
+    if (parts == 1) {
+      FS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost,
+                                      stream_));
+    } else {  // across a seam: row by row, each cut there
+      for (size_t r = 0; r < rows; ++r) CopyRowToHost(dst, dpitch, src, spitch, width, r);
+    }
     Synchronize();
+  }
+  void CopyRowToHost(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                     size_t r) {
+    char* to = static_cast<char*>(dst) + r * dpitch;
+    const char* from = static_cast<const char*>(src) + r * spitch;
+    ForEachPart(to, width, [&](size_t at, size_t part) {
+      FS_CUDA_CHECK(cudaMemcpyAsync(to + at, from + at, part, cudaMemcpyDeviceToHost, stream_));
+    });
   }
   void CopyOnDevice(void* dst, const void* src, size_t bytes) override {
     cuda::CountDeviceWrite();

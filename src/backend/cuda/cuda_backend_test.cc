@@ -1309,6 +1309,19 @@ TEST(CudaBackend, CopiesFromPageLockedRegions) {
     DeviceMemory::HostCopy c{host, d.get(), count * 4};
     b->BackgroundCopiesToHost(&c, 1);
     EXPECT_EQ(std::memcmp(host, x.data(), count * 4), 0) << "seed " << seed;
+    // And by the step's copies: whole, and as rows (a step's logits).
+    std::memset(host, 0, count * 4);
+    b->CopyToHost(host, d.get(), count * 4);
+    EXPECT_EQ(std::memcmp(host, x.data(), count * 4), 0) << "seed " << seed;
+    std::memset(host, 0, count * 4);
+    const size_t pitch = 1024 * 4, width = 1000 * 4, rows = count * 4 / pitch;
+    b->CopyToHost2D(host, pitch, d.get(), pitch, width, rows);
+    for (size_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(std::memcmp(reinterpret_cast<char*>(host) + r * pitch,
+                            reinterpret_cast<const char*>(x.data()) + r * pitch, width),
+                0)
+          << "seed " << seed << " row " << r;
+    }
   };
   check(small.data(), 50);
   // The last across the seam of the first two pieces the region is locked

@@ -180,8 +180,12 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   const size_t a_bytes = (a32 ? 4 : 2) * static_cast<size_t>(rows) * g.lda;
   const size_t acc_bytes = sizeof(int64_t) * static_cast<size_t>(rows) * g.n;
   auto get = [&](void** p, size_t bytes) {
-    if ((pools_ ? cudaMallocAsync(p, bytes, stream_) : cudaMalloc(p, bytes)) == cudaSuccess)
-      return true;
+    const cudaError_t e = pools_ ? cudaMallocAsync(p, bytes, stream_) : cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return true;
+    // Out of memory (not sticky) leaves the variant untimed; any other
+    // failure is a device gone wrong.
+    FS_CHECK_MSG(e == cudaErrorMemoryAllocation, "fixed-point timing: CUDA error {} ({})",
+                 static_cast<int>(e), cudaGetErrorString(e));
     *p = nullptr;
     return false;
   };

@@ -197,7 +197,13 @@ LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
     chosen.push_back(&ref);
     Choose(ref, p, s);
   }
-  if (captured) FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  if (captured) {
+    // Nothing of the choice left running on its stream (a check that
+    // failed part way leaves launches unwaited): the captured graph's
+    // products use the same workspace.
+    FS_CUDA_CHECK(cudaStreamSynchronize(choose_stream_));
+    FS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  }
   ref.choose_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   FS_LOG_INFO("cuBLASLt n {} k {} batch {}: {} in {:.1f} ms{}", p.n, p.k, p.batch,
@@ -219,7 +225,9 @@ bool LtGemm::MakeProbe(const Family& f, const LtProblem& p, int rows, cudaStream
   auto get = [&](void** out, size_t bytes) {
     const cudaError_t e = pools_ ? cudaMallocAsync(out, bytes, s) : cudaMalloc(out, bytes);
     if (e == cudaSuccess) return true;
-    (void)cudaGetLastError();  // not sticky: the device is usable
+    FS_CHECK_MSG(e == cudaErrorMemoryAllocation, "cuBLASLt probe: CUDA error {} ({})",
+                 static_cast<int>(e), cudaGetErrorString(e));
+    (void)cudaGetLastError();  // out of memory is not sticky: the device is usable
     *out = nullptr;
     return false;
   };

@@ -190,7 +190,10 @@ class NcclGroup final : public Backend::DeviceGroup {
       recorded_ = true;
     }
     const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: kept from the next launch's check
+      return false;
+    }
     if (e != cudaSuccess) return Internal("NCCL group: {}", cudaGetErrorString(e));
     in_flight_ = false;
     return true;

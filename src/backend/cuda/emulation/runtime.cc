@@ -133,6 +133,34 @@ bool IssuePending(cudaStream_t s, std::shared_ptr<Pending> op) {
   return true;
 }
 
+namespace {
+
+// A copy's host side, [p, p + span): where it touches host memory
+// page-locked by cudaHostRegister or cudaMallocHost, it must lie within one
+// such range. One that spans two, or locked memory and unlocked, is refused
+// here (a real driver may refuse it, or copy it as pageable memory; the
+// backend cuts such copies at the seams: CudaBackend::ForEachPart).
+cudaError_t CheckHostSide(const void* p, size_t span) {
+  if (span == 0) return cudaSuccess;
+  const char* lo = static_cast<const char*>(p);
+  const char* hi = lo + span;
+  std::lock_guard<std::mutex> l(Mu());
+  const auto& locked = Locked();
+  auto it = locked.upper_bound(p);
+  if (it != locked.begin()) {
+    auto before = std::prev(it);
+    const char* end = static_cast<const char*>(before->first) + before->second;
+    if (lo < end) return hi <= end ? cudaSuccess : cudaErrorInvalidValue;  // starts inside one
+  }
+  // Starts in unlocked memory: no locked range may begin inside it.
+  return it != locked.end() && static_cast<const char*>(it->first) < hi ? cudaErrorInvalidValue
+                                                                        : cudaSuccess;
+}
+const void* HostSide(const void* dst, const void* src, cudaMemcpyKind kind) {
+  return kind == cudaMemcpyHostToDevice ? src : kind == cudaMemcpyDeviceToHost ? dst : nullptr;
+}
+
+}  // namespace
 }  // namespace failsafe::cuda::emu
 
 using failsafe::cuda::emu::Issue;
@@ -237,13 +265,24 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   }
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
+  if (const void* host = failsafe::cuda::emu::HostSide(dst, src, kind)) {
+    const cudaError_t e = failsafe::cuda::emu::CheckHostSide(host, bytes);
+    if (e != cudaSuccess) return e;
+  }
   Issue(s, [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
-                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t s) {
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
+  if (const void* host = failsafe::cuda::emu::HostSide(dst, src, kind)) {
+    const size_t pitch = kind == cudaMemcpyHostToDevice ? spitch : dpitch;
+    const cudaError_t e =
+        height ? failsafe::cuda::emu::CheckHostSide(host, (height - 1) * pitch + width)
+               : cudaSuccess;
+    if (e != cudaSuccess) return e;
+  }
   Issue(s, [=] {
     for (size_t r = 0; r < height; ++r) {
       std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,

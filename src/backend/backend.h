@@ -579,6 +579,13 @@ struct CudaBackendOptions {
   // a sign of life for whoever watches the device for hangs, since such a
   // call may run far longer than a step's kernels. Unset: nobody is told.
   std::function<void()> busy;
+  // The ring a call's index lists and tables are uploaded through (pinned
+  // host memory and device memory of this size each), and the size it
+  // grows to, doubling, when a step's uploads pass its end (beyond which
+  // they wrap: the step waits there for the device to read them all).
+  // With graphs it starts at 48 MiB at least.
+  size_t upload_ring_bytes = size_t{16} << 20;
+  size_t max_upload_ring_bytes = size_t{128} << 20;
 };
 
 // The CUDA backend (backend/cuda): bf16, f16 and f32 weights, cuBLASLt

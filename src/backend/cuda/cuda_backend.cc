@@ -56,7 +56,6 @@ constexpr int kFixedRows = 128;
 // Rows of a fused fixed-point product up to which the kernel takes its
 // activations as f32.
 constexpr int kFixedF32Rows = 16;
-constexpr size_t kRingBytes = 16u << 20;
 // With graphs: a graphed step's arguments must fit without wrapping.
 constexpr size_t kGraphRingBytes = 48u << 20;
 constexpr size_t kMaxGraphs = 64;
@@ -69,7 +68,10 @@ class CudaBackend final : public Backend {
         graphs_enabled_(o.graphs),
         attention_(o.attention),
         dependent_launch_(o.dependent_launch),
-        busy_(o.busy) {}
+        busy_(o.busy) {
+    first_ring_bytes_ = std::max<size_t>(o.upload_ring_bytes, 256);
+    max_ring_bytes_ = std::max(o.max_upload_ring_bytes, first_ring_bytes_);
+  }
 
   Status Init() {
     cuda::PrepareNcclEnvironment();  // before CUDA's own threads may read the environment
@@ -115,7 +117,7 @@ class CudaBackend final : public Backend {
     cuda::SetDependentLaunch(dependent_launch_);
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
-    GrowRing(graphs_enabled_ ? kGraphRingBytes : kRingBytes);
+    GrowRing(graphs_enabled_ ? std::max(kGraphRingBytes, first_ring_bytes_) : first_ring_bytes_);
     lt_ = std::make_unique<cuda::LtGemm>(stream_, allocator_ == Allocator::kPool, busy_);
     int shared_limit = 0;
     FS_CUDA_CHECK(
@@ -1192,9 +1194,19 @@ class CudaBackend final : public Backend {
     size_t total = 0;
     for (size_t bytes : sizes) total += RingPadded(bytes);
     if (total > ring_bytes_) GrowRing(std::max(2 * ring_bytes_, total));
-    if (ring_used_ + total > ring_bytes_) {  // every slot read, then from the start
-      CopyUploads();
-      Synchronize();
+    if (ring_used_ + total > ring_bytes_) {
+      // A step whose uploads pass the ring's end would wait there for the
+      // device to read them all (a drained GPU mid-step, at every such
+      // step): the ring grows, doubling, until a step's fit (a decode step
+      // of 64 sequences of 8,192 positions on the 8B shape uploads about
+      // 67 MiB of page tables), waiting as a wrap would, once; past its
+      // largest, steps wrap.
+      if (ring_bytes_ < max_ring_bytes_) {
+        GrowRing(std::min(max_ring_bytes_, std::max(2 * ring_bytes_, ring_used_ + total)));
+      } else {  // every slot read, then from the start
+        CopyUploads();
+        Synchronize();
+      }
     }
   }
   // n elements from host memory into the ring, staged on the host side
@@ -1276,6 +1288,8 @@ class CudaBackend final : public Backend {
   DType round_type_ = DType::kF32;  // of the last rounding
   void* ring_ = nullptr;            // device side of the upload ring
   void* pinned_ = nullptr;          // its host side
+  size_t max_ring_bytes_ = 0;       // the ring grows up to this (Init)
+  size_t first_ring_bytes_ = 0;     // and starts at this
   size_t ring_bytes_ = 0, ring_used_ = 0;
   size_t ring_copied_ = 0;  // uploads [0, this) copied to the device side
   int* result_ = nullptr;   // pinned: ArgMax's answer

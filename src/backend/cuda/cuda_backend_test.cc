@@ -757,6 +757,41 @@ TEST(CudaBackend, UploadsOfOneCallKeepTheirSlots) {
   EXPECT_EQ(first.Read(gpu)[0], 10.0f);
 }
 
+// A step whose uploads pass the ring's end: the ring grows (here from
+// 64 KiB, doubling to 256), then past that wraps; every call reads its own.
+TEST(CudaBackend, UploadsPastTheRingGrowItThenWrap) {
+  REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.upload_ring_bytes = 64 << 10;
+  o.max_upload_ring_bytes = 256 << 10;
+  auto made = MakeCudaBackend(o);
+  ASSERT_TRUE(made.ok());
+  Backend* gpu = made->get();
+  const std::vector<float> w = {10.0f, 20.0f, 30.0f, 40.0f, 50.0f};
+  OnDevice<float> dw(gpu, w);
+  // Twelve calls of 80 KB of uploads each (row and destination lists),
+  // with no wait between them: the first passes the ring whole, the next
+  // its end, then the ring is at its largest and wraps.
+  const int n = 10000, calls = 12;
+  std::vector<std::unique_ptr<OnDevice<float>>> outs;
+  for (int c = 0; c < calls; ++c) {
+    std::vector<int32_t> src(n), dst(n);
+    for (int i = 0; i < n; ++i) {
+      src[i] = (i + c) % 5;
+      dst[i] = n - 1 - i;
+    }
+    outs.push_back(std::make_unique<OnDevice<float>>(gpu, static_cast<size_t>(n)));
+    gpu->GatherWeightRows(WeightsRef(dw.get(), DType::kF32), 5, 1, src.data(), dst.data(), n,
+                          outs.back()->get(), 1);
+  }
+  for (int c = 0; c < calls; ++c) {
+    const std::vector<float> got = outs[static_cast<size_t>(c)]->Read(gpu);
+    int wrong = 0;
+    for (int i = 0; i < n; ++i) wrong += got[n - 1 - i] != w[(i + c) % 5];
+    EXPECT_EQ(wrong, 0) << "call " << c;
+  }
+}
+
 TEST(CudaBackend, AttentionMatchesTheCpuBackendAndIsChunkInvariant) {
   REQUIRE_GPU();
   CudaBackendOptions to;

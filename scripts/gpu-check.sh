@@ -14,6 +14,10 @@
 #                on the same weights (tests/python/torch_reference.py, its
 #                tolerances per dtype), for each product mode (--gpu-gemm
 #                lt, chain, fused);
+#   families     every model family's preset on GPU devices (one, and three
+#                sharing the GPU) against the CPU backend, chains and fused
+#                products with attention on tensor cores
+#                (scripts/gpu/families.py);
 #   hf-families  every model family (Llama, Mixtral, Qwen2, Qwen3,
 #                Qwen3-MoE, Phi-3, Gemma 3) on the GPU against transformers'
 #                own modeling code (scripts/gpu/hf_families.py);
@@ -62,7 +66,7 @@
 #                        [--budget SECONDS]
 # Stages (a group's name, e.g. faults, e2e, torch-ref or bench, names all of
 # its stages): env, kernels, sanitize, peer-memory, device-group,
-# torch-ref-{lt,chain,fused}, hf-families,
+# torch-ref-{lt,chain,fused}, families, hf-families,
 # e2e-{lt,chain,fused,tensor,segments,peer,library}, faults-model,
 # faults-{stories,full-hybrid,host-cyclic,recompute-nonuniform,
 # full-standard,peer-full-hybrid,library-full-hybrid,modes},
@@ -128,7 +132,7 @@ if [[ ! $budget =~ ^[0-9]+$ ]]; then
   exit 2
 fi
 all_stages=(env kernels sanitize peer-memory device-group torch-ref-lt torch-ref-chain torch-ref-fused
-  hf-families e2e-lt e2e-chain e2e-fused e2e-tensor e2e-segments e2e-peer e2e-library
+  families hf-families e2e-lt e2e-chain e2e-fused e2e-tensor e2e-segments e2e-peer e2e-library
   faults-model faults-stories faults-full-hybrid faults-host-cyclic faults-recompute-nonuniform
   faults-full-standard faults-peer-full-hybrid faults-library-full-hybrid faults-modes
   bench-llama-8b bench-mixtral bench-long-context recovery-8b)
@@ -337,6 +341,8 @@ run_stage() {
     torch-ref-fused)
       stage torch-ref-fused 240 "${torch_ref[@]}" --engine-args "--gpus 0 --gpu-gemm fused" \
         --dtypes bf16,f16 ;;
+    families)
+      stage families 240 python3 scripts/gpu/families.py --failsafe "$bin/failsafe" ;;
     hf-families)
       stage hf-families 300 python3 scripts/gpu/hf_families.py --failsafe "$bin/failsafe" \
         --engine-args "--gpus 0" ;;

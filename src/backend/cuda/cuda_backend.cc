@@ -200,11 +200,7 @@ class CudaBackend final : public Backend {
     const size_t n = std::max<size_t>(bytes, 1);
     const cudaError_t e =
         allocator_ == Allocator::kPool ? cudaMallocAsync(&p, n, alloc_stream_) : cudaMalloc(&p, n);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // not sticky: the device is usable
-      throw std::bad_alloc();
-    }
-    FS_CUDA_CHECK(e);
+    if (cuda::OutOfDeviceMemory(e)) throw std::bad_alloc();
     if (allocator_ == Allocator::kPool) FS_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
     return p;
   }

@@ -13,3 +13,20 @@
     FS_CHECK_MSG(fs_cuda_err_ == cudaSuccess, "CUDA error {} ({}) in {}",                  \
                  static_cast<int>(fs_cuda_err_), cudaGetErrorString(fs_cuda_err_), #expr); \
   } while (0)
+
+namespace failsafe::cuda {
+
+// An allocation's result: true where the device is out of memory (that
+// error is not sticky, and is cleared), false on success; any other
+// failure (a faulted device, whose error is sticky) stops the process as
+// FS_CUDA_CHECK does.
+inline bool OutOfDeviceMemory(cudaError_t e) {
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  FS_CUDA_CHECK(e);
+  return false;
+}
+
+}  // namespace failsafe::cuda

@@ -181,18 +181,13 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
   const size_t acc_bytes = sizeof(int64_t) * static_cast<size_t>(rows) * g.n;
   auto get = [&](void** p, size_t bytes) {
     const cudaError_t e = pools_ ? cudaMallocAsync(p, bytes, stream_) : cudaMalloc(p, bytes);
-    if (e == cudaSuccess) return true;
-    // Out of memory (not sticky) leaves the variant untimed; any other
-    // failure is a device gone wrong.
-    FS_CHECK_MSG(e == cudaErrorMemoryAllocation, "fixed-point timing: CUDA error {} ({})",
-                 static_cast<int>(e), cudaGetErrorString(e));
+    if (!OutOfDeviceMemory(e)) return true;  // out of memory: the variant untimed
     *p = nullptr;
     return false;
   };
   // (Freed on stream_ after the timings' last wait: nothing waits for them.)
   auto put = [&](void* p) { FS_CUDA_CHECK(pools_ ? cudaFreeAsync(p, stream_) : cudaFree(p)); };
   if (!get(&a, a_bytes) || !get(&acc, acc_bytes)) {
-    cudaGetLastError();  // not sticky: the device is usable
     if (a) put(a);
     out.variant = Fallback(g.m, a32, g.item_k);
     out.how = fmt::format("{}, untimed: no device memory for the timing",

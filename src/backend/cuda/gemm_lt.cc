@@ -224,10 +224,7 @@ bool LtGemm::MakeProbe(const Family& f, const LtProblem& p, int rows, cudaStream
   // and the pool's free is ordered on s, which is not being captured.
   auto get = [&](void** out, size_t bytes) {
     const cudaError_t e = pools_ ? cudaMallocAsync(out, bytes, s) : cudaMalloc(out, bytes);
-    if (e == cudaSuccess) return true;
-    FS_CHECK_MSG(e == cudaErrorMemoryAllocation, "cuBLASLt probe: CUDA error {} ({})",
-                 static_cast<int>(e), cudaGetErrorString(e));
-    (void)cudaGetLastError();  // out of memory is not sticky: the device is usable
+    if (!OutOfDeviceMemory(e)) return true;
     *out = nullptr;
     return false;
   };

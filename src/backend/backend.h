@@ -222,6 +222,14 @@ class DeviceMemory {
   virtual void PinHostMemory(void* p, size_t bytes) {}
   // Waits until every kernel issued has finished.
   virtual void Synchronize() = 0;
+  // Called, on the thread that issues the kernels, before the backend waits
+  // for their stream (Synchronize, a copy to the host, timing a kernel the
+  // first time it runs): it must leave nothing on that stream that may never
+  // finish. A device group's operations started and not yet waited for
+  // (DeviceGroup) are: their wait, under the group's deadline, ends them
+  // where a member failed. Set while such operations may be in flight;
+  // empty: none.
+  virtual void SetBeforeWait(std::function<void()> f) {}
 
   // Device memory other device processes on the same device map (their
   // collectives read one another's buffers rather than staging through the
@@ -260,9 +268,22 @@ class DeviceMemory {
    public:
     // Aborts (never waits for a peer).
     virtual ~DeviceGroup() = default;
-    // Whether the join, or the operation started last, has finished; an
+    // Whether the join, or every operation started, has finished; an
     // error where the library reported one (the group is then unusable).
     virtual Result<bool> Done() = 0;
+    // Operations started since the join, numbered from 1 in start order;
+    // whether those up to the n-th (n <= started()) have finished, as Done.
+    virtual uint64_t started() const = 0;
+    virtual Result<bool> Reached(uint64_t n) = 0;
+    // Whether the operation started last is on the device's stream: the
+    // work issued after it then runs after it. Until then, nothing may be
+    // issued that reads what it writes, and no operation may start. An
+    // error where the library reported one.
+    virtual Result<bool> Enqueued() { return Done(); }
+    // Operations start in the same order on every member, each once the one
+    // before is enqueued (not finished): they run in that order on the
+    // device's stream, among its other work.
+    //
     // data[i] = the sum over the members of their data[i], i < count, as
     // integers (wrapping): exact in any order.
     virtual Status StartAllReduce(int64_t* data, size_t count) = 0;

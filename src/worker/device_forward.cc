@@ -72,6 +72,38 @@ Status DeviceModel::AllReduce(Communicator& comm, T* data, size_t n, std::vector
   return Status::Ok();
 }
 
+Status DeviceModel::SettleCollectives(Communicator& comm) {
+  if (!group_ || !group_->ready()) return Status::Ok();
+  return group_->Settle(comm);
+}
+
+namespace {
+
+// While a step runs: the backend's own waits (backend.h: SetBeforeWait)
+// first wait for the device library's all-reduces, under the group's
+// deadline, and a step that ends early still waits for them.
+class SettleBeforeWaits {
+ public:
+  SettleBeforeWaits(Backend* backend, DeviceGroupReducer* group, Communicator& comm)
+      : backend_(backend), group_(group), comm_(comm) {
+    if (group_) backend_->SetBeforeWait([this] { (void)group_->Settle(comm_); });
+  }
+  ~SettleBeforeWaits() {
+    if (!group_) return;
+    backend_->SetBeforeWait({});
+    if (group_->unsettled()) (void)group_->Settle(comm_);
+  }
+  SettleBeforeWaits(const SettleBeforeWaits&) = delete;
+  SettleBeforeWaits& operator=(const SettleBeforeWaits&) = delete;
+
+ private:
+  Backend* const backend_;
+  DeviceGroupReducer* const group_;
+  Communicator& comm_;
+};
+
+}  // namespace
+
 Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logits,
                             ForwardStats* stats) {
   const int T = b.num_tokens();
@@ -138,9 +170,22 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     seg_wall = w;
     return st;
   };
+  // Waiting for the device library's all-reduces: time in collectives, as
+  // when each was waited for alone.
+  auto settle = [&]() -> Status {
+    if (!group_ || !group_->unsettled()) return SettleCollectives(comm);
+    end_segment();
+    Status st = SettleCollectives(comm);
+    int64_t w = MonotonicNanos();
+    stats->collective_wall_ns += w - seg_wall;
+    seg_cpu = ThreadCpuNanos();
+    seg_wall = w;
+    return st;
+  };
 
   const size_t n = static_cast<size_t>(T) * H;
   float* x = x_.Reserve(n);
+  SettleBeforeWaits settle_before_waits(backend_, group_.get(), comm);
   Embed(b);
   FS_RETURN_IF_ERROR(all_reduce(x, n, &host_stage_f32_));
   if (embed_scale_ != 0) {
@@ -155,6 +200,8 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     AttentionPartial(l, b, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
     AddToResidual(layers_[l].attn_out_norm, T, &layers_[l].ffn_norm);
+    // (The experts' routing is read on the host.)
+    if (config_.is_moe()) FS_RETURN_IF_ERROR(settle());
     FfnPartial(l, T, stats);
     FS_RETURN_IF_ERROR(all_reduce(partial_.data(), n, &host_stage_fixed_));
     AddToResidual(layers_[l].ffn_out_norm, T,
@@ -162,6 +209,7 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
   }
   LmHead(b, stats);
   if (in_graph) backend_->EndGraph();
+  FS_RETURN_IF_ERROR(settle());
   CopyLogits(b, logits);
   // The step's KV is in its pages before the backup reads them.
   backend_->Synchronize();

@@ -87,6 +87,8 @@ Result<bool> DeviceGroupReducer::Ready(Communicator& comm) {
   // failed. Revoked (or aborted) it waits for no member.
   Retire();
   ready_ = false;
+  unsettled_ = false;
+  failed_ = Status::Ok();
   serial_ = comm.serial();
   if (comm.size() <= 1) {
     parent_ = {};
@@ -174,6 +176,7 @@ Status DeviceGroupReducer::SetUp(Communicator& comm, bool* ready) {
   uint32_t started = joined.ok() ? 1 : 0;
   if (joined.ok()) {
     group_ = std::move(*joined);
+    waited_ = 0;
     member_ = {IdentityOf(ids[0].id), rank, size};
   } else {
     FS_LOG_WARN("device group: cannot join ({}); the device library is not used again",
@@ -248,6 +251,7 @@ Status DeviceGroupReducer::Shrink(Communicator& comm, const std::vector<int>& ex
   uint64_t id = parent_id;
   for (int r : excluded) id = HashCombine(id, static_cast<uint64_t>(r)) | 1;
   group_ = std::move(started_group);
+  waited_ = 0;
   member_ = {id, rank, size};
   FS_RETURN_IF_ERROR(Wait(comm));  // its join
   const int64_t t1 = MonotonicNanos();
@@ -287,17 +291,45 @@ DeviceGroupReducer::~DeviceGroupReducer() {
   parent_ = {};
 }
 
-Status DeviceGroupReducer::Wait(Communicator& comm) {
+Status DeviceGroupReducer::Await(Communicator& comm, const std::function<Result<bool>()>& done) {
   // The library's own failure (kInternal), not a peer's (kUnavailable: a
   // connection to a dead member gone) or the group's deadline or abort.
   bool library_failed = false;
   Status st = comm.Await([&]() -> Result<bool> {
-    auto done = group_->Done();
-    if (!done.ok() && done.status().code() == StatusCode::kInternal) library_failed = true;
-    return done;
+    auto r = done();
+    if (!r.ok() && r.status().code() == StatusCode::kInternal) library_failed = true;
+    return r;
   });
   if (!st.ok()) Failed(st, library_failed);
   return st;
+}
+
+Status DeviceGroupReducer::Wait(Communicator& comm) {
+  FS_RETURN_IF_ERROR(Await(comm, [&] { return group_->Done(); }));
+  waited_ = group_->started();
+  return Status::Ok();
+}
+
+Status DeviceGroupReducer::WaitEnqueued(Communicator& comm) {
+  // Typically at once: an operation the library could not enqueue in its
+  // call is its own thread's job for a moment.
+  auto now = group_->Enqueued();
+  if (now.ok() && *now) return Status::Ok();
+  return Await(comm, [&] { return group_->Enqueued(); });
+}
+
+Status DeviceGroupReducer::Settle(Communicator& comm) {
+  if (!unsettled_) return failed_;
+  unsettled_ = false;
+  if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
+  // Each operation in turn, as the device passes it: each a move of this
+  // member's progress, as when each was waited for alone, so that the
+  // group's deadlines and its judgement of who is hung see the same pace.
+  for (uint64_t n = waited_ + 1; n <= group_->started(); ++n) {
+    FS_RETURN_IF_ERROR(Await(comm, [&] { return group_->Reached(n); }));
+    waited_ = n;
+  }
+  return Status::Ok();
 }
 
 Status DeviceGroupReducer::Started(Status st) {
@@ -306,6 +338,8 @@ Status DeviceGroupReducer::Started(Status st) {
 }
 
 void DeviceGroupReducer::Failed(const Status& st, bool library_failed) {
+  if (failed_.ok()) failed_ = st;
+  unsettled_ = false;
   // Its operations end; whatever they wrote is not used (the step fails).
   // The library's own failure ends its use here.
   if (library_failed) {
@@ -317,23 +351,29 @@ void DeviceGroupReducer::Failed(const Status& st, bool library_failed) {
 
 Status DeviceGroupReducer::AllReduceSum(Communicator& comm, int64_t* data, size_t count) {
   FS_CHECK_MSG(ready_ && comm.serial() == serial_, "device-group all-reduce on a group not set up");
-  if (!group_) return Aborted("the device group failed");
+  if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
   FS_RETURN_IF_ERROR(Started(group_->StartAllReduce(data, count)));
-  return Wait(comm);
+  unsettled_ = true;
+  return WaitEnqueued(comm);
 }
 
 Status DeviceGroupReducer::AllReduceSum(Communicator& comm, float* data, size_t count) {
   FS_CHECK_MSG(ready_ && comm.serial() == serial_, "device-group all-reduce on a group not set up");
-  if (!group_) return Aborted("the device group failed");
+  if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
   const size_t size = static_cast<size_t>(comm.size());
   const size_t chunk = std::max<size_t>(1, kGatherBytes / sizeof(float) / size);
   float* gathered = gathered_.Reserve(std::min(chunk, count) * size);
   const float* srcs[64];
   FS_CHECK(size <= 64);
   for (size_t off = 0; off < count; off += chunk) {
+    // (A wait of the backend's, in its allocation or upload, waits for the
+    // operations started, and may have found the group failed.)
+    if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
     const size_t n = std::min(chunk, count - off);
+    // (The stream orders the next chunk's gather after this one's sum.)
     FS_RETURN_IF_ERROR(Started(group_->StartAllGather(data + off, n, gathered)));
-    FS_RETURN_IF_ERROR(Wait(comm));
+    unsettled_ = true;
+    FS_RETURN_IF_ERROR(WaitEnqueued(comm));
     for (size_t m = 0; m < size; ++m) srcs[m] = gathered + m * n;
     backend_->SumArrays(srcs, static_cast<int>(size), n, data + off);
   }

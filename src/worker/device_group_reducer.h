@@ -5,11 +5,16 @@
 //
 // The library knows nothing of FailSafe's failures: a dead or hung member
 // leaves the others' operations unfinished on their GPUs. So no member ever
-// waits for one inside the library: each operation is started, then waited
-// for as a collective of the group's communicator (Communicator::Await), so
-// under its deadline, its abort (the coordinator's, when it finds a member
-// dead or hung) and its progress records, exactly as a collective of the
-// communicator's own. A wait that fails aborts the library's group
+// waits for one inside the library: operations are started on the device's
+// stream, where the work issued after them waits for them, and the host
+// goes on issuing the step's kernels; before it waits for the stream
+// itself (Settle: at the end of a step, before a copy to the host, or any
+// wait of the backend's own, Backend::SetBeforeWait), it waits for the
+// operations started as a collective of the group's communicator
+// (Communicator::Await), so under its deadline, its abort (the
+// coordinator's, when it finds a member dead or hung) and its progress
+// records, exactly as a collective of the communicator's own: once a step,
+// not once an operation. A wait that fails aborts the library's group
 // (ncclCommAbort ends the operations under way); the next group, on the
 // survivors or with a member that rejoined, makes a new one.
 //
@@ -40,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,9 +81,15 @@ class DeviceGroupReducer {
   // take part. An error where the group failed meanwhile.
   Result<bool> Ready(Communicator& comm);
   // data[i] = the sum over the group's members of their data[i], i < count,
-  // in device memory. Only after Ready(comm) said true.
+  // in device memory, for the kernels issued next (on the device's stream,
+  // after the sum): started, not waited for. Only after Ready(comm) said
+  // true.
   Status AllReduceSum(Communicator& comm, int64_t* data, size_t count);
   Status AllReduceSum(Communicator& comm, float* data, size_t count);
+  // Waits for the operations started (under comm's deadline and abort);
+  // the first failure since the group was set up, if any, again.
+  Status Settle(Communicator& comm);
+  bool unsettled() const { return unsettled_; }
 
   bool ready() const { return ready_; }
   const std::string& why_not() const { return why_not_; }
@@ -101,9 +113,13 @@ class DeviceGroupReducer {
   // One operation of each kind on the group just joined, so that whatever
   // the library sets up at its first is done here, not inside a step.
   Status WarmUp(Communicator& comm);
-  // Waits for the group's operation (or join) under `comm`; a failure
+  // Waits for the group's operations (or join) under `comm`; a failure
   // retires the group.
   Status Wait(Communicator& comm);
+  // Waits until the operation started last is on the device's stream.
+  Status WaitEnqueued(Communicator& comm);
+  // Waits under `comm` until done() says so; a failure retires the group.
+  Status Await(Communicator& comm, const std::function<Result<bool>()>& done);
   // `st`, an operation's start; a failure retires the group.
   Status Started(Status st);
   // After a failed wait or start: the group retired, and the library
@@ -123,9 +139,12 @@ class DeviceGroupReducer {
     Membership member;
   };
   Held parent_;
-  uint64_t serial_ = 0;  // the communicator set up for (0: none)
-  bool ready_ = false;   // for that communicator
-  bool broken_ = false;  // the library failed here: offered no more
+  uint64_t serial_ = 0;     // the communicator set up for (0: none)
+  bool ready_ = false;      // for that communicator
+  bool broken_ = false;     // the library failed here: offered no more
+  bool unsettled_ = false;  // operations started and not waited for
+  uint64_t waited_ = 0;     // group_'s operations waited for (by number)
+  Status failed_;           // the group's failure, for its communicator
   DeviceArray<float> gathered_;
   DeviceArray<int64_t> warm_sum_;  // the setup's first all-reduce
   std::string why_not_;

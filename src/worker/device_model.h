@@ -262,6 +262,9 @@ class DeviceModel {
   // alone on a GPU.
   template <typename T>
   Status AllReduce(Communicator& comm, T* data, size_t n, std::vector<T>* staging);
+  // Waits for the device library's all-reduces started this step (group_:
+  // started, not waited for); their failure, if any.
+  Status SettleCollectives(Communicator& comm);
   // Norms, routers and empty item matrices: a device holding nothing yet.
   void InitLayers(const Plan& plan, const WeightStore& host);
   void EnqueueBackup(const StepBatch& b);

@@ -118,7 +118,8 @@ class CudaBackend final : public Backend {
     FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FS_CUDA_CHECK(cudaMallocHost(&result_, 64));
     GrowRing(graphs_enabled_ ? std::max(kGraphRingBytes, first_ring_bytes_) : first_ring_bytes_);
-    lt_ = std::make_unique<cuda::LtGemm>(stream_, allocator_ == Allocator::kPool, busy_);
+    lt_ = std::make_unique<cuda::LtGemm>(stream_, allocator_ == Allocator::kPool, busy_,
+                                         [this] { BeforeWait(); });
     int shared_limit = 0;
     FS_CUDA_CHECK(
         cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu_));
@@ -128,7 +129,8 @@ class CudaBackend final : public Backend {
     constexpr int kTuneRows = INT_MAX;
 #endif
     fixed_ = std::make_unique<cuda::FixedGemm>(sms_, static_cast<size_t>(shared_limit), stream_,
-                                               kTuneRows, allocator_ == Allocator::kPool, busy_);
+                                               kTuneRows, allocator_ == Allocator::kPool, busy_,
+                                               [this] { BeforeWait(); });
     return Status::Ok();
   }
 
@@ -201,7 +203,11 @@ class CudaBackend final : public Backend {
     const cudaError_t e =
         allocator_ == Allocator::kPool ? cudaMallocAsync(&p, n, alloc_stream_) : cudaMalloc(&p, n);
     if (cuda::OutOfDeviceMemory(e)) throw std::bad_alloc();
-    if (allocator_ == Allocator::kPool) FS_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
+    if (allocator_ == Allocator::kPool) {
+      // (Memory the compute stream freed may come back behind its work.)
+      BeforeWait();
+      FS_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
+    }
     return p;
   }
   void Free(void* p, size_t) override {
@@ -235,7 +241,10 @@ class CudaBackend final : public Backend {
                                     cudaMemcpyHostToDevice, stream_));
       pinned = pinned || PinnedHere(from);
     });
-    if (pinned) FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (pinned) {
+      BeforeWait();
+      FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
   }
   // Two page-locked buffers, kept once made (a recovery's weights go
   // through them: making them then would cost tens of milliseconds).
@@ -289,6 +298,7 @@ class CudaBackend final : public Backend {
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     FS_CHECK_MSG(graph_ == Graph::kOff, "a copy to the host inside a graphed step");
+    BeforeWait();  // (one to pageable memory waits for the stream)
     ForEachPart(dst, bytes, [&](size_t at, size_t part) {
       FS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at,
                                     static_cast<const char*>(src) + at, part,
@@ -300,6 +310,7 @@ class CudaBackend final : public Backend {
                     size_t rows) override {
     if (rows == 0 || width == 0) return;
     FS_CHECK_MSG(graph_ == Graph::kOff, "a copy to the host inside a graphed step");
+    BeforeWait();  // (one to pageable memory waits for the stream)
     int parts = 0;
     ForEachPart(dst, (rows - 1) * dpitch + width, [&](size_t, size_t) { ++parts; });
     if (parts == 1) {
@@ -448,8 +459,13 @@ class CudaBackend final : public Backend {
     const HostCopy c{dst, src, bytes};
     BackgroundCopies(&c, 1, kind);
   }
+  void SetBeforeWait(std::function<void()> f) override {
+    before_wait_ = std::move(f);
+    before_wait_thread_ = std::this_thread::get_id();
+  }
   void Synchronize() override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");
+    BeforeWait();
     FS_CHECK_MSG(ring_copied_ == ring_used_, "an upload never copied to the device");
     FS_CUDA_CHECK(cudaStreamSynchronize(stream_));
     ring_used_ = ring_copied_ = 0;  // every upload was read
@@ -753,6 +769,7 @@ class CudaBackend final : public Backend {
   std::vector<double> TakeMarks() override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "marks taken inside a graphed step");
     std::vector<double> out(marks_used_, 0.0);
+    BeforeWait();
     if (marks_used_ > 0) FS_CUDA_CHECK(cudaEventSynchronize(marks_[marks_used_ - 1]));
     for (size_t i = 1; i < marks_used_; ++i) {
       float ms = 0;
@@ -1080,6 +1097,14 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // SetBeforeWait's, once (not again from within it).
+  void BeforeWait() {
+    if (!before_wait_ || in_before_wait_ || std::this_thread::get_id() != before_wait_thread_)
+      return;
+    in_before_wait_ = true;
+    before_wait_();
+    in_before_wait_ = false;
+  }
   bool Chains(DType t) const { return t == DType::kF32 || gemm_ == GpuGemm::kChain; }
 
   // The chains of x [m, *] by w over n columns (kernels.h: ChainGemm).
@@ -1309,7 +1334,10 @@ class CudaBackend final : public Backend {
   const bool graphs_enabled_;
   const GpuAttention attention_;
   bool dependent_launch_;
-  const std::function<void()> busy_;  // CudaBackendOptions::busy
+  const std::function<void()> busy_;   // CudaBackendOptions::busy
+  std::function<void()> before_wait_;  // SetBeforeWait, for the thread that set it
+  std::thread::id before_wait_thread_;
+  bool in_before_wait_ = false;
   Graph graph_ = Graph::kOff;
   std::unordered_set<uint64_t> seen_;
   std::unordered_map<uint64_t, StepGraph> graphs_;

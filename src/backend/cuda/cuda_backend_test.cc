@@ -1476,6 +1476,19 @@ bool Finishes(Backend::DeviceGroup* g, int64_t ms, std::string* error = nullptr)
   return false;
 }
 
+// Polls `g` until its last operation is on the stream (true), it fails or
+// `ms` pass (false).
+bool Enqueues(Backend::DeviceGroup* g, int64_t ms) {
+  const int64_t deadline = MonotonicNanos() + ms * 1000000;
+  while (MonotonicNanos() < deadline) {
+    auto enqueued = g->Enqueued();
+    if (!enqueued.ok()) return false;
+    if (*enqueued) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
 // The group's id, made by member 0 and posted as board slot `which`.
 std::string GroupId(Backend* b, GroupBoard* board, int which, int rank) {
   if (rank == 0) {
@@ -1515,6 +1528,17 @@ int SumAndGather(Backend* b, Backend::DeviceGroup* g, int rank, int size, int ro
   OnDevice<float> fsend(b, send), frecv(b, fcount * static_cast<size_t>(size));
   if (!g->StartAllGather(fsend.get(), fcount, frecv.get()).ok() || !Finishes(g, 30000)) return 12;
   if (frecv.Read(b) != all_want) return 13;
+  // Operations queued behind one another on the stream, each started once
+  // the one before is enqueued and waited for once: the second sums the
+  // first's sums, the gather runs after both.
+  OnDevice<int64_t> again(b, mine);
+  OnDevice<float> frecv2(b, fcount * static_cast<size_t>(size));
+  if (!g->StartAllReduce(again.get(), count).ok() || !Enqueues(g, 30000)) return 14;
+  if (!g->StartAllReduce(again.get(), count).ok() || !Enqueues(g, 30000)) return 15;
+  if (!g->StartAllGather(fsend.get(), fcount, frecv2.get()).ok() || !Finishes(g, 30000)) return 16;
+  for (int64_t& v : want) v = static_cast<int64_t>(static_cast<uint64_t>(v) * size);
+  if (again.Read(b) != want) return 17;
+  if (frecv2.Read(b) != all_want) return 18;
   return 0;
 }
 

@@ -74,13 +74,14 @@ std::vector<int> FixedGemm::Candidates(int band, bool a32) {
 }
 
 FixedGemm::FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows, bool pools,
-                     std::function<void()> busy)
+                     std::function<void()> busy, std::function<void()> before_wait)
     : sms_(sms),
       shared_limit_(shared_limit),
       stream_(stream),
       tune_rows_(tune_rows),
       pools_(pools),
-      busy_(std::move(busy)) {
+      busy_(std::move(busy)),
+      before_wait_(std::move(before_wait)) {
   if (const char* forced = std::getenv("FAILSAFE_FIXED_GEMM"); forced && *forced) {
     forced_ = VariantNamed(forced);
     std::string known;
@@ -171,6 +172,9 @@ void FixedGemm::Choose(const FixedItems& g, int band, Band& out) {
     return;
   }
   const int rows = std::max(1, std::min(kBandRows[band][2], tune_rows_));
+  // The timing waits for the stream: nothing on it may be left that never
+  // finishes.
+  if (before_wait_) before_wait_();
   // Rows laid out as the family's (random 16-bit values; f32 zeros), and
   // sums to throw away.
   FixedItems t = g;

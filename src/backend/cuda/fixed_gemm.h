@@ -43,9 +43,10 @@ class FixedGemm {
   // the band's); 0: drawn, not timed; pools: a timing's buffers from the
   // device's stream-ordered pool (else cudaMalloc's, whose free waits for
   // the whole device: a recovery's KV restore beside it); busy: called
-  // after each timing's wait (a sign of life; may be empty).
+  // after each timing's wait (a sign of life; may be empty); before_wait:
+  // called before a timing waits for the stream (Backend::SetBeforeWait).
   FixedGemm(int sms, size_t shared_limit, cudaStream_t stream, int tune_rows, bool pools,
-            std::function<void()> busy = {});
+            std::function<void()> busy = {}, std::function<void()> before_wait = {});
 
   // acc += the items' fixed-point products. may_time: false while a graph
   // is being captured (nothing may wait for the device).
@@ -89,6 +90,7 @@ class FixedGemm {
   int tune_rows_;
   bool pools_;
   std::function<void()> busy_;
+  std::function<void()> before_wait_;  // Backend::SetBeforeWait's, before a timing waits
   int forced_ = -1;
   std::map<Key, Family> families_;
 };

@@ -122,8 +122,9 @@ struct LtGemm::Family {
   }
 };
 
-LtGemm::LtGemm(cudaStream_t stream, bool pools, std::function<void()> busy)
-    : stream_(stream), pools_(pools), busy_(std::move(busy)) {
+LtGemm::LtGemm(cudaStream_t stream, bool pools, std::function<void()> busy,
+               std::function<void()> before_wait)
+    : stream_(stream), pools_(pools), busy_(std::move(busy)), before_wait_(std::move(before_wait)) {
   FS_LT_CHECK(cublasLtCreate(&handle_));
   workspace_bytes_ = kWorkspaceBytes;
   FS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
@@ -187,6 +188,9 @@ LtGemm::Family& LtGemm::FamilyOf(const LtProblem& p) {
       FS_CUDA_CHECK(cudaStreamCreateWithFlags(&choose_stream_, cudaStreamNonBlocking));
   }
   const cudaStream_t s = captured ? choose_stream_ : stream_;
+  // On the stream, the choice waits for it: nothing may be left on it that
+  // never finishes. (A capture's stream is idle.)
+  if (!captured && before_wait_) before_wait_();
   const auto t0 = std::chrono::steady_clock::now();
   // Strides and the activations' row stride change a family's alignment
   // (in the key) and its width, not how a column's sum is ordered.

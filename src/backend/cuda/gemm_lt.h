@@ -62,8 +62,11 @@ class LtGemm {
  public:
   // pools: probe buffers from the device's stream-ordered pool (else
   // cudaMalloc's, whose free waits for the whole device). busy: called
-  // after each wait of a choice (a sign of life; may be empty).
-  LtGemm(cudaStream_t stream, bool pools, std::function<void()> busy = {});
+  // after each wait of a choice (a sign of life; may be empty);
+  // before_wait: called before a choice outside a capture waits for the
+  // stream (Backend::SetBeforeWait).
+  LtGemm(cudaStream_t stream, bool pools, std::function<void()> busy = {},
+         std::function<void()> before_wait = {});
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -111,6 +114,7 @@ class LtGemm {
   cudaStream_t stream_;
   bool pools_;
   std::function<void()> busy_;
+  std::function<void()> before_wait_;
   // Where a family first met while stream_ is being captured is chosen
   // (made at the first such).
   cudaStream_t choose_stream_ = nullptr;

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -122,9 +123,7 @@ class NcclGroup final : public Backend::DeviceGroup {
  public:
   // A group joined by id.
   NcclGroup(const NcclApi* api, ncclComm_t comm, cudaStream_t stream, int gpu)
-      : api_(api), comm_(comm), stream_(stream), gpu_(gpu) {
-    FS_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-  }
+      : api_(api), comm_(comm), stream_(stream), gpu_(gpu) {}
   // A group shrunk from `parent` (owned from here on): its communicator
   // is published into *slot once the shrink's join ends.
   NcclGroup(const NcclApi* api, ncclComm_t parent, std::unique_ptr<ncclComm_t> slot,
@@ -134,15 +133,16 @@ class NcclGroup final : public Backend::DeviceGroup {
         stream_(stream),
         gpu_(gpu),
         parent_(parent),
-        slot_(std::move(slot)) {
-    FS_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-  }
+        slot_(std::move(slot)) {}
   ~NcclGroup() override {
     Abort();
-    cudaEventDestroy(event_);
+    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
   }
 
-  Result<bool> Done() override {
+  Result<bool> Done() override { return Reached(started_); }
+  uint64_t started() const override { return started_; }
+
+  Result<bool> Reached(uint64_t n) override {
     if (!comm_ && !parent_) return Aborted("the NCCL group was aborted");
     if (!comm_) {
       // A shrink's join: under way in its parent (nonblocking) until the
@@ -182,38 +182,52 @@ class NcclGroup final : public Backend::DeviceGroup {
       }
     }
     if (!in_flight_) return true;  // joined, or nothing started
-    // The operation is on the stream once the state left ncclInProgress:
-    // only then may work after it be queued.
-    if (!recorded_) {
-      const cudaError_t e = cudaEventRecord(event_, stream_);
+    // The last operation is on the stream once the state left
+    // ncclInProgress: marked there.
+    enqueued_ = true;
+    FS_RETURN_IF_ERROR(MarkLast());
+    while (!marks_.empty() && marks_.front().first <= n) {
+      const cudaError_t e = cudaEventQuery(marks_.front().second);
+      if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();  // not an error: kept from the next launch's check
+        return false;
+      }
       if (e != cudaSuccess) return Internal("NCCL group: {}", cudaGetErrorString(e));
-      recorded_ = true;
+      spare_.push_back(marks_.front().second);
+      marks_.pop_front();
     }
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: kept from the next launch's check
-      return false;
-    }
-    if (e != cudaSuccess) return Internal("NCCL group: {}", cudaGetErrorString(e));
-    in_flight_ = false;
+    if (n >= started_) in_flight_ = false;
+    return true;
+  }
+
+  Result<bool> Enqueued() override {
+    if (!in_flight_ || enqueued_) return true;
+    if (!comm_) return Aborted("the NCCL group was aborted");
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = api_->CommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) return Fail(r);
+    if (state == ncclInProgress) return false;
+    if (state != ncclSuccess) return Fail(state);
+    enqueued_ = true;
+    FS_RETURN_IF_ERROR(MarkLast());
     return true;
   }
 
   Status StartAllReduce(int64_t* data, size_t count) override {
-    FS_CHECK_MSG(!in_flight_, "an NCCL operation started before the last finished");
+    FS_CHECK_MSG(!in_flight_ || enqueued_, "an NCCL operation started before the last's enqueue");
     if (!Usable()) return Aborted("the NCCL group was aborted");
     // Unsigned: the same bits as int64_t's wrapping sum, with no overflow.
     return Started(api_->AllReduce(data, data, count, ncclUint64, ncclSum, comm_, stream_));
   }
 
   Status StartAllGather(const float* send, size_t count, float* recv) override {
-    FS_CHECK_MSG(!in_flight_, "an NCCL operation started before the last finished");
+    FS_CHECK_MSG(!in_flight_ || enqueued_, "an NCCL operation started before the last's enqueue");
     if (!Usable()) return Aborted("the NCCL group was aborted");
     return Started(api_->AllGather(send, recv, count, ncclFloat32, comm_, stream_));
   }
 
   void Abort() override {
-    in_flight_ = false;
+    DropMarks();
     if (parent_) {
       // A shrink's join not finished: its parent first (which ends the
       // join, waiting for NCCL's thread of it), then the new communicator
@@ -238,7 +252,7 @@ class NcclGroup final : public Backend::DeviceGroup {
     // shrink), or where the last operation's enqueue may still be NCCL's
     // job (not yet seen out of ncclInProgress): a revoke then ends that
     // job under NCCL's own feet.
-    if (!comm_ || !joined_ || !Shrinks() || (in_flight_ && !recorded_)) {
+    if (!comm_ || !joined_ || !Shrinks() || (in_flight_ && !enqueued_)) {
       Abort();
       return false;
     }
@@ -249,7 +263,7 @@ class NcclGroup final : public Backend::DeviceGroup {
       return false;
     }
     revoked_ = true;
-    in_flight_ = false;  // Done() now says whether it has settled
+    DropMarks();  // Done() now says whether it has settled
     return true;
   }
 
@@ -288,9 +302,34 @@ class NcclGroup final : public Backend::DeviceGroup {
   bool Usable() const { return comm_ && joined_ && !revoked_; }
   Status Started(ncclResult_t r) {
     if (r != ncclSuccess && r != ncclInProgress) return Fail(r);
+    ++started_;
     in_flight_ = true;
-    recorded_ = false;
+    // ncclSuccess: enqueued; ncclInProgress: NCCL's job until the state
+    // leaves it.
+    enqueued_ = r == ncclSuccess;
+    return enqueued_ ? MarkLast() : Status::Ok();
+  }
+  // An event after the last operation started (enqueued), once.
+  Status MarkLast() {
+    if (!marks_.empty() && marks_.back().first == started_) return Status::Ok();
+    cudaEvent_t e = nullptr;
+    if (spare_.empty()) {
+      const cudaError_t made = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (made != cudaSuccess) return Internal("NCCL group: {}", cudaGetErrorString(made));
+    } else {
+      e = spare_.back();
+      spare_.pop_back();
+    }
+    marks_.emplace_back(started_, e);
+    const cudaError_t r = cudaEventRecord(e, stream_);
+    if (r != cudaSuccess) return Internal("NCCL group: {}", cudaGetErrorString(r));
     return Status::Ok();
+  }
+  // The operations under way ended: their marks no longer waited for.
+  void DropMarks() {
+    in_flight_ = false;
+    for (auto& m : marks_) spare_.push_back(m.second);
+    marks_.clear();
   }
   bool Shrinks() const { return api_->CommRevoke && api_->CommShrink && ShrinkOn(); }
   // A peer's failure (its connection gone, an error it reported) is
@@ -311,12 +350,16 @@ class NcclGroup final : public Backend::DeviceGroup {
   // its join finished (owned: aborted then, or with it).
   ncclComm_t parent_ = nullptr;
   std::unique_ptr<ncclComm_t> slot_;
-  cudaEvent_t event_ = nullptr;
+  // Events recorded after operations (by their number), in order, not yet
+  // seen done; and events free for reuse.
+  std::deque<std::pair<uint64_t, cudaEvent_t>> marks_;
+  std::vector<cudaEvent_t> spare_;
+  uint64_t started_ = 0;             // operations started, numbered from 1
   bool joined_ = false;              // the join finished
   bool revoked_ = false;             // no operation may start
   ncclResult_t kept_ = ncclSuccess;  // the error a revoked group settled with
-  bool in_flight_ = false;           // an operation started and not yet seen finished
-  bool recorded_ = false;            // event_ recorded after it
+  bool in_flight_ = false;           // operations started and not yet seen finished
+  bool enqueued_ = false;            // the last of them is on the stream
 };
 
 }  // namespace

@@ -5,12 +5,14 @@
 // libnccl.so.2 on the library path). FAILSAFE_NCCL=0 turns it off.
 //
 // Communicators are nonblocking (ncclConfig_t.blocking = 0): no call waits
-// for a peer. A join, or an operation, is finished once
-// ncclCommGetAsyncError no longer says ncclInProgress and an event recorded
-// after the operation on the compute stream has completed; the caller
-// polls that (Done) under its group's deadline and abort, and ends a group
-// whose peer died or hangs with ncclCommAbort (never ncclCommDestroy, which
-// can wait for the dead peer).
+// for a peer. An operation is on the compute stream (Enqueued) once
+// ncclCommGetAsyncError no longer says ncclInProgress: the next may start,
+// and work that reads its result be queued, without waiting for the GPU.
+// A join, or the operations started, are finished once that is so and an
+// event recorded after the last on the compute stream has completed; the
+// caller polls that (Done) under its group's deadline and abort, and ends
+// a group whose peer died or hangs with ncclCommAbort (never
+// ncclCommDestroy, which can wait for the dead peer).
 //
 // Where NCCL has ncclCommRevoke and ncclCommShrink (2.28 and later), a
 // group whose operation failed is revoked rather than aborted (its

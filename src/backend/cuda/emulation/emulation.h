@@ -100,8 +100,9 @@ class Pending {
   virtual bool Advance(bool block) = 0;
 };
 // Issues `op` on `s` after the stream's work before it (runtime.cc): it is
-// advanced at once, and what is left waits on the stream. False while `s`
-// is captured (not supported).
+// advanced once the stream reaches it (at once where nothing is ahead of
+// it), and the work issued after it waits on the stream until it has
+// finished. False while `s` is captured (not supported).
 bool IssuePending(cudaStream_t s, std::shared_ptr<Pending> op);
 
 template <typename Kernel>

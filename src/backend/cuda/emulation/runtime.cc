@@ -1,16 +1,21 @@
 // The CUDA runtime and cuBLASLt calls of the CUDA backend
 // (cuda_backend.cc, gemm_lt.cc), emulated on the CPU so that the backend
 // itself runs over the emulated kernels (emulation.h) in tests: one
-// "device", its memory host memory; every stream operation done at once
-// in issue order (so streams and events only order what is already in
-// order), except while a stream is captured: then launches, copies and
-// sets are recorded, and a graph's launch replays them, reading host
-// memory when it runs as a real graph's copies do.
+// "device", its memory host memory; a stream's operations done at once in
+// issue order, on the issuing thread, while nothing unfinished is ahead of
+// them on the stream; while a stream is captured, launches, copies and sets
+// are recorded, and a graph's launch replays them, reading host memory when
+// it runs as a real graph's copies do.
 //
 // Work that completes only when other processes take part (an emulated
-// NCCL operation, emulation/nccl.cc) is left pending on its stream: an
-// event recorded after it is not ready until it has finished, and the
-// stream's next operation, or a synchronization, waits for it.
+// NCCL operation, emulation/nccl.cc) is left pending on its stream, and
+// what is issued behind it waits there, as on a GPU, without the issuing
+// thread waiting: it runs once the operation has finished, when a call
+// looks at the stream (an issue, a query, a synchronization; any thread's).
+// An event recorded behind it is not ready until then. A copy from
+// pageable host memory takes its bytes at once, and one to pageable host
+// memory returns once it is done (CUDA's behaviour for pageable copies),
+// so a copy to the host behind an unfinished operation waits for it.
 //
 // Eight GPUs (kGpus), every one this process's host memory, each with a
 // PCI bus id of its own.
@@ -23,28 +28,43 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "backend/cuda/emulation/emulation.h"
 #include "common/check.h"
 
-using PendingOp = std::shared_ptr<failsafe::cuda::emu::Pending>;
+// One operation queued on a stream: Step does what it can and says
+// whether the operation has finished.
+struct QueuedOp {
+  std::function<bool()> step;
+};
+// Where an event was recorded: done once the stream's work before it is.
+struct EventMark {
+  std::atomic<bool> done{false};
+  std::chrono::steady_clock::time_point at;
+};
 struct CUstream_st {
   std::vector<std::function<void()>>* capture = nullptr;  // while captured
-  PendingOp pending;                                      // work issued last, not yet finished
+  std::mutex mu;                                          // the rest
+  std::deque<std::shared_ptr<QueuedOp>> queue;            // issued, not finished, in order
+  bool advancing = false;                                 // a thread is stepping queue.front()
 };
 struct CUevent_st {
+  std::shared_ptr<EventMark> mark;  // null: recorded on an idle stream (or never)
+  CUstream_st* stream = nullptr;    // where mark waits
   std::chrono::steady_clock::time_point at;
-  PendingOp pending;  // what the event waits for
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -81,22 +101,58 @@ bool Within(const std::map<const void*, size_t>& m, const void* p) {
 CUstream_st g_default_stream;
 CUstream_st* StreamOf(cudaStream_t s) { return s ? s : &g_default_stream; }
 
-// Waits for `p` to finish (nothing where null), then forgets it.
-void Finish(PendingOp& p) {
-  if (p) p->Advance(/*block=*/true);
-  p.reset();
+// Does the stream's queued work in order, as far as it can without
+// waiting (block: until the queue is empty). Any thread may: the one that
+// finds another stepping the queue leaves it to it (or, blocking, waits).
+void Advance(CUstream_st* st, bool block) {
+  std::unique_lock<std::mutex> l(st->mu);
+  for (;;) {
+    if (st->queue.empty()) return;
+    if (!st->advancing) {
+      std::shared_ptr<QueuedOp> op = st->queue.front();
+      st->advancing = true;
+      l.unlock();
+      const bool finished = op->step();
+      l.lock();
+      st->advancing = false;
+      if (finished) {
+        st->queue.pop_front();
+        continue;
+      }
+    }
+    if (!block) return;
+    l.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    l.lock();
+  }
 }
 
-// Runs `op` now (after the stream's pending work), or records it where `s`
-// is captured.
+// Queues `step` on the stream's work and does what can be done now.
+void Enqueue(CUstream_st* st, std::function<bool()> step) {
+  {
+    std::lock_guard<std::mutex> l(st->mu);
+    st->queue.push_back(std::make_shared<QueuedOp>(QueuedOp{std::move(step)}));
+  }
+  Advance(st, /*block=*/false);
+}
+
+bool Idle(CUstream_st* st) {
+  std::lock_guard<std::mutex> l(st->mu);
+  return st->queue.empty();
+}
+
+// Runs `op` after the stream's work before it (now, where nothing is left
+// unfinished), or records it where `s` is captured.
 void Issue(cudaStream_t s, std::function<void()> op) {
   CUstream_st* st = StreamOf(s);
   if (st->capture) {
     st->capture->push_back(std::move(op));
-  } else {
-    Finish(st->pending);
-    op();
+    return;
   }
+  Enqueue(st, [op = std::move(op)] {
+    op();
+    return true;
+  });
 }
 
 // cuBLASLt's opaque handles: something to point at, holding nothing.
@@ -128,8 +184,7 @@ void IssueLaunch(cudaStream_t s, std::function<void()> launch) { Issue(s, std::m
 bool IssuePending(cudaStream_t s, std::shared_ptr<Pending> op) {
   CUstream_st* st = StreamOf(s);
   if (st->capture) return false;
-  Finish(st->pending);
-  if (!op->Advance(/*block=*/false)) st->pending = std::move(op);
+  Enqueue(st, [op = std::move(op)] { return op->Advance(/*block=*/false); });
   return true;
 }
 
@@ -158,6 +213,31 @@ cudaError_t CheckHostSide(const void* p, size_t span) {
 }
 const void* HostSide(const void* dst, const void* src, cudaMemcpyKind kind) {
   return kind == cudaMemcpyHostToDevice ? src : kind == cudaMemcpyDeviceToHost ? dst : nullptr;
+}
+
+// Issues a copy whose source is `src` (copy(from) does it from `from`):
+// from pageable host memory (`host`, `span` bytes, not page-locked) the
+// bytes are taken now; to it, the call returns once the copy is done.
+void IssueCopy(cudaStream_t s, cudaMemcpyKind kind, const void* host, size_t span, const void* src,
+               std::function<void(const void*)> copy) {
+  CUstream_st* st = StreamOf(s);
+  bool pageable = false;
+  if (host && span > 0 && !st->capture) {
+    std::lock_guard<std::mutex> l(Mu());
+    pageable = !Within(Locked(), host);
+  }
+  if (!pageable) {
+    Issue(s, [src, copy = std::move(copy)] { copy(src); });
+    return;
+  }
+  if (kind == cudaMemcpyHostToDevice) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + span);
+    Issue(s, [staged, copy = std::move(copy)] { copy(staged->data()); });
+    return;
+  }
+  Issue(s, [src, copy = std::move(copy)] { copy(src); });
+  Advance(st, /*block=*/true);
 }
 
 }  // namespace
@@ -267,26 +347,28 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
-  if (const void* host = failsafe::cuda::emu::HostSide(dst, src, kind)) {
+  const void* host = failsafe::cuda::emu::HostSide(dst, src, kind);
+  if (host) {
     const cudaError_t e = failsafe::cuda::emu::CheckHostSide(host, bytes);
     if (e != cudaSuccess) return e;
   }
-  Issue(s, [=] { std::memmove(dst, src, bytes); });
+  failsafe::cuda::emu::IssueCopy(s, kind, host, bytes, src,
+                                 [=](const void* from) { std::memmove(dst, from, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
-  if (const void* host = failsafe::cuda::emu::HostSide(dst, src, kind)) {
-    const size_t pitch = kind == cudaMemcpyHostToDevice ? spitch : dpitch;
-    const cudaError_t e =
-        height ? failsafe::cuda::emu::CheckHostSide(host, (height - 1) * pitch + width)
-               : cudaSuccess;
+  const void* host = failsafe::cuda::emu::HostSide(dst, src, kind);
+  const size_t pitch = kind == cudaMemcpyHostToDevice ? spitch : dpitch;
+  const size_t span = height ? (height - 1) * pitch + width : 0;
+  if (host) {
+    const cudaError_t e = failsafe::cuda::emu::CheckHostSide(host, span);
     if (e != cudaSuccess) return e;
   }
-  Issue(s, [=] {
+  failsafe::cuda::emu::IssueCopy(s, kind, host, span, src, [=](const void* from) {
     for (size_t r = 0; r < height; ++r) {
-      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
-                   width);
+      std::memmove(static_cast<char*>(dst) + r * dpitch,
+                   static_cast<const char*>(from) + r * spitch, width);
     }
   });
   return cudaSuccess;
@@ -302,14 +384,24 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete s;
+  // Its work finishes first, as on a GPU; where some cannot yet (an
+  // operation waiting for other processes), the stream is left to it.
+  if (!s) return cudaErrorInvalidResourceHandle;
+  failsafe::cuda::emu::Advance(s, /*block=*/false);
+  if (failsafe::cuda::emu::Idle(s)) delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   CUstream_st* st = failsafe::cuda::emu::StreamOf(s);
   if (st->capture) return cudaErrorStreamCaptureUnsupported;
-  failsafe::cuda::emu::Finish(st->pending);
+  failsafe::cuda::emu::Advance(st, /*block=*/true);
   return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  CUstream_st* st = failsafe::cuda::emu::StreamOf(s);
+  if (st->capture) return cudaErrorStreamCaptureUnsupported;
+  failsafe::cuda::emu::Advance(st, /*block=*/false);
+  return failsafe::cuda::emu::Idle(st) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = new CUevent_st();
@@ -321,22 +413,45 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (failsafe::cuda::emu::StreamOf(s)->capture) return cudaErrorStreamCaptureUnsupported;
+  CUstream_st* st = failsafe::cuda::emu::StreamOf(s);
+  if (st->capture) return cudaErrorStreamCaptureUnsupported;
   e->at = std::chrono::steady_clock::now();
-  e->pending = failsafe::cuda::emu::StreamOf(s)->pending;
+  e->mark.reset();
+  e->stream = nullptr;
+  if (failsafe::cuda::emu::Idle(st)) return cudaSuccess;
+  // Behind unfinished work: done (and timed) when the stream reaches it.
+  auto mark = std::make_shared<EventMark>();
+  failsafe::cuda::emu::Enqueue(st, [mark] {
+    mark->at = std::chrono::steady_clock::now();
+    mark->done.store(true, std::memory_order_release);
+    return true;
+  });
+  e->mark = std::move(mark);
+  e->stream = st;
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  failsafe::cuda::emu::Finish(e->pending);
+  while (e->mark && !e->mark->done.load(std::memory_order_acquire)) {
+    failsafe::cuda::emu::Advance(e->stream, /*block=*/false);
+    if (!e->mark->done.load(std::memory_order_acquire))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (e->mark) e->at = e->mark->at;
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  if (e->pending && !e->pending->Advance(/*block=*/false)) return cudaErrorNotReady;
-  e->pending.reset();
+  if (e->mark && !e->mark->done.load(std::memory_order_acquire)) {
+    failsafe::cuda::emu::Advance(e->stream, /*block=*/false);
+    if (!e->mark->done.load(std::memory_order_acquire)) return cudaErrorNotReady;
+  }
+  if (e->mark) e->at = e->mark->at;
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  auto at = [](cudaEvent_t e) {
+    return e->mark && e->mark->done.load(std::memory_order_acquire) ? e->mark->at : e->at;
+  };
+  *ms = std::chrono::duration<float, std::milli>(at(end) - at(start)).count();
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "backend/peer_memory.h"
@@ -312,9 +313,23 @@ Status DeviceGroupReducer::Wait(Communicator& comm) {
 
 Status DeviceGroupReducer::WaitEnqueued(Communicator& comm) {
   // Typically at once: an operation the library could not enqueue in its
-  // call is its own thread's job for a moment.
-  auto now = group_->Enqueued();
-  if (now.ok() && *now) return Status::Ok();
+  // call is its own thread's job for a moment. Polled here, not as a
+  // collective of comm: each member's progress moves once an operation, as
+  // its device passes it (Settle), wherever its host waits for enqueues,
+  // so members waiting at the same operation stand alike. (Past
+  // kEnqueueSpinNs, an enqueue that long is waited for under comm's
+  // deadline and abort.)
+  const int64_t t0 = MonotonicNanos();
+  for (;;) {
+    auto enqueued = group_->Enqueued();
+    if (!enqueued.ok()) {
+      Failed(enqueued.status(), enqueued.status().code() == StatusCode::kInternal);
+      return enqueued.status();
+    }
+    if (*enqueued) return Status::Ok();
+    if (MonotonicNanos() - t0 > kEnqueueSpinNs) break;
+    std::this_thread::yield();
+  }
   return Await(comm, [&] { return group_->Enqueued(); });
 }
 

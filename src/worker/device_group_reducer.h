@@ -106,6 +106,9 @@ class DeviceGroupReducer {
   // operations ended by a revoke) before it shrinks it: a revoke stops the
   // library's kernels at once, so a parent that takes longer is not used.
   static constexpr int64_t kSettleMs = 200;
+  // How long an operation's enqueue is polled before it is waited for as a
+  // collective (WaitEnqueued).
+  static constexpr int64_t kEnqueueSpinNs = 20'000'000;
   Status SetUp(Communicator& comm, bool* ready);
   // Shrinks parent_.group to comm's members (parent_ ranks but `excluded`); false
   // in *shrunk, alike on every member, where any could not.

@@ -214,8 +214,9 @@ class CudaBackend final : public Backend {
     if (!p) return;
     FS_CHECK_MSG(graph_ == Graph::kOff, "device memory freed inside a graphed step");
     ForgetGraphs();  // a graph may name this memory
-    const cudaError_t e =
-        allocator_ == Allocator::kPool && stream_ ? cudaFreeAsync(p, stream_) : cudaFree(p);
+    const bool ordered = allocator_ == Allocator::kPool && stream_;
+    if (!ordered) BeforeWait();  // cudaFree waits for the whole device
+    const cudaError_t e = ordered ? cudaFreeAsync(p, stream_) : cudaFree(p);
     // At exit the runtime may be gone before the last buffers.
     FS_CHECK_MSG(e == cudaSuccess || e == cudaErrorCudartUnloading, "cudaFree: {}",
                  cudaGetErrorString(e));
@@ -232,7 +233,9 @@ class CudaBackend final : public Backend {
     }
     // From pageable memory the call returns once the bytes are staged; from
     // page-locked memory the device reads them later, and the source may be
-    // reused on return (backend.h), so that copy is waited for.
+    // reused on return (backend.h), so that copy is waited for. (A large
+    // one from pageable memory may wait for the stream in the driver.)
+    if (bytes > kPageableStagedBytes && !PinnedHere(src)) BeforeWait();
     cuda::CountDeviceWrite();
     bool pinned = false;
     ForEachPart(src, bytes, [&](size_t at, size_t part) {
@@ -460,8 +463,11 @@ class CudaBackend final : public Backend {
     BackgroundCopies(&c, 1, kind);
   }
   void SetBeforeWait(std::function<void()> f) override {
+    // (Other threads read the thread, and so never the hook.)
+    before_wait_thread_.store(std::thread::id(), std::memory_order_release);
     before_wait_ = std::move(f);
-    before_wait_thread_ = std::this_thread::get_id();
+    if (before_wait_)
+      before_wait_thread_.store(std::this_thread::get_id(), std::memory_order_release);
   }
   void Synchronize() override {
     FS_CHECK_MSG(graph_ == Graph::kOff, "a synchronization inside a graphed step");
@@ -1099,7 +1105,8 @@ class CudaBackend final : public Backend {
  private:
   // SetBeforeWait's, once (not again from within it).
   void BeforeWait() {
-    if (!before_wait_ || in_before_wait_ || std::this_thread::get_id() != before_wait_thread_)
+    if (std::this_thread::get_id() != before_wait_thread_.load(std::memory_order_acquire) ||
+        !before_wait_ || in_before_wait_)
       return;
     in_before_wait_ = true;
     before_wait_();
@@ -1336,7 +1343,10 @@ class CudaBackend final : public Backend {
   bool dependent_launch_;
   const std::function<void()> busy_;   // CudaBackendOptions::busy
   std::function<void()> before_wait_;  // SetBeforeWait, for the thread that set it
-  std::thread::id before_wait_thread_;
+  std::atomic<std::thread::id> before_wait_thread_{};
+  // A copy from pageable memory up to this size is staged by the driver at
+  // once; a larger one may wait for the stream.
+  static constexpr size_t kPageableStagedBytes = 64 << 10;
   bool in_before_wait_ = false;
   Graph graph_ = Graph::kOff;
   std::unordered_set<uint64_t> seen_;

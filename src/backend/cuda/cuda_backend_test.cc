@@ -1642,8 +1642,11 @@ int RunGroupMember(int rank, int size, const char* board_path) {
   // 3. The last member is killed; the others' next sum cannot finish (or
   // fails), until they revoke or abort it; then the device is well.
   if (rank == size - 1) ::raise(SIGKILL);
-  OnDevice<int64_t> data(b, std::vector<int64_t>(4096, 1));
+  OnDevice<int64_t> data(b, std::vector<int64_t>(4096, 1)), more(b, std::vector<int64_t>(4096, 1));
   if (!g->StartAllReduce(data.get(), 4096).ok()) return 30;
+  // A second queued behind it (where the library did not see the peer go
+  // already): the revoke below ends both, and the stream drains.
+  if (Enqueues(g.get(), 1000)) (void)g->StartAllReduce(more.get(), 4096);
   const int64_t t0 = MonotonicNanos();
   while (MonotonicNanos() - t0 < 500000000) {
     auto done = g->Done();

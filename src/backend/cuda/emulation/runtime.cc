@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -134,6 +135,32 @@ void Enqueue(CUstream_st* st, std::function<bool()> step) {
     st->queue.push_back(std::make_shared<QueuedOp>(QueuedOp{std::move(step)}));
   }
   Advance(st, /*block=*/false);
+}
+
+// Every stream made and not destroyed, and the default one.
+std::set<CUstream_st*>& Streams() {
+  static auto* all = new std::set<CUstream_st*>{&g_default_stream};
+  return *all;
+}
+
+// Waits for every stream's work (as cudaFree does on a GPU).
+void DrainAll() {
+  std::vector<CUstream_st*> all;
+  {
+    std::lock_guard<std::mutex> l(Mu());
+    all.assign(Streams().begin(), Streams().end());
+  }
+  for (CUstream_st* st : all) Advance(st, /*block=*/true);
+}
+
+// Device memory freed now (what the streams' work before it used is done).
+cudaError_t FreeNow(void* p) {
+  {
+    std::lock_guard<std::mutex> l(Mu());
+    if (Device().erase(p) == 0) return cudaErrorInvalidValue;
+  }
+  std::free(p);
+  return cudaSuccess;
 }
 
 bool Idle(CUstream_st* st) {
@@ -290,12 +317,8 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
-  {
-    std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
-    if (failsafe::cuda::emu::Device().erase(p) == 0) return cudaErrorInvalidValue;
-  }
-  std::free(p);
-  return cudaSuccess;
+  failsafe::cuda::emu::DrainAll();  // the device's work first, as on a GPU
+  return failsafe::cuda::emu::FreeNow(p);
 }
 // The stream-ordered pool's: allocated at once, freed after the stream's
 // work before it.
@@ -306,7 +329,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
     std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
     if (failsafe::cuda::emu::Device().count(p) == 0) return cudaErrorInvalidValue;
   }
-  Issue(s, [p] { cudaFree(p); });
+  Issue(s, [p] { failsafe::cuda::emu::FreeNow(p); });
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
@@ -314,6 +337,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return cudaMallocHost(p, bytes); }
 cudaError_t cudaFreeHost(void* p) {
+  failsafe::cuda::emu::DrainAll();  // as cudaFree
   {
     std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
     failsafe::cuda::emu::Locked().erase(p);
@@ -381,6 +405,8 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 // --- streams, events, graphs ---
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   *s = new CUstream_st();
+  std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+  failsafe::cuda::emu::Streams().insert(*s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
@@ -388,7 +414,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   // operation waiting for other processes), the stream is left to it.
   if (!s) return cudaErrorInvalidResourceHandle;
   failsafe::cuda::emu::Advance(s, /*block=*/false);
-  if (failsafe::cuda::emu::Idle(s)) delete s;
+  if (!failsafe::cuda::emu::Idle(s)) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> l(failsafe::cuda::emu::Mu());
+    failsafe::cuda::emu::Streams().erase(s);
+  }
+  delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {

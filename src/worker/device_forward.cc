@@ -91,7 +91,7 @@ class SettleBeforeWaits {
   ~SettleBeforeWaits() {
     if (!group_) return;
     backend_->SetBeforeWait({});
-    if (group_->unsettled()) (void)group_->Settle(comm_);
+    (void)group_->Settle(comm_);
   }
   SettleBeforeWaits(const SettleBeforeWaits&) = delete;
   SettleBeforeWaits& operator=(const SettleBeforeWaits&) = delete;
@@ -161,26 +161,24 @@ Status DeviceModel::Forward(const StepBatch& b, Communicator& comm, float* logit
     seg_cpu = c;
     seg_wall = w;
   };
-  auto all_reduce = [&](auto* data, size_t n, auto* staging) -> Status {
+  // Time in `collective` counts as collective time, not a segment's.
+  auto in_collective = [&](auto&& collective) -> Status {
     end_segment();
-    Status st = AllReduce(comm, data, n, staging);
+    Status st = collective();
     int64_t w = MonotonicNanos();
     stats->collective_wall_ns += w - seg_wall;
     seg_cpu = ThreadCpuNanos();
     seg_wall = w;
     return st;
   };
+  auto all_reduce = [&](auto* data, size_t n, auto* staging) -> Status {
+    return in_collective([&] { return AllReduce(comm, data, n, staging); });
+  };
   // Waiting for the device library's all-reduces: time in collectives, as
   // when each was waited for alone.
   auto settle = [&]() -> Status {
     if (!group_ || !group_->unsettled()) return SettleCollectives(comm);
-    end_segment();
-    Status st = SettleCollectives(comm);
-    int64_t w = MonotonicNanos();
-    stats->collective_wall_ns += w - seg_wall;
-    seg_cpu = ThreadCpuNanos();
-    seg_wall = w;
-    return st;
+    return in_collective([&] { return SettleCollectives(comm); });
   };
 
   const size_t n = static_cast<size_t>(T) * H;

@@ -88,7 +88,6 @@ Result<bool> DeviceGroupReducer::Ready(Communicator& comm) {
   // failed. Revoked (or aborted) it waits for no member.
   Retire();
   ready_ = false;
-  unsettled_ = false;
   failed_ = Status::Ok();
   serial_ = comm.serial();
   if (comm.size() <= 1) {
@@ -333,10 +332,12 @@ Status DeviceGroupReducer::WaitEnqueued(Communicator& comm) {
   return Await(comm, [&] { return group_->Enqueued(); });
 }
 
+Status DeviceGroupReducer::Gone() const {
+  return failed_.ok() ? Aborted("the device group failed") : failed_;
+}
+
 Status DeviceGroupReducer::Settle(Communicator& comm) {
-  if (!unsettled_) return failed_;
-  unsettled_ = false;
-  if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
+  if (!unsettled()) return failed_;
   // Each operation in turn, as the device passes it: each a move of this
   // member's progress, as when each was waited for alone, so that the
   // group's deadlines and its judgement of who is hung see the same pace.
@@ -354,7 +355,6 @@ Status DeviceGroupReducer::Started(Status st) {
 
 void DeviceGroupReducer::Failed(const Status& st, bool library_failed) {
   if (failed_.ok()) failed_ = st;
-  unsettled_ = false;
   // Its operations end; whatever they wrote is not used (the step fails).
   // The library's own failure ends its use here.
   if (library_failed) {
@@ -366,15 +366,14 @@ void DeviceGroupReducer::Failed(const Status& st, bool library_failed) {
 
 Status DeviceGroupReducer::AllReduceSum(Communicator& comm, int64_t* data, size_t count) {
   FS_CHECK_MSG(ready_ && comm.serial() == serial_, "device-group all-reduce on a group not set up");
-  if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
+  if (!group_) return Gone();
   FS_RETURN_IF_ERROR(Started(group_->StartAllReduce(data, count)));
-  unsettled_ = true;
   return WaitEnqueued(comm);
 }
 
 Status DeviceGroupReducer::AllReduceSum(Communicator& comm, float* data, size_t count) {
   FS_CHECK_MSG(ready_ && comm.serial() == serial_, "device-group all-reduce on a group not set up");
-  if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
+  if (!group_) return Gone();
   const size_t size = static_cast<size_t>(comm.size());
   const size_t chunk = std::max<size_t>(1, kGatherBytes / sizeof(float) / size);
   float* gathered = gathered_.Reserve(std::min(chunk, count) * size);
@@ -383,11 +382,10 @@ Status DeviceGroupReducer::AllReduceSum(Communicator& comm, float* data, size_t 
   for (size_t off = 0; off < count; off += chunk) {
     // (A wait of the backend's, in its allocation or upload, waits for the
     // operations started, and may have found the group failed.)
-    if (!group_) return failed_.ok() ? Aborted("the device group failed") : failed_;
+    if (!group_) return Gone();
     const size_t n = std::min(chunk, count - off);
     // (The stream orders the next chunk's gather after this one's sum.)
     FS_RETURN_IF_ERROR(Started(group_->StartAllGather(data + off, n, gathered)));
-    unsettled_ = true;
     FS_RETURN_IF_ERROR(WaitEnqueued(comm));
     for (size_t m = 0; m < size; ++m) srcs[m] = gathered + m * n;
     backend_->SumArrays(srcs, static_cast<int>(size), n, data + off);

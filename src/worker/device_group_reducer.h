@@ -89,7 +89,7 @@ class DeviceGroupReducer {
   // Waits for the operations started (under comm's deadline and abort);
   // the first failure since the group was set up, if any, again.
   Status Settle(Communicator& comm);
-  bool unsettled() const { return unsettled_; }
+  bool unsettled() const { return group_ && waited_ < group_->started(); }
 
   bool ready() const { return ready_; }
   const std::string& why_not() const { return why_not_; }
@@ -121,6 +121,8 @@ class DeviceGroupReducer {
   Status Wait(Communicator& comm);
   // Waits until the operation started last is on the device's stream.
   Status WaitEnqueued(Communicator& comm);
+  // What an operation on a failed group returns: its failure.
+  Status Gone() const;
   // Waits under `comm` until done() says so; a failure retires the group.
   Status Await(Communicator& comm, const std::function<Result<bool>()>& done);
   // `st`, an operation's start; a failure retires the group.
@@ -142,12 +144,11 @@ class DeviceGroupReducer {
     Membership member;
   };
   Held parent_;
-  uint64_t serial_ = 0;     // the communicator set up for (0: none)
-  bool ready_ = false;      // for that communicator
-  bool broken_ = false;     // the library failed here: offered no more
-  bool unsettled_ = false;  // operations started and not waited for
-  uint64_t waited_ = 0;     // group_'s operations waited for (by number)
-  Status failed_;           // the group's failure, for its communicator
+  uint64_t serial_ = 0;  // the communicator set up for (0: none)
+  bool ready_ = false;   // for that communicator
+  bool broken_ = false;  // the library failed here: offered no more
+  uint64_t waited_ = 0;  // group_'s operations waited for (by number)
+  Status failed_;        // the group's failure, for its communicator
   DeviceArray<float> gathered_;
   DeviceArray<int64_t> warm_sum_;  // the setup's first all-reduce
   std::string why_not_;

@@ -63,9 +63,8 @@ struct CUstream_st {
   bool advancing = false;                                 // a thread is stepping queue.front()
 };
 struct CUevent_st {
-  std::shared_ptr<EventMark> mark;  // null: recorded on an idle stream (or never)
+  std::shared_ptr<EventMark> mark;  // null: never recorded
   CUstream_st* stream = nullptr;    // where mark waits
-  std::chrono::steady_clock::time_point at;
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -446,43 +445,32 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   CUstream_st* st = failsafe::cuda::emu::StreamOf(s);
   if (st->capture) return cudaErrorStreamCaptureUnsupported;
-  e->at = std::chrono::steady_clock::now();
-  e->mark.reset();
-  e->stream = nullptr;
-  if (failsafe::cuda::emu::Idle(st)) return cudaSuccess;
-  // Behind unfinished work: done (and timed) when the stream reaches it.
+  // Done (and timed) when the stream reaches it: at once where it is idle.
   auto mark = std::make_shared<EventMark>();
+  e->mark = mark;
+  e->stream = st;
   failsafe::cuda::emu::Enqueue(st, [mark] {
     mark->at = std::chrono::steady_clock::now();
     mark->done.store(true, std::memory_order_release);
     return true;
   });
-  e->mark = std::move(mark);
-  e->stream = st;
-  return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  while (e->mark && !e->mark->done.load(std::memory_order_acquire)) {
-    failsafe::cuda::emu::Advance(e->stream, /*block=*/false);
-    if (!e->mark->done.load(std::memory_order_acquire))
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  if (e->mark) e->at = e->mark->at;
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  if (e->mark && !e->mark->done.load(std::memory_order_acquire)) {
-    failsafe::cuda::emu::Advance(e->stream, /*block=*/false);
-    if (!e->mark->done.load(std::memory_order_acquire)) return cudaErrorNotReady;
-  }
-  if (e->mark) e->at = e->mark->at;
+  if (!e->mark || e->mark->done.load(std::memory_order_acquire)) return cudaSuccess;
+  failsafe::cuda::emu::Advance(e->stream, /*block=*/false);
+  return e->mark->done.load(std::memory_order_acquire) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  while (cudaEventQuery(e) == cudaErrorNotReady)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  auto at = [](cudaEvent_t e) {
-    return e->mark && e->mark->done.load(std::memory_order_acquire) ? e->mark->at : e->at;
-  };
-  *ms = std::chrono::duration<float, std::milli>(at(end) - at(start)).count();
+  if (cudaEventQuery(start) != cudaSuccess || cudaEventQuery(end) != cudaSuccess)
+    return cudaErrorNotReady;
+  if (!start->mark || !end->mark) return cudaErrorInvalidResourceHandle;
+  *ms = std::chrono::duration<float, std::milli>(end->mark->at - start->mark->at).count();
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
